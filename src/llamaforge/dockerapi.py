@@ -1,0 +1,27 @@
+"""Connect to the Docker engine with one clear error when it is not reachable."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llamaforge.errors import DockerUnavailable
+
+# Every container llamaforge starts carries this label, so leftovers can be found and removed.
+LABEL = "org.llamaforge.owned"
+
+
+def docker_client() -> Any:
+    """A connected ``docker.DockerClient`` (from the environment: DOCKER_HOST or the local socket)."""
+    import docker
+    import docker.errors
+
+    try:
+        client = docker.from_env(timeout=600)
+        client.ping()
+    except (docker.errors.DockerException, OSError) as error:
+        raise DockerUnavailable(
+            f"cannot reach the Docker engine: {error}",
+            hint="start Docker (e.g. `dockerd &` as root) or set DOCKER_HOST; `invoke doctor` checks the setup; "
+            "`invoke build --executor local` builds on this host without Docker",
+        ) from None
+    return client

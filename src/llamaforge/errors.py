@@ -1,0 +1,127 @@
+"""One error hierarchy for every user-facing failure.
+
+Each error carries a message that says what went wrong and a hint that says what to do next.
+Only the entry points (tasks.py, the MCP server) turn an error into an exit code or a tool error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class LlamaforgeError(Exception):
+    """Base of all user-facing failures."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def render(self) -> str:
+        """Message plus the next step, as shown to a person."""
+        return f"{self.message}\n  hint: {self.hint}" if self.hint else self.message
+
+
+class RecipeError(LlamaforgeError):
+    """A recipe file is missing, unreadable or invalid (names the file and field)."""
+
+    exit_code = 2
+
+
+class InvalidOption(LlamaforgeError):
+    """A command-line or API option has a value that cannot work."""
+
+    exit_code = 2
+
+
+class SourceError(LlamaforgeError):
+    """Fetching or verifying the llama.cpp source failed."""
+
+    exit_code = 3
+
+
+class ChecksumMismatch(SourceError):
+    """Downloaded bytes do not match the pinned sha256."""
+
+
+class PatchError(LlamaforgeError):
+    """A patch in the series does not apply."""
+
+    exit_code = 4
+
+    def __init__(
+        self, message: str, *, patch: str, file: str | None = None, hunk: int | None = None, hint: str | None = None
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.patch = patch
+        self.file = file
+        self.hunk = hunk
+
+
+class DockerUnavailable(LlamaforgeError):
+    """The Docker engine cannot be reached."""
+
+    exit_code = 5
+
+
+class ImageError(LlamaforgeError):
+    """A base or builder image is missing or cannot be built."""
+
+    exit_code = 5
+
+
+class ToolFailed(LlamaforgeError):
+    """An external command failed; keeps the command, its exit code and the last lines of its output."""
+
+    exit_code = 6
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        command: Sequence[str],
+        returncode: int,
+        tail: Sequence[str],
+        log_path: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        super().__init__(message, hint=hint)
+        self.command = list(command)
+        self.returncode = returncode
+        self.tail = list(tail)
+        self.log_path = log_path
+
+    def render(self) -> str:
+        lines = [self.message, f"  command: {' '.join(self.command)}", f"  exit code: {self.returncode}"]
+        if self.tail:
+            lines.append("  last lines of output:")
+            lines.extend(f"    | {line}" for line in self.tail)
+        if self.log_path:
+            lines.append(f"  full log: {self.log_path}")
+        if self.hint:
+            lines.append(f"  hint: {self.hint}")
+        return "\n".join(lines)
+
+
+class BuildFailed(ToolFailed):
+    """The build script failed inside its executor."""
+
+
+class Cancelled(LlamaforgeError):
+    """The operation was cancelled (Ctrl-C or a cancel request); nothing was published."""
+
+    exit_code = 130
+
+
+class CacheError(LlamaforgeError):
+    """A cache entry is missing or inconsistent."""
+
+    exit_code = 7
+
+
+class NotReproducible(LlamaforgeError):
+    """A rebuild produced artifacts whose sha256 differ from the manifest."""
+
+    exit_code = 8

@@ -1,0 +1,278 @@
+"""The registry of operations: written once here, read by every front (Invoke, the MCP server, Jupyter).
+
+An operation takes a typed parameter model, reports progress through ``OperationContext.reporter``, honours
+``OperationContext.cancel`` and returns JSON-able data. Fronts only parse arguments and present results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from llamaforge.errors import InvalidOption
+from llamaforge.events import CancelToken, Reporter, null_reporter
+from llamaforge.recipes import Backend
+
+
+@dataclass
+class OperationContext:
+    """What a front hands to an operation: where progress goes and how to cancel."""
+
+    reporter: Reporter = null_reporter
+    cancel: CancelToken = field(default_factory=CancelToken)
+
+
+class Params(BaseModel):
+    """Base of operation parameter models."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One capability, as every front sees it."""
+
+    name: str
+    summary: str
+    params: type[Params]
+    run: Callable[[Any, OperationContext], dict[str, Any]]
+    read_only: bool
+    destructive: bool = False
+    long_running: bool = False
+    positional: tuple[str, ...] = ()
+
+
+REGISTRY: dict[str, Operation] = {}
+
+
+def operation(
+    name: str,
+    params: type[Params],
+    *,
+    read_only: bool,
+    destructive: bool = False,
+    long_running: bool = False,
+    positional: tuple[str, ...] = (),
+) -> Callable[[Callable[[Any, OperationContext], dict[str, Any]]], Callable[[Any, OperationContext], dict[str, Any]]]:
+    """Register the decorated function as operation ``name`` (its docstring's first line is the summary)."""
+
+    def register(
+        function: Callable[[Any, OperationContext], dict[str, Any]],
+    ) -> Callable[[Any, OperationContext], dict[str, Any]]:
+        summary = (function.__doc__ or name).strip().splitlines()[0]
+        REGISTRY[name] = Operation(name, summary, params, function, read_only, destructive, long_running, positional)
+        return function
+
+    return register
+
+
+# --- build -------------------------------------------------------------------------------------------------
+
+
+class BuildParams(Params):
+    """Parameters of ``build``."""
+
+    recipe: str = Field("default", description="Build recipe name (recipes/builds/NAME.toml) or path")
+    arch: str | None = Field(None, description="CUDA archs, e.g. 86 (RTX 30xx), 89 (RTX 40xx), 86,89; implies CUDA")
+    backend: Backend | None = Field(None, description="cpu or cuda (default: the recipe's, or cuda with --arch)")
+    base_image: str | None = Field(None, description="Base image for the builder (overrides the recipe)")
+    patches: str | None = Field(None, description="Patch series directory (default: the recipe's)")
+    no_patches: bool = Field(False, description="Build stock llama.cpp without the patch series")
+    ca_bundle: str | None = Field(None, description="Extra CA bundle for builds behind a TLS-intercepting proxy")
+    cmake: list[str] = Field(default_factory=list, description="Extra CMake option KEY=VALUE (repeatable)")
+    executor: str = Field("docker", description="Where to build: docker, or local (this host, no Docker)")
+    jobs: int | None = Field(None, description="Parallel compile jobs (default: all cores)")
+    force: bool = Field(False, description="Rebuild even when a cached build with the same key exists")
+    dry_run: bool = Field(False, description="Only print the plan: rendered files, cmake args, cache key")
+    check_reproducible: bool = Field(
+        False, description="Rebuild in a fresh container with ccache off and compare every artifact's sha256"
+    )
+    from_manifest: str | None = Field(None, description="Repeat the build recorded in this manifest.json")
+
+
+def _plan_from_params(params: BuildParams) -> tuple[Any, Any]:
+    from llamaforge.build import recipe_from_manifest
+    from llamaforge.cuda_arch import parse_cuda_archs
+    from llamaforge.plan import BuildOptions, plan_build
+    from llamaforge.recipes import load_recipe
+
+    if params.from_manifest:
+        import json
+
+        path = Path(params.from_manifest)
+        if not path.is_file():
+            raise InvalidOption(f"manifest {path} does not exist", hint="`invoke builds.show KEY` prints the path")
+        recipe, options = recipe_from_manifest(json.loads(path.read_text(encoding="utf-8")))
+        return plan_build(recipe, options), options
+    cmake: list[tuple[str, str]] = []
+    for item in params.cmake:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise InvalidOption(f"--cmake {item!r} is not KEY=VALUE", hint="e.g. --cmake GGML_VULKAN=OFF")
+        cmake.append((key, value))
+    ca_bundle = Path(params.ca_bundle) if params.ca_bundle else None
+    if ca_bundle and not ca_bundle.is_file():
+        raise InvalidOption(f"CA bundle {ca_bundle} does not exist", hint="e.g. /etc/ssl/certs/ca-certificates.crt")
+    options = BuildOptions(
+        backend=params.backend,
+        cuda_architectures=tuple(parse_cuda_archs(params.arch)) if params.arch else (),
+        base_image=params.base_image,
+        patches=params.patches,
+        no_patches=params.no_patches,
+        ca_bundle=ca_bundle.resolve() if ca_bundle else None,
+        cmake=tuple(cmake),
+    )
+    return plan_build(load_recipe(params.recipe), options), options
+
+
+@operation("build", BuildParams, read_only=False, long_running=True)
+def build_op(params: BuildParams, ctx: OperationContext) -> dict[str, Any]:
+    """Build llama.cpp from a pinned, patched source in Docker (or reuse the cached build)."""
+    from llamaforge.build import run_build
+    from llamaforge.reproducible import check_reproducible
+    from llamaforge.runners import get_executor
+
+    plan, options = _plan_from_params(params)
+    if params.dry_run:
+        data = plan.to_json()
+        data["cache_key"] = None
+        try:
+            environment_id = _existing_environment_id(plan, params.executor)
+        except Exception:  # noqa: BLE001 - a dry run must work without Docker
+            environment_id = None
+        if environment_id:
+            data["cache_key"] = plan.cache_key(environment_id)
+        data["cache_key_note"] = (
+            "key of the build with the existing builder image"
+            if environment_id
+            else "the key also covers the builder image id, known once the image is built"
+        )
+        return {"dry_run": True, "plan": data}
+    result = run_build(
+        plan, options, executor=params.executor, force=params.force, jobs=params.jobs,
+        reporter=ctx.reporter, cancel=ctx.cancel,
+    )  # fmt: skip
+    data = {"dry_run": False, "build": result.to_json()}
+    if params.check_reproducible:
+        get_executor(params.executor)
+        report = check_reproducible(
+            result, plan, executor=params.executor, jobs=params.jobs, reporter=ctx.reporter, cancel=ctx.cancel
+        )
+        data["reproducibility"] = report.to_json()
+    return data
+
+
+def _existing_environment_id(plan: Any, executor: str) -> str | None:
+    if executor == "local":
+        from llamaforge.runners.local import LocalExecutor
+
+        return LocalExecutor().environment_id(plan, null_reporter)
+    import docker.errors
+
+    from llamaforge.dockerapi import docker_client
+
+    try:
+        return str(docker_client().images.get(plan.builder_tag).id)
+    except docker.errors.ImageNotFound:
+        return None
+
+
+class NoParams(Params):
+    """No parameters."""
+
+
+class KeyParams(Params):
+    """A build key (or a unique prefix of one)."""
+
+    key: str = Field(description="Build key or a unique prefix of it")
+
+
+@operation("builds.list", NoParams, read_only=True)
+def builds_list_op(params: NoParams, ctx: OperationContext) -> dict[str, Any]:
+    """List published builds, newest first."""
+    from llamaforge.store import list_builds
+
+    builds = [
+        {
+            "key": item["key"],
+            "recipe": item["recipe"]["name"],
+            "backend": item["backend"],
+            "cuda_architectures": item.get("cuda_architectures", []),
+            "patches": [patch["name"] for patch in item["patches"]],
+            "finished_at": item["finished_at"],
+            "executor": item["image"]["executor"],
+        }
+        for item in list_builds()
+    ]
+    return {"builds": builds}
+
+
+@operation("builds.show", KeyParams, read_only=True, positional=("key",))
+def builds_show_op(params: KeyParams, ctx: OperationContext) -> dict[str, Any]:
+    """Show a build's provenance manifest."""
+    from llamaforge.store import build_dir, find_build
+
+    manifest = find_build(params.key)
+    return {"path": str(build_dir(manifest["key"])), "manifest": manifest}
+
+
+@operation("doctor", NoParams, read_only=True)
+def doctor_op(params: NoParams, ctx: OperationContext) -> dict[str, Any]:
+    """Check that this machine can build: Docker, base image, disk, CA bundle, toolchains."""
+    from llamaforge.doctor import run_doctor
+
+    checks = run_doctor()
+    return {"ok": all(check.status != "fail" for check in checks), "checks": [check.__dict__ for check in checks]}
+
+
+class BootstrapParams(Params):
+    """Parameters of ``images.bootstrap``."""
+
+    tag: str = Field("llamaforge/debian:bookworm", description="Tag of the image to create")
+    suite: str = Field("bookworm", description="Debian suite")
+    mirror: str | None = Field(None, description="Debian mirror (default: the one this machine's apt uses)")
+    force: bool = Field(False, description="Recreate the image even if it exists")
+
+
+@operation("images.bootstrap", BootstrapParams, read_only=False, long_running=True)
+def images_bootstrap_op(params: BootstrapParams, ctx: OperationContext) -> dict[str, Any]:
+    """Make a local Debian base image with debootstrap + docker import (no registry needed)."""
+    from llamaforge.images import bootstrap_image
+
+    result = bootstrap_image(
+        params.tag, suite=params.suite, mirror=params.mirror, force=params.force,
+        reporter=ctx.reporter, cancel=ctx.cancel,
+    )  # fmt: skip
+    return dict(result.__dict__)
+
+
+@operation("recipes.list", NoParams, read_only=True)
+def recipes_list_op(params: NoParams, ctx: OperationContext) -> dict[str, Any]:
+    """List the shipped build recipes."""
+    from llamaforge.recipes import list_recipes, load_recipe
+
+    return {
+        "recipes": [
+            {"name": name, "description": (recipe := load_recipe(name)).description, "backend": recipe.backend,
+             "source": recipe.source.kind}
+            for name in list_recipes()
+        ]
+    }  # fmt: skip
+
+
+class RecipeParams(Params):
+    """A recipe name or path."""
+
+    name: str = Field(description="Recipe name or path to a .toml file")
+
+
+@operation("recipes.show", RecipeParams, read_only=True, positional=("name",))
+def recipes_show_op(params: RecipeParams, ctx: OperationContext) -> dict[str, Any]:
+    """Show a build recipe after validation (with defaults filled in)."""
+    from llamaforge.recipes import load_recipe
+
+    return {"recipe": load_recipe(params.name).model_dump(mode="json")}

@@ -1,0 +1,91 @@
+"""Build on this host: the same script as in Docker, with paths passed through LLAMAFORGE_* variables."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from llamaforge.errors import BuildFailed, InvalidOption
+from llamaforge.events import Reporter
+from llamaforge.plan import BuildPlan
+from llamaforge.resources import home
+from llamaforge.runners import RunRequest
+
+_TOOLS = ("cmake", "ninja", "cc", "c++")
+
+
+class LocalExecutor:
+    """Executor that runs the build script directly on this machine (no Docker)."""
+
+    name = "local"
+
+    def environment_id(self, plan: BuildPlan, reporter: Reporter) -> str:
+        """Fingerprint of the host toolchain (tool versions), standing in for a builder image id."""
+        if plan.backend == "cuda" and shutil.which("nvcc") is None:
+            raise InvalidOption("the local executor needs nvcc for CUDA builds", hint="install a CUDA toolkit")
+        versions: list[str] = []
+        for tool in (*_TOOLS, "ccache", "nvcc") if plan.backend == "cuda" else (*_TOOLS, "ccache"):
+            path = shutil.which(tool)
+            if path is None:
+                if tool == "ccache":
+                    continue
+                raise InvalidOption(
+                    f"the local executor needs {tool!r} on PATH",
+                    hint="install cmake, ninja-build and a C/C++ compiler, or use --executor docker",
+                )
+            first = subprocess.run([path, "--version"], capture_output=True, text=True).stdout.splitlines()
+            versions.append(f"{tool}={first[0] if first else '?'}")
+        return "local:" + hashlib.sha256("\n".join(versions).encode()).hexdigest()[:32]
+
+    def run(self, request: RunRequest) -> None:
+        """Run the build script as a host process; the process group is killed on cancel or Ctrl-C."""
+        with tempfile.TemporaryDirectory(prefix="llamaforge-build-") as scratch:
+            script = Path(scratch) / "build.sh"
+            script.write_text(request.plan.build_script, encoding="utf-8")
+            environment = {
+                **os.environ,
+                "LLAMAFORGE_SRC": str(request.source_tree),
+                "LLAMAFORGE_BUILD": str(Path(scratch) / "build"),
+                "LLAMAFORGE_OUT": str(request.out_dir),
+                "CCACHE_DIR": str(home() / "ccache"),
+            }
+            if request.jobs:
+                environment["LLAMAFORGE_JOBS"] = str(request.jobs)
+            if not request.use_ccache:
+                environment["CCACHE_DISABLE"] = "1"
+            command = ["bash", str(script)]
+            process = subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment,
+                start_new_session=True, errors="replace",
+            )  # fmt: skip
+
+            def kill() -> None:
+                if process.poll() is None:
+                    os.killpg(process.pid, 9)
+
+            remove = request.cancel.on_cancel(kill)
+            try:
+                assert process.stdout is not None
+                for line in process.stdout:
+                    request.log(line.rstrip("\n"))
+                code = process.wait()
+            except BaseException:
+                kill()
+                process.wait()
+                raise
+            finally:
+                remove()
+            request.cancel.raise_if_cancelled()
+            if code != 0:
+                raise BuildFailed(
+                    f"the build failed on this host (exit code {code})",
+                    command=command,
+                    returncode=code,
+                    tail=list(request.log.tail),
+                    log_path=str(request.log.path),
+                    hint="read the full log; a compiler error usually points at a patch or a cmake option",
+                )

@@ -1,0 +1,5 @@
+"""Invoke front: `invoke --list`. Every task is generated from llamaforge's operation registry."""
+
+from llamaforge.cli import namespace
+
+ns = namespace()

@@ -1,0 +1,70 @@
+"""Shared fixtures. Tiers: unit tests always run; `docker`/`llamacpp` tests need a Docker engine and the
+llama.cpp sdist. With LLAMAFORGE_TEST_STRICT=1 (CI) a missing prerequisite fails instead of skipping."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+STRICT = os.environ.get("LLAMAFORGE_TEST_STRICT") == "1"
+
+
+def require(condition: bool, reason: str) -> None:
+    """Skip (or fail, in strict mode) when a prerequisite of an integration test is missing."""
+    if condition:
+        return
+    if STRICT:
+        pytest.fail(f"prerequisite missing in strict mode: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def lf_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A private LLAMAFORGE_HOME for one test."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("LLAMAFORGE_HOME", str(home))
+    yield home
+
+
+@pytest.fixture(scope="session")
+def docker_engine() -> object:
+    """A connected Docker client (skips, or fails in strict mode, without an engine)."""
+    from llamaforge.dockerapi import docker_client
+    from llamaforge.errors import DockerUnavailable
+
+    try:
+        return docker_client()
+    except DockerUnavailable as error:
+        require(False, f"Docker engine not reachable: {error.message}")
+        raise
+
+
+@pytest.fixture(scope="session")
+def base_image(docker_engine: object) -> str:
+    """The locally bootstrapped base image (made by `invoke images.bootstrap` in .ci/run)."""
+    import docker.errors
+
+    from llamaforge.images import DEFAULT_TAG
+
+    try:
+        docker_engine.images.get(DEFAULT_TAG)  # type: ignore[attr-defined]
+    except docker.errors.ImageNotFound:
+        require(False, f"{DEFAULT_TAG} missing: run `invoke images.bootstrap`")
+    return DEFAULT_TAG
+
+
+@pytest.fixture(scope="session")
+def sdist_dir() -> Path:
+    """Directory holding llama_cpp_python-0.3.36.tar.gz (LLAMAFORGE_TEST_SDIST_DIR), used as source mirror."""
+    raw = os.environ.get("LLAMAFORGE_TEST_SDIST_DIR", "")
+    path = Path(raw) if raw else None
+    require(
+        path is not None and (path / "llama_cpp_python-0.3.36.tar.gz").is_file(),
+        "set LLAMAFORGE_TEST_SDIST_DIR to a directory with llama_cpp_python-0.3.36.tar.gz "
+        "(pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36)",
+    )
+    assert path is not None
+    return path

@@ -1,0 +1,94 @@
+"""The patch queue on real files with real `git apply`: order, hashes, and conflicts that name the hunk."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from llamaforge.errors import PatchError
+from llamaforge.patches import apply_series, read_series
+
+ORIGINAL = "".join(f"line {n}\n" for n in range(1, 41))
+
+
+def _make_patch(tmp_path: Path, name: str, edits: dict[int, str], base: str = ORIGINAL) -> Path:
+    """Write a real unified diff of src/file.c made by `git diff --no-index`."""
+    work = tmp_path / f"mk-{name}"
+    (work / "a" / "src").mkdir(parents=True)
+    (work / "b" / "src").mkdir(parents=True)
+    (work / "a" / "src" / "file.c").write_text(base, encoding="utf-8")
+    lines = base.splitlines(keepends=True)
+    for number, text in edits.items():
+        lines[number - 1] = text
+    (work / "b" / "src" / "file.c").write_text("".join(lines), encoding="utf-8")
+    diff = subprocess.run(
+        ["git", "diff", "--no-index", "--no-prefix", "a/src/file.c", "b/src/file.c"],
+        cwd=work, capture_output=True, text=True,
+    ).stdout
+    path = tmp_path / "series-dir" / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(diff, encoding="utf-8")
+    return path
+
+
+def _tree(tmp_path: Path, text: str = ORIGINAL) -> Path:
+    tree = tmp_path / "tree"
+    (tree / "src").mkdir(parents=True)
+    (tree / "src" / "file.c").write_text(text, encoding="utf-8")
+    return tree
+
+
+def test_series_applies_in_order_and_hashes(tmp_path: Path) -> None:
+    _make_patch(tmp_path, "0001-first.patch", {3: "line 3 patched\n"})
+    after_first = ORIGINAL.replace("line 3\n", "line 3 patched\n")
+    _make_patch(tmp_path, "0002-second.patch", {3: "line 3 patched twice\n"}, base=after_first)
+    series = tmp_path / "series-dir"
+    (series / "series").write_text("# comment\n0001-first.patch\n\n0002-second.patch  # trailing\n")
+    refs = read_series(series)
+    assert [ref.name for ref in refs] == ["0001-first.patch", "0002-second.patch"]
+    assert all(len(ref.sha256) == 64 for ref in refs)
+    tree = _tree(tmp_path)
+    apply_series(refs, tree)
+    assert "line 3 patched twice\n" in (tree / "src" / "file.c").read_text()
+
+
+def test_conflict_names_patch_file_and_hunk_and_removes_tree(tmp_path: Path) -> None:
+    _make_patch(tmp_path, "0001-two-hunks.patch", {3: "three\n", 30: "thirty\n"})
+    (tmp_path / "series-dir" / "series").write_text("0001-two-hunks.patch\n")
+    moved_upstream = ORIGINAL.replace("line 30\n", "line 30 changed upstream\n")
+    tree = _tree(tmp_path, moved_upstream)
+    with pytest.raises(PatchError) as info:
+        apply_series(read_series(tmp_path / "series-dir"), tree)
+    error = info.value
+    assert error.patch == "0001-two-hunks.patch"
+    assert error.file == "src/file.c"
+    assert error.hunk == 2
+    assert "hunk #2" in error.message and "@@ -27" in error.message
+    assert not tree.exists(), "a half-patched tree must not be left behind"
+
+
+def test_missing_file_is_named(tmp_path: Path) -> None:
+    _make_patch(tmp_path, "0001.patch", {1: "x\n"})
+    (tmp_path / "series-dir" / "series").write_text("0001.patch\n")
+    tree = tmp_path / "empty"
+    tree.mkdir()
+    with pytest.raises(PatchError) as info:
+        apply_series(read_series(tmp_path / "series-dir"), tree)
+    assert info.value.file == "src/file.c"
+
+
+def test_listed_but_missing_patch(tmp_path: Path) -> None:
+    series = tmp_path / "s"
+    series.mkdir()
+    (series / "series").write_text("0001-gone.patch\n")
+    with pytest.raises(PatchError) as info:
+        read_series(series)
+    assert "0001-gone.patch" in info.value.message and "series:1" in info.value.message
+
+
+def test_no_series_means_no_patches(tmp_path: Path) -> None:
+    assert read_series(None) == []
+    (tmp_path / "empty-series").mkdir()
+    assert read_series(tmp_path / "empty-series") == []

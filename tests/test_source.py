@@ -1,0 +1,158 @@
+"""Source fetching on real archives, a real loopback HTTP server and a real git repository."""
+
+from __future__ import annotations
+
+import hashlib
+import http.server
+import io
+import subprocess
+import tarfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from llamaforge.errors import ChecksumMismatch, SourceError
+from llamaforge.recipes import ArchiveSource, GitSource
+from llamaforge.source import fetch_source, make_workspace
+
+COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+
+
+def _archive(path: Path, members: dict[str, bytes], extra: list[tarfile.TarInfo] | None = None) -> str:
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for info in extra or []:
+            tar.addfile(info)
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _source(url: str, sha: str, subdir: str = "pkg/vendor/llama.cpp") -> ArchiveSource:
+    return ArchiveSource(kind="archive", url=url, sha256=sha, subdir=subdir, commit=COMMIT, build_number=1)
+
+
+MEMBERS = {
+    "pkg/setup.py": b"outside subdir\n",
+    "pkg/vendor/llama.cpp/CMakeLists.txt": b"project(x)\n",
+    "pkg/vendor/llama.cpp/.git": b"gitdir: ../../.git/modules/vendor/llama.cpp\n",
+    "pkg/vendor/llama.cpp/src/llama.cpp": b"int main(){}\n",
+}
+
+
+def test_archive_subdir_extracted_git_pointer_dropped(tmp_path: Path, lf_home: Path) -> None:
+    archive = tmp_path / "src.tar.gz"
+    sha = _archive(archive, MEMBERS)
+    tree = fetch_source(_source(str(archive), sha))
+    assert (tree / "CMakeLists.txt").read_bytes() == b"project(x)\n"
+    assert (tree / "src" / "llama.cpp").is_file()
+    assert not (tree / ".git").exists()
+    assert not (tree / "setup.py").exists()
+    archive.unlink()  # second fetch is served from the content-addressed cache
+    assert fetch_source(_source(str(archive), sha)) == tree
+
+
+def test_sha_mismatch_quarantines_and_caches_nothing(tmp_path: Path, lf_home: Path) -> None:
+    archive = tmp_path / "src.tar.gz"
+    _archive(archive, MEMBERS)
+    with pytest.raises(ChecksumMismatch) as info:
+        fetch_source(_source(str(archive), "0" * 64))
+    assert "expected " + "0" * 64 in info.value.message
+    assert list((lf_home / "downloads").glob("*.rejected"))
+    assert not (lf_home / "sources" / ("0" * 64)).exists()
+
+
+def test_member_escaping_target_is_refused(tmp_path: Path, lf_home: Path) -> None:
+    archive = tmp_path / "evil.tar.gz"
+    sha = _archive(archive, {"../../etc/evil": b"x", "ok/file": b"y"})
+    with pytest.raises(SourceError) as info:
+        fetch_source(_source(str(archive), sha, subdir=""))
+    assert "escapes" in info.value.message
+    assert not (tmp_path.parent / "etc" / "evil").exists()
+    assert not any((lf_home / "sources").glob(sha))
+
+
+def test_symlink_escaping_target_is_refused(tmp_path: Path, lf_home: Path) -> None:
+    link = tarfile.TarInfo("pkg/vendor/llama.cpp/link")
+    link.type = tarfile.SYMTYPE
+    link.linkname = "/etc/passwd"
+    archive = tmp_path / "link.tar.gz"
+    sha = _archive(archive, MEMBERS, extra=[link])
+    with pytest.raises(SourceError):
+        fetch_source(_source(str(archive), sha))
+
+
+class _Handler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # quiet test output
+        pass
+
+
+@pytest.fixture
+def http_root(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    root = tmp_path / "www"
+    root.mkdir()
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), lambda *a: _Handler(*a, directory=str(root))  # type: ignore[misc]
+    )
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_download_over_http_and_404(http_root: tuple[Path, str], lf_home: Path) -> None:
+    root, base = http_root
+    sha = _archive(root / "src.tar.gz", MEMBERS)
+    tree = fetch_source(_source(f"{base}/src.tar.gz", sha))
+    assert (tree / "CMakeLists.txt").is_file()
+    with pytest.raises(SourceError) as info:
+        fetch_source(_source(f"{base}/missing.tar.gz", "1" * 64))
+    assert "404" in info.value.message and "LLAMAFORGE_SOURCE_MIRROR" in (info.value.hint or "")
+
+
+def test_mirror_directory_serves_offline(tmp_path: Path, lf_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    sha = _archive(mirror / "src.tar.gz", MEMBERS)
+    monkeypatch.setenv("LLAMAFORGE_SOURCE_MIRROR", str(mirror))
+    tree = fetch_source(_source("https://unreachable.invalid/src.tar.gz", sha))
+    assert (tree / "CMakeLists.txt").is_file()
+
+
+def _git(*args: str, cwd: Path) -> str:
+    return subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True, capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
+def test_git_source_checks_out_and_verifies_commit(tmp_path: Path, lf_home: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git("init", "-q", cwd=repo)
+    (repo / "CMakeLists.txt").write_text("v1\n")
+    _git("add", ".", cwd=repo)
+    _git("commit", "-qm", "one", cwd=repo)
+    first = _git("rev-parse", "HEAD", cwd=repo)
+    (repo / "CMakeLists.txt").write_text("v2\n")
+    _git("commit", "-qam", "two", cwd=repo)
+    tree = fetch_source(GitSource(kind="git", url=str(repo), commit=first, build_number=1))
+    assert (tree / "CMakeLists.txt").read_text() == "v1\n"
+    assert not (tree / ".git").exists()
+    with pytest.raises(SourceError) as info:
+        fetch_source(GitSource(kind="git", url=str(repo), commit="f" * 40, build_number=1))
+    assert "not found" in info.value.message
+
+
+def test_workspace_is_a_private_copy(tmp_path: Path, lf_home: Path) -> None:
+    archive = tmp_path / "src.tar.gz"
+    tree = fetch_source(_source(str(archive), _archive(archive, MEMBERS)))
+    with make_workspace(tree) as workspace:
+        (workspace / "CMakeLists.txt").write_text("changed\n")
+        scratch = workspace.parent
+    assert (tree / "CMakeLists.txt").read_bytes() == b"project(x)\n"
+    assert not scratch.exists()

@@ -1,0 +1,364 @@
+"""Unit tests for llamaforge.tinymodels (no llama.cpp needed).
+
+Most tests use a small synthetic tokenizer-only GGUF written here, so they run in a few
+seconds.  The tests marked ``real vocab`` use the tokenizer GGUF named by the
+LLAMAFORGE_TEST_VOCAB environment variable (llama.cpp's models/ggml-vocab-qwen2.gguf)
+and are skipped when it is unset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import pytest
+
+from llamaforge import tinymodels
+from llamaforge.tinymodels import (
+    SUPPORTED_ARCHS,
+    NameStyle,
+    TinyModelInfo,
+    TinyModelSpec,
+    canonical_to_styled,
+    omitted_tensors,
+    tensor_data,
+    tensor_plan,
+    write_tiny_model,
+)
+
+STYLES: tuple[NameStyle, ...] = ("canonical", "hf", "meta")
+MINI_VOCAB = 300
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+VOCAB_ENV = "LLAMAFORGE_TEST_VOCAB"
+
+
+# ----------------------------------------------------------------------- helpers
+
+
+def _field(reader: gguf.GGUFReader, key: str) -> Any:
+    fld = reader.get_field(key)
+    assert fld is not None, f"missing key {key}"
+    return fld.contents()
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _canonical_tensors(arch: str, n_layer: int) -> set[str]:
+    kinds = set(gguf.MODEL_TENSORS[gguf.MODEL_ARCH[arch.upper()]]) - omitted_tensors(arch)
+    names: set[str] = set()
+    for kind in kinds:
+        template = gguf.TENSOR_NAMES[kind]
+        if "{bid}" in template:
+            names.update(template.format(bid=b) + ".weight" for b in range(n_layer))
+        else:
+            names.add(template + ".weight")
+    return names
+
+
+@pytest.fixture(scope="module")
+def mini_vocab(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tokenizer-only GGUF shaped like llama.cpp's ggml-vocab-*.gguf, 300 tokens."""
+    path = tmp_path_factory.mktemp("vocab") / "ggml-vocab-mini.gguf"
+    w = gguf.GGUFWriter(path, "qwen2")
+    w.add_name("mini")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list([f"tok{i}" for i in range(MINI_VOCAB)])
+    w.add_token_types([1] * MINI_VOCAB)
+    w.add_token_merges(["t o", "to k"])
+    w.add_eos_token_id(MINI_VOCAB - 1)
+    w.add_bos_token_id(MINI_VOCAB - 1)
+    w.add_chat_template(CHAT_TEMPLATE)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def real_vocab() -> Path:
+    value = os.environ.get(VOCAB_ENV)
+    if not value:
+        pytest.skip(
+            f"{VOCAB_ENV} is unset: point it at llama.cpp's models/ggml-vocab-qwen2.gguf "
+            "to run the real-vocabulary tests"
+        )
+    path = Path(value)
+    if not path.is_file():
+        pytest.fail(f"{VOCAB_ENV}={value!r} is not a file")
+    return path
+
+
+@pytest.fixture(scope="module")
+def mini_models(
+    tmp_path_factory: pytest.TempPathFactory, mini_vocab: Path
+) -> dict[tuple[str, str], TinyModelInfo]:
+    out = tmp_path_factory.mktemp("models")
+    return {
+        (arch, style): write_tiny_model(
+            out / f"{arch}-{style}.gguf", TinyModelSpec(arch=arch, name_style=style), mini_vocab
+        )
+        for arch in SUPPORTED_ARCHS
+        for style in STYLES
+    }
+
+
+# ------------------------------------------------------------- spec and names
+
+
+def test_spec_defaults() -> None:
+    spec = TinyModelSpec()
+    assert (spec.arch, spec.n_layer, spec.n_embd, spec.n_head, spec.n_head_kv) == ("qwen3", 2, 64, 4, 2)
+    assert (spec.head_dim, spec.n_ff, spec.context_length, spec.seed) == (16, 128, 4096, 0)
+    assert (spec.rope_freq_base, spec.dtype, spec.name_style) == (1e6, "f16", "canonical")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        spec.seed = 1  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"arch": "llama-nope"},
+        {"dtype": "bf16"},
+        {"name_style": "gptq"},
+        {"n_layer": 0},
+        {"n_head": 4, "n_head_kv": 3},
+        {"seed": -1},
+        {"n_expert": 2, "n_expert_used": 3},
+        {"head_dim": 15},
+    ],
+)
+def test_spec_rejects_bad_values(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        TinyModelSpec(**kwargs)
+
+
+@pytest.mark.parametrize("arch", SUPPORTED_ARCHS)
+def test_plan_matches_model_tensors(arch: str) -> None:
+    spec = TinyModelSpec(arch=arch)
+    plan = tensor_plan(spec, MINI_VOCAB)
+    assert {e.canonical for e in plan} == _canonical_tensors(arch, spec.n_layer)
+    assert len({e.canonical for e in plan}) == len(plan)
+    assert plan[0].canonical == "token_embd.weight"
+
+
+def test_only_rope_freqs_is_omitted() -> None:
+    assert omitted_tensors("qwen3") == {gguf.MODEL_TENSOR.ROPE_FREQS}
+    assert omitted_tensors("qwen3moe") == frozenset()
+
+
+@pytest.mark.parametrize("arch", SUPPORTED_ARCHS)
+@pytest.mark.parametrize("style", ["hf", "meta"])
+def test_styled_names_map_back_through_tensor_name_map(arch: str, style: NameStyle) -> None:
+    spec = TinyModelSpec(arch=arch, name_style=style)
+    name_map = gguf.TensorNameMap(spec.model_arch, spec.n_layer)
+    plan = tensor_plan(spec, MINI_VOCAB)
+    assert len({e.name for e in plan}) == len(plan)
+    for entry in plan:
+        assert entry.name != entry.canonical or entry.canonical == "output.weight"
+        assert name_map.get_name(entry.name, try_suffixes=(".weight", ".bias")) == entry.canonical
+
+
+def test_known_hf_and_meta_names() -> None:
+    hf = {e.canonical: e.name for e in tensor_plan(TinyModelSpec(name_style="hf"), MINI_VOCAB)}
+    assert hf["token_embd.weight"] == "model.embed_tokens.weight"
+    assert hf["output.weight"] == "lm_head.weight"
+    assert hf["output_norm.weight"] == "model.norm.weight"
+    assert hf["blk.1.attn_q.weight"] == "model.layers.1.self_attn.q_proj.weight"
+    assert hf["blk.0.attn_k_norm.weight"] == "model.layers.0.self_attn.k_norm.weight"
+    assert hf["blk.0.ffn_norm.weight"] == "model.layers.0.post_attention_layernorm.weight"
+    assert hf["blk.0.ffn_down.weight"] == "model.layers.0.mlp.down_proj.weight"
+    meta = {e.canonical: e.name for e in tensor_plan(TinyModelSpec(name_style="meta"), MINI_VOCAB)}
+    assert meta["token_embd.weight"] == "tok_embeddings.weight"
+    assert meta["output.weight"] == "output.weight"
+    assert meta["output_norm.weight"] == "norm.weight"
+    assert meta["blk.1.attn_q.weight"] == "layers.1.attention.wq.weight"
+    assert meta["blk.0.attn_output.weight"] == "layers.0.attention.wo.weight"
+    assert meta["blk.0.ffn_gate.weight"] == "layers.0.feed_forward.w1.weight"
+    moe_plan = tensor_plan(TinyModelSpec(arch="qwen3moe", name_style="hf"), MINI_VOCAB)
+    moe = {e.canonical: e.name for e in moe_plan}
+    assert moe["blk.0.ffn_gate_inp.weight"] == "model.layers.0.mlp.gate.weight"
+    assert moe["blk.0.ffn_up_exps.weight"] == "model.layers.0.mlp.experts.up_proj.weight"
+
+
+def test_canonical_to_styled_identity_and_errors() -> None:
+    assert canonical_to_styled("blk.0.attn_q.weight", "qwen3", 2, "canonical") == "blk.0.attn_q.weight"
+    # suffix-less names (qwen35's ssm_a) translate too
+    assert canonical_to_styled("blk.0.attn_q", "qwen3", 2, "hf") == "model.layers.0.self_attn.q_proj"
+    assert canonical_to_styled("blk.1.ffn_up.bias", "qwen3", 2, "meta") == "layers.1.feed_forward.w3.bias"
+    with pytest.raises(ValueError):
+        canonical_to_styled("blk.0.not_a_tensor.weight", "qwen3", 2, "hf")
+
+
+@pytest.mark.parametrize("arch", SUPPORTED_ARCHS)
+def test_tensor_data_independent_of_style_and_deterministic(arch: str) -> None:
+    plans = {s: tensor_plan(TinyModelSpec(arch=arch, name_style=s), MINI_VOCAB) for s in STYLES}
+    base = TinyModelSpec(arch=arch)
+    for entries in zip(*plans.values(), strict=True):
+        assert len({e.canonical for e in entries}) == 1
+        arrays = [
+            tensor_data(dataclasses.replace(base, name_style=style), e)
+            for style, e in zip(STYLES, entries, strict=True)
+        ]
+        for arr in arrays[1:]:
+            assert arr.dtype == arrays[0].dtype
+            assert np.array_equal(arr, arrays[0])
+        assert np.all(np.isfinite(arrays[0].astype(np.float32)))
+        assert float(np.abs(arrays[0].astype(np.float32)).max()) < 2.0
+    entry = plans["canonical"][1]
+    other_seed = tensor_data(dataclasses.replace(base, seed=1), entry)
+    assert not np.array_equal(other_seed, tensor_data(base, entry))
+
+
+def test_dtypes() -> None:
+    f16 = {e.canonical: e for e in tensor_plan(TinyModelSpec(arch="qwen3moe"), MINI_VOCAB)}
+    assert f16["token_embd.weight"].dtype == np.float16
+    assert f16["blk.0.attn_q.weight"].dtype == np.float16
+    assert f16["blk.0.attn_norm.weight"].dtype == np.float32
+    assert f16["blk.0.ffn_gate_inp.weight"].dtype == np.float32
+    f32 = tensor_plan(TinyModelSpec(dtype="f32"), MINI_VOCAB)
+    assert all(e.dtype == np.float32 for e in f32)
+
+
+# ------------------------------------------------------------- written files
+
+
+@pytest.mark.parametrize("arch", SUPPORTED_ARCHS)
+def test_file_rereads_with_metadata(
+    arch: str, mini_models: dict[tuple[str, str], TinyModelInfo], mini_vocab: Path
+) -> None:
+    info = mini_models[(arch, "canonical")]
+    spec = TinyModelSpec(arch=arch)
+    assert info.size == info.path.stat().st_size
+    assert info.sha256 == _sha256(info.path)
+    assert info.n_vocab == MINI_VOCAB
+    reader = gguf.GGUFReader(info.path)
+    assert _field(reader, "general.architecture") == arch
+    assert _field(reader, "general.name") == spec.default_name
+    assert _field(reader, "general.file_type") == int(gguf.LlamaFileType.MOSTLY_F16)
+    expected = {
+        "context_length": 4096,
+        "block_count": 2,
+        "embedding_length": 64,
+        "feed_forward_length": 128,
+        "attention.head_count": 4,
+        "attention.head_count_kv": 2,
+        "attention.key_length": 16,
+        "attention.value_length": 16,
+    }
+    if arch == "qwen3moe":
+        expected.update({"expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 32})
+    for key, value in expected.items():
+        assert _field(reader, f"{arch}.{key}") == value, key
+    assert _field(reader, f"{arch}.rope.freq_base") == pytest.approx(1e6)
+    assert _field(reader, f"{arch}.attention.layer_norm_rms_epsilon") == pytest.approx(1e-6)
+    # every tokenizer.* key copied, values equal; nothing else from the vocab file
+    vocab = gguf.GGUFReader(mini_vocab)
+    vocab_keys = {k for k in vocab.fields if k.startswith("tokenizer.")}
+    assert {k for k in reader.fields if k.startswith("tokenizer.")} == vocab_keys
+    for key in vocab_keys:
+        assert _field(reader, key) == _field(vocab, key), key
+    assert _field(reader, "tokenizer.chat_template") == CHAT_TEMPLATE
+    # tensors: the arch's set, shapes as llama.cpp expects them
+    plan = {e.canonical: e for e in tensor_plan(spec, MINI_VOCAB)}
+    assert len(reader.tensors) == info.tensor_count == len(plan)
+    assert {t.name for t in reader.tensors} == _canonical_tensors(arch, 2)
+    for t in reader.tensors:
+        entry = plan[t.name]
+        assert tuple(int(x) for x in t.shape) == entry.shape[::-1]
+        assert t.data.dtype == entry.dtype
+        assert np.array_equal(np.asarray(t.data).reshape(entry.shape), tensor_data(spec, entry))
+
+
+@pytest.mark.parametrize("arch", SUPPORTED_ARCHS)
+def test_styles_hold_identical_tensor_data(
+    arch: str, mini_models: dict[tuple[str, str], TinyModelInfo]
+) -> None:
+    name_map = gguf.TensorNameMap(gguf.MODEL_ARCH[arch.upper()], 2)
+    by_style: dict[str, dict[str, bytes]] = {}
+    for style in STYLES:
+        reader = gguf.GGUFReader(mini_models[(arch, style)].path)
+        names = [t.name for t in reader.tensors]
+        assert names == list(mini_models[(arch, style)].tensor_names)
+        by_style[style] = {
+            name_map.get_name(t.name, try_suffixes=(".weight",)) or "?": np.asarray(t.data).tobytes()
+            for t in reader.tensors
+        }
+    assert set(by_style["hf"]) == set(by_style["canonical"]) == set(by_style["meta"])
+    assert by_style["hf"] == by_style["canonical"] == by_style["meta"]
+    hf_names = set(mini_models[(arch, "hf")].tensor_names)
+    assert {"model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"} <= hf_names
+    meta_names = set(mini_models[(arch, "meta")].tensor_names)
+    assert {"tok_embeddings.weight", "output.weight", "norm.weight"} <= meta_names
+
+
+def test_deterministic_sha256_and_atomic_write(tmp_path: Path, mini_vocab: Path) -> None:
+    spec = TinyModelSpec(seed=7)
+    a = write_tiny_model(tmp_path / "a.gguf", spec, mini_vocab)
+    b = write_tiny_model(tmp_path / "sub" / "b.gguf", TinyModelSpec(seed=7), mini_vocab)
+    assert a.sha256 == b.sha256 and a.size == b.size
+    again = write_tiny_model(tmp_path / "a.gguf", spec, mini_vocab)  # overwrite in place
+    assert again.sha256 == a.sha256
+    c = write_tiny_model(tmp_path / "c.gguf", dataclasses.replace(spec, seed=8), mini_vocab)
+    assert c.sha256 != a.sha256
+    d = write_tiny_model(tmp_path / "d.gguf", dataclasses.replace(spec, dtype="f32"), mini_vocab)
+    assert d.size > a.size
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.gguf", "c.gguf", "d.gguf", "sub"]
+    assert [p.name for p in (tmp_path / "sub").iterdir()] == ["b.gguf"]
+
+
+def test_not_a_vocab_file_is_refused(tmp_path: Path) -> None:
+    bogus = tmp_path / "not-a-vocab.gguf"
+    w = gguf.GGUFWriter(bogus, "qwen2")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match=r"tokenizer\.ggml\.tokens"):
+        write_tiny_model(tmp_path / "out.gguf", TinyModelSpec(), bogus)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["not-a-vocab.gguf"]
+
+
+def test_failed_write_keeps_old_file_and_no_temp(
+    tmp_path: Path, mini_vocab: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "m.gguf"
+    first = write_tiny_model(target, TinyModelSpec(), mini_vocab)
+
+    def boom(*_args: object) -> None:
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(tinymodels, "tensor_data", boom)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        write_tiny_model(target, TinyModelSpec(seed=3), mini_vocab)
+    assert [p.name for p in tmp_path.iterdir()] == ["m.gguf"]
+    assert _sha256(target) == first.sha256
+
+
+# ------------------------------------------------------------------ real vocab
+
+
+def test_real_vocab_model(tmp_path: Path, real_vocab: Path) -> None:
+    """real vocab: the qwen2 tokenizer (151 936 tokens, chat template) is copied whole."""
+    info = write_tiny_model(tmp_path / "tiny.gguf", TinyModelSpec(), real_vocab)
+    twin = write_tiny_model(tmp_path / "twin.gguf", TinyModelSpec(), real_vocab)
+    assert info.sha256 == twin.sha256
+    vocab = gguf.GGUFReader(real_vocab)
+    n_vocab = len(vocab.fields["tokenizer.ggml.tokens"].data)
+    assert info.n_vocab == n_vocab
+    reader = gguf.GGUFReader(info.path)
+    keys = {k for k in vocab.fields if k.startswith("tokenizer.")}
+    assert {k for k in reader.fields if k.startswith("tokenizer.")} == keys
+    for key in keys:
+        assert _field(reader, key) == _field(vocab, key), key
+    embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    assert tuple(int(x) for x in embd.shape) == (64, n_vocab)
+    assert {t.name for t in reader.tensors} == _canonical_tensors("qwen3", 2)
