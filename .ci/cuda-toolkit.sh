@@ -36,6 +36,9 @@ nvcc_release() {
     "$1" --version | sed -n 's/.*release \([0-9][0-9]*\.[0-9][0-9]*\),.*/\1/p'
 }
 
+# CUDA 12 wheels (-cu12 names) use one nvidia/<component>/ dir each, and cuobjdump has no 12.x wheel.
+[ "$major" -ge 13 ] || die "only CUDA 13+ wheels are supported here (LLAMAFORGE_CUDA_RELEASE=$release)"
+
 nvcc="${CUDACXX:-}"
 [ -n "$nvcc" ] || nvcc="$(command -v nvcc || true)"
 extras="cublas"
@@ -62,12 +65,14 @@ else
         "cuda-toolkit[$extras]==$release" "nvidia-cuda-cuobjdump==$cuobjdump_version"
 fi
 
-# Wheels carry only versioned sonames; give find_library the unversioned names it searches for.
-for lib in "$root"/lib/libcublas.so.* "$root"/lib/libcublasLt.so.*; do
+# Wheels carry only versioned sonames (libcudart.so.13): give find_library the unversioned names it searches
+# for. nvcc.profile links from TOP/lib64, which the wheels do not have.
+for lib in "$root"/lib/lib*.so.*; do
     [ -e "$lib" ] || continue
     base="${lib##*/}"
-    ln -sfn "$base" "$root/lib/${base%%.so.*}.so"
+    [ -e "$root/lib/${base%%.so.*}.so" ] || ln -s "$base" "$root/lib/${base%%.so.*}.so"
 done
+[ -e "$root/lib64" ] || ln -s lib "$root/lib64"
 
 [ -f "$root/include/cublas_v2.h" ] || die "cublas_v2.h missing under $root/include after install"
 [ -x "$root/bin/cuobjdump" ] || die "cuobjdump missing under $root/bin after install"

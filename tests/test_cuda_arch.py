@@ -28,7 +28,7 @@ SOURCE_ENV = "LLAMAFORGE_TEST_SOURCE"
 
 # What the probe may add on its own: the toolkit's location, never a build option.
 TOOLKIT_ARG = re.compile(
-    r"-D(CMAKE_CUDA_COMPILER|CUDAToolkit_ROOT|CUDA_(cublas|cublasLt|cuda_driver)_LIBRARY"
+    r"-D(CMAKE_CUDA_COMPILER|CUDAToolkit_ROOT|CUDA_CUDART|CUDA_(cudart|cublas|cublasLt|cuda_driver)_LIBRARY"
     r"|CMAKE_CUDA_STANDARD_INCLUDE_DIRECTORIES)="
 )
 

@@ -25,7 +25,9 @@ def _make_patch(tmp_path: Path, name: str, edits: dict[int, str], base: str = OR
     (work / "b" / "src" / "file.c").write_text("".join(lines), encoding="utf-8")
     diff = subprocess.run(
         ["git", "diff", "--no-index", "--no-prefix", "a/src/file.c", "b/src/file.c"],
-        cwd=work, capture_output=True, text=True,
+        cwd=work,
+        capture_output=True,
+        text=True,
     ).stdout
     path = tmp_path / "series-dir" / name
     path.parent.mkdir(exist_ok=True)

@@ -95,7 +95,8 @@ def http_root(tmp_path: Path) -> Iterator[tuple[Path, str]]:
     root = tmp_path / "www"
     root.mkdir()
     server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), lambda *a: _Handler(*a, directory=str(root))  # type: ignore[misc]
+        ("127.0.0.1", 0),
+        lambda *a: _Handler(*a, directory=str(root)),  # type: ignore[misc]
     )
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -114,7 +115,9 @@ def test_download_over_http_and_404(http_root: tuple[Path, str], lf_home: Path) 
     assert "404" in info.value.message and "LLAMAFORGE_SOURCE_MIRROR" in (info.value.hint or "")
 
 
-def test_mirror_directory_serves_offline(tmp_path: Path, lf_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mirror_directory_serves_offline(
+    tmp_path: Path, lf_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     mirror = tmp_path / "mirror"
     mirror.mkdir()
     sha = _archive(mirror / "src.tar.gz", MEMBERS)
@@ -125,7 +128,10 @@ def test_mirror_directory_serves_offline(tmp_path: Path, lf_home: Path, monkeypa
 
 def _git(*args: str, cwd: Path) -> str:
     return subprocess.run(
-        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd, check=True, capture_output=True,
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
         text=True,
     ).stdout.strip()
 

@@ -70,7 +70,8 @@ def run_operation(op: Operation, arguments: dict[str, Any], *, as_json: bool, ve
         params = op.params.model_validate({k: v for k, v in arguments.items() if v is not None})
     except ValidationError as error:
         problems = "; ".join(
-            f"--{'.'.join(str(p) for p in item['loc']).replace('_', '-')}: {item['msg']}" for item in error.errors()
+            f"--{'.'.join(str(p) for p in item['loc']).replace('_', '-')}: {item['msg']}"
+            for item in error.errors()
         )
         err.print(f"[red]error:[/red] {problems}", highlight=False)
         return InvalidOption.exit_code
@@ -109,8 +110,8 @@ def _task_for(op: Operation) -> Any:
         if isinstance(default, list):
             iterable.append(name)
             default = None
-        if default is None and field.annotation is not bool:
-            default = "" if name in op.positional else None
+        if name in op.positional:
+            default = inspect.Parameter.empty
         parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default))
         help_text[name] = field.description or ""
     parameters.append(inspect.Parameter("json", inspect.Parameter.KEYWORD_ONLY, default=False))
@@ -121,7 +122,7 @@ def _task_for(op: Operation) -> Any:
     def body(c: Any, **kwargs: Any) -> None:
         as_json = bool(kwargs.pop("json", False))
         verbose = bool(kwargs.pop("verbose", False))
-        arguments = {key: (value or None) if key in op.positional else value for key, value in kwargs.items()}
+        arguments = dict(kwargs)
         for name in iterable:
             arguments[name] = arguments.get(name) or []
         code = run_operation(op, arguments, as_json=as_json, verbose=verbose)

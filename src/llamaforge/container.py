@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import tarfile
 import threading
@@ -61,14 +62,13 @@ class Container:
         """Kill and remove the container (idempotent, safe from another thread)."""
         import docker.errors
 
+        # Holding the lock while removing makes a second caller wait until the container is really gone.
         with self._lock:
-            container, self._container = self._container, None
-        if container is None:
-            return
-        try:
-            container.remove(force=True)
-        except docker.errors.NotFound:
-            pass
+            if self._container is None:
+                return
+            with contextlib.suppress(docker.errors.NotFound):
+                self._container.remove(force=True)
+            self._container = None
 
     def call(
         self,
@@ -81,15 +81,29 @@ class Container:
         """Run ``command``; stream each output line to ``on_line``; return the exit code."""
         api = self._client.api
         exec_id = api.exec_create(
-            self.id, list(command), environment=dict(environment or {}), workdir=workdir, stdout=True, stderr=True
+            self.id,
+            list(command),
+            environment=dict(environment or {}),
+            workdir=workdir,
+            stdout=True,
+            stderr=True,
         )["Id"]
         pending = ""
-        for chunk in api.exec_start(exec_id, stream=True):
-            pending += chunk.decode("utf-8", errors="replace")
-            *lines, pending = pending.split("\n")
-            for line in lines:
-                if on_line:
-                    on_line(line.rstrip("\r"))
+        stream = api.exec_start(exec_id, stream=True)
+        try:
+            for chunk in stream:
+                pending += chunk.decode("utf-8", errors="replace")
+                *lines, pending = pending.split("\n")
+                for line in lines:
+                    if on_line:
+                        on_line(line.rstrip("\r"))
+        finally:
+            # The SDK leaves the upgraded exec socket open; close it so no descriptor leaks per call.
+            with contextlib.suppress(Exception):
+                stream.close()
+            with contextlib.suppress(Exception):
+                stream._response.raw._fp.fp.raw._sock.close()
+            stream._response.close()
         if pending and on_line:
             on_line(pending)
         code = api.exec_inspect(exec_id).get("ExitCode")

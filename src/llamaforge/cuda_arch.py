@@ -49,8 +49,10 @@ def parse_cuda_archs(value: str | list[str] | tuple[str, ...]) -> list[str]:
             raise InvalidOption(
                 f"invalid CUDA arch {raw!r}",
                 hint=(
-                    "valid archs: " + ", ".join(KNOWN_ARCHS)
-                    + " (optionally with -real or -virtual), or a GPU name: " + ", ".join(sorted(GPU_ALIASES))
+                    "valid archs: "
+                    + ", ".join(KNOWN_ARCHS)
+                    + " (optionally with -real or -virtual), or a GPU name: "
+                    + ", ".join(sorted(GPU_ALIASES))
                 ),
             )
         if entry not in result:

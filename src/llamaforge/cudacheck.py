@@ -23,6 +23,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from llamaforge.errors import LlamaforgeError, ToolFailed
+
 __all__ = [
     "CudaProbeFailed",
     "CudaProbeResult",
@@ -47,19 +49,23 @@ _IMAGE_RE = re.compile(r"^(ELF|PTX) file\s+\d+:\s+(\S+)\.(sm_\d+[a-z]?)\.(?:cubi
 _OUTPUT_TAIL_LINES = 30
 
 
-class CudaToolkitMissing(RuntimeError):
+class CudaToolkitMissing(LlamaforgeError):
     """A tool the CUDA probe needs is not installed; the message says what to install."""
 
+    exit_code = 9
 
-class CudaProbeFailed(RuntimeError):
+
+class CudaProbeFailed(ToolFailed):
     """A step of the probe (cmake, ninja, cuobjdump) failed; keeps the command, exit code and output tail."""
 
     def __init__(self, command: Sequence[str], returncode: int, output: str) -> None:
         """Keep *command*, its exit code and the last lines of its *output*."""
-        self.command = tuple(command)
-        self.returncode = returncode
-        self.output_tail = "\n".join(output.splitlines()[-_OUTPUT_TAIL_LINES:])
-        super().__init__(f"{' '.join(self.command)} exited with {returncode}:\n{self.output_tail}")
+        tail = output.splitlines()[-_OUTPUT_TAIL_LINES:]
+        self.output_tail = "\n".join(tail)
+        super().__init__(
+            f"CUDA probe step failed: {' '.join(command)} exited with {returncode}",
+            command=command, returncode=returncode, tail=tail,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,7 @@ class CudaToolkit:
     """An existing ``libcuda.so`` stub; None means :func:`make_libcuda_stub` has to make one."""
 
     def missing(self) -> list[str]:
-        """Name each piece the probe needs that was not found, with where it was looked for."""
+        """Name each piece the probe needs that was not found, with the PyPI package that has it."""
         gaps = []
         if self.cuobjdump is None:
             gaps.append("cuobjdump (PyPI: nvidia-cuda-cuobjdump)")
@@ -110,6 +116,11 @@ class CudaToolkit:
             # ggml-cuda links CUDA::cuda_driver unless GGML_CUDA_NO_VMM, which would change the build.
             f"-DCUDA_cuda_driver_LIBRARY={libcuda_stub}",
         ]
+        if not (self.lib_dir / "libcudart.so").exists() and (
+            cudart := _find_library([self.lib_dir], "cudart")
+        ):
+            # pip-installed wheels carry only libcudart.so.N, which find_library(cudart) does not match.
+            args += [f"-DCUDA_CUDART={cudart}", f"-DCUDA_cudart_LIBRARY={cudart}"]
         if self.cublas_include_dir is not None and self.cublas_include_dir != self.include_dir:
             # CMake < 3.27 gives CUDA::cublas only the toolkit include dir; ggml-cuda includes <cublas_v2.h>.
             args.append(f"-DCMAKE_CUDA_STANDARD_INCLUDE_DIRECTORIES={self.cublas_include_dir}")
@@ -145,8 +156,7 @@ def find_cuda_toolkit() -> CudaToolkit | None:
     nvcc is taken from ``$CUDACXX``, ``$CUDAToolkit_ROOT``/``$CUDA_HOME``/``$CUDA_PATH``, PATH or
     /usr/local/cuda. cuBLAS, cuobjdump and a libcuda stub are looked for in the toolkit, then in
     ``$LLAMAFORGE_CUDA_EXTRAS`` (set by .ci/cuda-toolkit.sh), then in ``nvidia/`` wheel directories on
-    sys.path.
-    Pieces not found are None; :meth:`CudaToolkit.missing` lists them.
+    sys.path. Pieces not found are None; :meth:`CudaToolkit.missing` lists them.
     """
     nvcc = _find_nvcc()
     if nvcc is None:

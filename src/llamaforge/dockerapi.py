@@ -10,8 +10,19 @@ from llamaforge.errors import DockerUnavailable
 LABEL = "org.llamaforge.owned"
 
 
+_CLIENTS: dict[str, Any] = {}
+
+
 def docker_client() -> Any:
-    """A connected ``docker.DockerClient`` (from the environment: DOCKER_HOST or the local socket)."""
+    """A connected ``docker.DockerClient`` (from the environment: DOCKER_HOST or the local socket).
+
+    One client per DOCKER_HOST and process: its connection pool is shared by every operation.
+    """
+    import os
+
+    address = os.environ.get("DOCKER_HOST", "")
+    if address in _CLIENTS:
+        return _CLIENTS[address]
     import docker
     import docker.errors
 
@@ -24,4 +35,5 @@ def docker_client() -> Any:
             hint="start Docker (e.g. `dockerd &` as root) or set DOCKER_HOST; `invoke doctor` checks the setup; "
             "`invoke build --executor local` builds on this host without Docker",
         ) from None
+    _CLIENTS[address] = client
     return client

@@ -41,7 +41,9 @@ def _docker_checks() -> list[Check]:
         checks.append(Check("base image", "ok", f"{DEFAULT_TAG} present"))
     else:
         checks.append(
-            Check("base image", "warn", f"{DEFAULT_TAG} missing", "run `invoke images.bootstrap` (needs root)")
+            Check(
+                "base image", "warn", f"{DEFAULT_TAG} missing", "run `invoke images.bootstrap` (needs root)"
+            )
         )
     leftovers = client.containers.list(all=True, filters={"label": "org.llamaforge.owned"})
     if leftovers:

@@ -52,7 +52,13 @@ class PatchError(LlamaforgeError):
     exit_code = 4
 
     def __init__(
-        self, message: str, *, patch: str, file: str | None = None, hunk: int | None = None, hint: str | None = None
+        self,
+        message: str,
+        *,
+        patch: str,
+        file: str | None = None,
+        hunk: int | None = None,
+        hint: str | None = None,
     ) -> None:
         super().__init__(message, hint=hint)
         self.patch = patch

@@ -84,6 +84,8 @@ def bootstrap_image(
         finally:
             if remove:
                 remove()
+            if process.stdout is not None:
+                process.stdout.close()
         if cancel:
             cancel.raise_if_cancelled()
         if process.returncode != 0:

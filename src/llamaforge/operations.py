@@ -57,14 +57,18 @@ def operation(
     destructive: bool = False,
     long_running: bool = False,
     positional: tuple[str, ...] = (),
-) -> Callable[[Callable[[Any, OperationContext], dict[str, Any]]], Callable[[Any, OperationContext], dict[str, Any]]]:
+) -> Callable[
+    [Callable[[Any, OperationContext], dict[str, Any]]], Callable[[Any, OperationContext], dict[str, Any]]
+]:
     """Register the decorated function as operation ``name`` (its docstring's first line is the summary)."""
 
     def register(
         function: Callable[[Any, OperationContext], dict[str, Any]],
     ) -> Callable[[Any, OperationContext], dict[str, Any]]:
         summary = (function.__doc__ or name).strip().splitlines()[0]
-        REGISTRY[name] = Operation(name, summary, params, function, read_only, destructive, long_running, positional)
+        REGISTRY[name] = Operation(
+            name, summary, params, function, read_only, destructive, long_running, positional
+        )
         return function
 
     return register
@@ -77,12 +81,18 @@ class BuildParams(Params):
     """Parameters of ``build``."""
 
     recipe: str = Field("default", description="Build recipe name (recipes/builds/NAME.toml) or path")
-    arch: str | None = Field(None, description="CUDA archs, e.g. 86 (RTX 30xx), 89 (RTX 40xx), 86,89; implies CUDA")
-    backend: Backend | None = Field(None, description="cpu or cuda (default: the recipe's, or cuda with --arch)")
+    arch: str | None = Field(
+        None, description="CUDA archs, e.g. 86 (RTX 30xx), 89 (RTX 40xx), 86,89; implies CUDA"
+    )
+    backend: Backend | None = Field(
+        None, description="cpu or cuda (default: the recipe's, or cuda with --arch)"
+    )
     base_image: str | None = Field(None, description="Base image for the builder (overrides the recipe)")
     patches: str | None = Field(None, description="Patch series directory (default: the recipe's)")
     no_patches: bool = Field(False, description="Build stock llama.cpp without the patch series")
-    ca_bundle: str | None = Field(None, description="Extra CA bundle for builds behind a TLS-intercepting proxy")
+    ca_bundle: str | None = Field(
+        None, description="Extra CA bundle for builds behind a TLS-intercepting proxy"
+    )
     cmake: list[str] = Field(default_factory=list, description="Extra CMake option KEY=VALUE (repeatable)")
     executor: str = Field("docker", description="Where to build: docker, or local (this host, no Docker)")
     jobs: int | None = Field(None, description="Parallel compile jobs (default: all cores)")
@@ -105,7 +115,9 @@ def _plan_from_params(params: BuildParams) -> tuple[Any, Any]:
 
         path = Path(params.from_manifest)
         if not path.is_file():
-            raise InvalidOption(f"manifest {path} does not exist", hint="`invoke builds.show KEY` prints the path")
+            raise InvalidOption(
+                f"manifest {path} does not exist", hint="`invoke builds.show KEY` prints the path"
+            )
         recipe, options = recipe_from_manifest(json.loads(path.read_text(encoding="utf-8")))
         return plan_build(recipe, options), options
     cmake: list[tuple[str, str]] = []
@@ -116,7 +128,9 @@ def _plan_from_params(params: BuildParams) -> tuple[Any, Any]:
         cmake.append((key, value))
     ca_bundle = Path(params.ca_bundle) if params.ca_bundle else None
     if ca_bundle and not ca_bundle.is_file():
-        raise InvalidOption(f"CA bundle {ca_bundle} does not exist", hint="e.g. /etc/ssl/certs/ca-certificates.crt")
+        raise InvalidOption(
+            f"CA bundle {ca_bundle} does not exist", hint="e.g. /etc/ssl/certs/ca-certificates.crt"
+        )
     options = BuildOptions(
         backend=params.backend,
         cuda_architectures=tuple(parse_cuda_archs(params.arch)) if params.arch else (),
@@ -226,7 +240,10 @@ def doctor_op(params: NoParams, ctx: OperationContext) -> dict[str, Any]:
     from llamaforge.doctor import run_doctor
 
     checks = run_doctor()
-    return {"ok": all(check.status != "fail" for check in checks), "checks": [check.__dict__ for check in checks]}
+    return {
+        "ok": all(check.status != "fail" for check in checks),
+        "checks": [check.__dict__ for check in checks],
+    }
 
 
 class BootstrapParams(Params):

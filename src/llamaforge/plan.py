@@ -132,8 +132,10 @@ def plan_build(recipe: BuildRecipe, options: BuildOptions | None = None) -> Buil
         )
     if options.cuda_architectures and backend != "cuda":
         raise InvalidOption("--arch only applies to CUDA builds", hint="drop --backend cpu, or drop --arch")
-    archs = tuple(parse_cuda_archs(list(options.cuda_architectures))) if options.cuda_architectures else tuple(
-        recipe.cuda_architectures
+    archs = (
+        tuple(parse_cuda_archs(list(options.cuda_architectures)))
+        if options.cuda_architectures
+        else tuple(recipe.cuda_architectures)
     )
 
     if options.base_image:

@@ -150,7 +150,11 @@ def _resolve(name_or_path: str) -> Path:
 
 def _field_names(loc: tuple[int | str, ...]) -> list[str]:
     """Field names valid next to the last element of ``loc`` (for "did you mean")."""
-    tags: dict[str, type[BaseModel]] = {"git": GitSource, "archive": ArchiveSource, "pypi-sdist": PypiSdistSource}
+    tags: dict[str, type[BaseModel]] = {
+        "git": GitSource,
+        "archive": ArchiveSource,
+        "pypi-sdist": PypiSdistSource,
+    }
     model: type[BaseModel] | None = BuildRecipe
     for part in loc[:-1]:
         if isinstance(part, str) and part in tags:  # discriminated-union tag inside the loc

@@ -16,8 +16,11 @@ _STATUS = {"ok": "[green]ok[/green]", "warn": "[yellow]warn[/yellow]", "fail": "
 def _build(result: dict[str, Any], console: Console) -> None:
     if result["dry_run"]:
         plan = result["plan"]
-        console.print(f"[bold]plan[/bold] recipe={plan['recipe']} backend={plan['backend']} "
-                      f"archs={','.join(plan['cuda_architectures']) or '-'} base={plan['base_image']['tag']}")  # fmt: skip
+        archs = ",".join(plan["cuda_architectures"]) or "-"
+        console.print(
+            f"[bold]plan[/bold] recipe={plan['recipe']} backend={plan['backend']} archs={archs} "
+            f"base={plan['base_image']['tag']}"
+        )
         console.print(f"source: {json.dumps(plan['source'])}")
         console.print("patches: " + (", ".join(p["name"] for p in plan["patches"]) or "none"))
         console.print("cmake: " + " ".join(plan["cmake_args"]), highlight=False)

@@ -84,7 +84,9 @@ def _download(url: str, target: Path, reporter: Reporter, cancel: CancelToken | 
                         cancel.raise_if_cancelled()
                     handle.write(chunk)
                     done += len(chunk)
-                    reporter(Event("progress", f"downloading {url}", stage="source", completed=done, total=total))
+                    reporter(
+                        Event("progress", f"downloading {url}", stage="source", completed=done, total=total)
+                    )
     except OSError as error:
         if isinstance(error, urllib.error.HTTPError):
             error.close()  # an HTTPError holds the open response

@@ -81,6 +81,4 @@ def find_build(prefix: str) -> dict[str, Any]:
         return matches[0]
     if not matches:
         raise CacheError(f"no build with key {prefix!r}", hint="`invoke builds.list` shows the builds")
-    raise CacheError(
-        f"{len(matches)} builds start with {prefix!r}", hint="give more characters of the key"
-    )
+    raise CacheError(f"{len(matches)} builds start with {prefix!r}", hint="give more characters of the key")

@@ -27,7 +27,7 @@ class LogSink:
 
     def __post_init__(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._handle = self.path.open("a", encoding="utf-8")
+        self._handle = self.path.open("a", encoding="utf-8", buffering=1)
 
     def __call__(self, line: str) -> None:
         self._handle.write(line + "\n")

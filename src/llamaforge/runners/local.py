@@ -26,7 +26,9 @@ class LocalExecutor:
     def environment_id(self, plan: BuildPlan, reporter: Reporter) -> str:
         """Fingerprint of the host toolchain (tool versions), standing in for a builder image id."""
         if plan.backend == "cuda" and shutil.which("nvcc") is None:
-            raise InvalidOption("the local executor needs nvcc for CUDA builds", hint="install a CUDA toolkit")
+            raise InvalidOption(
+                "the local executor needs nvcc for CUDA builds", hint="install a CUDA toolkit"
+            )
         versions: list[str] = []
         for tool in (*_TOOLS, "ccache", "nvcc") if plan.backend == "cuda" else (*_TOOLS, "ccache"):
             path = shutil.which(tool)
@@ -79,6 +81,8 @@ class LocalExecutor:
                 raise
             finally:
                 remove()
+                if process.stdout is not None:
+                    process.stdout.close()
             request.cancel.raise_if_cancelled()
             if code != 0:
                 raise BuildFailed(

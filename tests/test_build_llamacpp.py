@@ -1,0 +1,176 @@
+"""The real thing: llama.cpp b11312 built in Docker from the pinned sdist with a test patch applied,
+through the user's entry point (`invoke build`), then run; and the second build is a cache hit.
+
+One build per test session (ccache volume shared across runs); every test below reuses it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+
+from helpers import COMMIT, invoke, invoke_json
+
+pytestmark = [pytest.mark.docker, pytest.mark.llamacpp]
+
+BANNER = "patched: llamaforge integration test"
+
+
+@pytest.fixture(scope="session")
+def build_env(tmp_path_factory: pytest.TempPathFactory, sdist_dir: Path, base_image: str) -> dict[str, str]:
+    home = Path(os.environ.get("LLAMAFORGE_TEST_HOME") or tmp_path_factory.mktemp("lf-home"))
+    return {**os.environ, "LLAMAFORGE_HOME": str(home), "LLAMAFORGE_SOURCE_MIRROR": str(sdist_dir)}
+
+
+@pytest.fixture(scope="session")
+def source_tree(build_env: dict[str, str]) -> Path:
+    from llamaforge.recipes import load_recipe
+    from llamaforge.source import fetch_source
+
+    with mock.patch.dict(os.environ, build_env):
+        return fetch_source(load_recipe("default").source)
+
+
+@pytest.fixture(scope="session")
+def test_series(tmp_path_factory: pytest.TempPathFactory, source_tree: Path) -> Path:
+    """A real patch against b11312: prints one more line in every tool's --version banner."""
+    work = tmp_path_factory.mktemp("patch")
+    relative = "common/build-info.cpp.in"
+    original = (source_tree / relative).read_text(encoding="utf-8")
+    anchor = '    fprintf(stream, "built with %s for %s\\n", llama_compiler(), llama_build_target());\n'
+    assert anchor in original
+    (work / "a" / "common").mkdir(parents=True)
+    (work / "b" / "common").mkdir(parents=True)
+    (work / "a" / relative).write_text(original, encoding="utf-8")
+    (work / "b" / relative).write_text(
+        original.replace(anchor, anchor + f'    fprintf(stream, "{BANNER}\\n");\n'), encoding="utf-8"
+    )
+    diff = subprocess.run(
+        ["git", "diff", "--no-index", "--no-prefix", f"a/{relative}", f"b/{relative}"],
+        cwd=work, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    series = tmp_path_factory.mktemp("series")
+    (series / "0001-version-banner.patch").write_text(diff, encoding="utf-8")
+    (series / "series").write_text("0001-version-banner.patch\n", encoding="utf-8")
+    return series
+
+
+@pytest.fixture(scope="session")
+def shared_build(build_env: dict[str, str], test_series: Path) -> dict[str, Any]:
+    """`invoke build --backend cpu --patches SERIES`: the one real llama.cpp build of the session."""
+    result = invoke_json("build", "--backend", "cpu", "--patches", str(test_series), env=build_env)
+    build: dict[str, Any] = result["build"]
+    manifest_path = Path(build["path"]) / "manifest.json"
+    build["manifest"] = json.loads(manifest_path.read_text(encoding="utf-8"))
+    return build
+
+
+def test_manifest_records_provenance(shared_build: dict[str, Any], test_series: Path) -> None:
+    manifest = shared_build["manifest"]
+    assert manifest["key"] == shared_build["key"]
+    assert manifest["source"]["commit"] == COMMIT
+    assert manifest["source"]["sha256"] == "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+    import hashlib
+
+    patch = test_series / "0001-version-banner.patch"
+    assert manifest["patches"] == [
+        {"name": patch.name, "sha256": hashlib.sha256(patch.read_bytes()).hexdigest()}
+    ]
+    assert "-DLLAMA_BUILD_COMMIT=0c1e570" in manifest["cmake_args"]
+    assert manifest["image"]["builder_id"].startswith("sha256:")
+    assert manifest["image"]["base_id"].startswith("sha256:")
+    assert "gcc" in manifest["toolchain"]["cc"].lower() or "cc" in manifest["toolchain"]["cc"]
+    assert "cmake=" in manifest["toolchain"]["packages"]
+    for relative, info in manifest["artifacts"].items():
+        path = Path(shared_build["path"]) / relative
+        assert path.stat().st_size == info["size"]
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == info["sha256"]
+    assert set(manifest["artifacts"]) == {"bin/llama-server", "bin/llama-bench", "bin/llama-cli"}
+
+
+def test_llama_cli_version_shows_injected_commit_and_patch(shared_build: dict[str, Any]) -> None:
+    cli = Path(shared_build["path"]) / "bin" / "llama-cli"
+    result = subprocess.run([cli, "--version"], capture_output=True, text=True, timeout=60)
+    output = result.stdout + result.stderr
+    assert "build 11312, commit 0c1e570" in output
+    assert BANNER in output
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory, source_tree: Path) -> Path:
+    from llamaforge.tinymodels import TinyModelSpec, write_tiny_model
+
+    path = tmp_path_factory.mktemp("models") / "tiny-qwen3.gguf"
+    write_tiny_model(path, TinyModelSpec(arch="qwen3"), source_tree / "models" / "ggml-vocab-qwen2.gguf")
+    return path
+
+
+def test_llama_bench_runs_tiny_qwen3(shared_build: dict[str, Any], tiny_qwen3: Path) -> None:
+    bench = Path(shared_build["path"]) / "bin" / "llama-bench"
+    result = subprocess.run(
+        [bench, "-m", tiny_qwen3, "-p", "16", "-n", "16", "-r", "2", "-t", "1", "-o", "json"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = json.loads(result.stdout)
+    assert {row["build_commit"] for row in rows} == {"0c1e570"}
+    assert all(row["build_number"] == 11312 for row in rows)
+    assert all("qwen3" in row["model_type"] for row in rows)
+    generation = [row for row in rows if row["n_gen"] > 0]
+    assert generation and generation[0]["avg_ts"] > 1.0
+
+
+def test_second_build_is_cache_hit(
+    shared_build: dict[str, Any], build_env: dict[str, str], test_series: Path
+) -> None:
+    started = time.monotonic()
+    again = invoke_json("build", "--backend", "cpu", "--patches", str(test_series), env=build_env)["build"]
+    wall = time.monotonic() - started
+    assert again["cached"] is True
+    assert again["key"] == shared_build["key"]
+    print(f"cache hit through `invoke build`: {wall:.2f} s wall")
+
+
+def test_dry_run_shows_the_key_of_the_existing_build(
+    shared_build: dict[str, Any], build_env: dict[str, str], test_series: Path
+) -> None:
+    plan = invoke_json("build", "--backend", "cpu", "--patches", str(test_series), "--dry-run", env=build_env)
+    assert plan["plan"]["cache_key"] == shared_build["key"]
+
+
+def test_cache_hit_starts_no_container(
+    shared_build: dict[str, Any], build_env: dict[str, str], test_series: Path
+) -> None:
+    from llamaforge.dockerapi import docker_client
+
+    since = int(time.time()) - 1
+    again = invoke_json("build", "--backend", "cpu", "--patches", str(test_series), env=build_env)["build"]
+    assert again["cached"] is True
+    until = int(time.time()) + 1
+    created = list(docker_client().events(since=since, until=until, decode=True,
+                                          filters={"type": "container", "event": "create"}))  # fmt: skip
+    assert created == []
+
+
+def test_conflicting_patch_fails_naming_patch_and_hunk(
+    shared_build: dict[str, Any], build_env: dict[str, str], tmp_path: Path, test_series: Path
+) -> None:
+    series = tmp_path / "series"
+    series.mkdir()
+    text = (test_series / "0001-version-banner.patch").read_text(encoding="utf-8")
+    (series / "0001-stale.patch").write_text(text.replace("built with %s for %s", "built by %s on %s"))
+    (series / "series").write_text("0001-stale.patch\n")
+    before = sorted(os.listdir(Path(build_env["LLAMAFORGE_HOME"]) / "builds"))
+    result = invoke("build", "--backend", "cpu", "--patches", str(series), env=build_env)
+    assert result.returncode == 4, result.stderr
+    assert "0001-stale.patch" in result.stderr
+    assert "common/build-info.cpp.in" in result.stderr and "hunk #1" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert sorted(os.listdir(Path(build_env["LLAMAFORGE_HOME"]) / "builds")) == before
