@@ -68,3 +68,39 @@ def sdist_dir() -> Path:
     )
     assert path is not None
     return path
+
+
+@pytest.fixture(scope="session")
+def build_env(tmp_path_factory: pytest.TempPathFactory, sdist_dir: Path, base_image: str) -> dict[str, str]:
+    """Environment for `invoke build` in integration tests: one LLAMAFORGE_HOME per session (or
+    LLAMAFORGE_TEST_HOME to keep builds across sessions), the sdist directory as source mirror."""
+    home = Path(os.environ.get("LLAMAFORGE_TEST_HOME") or tmp_path_factory.mktemp("lf-home"))
+    return {**os.environ, "LLAMAFORGE_HOME": str(home), "LLAMAFORGE_SOURCE_MIRROR": str(sdist_dir)}
+
+
+@pytest.fixture(scope="session")
+def source_tree(build_env: dict[str, str]) -> Path:
+    """The cached, unpatched llama.cpp b11312 tree (read-only: never modify it)."""
+    from unittest import mock
+
+    from llamaforge.recipes import load_recipe
+    from llamaforge.source import fetch_source
+
+    with mock.patch.dict(os.environ, build_env):
+        return fetch_source(load_recipe("default").source)
+
+
+@pytest.fixture(scope="session")
+def stock_build(build_env: dict[str, str]) -> Path:
+    """Directory of a stock (unpatched) CPU build of b11312: `invoke build --backend cpu --no-patches`."""
+    from helpers import invoke_json
+
+    return Path(invoke_json("build", "--backend", "cpu", "--no-patches", env=build_env)["build"]["path"])
+
+
+@pytest.fixture(scope="session")
+def patched_build(build_env: dict[str, str]) -> Path:
+    """Directory of the default CPU build of b11312 with patches/llama.cpp/series applied."""
+    from helpers import invoke_json
+
+    return Path(invoke_json("build", "--backend", "cpu", env=build_env)["build"]["path"])

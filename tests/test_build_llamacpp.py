@@ -12,7 +12,6 @@ import subprocess
 import time
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import pytest
 
@@ -21,21 +20,6 @@ from helpers import COMMIT, invoke, invoke_json
 pytestmark = [pytest.mark.docker, pytest.mark.llamacpp]
 
 BANNER = "patched: llamaforge integration test"
-
-
-@pytest.fixture(scope="session")
-def build_env(tmp_path_factory: pytest.TempPathFactory, sdist_dir: Path, base_image: str) -> dict[str, str]:
-    home = Path(os.environ.get("LLAMAFORGE_TEST_HOME") or tmp_path_factory.mktemp("lf-home"))
-    return {**os.environ, "LLAMAFORGE_HOME": str(home), "LLAMAFORGE_SOURCE_MIRROR": str(sdist_dir)}
-
-
-@pytest.fixture(scope="session")
-def source_tree(build_env: dict[str, str]) -> Path:
-    from llamaforge.recipes import load_recipe
-    from llamaforge.source import fetch_source
-
-    with mock.patch.dict(os.environ, build_env):
-        return fetch_source(load_recipe("default").source)
 
 
 @pytest.fixture(scope="session")

@@ -52,6 +52,7 @@ def staging_dir(key: str) -> Path:
 def publish(staging: Path, key: str, manifest: dict[str, Any]) -> Path:
     """Write the manifest last, then move ``staging`` into place with one rename."""
     (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    staging.chmod(0o755)  # mkdtemp makes it private; published builds are readable like any install
     target = build_dir(key)
     target.parent.mkdir(parents=True, exist_ok=True)
     if target.exists():

@@ -3,6 +3,7 @@ a persistent ccache volume, source copied in, artifacts copied out; the containe
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -14,7 +15,12 @@ from llamaforge.events import Event, Reporter
 from llamaforge.plan import BuildPlan
 from llamaforge.runners import RunRequest
 
-CCACHE_VOLUME = "llamaforge-ccache"
+DEFAULT_CCACHE_VOLUME = "llamaforge-ccache"
+
+
+def ccache_volume() -> str:
+    """Name of the Docker volume that keeps ccache between builds (``LLAMAFORGE_CCACHE_VOLUME``)."""
+    return os.environ.get("LLAMAFORGE_CCACHE_VOLUME", DEFAULT_CCACHE_VOLUME)
 
 
 class DockerExecutor:
@@ -71,7 +77,7 @@ class DockerExecutor:
         environment = {"LLAMAFORGE_JOBS": str(request.jobs)} if request.jobs else {}
         if not request.use_ccache:
             environment["CCACHE_DISABLE"] = "1"
-        volumes = {CCACHE_VOLUME: {"bind": "/ccache", "mode": "rw"}} if request.use_ccache else {}
+        volumes = {ccache_volume(): {"bind": "/ccache", "mode": "rw"}} if request.use_ccache else {}
         with Container(self._client, plan.builder_tag, volumes=volumes, environment=environment) as box:
             remove = request.cancel.on_cancel(box.remove)
             try:

@@ -1,0 +1,132 @@
+"""Build benchmarks, measured side by side in one run (ratios, not absolute times: machines are noisy).
+
+P1: cold `invoke build` (Docker, CPU, empty ccache) / raw `cmake -G Ninja` of the same targets in the same image.
+P2: unchanged inputs -> cached result: wall time of `invoke build` as a user runs it (median of 5).
+P3: rebuild after changing one patch (warm ccache) / the cold build.
+
+Needs Docker, the base image (`invoke images.bootstrap`) and the llama.cpp sdist in LLAMAFORGE_SOURCE_MIRROR.
+Usage: python benchmarks/build_bench.py   (about 20 minutes on 2 cores)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def timed(command: list[str], env: dict[str, str], cwd: Path = ROOT) -> tuple[float, str]:
+    started = time.monotonic()
+    result = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
+    elapsed = time.monotonic() - started
+    if result.returncode != 0:
+        sys.exit(f"failed: {' '.join(command)}\n{result.stderr[-3000:]}")
+    return elapsed, result.stdout
+
+
+def make_series(directory: Path, source: Path, text: str) -> Path:
+    """A one-patch series that adds ``text`` to the --version banner (a real diff against b11312)."""
+    relative = "common/build-info.cpp.in"
+    original = (source / relative).read_text(encoding="utf-8")
+    anchor = '    fprintf(stream, "built with %s for %s\\n", llama_compiler(), llama_build_target());\n'
+    work = Path(tempfile.mkdtemp())
+    for side, content in (
+        ("a", original),
+        ("b", original.replace(anchor, anchor + f'    fprintf(stream, "{text}\\n");\n')),
+    ):
+        (work / side / "common").mkdir(parents=True)
+        (work / side / relative).write_text(content, encoding="utf-8")
+    diff = subprocess.run(
+        ["git", "diff", "--no-index", "--no-prefix", f"a/{relative}", f"b/{relative}"], cwd=work,
+        capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "0001-banner.patch").write_text(diff, encoding="utf-8")
+    (directory / "series").write_text("0001-banner.patch\n", encoding="utf-8")
+    return directory
+
+
+def main() -> None:
+    home = Path(tempfile.mkdtemp(prefix="lf-bench-home-"))
+    volume = f"llamaforge-bench-ccache-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "LLAMAFORGE_HOME": str(home), "LLAMAFORGE_CCACHE_VOLUME": volume}
+    invoke = [sys.executable, "-m", "invoke"]
+
+    sys.path.insert(0, str(ROOT / "src"))
+    os.environ.update(env)
+    from llamaforge.plan import BuildOptions, plan_build
+    from llamaforge.recipes import load_recipe
+    from llamaforge.runners.docker import DockerExecutor
+    from llamaforge.source import fetch_source
+
+    source = fetch_source(load_recipe("default").source)
+    series_a = make_series(home / "series-a", source, "bench patch A")
+    series_b = make_series(home / "series-b", source, "bench patch B")
+    plan = plan_build(load_recipe("default"), BuildOptions(patches=str(series_a)))
+
+    # Builder image first (not timed), so neither side of P1 pays for it.
+    DockerExecutor().environment_id(plan, lambda event: None)
+
+    raw_args = " ".join(f"'{arg}'" for arg in plan.cmake_args)
+    targets = " ".join(plan.targets)
+    raw_script = (
+        f"cmake -S /src -B /tmp/b {raw_args} -DGGML_CCACHE=OFF >/dev/null"
+        f" && cmake --build /tmp/b --target {targets} >/dev/null"
+    )
+    print("P1 raw cmake -G Ninja in the builder image ...", flush=True)
+    raw, _ = timed(
+        [
+            "docker",
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "-v",
+            f"{source}:/src:ro",
+            plan.builder_tag,
+            "bash",
+            "-c",
+            raw_script,
+        ],
+        env,
+    )
+    print(f"   raw: {raw:.1f} s", flush=True)
+    print("P1 cold invoke build (empty ccache volume) ...", flush=True)
+    cold, out = timed([*invoke, "build", "--patches", str(series_a), "--json"], env)
+    print(f"   invoke build: {cold:.1f} s", flush=True)
+    key = json.loads(out)["build"]["key"]
+
+    hits = []
+    for _ in range(5):
+        elapsed, out = timed([*invoke, "build", "--patches", str(series_a), "--json"], env)
+        assert json.loads(out)["build"]["cached"], "expected a cache hit"
+        hits.append(elapsed)
+
+    print("P3 rebuild after changing the patch (warm ccache) ...", flush=True)
+    changed, out = timed([*invoke, "build", "--patches", str(series_b), "--json"], env)
+    assert json.loads(out)["build"]["key"] != key
+
+    subprocess.run(["docker", "volume", "rm", "-f", volume], capture_output=True)
+    print()
+    print(
+        f"P1 cold invoke build / raw cmake  = {cold:.1f} s / {raw:.1f} s = {cold / raw:.3f}  (goal <= 1.05)"
+    )
+    print(
+        f"P2 cached invoke build, median of 5 = {statistics.median(hits):.2f} s "
+        f"(min {min(hits):.2f}, max {max(hits):.2f}; goal <= 2 s)"
+    )
+    print(
+        f"P3 one-patch rebuild / cold build = {changed:.1f} s / {cold:.1f} s = {changed / cold:.3f}  (goal <= 0.1)"
+    )
+
+
+if __name__ == "__main__":
+    main()
