@@ -293,3 +293,108 @@ def recipes_show_op(params: RecipeParams, ctx: OperationContext) -> dict[str, An
     from llamaforge.recipes import load_recipe
 
     return {"recipe": load_recipe(params.name).model_dump(mode="json")}
+
+
+# --- patches -----------------------------------------------------------------------------------------------
+
+
+class PatchSeriesParams(Params):
+    """Which series, against which pinned source."""
+
+    recipe: str = Field(
+        "default", description="Build recipe whose pinned source the series is checked against"
+    )
+    series: str | None = Field(None, description="Patch series directory (default: the recipe's)")
+
+
+def _series_and_tree(params: PatchSeriesParams, ctx: OperationContext) -> tuple[str, Path]:
+    from llamaforge.recipes import load_recipe
+    from llamaforge.source import fetch_source
+
+    recipe = load_recipe(params.recipe)
+    series = params.series or recipe.patches
+    if series is None:
+        raise InvalidOption(f"recipe {recipe.name!r} has no patch series", hint="pass --series DIR")
+    return series, fetch_source(recipe.source, reporter=ctx.reporter, cancel=ctx.cancel)
+
+
+@operation("patches.check", PatchSeriesParams, read_only=True)
+def patches_check_op(params: PatchSeriesParams, ctx: OperationContext) -> dict[str, Any]:
+    """Check that the patch series applies cleanly, in order, to the recipe's pinned source."""
+    from llamaforge.patchflow import check_series
+
+    series, tree = _series_and_tree(params, ctx)
+    statuses = check_series(series, tree, ctx.reporter)
+    return {"ok": True, "series": str(series), "patches": [status.__dict__ for status in statuses]}
+
+
+class PatchRefreshParams(PatchSeriesParams):
+    """Parameters of ``patches.refresh``."""
+
+    to: str | None = Field(
+        None, description="New llama.cpp source: an extracted tree or a .tar(.gz|.xz) archive"
+    )
+    resume: str | None = Field(
+        None, description="Workspace of a refresh whose conflicts you resolved: continue it"
+    )
+
+
+@operation("patches.refresh", PatchRefreshParams, read_only=False)
+def patches_refresh_op(params: PatchRefreshParams, ctx: OperationContext) -> dict[str, Any]:
+    """Re-apply the series onto a new llama.cpp with 3-way merges and rewrite the patches deterministically."""
+    import tempfile
+
+    from llamaforge.patchflow import continue_refresh, refresh_series, resolve_tree
+
+    series, tree = _series_and_tree(params, ctx)
+    if params.resume:
+        result = continue_refresh(series, Path(params.resume), reporter=ctx.reporter)
+    elif params.to:
+        with tempfile.TemporaryDirectory(prefix="llamaforge-upstream-") as scratch:
+            result = refresh_series(
+                series, tree, resolve_tree(params.to, Path(scratch)), reporter=ctx.reporter
+            )
+    else:
+        raise InvalidOption("patches.refresh needs --to TREE|ARCHIVE or --resume WORKSPACE")
+    data = result.to_json()
+    if result.conflicts:
+        data["exit_code"] = 4
+        data["next_step"] = (
+            f"resolve the conflicts in {result.workspace} (git status shows them), then "
+            f"`invoke patches.refresh --resume {result.workspace}`"
+        )
+    else:
+        data["next_step"] = "update the recipe's source pin to the new llama.cpp, then `invoke patches.check`"
+    return data
+
+
+@operation("patches.edit", PatchSeriesParams, read_only=False)
+def patches_edit_op(params: PatchSeriesParams, ctx: OperationContext) -> dict[str, Any]:
+    """Make a git workspace of the pinned source with the series applied, to edit into a new patch."""
+    from llamaforge.patches import read_series
+    from llamaforge.patchflow import create_workspace
+
+    series, tree = _series_and_tree(params, ctx)
+    workspace = create_workspace(tree, read_series(series), "edit")
+    return {"workspace": str(workspace), "next_step": f"edit files there, then `invoke patches.new NAME "
+            f"--workspace {workspace}`"}  # fmt: skip
+
+
+class PatchNewParams(PatchSeriesParams):
+    """Parameters of ``patches.new``."""
+
+    name: str = Field(description="Name of the new patch (becomes NNNN-NAME.patch)")
+    workspace: str = Field(description="Workspace made by `patches.edit`, with your edits")
+
+
+@operation("patches.new", PatchNewParams, read_only=False, positional=("name",))
+def patches_new_op(params: PatchNewParams, ctx: OperationContext) -> dict[str, Any]:
+    """Turn the edits in a workspace into a new patch at the end of the series."""
+    from llamaforge.patchflow import new_patch
+    from llamaforge.recipes import load_recipe
+
+    series = params.series or load_recipe(params.recipe).patches
+    if series is None:
+        raise InvalidOption("no patch series", hint="pass --series DIR")
+    path = new_patch(series, Path(params.workspace), params.name)
+    return {"patch": str(path), "series": str(path.parent / "series")}

@@ -1,0 +1,119 @@
+"""The patch workflow against a synthetic upstream that moves: check, refresh (clean and conflicting), new."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from llamaforge.errors import PatchError
+from llamaforge.patches import read_series
+from llamaforge.patchflow import check_series, continue_refresh, create_workspace, new_patch, refresh_series
+
+FILE = "".join(f"int f{n}(void) {{ return {n}; }}\n" for n in range(1, 41))
+OTHER = "".join(f"// other {n}\n" for n in range(1, 21))
+
+
+def _tree(root: Path, file_text: str = FILE, other_text: str = OTHER) -> Path:
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "file.c").write_text(file_text)
+    (root / "src" / "other.c").write_text(other_text)
+    return root
+
+
+def _diff(tmp: Path, relative: str, before: str, after: str) -> str:
+    work = tmp / "diffwork"
+    shutil.rmtree(work, ignore_errors=True)
+    for side, text in (("a", before), ("b", after)):
+        (work / side / Path(relative).parent).mkdir(parents=True)
+        (work / side / relative).write_text(text)
+    diff = subprocess.run(
+        ["git", "diff", "--no-index", "--no-prefix", f"a/{relative}", f"b/{relative}"],
+        cwd=work, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    return "".join(line for line in diff.splitlines(keepends=True) if not line.startswith("index "))
+
+
+@pytest.fixture
+def series(tmp_path: Path) -> Path:
+    directory = tmp_path / "series"
+    directory.mkdir()
+    one = FILE.replace("return 5;", "return 500;")
+    (directory / "0001-five.patch").write_text("Subject: five\n\n" + _diff(tmp_path, "src/file.c", FILE, one))
+    two = OTHER.replace("// other 10\n", "// other 10 patched\n")
+    (directory / "0002-other.patch").write_text(_diff(tmp_path, "src/other.c", OTHER, two))
+    (directory / "series").write_text("0001-five.patch\n0002-other.patch\n")
+    return directory
+
+
+def test_check_series_reports_each_patch(series: Path, tmp_path: Path, lf_home: Path) -> None:
+    statuses = check_series(series, _tree(tmp_path / "v1"))
+    assert [(s.name, s.files, s.hunks) for s in statuses] == [
+        ("0001-five.patch", ("src/file.c",), 1),
+        ("0002-other.patch", ("src/other.c",), 1),
+    ]
+
+
+def test_refresh_onto_moved_upstream_rewrites_deterministically(series: Path, tmp_path: Path, lf_home: Path) -> None:
+    v1 = _tree(tmp_path / "v1")
+    moved = "#include <stdio.h>\n/* upstream added lines */\n\n" + FILE
+    v2 = _tree(tmp_path / "v2", moved, OTHER.replace("// other 18\n", "// other 18 upstream\n"))
+    with pytest.raises(PatchError):
+        check_series(series, _tree(tmp_path / "v3", moved.replace("return 5;", "return 5 ;")))
+    result = refresh_series(series, v1, v2)
+    assert result.conflicts == ()
+    assert result.changed == ("0001-five.patch",)  # its hunk moved by three lines
+    text = (series / "0001-five.patch").read_text()
+    assert text.startswith("Subject: five\n\n"), "the patch description survives a refresh"
+    assert "@@ -5,7 +5,7 @@" in text and "index " not in text
+    check_series(series, v2)
+    snapshot = {p.name: p.path.read_bytes() for p in read_series(series)}
+    again = refresh_series(series, v2, v2)  # same input, same bytes
+    assert again.changed == ()
+    assert {p.name: p.path.read_bytes() for p in read_series(series)} == snapshot
+
+
+def test_refresh_conflict_reports_patch_and_hunk_then_continue(series: Path, tmp_path: Path, lf_home: Path) -> None:
+    v1 = _tree(tmp_path / "v1")
+    clash = FILE.replace("return 5;", "return 5 + upstream;")
+    v2 = _tree(tmp_path / "v2", clash, OTHER.replace("// other 10\n", "// other 10 upstream\n"))
+    before = {p.name: p.path.read_bytes() for p in read_series(series)}
+    result = refresh_series(series, v1, v2)
+    assert [c.patch for c in result.conflicts] == ["0001-five.patch", "0002-other.patch"]
+    assert list(result.conflicts[0].files) == ["src/file.c"]
+    assert result.conflicts[0].files["src/file.c"][0].startswith("conflict at line")
+    assert {p.name: p.path.read_bytes() for p in read_series(series)} == before, "nothing rewritten on conflict"
+    conflicted = (result.workspace / "src" / "file.c").read_text()
+    assert "<<<<<<< " in conflicted
+    # The user resolves the first conflict in the workspace and continues; the second one then stops it.
+    lines = conflicted.splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.startswith("<<<<<<< "))
+    end = next(i for i, line in enumerate(lines) if line.startswith(">>>>>>> "))
+    lines[start : end + 1] = ["int f5(void) { return 500 + upstream; }\n"]
+    (result.workspace / "src" / "file.c").write_text("".join(lines))
+    second = continue_refresh(series, result.workspace)
+    assert [c.patch for c in second.conflicts] == ["0002-other.patch"]
+    other = (result.workspace / "src" / "other.c").read_text().splitlines(keepends=True)
+    start = next(i for i, line in enumerate(other) if line.startswith("<<<<<<< "))
+    end = next(i for i, line in enumerate(other) if line.startswith(">>>>>>> "))
+    other[start : end + 1] = ["// other 10 upstream, patched\n"]
+    (result.workspace / "src" / "other.c").write_text("".join(other))
+    done = continue_refresh(series, result.workspace)
+    assert done.conflicts == () and set(done.changed) == {"0001-five.patch", "0002-other.patch"}
+    check_series(series, v2)
+    with pytest.raises(PatchError):
+        check_series(series, v1)
+
+
+def test_new_patch_from_edited_workspace(series: Path, tmp_path: Path, lf_home: Path) -> None:
+    v1 = _tree(tmp_path / "v1")
+    workspace = create_workspace(v1, read_series(series), "edit")
+    assert "return 500;" in (workspace / "src" / "file.c").read_text()
+    text = (workspace / "src" / "file.c").read_text().replace("return 40;", "return 4000;")
+    (workspace / "src" / "file.c").write_text(text)
+    path = new_patch(series, workspace, "forty")
+    assert path.name == "0003-forty.patch"
+    assert (series / "series").read_text().splitlines()[-1] == "0003-forty.patch"
+    check_series(series, v1)
