@@ -175,3 +175,38 @@ def test_docker_build_of_mini_project_and_cli_views(
     assert "cc" in shown["manifest"]["toolchain"]
     again = invoke_json("build", "--recipe", str(recipe), env=env)["build"]
     assert again["cached"] and again["key"] == built["key"]
+
+
+def test_docker_unreachable_is_a_clear_error(tmp_path: Path, lf_home: Path) -> None:
+    recipe = mini_recipe(tmp_path, ["llama-cli"])
+    env = {**os.environ, "LLAMAFORGE_HOME": str(lf_home), "DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}
+    result = invoke("build", "--recipe", str(recipe), env=env)
+    assert result.returncode == 5
+    assert "cannot reach the Docker engine" in result.stderr and "invoke doctor" in result.stderr
+    assert "Traceback" not in result.stderr
+    doctor = invoke("doctor", "--json", env=env)
+    assert doctor.returncode == 1 and '"status": "fail"' in doctor.stdout
+
+
+@pytest.mark.docker
+def test_doctor_reports_a_working_engine(docker_engine: object, base_image: str) -> None:
+    checks = {check["name"]: check for check in invoke_json("doctor")["checks"]}
+    assert checks["docker"]["status"] == "ok"
+    assert checks["base image"]["status"] == "ok"
+
+
+@pytest.mark.docker
+def test_ca_bundle_reaches_the_builder_image(
+    tmp_path: Path, lf_home: Path, docker_engine: object, base_image: str, owned_before: set[str]
+) -> None:
+    ca = Path(__file__).parent / "data" / "test-ca.crt"
+    recipe = mini_recipe(tmp_path, ["llama-cli"])
+    env = {**os.environ, "LLAMAFORGE_HOME": str(lf_home)}
+    built = invoke_json("build", "--recipe", str(recipe), "--ca-bundle", str(ca), env=env)["build"]
+    tag = invoke_json("builds.show", built["key"], env=env)["manifest"]["image"]["builder_tag"]
+    bundle = docker_engine.containers.run(  # type: ignore[attr-defined]
+        tag, ["cat", "/etc/ssl/certs/ca-certificates.crt"], remove=True, network_mode="none"
+    ).decode()
+    body = "".join(ca.read_text().split("-----")[2].split())
+    assert body in "".join(bundle.split()), "the extra CA must be in the image's trust store"
+    assert _leftovers(docker_engine, owned_before) == []

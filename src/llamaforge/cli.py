@@ -65,7 +65,7 @@ class ConsoleReporter:
 
 def run_operation(op: Operation, arguments: dict[str, Any], *, as_json: bool, verbose: bool) -> int:
     """Validate ``arguments``, run ``op``, print its result; return the exit code."""
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
     try:
         params = op.params.model_validate({k: v for k, v in arguments.items() if v is not None})
     except ValidationError as error:

@@ -240,10 +240,8 @@ def doctor_op(params: NoParams, ctx: OperationContext) -> dict[str, Any]:
     from llamaforge.doctor import run_doctor
 
     checks = run_doctor()
-    return {
-        "ok": all(check.status != "fail" for check in checks),
-        "checks": [check.__dict__ for check in checks],
-    }
+    ok = all(check.status != "fail" for check in checks)
+    return {"ok": ok, "checks": [check.__dict__ for check in checks], "exit_code": 0 if ok else 1}
 
 
 class BootstrapParams(Params):
