@@ -131,3 +131,9 @@ class NotReproducible(LlamaforgeError):
     """A rebuild produced artifacts whose sha256 differ from the manifest."""
 
     exit_code = 8
+
+
+class ModelError(LlamaforgeError):
+    """A model file is truncated, corrupt or cannot be rewritten as asked (names the tensor or key)."""
+
+    exit_code = 9

@@ -396,3 +396,18 @@ def patches_new_op(params: PatchNewParams, ctx: OperationContext) -> dict[str, A
         raise InvalidOption("no patch series", hint="pass --series DIR")
     path = new_patch(series, Path(params.workspace), params.name)
     return {"patch": str(path), "series": str(path.parent / "series")}
+
+
+# --- operations defined in their own modules ---------------------------------------------------------------
+# Each module registers its operations with @operation when imported; add new ones here.
+_OPERATION_MODULES: tuple[str, ...] = ()
+
+
+def _import_operation_modules() -> None:
+    import importlib
+
+    for module in _OPERATION_MODULES:
+        importlib.import_module(f"llamaforge.{module}")
+
+
+_import_operation_modules()

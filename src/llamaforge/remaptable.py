@@ -53,8 +53,12 @@ __all__ = [
 
 RemapStyle = Literal["hf", "meta"]
 
-#: Architectures the patch remaps, in the order of the header's arch bits.
-REMAP_ARCHS: Final[tuple[str, ...]] = ("qwen3", "qwen3moe", "qwen35", "qwen35moe")
+#: Architectures the patch remaps, in the order of the header's arch bits.  qwen35/qwen35moe are
+#: left out on purpose: convert_hf_to_gguf.py changes their values, not just names (A_log becomes
+#: -exp(A_log), most norms get +1, linear-attention V heads are reordered), so a file that kept HF
+#: names may hold unconverted values, and renaming it would load garbage where stock fails loudly.
+#: For qwen3/qwen3moe the conversion is names only (plus stacking experts, which a GGUF needs anyway).
+REMAP_ARCHS: Final[tuple[str, ...]] = ("qwen3", "qwen3moe")
 
 #: Where the generated header sits in the llama.cpp tree (and in the patch).
 HEADER_PATH: Final[str] = "src/llama-tensor-remap.h"
