@@ -43,8 +43,10 @@ def _build(result: dict[str, Any], console: Console) -> None:
         else:
             console.print(f"[red]not reproducible[/red]: {len(report['different'])} artifacts differ")
             for diff in report["different"]:
-                console.print(f"  {diff['path']}: first difference at byte {diff['first_difference']} "
-                              f"in {diff['section'] or '?'}: {diff['explanation']}")  # fmt: skip
+                sections = ", ".join(diff["sections"]) or "?"
+                console.print(f"  {diff['path']}: sections {sections} differ: {diff['explanation']}")
+                if diff["kept"]:
+                    console.print(f"    rebuilt copy kept at {diff['kept']}")
 
 
 def _builds_list(result: dict[str, Any], console: Console) -> None:

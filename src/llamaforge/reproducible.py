@@ -30,8 +30,9 @@ class ArtifactDiff:
     expected_size: int
     actual_size: int | None
     first_difference: int | None
-    section: str | None
+    sections: tuple[str, ...]
     explanation: str
+    kept: str | None
 
 
 @dataclass(frozen=True)
@@ -61,22 +62,29 @@ class ReproducibilityReport:
         }
 
 
-def elf_section_at(path: Path, offset: int) -> str | None:
-    """Name of the ELF64 section that holds file ``offset`` (None if not ELF64 or in no section)."""
-    data = path.read_bytes()
-    if data[:5] != b"\x7fELF\x02" or len(data) < 64:
-        return None
+def elf_sections(data: bytes) -> dict[str, bytes]:
+    """Section name -> file bytes of an ELF64 little-endian file (empty dict if it is not one)."""
+    if data[:6] != b"\x7fELF\x02\x01" or len(data) < 64:
+        return {}
     shoff = struct.unpack_from("<Q", data, 0x28)[0]
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
     if shoff == 0 or shoff + shnum * shentsize > len(data) or shstrndx >= shnum:
-        return None
+        return {}
     headers = [struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize) for i in range(shnum)]
-    strtab_offset = headers[shstrndx][4]
-    for name_offset, _type, _flags, _addr, sec_offset, size in headers:
-        if sec_offset <= offset < sec_offset + size and _type != 8:  # SHT_NOBITS occupies no file bytes
-            end = data.find(b"\0", strtab_offset + name_offset)
-            return data[strtab_offset + name_offset : end].decode(errors="replace")
-    return None
+    strtab = headers[shstrndx][4]
+    sections: dict[str, bytes] = {}
+    for name_offset, kind, _flags, _addr, offset, size in headers:
+        end = data.find(b"\0", strtab + name_offset)
+        name = data[strtab + name_offset : end].decode(errors="replace")
+        sections[name] = b"" if kind == 8 else data[offset : offset + size]  # SHT_NOBITS has no file bytes
+    return sections
+
+
+def differing_sections(a: bytes, b: bytes) -> list[str]:
+    """Names of ELF sections whose bytes differ (or exist in one file only), in file order."""
+    left, right = elf_sections(a), elf_sections(b)
+    names = list(left) + [name for name in right if name not in left]
+    return [name for name in names if name and left.get(name) != right.get(name)]
 
 
 def _first_difference(a: Path, b: Path) -> int | None:
@@ -88,6 +96,7 @@ def _first_difference(a: Path, b: Path) -> int | None:
 
 
 _EXPLANATIONS = {
+    ".gnu.hash": "the dynamic symbol table differs",
     ".note.gnu.build-id": "only the build-id differs, so some other input (usually a path) differs too",
     ".rodata": "constant data differs: typically embedded paths, __DATE__/__TIME__ or a build-info string",
     ".text": "machine code differs: compiler flags, compiler version or non-deterministic code generation",
@@ -115,6 +124,8 @@ def check_reproducible(
     stamp = f"{datetime.datetime.now(datetime.UTC):%Y%m%dT%H%M%S}"
     log_path = home() / "logs" / f"{result.key}-reproduce-{stamp}.log"
     scratch = staging_dir(result.key)
+    # Differing rebuilt artifacts are kept for inspection (e.g. diffoscope ORIGINAL KEPT).
+    keep = home() / "reproduce" / f"{result.key}-{stamp}"
     try:
         with make_workspace(tree) as workspace:
             apply_series(list(plan.patches), workspace)
@@ -130,8 +141,8 @@ def check_reproducible(
             rebuilt = scratch / relative
             if not rebuilt.is_file():
                 different.append(
-                    ArtifactDiff(relative, expected["sha256"], None, expected["size"], None, None, None,
-                                 "the rebuild did not produce this file")
+                    ArtifactDiff(relative, expected["sha256"], None, expected["size"], None, None, (),
+                                 "the rebuild did not produce this file", None)
                 )  # fmt: skip
                 continue
             actual = sha256_file(rebuilt)
@@ -140,11 +151,17 @@ def check_reproducible(
                 continue
             original = result.path / relative
             offset = _first_difference(original, rebuilt) if original.is_file() else None
-            section = elf_section_at(original, offset) if offset is not None else None
-            explanation = _EXPLANATIONS.get(section or "", "differs; compare with diffoscope for details")
+            sections = tuple(differing_sections(original.read_bytes(), rebuilt.read_bytes()))
+            causes = [name for name in sections if name != ".note.gnu.build-id"]
+            explanation = "; ".join(
+                f"{name}: {_EXPLANATIONS.get(name, 'differs')}" for name in causes[:4]
+            ) or _EXPLANATIONS.get(".note.gnu.build-id", "differs")
+            kept = keep / relative
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(rebuilt, kept)
             different.append(
                 ArtifactDiff(relative, expected["sha256"], actual, expected["size"], rebuilt.stat().st_size,
-                             offset, section, explanation)
+                             offset, sections, explanation, str(kept))
             )  # fmt: skip
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -9,11 +9,12 @@ out_dir="${LLAMAFORGE_OUT:-/out}"
 jobs="${LLAMAFORGE_JOBS:-$(nproc)}"
 
 # Reproducibility: fixed timestamps, locale and time zone; source and build paths mapped out of the binaries.
+# No CCACHE_BASEDIR: ccache would rewrite paths to relative ones that -ffile-prefix-map does not map, and a
+# ccache build would then differ from a build without it.
 export SOURCE_DATE_EPOCH=1790812800
 export TZ=UTC
 export LC_ALL=C
 export CCACHE_DIR="${CCACHE_DIR:-/ccache}"
-export CCACHE_BASEDIR="${src_dir}"
 export CCACHE_COMPILERCHECK=content
 export CCACHE_NOHASHDIR=1
 prefix_map="-ffile-prefix-map=${src_dir}=. -ffile-prefix-map=${build_dir}=build"
