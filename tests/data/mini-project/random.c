@@ -1,0 +1,7 @@
+#include <stdio.h>
+#include "random.h"
+
+int main(void) {
+    puts(salt);
+    return 0;
+}
