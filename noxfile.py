@@ -1,4 +1,5 @@
-"""Nox sessions: `nox -s tests` (the README's test command), `lint`, `typecheck`, `bench_build`."""
+"""Nox sessions: `nox -s tests` (the README's test command), `lint`, `typecheck`, `smoke`, `bench_build`,
+`bench_smoke`."""
 
 from __future__ import annotations
 
@@ -76,3 +77,19 @@ def bench_build(session: nox.Session) -> None:
     session.install("-e", ".[test]")
     sdist_dir = _sdist_dir(session)
     session.run("python", "benchmarks/build_bench.py", env={"LLAMAFORGE_SOURCE_MIRROR": str(sdist_dir)})
+
+
+@nox.session
+def smoke(session: nox.Session) -> None:
+    """The one command: build (or reuse) the default CPU build, write the tiny qwen3 model, run llama-bench and a
+    streaming llama-server against it, print the summary; fails (exit 10) when the verdict fails.
+    Arguments go to `invoke smoke`, e.g. `nox -s smoke -- --build KEY --model qwen3.5-0.8b-q4_k_m`."""
+    session.install("-e", ".")
+    session.run("invoke", "smoke", *session.posargs)
+
+
+@nox.session
+def bench_smoke(session: nox.Session) -> None:
+    """Smoke harness overhead: smoke's tg tokens/s / raw llama-bench on the same binary and model."""
+    session.install("-e", ".")
+    session.run("python", "benchmarks/smoke_overhead.py", *session.posargs)

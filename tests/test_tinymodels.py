@@ -32,6 +32,21 @@ from llamaforge.tinymodels import (
 )
 
 STYLES: tuple[NameStyle, ...] = ("canonical", "hf", "meta")
+HYBRID = ("qwen35", "qwen35moe")
+# Per-layer tensor sets of the hybrid archs, as llama.cpp b11312's qwen35 loaders create them.
+HYBRID_ATTENTION_ONLY = {"attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm"}
+HYBRID_RECURRENT_ONLY = {
+    "attn_qkv",
+    "attn_gate",
+    "ssm_a",
+    "ssm_conv1d",
+    "ssm_dt",
+    "ssm_norm",
+    "ssm_beta",
+    "ssm_alpha",
+    "ssm_out",
+}
+SUFFIX = {"ssm_a": "", "ssm_dt": ".bias"}
 MINI_VOCAB = 300
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
 VOCAB_ENV = "LLAMAFORGE_TEST_VOCAB"
@@ -50,15 +65,26 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _canonical_tensors(arch: str, n_layer: int) -> set[str]:
+def _styles(arch: str) -> tuple[NameStyle, ...]:
+    return ("canonical", "hf") if arch in HYBRID else STYLES
+
+
+def _canonical_tensors(arch: str, n_layer: int, full_attention_interval: int = 2) -> set[str]:
     kinds = set(gguf.MODEL_TENSORS[gguf.MODEL_ARCH[arch.upper()]]) - omitted_tensors(arch)
     names: set[str] = set()
     for kind in kinds:
         template = gguf.TENSOR_NAMES[kind]
-        if "{bid}" in template:
-            names.update(template.format(bid=b) + ".weight" for b in range(n_layer))
-        else:
-            names.add(template + ".weight")
+        short = template.rsplit(".", 1)[-1]
+        suffix = SUFFIX.get(short, ".weight")
+        if "{bid}" not in template:
+            names.add(template + suffix)
+            continue
+        for bid in range(n_layer):
+            if arch in HYBRID:
+                recurrent = (bid + 1) % full_attention_interval != 0
+                if short in (HYBRID_ATTENTION_ONLY if recurrent else HYBRID_RECURRENT_ONLY):
+                    continue
+            names.add(template.format(bid=bid) + suffix)
     return names
 
 
@@ -107,7 +133,7 @@ def mini_models(
             out / f"{arch}-{style}.gguf", TinyModelSpec(arch=arch, name_style=style), mini_vocab
         )
         for arch in SUPPORTED_ARCHS
-        for style in STYLES
+        for style in _styles(arch)
     }
 
 
@@ -150,14 +176,21 @@ def test_plan_matches_model_tensors(arch: str) -> None:
     assert plan[0].canonical == "token_embd.weight"
 
 
-def test_only_rope_freqs_is_omitted() -> None:
+def test_only_optional_tensors_are_omitted() -> None:
     assert omitted_tensors("qwen3") == {gguf.MODEL_TENSOR.ROPE_FREQS}
     assert omitted_tensors("qwen3moe") == frozenset()
+    assert omitted_tensors("qwen35") == frozenset()
+    # llama.cpp loads separate gate/up expert tensors when the fused one is absent
+    assert omitted_tensors("qwen35moe") == {gguf.MODEL_TENSOR.FFN_GATE_UP_EXP}
 
 
 @pytest.mark.parametrize("arch", SUPPORTED_ARCHS)
 @pytest.mark.parametrize("style", ["hf", "meta"])
 def test_styled_names_map_back_through_tensor_name_map(arch: str, style: NameStyle) -> None:
+    if style not in _styles(arch):
+        with pytest.raises(ValueError, match="name styles"):
+            TinyModelSpec(arch=arch, name_style=style)
+        return
     spec = TinyModelSpec(arch=arch, name_style=style)
     name_map = gguf.TensorNameMap(spec.model_arch, spec.n_layer)
     plan = tensor_plan(spec, MINI_VOCAB)
@@ -200,13 +233,14 @@ def test_canonical_to_styled_identity_and_errors() -> None:
 
 @pytest.mark.parametrize("arch", SUPPORTED_ARCHS)
 def test_tensor_data_independent_of_style_and_deterministic(arch: str) -> None:
-    plans = {s: tensor_plan(TinyModelSpec(arch=arch, name_style=s), MINI_VOCAB) for s in STYLES}
+    styles = _styles(arch)
+    plans = {s: tensor_plan(TinyModelSpec(arch=arch, name_style=s), MINI_VOCAB) for s in styles}
     base = TinyModelSpec(arch=arch)
     for entries in zip(*plans.values(), strict=True):
         assert len({e.canonical for e in entries}) == 1
         arrays = [
             tensor_data(dataclasses.replace(base, name_style=style), e)
-            for style, e in zip(STYLES, entries, strict=True)
+            for style, e in zip(styles, entries, strict=True)
         ]
         for arr in arrays[1:]:
             assert arr.dtype == arrays[0].dtype
@@ -226,6 +260,38 @@ def test_dtypes() -> None:
     assert f16["blk.0.ffn_gate_inp.weight"].dtype == np.float32
     f32 = tensor_plan(TinyModelSpec(dtype="f32"), MINI_VOCAB)
     assert all(e.dtype == np.float32 for e in f32)
+
+
+@pytest.mark.parametrize("arch", HYBRID)
+def test_hybrid_layers_and_shapes(arch: str) -> None:
+    """DeltaNet layers unless (i + 1) % interval == 0; shapes as llama.cpp's qwen35 loaders create them."""
+    spec = TinyModelSpec(arch=arch, n_layer=8, full_attention_interval=4)
+    assert [spec.is_recurrent(i) for i in range(8)] == [True, True, True, False] * 2
+    assert not TinyModelSpec().is_recurrent(0)
+    plan = {e.canonical: e for e in tensor_plan(spec, MINI_VOCAB)}
+    assert set(plan) == _canonical_tensors(arch, 8, 4)
+    conv_dim = 2 * spec.ssm_state_size * spec.ssm_group_count + spec.ssm_inner_size
+    assert plan["blk.3.attn_q.weight"].shape == (2 * spec.n_head * spec.head_dim, spec.n_embd)  # q + gate
+    assert plan["blk.0.attn_qkv.weight"].shape == (conv_dim, spec.n_embd)
+    assert plan["blk.0.attn_gate.weight"].shape == (spec.ssm_inner_size, spec.n_embd)
+    assert plan["blk.0.ssm_conv1d.weight"].shape == (conv_dim, spec.ssm_conv_kernel)
+    assert plan["blk.0.ssm_conv1d.weight"].dtype == np.float32  # ggml's CPU ssm_conv is F32 only
+    assert plan["blk.0.ssm_a"].shape == plan["blk.0.ssm_dt.bias"].shape == (spec.ssm_time_step_rank,)
+    assert plan["blk.0.ssm_norm.weight"].shape == (spec.ssm_state_size,)
+    assert plan["blk.0.ssm_out.weight"].shape == (spec.n_embd, spec.ssm_inner_size)
+    assert "blk.0.attn_q.weight" not in plan and "blk.3.ssm_a" not in plan
+    assert bool(np.all(tensor_data(spec, plan["blk.0.ssm_a"]) < 0))  # a decaying state
+    if arch == "qwen35moe":
+        assert plan["blk.0.ffn_gate_inp_shexp.weight"].shape == (spec.n_embd,)
+        assert plan["blk.0.ffn_up_shexp.weight"].shape == (spec.n_ff_shexp, spec.n_embd)
+
+
+def test_hybrid_spec_checks() -> None:
+    with pytest.raises(ValueError, match="multiple"):
+        TinyModelSpec(arch="qwen35", ssm_group_count=3, ssm_time_step_rank=4)
+    with pytest.raises(ValueError, match="name styles"):
+        TinyModelSpec(arch="qwen35moe", name_style="meta")
+    assert TinyModelSpec(arch="qwen35").ssm_inner_size == 64
 
 
 # ------------------------------------------------------------- written files
@@ -254,8 +320,16 @@ def test_file_rereads_with_metadata(
         "attention.key_length": 16,
         "attention.value_length": 16,
     }
-    if arch == "qwen3moe":
+    if arch in ("qwen3moe", "qwen35moe"):
         expected.update({"expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 32})
+    if arch == "qwen35moe":
+        expected["expert_shared_feed_forward_length"] = 32
+    if arch in HYBRID:
+        expected.update({
+            "ssm.conv_kernel": 4, "ssm.state_size": 16, "ssm.group_count": 2, "ssm.time_step_rank": 4,
+            "ssm.inner_size": 64, "full_attention_interval": 2, "rope.dimension_count": 4,
+        })  # fmt: skip
+        assert list(_field(reader, f"{arch}.rope.dimension_sections")) == [1, 1, 0, 0]
     for key, value in expected.items():
         assert _field(reader, f"{arch}.{key}") == value, key
     assert _field(reader, f"{arch}.rope.freq_base") == pytest.approx(1e6)
@@ -284,18 +358,20 @@ def test_styles_hold_identical_tensor_data(
 ) -> None:
     name_map = gguf.TensorNameMap(gguf.MODEL_ARCH[arch.upper()], 2)
     by_style: dict[str, dict[str, bytes]] = {}
-    for style in STYLES:
+    for style in _styles(arch):
         reader = gguf.GGUFReader(mini_models[(arch, style)].path)
         names = [t.name for t in reader.tensors]
         assert names == list(mini_models[(arch, style)].tensor_names)
         by_style[style] = {
-            name_map.get_name(t.name, try_suffixes=(".weight",)) or "?": np.asarray(t.data).tobytes()
+            name_map.get_name(t.name, try_suffixes=(".weight", ".bias")) or "?": np.asarray(t.data).tobytes()
             for t in reader.tensors
         }
-    assert set(by_style["hf"]) == set(by_style["canonical"]) == set(by_style["meta"])
-    assert by_style["hf"] == by_style["canonical"] == by_style["meta"]
+    assert len(by_style["canonical"]) == mini_models[(arch, "canonical")].tensor_count
+    assert all(by_style[style] == by_style["canonical"] for style in _styles(arch))
     hf_names = set(mini_models[(arch, "hf")].tensor_names)
     assert {"model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"} <= hf_names
+    if arch in HYBRID:
+        return
     meta_names = set(mini_models[(arch, "meta")].tensor_names)
     assert {"tok_embeddings.weight", "output.weight", "norm.weight"} <= meta_names
 

@@ -145,11 +145,14 @@ def namespace() -> Any:
     for name, op in sorted(REGISTRY.items()):
         group, _, _leaf = name.rpartition(".")
         task = _task_for(op)
+        # An operation named like a group (``smoke`` next to ``smoke.compare``) is that group's default task.
+        is_default = not group and any(other.startswith(name + ".") for other in REGISTRY)
+        group = name if is_default else group
         if group:
             if group not in groups:
                 groups[group] = Collection(group)
                 root.add_collection(groups[group])
-            groups[group].add_task(task)
+            groups[group].add_task(task, default=is_default)
         else:
             root.add_task(task)
     return root

@@ -26,10 +26,13 @@ def docker_client() -> Any:
     import docker
     import docker.errors
 
+    client = None
     try:
         client = docker.from_env(timeout=600)
         client.ping()
     except (docker.errors.DockerException, OSError) as error:
+        if client is not None:
+            client.close()  # its connection pool would otherwise leak a socket
         raise DockerUnavailable(
             f"cannot reach the Docker engine: {error}",
             hint="start Docker (e.g. `dockerd &` as root) or set DOCKER_HOST; `invoke doctor` checks the setup; "

@@ -137,3 +137,25 @@ class ModelError(LlamaforgeError):
     """A model file is truncated, corrupt or cannot be rewritten as asked (names the tensor or key)."""
 
     exit_code = 9
+
+
+class FetchError(ModelError):
+    """Downloading a model failed, or what arrived does not match its pins (nothing was published)."""
+
+    exit_code = 11
+
+
+class ModelChecksumMismatch(FetchError):
+    """A downloaded model's sha256 or size differs from its pin; the bytes were moved to quarantine."""
+
+
+class LockError(LlamaforgeError):
+    """``models.lock`` could not resolve an input, or ``--frozen`` found inputs that are not pinned."""
+
+    exit_code = 12
+
+
+class SmokeFailed(LlamaforgeError):
+    """A smoke run failed its verdict (a threshold missed, no answer) or could not measure what it needs."""
+
+    exit_code = 10

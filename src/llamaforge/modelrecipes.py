@@ -47,7 +47,7 @@ class ModelRecipe(_Strict):
     revision: str | None = Field(None, description="Hub revision (branch/tag, or a commit once locked)")
     sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="sha256 of the file once locked")
     size: int | None = Field(None, ge=1, description="Size in bytes once locked")
-    expect: ModelExpectations = Field(default_factory=lambda: ModelExpectations())
+    expect: ModelExpectations = Field(default_factory=ModelExpectations)
 
     @field_validator("source")
     @classmethod

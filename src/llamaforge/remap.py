@@ -6,16 +6,16 @@ names (``blk.0.attn_q.weight``) and refuses them. :func:`remap_gguf` renames eve
 ``gguf.TensorNameMap`` for the file's architecture and block count, applies the metadata edits of a rules file
 (``recipes/remaps/*.toml``: set / rename / delete keys, an optional relabel of ``general.architecture``) and
 copies the tensor bytes unchanged, a few MiB at a time. The output is written next to the destination,
-re-read and compared with the input (tensor names, types, shapes, sha256 of every tensor's bytes, every
-metadata key), and only then renamed into place.
+re-read and compared with the input (every metadata key; tensor names, types, shapes and the sha256 of every
+tensor's bytes), and only then renamed into place.
 
-The input is parsed by a bounded reader of its own, not ``gguf.GGUFReader``: every count, length and offset
-is checked against the file size before it is used, so a truncated or crafted file gives a clear error
-instead of a hang (GGUFReader 0.19.0 loops on array lengths near 2**63), and the 151 936-token Qwen
-vocabulary parses in well under a second (GGUFReader takes ~9 s). The output is written by ``gguf.GGUFWriter``.
+The input is parsed by :mod:`llamaforge.ggufscan`, which checks every length against the file size (a
+truncated or crafted file is an error, never a hang); the output is written by ``gguf.GGUFWriter``.
 
-What it does not do: convert tensor data (no transposes, no merging of per-expert tensors, no dtype change),
-write big-endian files, or set array-valued keys.
+Tensors are renamed only for the architectures whose Hugging Face → GGUF conversion changes names and nothing
+else (:data:`llamaforge.remaptable.REMAP_ARCHS`: qwen3, qwen3moe); a file of another architecture passes
+when its names are canonical already (metadata edits only). A remap never converts tensor data: no
+transposes, no stacking of per-expert tensors, no dtype change.
 """
 
 from __future__ import annotations
@@ -23,37 +23,40 @@ from __future__ import annotations
 import difflib
 import hashlib
 import math
-import mmap
 import os
-import re
-import struct
 import tempfile
 import time
-import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
 import gguf
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    StrictBool,
-    StrictFloat,
-    StrictInt,
-    StrictStr,
-    ValidationError,
-    field_validator,
-    model_validator,
-)
+import numpy as np
+from pydantic import Field
 
 from llamaforge.errors import InvalidOption, ModelError, RecipeError
 from llamaforge.events import CancelToken, Event, Reporter, null_reporter
-from llamaforge.resources import data_dir
+from llamaforge.ggufscan import CHUNK_SIZE, GGUFLayout, KeyValue, TensorInfo, hash_gguf, scan_gguf
+from llamaforge.operations import OperationContext, Params, operation
+from llamaforge.remaprules import (
+    ARCH_KEY,
+    GGUF_TYPES,
+    KNOWN_KEY_TYPES,
+    MatchRules,
+    MetadataRules,
+    RemapRules,
+    TypedValue,
+    coerce_value,
+    list_rules,
+    load_rules,
+    model_arch,
+    parse_rules,
+    rules_dir,
+)
+from llamaforge.remaptable import REMAP_ARCHS
 
+# The rules API is re-exported: callers of remap_gguf need RemapRules and load_rules.
 __all__ = [
     "MatchRules",
     "MetadataChange",
@@ -64,530 +67,604 @@ __all__ = [
     "TypedValue",
     "list_rules",
     "load_rules",
+    "models_remap_op",
     "parse_rules",
     "remap_from_params",
     "remap_gguf",
     "rules_dir",
 ]
 
-#: Bytes copied (and hashed) per read: the bound on the memory a remap needs for tensor data.
-CHUNK_SIZE: Final[int] = 4 << 20
 _PROGRESS_STEP: Final[int] = 64 << 20
 _STAGE: Final[str] = "remap"
 
 _V = gguf.GGUFValueType
-_K = gguf.Keys
-_ARCH_KEY: Final[str] = _K.General.ARCHITECTURE
-_ALIGNMENT_KEY: Final[str] = _K.General.ALIGNMENT
-_BLOCK_COUNT_KEY: Final[str] = _K.LLM.BLOCK_COUNT
+_BLOCK_COUNT_KEY: Final[str] = gguf.Keys.LLM.BLOCK_COUNT
+_ALIGNMENT_KEY: Final[str] = gguf.Keys.General.ALIGNMENT
 
-GGUFTypeName = Literal[
-    "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float32", "float64", "bool",
-    "string",
-]  # fmt: skip
-_TYPE_BY_NAME: Final[Mapping[str, Any]] = {
-    name: _V[name.upper()]
-    for name in ("uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float32",
-                 "float64", "bool", "string")
-}  # fmt: skip
+# ------------------------------------------------------------------------------------------------ planning
 
-# How llama.cpp reads the keys rules usually edit (the types GGUFWriter's add_* methods write). llama.cpp
-# refuses a key stored with another type, so a rule may not change these types.
-_KNOWN_TYPES: Final[Mapping[str, Any]] = {
-    _K.General.NAME: _V.STRING,
-    _K.General.DESCRIPTION: _V.STRING,
-    _ARCH_KEY: _V.STRING,
-    _K.Tokenizer.CHAT_TEMPLATE: _V.STRING,
-    _K.LLM.CONTEXT_LENGTH: _V.UINT32,
-    _K.LLM.EXPERT_USED_COUNT: _V.UINT32,
-    _K.Rope.FREQ_BASE: _V.FLOAT32,
-    _K.Rope.SCALING_TYPE: _V.STRING,
-    _K.Rope.SCALING_FACTOR: _V.FLOAT32,
-    _K.Rope.SCALING_ORIG_CTX_LEN: _V.UINT32,
-    _K.Rope.SCALING_FINETUNED: _V.BOOL,
-}
-_ROPE_SCALING_TYPES: Final[tuple[str, ...]] = tuple(t.value for t in gguf.RopeScalingType)
-
-# Keys the file's layout depends on: editing them would make the tensors disagree with the metadata.
-_PROTECTED: Final[Mapping[str, str]] = {
-    _ALIGNMENT_KEY: "the tensor data layout depends on it",
-    _BLOCK_COUNT_KEY: "the tensors are laid out per block; a remap never adds or drops blocks",
-}
-
-_INT_RANGES: Final[Mapping[Any, tuple[int, int]]] = {
-    _V.UINT8: (0, 2**8 - 1), _V.INT8: (-(2**7), 2**7 - 1),
-    _V.UINT16: (0, 2**16 - 1), _V.INT16: (-(2**15), 2**15 - 1),
-    _V.UINT32: (0, 2**32 - 1), _V.INT32: (-(2**31), 2**31 - 1),
-    _V.UINT64: (0, 2**64 - 1), _V.INT64: (-(2**63), 2**63 - 1),
-}  # fmt: skip
-_FLOAT32_MAX: Final[float] = 3.4028234663852886e38
-_KEY_RE: Final[re.Pattern[str]] = re.compile(r"^(?:\{arch\}|[A-Za-z0-9_-]+)(?:\.[A-Za-z0-9_-]+)*$")
+_SUFFIXES: Final[tuple[str, ...]] = (".weight", ".bias")
 
 
-def _type_name(vtype: Any) -> str:
-    return str(vtype.name).lower()
+def _arch_member(name: str, *, what: str) -> gguf.MODEL_ARCH:
+    try:
+        return model_arch(name, what=what)
+    except ValueError as error:
+        raise ModelError(str(error)) from None
 
 
-def _coerce(value: object, vtype: Any) -> Any:
-    """``value`` (from TOML) as stored for a key of GGUF type ``vtype``; ValueError says what fits."""
-    name = _type_name(vtype)
-    if vtype in _INT_RANGES:
-        low, high = _INT_RANGES[vtype]
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"expects an integer ({name}), not {value!r}")
-        if not low <= value <= high:
-            raise ValueError(f"{value} is out of range for {name} ({low}..{high})")
-        return value
-    if vtype in (_V.FLOAT32, _V.FLOAT64):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"expects a number ({name}), not {value!r}")
-        number = float(value)
-        if not math.isfinite(number) or (vtype == _V.FLOAT32 and abs(number) > _FLOAT32_MAX):
-            raise ValueError(f"{value!r} is not a finite {name}")
-        # store what the file will hold, so verification compares like with like
-        return struct.unpack("<f", struct.pack("<f", number))[0] if vtype == _V.FLOAT32 else number
-    if vtype == _V.BOOL:
-        if not isinstance(value, bool):
-            raise ValueError(f"expects true or false, not {value!r}")
-        return value
-    if vtype == _V.STRING:
-        if not isinstance(value, str):
-            raise ValueError(f"expects a string, not {value!r}")
-        return value.encode("utf-8")
-    raise ValueError(f"values of GGUF type {name} cannot be set by a rule")
+def _kind_label(kind: gguf.MODEL_TENSOR) -> str:
+    return str(gguf.TENSOR_NAMES[kind]).removeprefix("blk.{bid}.")
 
 
-def _known_type(key: str) -> Any | None:
-    """GGUF type llama.cpp expects for ``key`` (``{arch}.…`` or ``qwen3.…``), or None."""
-    if key in _KNOWN_TYPES:
-        return _KNOWN_TYPES[key]
-    head, dot, rest = key.partition(".")
-    if dot and not head.startswith("general") and not head.startswith("tokenizer"):
-        return _KNOWN_TYPES.get("{arch}." + rest)
-    return None
+def _some(names: Iterable[str], limit: int = 6) -> str:
+    items = list(names)
+    shown = ", ".join(items[:limit])
+    return shown + (f", … ({len(items) - limit} more)" if len(items) > limit else "")
 
 
-# ------------------------------------------------------------------------------------------------- rules
+def _display(value: Any) -> Any:
+    """A metadata value as JSON and messages show it."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, tuple):
+        return f"<array of {len(value)} items>"
+    return value
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+@dataclass(frozen=True)
+class _Mapped:
+    tensor: TensorInfo
+    name: str  # canonical
+    kind: gguf.MODEL_TENSOR
 
 
-RuleScalar = StrictBool | StrictInt | StrictFloat | StrictStr
+def _architecture(layout: GGUFLayout) -> str:
+    kv = layout.get(ARCH_KEY)
+    if kv is None or kv.vtype != _V.STRING:
+        raise ModelError(f"{layout.path} has no {ARCH_KEY} string key; it is not a model GGUF")
+    return str(_display(kv.value))
 
 
-class TypedValue(_Strict):
-    """A metadata value; ``type`` is the GGUF type (default: the key's type in the file, or llama.cpp's)."""
-
-    type: GGUFTypeName | None = Field(default=None, description="GGUF type, e.g. uint32, float32, string")
-    value: Any = Field(description="The value: an integer, number, string or boolean")
-
-    @model_validator(mode="after")
-    def _value_fits(self) -> TypedValue:
-        if isinstance(self.value, list | dict) or not isinstance(self.value, bool | int | float | str):
-            raise ValueError(f"value must be an integer, number, string or boolean, not {self.value!r}")
-        if self.type is not None:
-            _coerce(self.value, _TYPE_BY_NAME[self.type])
-        return self
+# TensorNameMap.__init__ merges an arch's block overrides (arctic's) into the class-level table in place,
+# changing every map built after it; each of these maps works on its own copy, taken at import.
+_BLOCK_TABLE: Final = dict(gguf.TensorNameMap.block_mappings_cfg)
 
 
-class MatchRules(_Strict):
-    """Preconditions: a file that fails them is refused, never half-edited."""
-
-    architectures: list[str] = Field(
-        default_factory=list, description="general.architecture must be one of these (empty: any)"
-    )
-    metadata: dict[str, list[RuleScalar]] = Field(
-        default_factory=dict, description="KEY = value or [values]: the key must hold one of the values"
-    )
-    absent: list[str] = Field(default_factory=list, description="Keys that must not be in the file")
-
-    @field_validator("metadata", mode="before")
-    @classmethod
-    def _scalars_to_lists(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: v if isinstance(v, list) else [v] for k, v in value.items()}
-        return value
-
-    @model_validator(mode="after")
-    def _valid_keys(self) -> MatchRules:
-        for key in [*self.metadata, *self.absent]:
-            _check_key_syntax(key)
-        return self
+class _IsolatedNameMap(gguf.TensorNameMap):
+    def __init__(self, arch: gguf.MODEL_ARCH, n_blocks: int) -> None:
+        self.block_mappings_cfg = dict(_BLOCK_TABLE)
+        super().__init__(arch, n_blocks)
 
 
-class MetadataRules(_Strict):
-    """Metadata edits, applied in this order: rename, delete, set. ``{arch}`` in a key is the file's arch."""
-
-    rename: dict[str, str] = Field(default_factory=dict, description="OLD = NEW: move a key, keep its value")
-    delete: list[str] = Field(default_factory=list, description="Keys to remove (absent keys are skipped)")
-    set_: dict[str, TypedValue] = Field(
-        default_factory=dict,
-        alias="set",
-        description="KEY = value, or KEY = { type = ..., value = ... } for a key llamaforge does not know",
-    )
-
-    @field_validator("set_", mode="before")
-    @classmethod
-    def _typed(cls, value: Any) -> Any:
-        if not isinstance(value, dict):
-            return value
-        typed: dict[str, Any] = {}
-        for key, item in value.items():
-            known = _known_type(str(key))
-            entry = dict(item) if isinstance(item, dict) else {"value": item}
-            given = entry.get("type")
-            if known is not None:
-                if given is not None and given != _type_name(known):
-                    raise ValueError(f"{key}: llama.cpp reads this key as {_type_name(known)}, not {given}")
-                entry.setdefault("type", _type_name(known))
-            typed[key] = entry
-        return typed
-
-    @model_validator(mode="after")
-    def _consistent(self) -> MetadataRules:
-        seen: dict[str, str] = {}
-        for op, keys in (("rename", [*self.rename, *self.rename.values()]), ("delete", self.delete),
-                         ("set", list(self.set_))):  # fmt: skip
-            for key in keys:
-                _check_key_syntax(key)
-                if key in seen and not (op == "rename" and seen[key] == "rename"):
-                    raise ValueError(f"{key} appears in both {seen[key]} and {op}")
-                seen[key] = op
-        for key in [*self.rename, *self.rename.values(), *self.delete, *self.set_]:
-            if key in _PROTECTED:
-                raise ValueError(f"{key} cannot be edited: {_PROTECTED[key]}")
-        for key in [*self.rename, *self.rename.values(), *self.delete]:
-            if key == _ARCH_KEY:
-                raise ValueError(f"{_ARCH_KEY} can only be set (a relabel), not renamed or deleted")
-        scaling = self.set_.get(_K.Rope.SCALING_TYPE)
-        if scaling is not None and scaling.value not in _ROPE_SCALING_TYPES:
-            raise ValueError(
-                f"{_K.Rope.SCALING_TYPE} must be one of {', '.join(_ROPE_SCALING_TYPES)} "
-                f"(llama.cpp aborts on anything else), not {scaling.value!r}"
-            )
-        arch = self.set_.get(_ARCH_KEY)
-        if arch is not None:
-            _model_arch(str(arch.value), what="set general.architecture")
-        return self
-
-
-class RemapRules(_Strict):
-    """A remap rules file (``recipes/remaps/NAME.toml``). Tensor names are always made canonical."""
-
-    name: str = Field(default="", description="Rules name (the file name without .toml)")
-    description: str = ""
-    match: MatchRules = Field(default_factory=MatchRules)
-    metadata: MetadataRules = Field(default_factory=MetadataRules)
-    _origin: str = PrivateAttr(default="")
-
-    @property
-    def origin(self) -> str:
-        """Where the rules came from, for messages (the file path, else the name)."""
-        return self._origin or self.name or "(inline rules)"
-
-
-def _check_key_syntax(key: str) -> None:
-    if not _KEY_RE.fullmatch(key):
-        raise ValueError(
-            f"{key!r} is not a metadata key (dotted words; '{{arch}}' may start it, e.g. '{{arch}}.context_length')"
+def _canonical_tensors(layout: GGUFLayout, arch: str) -> list[_Mapped]:
+    """Every tensor with its llama.cpp name, in file order; refuses names that map to nothing."""
+    gguf_arch = _arch_member(arch, what=f"{layout.path.name}: cannot map tensor names")
+    block_key = _BLOCK_COUNT_KEY.format(arch=arch)
+    blocks = layout.get(block_key)
+    if (
+        blocks is None
+        or isinstance(blocks.value, bool)
+        or not isinstance(blocks.value, int)
+        or blocks.value < 0
+    ):
+        raise ModelError(
+            f"{layout.path} has no integer {block_key} key, so its tensor names cannot be mapped"
         )
-
-
-def rules_dir() -> Path:
-    """Directory of the shipped remap rules."""
-    return data_dir("recipes") / "remaps"
-
-
-def list_rules() -> list[str]:
-    """Names of the shipped remap rules files."""
-    return sorted(path.stem for path in rules_dir().glob("*.toml"))
-
-
-def _resolve_rules(name_or_path: str | Path) -> Path:
-    text = str(name_or_path)
-    candidate = Path(name_or_path)
-    if candidate.suffix == ".toml" or "/" in text or os.sep in text:
-        if not candidate.is_file():
-            raise RecipeError(f"remap rules file {candidate} does not exist", hint="check the path")
-        return candidate
-    path = rules_dir() / f"{text}.toml"
-    if not path.is_file():
-        known = list_rules()
-        close = difflib.get_close_matches(text, known, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise RecipeError(
-            f"unknown remap rules {text!r}",
-            hint=hint + "known rules: " + (", ".join(known) or "none") + f" (in {rules_dir()})",
-        )
-    return path
-
-
-def _fields_at(loc: tuple[int | str, ...]) -> list[str]:
-    """Keys valid next to the last element of ``loc`` (for "did you mean")."""
-    model: type[BaseModel] | None = None
-    if len(loc) == 1:
-        model = RemapRules
-    elif len(loc) == 2 and loc[0] == "match":
-        model = MatchRules
-    elif len(loc) == 2 and loc[0] == "metadata":
-        model = MetadataRules
-    elif len(loc) == 4 and loc[:2] == ("metadata", "set"):
-        model = TypedValue
-    if model is None:
-        return []
-    return [info.alias or name for name, info in model.model_fields.items()]
-
-
-def _describe(origin: str, error: ValidationError) -> RecipeError:
-    problems: list[str] = []
-    hints: list[str] = []
-    for item in error.errors():
-        loc = tuple(item["loc"])
-        dotted = ".".join(str(part) for part in loc) or "(top level)"
-        if item["type"] == "extra_forbidden":
-            problems.append(f"{dotted}: unknown key")
-            close = difflib.get_close_matches(str(loc[-1]), _fields_at(loc), n=1)
-            if close:
-                hints.append(f"did you mean {close[0]!r} instead of {loc[-1]!r}?")
+    n_blocks = int(blocks.value)
+    name_map = _IsolatedNameMap(gguf_arch, n_blocks)
+    canonical: dict[str, gguf.MODEL_TENSOR] = {}
+    for kind in gguf.MODEL_TENSORS[gguf_arch]:
+        template = str(gguf.TENSOR_NAMES[kind])
+        if "{bid}" in template:
+            canonical.update((template.format(bid=bid), kind) for bid in range(n_blocks))
         else:
-            problems.append(f"{dotted}: {str(item['msg']).removeprefix('Value error, ')}")
-    return RecipeError(
-        f"invalid remap rules {origin}:\n  " + "\n  ".join(problems),
-        hint=" ".join(hints) or "see recipes/remaps/*.toml for examples",
-    )
-
-
-def parse_rules(data: Mapping[str, Any], *, name: str, origin: str | Path) -> RemapRules:
-    """Validate rules ``data`` (parsed TOML); ``origin`` is named in errors."""
-    try:
-        rules = RemapRules.model_validate({**data, "name": name})
-    except ValidationError as error:
-        raise _describe(str(origin), error) from None
-    rules._origin = str(origin)
-    return rules
-
-
-def load_rules(name_or_path: str | Path) -> RemapRules:
-    """Load remap rules by name (``recipes/remaps/NAME.toml``) or by path."""
-    path = _resolve_rules(name_or_path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as error:
-        raise RecipeError(f"remap rules {path} are not valid TOML: {error}", hint="fix the syntax") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise RecipeError(f"cannot read remap rules {path}: {error}") from None
-    return parse_rules(data, name=path.stem, origin=path)
-
-
-# ------------------------------------------------------------------------------------- bounded reader
-
-_SCALARS: Final[Mapping[Any, str]] = {
-    _V.UINT8: "B", _V.INT8: "b", _V.UINT16: "H", _V.INT16: "h", _V.UINT32: "I", _V.INT32: "i",
-    _V.FLOAT32: "f", _V.UINT64: "Q", _V.INT64: "q", _V.FLOAT64: "d", _V.BOOL: "?",
-}  # fmt: skip
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
-_GGML_MAX_DIMS: Final[int] = 4
-_HEADER_SIZE: Final[int] = 24
-_MIN_KV_SIZE: Final[int] = 8 + 4 + 1  # key length, type, smallest value
-_MIN_TENSOR_INFO_SIZE: Final[int] = 8 + 4 + 8 + 4 + 8  # name length, n_dims, one dim, type, offset
-
-
-@dataclass(frozen=True)
-class _KV:
-    key: str
-    vtype: Any
-    value: Any  # int | float | bool | bytes (strings stay bytes) | tuple for arrays
-    sub_type: Any = None
-
-
-@dataclass(frozen=True)
-class _Tensor:
-    name: str
-    ne: tuple[int, ...]  # ggml order (innermost first)
-    ggml_type: Any
-    offset: int  # absolute file offset of the data
-    nbytes: int
-
-
-@dataclass(frozen=True)
-class _Layout:
-    path: Path
-    size: int
-    version: int
-    alignment: int
-    kvs: tuple[_KV, ...]
-    tensors: tuple[_Tensor, ...]
-
-    def get(self, key: str) -> _KV | None:
-        return next((kv for kv in self.kvs if kv.key == key), None)
-
-
-class _Parser:
-    """Walks a GGUF header; every length is checked against the file size before it is used."""
-
-    def __init__(self, path: Path, buf: mmap.mmap, size: int) -> None:
-        self.path, self.buf, self.size, self.pos = path, buf, size, 0
-
-    def fail(self, detail: str) -> ModelError:
-        return ModelError(
-            f"{self.path} is truncated or corrupt ({self.size} bytes): {detail}",
-            hint="download or convert the file again and compare its size and sha256 with the source",
+            canonical[template] = kind
+    mapped: list[_Mapped] = []
+    unmapped: list[str] = []
+    for tensor in layout.tensors:
+        suffix = next((s for s in _SUFFIXES if tensor.name.endswith(s)), "")
+        base = tensor.name.removesuffix(suffix) if suffix else tensor.name
+        if base in canonical:  # already llama.cpp's name: never re-mapped
+            mapped.append(_Mapped(tensor, tensor.name, canonical[base]))
+            continue
+        hit = name_map.get_type_and_name(tensor.name, try_suffixes=_SUFFIXES)
+        if hit is None:
+            unmapped.append(tensor.name)
+        else:
+            mapped.append(_Mapped(tensor, str(hit[1]), hit[0]))
+    if unmapped:
+        raise ModelError(
+            f"{layout.path.name}: {len(unmapped)} tensor name(s) map to no llama.cpp {arch} tensor "
+            f"({block_key} = {n_blocks}): {_some(unmapped)}",
+            hint=f"the file is not a {arch} model with {n_blocks} blocks, or a converter used names "
+            "gguf.TensorNameMap does not know (per-expert tensors, for example, must be stacked, not renamed); "
+            "llama.cpp would refuse these tensors too",
         )
-
-    def need(self, n: int, what: str) -> int:
-        start = self.pos
-        if n < 0 or n > self.size - start:
-            raise self.fail(f"{what} at byte {start} needs {n} bytes, but the file ends at byte {self.size}")
-        self.pos = start + n
-        return start
-
-    def u32(self, what: str) -> int:
-        return int(_U32.unpack_from(self.buf, self.need(4, what))[0])
-
-    def u64(self, what: str) -> int:
-        return int(_U64.unpack_from(self.buf, self.need(8, what))[0])
-
-    def string(self, what: str) -> bytes:
-        length = self.u64(f"length of {what}")
-        start = self.need(length, what)
-        return self.buf[start : start + length]
-
-    def text(self, what: str) -> str:
-        raw = self.string(what)
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise self.fail(f"{what} {raw[:60]!r} is not UTF-8") from None
-
-    def value_type(self, raw: int, key: str) -> Any:
-        try:
-            return _V(raw)
-        except ValueError:
-            raise self.fail(f"key {key!r} has unknown value type {raw}") from None
-
-    def value(self, vtype: Any, key: str) -> tuple[Any, Any]:
-        if vtype == _V.STRING:
-            return self.string(f"value of {key!r}"), None
-        if vtype in _SCALARS:
-            fmt = "<" + _SCALARS[vtype]
-            return struct.unpack_from(fmt, self.buf, self.need(struct.calcsize(fmt), f"value of {key!r}"))[0], None
-        sub = self.value_type(self.u32(f"array type of {key!r}"), key)
-        count = self.u64(f"array length of {key!r}")
-        if sub == _V.ARRAY:
-            raise ModelError(f"{self.path}: key {key!r} is a nested array, which llamaforge cannot rewrite")
-        item = 8 if sub == _V.STRING else struct.calcsize("<" + _SCALARS[sub])
-        if count > (self.size - self.pos) // item:  # the bound GGUFReader lacks
-            raise self.fail(f"array {key!r} claims {count} items, more than the rest of the file can hold")
-        if sub != _V.STRING:
-            fmt = f"<{count}{_SCALARS[sub]}"
-            return struct.unpack_from(fmt, self.buf, self.need(struct.calcsize(fmt), f"array {key!r}")), sub
-        items: list[bytes] = []
-        buf, pos, size, unpack = self.buf, self.pos, self.size, _U64.unpack_from
-        for index in range(count):  # hot loop (300k strings in a Qwen vocabulary): no method calls
-            if size - pos < 8:
-                self.pos = pos
-                raise self.fail(f"item {index} of array {key!r} runs past the end of the file")
-            length = unpack(buf, pos)[0]
-            pos += 8
-            if length > size - pos:
-                self.pos = pos
-                raise self.fail(f"item {index} of array {key!r} runs past the end of the file")
-            items.append(buf[pos : pos + length])
-            pos += length
-        self.pos = pos
-        return tuple(items), sub
-
-    def parse(self) -> _Layout:
-        magic = self.need(4, "magic")
-        if self.buf[magic : magic + 4] != b"GGUF":
-            raise ModelError(f"{self.path} is not a GGUF file (magic {self.buf[magic:magic + 4]!r})")
-        version = self.u32("version")
-        if version & 0xFFFF == 0 and version:
-            raise ModelError(f"{self.path} is a big-endian GGUF file, which llamaforge cannot rewrite")
-        if version not in (2, 3):
-            raise ModelError(f"{self.path} is GGUF version {version}; llamaforge reads versions 2 and 3")
-        n_tensors = self.u64("tensor count")
-        n_kv = self.u64("metadata count")
-        room = self.size - _HEADER_SIZE
-        if n_kv > room // _MIN_KV_SIZE or n_tensors > room // _MIN_TENSOR_INFO_SIZE:
-            raise self.fail(f"the header claims {n_tensors} tensors and {n_kv} keys, too many for the file")
-        kvs: list[_KV] = []
-        seen: set[str] = set()
-        for _ in range(n_kv):
-            key = self.text("metadata key")
-            if key in seen:
-                raise self.fail(f"duplicate metadata key {key!r}")
-            seen.add(key)
-            vtype = self.value_type(self.u32(f"type of {key!r}"), key)
-            value, sub = self.value(vtype, key)
-            kvs.append(_KV(key, vtype, value, sub))
-        alignment = gguf.GGUF_DEFAULT_ALIGNMENT
-        for kv in kvs:
-            if kv.key == _ALIGNMENT_KEY:
-                if kv.vtype != _V.UINT32 or kv.value <= 0 or kv.value & (kv.value - 1):
-                    raise self.fail(f"{_ALIGNMENT_KEY} must be a uint32 power of two, not {kv.value!r}")
-                alignment = kv.value
-        infos = [self.tensor_info() for _ in range(n_tensors)]
-        data_start = -(-self.pos // alignment) * alignment
-        return _Layout(self.path, self.size, version, alignment, tuple(kvs), self.place(infos, data_start, alignment))
-
-    def tensor_info(self) -> tuple[str, tuple[int, ...], Any, int]:
-        name = self.text("tensor name")
-        n_dims = self.u32(f"dimension count of tensor {name!r}")
-        if not 1 <= n_dims <= _GGML_MAX_DIMS:
-            raise self.fail(f"tensor {name!r} has {n_dims} dimensions (ggml allows 1..{_GGML_MAX_DIMS})")
-        ne = tuple(self.u64(f"shape of tensor {name!r}") for _ in range(n_dims))
-        raw_type = self.u32(f"type of tensor {name!r}")
-        try:
-            ggml_type = gguf.GGMLQuantizationType(raw_type)
-            block = gguf.GGML_QUANT_SIZES[ggml_type][0]
-        except (ValueError, KeyError):
-            raise self.fail(f"tensor {name!r} has unknown ggml type {raw_type}") from None
-        if ne[0] % block:
-            raise self.fail(f"tensor {name!r}: row of {ne[0]} is not a multiple of {ggml_type.name}'s {block}")
-        offset = self.u64(f"data offset of tensor {name!r}")
-        return name, ne, ggml_type, offset
-
-    def place(
-        self, infos: list[tuple[str, tuple[int, ...], Any, int]], data_start: int, alignment: int
-    ) -> tuple[_Tensor, ...]:
-        tensors: list[_Tensor] = []
-        names: set[str] = set()
-        for name, ne, ggml_type, offset in infos:
-            if name in names:
-                raise self.fail(f"duplicate tensor name {name!r}")
-            names.add(name)
-            block, type_size = gguf.GGML_QUANT_SIZES[ggml_type]
-            nbytes = math.prod(ne) // block * type_size
-            start = data_start + offset
-            if offset % alignment:
-                raise self.fail(f"tensor {name!r} has data offset {offset}, not a multiple of {alignment}")
-            if start + nbytes > self.size:
-                raise self.fail(
-                    f"tensor {name!r} needs bytes {start}..{start + nbytes}, but the file ends at byte "
-                    f"{self.size} ({start + nbytes - self.size} bytes missing)"
-                )
-            tensors.append(_Tensor(name, ne, ggml_type, start, nbytes))
-        ordered = sorted(tensors, key=lambda t: t.offset)
-        for before, after in zip(ordered, ordered[1:], strict=False):
-            if after.offset < before.offset + before.nbytes:
-                raise self.fail(f"tensors {before.name!r} and {after.name!r} overlap")
-        return tuple(tensors)
-
-
-def _scan(path: Path) -> _Layout:
-    """Parse and bound-check ``path``'s header (values are copied out; the file is closed on return)."""
-    try:
-        size = path.stat().st_size
-        if size < _HEADER_SIZE:
+    renamed = [item.tensor.name for item in mapped if item.tensor.name != item.name]
+    if renamed and arch not in REMAP_ARCHS:
+        raise ModelError(
+            f"{layout.path.name}: {len(renamed)} tensor(s) have non-canonical names ({_some(renamed, 3)}), and "
+            f"llamaforge renames tensors only for {', '.join(REMAP_ARCHS)}, not {arch}",
+            hint=f"for {arch}, Hugging Face → GGUF conversion may change values as well as names; convert the "
+            "original checkpoint with llama.cpp's convert_hf_to_gguf.py instead",
+        )
+    owners: dict[str, str] = {}
+    for item in mapped:
+        if item.name in owners:
             raise ModelError(
-                f"{path} is truncated or corrupt: {size} bytes is too short for a GGUF header",
-                hint="download or convert the file again",
+                f"{layout.path.name}: tensors {owners[item.name]!r} and {item.tensor.name!r} "
+                f"both map to {item.name!r}",
+                hint="the file holds the same weight twice under two naming styles; remove one copy",
             )
-        with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return _Parser(path, buf, size).parse()
-    except OSError as error:
-        raise ModelError(f"cannot read {path}: {error.strerror or error}") from None
+        owners[item.name] = item.tensor.name
+    return mapped
+
+
+@dataclass(frozen=True)
+class MetadataChange:
+    """One metadata edit the remap made (or found already made: ``note="unchanged"``)."""
+
+    op: Literal["set", "rename", "delete", "relabel"]
+    key: str
+    old: Any = None
+    new: Any = None
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-able form (strings decoded, arrays summarised)."""
+        data = {"op": self.op, "key": self.key, "old": _display(self.old), "new": _display(self.new)}
+        if self.note:
+            data["note"] = self.note
+        return data
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if a == b:
+        return True
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isnan(a) and math.isnan(b)
+    if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b):
+        return all(_same_value(x, y) for x, y in zip(a, b, strict=True))
+    return False
+
+
+def _holds(kv: KeyValue, wanted: object) -> bool:
+    if kv.vtype == _V.ARRAY:
+        return False
+    try:
+        return _same_value(coerce_value(wanted, kv.vtype), kv.value)
+    except ValueError:
+        return False
+
+
+@dataclass
+class _MetadataPlan:
+    kvs: dict[str, KeyValue]
+    arch: str
+    changes: list[MetadataChange] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def _check_match(layout: GGUFLayout, arch: str, rules: RemapRules) -> None:
+    match, origin, name = rules.match, rules.origin, layout.path.name
+    hint = "pick rules written for this model, or remap without rules (names only)"
+    if match.architectures and arch not in match.architectures:
+        raise ModelError(
+            f"remap rules {origin} are for {', '.join(match.architectures)}; {name} is {arch}", hint=hint
+        )
+    for key, allowed in match.metadata.items():
+        full = key.replace("{arch}", arch)
+        kv = layout.get(full)
+        if kv is None or not any(_holds(kv, value) for value in allowed):
+            found = "does not have it" if kv is None else f"has {_display(kv.value)!r}"
+            raise ModelError(
+                f"remap rules {origin} apply only when {full} is one of {allowed}; {name} {found}", hint=hint
+            )
+    for key in match.absent:
+        full = key.replace("{arch}", arch)
+        kv = layout.get(full)
+        if kv is not None:
+            raise ModelError(
+                f"remap rules {origin} apply only to files without {full}; {name} has it "
+                f"({_display(kv.value)!r})",
+                hint=hint,
+            )
+
+
+def _apply_edits(plan: _MetadataPlan, layout: GGUFLayout, rules: RemapRules) -> str | None:
+    """Rename, delete, set; returns the architecture a ``set general.architecture`` asks for."""
+    arch, origin, name = plan.arch, rules.origin, layout.path.name
+    meta = rules.metadata
+
+    def expand(key: str) -> str:
+        return key.replace("{arch}", arch)
+
+    renames = {expand(old): expand(new) for old, new in meta.rename.items()}
+    deletes = {expand(key) for key in meta.delete}
+    for old, new in renames.items():
+        if old not in plan.kvs:
+            close = difflib.get_close_matches(old, list(plan.kvs), n=1)
+            raise ModelError(
+                f"remap rules {origin}: metadata.rename: {name} has no key {old}",
+                hint=f"did you mean {close[0]!r}?" if close else "list the file's keys with gguf-dump",
+            )
+        if new in plan.kvs and new not in renames and new not in deletes:
+            raise ModelError(f"remap rules {origin}: metadata.rename: {name} already has {new}")
+    if renames:
+        plan.kvs = {renames.get(k, k): KeyValue(renames.get(k, k), kv.vtype, kv.value, kv.sub_type)
+                    for k, kv in plan.kvs.items()}  # fmt: skip
+        plan.changes.extend(MetadataChange("rename", new, old=old, new=new) for old, new in renames.items())
+    for key in sorted(deletes):
+        removed = plan.kvs.pop(key, None)
+        if removed is None:
+            plan.changes.append(MetadataChange("delete", key, note="already absent"))
+        else:
+            plan.changes.append(MetadataChange("delete", key, old=removed.value))
+    relabel: str | None = None
+    for key, typed in meta.set_.items():
+        full = expand(key)
+        if full == ARCH_KEY:
+            relabel = str(typed.value)
+            continue
+        existing = plan.kvs.get(full)
+        vtype = GGUF_TYPES[typed.type] if typed.type else (existing.vtype if existing else None)
+        where = f"remap rules {origin}: metadata.set.{key}"
+        if vtype is None:
+            close = difflib.get_close_matches(
+                full, [*plan.kvs, *(k.format(arch=arch) for k in KNOWN_KEY_TYPES)], n=1
+            )
+            raise RecipeError(
+                f"{where}: {name} has no key {full} and its GGUF type is unknown",
+                hint=(f"did you mean {close[0]!r}? " if close else "")
+                + f'to add a new key, give its type: "{key}" = {{ type = "uint32", value = … }}',
+            )
+        if vtype == _V.ARRAY:
+            raise RecipeError(f"{where}: {full} is an array in {name}; rules cannot set arrays")
+        try:
+            value = coerce_value(typed.value, vtype)
+        except ValueError as error:
+            raise RecipeError(f"{where}: {full} {error}") from None
+        if existing is not None and existing.vtype == vtype and _same_value(existing.value, value):
+            plan.changes.append(MetadataChange("set", full, old=value, new=value, note="unchanged"))
+            continue
+        plan.kvs[full] = KeyValue(full, vtype, value)
+        plan.changes.append(MetadataChange("set", full, old=existing.value if existing else None, new=value))
+    return relabel
+
+
+def _plan_metadata(
+    layout: GGUFLayout, arch: str, rules: RemapRules | None, target_arch: str | None
+) -> _MetadataPlan:
+    """The output's metadata (in order), the edits made and the output architecture."""
+    plan = _MetadataPlan(kvs={kv.key: kv for kv in layout.kvs}, arch=arch)
+    relabel: str | None = None
+    if rules is not None:
+        _check_match(layout, arch, rules)
+        relabel = _apply_edits(plan, layout, rules)
+    if target_arch and relabel and target_arch != relabel:
+        raise InvalidOption(
+            f"target architecture {target_arch!r} contradicts the rules' general.architecture = {relabel!r}"
+        )
+    out_arch = target_arch or relabel or arch
+    if out_arch == arch:
+        return plan
+    _arch_member(out_arch, what="relabel")
+    prefix, new_prefix = f"{arch}.", f"{out_arch}."
+    moved = {k: new_prefix + k.removeprefix(prefix) for k in plan.kvs if k.startswith(prefix)}
+    for old, new in moved.items():
+        if new in plan.kvs:
+            raise ModelError(f"cannot relabel {layout.path.name} to {out_arch}: it has both {old} and {new}")
+    plan.kvs = {moved.get(k, k): KeyValue(moved.get(k, k), kv.vtype, kv.value, kv.sub_type)
+                for k, kv in plan.kvs.items()}  # fmt: skip
+    plan.kvs[ARCH_KEY] = KeyValue(ARCH_KEY, _V.STRING, out_arch.encode("utf-8"))
+    plan.changes.append(
+        MetadataChange("relabel", ARCH_KEY, old=arch, new=out_arch,
+                       note=f"{len(moved)} {arch}.* keys renamed to {out_arch}.*")
+    )  # fmt: skip
+    plan.arch = out_arch
+    return plan
+
+
+def _check_relabel(mapped: list[_Mapped], arch: str, out_arch: str, path: Path) -> list[str]:
+    """Refuse a relabel whose tensors the target arch does not have; warn about what it may lack."""
+    target = set(gguf.MODEL_TENSORS[_arch_member(out_arch, what="relabel")])
+    rejected = [item for item in mapped if item.kind not in target]
+    if rejected:
+        kinds = sorted({_kind_label(item.kind) for item in rejected})
+        raise ModelError(
+            f"refusing to relabel {path.name} from {arch} to {out_arch}: llama.cpp's {out_arch} has no "
+            f"{', '.join(kinds)} tensors, so it would reject {len(rejected)} of the file's tensors "
+            f"({_some(item.name for item in rejected)})",
+            hint=f"{arch} is not {out_arch} and a relabel never converts weights; keep general.architecture = "
+            f"{arch!r} and run a llama.cpp that supports {arch}",
+        )
+    source = set(gguf.MODEL_TENSORS[_arch_member(arch, what="relabel")])
+    extra = sorted(_kind_label(kind) for kind in target - source)
+    warnings = [
+        f"relabel {arch} → {out_arch}: every tensor fits {out_arch}, but gguf.MODEL_TENSORS cannot say which "
+        f"tensors and {out_arch}.* keys llama.cpp requires; check the result loads"
+    ]
+    if extra:
+        warnings.append(f"{out_arch} may use tensors no {arch} file holds: {_some(extra)}")
+    return warnings
+
+
+def _check_writable(kvs: Iterable[KeyValue], path: Path) -> None:
+    for kv in kvs:
+        if kv.vtype == _V.ARRAY and not kv.value:
+            raise ModelError(
+                f"{path.name}: key {kv.key} is an empty array, which gguf's writer cannot write",
+                hint=f'delete it with a rules file: [metadata] delete = ["{kv.key}"]',
+            )
+
+
+# --------------------------------------------------------------------------------------- write and verify
+
+
+class _Progress:
+    """Progress events for a byte count, at most one per ``_PROGRESS_STEP`` bytes (plus the last)."""
+
+    def __init__(self, reporter: Reporter, what: str, total: int, cancel: CancelToken | None) -> None:
+        self.reporter, self.what, self.total, self.cancel = reporter, what, total, cancel
+        self.done = self.last = 0
+
+    def add(self, n: int, *, final: bool = False) -> None:
+        self.done += n
+        if final or self.done - self.last >= _PROGRESS_STEP:
+            self.last = self.done
+            mib = f"{self.done / 2**20:.1f}/{self.total / 2**20:.1f} MiB"
+            self.reporter(Event("progress", f"{self.what} {mib}", stage=_STAGE, completed=self.done,
+                                total=self.total))  # fmt: skip
+        if self.cancel is not None:
+            self.cancel.raise_if_cancelled()
+
+
+def _write(
+    tmp: Path, layout: GGUFLayout, plan: _MetadataPlan, mapped: list[_Mapped], progress: _Progress
+) -> dict[str, str]:
+    """Write the output through GGUFWriter, streaming tensor bytes; returns the input sha256 per tensor."""
+    writer = gguf.GGUFWriter(tmp, plan.arch)  # writes general.architecture itself
+    try:
+        for kv in plan.kvs.values():
+            if kv.key == ARCH_KEY:
+                continue
+            if kv.key == _ALIGNMENT_KEY:
+                writer.add_custom_alignment(kv.value)
+            else:
+                writer.add_key_value(kv.key, kv.value, kv.vtype, sub_type=kv.sub_type)
+        for item in mapped:
+            tensor = item.tensor
+            block, type_size = gguf.GGML_QUANT_SIZES[tensor.ggml_type]
+            # numpy-order byte shape; GGUFWriter turns it back into ggml's element shape for raw_dtype
+            byte_shape = (*reversed(tensor.ne[1:]), tensor.ne[0] // block * type_size)
+            writer.add_tensor_info(item.name, byte_shape, np.dtype(np.uint8), tensor.nbytes,
+                                   raw_dtype=tensor.ggml_type)  # fmt: skip
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        assert writer.fout is not None  # opened by write_header_to_file
+        out = writer.fout[0]
+        writer.write_padding(out, out.tell())
+        hashes: dict[str, str] = {}
+        buffer = memoryview(bytearray(CHUNK_SIZE))
+        with layout.path.open("rb") as src:
+            for item in mapped:
+                digest = hashlib.sha256()
+                src.seek(item.tensor.offset)
+                left = item.tensor.nbytes
+                while left:
+                    n = src.readinto(buffer[: min(left, CHUNK_SIZE)])
+                    if not n:
+                        raise ModelError(
+                            f"{layout.path} shrank while it was read (tensor {item.tensor.name})"
+                        )
+                    digest.update(buffer[:n])
+                    out.write(buffer[:n])
+                    left -= n
+                    progress.add(n)
+                writer.write_padding(out, item.tensor.nbytes)
+                hashes[item.name] = digest.hexdigest()
+        progress.add(0, final=True)
+        out.flush()
+        os.fsync(out.fileno())
+    finally:
+        writer.close()
+    return hashes
+
+
+def _verify(
+    tmp: Path, plan: _MetadataPlan, alignment: int, mapped: list[_Mapped], hashes: Mapping[str, str],
+    progress: _Progress,
+) -> str:  # fmt: skip
+    """Re-read the written file and compare it with what was intended; returns its sha256."""
+    out = scan_gguf(tmp)
+    problems: list[str] = []
+    if out.alignment != alignment:
+        problems.append(f"alignment {out.alignment}, expected {alignment}")
+    got = {kv.key: kv for kv in out.kvs}
+    missing, unexpected = sorted(set(plan.kvs) - set(got)), sorted(set(got) - set(plan.kvs))
+    if missing or unexpected:
+        problems.append(f"metadata keys differ: missing {missing}, unexpected {unexpected}")
+    for key in sorted(set(got) & set(plan.kvs)):
+        want, have = plan.kvs[key], got[key]
+        if (want.vtype, want.sub_type) != (have.vtype, have.sub_type) or not _same_value(
+            want.value, have.value
+        ):
+            problems.append(f"key {key} holds {_display(have.value)!r}, expected {_display(want.value)!r}")
+    if [t.name for t in out.tensors] != [item.name for item in mapped]:
+        problems.append("tensor names or order differ from the plan")
+    else:
+        for tensor, item in zip(out.tensors, mapped, strict=True):
+            if (tensor.ggml_type, tensor.ne) != (item.tensor.ggml_type, item.tensor.ne):
+                problems.append(f"tensor {tensor.name}: type or shape differs from {item.tensor.name!r}")
+    file_sha, tensor_sha = hash_gguf(tmp, out.tensors, progress.add)
+    progress.add(0, final=True)
+    for item in mapped:
+        if tensor_sha.get(item.name) != hashes[item.name]:
+            problems.append(
+                f"tensor {item.name}: sha256 of its data differs from input tensor {item.tensor.name!r}"
+            )
+    if problems:
+        raise ModelError(
+            "the written file does not match its input; nothing was published:\n  "
+            + "\n  ".join(problems[:12]),
+            hint="check the disk (free space, errors); if it persists, report it with the input's sha256",
+        )
+    return file_sha
+
+
+# ------------------------------------------------------------------------------------------------- public
+
+
+@dataclass(frozen=True)
+class RemapResult:
+    """What :func:`remap_gguf` wrote (it raises rather than return an unverified file)."""
+
+    src: Path
+    dst: Path
+    rules: str | None
+    arch: str
+    target_arch: str
+    tensor_count: int
+    tensor_bytes: int
+    renamed: tuple[tuple[str, str], ...]
+    metadata_changes: tuple[MetadataChange, ...]
+    warnings: tuple[str, ...]
+    size: int
+    sha256: str
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        """Summary for ``--json`` and tool results."""
+        return {
+            "src": str(self.src),
+            "dst": str(self.dst),
+            "rules": self.rules,
+            "arch": self.arch,
+            "target_arch": self.target_arch,
+            "tensor_count": self.tensor_count,
+            "tensor_bytes": self.tensor_bytes,
+            "renamed_count": len(self.renamed),
+            "renamed": dict(self.renamed),
+            "metadata_changes": [change.to_json() for change in self.metadata_changes],
+            "warnings": list(self.warnings),
+            "size": self.size,
+            "sha256": self.sha256,
+            "verified": True,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def _check_paths(src: Path, dst: Path, overwrite: bool) -> None:
+    if not src.is_file():
+        raise InvalidOption(f"input {src} does not exist or is not a file")
+    if src.resolve() == dst.resolve():
+        raise InvalidOption(
+            f"output {dst} is the input file", hint="write to a new path; the input is never modified"
+        )
+    if dst.is_dir():
+        raise InvalidOption(f"output {dst} is a directory", hint="give a file path ending in .gguf")
+    if dst.exists():
+        if src.samefile(dst):
+            raise InvalidOption(
+                f"output {dst} is the input file under another name (a link)",
+                hint="write to a new path; the input is never modified",
+            )
+        if not overwrite:
+            raise InvalidOption(f"output {dst} exists", hint="pass --overwrite to replace it")
+
+
+def remap_gguf(
+    src: Path,
+    dst: Path,
+    rules: RemapRules | None = None,
+    *,
+    target_arch: str | None = None,
+    overwrite: bool = False,
+    reporter: Reporter = null_reporter,
+    cancel: CancelToken | None = None,
+) -> RemapResult:
+    """Copy GGUF ``src`` to ``dst`` with llama.cpp's tensor names and ``rules``' metadata edits applied.
+
+    Tensor names go through ``gguf.TensorNameMap`` for the file's architecture and block count (canonical
+    names pass through); a name that maps to nothing is an error naming it. ``target_arch`` (or a rule setting
+    ``general.architecture``) relabels the file, refused when a tensor does not exist in the target arch.
+    Tensor bytes are streamed ``CHUNK_SIZE`` at a time; the output is written next to ``dst``, re-read and
+    compared with the input (metadata, tensor names, types, shapes and data sha256) and renamed into place.
+    ``dst`` must not be ``src`` and must not exist unless ``overwrite``.
+    """
+    started = time.monotonic()
+    src, dst = Path(src), Path(dst)
+    _check_paths(src, dst, overwrite)
+    reporter(Event("stage", f"reading {src}", stage=_STAGE))
+    layout = scan_gguf(src)
+    arch = _architecture(layout)
+    mapped = _canonical_tensors(layout, arch)
+    plan = _plan_metadata(layout, arch, rules, target_arch)
+    if plan.arch != arch:
+        plan.warnings.extend(_check_relabel(mapped, arch, plan.arch, src))
+    _check_writable(plan.kvs.values(), src)
+    for warning in plan.warnings:
+        reporter(Event("warning", warning, stage=_STAGE))
+    if cancel is not None:
+        cancel.raise_if_cancelled()
+    tensor_bytes = sum(item.tensor.nbytes for item in mapped)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        reporter(Event("stage", f"writing {dst}", stage=_STAGE))
+        hashes = _write(tmp, layout, plan, mapped, _Progress(reporter, "copied", tensor_bytes, cancel))
+        reporter(Event("stage", f"verifying {dst.name}", stage=_STAGE))
+        size = tmp.stat().st_size
+        sha256 = _verify(
+            tmp, plan, layout.alignment, mapped, hashes, _Progress(reporter, "verified", size, cancel)
+        )
+        tmp.chmod(0o644)
+        tmp.replace(dst)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    renamed = tuple((item.tensor.name, item.name) for item in mapped if item.tensor.name != item.name)
+    edits = sum(1 for change in plan.changes if not change.note.startswith(("unchanged", "already")))
+    reporter(Event("info", f"wrote {dst}: {len(renamed)} of {len(mapped)} tensors renamed, {edits} metadata "
+                           "edits, verified", stage=_STAGE))  # fmt: skip
+    return RemapResult(
+        src=src, dst=dst, rules=rules.origin if rules else None, arch=arch, target_arch=plan.arch,
+        tensor_count=len(mapped), tensor_bytes=tensor_bytes, renamed=renamed,
+        metadata_changes=tuple(plan.changes), warnings=tuple(plan.warnings), size=size, sha256=sha256,
+        seconds=time.monotonic() - started,
+    )  # fmt: skip
+
+
+class RemapParams(Params):
+    """Parameters of ``models.remap``."""
+
+    src: str = Field(description="Input GGUF file")
+    dst: str = Field(description="Output GGUF file (a new path; the input is never modified)")
+    rules: str | None = Field(
+        None, description="Remap rules: a name under recipes/remaps/ (e.g. qwen3-hf-names) or a .toml path"
+    )
+    target_arch: str | None = Field(
+        None, description="Relabel general.architecture (refused when the tensors do not fit that arch)"
+    )
+    overwrite: bool = Field(False, description="Replace an existing output file")
+
+
+def remap_from_params(
+    params: RemapParams, *, reporter: Reporter = null_reporter, cancel: CancelToken | None = None
+) -> RemapResult:
+    """Run :func:`remap_gguf` for an operation's parameters (loads the rules by name or path)."""
+    rules = load_rules(params.rules) if params.rules else None
+    return remap_gguf(
+        Path(params.src), Path(params.dst), rules, target_arch=params.target_arch, overwrite=params.overwrite,
+        reporter=reporter, cancel=cancel,
+    )  # fmt: skip
+
+
+@operation("models.remap", RemapParams, read_only=False, long_running=True, positional=("src", "dst"))
+def models_remap_op(params: RemapParams, ctx: OperationContext) -> dict[str, Any]:
+    """Rewrite a GGUF with llama.cpp's tensor names and a rules file's metadata edits (verified copy)."""
+    return remap_from_params(params, reporter=ctx.reporter, cancel=ctx.cancel).to_json()

@@ -67,7 +67,10 @@ _BID: Final[str] = "{bid}"
 _SUFFIXES: Final[tuple[str, ...]] = (".weight", ".bias")
 _HF_ROOTS: Final[frozenset[str]] = frozenset({"model", "lm_head"})
 _META_ROOTS: Final[frozenset[str]] = frozenset({"layers", "tok_embeddings", "norm", "output", "rope"})
-_CPP_STYLE: Final[Mapping[RemapStyle, str]] = {"hf": "LLAMA_TENSOR_REMAP_HF", "meta": "LLAMA_TENSOR_REMAP_META"}
+_CPP_STYLE: Final[Mapping[RemapStyle, str]] = {
+    "hf": "LLAMA_TENSOR_REMAP_HF",
+    "meta": "LLAMA_TENSOR_REMAP_META",
+}
 
 # TensorNameMap.__init__ merges an arch's block overrides into the class-level block table in
 # place, so building a map for one arch changes later maps for every other arch.  Copy the

@@ -71,11 +71,146 @@ def _recipes_list(result: dict[str, Any], console: Console) -> None:
     console.print(table)
 
 
+def _models_fetch(result: dict[str, Any], console: Console) -> None:
+    state = "[green]cached[/green]" if result["cached"] else "[green]downloaded[/green]"
+    pin = f" @ {result['commit']}" if result.get("commit") else ""
+    console.print(
+        f"{state} {result['source']}{pin}\n  {result['path']}\n  {result['size']} bytes, sha256 {result['sha256']}"
+    )
+
+
+def _models_lock(result: dict[str, Any], console: Console) -> None:
+    table = Table("input", "status", "pin / reason")
+    for item in result["locked"]:
+        pin = item.get("digest") or f"{item.get('revision') or '-'} sha256:{item['sha256'][:16]}…"
+        table.add_row(f"{item['kind']} {item['name']}", "[green]locked[/green]", pin)
+    for name in result["pinned"]:
+        table.add_row(f"model {name}", "[green]pinned[/green]", "pinned by the recipe or the lock")
+    for item in result["skipped"]:
+        table.add_row(f"{item['kind']} {item['name']}", "skipped", item["reason"])
+    for item in result["unresolved"]:
+        table.add_row(
+            f"{item['kind']} {item['name']}", "[red]unresolved[/red]", f"{item['reason']} ({item['hint']})"
+        )
+    console.print(table)
+    console.print(f"lock file: {result['lock_file']}" + ("" if result["written"] else " (unchanged)"))
+
+
+def _models_verify(result: dict[str, Any], console: Console) -> None:
+    verdict = "[green]ok[/green]" if result["ok"] else "[red]FAILED[/red]"
+    cached = " (cached verdict)" if result["cached"] else ""
+    console.print(f"{verdict} {result['path']}{cached}\n  {result['size']} bytes, sha256 {result['sha256']}")
+    console.print(
+        "  " + "  ".join(f"{name} {_STATUS.get(state, state)}" for name, state in result["checks"].items())
+    )
+    for finding in result["findings"]:
+        if finding["status"] != "ok":
+            console.print(
+                f"  {_STATUS[finding['status']]} {finding['check']}: {finding['message']}", highlight=False
+            )
+    _models_inspect({"source": result["path"], "model": result["model"]}, console)
+    load = result.get("load_check")
+    if load:
+        buffers = ", ".join(f"{kind} {name} {mib:.2f} MiB" for kind, per in load["buffers_mib"].items()
+                            for name, mib in per.items())  # fmt: skip
+        console.print(
+            f"  load check (-c {load['context']}): {'loaded' if load['loaded'] else 'failed'}; {buffers}"
+        )
+
+
+def _models_inspect(result: dict[str, Any], console: Console) -> None:
+    model = result["model"]
+    layers = model["layers"]
+    remote = (f" (header only: {result['bytes_fetched']} bytes in {result['requests']} range requests)"
+              if result.get("remote") else "")  # fmt: skip
+    table = Table(title=f"{result['source']}{remote}", show_header=False)
+    table.add_row("architecture", f"{model['architecture']} ({model['name'] or '-'})")
+    table.add_row("parameters", f"{model['parameters_human']} ({model['bits_per_weight']} bits/weight)")
+    table.add_row("layers", f"{layers['block_count']}: {layers['attention']} attention, {layers['recurrent']} "
+                  f"recurrent, {layers['mtp']} MTP")  # fmt: skip
+    table.add_row("context", str(model["context_length"]))
+    table.add_row("file type", f"{model['file_type'] or '-'} (most tensors {model['dominant_type'] or '-'})")
+    table.add_row("quant mix", ", ".join(f"{name} {entry['count']}x {entry['bytes'] / 2**20:.1f} MiB"
+                                         for name, entry in model["quant_histogram"].items()))  # fmt: skip
+    table.add_row("size", f"{model['file_size'] / 2**20:.1f} MiB (header {model['header_bytes']} bytes)")
+    tokenizer = model["tokenizer"]
+    table.add_row("tokenizer", f"{tokenizer['model'] or '-'} / {tokenizer['pre'] or '-'}, "
+                  f"{tokenizer['vocab_size']} tokens")  # fmt: skip
+    template = model["chat_template"]
+    table.add_row("chat template", f"{template['bytes']} bytes" if template["present"] else "none")
+    console.print(table)
+
+
+def _p50_p95(dist: dict[str, float] | None, digits: int = 1) -> str:
+    return f"{dist['p50']:.{digits}f} / {dist['p95']:.{digits}f}" if dist else "-"
+
+
+def _smoke(result: dict[str, Any], console: Console) -> None:
+    verdict = result["verdict"]
+    state = "[green]PASS[/green]" if verdict["passed"] else "[red]FAIL[/red]"
+    console.print(f"{state} smoke run {result['run_id']} ({result['wall_s']:.1f} s): build {result['build']['key']}, "
+                  f"model {result['model']['label']}")  # fmt: skip
+    if result.get("bench"):
+        table = Table("llama-bench", "t/s", "stddev", title=f"build {result['bench']['build_commit']}")
+        for test in result["bench"]["tests"]:
+            table.add_row(test["name"], f"{test['avg_ts']:.1f}", f"{test['stddev_ts']:.1f}")
+        console.print(table)
+    if result.get("server"):
+        table = Table("c", "requests", "TTFT p50/p95 ms", "ITL p50/p95 ms", "decode t/s", "aggregate t/s",
+                      "e2e p50 ms", "client/server", title="llama-server streaming")  # fmt: skip
+        for level in result["server"]["levels"]:
+            ratio = level["cross_check"]["client_over_server_decode"]
+            table.add_row(str(level["concurrency"]), f"{level['requests']} ({len(level['errors'])} failed)",
+                          _p50_p95(level["ttft_ms"]), _p50_p95(level["itl_ms"], 2),
+                          f"{level['decode_tps']['p50']:.1f}" if level["decode_tps"] else "-",
+                          f"{level['aggregate_tps']:.1f}" if level["aggregate_tps"] else "-",
+                          f"{level['e2e_ms']['p50']:.0f}" if level["e2e_ms"] else "-",
+                          f"{ratio['p50']:.3f}" if ratio else "-")  # fmt: skip
+        console.print(table)
+    roof = result.get("roofline") or {}
+    if roof.get("efficiency") is not None:
+        console.print(f"roofline (estimated): {roof['efficiency'] * 100:.1f} % of {roof['roof_tps']:.0f} t/s "
+                      f"({roof['bandwidth_gbs']:.1f} GB/s {roof['bandwidth_source']}; "
+                      f"{roof['bytes_per_token'] / 2**20:.1f} MiB/token)", highlight=False)  # fmt: skip
+    elif roof.get("error"):
+        console.print(f"roofline: not computed ({roof['error']})", highlight=False)
+    table = Table("check", "status", "value", "threshold", "source")
+    for check in verdict["checks"]:
+        status = {"pass": "ok", "fail": "fail", "skipped": "warn"}[check["status"]]
+        raw = check["value"]
+        value = f"{raw:.1f}" if isinstance(raw, float) else " ".join(str(raw).split())
+        table.add_row(check["name"], _STATUS[status].replace(status, check["status"]), value[:40],
+                      str(check["threshold"])[:40], check["source"])  # fmt: skip
+    console.print(table)
+    console.print(f"summary: {result['files']['summary.md']}", highlight=False)
+
+
+def _smoke_compare(result: dict[str, Any], console: Console) -> None:
+    console.print(f"A = {result['a']['run_id']}\nB = {result['b']['run_id']}", highlight=False)
+    for key in result["differs"]:
+        console.print(f"  {key}: {result['a'][key]} -> {result['b'][key]}", highlight=False)
+    table = Table("metric", "A", "B", "B/A", "speedup", "better")
+    for row in result["rows"]:
+        color = {"B": "green", "A": "red"}.get(row["better"], "white")
+        table.add_row(f"{row['metric']} ({row['unit']})" if row["unit"] else row["metric"], f"{row['a']:.4g}",
+                      f"{row['b']:.4g}", f"{row['ratio']:.3f}" if row["ratio"] is not None else "-",
+                      f"[{color}]{row['speedup']:.3f}[/{color}]" if row["speedup"] is not None else "-",
+                      row["better"])  # fmt: skip
+    console.print(table)
+    console.print(f"files: {result['files']['compare.md']}", highlight=False)
+
+
 _RENDERERS: dict[str, Callable[[dict[str, Any], Console], None]] = {
     "build": _build,
     "builds.list": _builds_list,
     "doctor": _doctor,
+    "models.fetch": _models_fetch,
+    "models.inspect": _models_inspect,
+    "models.lock": _models_lock,
+    "models.verify": _models_verify,
     "recipes.list": _recipes_list,
+    "smoke": _smoke,
+    "smoke.compare": _smoke_compare,
 }
 
 

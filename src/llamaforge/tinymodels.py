@@ -25,11 +25,16 @@ name written in the ``hf`` and ``meta`` styles maps back to its canonical name t
 that same map.  Stock llama.cpp refuses ``hf``/``meta`` files (it looks tensors up by
 canonical name only); they exist to exercise name-translation code.
 
-Supported architectures: ``qwen3`` and ``qwen3moe``.  Adding one (``qwen35`` say) means
-adding an :class:`_ArchSupport` entry to ``_ARCHS`` (its hyper-parameter keys, and which
-block tensors each layer holds: hybrid archs alternate recurrent and attention layers),
-shape rules for any new tensor kinds in ``_SHAPES`` and, for tensors not named
-``*.weight`` (``ssm_a``, ``ssm_dt.bias``), an entry in ``_SUFFIXES``.
+Supported architectures: ``qwen3``, ``qwen3moe`` and the hybrid Gated-DeltaNet + attention
+``qwen35`` and ``qwen35moe`` (layer ``i`` is a recurrent DeltaNet layer unless
+``(i + 1) % full_attention_interval == 0``; the tensor set per layer kind, the shapes and the
+``ssm.*`` keys follow llama.cpp b11312's ``src/models/qwen35*.cpp`` loaders).  Adding one
+means adding an :class:`_ArchSupport` entry to ``_ARCHS`` (its hyper-parameter keys, which
+block tensors each layer holds, shape overrides), shape rules for any new tensor kinds in
+``_SHAPES`` and, for tensors not named ``*.weight``, an entry in ``_SUFFIXES``.
+
+The hybrid archs have no ``meta`` names for their DeltaNet tensors (``gguf.TensorNameMap``
+lists none), so they support the ``canonical`` and ``hf`` styles only.
 """
 
 from __future__ import annotations
@@ -81,7 +86,12 @@ class TinyModelSpec:
     """Shape and identity of a tiny model; equal specs give byte-identical files.
 
     ``n_expert``, ``n_expert_used`` and ``n_ff_exp`` are used by MoE architectures
-    (``qwen3moe``) only and ignored otherwise.
+    (``qwen3moe``, ``qwen35moe``) only and ignored otherwise; ``n_ff_shexp`` (shared expert)
+    by ``qwen35moe`` only.  The ``ssm_*`` fields and ``full_attention_interval`` are used by
+    the hybrid archs (``qwen35``, ``qwen35moe``): ``ssm_state_size`` is the DeltaNet head
+    size, ``ssm_group_count`` the number of key heads, ``ssm_time_step_rank`` the number of
+    value heads (a multiple of the key heads); the inner size is
+    ``ssm_state_size * ssm_time_step_rank``, as in the real checkpoints.
     """
 
     arch: str = "qwen3"
@@ -100,6 +110,12 @@ class TinyModelSpec:
     n_expert: int = 4
     n_expert_used: int = 2
     n_ff_exp: int = 32
+    n_ff_shexp: int = 32
+    ssm_conv_kernel: int = 4
+    ssm_state_size: int = 16
+    ssm_group_count: int = 2
+    ssm_time_step_rank: int = 4
+    full_attention_interval: int = 2
 
     def __post_init__(self) -> None:
         if self.arch not in _ARCHS:
@@ -119,6 +135,12 @@ class TinyModelSpec:
             "n_expert",
             "n_expert_used",
             "n_ff_exp",
+            "n_ff_shexp",
+            "ssm_conv_kernel",
+            "ssm_state_size",
+            "ssm_group_count",
+            "ssm_time_step_rank",
+            "full_attention_interval",
         ):
             value = getattr(self, attr)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -133,6 +155,29 @@ class TinyModelSpec:
             raise ValueError(f"n_expert_used ({self.n_expert_used}) exceeds n_expert ({self.n_expert})")
         if not (self.rope_freq_base > 0 and self.rms_norm_eps > 0):
             raise ValueError("rope_freq_base and rms_norm_eps must be positive")
+        if self.name_style not in _ARCHS[self.arch].name_styles:
+            raise ValueError(
+                f"arch {self.arch!r} supports name styles {_ARCHS[self.arch].name_styles}, "
+                f"not {self.name_style!r}"
+            )
+        if self.ssm_time_step_rank % self.ssm_group_count != 0:
+            raise ValueError(
+                f"ssm_time_step_rank ({self.ssm_time_step_rank}) must be a multiple of "
+                f"ssm_group_count ({self.ssm_group_count})"
+            )
+        if self.ssm_conv_kernel < 2:
+            raise ValueError(f"ssm_conv_kernel must be at least 2, not {self.ssm_conv_kernel}")
+
+    @property
+    def ssm_inner_size(self) -> int:
+        """DeltaNet inner (value) size: value head size x value heads."""
+        return self.ssm_state_size * self.ssm_time_step_rank
+
+    def is_recurrent(self, bid: int) -> bool:
+        """True when layer ``bid`` of a hybrid arch is a DeltaNet layer (always False otherwise)."""
+        if self.arch not in _HYBRID_ARCHS:
+            return False
+        return (bid + 1) % self.full_attention_interval != 0
 
     @property
     def model_arch(self) -> gguf.MODEL_ARCH:
@@ -203,21 +248,52 @@ _SHAPES: Final[Mapping[gguf.MODEL_TENSOR, _ShapeFn]] = {
     _T.FFN_GATE_EXP: lambda s, v: (s.n_expert, s.n_ff_exp, s.n_embd),
     _T.FFN_UP_EXP: lambda s, v: (s.n_expert, s.n_ff_exp, s.n_embd),
     _T.FFN_DOWN_EXP: lambda s, v: (s.n_expert, s.n_embd, s.n_ff_exp),
+    # hybrid (qwen35*) tensors, as llama-model's qwen35 loader creates them
+    _T.ATTN_POST_NORM: lambda s, v: (s.n_embd,),
+    _T.ATTN_QKV: lambda s, v: (2 * s.ssm_state_size * s.ssm_group_count + s.ssm_inner_size, s.n_embd),
+    _T.ATTN_GATE: lambda s, v: (s.ssm_inner_size, s.n_embd),
+    _T.SSM_CONV1D: lambda s, v: (
+        2 * s.ssm_state_size * s.ssm_group_count + s.ssm_inner_size,
+        s.ssm_conv_kernel,
+    ),
+    _T.SSM_DT: lambda s, v: (s.ssm_time_step_rank,),
+    _T.SSM_A: lambda s, v: (s.ssm_time_step_rank,),
+    _T.SSM_BETA: lambda s, v: (s.ssm_time_step_rank, s.n_embd),
+    _T.SSM_ALPHA: lambda s, v: (s.ssm_time_step_rank, s.n_embd),
+    _T.SSM_NORM: lambda s, v: (s.ssm_state_size,),
+    _T.SSM_OUT: lambda s, v: (s.n_embd, s.ssm_inner_size),
+    _T.FFN_GATE_INP_SHEXP: lambda s, v: (s.n_embd,),
+    _T.FFN_GATE_SHEXP: lambda s, v: (s.n_ff_shexp, s.n_embd),
+    _T.FFN_UP_SHEXP: lambda s, v: (s.n_ff_shexp, s.n_embd),
+    _T.FFN_DOWN_SHEXP: lambda s, v: (s.n_embd, s.n_ff_shexp),
+}
+
+# Shape overrides per arch: qwen35's attention layers project the query and its output
+# gate in one matrix (2 x n_head x head_dim rows).
+_SHAPE_OVERRIDES: Final[Mapping[str, Mapping[gguf.MODEL_TENSOR, _ShapeFn]]] = {
+    arch: {_T.ATTN_Q: lambda s, v: (2 * s.n_head * s.head_dim, s.n_embd)} for arch in ("qwen35", "qwen35moe")
 }
 
 # Tensors kept in F32 even in an f16 file, as convert_hf_to_gguf.py does (1-D norm
-# weights are always F32 there; so is the MoE router).
-_ALWAYS_F32: Final[frozenset[gguf.MODEL_TENSOR]] = frozenset({_T.FFN_GATE_INP})
+# weights are always F32 there; so is the MoE router).  The DeltaNet convolution stays F32
+# too: ggml's CPU ssm_conv takes F32 only.
+_ALWAYS_F32: Final[frozenset[gguf.MODEL_TENSOR]] = frozenset(
+    {_T.FFN_GATE_INP, _T.FFN_GATE_INP_SHEXP, _T.SSM_CONV1D}
+)
 
-# Name suffix per tensor kind where it is not ".weight" (none for qwen3/qwen3moe).
-_SUFFIXES: Final[Mapping[gguf.MODEL_TENSOR, str]] = {}
+# Name suffix per tensor kind where it is not ".weight".
+_SUFFIXES: Final[Mapping[gguf.MODEL_TENSOR, str]] = {_T.SSM_A: "", _T.SSM_DT: ".bias"}
+
+# Tensors whose random values are negated: llama.cpp stores ssm_a as -exp(A_log), and a
+# positive decay would make the DeltaNet state grow without bound.
+_NEGATIVE: Final[frozenset[gguf.MODEL_TENSOR]] = frozenset({_T.SSM_A})
 
 # Tensors that gguf.MODEL_TENSORS lists for an arch but that are optional in llama.cpp
 # and absent from real checkpoints of it; tiny models leave them out.
-_OPTIONAL: Final[frozenset[gguf.MODEL_TENSOR]] = frozenset({_T.ROPE_FREQS})
+_OPTIONAL: Final[frozenset[gguf.MODEL_TENSOR]] = frozenset({_T.ROPE_FREQS, _T.FFN_GATE_UP_EXP})
 
 
-def _write_common_hparams(w: gguf.GGUFWriter, s: TinyModelSpec) -> None:
+def _write_common_hparams(w: gguf.GGUFWriter, s: TinyModelSpec, n_rot: int | None = None) -> None:
     w.add_context_length(s.context_length)
     w.add_block_count(s.n_layer)
     w.add_embedding_length(s.n_embd)
@@ -226,7 +302,7 @@ def _write_common_hparams(w: gguf.GGUFWriter, s: TinyModelSpec) -> None:
     w.add_head_count_kv(s.n_head_kv)
     w.add_key_length(s.head_dim)
     w.add_value_length(s.head_dim)
-    w.add_rope_dimension_count(s.head_dim)
+    w.add_rope_dimension_count(s.head_dim if n_rot is None else n_rot)
     w.add_rope_freq_base(s.rope_freq_base)
     w.add_layer_norm_rms_eps(s.rms_norm_eps)
 
@@ -238,22 +314,81 @@ def _write_moe_hparams(w: gguf.GGUFWriter, s: TinyModelSpec) -> None:
     w.add_expert_feed_forward_length(s.n_ff_exp)
 
 
+def _mrope_sections(n_rot: int) -> list[int]:
+    """Interleaved-MRoPE sections over ``n_rot / 2`` pairs, split like Qwen3.5's [11, 11, 10, 0]."""
+    pairs = n_rot // 2
+    base, rem = divmod(pairs, 3)
+    return [base + (rem > 0), base + (rem > 1), base, 0]
+
+
+def _write_hybrid_hparams(w: gguf.GGUFWriter, s: TinyModelSpec) -> None:
+    # As convert_hf_to_gguf.py's Qwen3_5 classes: partial rotary factor 0.25, MRoPE
+    # sections (a required key in llama.cpp's qwen35 loaders), the DeltaNet ssm.* keys.
+    n_rot = max(2, s.head_dim // 4) // 2 * 2
+    _write_common_hparams(w, s, n_rot)
+    w.add_rope_dimension_sections(_mrope_sections(n_rot))
+    w.add_ssm_conv_kernel(s.ssm_conv_kernel)
+    w.add_ssm_state_size(s.ssm_state_size)
+    w.add_ssm_group_count(s.ssm_group_count)
+    w.add_ssm_time_step_rank(s.ssm_time_step_rank)
+    w.add_ssm_inner_size(s.ssm_inner_size)
+    w.add_full_attention_interval(s.full_attention_interval)
+
+
+def _write_hybrid_moe_hparams(w: gguf.GGUFWriter, s: TinyModelSpec) -> None:
+    _write_hybrid_hparams(w, s)
+    w.add_expert_count(s.n_expert)
+    w.add_expert_used_count(s.n_expert_used)
+    w.add_expert_feed_forward_length(s.n_ff_exp)
+    w.add_expert_shared_feed_forward_length(s.n_ff_shexp)
+
+
+# Which tensors each kind of hybrid layer holds (llama-model's qwen35 loaders): attention
+# layers have separate q (with its gate) / k / v and q/k norms, DeltaNet layers the fused
+# qkv, the output gate and the ssm_* tensors; both have the two norms and the FFN.
+_ATTENTION_ONLY: Final[frozenset[gguf.MODEL_TENSOR]] = frozenset(
+    {_T.ATTN_Q, _T.ATTN_K, _T.ATTN_V, _T.ATTN_OUT, _T.ATTN_Q_NORM, _T.ATTN_K_NORM}
+)
+_RECURRENT_ONLY: Final[frozenset[gguf.MODEL_TENSOR]] = frozenset(
+    {_T.ATTN_QKV, _T.ATTN_GATE, _T.SSM_A, _T.SSM_CONV1D, _T.SSM_DT, _T.SSM_NORM, _T.SSM_BETA,
+     _T.SSM_ALPHA, _T.SSM_OUT}
+)  # fmt: skip
+
+
+def _hybrid_block_kinds(s: TinyModelSpec, bid: int) -> frozenset[gguf.MODEL_TENSOR]:
+    kinds = frozenset(gguf.MODEL_TENSORS[s.model_arch])
+    return kinds - (_ATTENTION_ONLY if s.is_recurrent(bid) else _RECURRENT_ONLY)
+
+
 @dataclass(frozen=True)
 class _ArchSupport:
     """How to write one architecture.
 
     ``write_hparams`` writes its ``{arch}.*`` keys; ``block_kinds``, when set, says which of
-    the arch's block tensors layer ``bid`` holds (default: all of them in every layer).
+    the arch's block tensors layer ``bid`` holds (default: all of them in every layer);
+    ``name_styles`` are the styles whose names ``gguf.TensorNameMap`` covers for it.
     """
 
     write_hparams: Callable[[gguf.GGUFWriter, TinyModelSpec], None]
     block_kinds: Callable[[TinyModelSpec, int], frozenset[gguf.MODEL_TENSOR]] | None = None
+    name_styles: tuple[str, ...] = _NAME_STYLES
 
 
 _ARCHS: Final[Mapping[str, _ArchSupport]] = {
     "qwen3": _ArchSupport(write_hparams=_write_common_hparams),
     "qwen3moe": _ArchSupport(write_hparams=_write_moe_hparams),
+    "qwen35": _ArchSupport(
+        write_hparams=_write_hybrid_hparams, block_kinds=_hybrid_block_kinds, name_styles=("canonical", "hf")
+    ),
+    "qwen35moe": _ArchSupport(
+        write_hparams=_write_hybrid_moe_hparams,
+        block_kinds=_hybrid_block_kinds,
+        name_styles=("canonical", "hf"),
+    ),
 }
+
+#: Hybrid (Gated-DeltaNet + attention) architectures.
+_HYBRID_ARCHS: Final[frozenset[str]] = frozenset({"qwen35", "qwen35moe"})
 
 #: Architectures :func:`write_tiny_model` can write.
 SUPPORTED_ARCHS: Final[tuple[str, ...]] = tuple(_ARCHS)
@@ -303,6 +438,19 @@ _PREFERRED: Final[Mapping[str, tuple[str, ...]]] = {
         "model.layers.{bid}.mlp.experts.gate_proj",
         "model.layers.{bid}.mlp.experts.up_proj",
         "model.layers.{bid}.mlp.experts.down_proj",
+        # Qwen3.5 (Gated DeltaNet) module names
+        "model.layers.{bid}.linear_attn.in_proj_z",
+        "model.layers.{bid}.linear_attn.A_log",
+        "model.layers.{bid}.linear_attn.conv1d",
+        "model.layers.{bid}.linear_attn.dt_proj",
+        "model.layers.{bid}.linear_attn.norm",
+        "model.layers.{bid}.linear_attn.in_proj_a",
+        "model.layers.{bid}.linear_attn.in_proj_b",
+        "model.layers.{bid}.linear_attn.out_proj",
+        "model.layers.{bid}.mlp.shared_expert_gate",
+        "model.layers.{bid}.mlp.shared_expert.gate_proj",
+        "model.layers.{bid}.mlp.shared_expert.up_proj",
+        "model.layers.{bid}.mlp.shared_expert.down_proj",
     ),
     "meta": (
         "tok_embeddings",
@@ -426,7 +574,7 @@ def tensor_plan(spec: TinyModelSpec, n_vocab: int) -> list[TensorPlanEntry]:
         template = gguf.TENSOR_NAMES[kind]
         suffix = _SUFFIXES.get(kind, ".weight")
         canonical = (template.format(bid=bid) if bid is not None else template) + suffix
-        shape = _SHAPES[kind](spec, n_vocab)
+        shape = _SHAPE_OVERRIDES.get(spec.arch, {}).get(kind, _SHAPES[kind])(spec, n_vocab)
         dtype = f32 if len(shape) == 1 or kind in _ALWAYS_F32 else float_dtype
         name = canonical_to_styled(canonical, spec.arch, spec.n_layer, spec.name_style)
         return TensorPlanEntry(canonical=canonical, name=name, kind=kind, shape=shape, dtype=dtype)
@@ -444,8 +592,9 @@ def tensor_data(spec: TinyModelSpec, entry: TensorPlanEntry) -> npt.NDArray[Any]
     """The deterministic array for one tensor.
 
     It depends on ``spec.seed``, the tensor's canonical name, shape and dtype only (never
-    on the name style).  Norm weights are ``1 + noise``, everything else ``noise``, with
-    noise ~ N(0, WEIGHT_SCALE^2).
+    on the name style).  1-D weights (norms, ``ssm_dt``, the shared-expert gate) are
+    ``1 + noise``, ``ssm_a`` is ``-(1 + noise)`` (a decaying DeltaNet state), everything else
+    ``noise``, with noise ~ N(0, WEIGHT_SCALE^2).
     """
     digest = hashlib.sha256(entry.canonical.encode("utf-8")).digest()
     seq = np.random.SeedSequence([spec.seed, int.from_bytes(digest[:8], "little")])
@@ -453,6 +602,8 @@ def tensor_data(spec: TinyModelSpec, entry: TensorPlanEntry) -> npt.NDArray[Any]
     values = rng.standard_normal(entry.shape, dtype=np.float32) * np.float32(WEIGHT_SCALE)
     if len(entry.shape) == 1:
         values += np.float32(1.0)
+    if entry.kind in _NEGATIVE:
+        values = -values
     return np.ascontiguousarray(values.astype(entry.dtype))
 
 

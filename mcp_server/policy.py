@@ -1,0 +1,219 @@
+"""What the MCP front refuses: paths outside the allowed roots, and destructive calls nobody confirmed.
+
+Both checks are derived from the operation registry (field names and descriptions, ``Operation.destructive``),
+so an operation registered later is covered without touching this module.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import re
+import types
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+from urllib.parse import unquote, urlsplit
+
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.resolve import Elicit
+from pydantic import BaseModel, Field
+
+from llamaforge.operations import Operation, Params
+from llamaforge.resources import data_dir, home
+
+ConfirmPolicy = Literal["param", "elicit"]
+
+# A field is a path when its name or its description says so.
+_PATH_NAME = re.compile(
+    r"(^|_)(path|dir|directory|file|bundle|manifest|workspace|series|recipe|archive|tree|root)s?($|_)"
+)
+_PATH_NAMES = frozenset({"to", "resume", "patches", "source", "output", "dest", "from"})
+_URL_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_PATH_WORDS = re.compile(
+    r"\b(path|directory|dir|file|folder|tree|archive|workspace|manifest)\b", re.IGNORECASE
+)
+
+
+def _accepts_text(annotation: Any) -> bool:
+    """True for str/Path, optionals and unions of them, and lists/tuples of them."""
+    if annotation in (str, Path):
+        return True
+    if get_origin(annotation) in (Union, types.UnionType, list, tuple, set, frozenset):
+        return any(_accepts_text(arg) for arg in get_args(annotation))
+    return False
+
+
+def _texts(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list | tuple | set | frozenset):
+        return [item for item in value if isinstance(item, str)]
+    return []
+
+
+def path_fields(params: type[Params]) -> tuple[str, ...]:
+    """Names of the fields of ``params`` that hold a file-system path (or a name-or-path)."""
+    names = []
+    for name, info in params.model_fields.items():
+        if not _accepts_text(info.annotation):
+            continue
+        if name in _PATH_NAMES or _PATH_NAME.search(name) or _PATH_WORDS.search(info.description or ""):
+            names.append(name)
+    return tuple(names)
+
+
+def default_roots(project_dir: Path, extra: Iterable[Path] = ()) -> tuple[Path, ...]:
+    """The project, the shipped recipes/patches/templates, the cache home, and ``extra``: all resolved."""
+    candidates = [
+        project_dir,
+        data_dir("recipes"),
+        data_dir("patches"),
+        data_dir("templates"),
+        home(),
+        *extra,
+    ]
+    roots: list[Path] = []
+    for candidate in candidates:
+        resolved = candidate.expanduser().resolve()
+        if resolved not in roots:
+            roots.append(resolved)
+    return tuple(roots)
+
+
+@dataclass(frozen=True)
+class PathPolicy:
+    """Path parameters must resolve (symlinks followed) inside one of ``roots``; ``..`` is never accepted."""
+
+    roots: tuple[Path, ...]
+    base: Path
+
+    def _inside(self, path: Path) -> bool:
+        return any(path == root or path.is_relative_to(root) for root in self.roots)
+
+    def check_value(self, field: str, value: str) -> None:
+        """Raise ``ToolError`` when ``value`` (of path field ``field``) may leave the allowed roots."""
+        if "\x00" in value:
+            raise ToolError(f"path parameter {field!r} contains a NUL byte")
+        scheme = _URL_SCHEME.match(value)
+        if scheme:
+            if scheme.group(1).lower() != "file":
+                return  # a remote location (hf://, ms://, https://): fetched, not read from this machine
+            value = unquote(urlsplit(value).path)
+        parts = re.split(r"[\\/]+", value)
+        if ".." in parts:
+            raise ToolError(
+                f"path parameter {field!r} = {value!r} is refused: '..' (path traversal) is not allowed; "
+                "give a path inside the allowed roots"
+            )
+        bare = len(parts) == 1 and not value.startswith(("~", "."))
+        candidate = self.base / Path(value).expanduser()
+        if bare and not os.path.lexists(candidate):
+            return  # a name (recipe, series), looked up in the shipped data directories
+        resolved = candidate.resolve()
+        if not self._inside(resolved):
+            roots = ", ".join(str(root) for root in self.roots)
+            raise ToolError(
+                f"path parameter {field!r} = {value!r} resolves to {resolved}, outside the allowed roots ({roots}); "
+                "hint: start the server with --allow-root DIR to allow another directory"
+            )
+
+    def check(self, op: Operation, arguments: dict[str, Any]) -> None:
+        """Check every path field of ``op`` present in ``arguments``, and refuse ``..`` in any other text."""
+        paths = set(path_fields(op.params))
+        for name, value in arguments.items():
+            for text in _texts(value):
+                if name in paths:
+                    self.check_value(name, text)
+                elif "\x00" in text or ".." in re.split(r"[\\/]+", text):
+                    raise ToolError(
+                        f"parameter {name!r} = {text!r} is refused: it contains '..' or a NUL byte"
+                    )
+
+
+# --- confirmation ------------------------------------------------------------------------------------------
+
+
+class Confirmation(BaseModel):
+    """What the client's user is asked before a destructive tool runs."""
+
+    confirm: bool = Field(description="Run it")
+
+
+class NotAsked(BaseModel):
+    """The resolver's answer when nobody could be asked (the client declared no elicitation)."""
+
+
+CONFIRM_PARAM = "confirm"
+CONFIRMATION_PARAM = "mcp_confirmation"
+_Answer = Confirmation | NotAsked | Elicit[Confirmation]
+
+
+def can_elicit(ctx: Context[Any, Any]) -> bool:
+    """Whether the connected client declared form elicitation (so a person can be asked)."""
+    capabilities = ctx.client_capabilities
+    elicitation = capabilities.elicitation if capabilities is not None else None
+    return elicitation is not None and (elicitation.form is not None or elicitation.url is None)
+
+
+def confirmation_resolver(
+    op: Operation,
+    tool_name: str,
+    fields: Sequence[str],
+    policy: ConfirmPolicy,
+    precheck: Callable[[dict[str, Any]], None],
+) -> Callable[..., Awaitable[_Answer]]:
+    """A resolver for ``Resolve(...)``: ``confirm=true`` (policy ``param``) or an accepted elicitation.
+
+    It sees the tool's arguments by name, so the question shows them. When the client cannot be asked it
+    answers ``NotAsked`` and the tool refuses with a message that says what to do (never a protocol error).
+    ``precheck`` (the path policy) runs first, so nobody is asked about a call that would be refused anyway.
+    """
+
+    async def ask(**kwargs: Any) -> _Answer:
+        ctx: Context[Any, Any] = kwargs.pop("mcp_context")
+        confirmed = bool(kwargs.pop(CONFIRM_PARAM, False))
+        precheck(kwargs)
+        if confirmed and policy == "param":
+            return Confirmation(confirm=True)
+        if not can_elicit(ctx):
+            return NotAsked()
+        arguments = json.dumps(kwargs, sort_keys=True, default=str)
+        return Elicit(
+            f"{tool_name} is destructive: {op.summary}\nArguments: {arguments}\nRun it?", Confirmation
+        )
+
+    parameters = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in (*fields, CONFIRM_PARAM)
+    ]
+    parameters.append(inspect.Parameter("mcp_context", inspect.Parameter.KEYWORD_ONLY, annotation=Context))
+    ask.__signature__ = inspect.Signature(parameters, return_annotation=_Answer)  # type: ignore[attr-defined]
+    ask.__annotations__ = {"mcp_context": Context, "return": _Answer}
+    ask.__name__ = ask.__qualname__ = f"confirm_{tool_name}"
+    return ask
+
+
+def refusal(tool_name: str, op: Operation, outcome: object, policy: ConfirmPolicy) -> str | None:
+    """None when ``outcome`` (the resolved confirmation) allows the call; otherwise why it is refused."""
+    action = getattr(outcome, "action", None)
+    data = getattr(outcome, "data", None)
+    if action == "accept" and isinstance(data, Confirmation):
+        if data.confirm:
+            return None
+        return f"{tool_name} was not run: the user answered no."
+    if action in ("decline", "cancel"):
+        done = "declined" if action == "decline" else "cancelled"
+        return f"{tool_name} was not run: the user {done} the confirmation."
+    if policy == "elicit":
+        return (
+            f"{tool_name} is destructive ({op.summary}) and this server requires a person to confirm it through "
+            "the client (elicitation), which this client does not support. Use a client that supports "
+            "elicitation, or start the server with --confirm param."
+        )
+    return (
+        f"{tool_name} is destructive ({op.summary}) and was not confirmed. Ask the user; if they agree, call "
+        f"{tool_name} again with {CONFIRM_PARAM}=true."
+    )

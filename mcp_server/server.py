@@ -1,0 +1,347 @@
+"""The MCP front: one tool per registered operation, generated from the registry (never written per operation).
+
+``build_server`` walks ``llamaforge.operations.REGISTRY``: each operation becomes a tool named after it (``.`` ->
+``_``) whose inputs are the fields of its parameter model; long-running operations also get ``<name>_start``,
+which returns a job id at once (``job_status``, ``job_logs``, ``job_cancel``, ``jobs_list`` follow it). The tools
+only check policy (paths, confirmation), call the core and present its result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, TypeVar, cast
+
+import anyio
+import anyio.from_thread
+import anyio.to_thread
+from mcp.server.auth.provider import TokenVerifier
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.mcpserver import Context, ElicitationResult, MCPServer, Resolve
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import ToolAnnotations
+from pydantic import BaseModel, Field, ValidationError
+
+from llamaforge import __version__
+from llamaforge.errors import LlamaforgeError
+from llamaforge.events import CancelToken, Event
+from llamaforge.jobs import FINISHED, JobLogs, JobManager, JobStatus, describe_validation_error
+from llamaforge.operations import REGISTRY, Operation, OperationContext, Params
+from mcp_server.policy import (
+    CONFIRM_PARAM,
+    CONFIRMATION_PARAM,
+    Confirmation,
+    ConfirmPolicy,
+    PathPolicy,
+    confirmation_resolver,
+    default_roots,
+    refusal,
+)
+
+CONTEXT_PARAM = "mcp_context"
+RESERVED = frozenset({CONFIRM_PARAM, CONFIRMATION_PARAM, CONTEXT_PARAM})
+_T = TypeVar("_T")
+JOB_TOOLS = ("job_status", "job_logs", "job_cancel", "jobs_list")
+
+
+def tool_name(operation: str) -> str:
+    """The MCP tool name of an operation: ``builds.list`` -> ``builds_list``."""
+    return operation.replace(".", "_").replace("-", "_")
+
+
+def start_tool_name(operation: str) -> str:
+    """The tool that starts ``operation`` as a background job: ``build`` -> ``build_start``."""
+    return f"{tool_name(operation)}_start"
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """Policy of one server process."""
+
+    read_only: bool = False
+    project_dir: Path = field(default_factory=Path.cwd)
+    allow_roots: tuple[Path, ...] = ()
+    confirm: ConfirmPolicy = "param"
+
+
+class JobStarted(BaseModel):
+    """A background job was started; follow it with job_status / job_logs, stop it with job_cancel."""
+
+    job_id: str
+    operation: str
+    state: str
+    next_step: str
+
+
+class JobList(BaseModel):
+    """Every job of this server process, newest first."""
+
+    jobs: list[JobStatus]
+
+
+# --- running operations -----------------------------------------------------------------------------------
+
+
+def _validate(op: Operation, arguments: dict[str, Any]) -> Params:
+    try:
+        return op.params.model_validate(arguments)
+    except ValidationError as error:
+        raise ToolError(f"invalid arguments for {op.name}: {describe_validation_error(error)}") from None
+
+
+def _progress_text(event: Event) -> str:
+    return f"[{event.stage}] {event.message}" if event.stage else event.message
+
+
+async def _run_inline(op: Operation, params: Params, ctx: Context[Any, Any]) -> dict[str, Any]:
+    """Run a short operation in a worker thread; its stage events become progress notifications."""
+    cancel = CancelToken()
+    step = 0
+
+    def reporter(event: Event) -> None:
+        nonlocal step
+        if event.kind == "log":
+            return
+        step += 1
+        # Progress is best effort: a client that went away must not fail the operation.
+        with contextlib.suppress(Exception):
+            anyio.from_thread.run(functools.partial(ctx.report_progress, step, None, _progress_text(event)))
+
+    try:
+        return await anyio.to_thread.run_sync(
+            lambda: op.run(params, OperationContext(reporter=reporter, cancel=cancel)), abandon_on_cancel=True
+        )
+    except anyio.get_cancelled_exc_class():
+        cancel.cancel()
+        raise
+    except LlamaforgeError as error:
+        raise ToolError(error.render()) from None
+
+
+async def _run_as_job(
+    op: Operation, params: Params, jobs: JobManager, ctx: Context[Any, Any]
+) -> dict[str, Any]:
+    """Run a long operation as a job and wait for it, forwarding its events as progress notifications.
+
+    The job shows in ``jobs_list`` like any other. Cancelling this call (the client gave up) cancels the job.
+    """
+    job_id = jobs.start(op.name, params)
+    seen = step = 0
+    try:
+        while True:
+            status = await anyio.to_thread.run_sync(
+                functools.partial(jobs.wait, job_id, after=seen, timeout=1.0), abandon_on_cancel=True
+            )
+            for item in jobs.events(job_id, seen):
+                seen = item.index + 1
+                if item.event.kind != "log":
+                    step += 1
+                    await ctx.report_progress(step, None, _progress_text(item.event))
+            if status.state in FINISHED:
+                break
+    except anyio.get_cancelled_exc_class():
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(functools.partial(jobs.cancel, job_id, wait=60.0))
+        raise
+    if status.state == "succeeded" and status.result is not None:
+        return status.result
+    detail = status.error.rendered if status.error else status.state
+    raise ToolError(f"{detail}\n  job: {job_id} (job_logs shows its log)")
+
+
+# --- generated tools --------------------------------------------------------------------------------------
+
+
+def _field_parameters(op: Operation) -> list[inspect.Parameter]:
+    parameters = []
+    for name, info in op.params.model_fields.items():
+        if name in RESERVED:
+            raise ValueError(f"operation {op.name}: parameter {name!r} is reserved by the MCP front")
+        # Annotated[...] built at run time: the field type, its constraints, its description.
+        annotation = cast(Any, Annotated)[
+            (info.annotation, *info.metadata, Field(description=info.description))
+        ]
+        default = (
+            inspect.Parameter.empty if info.is_required() else info.get_default(call_default_factory=True)
+        )
+        parameters.append(
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+        )
+    return parameters
+
+
+def _describe(op: Operation, background: bool) -> str:
+    lines = [op.summary]
+    if background:
+        lines.append(
+            f"Starts {op.name} as a background job and returns its job_id at once; follow it with job_status and "
+            "job_logs, stop it with job_cancel. Jobs keep running when the client disconnects."
+        )
+    elif op.long_running:
+        lines.append(
+            f"Runs to completion (reporting progress); {start_tool_name(op.name)} runs it as a background job instead."
+        )
+    if op.destructive:
+        lines.append(
+            f"Destructive: runs only with {CONFIRM_PARAM}=true after the user agreed, or when the user accepts the "
+            "confirmation the server asks through the client."
+        )
+    return "\n".join(lines)
+
+
+def _operation_tool(
+    op: Operation, jobs: JobManager, paths: PathPolicy, options: ServerOptions, *, background: bool
+) -> tuple[Callable[..., Awaitable[Any]], str]:
+    """A tool function for ``op`` whose signature mirrors its parameter model (plus confirm, plus the context)."""
+    name = start_tool_name(op.name) if background else tool_name(op.name)
+    parameters = _field_parameters(op)
+    fields = [parameter.name for parameter in parameters]
+    if op.destructive:
+        resolver = confirmation_resolver(
+            op, name, fields, options.confirm, functools.partial(paths.check, op)
+        )
+        parameters.append(
+            inspect.Parameter(
+                CONFIRM_PARAM, inspect.Parameter.KEYWORD_ONLY, default=False,
+                annotation=Annotated[bool, Field(description="Set to true only after the user agreed to run this")],
+            )
+        )  # fmt: skip
+        parameters.append(
+            inspect.Parameter(
+                CONFIRMATION_PARAM, inspect.Parameter.KEYWORD_ONLY,
+                annotation=Annotated[ElicitationResult[Confirmation], Resolve(resolver)],
+            )
+        )  # fmt: skip
+    parameters.append(inspect.Parameter(CONTEXT_PARAM, inspect.Parameter.KEYWORD_ONLY, annotation=Context))
+    returns: Any = JobStarted if background else dict[str, Any]
+
+    async def call(**kwargs: Any) -> Any:
+        ctx: Context[Any, Any] = kwargs.pop(CONTEXT_PARAM)
+        outcome = kwargs.pop(CONFIRMATION_PARAM, None)
+        kwargs.pop(CONFIRM_PARAM, None)
+        if op.destructive and (message := refusal(name, op, outcome, options.confirm)):
+            raise ToolError(message)
+        paths.check(op, kwargs)
+        params = _validate(op, kwargs)
+        if background:
+            try:
+                job_id = jobs.start(op.name, params)
+            except LlamaforgeError as error:
+                raise ToolError(error.render()) from None
+            return JobStarted(
+                job_id=job_id, operation=op.name, state=jobs.status(job_id).state,
+                next_step=f"poll job_status(job_id={job_id!r}); job_logs pages the log; job_cancel stops it",
+            )  # fmt: skip
+        if op.long_running:
+            return await _run_as_job(op, params, jobs, ctx)
+        return await _run_inline(op, params, ctx)
+
+    call.__signature__ = inspect.Signature(parameters, return_annotation=returns)  # type: ignore[attr-defined]
+    call.__annotations__ = {parameter.name: parameter.annotation for parameter in parameters} | {
+        "return": returns
+    }
+    call.__name__ = call.__qualname__ = name
+    return call, name
+
+
+def _annotations(op: Operation, title: str) -> ToolAnnotations:
+    return ToolAnnotations(
+        title=title, read_only_hint=op.read_only, destructive_hint=op.destructive and not op.read_only
+    )
+
+
+def _add_job_tools(server: MCPServer[Any], jobs: JobManager, *, with_cancel: bool) -> None:
+    async def job_status(
+        job_id: Annotated[str, Field(description="Id returned by a *_start tool")],
+    ) -> JobStatus:
+        """State of a background job: running/cancelling/succeeded/failed/cancelled, progress, result or error."""
+        return _job_call(jobs.status, job_id)
+
+    async def job_logs(
+        job_id: Annotated[str, Field(description="Id returned by a *_start tool")],
+        offset: Annotated[
+            int, Field(description="First line; negative counts from the end (-50: the tail)")
+        ] = 0,
+        limit: Annotated[int, Field(ge=1, le=2000, description="Lines per page")] = 200,
+    ) -> JobLogs:
+        """One page of a job's log; call again from next_offset for more (the job may still be writing)."""
+        return _job_call(functools.partial(jobs.logs, offset=offset, limit=limit), job_id)
+
+    async def job_cancel(
+        job_id: Annotated[str, Field(description="Id returned by a *_start tool")],
+    ) -> JobStatus:
+        """Cancel a job: its container or process is stopped and removed, nothing is published."""
+        status = _job_call(jobs.status, job_id)
+        if status.state in FINISHED:
+            return status
+        return await anyio.to_thread.run_sync(functools.partial(_job_call, jobs.cancel, job_id))
+
+    async def jobs_list() -> JobList:
+        """Every background job of this server (running and recently finished), newest first."""
+        return JobList(jobs=jobs.list_jobs())
+
+    read_only = ToolAnnotations(read_only_hint=True, destructive_hint=False)
+    server.add_tool(job_status, annotations=read_only)
+    server.add_tool(job_logs, annotations=read_only)
+    server.add_tool(jobs_list, annotations=read_only)
+    if with_cancel:
+        server.add_tool(
+            job_cancel,
+            annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True),
+        )
+
+
+def _job_call(function: Callable[[str], _T], job_id: str) -> _T:
+    try:
+        return function(job_id)
+    except LlamaforgeError as error:
+        raise ToolError(error.render()) from None
+
+
+_INSTRUCTIONS = """llamaforge builds patched llama.cpp reproducibly. Every tool mirrors an `invoke` task.
+Long operations (build, ...) have a *_start twin that returns a job id at once: poll job_status, page job_logs,
+stop with job_cancel. Destructive tools need the user's agreement (confirm=true, or the confirmation the
+server asks through the client). Path parameters must stay inside the project, the recipes/patches
+directories and the llamaforge cache; '..' is refused."""
+
+
+def build_server(
+    options: ServerOptions | None = None,
+    *,
+    jobs: JobManager | None = None,
+    registry: Mapping[str, Operation] | None = None,
+    token_verifier: TokenVerifier | None = None,
+    auth: AuthSettings | None = None,
+) -> MCPServer[Any]:
+    """An MCPServer with one tool per operation in ``registry`` (default: the live REGISTRY)."""
+    from mcp_server.resources import add_prompts, add_resources
+
+    options = options or ServerOptions()
+    registry = registry if registry is not None else REGISTRY
+    jobs = jobs if jobs is not None else JobManager(registry)
+    # Relative paths are resolved by the core against the working directory, so they are checked there.
+    paths = PathPolicy(default_roots(options.project_dir, options.allow_roots), Path.cwd().resolve())
+    server: MCPServer[Any] = MCPServer(
+        "llamaforge", version=__version__, instructions=_INSTRUCTIONS, token_verifier=token_verifier, auth=auth,
+        log_level="WARNING", warn_on_duplicate_tools=False,
+    )  # fmt: skip
+    names: set[str] = set()
+    for op in sorted(registry.values(), key=lambda item: item.name):
+        if options.read_only and not op.read_only:
+            continue
+        for background in (False, True) if op.long_running else (False,):
+            function, name = _operation_tool(op, jobs, paths, options, background=background)
+            if name in names or name in JOB_TOOLS:
+                raise ValueError(f"operation {op.name}: tool name {name!r} is already taken")
+            names.add(name)
+            server.add_tool(function, name=name, description=_describe(op, background),
+                            annotations=_annotations(op, name), structured_output=True)  # fmt: skip
+    with_cancel = any(name.endswith("_start") for name in names)
+    _add_job_tools(server, jobs, with_cancel=with_cancel)
+    add_resources(server, jobs)
+    add_prompts(server, names | {name for name in JOB_TOOLS if with_cancel or name != "job_cancel"})
+    return server

@@ -1,0 +1,379 @@
+"""The fit planner: unit tests on tiny generated models and synthetic headers, and an integration test that
+loads tiny dense, hybrid and MoE models in stock llama.cpp and compares the buffers it reports with the plan.
+
+Tolerances of the integration test (CPU build: every buffer is host memory):
+* weights, KV cache, recurrent state, output buffer: the planner uses llama.cpp's own formulas, so they must
+  match to llama.cpp's printing precision (two decimals of MiB, i.e. +-0.005 MiB) plus 0.5 %;
+* compute buffer: the attention mask (and without flash attention the score matrix) is exact, the per-layer
+  activations are a fitted model (rms 7 % over 100 random shapes, see benchmarks/fit_accuracy.py), so the
+  total must be within 10 %, and within 5 % (the project's goal) once the context-sized part dominates
+  (context >= 4096).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import gguf
+import pytest
+
+from llamaforge import fit
+from llamaforge.errors import InvalidOption, RecipeError
+from llamaforge.fit import (
+    DoesNotFit,
+    GiB,
+    MiB,
+    Settings,
+    estimate_memory,
+    find_gpu,
+    load_gpus,
+    model_shape,
+    parse_load_log,
+    parse_size,
+    plan_fit,
+    synthetic_header,
+)
+from llamaforge.gguf_header import read_header
+from llamaforge.operations import REGISTRY, OperationContext
+from llamaforge.tinymodels import TinyModelSpec, write_tiny_model
+
+MINI_VOCAB = 1000
+
+# Shapes shared by the unit and the integration tests: a 3:1 DeltaNet/attention layout like Qwen3.5's, state
+# sizes large enough that llama.cpp's two-decimal MiB figures resolve them.
+HYBRID_SSM = {
+    "full_attention_interval": 4,
+    "ssm_state_size": 64,
+    "ssm_group_count": 4,
+    "ssm_time_step_rank": 8,
+}
+SPECS = {
+    "qwen3": TinyModelSpec(arch="qwen3", n_layer=4),
+    "qwen3moe": TinyModelSpec(arch="qwen3moe", n_layer=4, n_expert=8, n_expert_used=2),
+    "qwen35": TinyModelSpec(arch="qwen35", n_layer=8, **HYBRID_SSM),  # type: ignore[arg-type]
+    "qwen35moe": TinyModelSpec(arch="qwen35moe", n_layer=8, n_expert=8, **HYBRID_SSM),  # type: ignore[arg-type]
+}
+QWEN35_9B = TinyModelSpec(
+    arch="qwen35", n_layer=32, n_embd=4096, n_head=16, n_head_kv=4, head_dim=256, n_ff=12288,
+    context_length=262144, ssm_conv_kernel=4, ssm_state_size=128, ssm_group_count=16, ssm_time_step_rank=32,
+    full_attention_interval=4,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def mini_vocab(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("vocab") / "ggml-vocab-mini.gguf"
+    writer = gguf.GGUFWriter(path, "qwen2")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list([f"t{i}" for i in range(MINI_VOCAB)])
+    writer.add_token_types([1] * MINI_VOCAB)
+    writer.add_token_merges(["t 1"])
+    writer.add_eos_token_id(MINI_VOCAB - 1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory, mini_vocab: Path) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("models")
+    return {
+        arch: write_tiny_model(out / f"{arch}.gguf", spec, mini_vocab).path for arch, spec in SPECS.items()
+    }
+
+
+# ------------------------------------------------------------------------------------------- the table
+
+
+def test_gpu_table_and_names() -> None:
+    gpus = load_gpus()
+    assert {"rtx3090", "rtx3080", "rtx3060-12gb", "rtx4090", "rtx4080", "rtx4070ti", "rtx4060ti-16gb",
+            "rtx4060", "rtx-a6000", "a100-40gb", "a100-80gb", "h100", "l4"} <= set(gpus)  # fmt: skip
+    for gpu in gpus.values():
+        assert gpu.vram_bytes >= 8 * GiB and 200 < gpu.bandwidth_gbs < 6000 and gpu.cuda_arch.isdigit()
+    rtx3090 = find_gpu("RTX 3090")
+    assert (rtx3090.vram_bytes, rtx3090.bandwidth_gbs, rtx3090.cuda_arch) == (24 * GiB, 936, "86")
+    assert find_gpu("NVIDIA GeForce RTX 4090").key == find_gpu("4090").key == "rtx4090"
+    assert find_gpu("rtx_4060-ti").key == "rtx4060ti-16gb"
+
+
+def test_unknown_gpu_says_did_you_mean() -> None:
+    with pytest.raises(InvalidOption) as caught:
+        find_gpu("rtx3909")
+    assert "unknown GPU 'rtx3909'" in caught.value.message
+    assert "did you mean 'rtx3090'" in (caught.value.hint or "")
+    assert "--vram" in (caught.value.hint or "")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("24GiB", 24 * GiB),
+        ("24 GB", 24 * GiB),
+        ("24576MiB", 24 * GiB),
+        ("12", 12 * GiB),
+        ("1.5G", 3 * GiB // 2),
+    ],
+)
+def test_parse_size(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+def test_parse_size_rejects_garbage() -> None:
+    with pytest.raises(InvalidOption):
+        parse_size("lots")
+
+
+# ---------------------------------------------------------------------------------------- the estimates
+
+
+def test_kv_cache_only_on_attention_layers_of_hybrids(tiny: dict[str, Path]) -> None:
+    header = read_header(tiny["qwen35"])
+    shape = model_shape(header)
+    assert shape.attention_layers == [3, 7] and len(shape.recurrent_layers) == 6
+    settings = Settings(ctx=4096, parallel=2)
+    _gpu, host = estimate_memory(shape, header.tensors, settings, n_gpu_layers=0)
+    row = 2 * 16 * 2  # n_head_kv x head_dim x f16
+    assert host.kv_cache == 2 * 2 * row * 4096 * 2  # layers x (K + V) x row x cells x slots
+    conv = 3 * (512 + 2 * 4 * 64)  # (d_conv - 1) x (d_inner + 2 n_group d_state)
+    assert host.recurrent_state == 6 * (conv + 64 * 512) * 4 * 2  # layers x (conv + state) x f32 x slots
+    # the same model read as if every layer had attention would need 4x the KV cache
+    dense = dataclasses.replace(shape, recurrent=(False,) * 8)
+    _gpu, all_attention = estimate_memory(dense, header.tensors, settings, n_gpu_layers=0)
+    assert all_attention.kv_cache == 4 * host.kv_cache
+
+
+def test_cache_types_and_padding(tiny: dict[str, Path]) -> None:
+    header = read_header(tiny["qwen3"])
+    shape = model_shape(header)
+    f16 = estimate_memory(shape, header.tensors, Settings(ctx=1000), n_gpu_layers=0)[1].kv_cache
+    assert f16 == 4 * 2 * 32 * 2 * 1024  # 1000 cells padded to 1024
+    q8 = estimate_memory(shape, header.tensors, Settings(ctx=1000, cache_type_k="q8_0", cache_type_v="q8_0"),
+                         n_gpu_layers=0)[1].kv_cache  # fmt: skip
+    assert q8 == f16 * 34 // 64
+
+
+def test_layer_placement_follows_llamacpp(tiny: dict[str, Path]) -> None:
+    header = read_header(tiny["qwen3"])
+    shape = model_shape(header)
+    by_name = {t.name: t.nbytes for t in header.tensors}
+    settings = Settings(ctx=2048)
+    _, cpu_only = estimate_memory(shape, header.tensors, settings, n_gpu_layers=0)
+    assert cpu_only.weights == sum(by_name.values())
+    # -ngl 1 offloads the output layer only, -ngl 2 adds the last repeating layer
+    gpu1, host1 = estimate_memory(shape, header.tensors, settings, n_gpu_layers=1)
+    assert gpu1.weights == by_name["output.weight"] + by_name["output_norm.weight"]
+    assert gpu1.kv_cache == 0
+    gpu2, _ = estimate_memory(shape, header.tensors, settings, n_gpu_layers=2)
+    layer3 = sum(n for name, n in by_name.items() if name.startswith("blk.3."))
+    assert gpu2.weights == gpu1.weights + layer3 and gpu2.kv_cache == gpu1.kv_cache + cpu_only.kv_cache // 4
+    full, host = estimate_memory(shape, header.tensors, settings, n_gpu_layers=5)
+    assert host.weights == by_name["token_embd.weight"]  # the input layer always stays on the CPU
+    assert full.weights + host.weights == sum(by_name.values())
+    assert host1.total > host.total
+
+
+def test_moe_offload_moves_expert_bytes(tiny: dict[str, Path]) -> None:
+    header = read_header(tiny["qwen3moe"])
+    shape = model_shape(header)
+    settings = Settings(ctx=2048)
+    gpu0, host0 = estimate_memory(shape, header.tensors, settings, n_gpu_layers=5, n_cpu_moe=0)
+    gpu2, host2 = estimate_memory(shape, header.tensors, settings, n_gpu_layers=5, n_cpu_moe=2)
+    experts = [t for t in header.tensors if fit.is_expert_tensor(t.name)]
+    assert {t.name.split(".")[2] for t in experts} == {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}
+    moved = sum(t.nbytes for t in experts if t.name.startswith(("blk.0.", "blk.1.")))
+    assert gpu0.weights - gpu2.weights == moved == host2.weights - host0.weights
+    assert gpu2.kv_cache == gpu0.kv_cache  # attention stays on the GPU
+    # a batched op on a CPU-resident expert tensor is run on the GPU with a copy of the weight
+    largest = max(t.nbytes for t in experts)
+    assert gpu2.compute == gpu0.compute + largest
+
+
+def test_recommended_flags_fit_and_are_maximal(tiny: dict[str, Path]) -> None:
+    header = read_header(tiny["qwen3"])
+    shape = model_shape(header)
+    margin = 1 * MiB
+    settings = Settings(ctx=8192)
+
+    def gpu_total(ngl: int) -> int:
+        return estimate_memory(shape, header.tensors, settings, n_gpu_layers=ngl)[0].total
+
+    vram = (gpu_total(3) + gpu_total(4)) // 2 + margin  # room for 3 of the 5 offloadable layers, not 4
+    plan = plan_fit(header, vram_bytes=vram, ctx=8192, margin_bytes=margin)
+    assert plan.n_gpu_layers == 3 and plan.n_cpu_moe == 0 and not plan.fully_offloaded
+    assert plan.gpu_memory.total + margin <= vram < gpu_total(4) + margin
+    flags = list(plan.flags)
+    assert flags[flags.index("-ngl") + 1] == "3" and flags[flags.index("-c") + 1] == "8192"
+    assert flags[flags.index("-fa") + 1] == "on" and "--n-cpu-moe" not in flags
+    assert plan.command.startswith("llama-server -m ")
+    roomy = plan_fit(header, vram_bytes=8 * GiB, ctx=8192)
+    assert roomy.fully_offloaded and roomy.n_gpu_layers == 5
+
+
+def test_moe_plan_prefers_expert_offload(tiny: dict[str, Path]) -> None:
+    header = read_header(tiny["qwen3moe"])
+    shape = model_shape(header)
+    settings = Settings(ctx=4096, parallel=2)
+    margin = 1 * MiB
+
+    def gpu_total(ncmoe: int) -> int:
+        return estimate_memory(shape, header.tensors, settings, n_gpu_layers=5, n_cpu_moe=ncmoe)[0].total
+
+    vram = (gpu_total(1) + gpu_total(2)) // 2 + margin
+    plan = plan_fit(header, vram_bytes=vram, ctx=4096, parallel=2, margin_bytes=margin)
+    assert (plan.n_gpu_layers, plan.n_cpu_moe) == (5, 2)
+    flags = list(plan.flags)
+    assert flags[flags.index("--n-cpu-moe") + 1] == "2" and flags[flags.index("--parallel") + 1] == "2"
+    assert flags[flags.index("-c") + 1] == "8192"  # total context of the two slots
+
+
+def test_model_too_big_says_how_much_ram() -> None:
+    header = synthetic_header(QWEN35_9B, n_vocab=248320, name="Qwen3.5-9B-like")
+    with pytest.raises(DoesNotFit) as caught:
+        plan_fit(header, vram_bytes=1 * GiB, ctx=32768, margin_bytes=512 * MiB)
+    assert "does not fit in 1.0 GiB" in caught.value.message
+    assert "CPU-only run (-ngl 0) needs about" in (caught.value.hint or "")
+    assert "GiB of RAM" in (caught.value.hint or "")
+    assert caught.value.exit_code == 13
+
+
+def test_realistic_hybrid_on_rtx3090() -> None:
+    header = synthetic_header(QWEN35_9B, n_vocab=248320, name="Qwen3.5-9B-like")
+    plan = plan_fit(header, gpu="rtx3090", ctx=32768)
+    assert plan.fully_offloaded and (plan.attention_layers, plan.recurrent_layers) == (8, 24)
+    assert plan.gpu_memory.kv_cache == 1 * GiB  # 8 layers x 2 x 4 heads x 256 x f16 x 32768, not 4 GiB
+    assert 40 * MiB < plan.gpu_memory.recurrent_state < 60 * MiB
+    assert plan.tg_ceiling_tps is not None
+    assert plan.tg_ceiling_tps == pytest.approx(936e9 / plan.bytes_per_token_gpu, rel=0.02)
+    long = plan_fit(header, gpu="rtx3090", ctx=131072, cache_type_k="q8_0", cache_type_v="q8_0")
+    assert long.gpu_memory.kv_cache == 4 * GiB * 34 // 64
+    assert long.tg_ceiling_tps is not None and long.tg_ceiling_tps < plan.tg_ceiling_tps
+
+
+def test_moe_speed_counts_active_experts_only() -> None:
+    spec = TinyModelSpec(arch="qwen3moe", n_layer=8, n_embd=2048, n_head=32, n_head_kv=4, head_dim=128,
+                         n_expert=128, n_expert_used=8, n_ff_exp=768)  # fmt: skip
+    header = synthetic_header(spec, n_vocab=151936)
+    plan = plan_fit(header, gpu="h100", ctx=4096)
+    experts = sum(t.nbytes for t in header.tensors if fit.is_expert_tensor(t.name))
+    assert plan.fully_offloaded
+    # all dense weights, 8 of 128 experts, and the KV cache of one sequence at full context
+    expected = plan.gpu_memory.weights - experts + experts * 8 / 128 + plan.gpu_memory.kv_cache
+    assert plan.bytes_per_token_gpu == pytest.approx(expected, rel=1e-6)
+    assert plan.bytes_per_token_gpu < plan.gpu_memory.weights / 3
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"cache_type_k": "q9_0"}, "not a KV cache type"),
+        ({"cache_type_v": "q8_0", "flash_attn": False}, "needs flash attention"),
+        ({"parallel": 0}, "must be positive"),
+    ],
+)
+def test_bad_settings(tiny: dict[str, Path], kwargs: dict[str, object], match: str) -> None:
+    with pytest.raises(InvalidOption, match=match):
+        plan_fit(tiny["qwen3"], gpu="rtx3090", ctx=4096, **kwargs)  # type: ignore[arg-type]
+
+
+def test_gpu_or_vram_required(tiny: dict[str, Path]) -> None:
+    with pytest.raises(InvalidOption, match="--gpu NAME"):
+        plan_fit(tiny["qwen3"], ctx=4096)
+    with pytest.raises(InvalidOption, match="either"):
+        plan_fit(tiny["qwen3"], gpu="rtx3090", vram_bytes=GiB, ctx=4096)
+
+
+def test_parse_load_log() -> None:
+    log = """\
+0.00.999.829 I load_tensors:   CPU_Mapped model buffer size =    37.41 MiB
+0.01.010.702 I llama_context:        CPU  output buffer size =     0.58 MiB
+0.01.010.768 I llama_kv_cache:        CPU KV buffer size =     0.25 MiB
+0.01.010.825 I llama_memory_recurrent:        CPU RS buffer size =     0.01 MiB
+0.01.019.574 I sched_reserve:        CPU compute buffer size =     2.14 MiB
+load_tensors:        CUDA0 model buffer size =  4000.00 MiB
+sched_reserve:      CUDA0 compute buffer size =   300.00 MiB
+"""
+    reported = parse_load_log(log)
+    assert reported.buffers["weights"] == {"CPU_Mapped": round(37.41 * MiB), "CUDA0": 4000 * MiB}
+    assert reported.total("kv_cache") == round(0.25 * MiB)
+    assert reported.total("recurrent_state") == round(0.01 * MiB)
+    assert reported.total("compute") == round(302.14 * MiB)
+    assert reported.total("output") == round(0.58 * MiB)
+
+
+# ------------------------------------------------------------------------------------------ the operation
+
+
+def _run(**params: object) -> dict[str, object]:
+    op = REGISTRY["models.fit"]
+    return op.run(op.params.model_validate(params), OperationContext())
+
+
+def test_operation_and_plot(tiny: dict[str, Path], tmp_path: Path) -> None:
+    png = tmp_path / "fit.png"
+    result = _run(model=str(tiny["qwen35moe"]), gpu="rtx4060", ctx=8192, cache_type="q8_0", parallel=2,
+                  plot=str(png))  # fmt: skip
+    assert result["plot"] == str(png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert result["arch"] == "qwen35moe" and result["fully_offloaded"] is True
+    assert "-ctk q8_0 -ctv q8_0" in str(result["command"])
+    summary = result["summary"]
+    assert isinstance(summary, list) and any("token generation ceiling" in line for line in summary)
+
+
+def test_operation_recipe_not_fetched(lf_home: Path) -> None:
+    with pytest.raises(InvalidOption) as caught:
+        _run(model="qwen3.5-9b-q4_k_m", gpu="rtx3090", ctx=32768)
+    assert "not fetched yet" in caught.value.message
+    assert "models.fetch qwen3.5-9b-q4_k_m" in (caught.value.hint or "")
+    with pytest.raises(RecipeError, match="unknown model recipe"):
+        _run(model="qwen3.5-9b-q4_k_n", gpu="rtx3090", ctx=32768)
+
+
+# -------------------------------------------------------------------------- against llama.cpp's buffers
+
+
+@pytest.fixture(scope="module")
+def real_vocab_models(tmp_path_factory: pytest.TempPathFactory, source_tree: Path) -> dict[str, Path]:
+    """The test shapes with llama.cpp's real Qwen tokenizers (151 936 tokens: the logits are realistic)."""
+    out = tmp_path_factory.mktemp("real-vocab")
+    vocab = {"qwen3": "qwen2", "qwen3moe": "qwen2", "qwen35": "qwen35", "qwen35moe": "qwen35"}
+    models = {}
+    for arch, spec in SPECS.items():
+        tokenizer = source_tree / "models" / f"ggml-vocab-{vocab[arch]}.gguf"
+        models[arch] = write_tiny_model(out / f"{arch}.gguf", spec, tokenizer).path
+    return models
+
+
+CATEGORIES = ("weights", "kv_cache", "recurrent_state", "compute", "output")
+
+
+@pytest.mark.docker
+@pytest.mark.llamacpp
+@pytest.mark.parametrize("arch", ["qwen3", "qwen35", "qwen3moe"])
+@pytest.mark.parametrize(
+    "settings",
+    [Settings(ctx=1024), Settings(ctx=8192, parallel=2), Settings(ctx=4096, flash_attn=False)],
+    ids=["1k", "8k-x2", "4k-no-fa"],
+)
+def test_plan_matches_llamacpp_buffers(
+    arch: str, settings: Settings, stock_build: Path, real_vocab_models: dict[str, Path]
+) -> None:
+    model = real_vocab_models[arch]
+    header = read_header(model)
+    _gpu, planned = estimate_memory(model_shape(header), header.tensors, settings, n_gpu_layers=0)
+    reported = fit.measure_with_llamacpp(stock_build / "bin" / "llama-server", model, settings)
+    for category in CATEGORIES:
+        estimate, actual = getattr(planned, category), reported.total(category)
+        if category == "compute":
+            tolerance = (0.05 if settings.ctx >= 4096 else 0.10) * actual
+        else:
+            tolerance = 0.005 * actual + 0.005 * MiB  # llama.cpp prints MiB with two decimals
+        assert abs(estimate - actual) <= tolerance, (category, estimate / MiB, actual / MiB)
+    if arch == "qwen35":
+        assert reported.total("recurrent_state") > 0
+    else:
+        assert reported.total("recurrent_state") == 0
