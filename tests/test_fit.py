@@ -52,7 +52,7 @@ SPECS = {
     "qwen3": TinyModelSpec(arch="qwen3", n_layer=4),
     "qwen3moe": TinyModelSpec(arch="qwen3moe", n_layer=4, n_expert=8, n_expert_used=2),
     "qwen35": TinyModelSpec(arch="qwen35", n_layer=8, **HYBRID_SSM),  # type: ignore[arg-type]
-    "qwen35moe": TinyModelSpec(arch="qwen35moe", n_layer=8, n_expert=8, **HYBRID_SSM),  # type: ignore[arg-type]
+    "qwen35moe": TinyModelSpec(arch="qwen35moe", n_layer=8, n_expert=8, head_dim=32, **HYBRID_SSM),  # type: ignore[arg-type]
 }
 QWEN35_9B = TinyModelSpec(
     arch="qwen35", n_layer=32, n_embd=4096, n_head=16, n_head_kv=4, head_dim=256, n_ff=12288,
@@ -177,6 +177,17 @@ def test_layer_placement_follows_llamacpp(tiny: dict[str, Path]) -> None:
     assert host1.total > host.total
 
 
+def test_tied_embeddings_are_duplicated_on_the_gpu_only() -> None:
+    full = synthetic_header(dataclasses.replace(SPECS["qwen3"], n_embd=256, head_dim=64), n_vocab=4096)
+    header = dataclasses.replace(full, tensors=[t for t in full.tensors if t.name != "output.weight"])
+    shape = model_shape(header)
+    embd = next(t.nbytes for t in header.tensors if t.name == "token_embd.weight")
+    _, cpu_only = estimate_memory(shape, header.tensors, Settings(ctx=2048), n_gpu_layers=0)
+    assert cpu_only.weights == sum(t.nbytes for t in header.tensors)  # one mapping of the file
+    gpu, host = estimate_memory(shape, header.tensors, Settings(ctx=2048), n_gpu_layers=5)
+    assert host.weights == embd and gpu.weights + host.weights == cpu_only.weights + embd
+
+
 def test_moe_offload_moves_expert_bytes(tiny: dict[str, Path]) -> None:
     header = read_header(tiny["qwen3moe"])
     shape = model_shape(header)
@@ -211,7 +222,9 @@ def test_recommended_flags_fit_and_are_maximal(tiny: dict[str, Path]) -> None:
     assert flags[flags.index("-fa") + 1] == "on" and "--n-cpu-moe" not in flags
     assert plan.command.startswith("llama-server -m ")
     roomy = plan_fit(header, vram_bytes=8 * GiB, ctx=8192)
-    assert roomy.fully_offloaded and roomy.n_gpu_layers == 5
+    assert roomy.fully_offloaded and roomy.n_gpu_layers == 5 and roomy.fits
+    pinned = plan_fit(header, vram_bytes=vram, ctx=8192, margin_bytes=margin, n_gpu_layers=5)
+    assert pinned.n_gpu_layers == 5 and not pinned.fits and "you pinned" in pinned.notes[0]
 
 
 def test_moe_plan_prefers_expert_offload(tiny: dict[str, Path]) -> None:
@@ -273,6 +286,7 @@ def test_moe_speed_counts_active_experts_only() -> None:
         ({"cache_type_k": "q9_0"}, "not a KV cache type"),
         ({"cache_type_v": "q8_0", "flash_attn": False}, "needs flash attention"),
         ({"parallel": 0}, "must be positive"),
+        ({"cache_type_k": "q8_0"}, "does not divide the head size 16"),  # llama.cpp refuses it too
     ],
 )
 def test_bad_settings(tiny: dict[str, Path], kwargs: dict[str, object], match: str) -> None:

@@ -716,3 +716,36 @@ def test_load_check_reports_refusal(stock_build: Path, vocab: Path, tmp_path: Pa
     load = report.load_check
     assert load is not None and not load["loaded"] and load["returncode"] != 0 and load["errors"]
     assert report.checks()["load"] == "fail"
+
+
+def test_mtp_blocks_and_unknown_archs(tmp_path: Path) -> None:
+    def header(arch: str, names: list[str], **keys: int) -> Any:
+        path = tmp_path / f"{arch}.gguf"
+        writer = gguf.GGUFWriter(path, arch)
+        for key, value in keys.items():
+            writer.add_uint32(f"{arch}.{key}", value)
+        for name in names:
+            writer.add_tensor(name, np.zeros((2, 32), dtype=np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        return read_header(path)
+
+    names = [
+        "token_embd.weight",
+        "output_norm.weight",
+        "blk.0.nextn.eh_proj.weight",
+        "blk.1.nextn.eh_proj.weight",
+    ]
+    _missing, unknown, _findings = verify.check_tensor_set(
+        header("qwen35", names, block_count=2, nextn_predict_layers=1)
+    )
+    assert unknown == ["blk.0.nextn.eh_proj.weight"]  # block 1 is the MTP block, block 0 is not
+    missing, unknown, findings = verify.check_tensor_set(
+        header("llama", [*names[:2], "blk.0.attn_q.weight"], block_count=2)
+    )
+    assert (missing, unknown) == ([], [])  # no per-layer rules for llama: names only, no guessing
+    assert [f.status for f in findings] == ["ok"]
+    _missing, unknown, findings = verify.check_tensor_set(header("gpt-nope", names[:2]))
+    assert findings[0].status == "fail" and "not known" in findings[0].message

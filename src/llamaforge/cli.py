@@ -87,7 +87,7 @@ def run_operation(op: Operation, arguments: dict[str, Any], *, as_json: bool, ve
     except KeyboardInterrupt:
         cancel.cancel()
         reporter.close()
-        err.print("[yellow]interrupted[/yellow]: containers removed, nothing was published")
+        err.print("[yellow]interrupted[/yellow]: running work stopped and cleaned up; nothing was published")
         return 130
     finally:
         reporter.close()

@@ -349,8 +349,9 @@ class _Layout:
     largest_dense: list[int]
     largest_expert: list[int]
     token_embd: int
-    output: int  # output + output_norm (+ a duplicated token_embd when the output is tied)
+    output: int  # output + output_norm
     other: int  # other global tensors (rope_freqs ...), placed with the output
+    tied: bool  # no output.weight: llama.cpp duplicates token_embd for the output layer
 
 
 def _layout(shape: ModelShape, tensors: Sequence[TensorInfo]) -> _Layout:
@@ -375,9 +376,7 @@ def _layout(shape: ModelShape, tensors: Sequence[TensorInfo]) -> _Layout:
             output += tensor.nbytes
         else:
             other += tensor.nbytes
-    if not has_output:
-        output += token_embd  # tied embeddings: llama.cpp duplicates token_embd for the output layer
-    return _Layout(dense, experts, largest_dense, largest_expert, token_embd, output, other)
+    return _Layout(dense, experts, largest_dense, largest_expert, token_embd, output, other, not has_output)
 
 
 def _phase_values(shape: ModelShape) -> dict[str, float]:
@@ -477,6 +476,8 @@ def estimate_memory(
         else:
             kv["gpu" if on_gpu else "host"] += kv_layer
     weights["gpu" if output_on_gpu else "host"] += layout.output + layout.other
+    if layout.tied and output_on_gpu:  # on the CPU the duplicate maps the same file bytes
+        weights["gpu"] += layout.token_embd
 
     mask, logits = _mask_bytes(shape, settings), _logits_phase(shape, settings)
     output_buffer = shape.n_vocab * settings.parallel * 4  # logits of one output per slot, host memory
@@ -525,6 +526,11 @@ class FitPlan:
     notes: tuple[str, ...] = field(default=())
 
     @property
+    def fits(self) -> bool:
+        """True when the GPU total plus the margin fits the card (False only for a pinned placement)."""
+        return self.gpu_memory.total + self.margin_bytes <= self.vram_bytes
+
+    @property
     def fully_offloaded(self) -> bool:
         """True when every layer and every expert is on the GPU."""
         return self.n_gpu_layers == self.max_gpu_layers and self.n_cpu_moe == 0
@@ -541,6 +547,7 @@ class FitPlan:
         data["host_memory"]["total"] = self.host_memory.total
         data["command"] = self.command
         data["fully_offloaded"] = self.fully_offloaded
+        data["fits"] = self.fits
         data["flags"] = list(self.flags)
         data["notes"] = list(self.notes)
         return data
@@ -563,6 +570,19 @@ def _check_settings(settings: Settings) -> None:
         )
 
 
+def _check_cache_blocks(shape: ModelShape, settings: Settings) -> None:
+    # llama_init_from_model refuses a quantized cache whose block does not divide the head size
+    for which, type_name, head_dim in (
+        ("K", settings.cache_type_k, shape.head_dim_k), ("V", settings.cache_type_v, shape.head_dim_v)
+    ):  # fmt: skip
+        block = next(t for t in GGML_TYPES.values() if t.name.lower() == type_name).block_size
+        if head_dim % block:
+            raise InvalidOption(
+                f"{which} cache type {type_name} (blocks of {block}) does not divide the head size {head_dim}",
+                hint="llama.cpp refuses it; use f16 or bf16 for this model",
+            )
+
+
 def _bytes_per_token(
     shape: ModelShape, layout: _Layout, settings: Settings, ngl: int, n_cpu_moe: int
 ) -> tuple[int, int]:
@@ -575,7 +595,7 @@ def _bytes_per_token(
         on_gpu = il in gpu_layers
         read["gpu" if on_gpu else "host"] += layout.dense[il] + (rs_seq if shape.recurrent[il] else kv_seq)
         read["gpu" if on_gpu and il >= n_cpu_moe else "host"] += layout.experts[il] * share
-    read["gpu" if output_on_gpu else "host"] += layout.output + layout.other
+    read["gpu" if output_on_gpu else "host"] += layout.output + layout.other + layout.token_embd * layout.tied
     return int(read["gpu"]), int(read["host"])
 
 
@@ -634,6 +654,7 @@ def plan_fit(
     _check_settings(settings)
     name, header = _load(model)
     shape = model_shape(header)
+    _check_cache_blocks(shape, settings)
     layout = _layout(shape, header.tensors)
     max_ngl = shape.n_layer_all + 1
     budget = vram - margin_bytes

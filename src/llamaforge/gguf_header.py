@@ -335,11 +335,12 @@ class _Cursor:
             )
         return value
 
-    def skip_strings(self, count: int, cap: int, field: str) -> None:
-        """Walk ``count`` length-prefixed strings without keeping them (the hot loop for token lists)."""
+    def skip_strings(self, first: int, count: int, cap: int, field: str) -> None:
+        """Walk items ``first`` to ``count - 1`` of a string array without keeping them (the hot loop for
+        token lists)."""
         unpack = _U64.unpack_from
         size, pos, base, buf = self.size, self.pos, self._base, self._buf
-        for index in range(count):
+        for index in range(first, count):
             rel = pos - base
             if rel < 0 or rel + 8 > len(buf):
                 self.pos = pos
@@ -399,7 +400,7 @@ def _read_array(cursor: _Cursor, key: str, limits: HeaderLimits) -> tuple[Any, s
         items: list[Any] = [
             _read_string(cursor, f"{key}[{index}] (string length)", limits) for index in range(n_read)
         ]
-        cursor.skip_strings(count - n_read, limits.max_string_length, key)
+        cursor.skip_strings(n_read, count, limits.max_string_length, key)
     else:
         _name, fmt, size = _SCALARS[item_type]
         raw = cursor.take(n_read * size, f"{key} (array data)")

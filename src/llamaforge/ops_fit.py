@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from llamaforge.errors import InvalidOption
-from llamaforge.fit import FitPlan, GiB, parse_size, plan_fit
+from llamaforge.fit import DoesNotFit, FitPlan, GiB, parse_size, plan_fit
 from llamaforge.operations import OperationContext, Params, operation
 
 
@@ -68,6 +68,7 @@ def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> dict[str, An
     )  # fmt: skip
     data = plan.to_json()
     data["summary"] = summarize(plan)
+    data["exit_code"] = 0 if plan.fits else DoesNotFit.exit_code  # a pinned placement that does not fit
     if params.plot:
         data["plot"] = str(render_plot([plan], Path(params.plot)))
     return data
@@ -113,11 +114,14 @@ _LABELS = {
 
 
 def render_plot(plans: Sequence[FitPlan], path: Path, *, title: str | None = None) -> Path:
-    """Draw one GPU bar and one host-RAM bar per plan, stacked by category, against the VRAM line."""
+    """Draw one GPU bar and one host-RAM bar (hatched) per plan, stacked by category, against the VRAM line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.artist import Artist
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     if not plans:
         raise InvalidOption("nothing to plot")
@@ -133,10 +137,9 @@ def render_plot(plans: Sequence[FitPlan], path: Path, *, title: str | None = Non
                 value = getattr(memory, category) / GiB
                 if value <= 0:
                     continue
-                label = _LABELS[category] if category not in drawn else None
                 drawn.add(category)
-                axes.bar(x, value, 0.36, bottom=bottom, color=colour, label=label,
-                         hatch="//" if device == "host" else None, edgecolor="white")  # fmt: skip
+                axes.bar(x, value, 0.36, bottom=bottom, color=colour, hatch="//" if device == "host" else None,
+                         edgecolor="white")  # fmt: skip
                 bottom += value
             axes.text(x, bottom, f"{bottom:.1f}", ha="center", va="bottom", fontsize=8)
             positions.append(x)
@@ -147,16 +150,19 @@ def render_plot(plans: Sequence[FitPlan], path: Path, *, title: str | None = Non
                   f"{settings.cache_type_v}\n{placement}", ha="center", va="top",
                   transform=axes.get_xaxis_transform(), fontsize=8)  # fmt: skip
     vram = plans[0].vram_bytes / GiB
-    axes.axhline(vram, color="black", linewidth=1.2, label=f"VRAM {vram:.0f} GiB")
     usable = (plans[0].vram_bytes - plans[0].margin_bytes) / GiB
-    axes.axhline(
-        usable, color="black", linestyle="--", linewidth=0.8, label=f"VRAM - margin {usable:.1f} GiB"
-    )
+    axes.axhline(vram, color="black", linewidth=1.2)
+    axes.axhline(usable, color="black", linestyle="--", linewidth=0.8)
+    handles: list[Artist] = [Patch(color=_COLOURS[c], label=_LABELS[c]) for c in _COLOURS if c in drawn]
+    handles.append(Patch(facecolor="white", edgecolor="grey", hatch="//", label="host RAM"))
+    handles.append(Line2D([], [], color="black", linewidth=1.2, label=f"VRAM {vram:.0f} GiB"))
+    handles.append(Line2D([], [], color="black", linestyle="--", linewidth=0.8,
+                              label=f"VRAM - margin {usable:.1f} GiB"))  # fmt: skip
     axes.set_xticks(positions, labels, fontsize=8)
     axes.set_ylabel("GiB")
     gpu = plans[0].gpu or "GPU"
     axes.set_title(title or f"{Path(plans[0].model).name} on {gpu}", fontsize=10)
-    axes.legend(fontsize=8, loc="upper left")
+    axes.legend(handles=handles, fontsize=8, loc="upper left")
     figure.subplots_adjust(bottom=0.2)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=120)

@@ -68,6 +68,21 @@ class PypiSdistSource(_Strict):
 Source = Annotated[GitSource | ArchiveSource | PypiSdistSource, Field(discriminator="kind")]
 
 
+SMOKE_KEYS = ("min_tg_tps", "max_ttft_ms", "must_answer")
+
+
+def check_smoke_table(value: dict[str, float | str | None] | None) -> dict[str, float | str | None] | None:
+    """Validate a recipe's ``[smoke]`` thresholds table (keys only; values are checked when a smoke runs)."""
+    for key in value or {}:
+        if key not in SMOKE_KEYS:
+            close = difflib.get_close_matches(key, SMOKE_KEYS, n=1)
+            raise ValueError(
+                f"unknown smoke threshold {key!r}"
+                + (f" (did you mean {close[0]!r}?)" if close else f"; known: {', '.join(SMOKE_KEYS)}")
+            )
+    return value
+
+
 class ImageRef(_Strict):
     """A base image: a tag, and its registry digest once locked."""
 
@@ -94,6 +109,17 @@ class BuildRecipe(_Strict):
     )
     cmake: dict[str, str | int | bool] = Field(default_factory=dict, description="Extra -D options")
     images: dict[Backend, ImageRef] = Field(default_factory=dict, description="Base image per backend")
+    smoke: dict[str, float | str | None] | None = Field(
+        default=None,
+        description="Smoke thresholds for builds of this recipe: min_tg_tps, max_ttft_ms, must_answer",
+    )
+
+    @field_validator("smoke")
+    @classmethod
+    def _valid_smoke(
+        cls, value: dict[str, float | str | None] | None
+    ) -> dict[str, float | str | None] | None:
+        return check_smoke_table(value)
 
     @field_validator("cuda_architectures")
     @classmethod

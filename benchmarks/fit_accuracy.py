@@ -1,0 +1,351 @@
+"""Fit-planner accuracy: the planner's estimate vs the buffers stock llama.cpp b11312 reports when it loads
+tiny generated dense (qwen3), hybrid (qwen35), MoE (qwen3moe) and hybrid MoE (qwen35moe) models, over
+context sizes, slots, flash attention on/off, KV cache types and batch sizes. Goal: every category within 5 %.
+
+A CPU build reports every buffer as host memory, so the comparison is per category: weights (CPU_Mapped),
+KV cache, recurrent state, compute buffer, output buffer. Then it plots the planner's breakdown for realistic
+cases: synthetic Qwen3.5-9B-shaped and Qwen3.5-35B-A3B-shaped headers (Q4_K weights) on an RTX 3090.
+
+With ``--random-shapes N`` it also loads N models of random shapes (small vocabulary, context 512, where the
+per-layer activation model dominates the compute buffer) and reports the compute-buffer error over them;
+``--refit`` (needs scipy) refits that model's coefficients on those loads: how the coefficients in
+llamaforge.fit were obtained (N=100).
+
+Usage: python benchmarks/fit_accuracy.py [--server PATH/llama-server] [--vocab-dir DIR] [--out DIR] [--quick]
+       [--random-shapes N [--refit]]
+(defaults: the cached stock CPU build and source tree under ~/.cache/llamaforge, output to
+$TMPDIR/llamaforge-fit-accuracy: the table as JSON and the PNGs; about 2 minutes on 2 cores, plus about
+3 s per random shape).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from llamaforge import fit
+from llamaforge.fit import MiB, ModelShape, Settings, estimate_memory, model_shape, plan_fit, synthetic_header
+from llamaforge.gguf_header import read_header
+from llamaforge.ops_fit import render_plot, summarize
+from llamaforge.resources import home
+from llamaforge.tinymodels import TinyModelSpec, write_tiny_model
+
+HYBRID = {"full_attention_interval": 4, "ssm_state_size": 64, "ssm_group_count": 4, "ssm_time_step_rank": 8}
+MODELS = {
+    "qwen3": (TinyModelSpec(arch="qwen3", n_layer=4), "qwen2"),
+    "qwen35": (TinyModelSpec(arch="qwen35", n_layer=8, **HYBRID), "qwen35"),  # type: ignore[arg-type]
+    "qwen3moe": (TinyModelSpec(arch="qwen3moe", n_layer=4, n_expert=8, n_expert_used=2), "qwen2"),
+    "qwen35moe": (TinyModelSpec(arch="qwen35moe", n_layer=8, n_expert=8, **HYBRID), "qwen35"),  # type: ignore[arg-type]
+    # wider shapes: the activations (not the vocabulary) drive the compute buffer
+    "qwen3-wide": (
+        TinyModelSpec(arch="qwen3", n_layer=2, n_embd=1024, n_head=16, n_head_kv=8, head_dim=128, n_ff=3072),
+        "qwen2",
+    ),
+    "qwen35-wide": (
+        TinyModelSpec(
+            arch="qwen35",
+            n_layer=4,
+            n_embd=1024,
+            n_head=8,
+            n_head_kv=2,
+            head_dim=256,
+            n_ff=3072,
+            ssm_state_size=128,
+            ssm_group_count=8,
+            ssm_time_step_rank=16,
+        ),
+        "qwen35",
+    ),
+}
+SETTINGS = [
+    Settings(ctx=512),
+    Settings(ctx=2048),
+    Settings(ctx=8192),
+    Settings(ctx=32768),
+    Settings(ctx=65536),
+    Settings(ctx=4096, flash_attn=False),
+    Settings(ctx=16384, flash_attn=False),
+    Settings(ctx=8192, parallel=4),
+    Settings(ctx=16384, cache_type_k="q8_0", cache_type_v="q8_0"),
+    Settings(ctx=16384, cache_type_k="q4_0", cache_type_v="q4_0"),
+    Settings(ctx=8192, ubatch=256),
+]
+QUICK = [Settings(ctx=2048), Settings(ctx=32768), Settings(ctx=4096, flash_attn=False)]
+CATEGORIES = ("weights", "kv_cache", "recurrent_state", "compute", "output")
+ROUNDING = 0.005 * MiB  # llama.cpp prints MiB with two decimals
+# Shaped after the published configs (assumed hyper-parameters: the planner needs no weights).
+QWEN35_9B = TinyModelSpec(
+    arch="qwen35", n_layer=32, n_embd=4096, n_head=16, n_head_kv=4, head_dim=256, n_ff=12288,
+    context_length=262144, ssm_conv_kernel=4, ssm_state_size=128, ssm_group_count=16, ssm_time_step_rank=32,
+    full_attention_interval=4,
+)  # fmt: skip
+QWEN35_35B_A3B = TinyModelSpec(
+    arch="qwen35moe", n_layer=40, n_embd=2048, n_head=16, n_head_kv=2, head_dim=256, n_ff=512,
+    context_length=262144, n_expert=256, n_expert_used=8, n_ff_exp=512, n_ff_shexp=512, ssm_conv_kernel=4,
+    ssm_state_size=128, ssm_group_count=16, ssm_time_step_rank=32, full_attention_interval=4,
+)  # fmt: skip
+
+
+def label(settings: Settings) -> str:
+    text = f"ctx {settings.ctx}"
+    if settings.parallel > 1:
+        text += f" x{settings.parallel}"
+    if not settings.flash_attn:
+        text += " no-FA"
+    if settings.cache_type_k != "f16":
+        text += f" {settings.cache_type_k}"
+    if settings.ubatch != 512:
+        text += f" ub{settings.ubatch}"
+    return text
+
+
+def error_pct(estimate: int, actual: int) -> float:
+    """Relative error, with llama.cpp's printing precision forgiven (a 0.01 MiB line is +-50 % by itself)."""
+    if actual == 0:
+        return 0.0 if estimate < ROUNDING else 100.0
+    off = abs(estimate - actual)
+    return 0.0 if off <= ROUNDING + 1 else 100.0 * (estimate - actual) / actual
+
+
+def compare(
+    server: Path, vocab_dir: Path, scratch: Path, settings_list: list[Settings]
+) -> list[dict[str, Any]]:
+    rows = []
+    for name, (spec, vocab) in MODELS.items():
+        model = write_tiny_model(scratch / f"{name}.gguf", spec, vocab_dir / f"ggml-vocab-{vocab}.gguf").path
+        header = read_header(model)
+        shape = model_shape(header)
+        for settings in settings_list:
+            if settings.cache_type_k != "f16" and shape.head_dim_k % 32:
+                continue  # llama.cpp refuses a quantized cache whose block does not divide the head size
+            _gpu, planned = estimate_memory(shape, header.tensors, settings, n_gpu_layers=0)
+            reported = fit.measure_with_llamacpp(server, model, settings)
+            row: dict[str, Any] = {"model": name, "settings": label(settings)}
+            for category in CATEGORIES:
+                estimate, actual = getattr(planned, category), reported.total(category)
+                row[category] = {"estimate_mib": estimate / MiB, "llamacpp_mib": actual / MiB,
+                                 "error_pct": error_pct(estimate, actual)}  # fmt: skip
+            rows.append(row)
+            cells = [f"{c[:7]} {row[c]['estimate_mib']:8.2f}/{row[c]['llamacpp_mib']:8.2f} "
+                     f"{row[c]['error_pct']:+5.1f}%" for c in CATEGORIES]  # fmt: skip
+            print(f"{name:12s} {row['settings']:20s} " + "  ".join(cells), flush=True)
+    return rows
+
+
+def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    print("\nerror = estimate vs llama.cpp (5 % goal); estimate/llama.cpp in MiB above")
+    print(f"{'category':16s} {'cases':>5s} {'max |err|':>10s} {'mean |err|':>11s} {'within 5 %':>11s}")
+    summary: dict[str, Any] = {}
+    for category in CATEGORIES:
+        errors = [abs(row[category]["error_pct"]) for row in rows if row[category]["llamacpp_mib"] > 0]
+        mean = statistics.fmean(errors) if errors else 0.0
+        within = sum(e <= 5.0 for e in errors)
+        summary[category] = {"cases": len(errors), "max_abs_error_pct": max(errors, default=0.0),
+                             "mean_abs_error_pct": mean, "within_5pct": within}  # fmt: skip
+        print(
+            f"{category:16s} {len(errors):5d} {max(errors, default=0):9.1f}% {mean:10.1f}% {within:6d}/{len(errors)}"
+        )
+    totals = []
+    for row in rows:
+        estimate = sum(row[c]["estimate_mib"] for c in CATEGORIES)
+        actual = sum(row[c]["llamacpp_mib"] for c in CATEGORIES)
+        totals.append(abs(estimate - actual) / actual * 100)
+    summary["total"] = {"cases": len(totals), "max_abs_error_pct": max(totals),
+                        "mean_abs_error_pct": statistics.fmean(totals)}  # fmt: skip
+    print(f"{'all (sum)':16s} {len(totals):5d} {max(totals):9.1f}% {statistics.fmean(totals):10.1f}% "
+          f"{sum(t <= 5 for t in totals):6d}/{len(totals)}")  # fmt: skip
+    return summary
+
+
+# ------------------------------------------------------------------------------- random shapes, refit
+
+
+def mini_vocab(path: Path, n_tokens: int = 1000) -> Path:
+    """A tokenizer-only GGUF with ``n_tokens`` tokens: keeps random-shape models small."""
+    import gguf
+
+    writer = gguf.GGUFWriter(path, "qwen2")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list([f"t{i}" for i in range(n_tokens)])
+    writer.add_token_types([1] * n_tokens)
+    writer.add_token_merges(["t 1"])
+    writer.add_eos_token_id(n_tokens - 1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def random_spec(rng: random.Random, arch: str) -> TinyModelSpec:
+    n_head_kv = rng.choice([1, 2, 4, 8])
+    kwargs: dict[str, Any] = {
+        "arch": arch, "n_layer": 2, "n_embd": rng.choice([256, 512, 1024, 2048]),
+        "n_head": n_head_kv * rng.choice([1, 2, 4]), "n_head_kv": n_head_kv,
+        "head_dim": rng.choice([32, 64, 128, 256]), "n_ff": rng.choice([256, 512, 1024, 2048, 4096, 8192]),
+    }  # fmt: skip
+    if "moe" in arch:
+        kwargs.update(n_expert=rng.choice([8, 16, 32]), n_expert_used=rng.choice([1, 2, 4, 8]))
+        kwargs.update(
+            n_ff_exp=rng.choice([128, 256, 512, 1024]), n_ff_shexp=rng.choice([128, 512, 1024, 2048])
+        )
+    if arch.startswith("qwen35"):
+        groups = rng.choice([2, 4, 8, 16])
+        kwargs.update(ssm_group_count=groups, ssm_time_step_rank=groups * rng.choice([1, 2]),
+                      ssm_state_size=rng.choice([32, 64, 128]))  # fmt: skip
+    return TinyModelSpec(**kwargs)
+
+
+def features(shape: ModelShape) -> dict[str, float]:
+    """The per-token quantities of llamaforge.fit's activation model."""
+    q = shape.n_head * shape.head_dim_k * (2 if shape.arch in fit.HYBRID_ARCHS else 1)
+    conv = 2 * shape.ssm_group_count * shape.ssm_state_size + shape.ssm_inner_size
+    return {
+        "E": shape.n_embd, "Q": q, "K": shape.n_head_kv * shape.head_dim_k, "F": shape.n_ff,
+        "U": shape.n_expert_used * shape.n_ff_exp, "UE": shape.n_expert_used * shape.n_embd,
+        "X": shape.n_expert, "S": shape.n_ff_shexp, "C": conv if shape.recurrent_layers else 0,
+    }  # fmt: skip
+
+
+def phase_model(c: Any, f: dict[str, float], moe: bool) -> float:
+    """max(attention, FFN or MoE, DeltaNet) per-token values for coefficients ``c`` (order of REFIT_NAMES)."""
+    phases = [c[0] * f["E"] + c[1] * f["Q"] + c[2] * f["K"]]
+    if moe:
+        phases.append(c[5] * f["E"] + c[6] * f["U"] + c[7] * f["UE"] + c[8] * f["X"] + c[9] * f["S"])
+    else:
+        phases.append(c[3] * f["E"] + c[4] * f["F"])
+    if f["C"]:
+        phases.append(c[10] * f["E"] + c[11] * f["C"])
+    return max(phases)
+
+
+REFIT_NAMES = ("attn.E", "attn.Q", "attn.K", "ffn.E", "ffn.F", "moe.E", "moe.U", "moe.UE", "moe.X", "moe.S",
+               "recurrent.E", "recurrent.C")  # fmt: skip
+
+
+def random_shape_sweep(server: Path, scratch: Path, count: int, refit: bool, seed: int) -> dict[str, Any]:
+    """Compute-buffer error over ``count`` random shapes at context 512 (activations dominate)."""
+    rng = random.Random(seed)
+    vocab = mini_vocab(scratch / "ggml-vocab-mini.gguf")
+    settings = Settings(ctx=512)
+    archs = ("qwen3", "qwen3moe", "qwen35", "qwen35moe")
+    samples = []
+    for index in range(count):
+        model = write_tiny_model(scratch / "random.gguf", random_spec(rng, archs[index % 4]), vocab).path
+        header = read_header(model)
+        shape = model_shape(header)
+        estimate = estimate_memory(shape, header.tensors, settings, n_gpu_layers=0)[1].compute
+        actual = fit.measure_with_llamacpp(server, model, settings).total("compute")
+        per_token = (actual - settings.n_ctx_seq * settings.n_tokens * 2) / (settings.n_tokens * 4)
+        samples.append((shape, estimate, actual, per_token))
+    errors = [100 * (e - a) / a for _s, e, a, _y in samples]
+    rms = math.sqrt(statistics.fmean(x * x for x in errors))
+    worst = max(map(abs, errors))
+    print(f"\nrandom shapes: {count} models at ctx 512, compute buffer error rms {rms:.1f} %, max {worst:.1f} %, "
+          f"within 5 %: {sum(abs(x) <= 5 for x in errors)}/{count}")  # fmt: skip
+    result: dict[str, Any] = {
+        "count": count, "seed": seed, "rms_pct": rms, "max_abs_pct": worst,
+        "samples": [{"arch": s.arch, **features(s), "estimate": e, "llamacpp": a, "per_token": y}
+                    for s, e, a, y in samples],
+    }  # fmt: skip
+    if refit:
+        from scipy.optimize import least_squares  # type: ignore[import-untyped]
+
+        def residuals(c: Any) -> list[float]:
+            return [(phase_model(c, features(s), s.is_moe) - y) / y for s, _e, _a, y in samples]
+
+        start = random.Random(0)
+        trials = [least_squares(residuals, [start.uniform(0, 4) for _ in REFIT_NAMES], bounds=(0, 20))
+                  for _ in range(40)]  # fmt: skip
+        best = min(trials, key=lambda trial: trial.cost)
+        result["refit"] = {name: round(float(v), 2) for name, v in zip(REFIT_NAMES, best.x, strict=True)}
+        print("refitted coefficients (llamaforge.fit uses them rounded to quarters):", result["refit"])
+    return result
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+
+def realistic_plots(out: Path) -> list[fit.FitPlan]:
+    header = synthetic_header(QWEN35_9B, n_vocab=248320, name="Qwen3.5-9B-shaped (Q4_K)")
+    plans = [
+        plan_fit(header, gpu="rtx3090", ctx=32768),
+        plan_fit(header, gpu="rtx3090", ctx=131072),
+        plan_fit(header, gpu="rtx3090", ctx=131072, cache_type_k="q8_0", cache_type_v="q8_0"),
+        plan_fit(header, gpu="rtx3090", ctx=262144, parallel=2),
+    ]
+    png = render_plot(plans, out / "fit_qwen35_9b_rtx3090.png",
+                      title="Qwen3.5-9B-shaped (Q4_K, synthetic header) on an RTX 3090")  # fmt: skip
+    moe = synthetic_header(QWEN35_35B_A3B, n_vocab=248320, name="Qwen3.5-35B-A3B-shaped (Q4_K)")
+    moe_plans = [plan_fit(moe, gpu="rtx3090", ctx=ctx) for ctx in (32768, 131072, 262144)]
+    moe_png = render_plot(moe_plans, out / "fit_qwen35moe_35b_a3b_rtx3090.png",
+                          title="Qwen3.5-35B-A3B-shaped (Q4_K, synthetic header) on an RTX 3090")  # fmt: skip
+    print("\nrealistic cases (planner only, no GPU here):")
+    for plan in plans + moe_plans:
+        print("  " + "\n  ".join(summarize(plan)))
+    print(f"plots: {png} {moe_png}")
+    return plans + moe_plans
+
+
+def stock_cpu_server() -> Path | None:
+    """llama-server of a published stock (unpatched) CPU build, if there is one."""
+    for manifest in sorted(home().glob("builds/*/manifest.json")):
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+        server = manifest.parent / "bin" / "llama-server"
+        if data.get("backend") == "cpu" and not data.get("patches") and server.is_file():
+            return server
+    return None
+
+
+def main() -> None:
+    cache = home()
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--server", type=Path, default=stock_cpu_server())
+    parser.add_argument("--vocab-dir", type=Path, default=next(cache.glob("sources/*/tree/models"), None))
+    parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "llamaforge-fit-accuracy")
+    parser.add_argument("--quick", action="store_true", help="3 settings per model instead of 11")
+    parser.add_argument(
+        "--random-shapes", type=int, default=0, metavar="N", help="also N random-shape models"
+    )
+    parser.add_argument("--refit", action="store_true", help="refit the activation model (needs scipy)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the random shapes")
+    args = parser.parse_args()
+    if args.server is None or not args.server.is_file():
+        sys.exit(
+            "no llama-server: pass --server (a CPU build of llama.cpp b11312, `invoke build --backend cpu`)"
+        )
+    if args.vocab_dir is None or not (args.vocab_dir / "ggml-vocab-qwen2.gguf").is_file():
+        sys.exit("no tokenizer GGUFs: pass --vocab-dir (llama.cpp's models/ directory)")
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="fit-accuracy-") as scratch:
+        rows = compare(args.server, args.vocab_dir, Path(scratch), QUICK if args.quick else SETTINGS)
+        summary = summarize_rows(rows)
+        sweep = None
+        if args.random_shapes:
+            sweep = random_shape_sweep(args.server, Path(scratch), args.random_shapes, args.refit, args.seed)
+    print(f"({time.monotonic() - started:.0f} s of llama.cpp loads)")
+    plans = realistic_plots(args.out)
+    data = {
+        "rows": rows,
+        "summary": summary,
+        "random_shapes": sweep,
+        "realistic": [p.to_json() for p in plans],
+    }
+    (args.out / "fit_accuracy.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
