@@ -181,6 +181,25 @@ def test_canonical_file_passes_through(canonical: Path, tmp_path: Path) -> None:
     json.dumps(result.to_json())  # JSON-able for --json and the MCP server
 
 
+def test_metadata_bytes_kept_exactly(tmp_path: Path) -> None:
+    """Token texts that are not valid UTF-8 (llama.cpp accepts them) survive the rewrite byte for byte."""
+    import numpy as np
+
+    src = tmp_path / "bytes.gguf"
+    w = gguf.GGUFWriter(src, "qwen3")
+    w.add_block_count(1)
+    w.add_key_value("tokenizer.ggml.tokens", [b"ok", b"\xff\xfebroken", "caf\u00e9".encode()],
+                    gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.STRING)  # fmt: skip
+    w.add_key_value("general.nan", float("nan"), gguf.GGUFValueType.FLOAT32)
+    w.add_tensor("output.weight", np.ones((3, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    result = remap_gguf(src, tmp_path / "out.gguf")
+    assert result.sha256 == _sha256(src)
+
+
 def test_unmappable_tensor_is_named(tmp_path: Path) -> None:
     src = _write_gguf(
         tmp_path / "odd.gguf",
@@ -701,6 +720,7 @@ def test_progress_events(canonical: Path, tmp_path: Path) -> None:
 
 
 def test_registered_operation(models: dict[tuple[str, str], TinyModelInfo], tmp_path: Path) -> None:
+    import llamaforge.ops_remap  # noqa: F401 - registers models.remap (also listed in operations' modules)
     from llamaforge.cli import run_operation
 
     op = REGISTRY["models.remap"]

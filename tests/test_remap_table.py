@@ -55,10 +55,10 @@ def test_patch_is_deterministic_git_diff() -> None:
     assert f'+#include "{Path(HEADER_PATH).name}"' in text
 
 
-@pytest.mark.parametrize("arch", SUPPORTED_ARCHS)
+@pytest.mark.parametrize("arch", REMAP_ARCHS)
 @pytest.mark.parametrize("style", ["hf", "meta"])
 def test_every_tiny_model_name_maps_to_canonical(arch: str, style: str) -> None:
-    assert arch in REMAP_ARCHS
+    assert arch in SUPPORTED_ARCHS
     spec = TinyModelSpec(arch=arch, n_layer=3, name_style=style)  # type: ignore[arg-type]
     plan = tensor_plan(spec, n_vocab=32)
     remapped = 0
@@ -71,6 +71,20 @@ def test_every_tiny_model_name_maps_to_canonical(arch: str, style: str) -> None:
         assert alias_style(entry.name) == style
         remapped += 1
     assert remapped >= len(plan) - 1
+
+
+@pytest.mark.parametrize("arch", [a for a in SUPPORTED_ARCHS if a not in REMAP_ARCHS])
+def test_tiny_models_of_other_archs_are_left_alone(arch: str) -> None:
+    """qwen35/qwen35moe are left out on purpose (see REMAP_ARCHS): their HF files need value conversion."""
+    names = []
+    for style in ("hf", "meta"):
+        try:
+            spec = TinyModelSpec(arch=arch, n_layer=4, name_style=style)  # type: ignore[arg-type]
+        except ValueError:
+            continue  # tinymodels does not write this style for the arch
+        names += [entry.name for entry in tensor_plan(spec, n_vocab=32)]
+    assert names
+    assert [n for n in names if remap_name(n, arch) is not None] == []
 
 
 @pytest.mark.parametrize("arch", REMAP_ARCHS)

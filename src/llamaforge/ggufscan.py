@@ -7,6 +7,10 @@ second (GGUFReader needs ~9 s). Values are copied out (strings stay ``bytes``, b
 read. :func:`hash_gguf` hashes a file and each tensor's data in one sequential pass with a fixed buffer.
 
 Little-endian GGUF versions 2 and 3; nested arrays are refused.
+
+Why not :func:`llamaforge.gguf_header.read_header`: that parser serves inspection and verification (local or
+remote sources, long arrays summarised, strings decoded with ``errors="replace"``), so a file rewritten from its
+values could change token texts that are not valid UTF-8. Rewriting needs every value kept byte-exact.
 """
 
 from __future__ import annotations

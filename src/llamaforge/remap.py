@@ -33,12 +33,10 @@ from typing import Any, Final, Literal
 
 import gguf
 import numpy as np
-from pydantic import Field
 
 from llamaforge.errors import InvalidOption, ModelError, RecipeError
 from llamaforge.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.ggufscan import CHUNK_SIZE, GGUFLayout, KeyValue, TensorInfo, hash_gguf, scan_gguf
-from llamaforge.operations import OperationContext, Params, operation
 from llamaforge.remaprules import (
     ARCH_KEY,
     GGUF_TYPES,
@@ -61,15 +59,12 @@ __all__ = [
     "MatchRules",
     "MetadataChange",
     "MetadataRules",
-    "RemapParams",
     "RemapResult",
     "RemapRules",
     "TypedValue",
     "list_rules",
     "load_rules",
-    "models_remap_op",
     "parse_rules",
-    "remap_from_params",
     "remap_gguf",
     "rules_dir",
 ]
@@ -637,34 +632,3 @@ def remap_gguf(
         metadata_changes=tuple(plan.changes), warnings=tuple(plan.warnings), size=size, sha256=sha256,
         seconds=time.monotonic() - started,
     )  # fmt: skip
-
-
-class RemapParams(Params):
-    """Parameters of ``models.remap``."""
-
-    src: str = Field(description="Input GGUF file")
-    dst: str = Field(description="Output GGUF file (a new path; the input is never modified)")
-    rules: str | None = Field(
-        None, description="Remap rules: a name under recipes/remaps/ (e.g. qwen3-hf-names) or a .toml path"
-    )
-    target_arch: str | None = Field(
-        None, description="Relabel general.architecture (refused when the tensors do not fit that arch)"
-    )
-    overwrite: bool = Field(False, description="Replace an existing output file")
-
-
-def remap_from_params(
-    params: RemapParams, *, reporter: Reporter = null_reporter, cancel: CancelToken | None = None
-) -> RemapResult:
-    """Run :func:`remap_gguf` for an operation's parameters (loads the rules by name or path)."""
-    rules = load_rules(params.rules) if params.rules else None
-    return remap_gguf(
-        Path(params.src), Path(params.dst), rules, target_arch=params.target_arch, overwrite=params.overwrite,
-        reporter=reporter, cancel=cancel,
-    )  # fmt: skip
-
-
-@operation("models.remap", RemapParams, read_only=False, long_running=True, positional=("src", "dst"))
-def models_remap_op(params: RemapParams, ctx: OperationContext) -> dict[str, Any]:
-    """Rewrite a GGUF with llama.cpp's tensor names and a rules file's metadata edits (verified copy)."""
-    return remap_from_params(params, reporter=ctx.reporter, cancel=ctx.cancel).to_json()
