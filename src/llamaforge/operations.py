@@ -400,7 +400,7 @@ def patches_new_op(params: PatchNewParams, ctx: OperationContext) -> dict[str, A
 
 # --- operations defined in their own modules ---------------------------------------------------------------
 # Each module registers its operations with @operation when imported; add new ones here.
-_OPERATION_MODULES: tuple[str, ...] = ("ops_fetch", "ops_verify", "ops_smoke", "ops_fit")
+_OPERATION_MODULES: tuple[str, ...] = ("ops_fetch", "ops_verify", "ops_smoke", "ops_fit", "ops_remap")
 
 
 def _import_operation_modules() -> None:
