@@ -281,16 +281,14 @@ def main() -> int:
         base = base_path.read_bytes()
         header_end = read_header(base_path).header_end
         cases = make_cases(base, header_end, args.cases, args.seed)
+        started = time.perf_counter()
+        results: list[dict[str, Any]] = []
+        context = multiprocessing.get_context("fork")
+        with context.Pool(args.jobs, _init_worker, (base,), maxtasksperchild=2000) as pool:
+            results.extend(pool.imap_unordered(run_case, enumerate(cases), chunksize=64))
+        wall = time.perf_counter() - started
+        children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # the workers only, so far
         stock = "skipped" if args.no_stock_reader else stock_reader_on_hang_case(base_path, Path(scratch))
-    started = time.perf_counter()
-    results: list[dict[str, Any]] = []
-    with multiprocessing.get_context("fork").Pool(
-        args.jobs, _init_worker, (base,), maxtasksperchild=2000
-    ) as pool:
-        for result in pool.imap_unordered(run_case, enumerate(cases), chunksize=64):
-            results.append(result)
-    wall = time.perf_counter() - started
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
 
     outcomes = Counter(r["outcome"] for r in results)
     failures = [r for r in results if r["outcome"] not in ("typed", "parsed")]
@@ -308,7 +306,7 @@ def main() -> int:
         "p99_seconds": round(times[int(len(times) * 0.99)], 5),
         "mean_seconds": round(sum(times) / len(times), 6),
         "peak_traced_bytes": max(r["peak_bytes"] for r in results),
-        "worker_max_rss_bytes": children,
+        "worker_max_rss_bytes": children,  # a forked worker, parent pages included
         "worker_address_space_headroom": MEMORY_HEADROOM,
         "wall_seconds": round(wall, 1),
         "jobs": args.jobs,

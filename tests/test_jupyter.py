@@ -237,8 +237,13 @@ def test_progress_in_a_kernel_is_html(shell: Any, tiny_model: Path, monkeypatch:
     with capture_output() as captured:
         result = magic(shell, f"models.verify {tiny_model} --no-cache")
     assert result["ok"] is True
-    pages = [output.data.get("text/html", "") for output in captured.outputs]
-    assert any("llamaforge-progress" in page and "verify" in page for page in pages)
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        pages = [output.data.get("text/html", "") for output in captured.outputs]
+        assert any("llamaforge-progress" in page and "verify" in page for page in pages)
+    else:  # with ipywidgets the same events drive a progress widget
+        assert any("application/vnd.jupyter.widget-view+json" in output.data for output in captured.outputs)
 
 
 def test_background_job(shell: Any, tiny_model: Path) -> None:
@@ -257,3 +262,18 @@ def test_python_api(lf_home: Path) -> None:
     assert "default" in [item["name"] for item in result["recipes"]]
     with pytest.raises(NotebookError, match="--ctx"):
         run("fit", model="x.gguf")
+
+
+def test_widget_progress_when_ipywidgets_is_installed(shell: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("ipywidgets")  # optional: without it notebooks get the HTML progress above
+    from llamaforge.jupyter import WidgetProgress, progress_view
+
+    monkeypatch.setattr(shell, "kernel", object(), raising=False)
+    view = progress_view("build")
+    assert isinstance(view, WidgetProgress)
+    with capture_output() as captured:
+        view.event(Event("progress", "compiling", stage="compile", completed=3, total=10))
+        view.finish("succeeded", 3.0)
+    assert any("application/vnd.jupyter.widget-view+json" in output.data for output in captured.outputs)
+    bar = view._bar
+    assert (bar.value, bar.max, bar.bar_style) == (10.0, 10.0, "success")

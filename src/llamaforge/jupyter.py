@@ -256,14 +256,12 @@ class _ProgressState:
         stage = f"{self.stage}: " if self.stage else ""
         return f"{self.operation} {self.state} {self.seconds:.1f} s{counted} {stage}{self.message}".rstrip()
 
-    def as_html(self) -> str:
-        """The state as a small HTML block with a <progress> bar."""
-        bar = (
-            f'<progress value="{self.completed or 0:g}" max="{self.total:g}" style="width:40%"></progress> '
-            f"{self.completed or 0:g}/{self.total:g}"
-            if self.total
-            else ""
-        )
+    def as_html(self, *, bar: bool = True) -> str:
+        """The state as a small HTML block, with a <progress> bar unless the caller draws its own."""
+        counted = f"{self.completed or 0:g}/{self.total:g}" if self.total else ""
+        if bar and self.total:
+            value = f'value="{self.completed or 0:g}" max="{self.total:g}"'
+            counted = f'<progress {value} style="width:40%"></progress> {counted}'
         colour = {"succeeded": "#2e7d32", "failed": "#c62828", "cancelled": "#ef6c00"}.get(
             self.state, "#1565c0"
         )
@@ -276,7 +274,7 @@ class _ProgressState:
         )
         return (
             f'<div class="llamaforge-progress"><span style="color:{colour}">{escape(self.operation)} '
-            f"{escape(self.state)}</span> {self.seconds:.1f} s {bar}<br>{stage}{escape(self.message)}{tail}</div>"
+            f"{escape(self.state)}</span> {self.seconds:.1f} s {counted}<br>{stage}{escape(self.message)}{tail}</div>"
         )
 
 
@@ -338,7 +336,7 @@ class WidgetProgress:
             display(self._widgets.VBox([self._bar, self._label]))
         if self.state.total:
             self._bar.max, self._bar.value = float(self.state.total), float(self.state.completed or 0)
-        self._label.value = self.state.as_html()
+        self._label.value = self.state.as_html(bar=False)
 
     def event(self, event: Event) -> None:
         if self.state.apply(event):
@@ -347,10 +345,10 @@ class WidgetProgress:
     def finish(self, state: str, seconds: float) -> None:
         self.state.state, self.state.seconds = state, seconds
         if self._bar is not None:
+            self._show()
             self._bar.bar_style = {"succeeded": "success", "failed": "danger"}.get(state, "warning")
             if state == "succeeded":
                 self._bar.value = self._bar.max
-            self._show()
 
 
 class ConsoleProgress:

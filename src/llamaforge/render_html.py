@@ -353,6 +353,7 @@ def fit_chart_png(data: Mapping[str, Any]) -> bytes | None:
                 usable, color="black", linestyle="--", linewidth=0.8, label=f"usable {usable:.1f} GiB"
             )
         axes.set_yticks(range(len(devices)), [label for label, _memory in devices])
+        axes.invert_yaxis()  # GPU on top
         axes.set_xlabel("GiB")
         axes.set_title(
             f"{Path(str(data.get('model', 'model'))).name} on {data.get('gpu') or 'GPU'}", fontsize=10
