@@ -212,24 +212,27 @@ def features(shape: ModelShape) -> dict[str, float]:
     return {
         "E": shape.n_embd, "Q": q, "K": shape.n_head_kv * shape.head_dim_k, "F": shape.n_ff,
         "U": shape.n_expert_used * shape.n_ff_exp, "UE": shape.n_expert_used * shape.n_embd,
-        "X": shape.n_expert, "S": shape.n_ff_shexp, "C": conv if shape.recurrent_layers else 0,
+        "S": shape.n_ff_shexp, "C": conv if shape.recurrent_layers else 0,
     }  # fmt: skip
 
 
 def phase_model(c: Any, f: dict[str, float], moe: bool) -> float:
-    """max(attention, FFN or MoE, DeltaNet) per-token values for coefficients ``c`` (order of REFIT_NAMES)."""
+    """max(attention, FFN or MoE up/down, DeltaNet) per-token values for coefficients ``c`` (REFIT_NAMES order)."""
     phases = [c[0] * f["E"] + c[1] * f["Q"] + c[2] * f["K"]]
     if moe:
-        phases.append(c[5] * f["E"] + c[6] * f["U"] + c[7] * f["UE"] + c[8] * f["X"] + c[9] * f["S"])
+        phases.append(c[5] * f["E"] + c[6] * f["U"] + c[7] * f["S"])
+        phases.append(c[8] * f["E"] + c[9] * f["UE"] + c[10] * f["U"])
     else:
         phases.append(c[3] * f["E"] + c[4] * f["F"])
     if f["C"]:
-        phases.append(c[10] * f["E"] + c[11] * f["C"])
+        phases.append(c[11] * f["E"] + c[12] * f["C"])
     return max(phases)
 
 
-REFIT_NAMES = ("attn.E", "attn.Q", "attn.K", "ffn.E", "ffn.F", "moe.E", "moe.U", "moe.UE", "moe.X", "moe.S",
-               "recurrent.E", "recurrent.C")  # fmt: skip
+REFIT_NAMES = ("attn.E", "attn.Q", "attn.K", "ffn.E", "ffn.F", "moe_up.E", "moe_up.U", "moe_up.S",
+               "moe_down.E", "moe_down.UE", "moe_down.U", "recurrent.E", "recurrent.C")  # fmt: skip
+# what llamaforge.fit uses, in REFIT_NAMES order (for comparison with a refit)
+CURRENT = (3.25, 2.0, 0.75, 2.25, 3.25, 3.0, 3.0, 2.5, 2.5, 1.25, 0.75, 3.0, 3.0)
 
 
 def random_shape_sweep(server: Path, scratch: Path, count: int, refit: bool, seed: int) -> dict[str, Any]:
@@ -268,7 +271,8 @@ def random_shape_sweep(server: Path, scratch: Path, count: int, refit: bool, see
                   for _ in range(40)]  # fmt: skip
         best = min(trials, key=lambda trial: trial.cost)
         result["refit"] = {name: round(float(v), 2) for name, v in zip(REFIT_NAMES, best.x, strict=True)}
-        print("refitted coefficients (llamaforge.fit uses them rounded to quarters):", result["refit"])
+        print("refitted coefficients:", result["refit"])
+        print("llamaforge.fit uses:  ", dict(zip(REFIT_NAMES, CURRENT, strict=True)))
     return result
 
 

@@ -135,7 +135,7 @@ def server(files: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> Iterator[
     state = RangeServer(root=files["wide"].parent)
     httpd = _Server(state)
     state.url = f"http://127.0.0.1:{httpd.server_address[1]}"
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
         yield state
