@@ -158,3 +158,16 @@ def test_conflicting_patch_fails_naming_patch_and_hunk(
     assert "common/build-info.cpp.in" in result.stderr and "hunk #1" in result.stderr
     assert "Traceback" not in result.stderr
     assert sorted(os.listdir(Path(build_env["LLAMAFORGE_HOME"]) / "builds")) == before
+
+
+def test_rebuild_without_ccache_is_bit_identical(
+    shared_build: dict[str, Any], build_env: dict[str, str], test_series: Path
+) -> None:
+    """`invoke build --check-reproducible`: a fresh container, ccache off, every artifact's sha256 compared."""
+    result = invoke_json(
+        "build", "--backend", "cpu", "--patches", str(test_series), "--check-reproducible", env=build_env
+    )
+    report = result["reproducibility"]
+    assert report["different"] == [], report
+    assert report["reproducible"] is True
+    assert sorted(report["identical"]) == sorted(shared_build["manifest"]["artifacts"])
