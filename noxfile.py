@@ -46,11 +46,11 @@ def tests(session: nox.Session) -> None:
     """The whole suite. Docker/llama.cpp tiers run when a Docker engine and the base image are there
     (LLAMAFORGE_TEST_STRICT=1 makes their absence a failure, as in CI)."""
     session.install("-e", ".[test]")
-    target = CACHE / "sdist"
-    target.mkdir(parents=True, exist_ok=True)
     sdist_dir = _sdist_dir(session)
     env = {"LLAMAFORGE_TEST_SDIST_DIR": str(sdist_dir)}
-    env["LLAMAFORGE_TEST_SOURCE"] = str(_extracted_source(session, sdist_dir))
+    source = _extracted_source(session, sdist_dir)
+    env["LLAMAFORGE_TEST_SOURCE"] = str(source)
+    env["LLAMAFORGE_TEST_VOCAB"] = str(source / "models" / "ggml-vocab-qwen2.gguf")
     args = session.posargs or ["-ra", "--durations=15"]
     session.run("python", "-m", "pytest", *args, env=env, success_codes=[0])
 

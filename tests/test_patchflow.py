@@ -56,7 +56,9 @@ def test_check_series_reports_each_patch(series: Path, tmp_path: Path, lf_home: 
     ]
 
 
-def test_refresh_onto_moved_upstream_rewrites_deterministically(series: Path, tmp_path: Path, lf_home: Path) -> None:
+def test_refresh_onto_moved_upstream_rewrites_deterministically(
+    series: Path, tmp_path: Path, lf_home: Path
+) -> None:
     v1 = _tree(tmp_path / "v1")
     moved = "#include <stdio.h>\n/* upstream added lines */\n\n" + FILE
     v2 = _tree(tmp_path / "v2", moved, OTHER.replace("// other 18\n", "// other 18 upstream\n"))
@@ -75,7 +77,9 @@ def test_refresh_onto_moved_upstream_rewrites_deterministically(series: Path, tm
     assert {p.name: p.path.read_bytes() for p in read_series(series)} == snapshot
 
 
-def test_refresh_conflict_reports_patch_and_hunk_then_continue(series: Path, tmp_path: Path, lf_home: Path) -> None:
+def test_refresh_conflict_reports_patch_and_hunk_then_continue(
+    series: Path, tmp_path: Path, lf_home: Path
+) -> None:
     v1 = _tree(tmp_path / "v1")
     clash = FILE.replace("return 5;", "return 5 + upstream;")
     v2 = _tree(tmp_path / "v2", clash, OTHER.replace("// other 10\n", "// other 10 upstream\n"))
@@ -84,7 +88,9 @@ def test_refresh_conflict_reports_patch_and_hunk_then_continue(series: Path, tmp
     assert [c.patch for c in result.conflicts] == ["0001-five.patch", "0002-other.patch"]
     assert list(result.conflicts[0].files) == ["src/file.c"]
     assert result.conflicts[0].files["src/file.c"][0].startswith("conflict at line")
-    assert {p.name: p.path.read_bytes() for p in read_series(series)} == before, "nothing rewritten on conflict"
+    assert {p.name: p.path.read_bytes() for p in read_series(series)} == before, (
+        "nothing rewritten on conflict"
+    )
     conflicted = (result.workspace / "src" / "file.c").read_text()
     assert "<<<<<<< " in conflicted
     # The user resolves the first conflict in the workspace and continues; the second one then stops it.
