@@ -220,19 +220,21 @@ def phase_model(c: Any, f: dict[str, float], moe: bool) -> float:
     """max(attention, FFN or MoE up/down, DeltaNet) per-token values for coefficients ``c`` (REFIT_NAMES order)."""
     phases = [c[0] * f["E"] + c[1] * f["Q"] + c[2] * f["K"]]
     if moe:
-        phases.append(c[5] * f["E"] + c[6] * f["U"] + c[7] * f["S"])
-        phases.append(c[8] * f["E"] + c[9] * f["UE"] + c[10] * f["U"])
+        phases.append(c[5] * f["E"] + c[6] * f["U"])
+        phases.append(c[7] * f["E"] + c[8] * f["UE"] + c[9] * f["U"])
+        if f["S"]:
+            phases.append(c[10] * f["E"] + c[11] * f["S"])
     else:
         phases.append(c[3] * f["E"] + c[4] * f["F"])
     if f["C"]:
-        phases.append(c[11] * f["E"] + c[12] * f["C"])
+        phases.append(c[12] * f["E"] + c[13] * f["C"])
     return max(phases)
 
 
-REFIT_NAMES = ("attn.E", "attn.Q", "attn.K", "ffn.E", "ffn.F", "moe_up.E", "moe_up.U", "moe_up.S",
-               "moe_down.E", "moe_down.UE", "moe_down.U", "recurrent.E", "recurrent.C")  # fmt: skip
+REFIT_NAMES = ("attn.E", "attn.Q", "attn.K", "ffn.E", "ffn.F", "moe_up.E", "moe_up.U", "moe_down.E",
+               "moe_down.UE", "moe_down.U", "shared.E", "shared.S", "recurrent.E", "recurrent.C")  # fmt: skip
 # what llamaforge.fit uses, in REFIT_NAMES order (for comparison with a refit)
-CURRENT = (3.25, 2.0, 0.75, 2.25, 3.25, 3.0, 3.0, 2.5, 2.5, 1.25, 0.75, 3.0, 3.0)
+CURRENT = (3.25, 2.0, 0.75, 2.25, 3.25, 2.5, 3.25, 2.75, 1.25, 0.75, 3.75, 3.25, 3.0, 3.0)
 
 
 def random_shape_sweep(server: Path, scratch: Path, count: int, refit: bool, seed: int) -> dict[str, Any]:

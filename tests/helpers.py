@@ -73,3 +73,26 @@ tag = "llamaforge/debian:bookworm"
     )
     (tmp_path / "no-series").mkdir(exist_ok=True)
     return path
+
+
+def write_mini_vocab(path: Path, n_tokens: int = 300, chat_template: str | None = None) -> Path:
+    """A tokenizer-only GGUF shaped like llama.cpp's ggml-vocab-*.gguf, small enough to parse in milliseconds
+    (the real qwen2 vocabulary has 151 936 tokens)."""
+    import gguf
+
+    writer = gguf.GGUFWriter(path, "qwen2")
+    writer.add_name("mini")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2")
+    writer.add_token_list([f"tok{i}" for i in range(n_tokens)])
+    writer.add_token_types([1] * n_tokens)
+    writer.add_token_merges(["t o", "to k"])
+    writer.add_eos_token_id(n_tokens - 1)
+    writer.add_bos_token_id(n_tokens - 1)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -15,7 +15,7 @@ import gguf
 import pytest
 
 from fakehub import COMMIT, FakeHub, serve
-from helpers import invoke
+from helpers import invoke, write_mini_vocab
 from llamaforge import modelstore
 from llamaforge.errors import Cancelled, FetchError, InvalidOption, ModelChecksumMismatch
 from llamaforge.events import CancelToken, Event
@@ -31,18 +31,7 @@ MS_TOKEN = "ms-SECRET-0123456789-SECRET"
 def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     """A real (tiny, random-weight) qwen3 GGUF with a 300-token vocabulary."""
     root = tmp_path_factory.mktemp("gguf")
-    vocab = root / "vocab.gguf"
-    writer = gguf.GGUFWriter(vocab, "qwen2")
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2")
-    writer.add_token_list([f"tok{i}" for i in range(300)])
-    writer.add_token_types([1] * 300)
-    writer.add_token_merges(["t o"])
-    writer.add_eos_token_id(299)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    vocab = write_mini_vocab(root / "vocab.gguf")
     model = root / "tiny-qwen3.gguf"
     write_tiny_model(model, TinyModelSpec(), vocab)
     return model.read_bytes()

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import gguf
 import pytest
 
+from helpers import write_mini_vocab
 from llamaforge.events import Event
 from llamaforge.jupyter import (
     BackgroundJob,
@@ -60,18 +60,7 @@ def shell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lf_home: Path) -> Ite
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random-weight qwen3 GGUF with a 1000-token vocabulary (no hub, no llama.cpp source)."""
     out = tmp_path_factory.mktemp("jupyter-model")
-    vocab = out / "vocab.gguf"
-    writer = gguf.GGUFWriter(vocab, "qwen2")
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2")
-    writer.add_token_list([f"t{i}" for i in range(1000)])
-    writer.add_token_types([1] * 1000)
-    writer.add_token_merges(["t 1"])
-    writer.add_eos_token_id(999)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    vocab = write_mini_vocab(out / "vocab.gguf", 1000)
     return write_tiny_model(out / "tiny-qwen3.gguf", TinyModelSpec(arch="qwen3", n_layer=4), vocab).path
 
 

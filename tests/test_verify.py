@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from conftest import require
+from helpers import write_mini_vocab
 from llamaforge import tinymodels, verify
 from llamaforge.errors import LlamaforgeError, ModelError
 from llamaforge.gguf_header import (
@@ -47,21 +48,7 @@ QWEN_TEMPLATE = (
 
 def write_vocab(path: Path, template: str = QWEN_TEMPLATE, n_tokens: int = VOCAB) -> Path:
     """A tokenizer-only GGUF shaped like llama.cpp's ggml-vocab-*.gguf."""
-    writer = gguf.GGUFWriter(path, "qwen2")
-    writer.add_name("mini")
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("qwen2")
-    writer.add_token_list([f"tok{i}" for i in range(n_tokens)])
-    writer.add_token_types([1] * n_tokens)
-    writer.add_token_merges(["t o", "to k"])
-    writer.add_eos_token_id(n_tokens - 1)
-    writer.add_bos_token_id(n_tokens - 1)
-    writer.add_chat_template(template)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return write_mini_vocab(path, n_tokens, template)
 
 
 @pytest.fixture(scope="module")
