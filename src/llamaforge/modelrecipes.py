@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from llamaforge.errors import RecipeError
-from llamaforge.recipes import check_smoke_table
+from llamaforge.recipes import check_smoke_table, resolve_named_file
 from llamaforge.resources import data_dir
 
 SOURCE_SCHEMES = ("hf://", "ms://", "https://", "http://", "file://")
@@ -88,20 +88,7 @@ def list_model_recipes() -> list[str]:
 
 def load_model_recipe(name_or_path: str) -> ModelRecipe:
     """Load a model recipe by name (``recipes/models/NAME.toml``) or path."""
-    candidate = Path(name_or_path)
-    if candidate.suffix == ".toml" or "/" in name_or_path:
-        path = candidate
-        if not path.is_file():
-            raise RecipeError(f"model recipe {path} does not exist", hint="check the path")
-    else:
-        path = model_recipe_dir() / f"{name_or_path}.toml"
-        if not path.is_file():
-            known = list_model_recipes()
-            close = difflib.get_close_matches(name_or_path, known, n=1)
-            raise RecipeError(
-                f"unknown model recipe {name_or_path!r}",
-                hint=(f"did you mean {close[0]!r}? " if close else "") + "known: " + ", ".join(known),
-            )
+    path = resolve_named_file(name_or_path, model_recipe_dir(), "model recipe")
     try:
         data: dict[str, Any] = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as error:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import difflib
 import json
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -156,20 +157,23 @@ def list_recipes() -> list[str]:
     return sorted(path.stem for path in recipe_dir().glob("*.toml"))
 
 
-def _resolve(name_or_path: str) -> Path:
+def resolve_named_file(name_or_path: str | Path, directory: Path, kind: str) -> Path:
+    """A ``.toml`` path as given, or ``directory/NAME.toml`` for a bare name; an unknown name gets
+    "did you mean" and the list of known names. ``kind`` names the thing in errors ("build recipe")."""
+    text = str(name_or_path)
     candidate = Path(name_or_path)
-    if candidate.suffix == ".toml" or "/" in name_or_path:
+    if candidate.suffix == ".toml" or "/" in text or os.sep in text:
         if not candidate.is_file():
-            raise RecipeError(f"recipe file {candidate} does not exist", hint="check the path")
+            raise RecipeError(f"{kind} file {candidate} does not exist", hint="check the path")
         return candidate
-    path = recipe_dir() / f"{name_or_path}.toml"
+    path = directory / f"{text}.toml"
     if not path.is_file():
-        known = list_recipes()
-        close = difflib.get_close_matches(name_or_path, known, n=1)
+        known = sorted(entry.stem for entry in directory.glob("*.toml"))
+        close = difflib.get_close_matches(text, known, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise RecipeError(
-            f"unknown build recipe {name_or_path!r}",
-            hint=hint + "known recipes: " + (", ".join(known) or "none") + f" (in {recipe_dir()})",
+            f"unknown {kind} {text!r}",
+            hint=hint + "known: " + (", ".join(known) or "none") + f" (in {directory})",
         )
     return path
 
@@ -221,7 +225,7 @@ def parse_recipe(data: dict[str, Any], *, name: str, origin: Path) -> BuildRecip
 
 def load_recipe(name_or_path: str) -> BuildRecipe:
     """Load a build recipe by name (``recipes/builds/NAME.toml``) or by path."""
-    path = _resolve(name_or_path)
+    path = resolve_named_file(name_or_path, recipe_dir(), "build recipe")
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as error:

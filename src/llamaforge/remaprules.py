@@ -13,7 +13,6 @@ from __future__ import annotations
 import difflib
 import json
 import math
-import os
 import re
 import struct
 import tomllib
@@ -37,6 +36,7 @@ from pydantic import (
 )
 
 from llamaforge.errors import RecipeError
+from llamaforge.recipes import resolve_named_file
 from llamaforge.resources import data_dir
 
 __all__ = [
@@ -293,22 +293,7 @@ def list_rules() -> list[str]:
 
 
 def _resolve_rules(name_or_path: str | Path) -> Path:
-    text = str(name_or_path)
-    candidate = Path(name_or_path)
-    if candidate.suffix == ".toml" or "/" in text or os.sep in text:
-        if not candidate.is_file():
-            raise RecipeError(f"remap rules file {candidate} does not exist", hint="check the path")
-        return candidate
-    path = rules_dir() / f"{text}.toml"
-    if not path.is_file():
-        known = list_rules()
-        close = difflib.get_close_matches(text, known, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise RecipeError(
-            f"unknown remap rules {text!r}",
-            hint=hint + "known rules: " + (", ".join(known) or "none") + f" (in {rules_dir()})",
-        )
-    return path
+    return resolve_named_file(name_or_path, rules_dir(), "remap rules")
 
 
 def _fields_at(loc: tuple[int | str, ...]) -> list[str]:
