@@ -159,3 +159,9 @@ class SmokeFailed(LlamaforgeError):
     """A smoke run failed its verdict (a threshold missed, no answer) or could not measure what it needs."""
 
     exit_code = 10
+
+
+class DoesNotFit(LlamaforgeError):
+    """The model cannot run on the GPU with these settings, even with everything movable on the CPU."""
+
+    exit_code = 13

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from llamaforge.errors import InvalidOption, LlamaforgeError
+from llamaforge.errors import DoesNotFit, InvalidOption
 from llamaforge.gguf_header import GGML_TYPES, GGUFHeader, TensorInfo, read_header
 from llamaforge.resources import data_dir
 
@@ -95,12 +95,6 @@ _MOE_UP_PHASE: Final = {"E": 2.5, "U": 3.25}  # router, gate/up projections of t
 _MOE_DOWN_PHASE: Final = {"E": 2.75, "UE": 1.25, "U": 0.75}  # their down projections and weighting
 _SHARED_EXPERT_PHASE: Final = {"E": 3.75, "S": 3.25}
 _RECURRENT_PHASE: Final = {"E": 3.0, "C": 3.0}
-
-
-class DoesNotFit(LlamaforgeError):
-    """The model cannot run on the GPU with these settings, even with everything movable on the CPU."""
-
-    exit_code = 13
 
 
 # ------------------------------------------------------------------------------------------------ GPUs

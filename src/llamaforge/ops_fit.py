@@ -125,7 +125,7 @@ def render_plot(plans: Sequence[FitPlan], path: Path, *, title: str | None = Non
 
     if not plans:
         raise InvalidOption("nothing to plot")
-    figure, axes = plt.subplots(figsize=(max(6.0, 2.6 * len(plans) + 2.5), 5.0))
+    figure, axes = plt.subplots(figsize=(max(6.0, 2.4 * len(plans) + 4.0), 5.0))
     labels: list[str] = []
     positions: list[float] = []
     drawn: set[str] = set()
@@ -162,8 +162,9 @@ def render_plot(plans: Sequence[FitPlan], path: Path, *, title: str | None = Non
     axes.set_ylabel("GiB")
     gpu = plans[0].gpu or "GPU"
     axes.set_title(title or f"{Path(plans[0].model).name} on {gpu}", fontsize=10)
-    axes.legend(handles=handles, fontsize=8, loc="upper left")
-    figure.subplots_adjust(bottom=0.2)
+    axes.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    axes.set_ylim(0, max(vram, *(max(p.gpu_memory.total, p.host_memory.total) / GiB for p in plans)) * 1.08)
+    figure.subplots_adjust(bottom=0.2, left=0.07, right=0.76)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=120)
     plt.close(figure)

@@ -200,7 +200,17 @@ def _smoke_compare(result: dict[str, Any], console: Console) -> None:
     console.print(f"files: {result['files']['compare.md']}", highlight=False)
 
 
+def _fit(result: dict[str, Any], console: Console) -> None:
+    summary = result.get("summary")
+    lines = summary if isinstance(summary, list) else [str(summary)] if summary else []
+    for line in lines:
+        console.print(line, highlight=False)
+    if not lines:
+        console.print_json(json.dumps(result, default=str))
+
+
 _RENDERERS: dict[str, Callable[[dict[str, Any], Console], None]] = {
+    "models.fit": _fit,
     "build": _build,
     "builds.list": _builds_list,
     "doctor": _doctor,
