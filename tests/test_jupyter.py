@@ -133,7 +133,7 @@ def test_user_error_shows_message_and_hint_without_traceback(shell: Any) -> None
     assert isinstance(error, NotebookError) and error.exit_code == 2 and error.error_type == "RecipeError"
     shown = captured.stdout + captured.stderr
     assert "unknown build recipe 'no-such-recipe'" in shown
-    assert "hint: known recipes: " in shown
+    assert "hint: known: default" in shown
     assert "Traceback" not in shown and "File " not in shown and "jupyter.py" not in shown
 
 
