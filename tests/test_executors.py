@@ -175,7 +175,9 @@ def test_docker_build_of_mini_project_and_cli_views(
     assert "cc" in shown["manifest"]["toolchain"]
     again = invoke_json("build", "--recipe", str(recipe), env=env)["build"]
     assert again["cached"] and again["key"] == built["key"]
-    repeated = invoke_json("build", "--from-manifest", str(Path(built["path"]) / "manifest.json"), env=env)["build"]
+    repeated = invoke_json("build", "--from-manifest", str(Path(built["path"]) / "manifest.json"), env=env)[
+        "build"
+    ]
     assert repeated["cached"] and repeated["key"] == built["key"], "a manifest must reproduce its build key"
 
 
