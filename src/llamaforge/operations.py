@@ -148,7 +148,6 @@ def build_op(params: BuildParams, ctx: OperationContext) -> dict[str, Any]:
     """Build llama.cpp from a pinned, patched source in Docker (or reuse the cached build)."""
     from llamaforge.build import run_build
     from llamaforge.reproducible import check_reproducible
-    from llamaforge.runners import get_executor
 
     plan, options = _plan_from_params(params)
     if params.dry_run:
@@ -172,7 +171,6 @@ def build_op(params: BuildParams, ctx: OperationContext) -> dict[str, Any]:
     )  # fmt: skip
     data = {"dry_run": False, "build": result.to_json()}
     if params.check_reproducible:
-        get_executor(params.executor)
         report = check_reproducible(
             result, plan, executor=params.executor, jobs=params.jobs, reporter=ctx.reporter, cancel=ctx.cancel
         )
