@@ -18,6 +18,7 @@ import gguf
 import numpy as np
 import pytest
 
+from helpers import write_mini_vocab
 from llamaforge import tinymodels
 from llamaforge.tinymodels import (
     SUPPORTED_ARCHS,
@@ -91,22 +92,9 @@ def _canonical_tensors(arch: str, n_layer: int, full_attention_interval: int = 2
 @pytest.fixture(scope="module")
 def mini_vocab(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tokenizer-only GGUF shaped like llama.cpp's ggml-vocab-*.gguf, 300 tokens."""
-    path = tmp_path_factory.mktemp("vocab") / "ggml-vocab-mini.gguf"
-    w = gguf.GGUFWriter(path, "qwen2")
-    w.add_name("mini")
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list([f"tok{i}" for i in range(MINI_VOCAB)])
-    w.add_token_types([1] * MINI_VOCAB)
-    w.add_token_merges(["t o", "to k"])
-    w.add_eos_token_id(MINI_VOCAB - 1)
-    w.add_bos_token_id(MINI_VOCAB - 1)
-    w.add_chat_template(CHAT_TEMPLATE)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    return write_mini_vocab(
+        tmp_path_factory.mktemp("vocab") / "ggml-vocab-mini.gguf", MINI_VOCAB, CHAT_TEMPLATE
+    )
 
 
 @pytest.fixture(scope="module")

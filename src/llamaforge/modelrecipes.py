@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from llamaforge.errors import RecipeError
-from llamaforge.recipes import check_smoke_table, resolve_named_file
+from llamaforge.recipes import SmokeTable, resolve_named_file
 from llamaforge.resources import data_dir
 
 SOURCE_SCHEMES = ("hf://", "ms://", "https://", "http://", "file://")
@@ -48,17 +48,10 @@ class ModelRecipe(_Strict):
     revision: str | None = Field(None, description="Hub revision (branch/tag, or a commit once locked)")
     sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="sha256 of the file once locked")
     size: int | None = Field(None, ge=1, description="Size in bytes once locked")
-    smoke: dict[str, float | str | None] | None = Field(
+    smoke: SmokeTable = Field(
         default=None, description="Smoke thresholds with this model: min_tg_tps, max_ttft_ms, must_answer"
     )
     expect: ModelExpectations = Field(default_factory=ModelExpectations)
-
-    @field_validator("smoke")
-    @classmethod
-    def _valid_smoke(
-        cls, value: dict[str, float | str | None] | None
-    ) -> dict[str, float | str | None] | None:
-        return check_smoke_table(value)
 
     @field_validator("source")
     @classmethod

@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from llamaforge.cuda_arch import parse_cuda_archs
 from llamaforge.errors import InvalidOption, RecipeError
@@ -84,6 +84,10 @@ def check_smoke_table(value: dict[str, float | str | None] | None) -> dict[str, 
     return value
 
 
+SmokeTable = Annotated[dict[str, float | str | None] | None, AfterValidator(check_smoke_table)]
+"""A recipe's ``[smoke]`` table: threshold name -> value, keys checked on load."""
+
+
 class ImageRef(_Strict):
     """A base image: a tag, and its registry digest once locked."""
 
@@ -110,17 +114,10 @@ class BuildRecipe(_Strict):
     )
     cmake: dict[str, str | int | bool] = Field(default_factory=dict, description="Extra -D options")
     images: dict[Backend, ImageRef] = Field(default_factory=dict, description="Base image per backend")
-    smoke: dict[str, float | str | None] | None = Field(
+    smoke: SmokeTable = Field(
         default=None,
         description="Smoke thresholds for builds of this recipe: min_tg_tps, max_ttft_ms, must_answer",
     )
-
-    @field_validator("smoke")
-    @classmethod
-    def _valid_smoke(
-        cls, value: dict[str, float | str | None] | None
-    ) -> dict[str, float | str | None] | None:
-        return check_smoke_table(value)
 
     @field_validator("cuda_architectures")
     @classmethod
