@@ -34,7 +34,7 @@ def _extracted_source(session: nox.Session, sdist_dir: Path) -> Path:
     if not (target / "CMakeLists.txt").is_file():
         session.run(
             "python", "-c",
-            "import sys; from pathlib import Path; from llamaforge.source import _extract;"
+            "import sys; from pathlib import Path; from llamaforge.build.source import _extract;"
             "_extract(Path(sys.argv[1]), 'llama_cpp_python-0.3.36/vendor/llama.cpp', Path(sys.argv[2]), None)",
             str(sdist_dir / SDIST), str(target), silent=True,
         )  # fmt: skip

@@ -1,5 +1,5 @@
 """Invoke front: `invoke --list`. Every task is generated from llamaforge's operation registry."""
 
-from llamaforge.cli import namespace
+from llamaforge.fronts.cli import namespace
 
 ns = namespace()

@@ -62,10 +62,10 @@ def main() -> None:
 
     sys.path.insert(0, str(ROOT / "src"))
     os.environ.update(env)
-    from llamaforge.plan import BuildOptions, plan_build
-    from llamaforge.recipes import load_recipe
+    from llamaforge.build.plan import BuildOptions, plan_build
+    from llamaforge.build.recipes import load_recipe
+    from llamaforge.build.source import fetch_source
     from llamaforge.runners.docker import DockerExecutor
-    from llamaforge.source import fetch_source
 
     source = fetch_source(load_recipe("default").source)
     series_a = make_series(home / "series-a", source, "bench patch A")

@@ -9,7 +9,7 @@ cases: synthetic Qwen3.5-9B-shaped and Qwen3.5-35B-A3B-shaped headers (Q4_K weig
 With ``--random-shapes N`` it also loads N models of random shapes (small vocabulary, context 512, where the
 per-layer activation model dominates the compute buffer) and reports the compute-buffer error over them;
 ``--refit`` (needs scipy) refits that model's coefficients on those loads: how the coefficients in
-llamaforge.fit were obtained (N=100).
+llamaforge.serve.fit were obtained (N=100).
 
 Usage: python benchmarks/fit_accuracy.py [--server PATH/llama-server] [--vocab-dir DIR] [--out DIR] [--quick]
        [--random-shapes N [--refit]]
@@ -31,12 +31,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from llamaforge import fit
-from llamaforge.fit import MiB, ModelShape, Settings, estimate_memory, model_shape, plan_fit, synthetic_header
-from llamaforge.gguf_header import read_header
-from llamaforge.ops_fit import render_plot, summarize
-from llamaforge.resources import home
-from llamaforge.tinymodels import TinyModelSpec, write_tiny_model
+from llamaforge.core.paths import home
+from llamaforge.gguf.header import read_header
+from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
+from llamaforge.serve import fit
+from llamaforge.serve.fit import (
+    MiB,
+    ModelShape,
+    Settings,
+    estimate_memory,
+    model_shape,
+    plan_fit,
+    synthetic_header,
+)
+from llamaforge.serve.ops_fit import render_plot, summarize
 
 HYBRID = {"full_attention_interval": 4, "ssm_state_size": 64, "ssm_group_count": 4, "ssm_time_step_rank": 8}
 MODELS = {
@@ -206,7 +214,7 @@ def random_spec(rng: random.Random, arch: str) -> TinyModelSpec:
 
 
 def features(shape: ModelShape) -> dict[str, float]:
-    """The per-token quantities of llamaforge.fit's activation model."""
+    """The per-token quantities of llamaforge.serve.fit's activation model."""
     q = shape.n_head * shape.head_dim_k * (2 if shape.arch in fit.HYBRID_ARCHS else 1)
     conv = 2 * shape.ssm_group_count * shape.ssm_state_size + shape.ssm_inner_size
     return {
@@ -233,7 +241,7 @@ def phase_model(c: Any, f: dict[str, float], moe: bool) -> float:
 
 REFIT_NAMES = ("attn.E", "attn.Q", "attn.K", "ffn.E", "ffn.F", "moe_up.E", "moe_up.U", "moe_down.E",
                "moe_down.UE", "moe_down.U", "shared.E", "shared.S", "recurrent.E", "recurrent.C")  # fmt: skip
-# what llamaforge.fit uses, in REFIT_NAMES order (for comparison with a refit)
+# what llamaforge.serve.fit uses, in REFIT_NAMES order (for comparison with a refit)
 CURRENT = (3.25, 2.0, 0.75, 2.25, 3.25, 2.5, 3.25, 2.75, 1.25, 0.75, 3.75, 3.25, 3.0, 3.0)
 
 
@@ -274,7 +282,7 @@ def random_shape_sweep(server: Path, scratch: Path, count: int, refit: bool, see
         best = min(trials, key=lambda trial: trial.cost)
         result["refit"] = {name: round(float(v), 2) for name, v in zip(REFIT_NAMES, best.x, strict=True)}
         print("refitted coefficients:", result["refit"])
-        print("llamaforge.fit uses:  ", dict(zip(REFIT_NAMES, CURRENT, strict=True)))
+        print("llamaforge.serve.fit uses:  ", dict(zip(REFIT_NAMES, CURRENT, strict=True)))
     return result
 
 

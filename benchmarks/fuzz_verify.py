@@ -13,8 +13,8 @@ chat template), each run in a worker process of a pool:
 * random type bytes (value, array item and ggml types),
 * crafted headers: gguf 0.19.0's GGUFReader hang (an array length near 2^63), huge counts, nested arrays.
 
-Each case parses with :func:`llamaforge.gguf_header.read_header` and, when that succeeds, runs the
-recipe-independent verify checks (:func:`llamaforge.verify.analyse_header`: tensor set, structure, template
+Each case parses with :func:`llamaforge.gguf.header.read_header` and, when that succeeds, runs the
+recipe-independent verify checks (:func:`llamaforge.models.verify.analyse_header`: tensor set, structure, template
 audit). A case fails when it raises anything but a ``LlamaforgeError`` (untyped), takes over 2 s (``SIGALRM``
 in the worker), or exhausts the worker's address-space limit (``RLIMIT_AS``; MemoryError). Peak memory per
 case is measured with tracemalloc. The exit code is 1 when any case failed.
@@ -54,7 +54,7 @@ def make_base_model(directory: Path) -> Path:
     """A tiny qwen35moe with a 300-token tokenizer and a chat template: every kind of header field."""
     import gguf
 
-    from llamaforge.tinymodels import TinyModelSpec, write_tiny_model
+    from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 
     vocab = directory / "vocab.gguf"
     writer = gguf.GGUFWriter(vocab, "qwen2")
@@ -201,8 +201,8 @@ def _init_worker(base: bytes) -> None:
     import gguf  # noqa: F401
     import jinja2.sandbox  # noqa: F401
 
-    import llamaforge.gguf_header
-    import llamaforge.verify  # noqa: F401
+    import llamaforge.gguf.header
+    import llamaforge.models.verify  # noqa: F401
 
     with Path("/proc/self/status").open(encoding="utf-8") as status:
         vm_size = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
@@ -212,9 +212,9 @@ def _init_worker(base: bytes) -> None:
 
 
 def run_case(item: tuple[int, tuple[Any, ...]]) -> dict[str, Any]:
-    from llamaforge.errors import LlamaforgeError
-    from llamaforge.gguf_header import BytesSource, read_header
-    from llamaforge.verify import analyse_header
+    from llamaforge.core.errors import LlamaforgeError
+    from llamaforge.gguf.header import BytesSource, read_header
+    from llamaforge.models.verify import analyse_header
 
     index, case = item
     data = build(case)
@@ -274,7 +274,7 @@ def main() -> int:
     parser.add_argument("--no-stock-reader", action="store_true", help="skip the GGUFReader comparison")
     args = parser.parse_args()
 
-    from llamaforge.gguf_header import read_header
+    from llamaforge.gguf.header import read_header
 
     with tempfile.TemporaryDirectory(prefix="fuzz-verify-") as scratch:
         base_path = make_base_model(Path(scratch))

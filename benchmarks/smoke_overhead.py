@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from llamaforge.operations import REGISTRY, OperationContext
-from llamaforge.smoke import tiny_smoke_model
-from llamaforge.smoke_bench import bench_command
-from llamaforge.store import build_dir, find_build, list_builds
+from llamaforge.build.store import build_dir, find_build, list_builds
+from llamaforge.core.registry import OperationContext, operations
+from llamaforge.smoke.bench import bench_command
+from llamaforge.smoke.run import tiny_smoke_model
 
 GOAL = (0.97, 1.03)
 
@@ -58,7 +58,7 @@ def main() -> None:
     command = bench_command(
         binary, model, pp=64, tg=args.tg, repetitions=args.repetitions, threads=args.threads
     )
-    op = REGISTRY["smoke"]
+    op = operations()["smoke"]
     rows = []
     for round_ in range(1, args.rounds + 1):
         raw_before = raw_llama_bench_tg(command)

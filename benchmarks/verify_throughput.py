@@ -26,7 +26,7 @@ def make_big_model(directory: Path, n_ff: int) -> Path:
     """A 2-layer, 4096-wide qwen3 with ``n_ff``-wide F16 feed-forward matrices (3 x 2 x 4096 x n_ff x 2 bytes)."""
     import gguf
 
-    from llamaforge.tinymodels import TinyModelSpec, write_tiny_model
+    from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 
     vocab = directory / "vocab.gguf"
     writer = gguf.GGUFWriter(vocab, "qwen2")
@@ -53,7 +53,7 @@ def time_openssl(path: Path) -> float:
 
 
 def time_verify(path: Path) -> tuple[float, str, bool]:
-    from llamaforge.verify import verify_model
+    from llamaforge.models.verify import verify_model
 
     started = time.perf_counter()
     report = verify_model(path, use_cache=False)

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from llamaforge.errors import LlamaforgeError
-from llamaforge.jobs import JobManager
+from llamaforge.core.errors import LlamaforgeError
+from llamaforge.core.jobs import JobManager
 from mcp_server.auth import StaticTokenVerifier, auth_settings, is_loopback, load_token, transport_security
 from mcp_server.server import ServerOptions, build_server
 

@@ -14,7 +14,7 @@ from mcp.server.auth.provider import AccessToken
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.transport_security import TransportSecuritySettings
 
-from llamaforge.errors import InvalidOption
+from llamaforge.core.errors import InvalidOption
 
 TOKEN_ENV = "LLAMAFORGE_MCP_TOKEN"  # noqa: S105 - the variable that holds it, not a token
 MIN_TOKEN_LENGTH = 16

@@ -22,8 +22,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.resolve import Elicit
 from pydantic import BaseModel, Field
 
-from llamaforge.operations import Operation, Params
-from llamaforge.resources import data_dir, home
+from llamaforge.core.paths import data_dir, home
+from llamaforge.core.registry import Operation, Params
 
 ConfirmPolicy = Literal["param", "elicit"]
 

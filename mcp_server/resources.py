@@ -11,9 +11,9 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 from pydantic import Field
 
-from llamaforge.cuda_arch import GPU_ALIASES
-from llamaforge.errors import CacheError, LlamaforgeError
-from llamaforge.jobs import JobManager, UnknownJob
+from llamaforge.build.cuda_arch import GPU_ALIASES
+from llamaforge.core.errors import CacheError, LlamaforgeError
+from llamaforge.core.jobs import JobManager, UnknownJob
 
 JSON = "application/json"
 
@@ -28,7 +28,7 @@ def add_resources(server: MCPServer[Any], jobs: JobManager) -> None:
     @server.resource("llamaforge://recipes", name="recipes", mime_type=JSON)
     def recipes_index() -> str:
         """The shipped build recipes (name, description, backend); read one at llamaforge://recipes/{name}."""
-        from llamaforge.recipes import list_recipes, load_recipe
+        from llamaforge.build.recipes import list_recipes, load_recipe
 
         return _json(
             [{"name": name, "description": (recipe := load_recipe(name)).description, "backend": recipe.backend,
@@ -38,7 +38,7 @@ def add_resources(server: MCPServer[Any], jobs: JobManager) -> None:
     @server.resource("llamaforge://recipes/{name}", name="recipe", mime_type=JSON)
     def recipe(name: str) -> str:
         """A shipped build recipe after validation, with defaults filled in."""
-        from llamaforge.recipes import list_recipes, load_recipe
+        from llamaforge.build.recipes import list_recipes, load_recipe
 
         if name not in list_recipes():
             raise ResourceNotFoundError(f"no shipped recipe {name!r}; llamaforge://recipes lists them")
@@ -50,7 +50,7 @@ def add_resources(server: MCPServer[Any], jobs: JobManager) -> None:
     @server.resource("llamaforge://builds/{key}/manifest", name="build-manifest", mime_type=JSON)
     def build_manifest(key: str) -> str:
         """The provenance manifest of a published build (a unique key prefix is enough)."""
-        from llamaforge.store import find_build
+        from llamaforge.build.store import find_build
 
         try:
             return _json(find_build(key))

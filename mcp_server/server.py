@@ -1,6 +1,6 @@
 """The MCP front: one tool per registered operation, generated from the registry (never written per operation).
 
-``build_server`` walks ``llamaforge.operations.REGISTRY``: each operation becomes a tool named after it (``.`` ->
+``build_server`` walks ``llamaforge.core.registry.operations()``: each operation becomes a tool named after it (``.`` ->
 ``_``) whose inputs are the fields of its parameter model; long-running operations also get ``<name>_start``,
 which returns a job id at once (``job_status``, ``job_logs``, ``job_cancel``, ``jobs_list`` follow it). The tools
 only check policy (paths, confirmation), call the core and present its result.
@@ -27,10 +27,10 @@ from mcp_types import ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
 from llamaforge import __version__
-from llamaforge.errors import LlamaforgeError
-from llamaforge.events import CancelToken, Event
-from llamaforge.jobs import FINISHED, JobLogs, JobManager, JobStatus, describe_validation_error
-from llamaforge.operations import REGISTRY, Operation, OperationContext, Params
+from llamaforge.core.errors import LlamaforgeError
+from llamaforge.core.events import CancelToken, Event
+from llamaforge.core.jobs import FINISHED, JobLogs, JobManager, JobStatus, describe_validation_error
+from llamaforge.core.registry import Operation, OperationContext, Params, operations
 from mcp_server.policy import (
     CONFIRM_PARAM,
     CONFIRMATION_PARAM,
@@ -317,11 +317,11 @@ def build_server(
     token_verifier: TokenVerifier | None = None,
     auth: AuthSettings | None = None,
 ) -> MCPServer[Any]:
-    """An MCPServer with one tool per operation in ``registry`` (default: the live REGISTRY)."""
+    """An MCPServer with one tool per operation in ``registry`` (default: the live operations())."""
     from mcp_server.resources import add_prompts, add_resources
 
     options = options or ServerOptions()
-    registry = registry if registry is not None else REGISTRY
+    registry = registry if registry is not None else operations()
     jobs = jobs if jobs is not None else JobManager(registry)
     # Relative paths are resolved by the core against the working directory, so they are checked there.
     paths = PathPolicy(default_roots(options.project_dir, options.allow_roots), Path.cwd().resolve())

@@ -32,8 +32,8 @@ def lf_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def docker_engine() -> object:
     """A connected Docker client (skips, or fails in strict mode, without an engine)."""
-    from llamaforge.dockerapi import docker_client
-    from llamaforge.errors import DockerUnavailable
+    from llamaforge.core.errors import DockerUnavailable
+    from llamaforge.runners.engine import docker_client
 
     try:
         return docker_client()
@@ -47,7 +47,7 @@ def base_image(docker_engine: object) -> str:
     """The locally bootstrapped base image (made by `invoke images.bootstrap` in .ci/run)."""
     import docker.errors
 
-    from llamaforge.images import DEFAULT_TAG
+    from llamaforge.build.images import DEFAULT_TAG
 
     try:
         docker_engine.images.get(DEFAULT_TAG)  # type: ignore[attr-defined]
@@ -83,8 +83,8 @@ def source_tree(build_env: dict[str, str]) -> Path:
     """The cached, unpatched llama.cpp b11312 tree (read-only: never modify it)."""
     from unittest import mock
 
-    from llamaforge.recipes import load_recipe
-    from llamaforge.source import fetch_source
+    from llamaforge.build.recipes import load_recipe
+    from llamaforge.build.source import fetch_source
 
     with mock.patch.dict(os.environ, build_env):
         return fetch_source(load_recipe("default").source)

@@ -89,7 +89,7 @@ def test_llama_cli_version_shows_injected_commit_and_patch(shared_build: dict[st
 
 @pytest.fixture(scope="session")
 def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory, source_tree: Path) -> Path:
-    from llamaforge.tinymodels import TinyModelSpec, write_tiny_model
+    from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 
     path = tmp_path_factory.mktemp("models") / "tiny-qwen3.gguf"
     write_tiny_model(path, TinyModelSpec(arch="qwen3"), source_tree / "models" / "ggml-vocab-qwen2.gguf")
@@ -132,7 +132,7 @@ def test_dry_run_shows_the_key_of_the_existing_build(
 def test_cache_hit_starts_no_container(
     shared_build: dict[str, Any], build_env: dict[str, str], test_series: Path
 ) -> None:
-    from llamaforge.dockerapi import docker_client
+    from llamaforge.runners.engine import docker_client
 
     since = int(time.time()) - 1
     again = invoke_json("build", "--backend", "cpu", "--patches", str(test_series), env=build_env)["build"]

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from conftest import require
-from llamaforge.cudacheck import CudaProbeResult, compile_cuda_probe, find_cuda_toolkit
-from llamaforge.plan import BuildOptions, plan_build
-from llamaforge.recipes import load_recipe
+from llamaforge.build.cudacheck import CudaProbeResult, compile_cuda_probe, find_cuda_toolkit
+from llamaforge.build.plan import BuildOptions, plan_build
+from llamaforge.build.recipes import load_recipe
 
 pytestmark = pytest.mark.cuda_toolkit
 

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 
 from helpers import invoke, invoke_json, mini_recipe
-from llamaforge.build import run_build
-from llamaforge.errors import BuildFailed, Cancelled
-from llamaforge.events import CancelToken, Event
-from llamaforge.plan import BuildOptions, plan_build
-from llamaforge.recipes import load_recipe
-from llamaforge.store import list_builds
+from llamaforge.build.execute import run_build
+from llamaforge.build.plan import BuildOptions, plan_build
+from llamaforge.build.recipes import load_recipe
+from llamaforge.build.store import list_builds
+from llamaforge.core.errors import BuildFailed, Cancelled
+from llamaforge.core.events import CancelToken, Event
 
 needs_local_toolchain = pytest.mark.skipif(
     not all(shutil.which(tool) for tool in ("cmake", "ninja", "cc")), reason="cmake, ninja and cc needed"

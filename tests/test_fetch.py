@@ -16,12 +16,12 @@ import pytest
 
 from fakehub import COMMIT, FakeHub, serve
 from helpers import invoke, write_mini_vocab
-from llamaforge import modelstore
-from llamaforge.errors import Cancelled, FetchError, InvalidOption, ModelChecksumMismatch
-from llamaforge.events import CancelToken, Event
-from llamaforge.fetch import fetch_model, redact_url, wait_seconds
-from llamaforge.modelrecipes import ModelRecipe
-from llamaforge.tinymodels import TinyModelSpec, write_tiny_model
+from llamaforge.core.errors import Cancelled, FetchError, InvalidOption, ModelChecksumMismatch
+from llamaforge.core.events import CancelToken, Event
+from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
+from llamaforge.models import store as modelstore
+from llamaforge.models.fetch import fetch_model, redact_url, wait_seconds
+from llamaforge.models.recipes import ModelRecipe
 
 TOKEN = "hf_SECRETtoken0123456789abcdefSECRET"
 MS_TOKEN = "ms-SECRET-0123456789-SECRET"

@@ -18,9 +18,12 @@ from pathlib import Path
 import gguf
 import pytest
 
-from llamaforge import fit
-from llamaforge.errors import InvalidOption, RecipeError
-from llamaforge.fit import (
+from llamaforge.core.errors import InvalidOption, RecipeError
+from llamaforge.core.registry import OperationContext, operations
+from llamaforge.gguf.header import read_header
+from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
+from llamaforge.serve import fit
+from llamaforge.serve.fit import (
     DoesNotFit,
     GiB,
     MiB,
@@ -34,9 +37,6 @@ from llamaforge.fit import (
     plan_fit,
     synthetic_header,
 )
-from llamaforge.gguf_header import read_header
-from llamaforge.operations import REGISTRY, OperationContext
-from llamaforge.tinymodels import TinyModelSpec, write_tiny_model
 
 MINI_VOCAB = 1000
 
@@ -323,7 +323,7 @@ sched_reserve:      CUDA0 compute buffer size =   300.00 MiB
 
 
 def _run(**params: object) -> dict[str, object]:
-    op = REGISTRY["models.fit"]
+    op = operations()["models.fit"]
     return op.run(op.params.model_validate(params), OperationContext())
 
 

@@ -15,11 +15,11 @@ import gguf
 import numpy as np
 import pytest
 
-from llamaforge.errors import InvalidOption, ModelError
-from llamaforge.gguf_header import GGUFFormatError, read_header
-from llamaforge.inspect_model import HttpRangeSource, inspect_model, layer_kinds, resolve_remote_url
-from llamaforge.operations import REGISTRY, OperationContext
-from llamaforge.tinymodels import TinyModelSpec, write_tiny_model
+from llamaforge.core.errors import InvalidOption, ModelError
+from llamaforge.core.registry import OperationContext, operations
+from llamaforge.gguf.header import GGUFFormatError, read_header
+from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
+from llamaforge.models.inspect import HttpRangeSource, inspect_model, layer_kinds, resolve_remote_url
 
 TOKEN = "hf_secret_token_for_tests"
 
@@ -255,7 +255,7 @@ def test_remote_hf_url_with_token(
     # the operation: a recipe with a hub source and --remote, its revision used
     recipe = tmp_path / "tiny.toml"
     recipe.write_text('source = "hf://Qwen/Tiny-GGUF/moe.gguf"\nrevision = "abc"\n', encoding="utf-8")
-    op = REGISTRY["models.inspect"]
+    op = operations()["models.inspect"]
     data = op.run(op.params.model_validate({"target": str(recipe), "remote": True}), OperationContext())
     assert data["remote"] and server.requests[-1]["path"] == "/Qwen/Tiny-GGUF/resolve/abc/moe.gguf"
 

@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 
 from helpers import write_mini_vocab
-from llamaforge.events import Event
-from llamaforge.jupyter import (
+from llamaforge.build.recipes import list_recipes
+from llamaforge.core.events import Event
+from llamaforge.core.registry import operations
+from llamaforge.fronts.jupyter import (
     BackgroundJob,
     HelpText,
     HTMLProgress,
@@ -25,10 +27,8 @@ from llamaforge.jupyter import (
     resolve_operation,
     run,
 )
-from llamaforge.operations import REGISTRY
-from llamaforge.recipes import list_recipes
-from llamaforge.render_html import fit_chart_png, render_html
-from llamaforge.tinymodels import TinyModelSpec, write_tiny_model
+from llamaforge.fronts.render_html import fit_chart_png, render_html
+from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 
 pytestmark = pytest.mark.filterwarnings(
     # IPython's own modules still use APIs their dependencies deprecated; only those, only here.
@@ -75,12 +75,12 @@ def test_load_ext_registers_the_magic(shell: Any) -> None:
     assert "llamaforge" in shell.magics_manager.magics["line"]
     listing = magic(shell, "")
     assert isinstance(listing, HelpText)
-    assert all(name in repr(listing) for name in REGISTRY)
+    assert all(name in repr(listing) for name in operations())
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("name", sorted(operations()))
 def test_parser_is_generated_from_the_params_model(name: str) -> None:
-    op = REGISTRY[name]
+    op = operations()[name]
     text = build_parser(op).format_help()
     assert text.startswith(f"usage: %llamaforge {name}")
     for field, info in op.params.model_fields.items():
@@ -255,7 +255,7 @@ def test_python_api(lf_home: Path) -> None:
 
 def test_widget_progress_when_ipywidgets_is_installed(shell: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("ipywidgets")  # optional: without it notebooks get the HTML progress above
-    from llamaforge.jupyter import WidgetProgress, progress_view
+    from llamaforge.fronts.jupyter import WidgetProgress, progress_view
 
     monkeypatch.setattr(shell, "kernel", object(), raising=False)
     view = progress_view("build")

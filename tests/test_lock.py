@@ -14,9 +14,9 @@ import pytest
 
 from fakehub import COMMIT, FakeHub, serve
 from helpers import invoke
-from llamaforge.errors import LockError
-from llamaforge.fetch import fetch_model
-from llamaforge.lock import (
+from llamaforge.core.errors import LockError
+from llamaforge.models.fetch import fetch_model
+from llamaforge.models.lock import (
     LockFile,
     ModelLock,
     apply_lock,
@@ -26,7 +26,7 @@ from llamaforge.lock import (
     read_lock,
     write_lock,
 )
-from llamaforge.modelrecipes import load_model_recipe
+from llamaforge.models.recipes import load_model_recipe
 
 CONTENT = b"GGUF" + bytes(range(256)) * 40
 DIGEST = hashlib.sha256(CONTENT).hexdigest()
@@ -197,7 +197,7 @@ def test_image_digests_roundtrip(recipes: Path) -> None:
 
 
 def test_shipped_model_recipes_are_valid_and_unpinned() -> None:
-    from llamaforge.modelrecipes import list_model_recipes
+    from llamaforge.models.recipes import list_model_recipes
 
     names = list_model_recipes()
     assert {

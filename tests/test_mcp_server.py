@@ -33,10 +33,10 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_server import ServerOptions, build_server
 from mcp_server.policy import path_fields
 
-from llamaforge.errors import InvalidOption
-from llamaforge.events import Event
-from llamaforge.jobs import JobManager
-from llamaforge.operations import REGISTRY, OperationContext, Params, operation
+from llamaforge.core.errors import InvalidOption
+from llamaforge.core.events import Event
+from llamaforge.core.jobs import JobManager
+from llamaforge.core.registry import OperationContext, Params, operation, operations
 
 pytestmark = pytest.mark.anyio
 JOB_TOOLS = {"job_status", "job_logs", "job_cancel", "jobs_list"}
@@ -50,7 +50,7 @@ def anyio_backend() -> str:
 def expected_tools(read_only: bool = False) -> set[str]:
     """The tool names the registry calls for, written out independently of mcp_server."""
     names: set[str] = set()
-    for op in REGISTRY.values():
+    for op in operations().values():
         if read_only and not op.read_only:
             continue
         names.add(op.name.replace(".", "_"))
@@ -126,14 +126,14 @@ def test_operations() -> Iterator[list[str]]:
         yield wiped
     finally:
         for name in ("testonly.wipe", "testonly.sleep", "testonly.echo"):
-            REGISTRY.pop(name, None)
+            operations().pop(name, None)
 
 
 # --- registry coverage ---------------------------------------------------------------------------------------
 
 
 async def test_every_operation_has_an_mcp_tool_and_an_invoke_task() -> None:
-    from llamaforge.cli import namespace
+    from llamaforge.fronts.cli import namespace
 
     async with Client(build_server()) as client:
         listed = {tool.name for tool in (await client.list_tools()).tools}
@@ -141,8 +141,8 @@ async def test_every_operation_has_an_mcp_tool_and_an_invoke_task() -> None:
     assert not missing, f"operations without an MCP tool twin: {missing}"
     # Task names plus their aliases: an operation named like a group (`smoke`) is that group's default task.
     tasks = {alias for name, aliases in namespace().task_names.items() for alias in (name, *aliases)}
-    assert not sorted(set(REGISTRY) - tasks), (
-        f"operations without an Invoke task: {sorted(set(REGISTRY) - tasks)}"
+    assert not sorted(set(operations()) - tasks), (
+        f"operations without an Invoke task: {sorted(set(operations()) - tasks)}"
     )
     assert listed == expected_tools(), "the MCP server exposes tools the registry does not call for"
 
@@ -150,7 +150,7 @@ async def test_every_operation_has_an_mcp_tool_and_an_invoke_task() -> None:
 async def test_tools_mirror_params_and_annotations(test_operations: list[str]) -> None:
     async with Client(build_server()) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
-    for op in REGISTRY.values():
+    for op in operations().values():
         for name in [op.name.replace(".", "_")] + (
             [op.name.replace(".", "_") + "_start"] if op.long_running else []
         ):
@@ -209,7 +209,7 @@ async def test_user_error_is_a_tool_error_with_its_hint() -> None:
 
 
 def test_path_fields_are_found_from_names_and_descriptions() -> None:
-    from llamaforge.operations import BuildParams, PatchNewParams, PatchRefreshParams, RecipeParams
+    from llamaforge.build.ops import BuildParams, PatchNewParams, PatchRefreshParams, RecipeParams
 
     assert {"recipe", "patches", "ca_bundle", "from_manifest"} <= set(path_fields(BuildParams))
     assert not {"arch", "backend", "base_image", "cmake", "executor"} & set(path_fields(BuildParams))
@@ -596,7 +596,7 @@ async def test_build_job_runs_to_completion_with_progress(
 async def test_job_cancel_removes_the_build_container(
     tmp_path: Path, lf_home: Path, docker_engine: object, base_image: str, owned_before: set[str]
 ) -> None:
-    from llamaforge.store import list_builds
+    from llamaforge.build.store import list_builds
 
     recipe = str(mini_recipe(tmp_path, ["llama-cli", "llama-slow"]))
     async with Client(build_server(ServerOptions(allow_roots=(tmp_path,)))) as client:

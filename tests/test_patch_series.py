@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from helpers import invoke_json
-from llamaforge.patches import read_series
+from llamaforge.build.patches import read_series
 
 pytestmark = pytest.mark.llamacpp
 

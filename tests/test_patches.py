@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from llamaforge.errors import PatchError
-from llamaforge.patches import apply_series, read_series
+from llamaforge.build.patches import apply_series, read_series
+from llamaforge.core.errors import PatchError
 
 ORIGINAL = "".join(f"line {n}\n" for n in range(1, 41))
 

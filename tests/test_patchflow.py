@@ -8,9 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from llamaforge.errors import PatchError
-from llamaforge.patches import read_series
-from llamaforge.patchflow import check_series, continue_refresh, create_workspace, new_patch, refresh_series
+from llamaforge.build.patches import read_series
+from llamaforge.build.patchflow import (
+    check_series,
+    continue_refresh,
+    create_workspace,
+    new_patch,
+    refresh_series,
+)
+from llamaforge.core.errors import PatchError
 
 FILE = "".join(f"int f{n}(void) {{ return {n}; }}\n" for n in range(1, 41))
 OTHER = "".join(f"// other {n}\n" for n in range(1, 21))

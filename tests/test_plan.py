@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from llamaforge.cuda_arch import parse_cuda_archs
-from llamaforge.errors import InvalidOption
-from llamaforge.plan import BuildOptions, BuildPlan, plan_build
-from llamaforge.recipes import load_recipe
+from llamaforge.build.cuda_arch import parse_cuda_archs
+from llamaforge.build.plan import BuildOptions, BuildPlan, plan_build
+from llamaforge.build.recipes import load_recipe
+from llamaforge.core.errors import InvalidOption
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("LLAMAFORGE_UPDATE_GOLDEN") == "1"

@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from llamaforge.remaptable import alias_style, remap_name
-from llamaforge.tinymodels import TinyModelSpec, tensor_plan, write_tiny_model
+from llamaforge.gguf.tiny import TinyModelSpec, tensor_plan, write_tiny_model
+from llamaforge.models.remap_table import alias_style, remap_name
 
 pytestmark = [pytest.mark.docker, pytest.mark.llamacpp]
 

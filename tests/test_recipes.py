@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from llamaforge.errors import RecipeError
-from llamaforge.recipes import list_recipes, load_recipe, recipe_json_schema
-from llamaforge.resources import data_dir
+from llamaforge.build.recipes import list_recipes, load_recipe, recipe_json_schema
+from llamaforge.core.errors import RecipeError
+from llamaforge.core.paths import data_dir
 
 SCHEMA = data_dir("recipes") / "schema" / "build-recipe.schema.json"
 
@@ -24,7 +24,7 @@ def test_shipped_recipes_load_and_pin_b11312() -> None:
 
 
 def test_checked_in_schema_matches_model() -> None:
-    # Regenerate with: python -c "from llamaforge.recipes import recipe_json_schema as s; print(s(), end='')" > …
+    # Regenerate with: python -c "from llamaforge.build.recipes import recipe_json_schema as s; print(s(), end='')" > …
     assert SCHEMA.read_text(encoding="utf-8") == recipe_json_schema()
 
 

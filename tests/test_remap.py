@@ -1,6 +1,6 @@
-"""llamaforge.remap: canonical tensor names, metadata rules, streaming, verification, refusals.
+"""llamaforge.models.remap: canonical tensor names, metadata rules, streaming, verification, refusals.
 
-Unit tests use tiny models (llamaforge.tinymodels) with a 300-token vocabulary written here, and
+Unit tests use tiny models (llamaforge.gguf.tiny) with a 300-token vocabulary written here, and
 ``gguf.GGUFReader`` as the independent reader of what the remap wrote. The test marked docker+llamacpp
 proves the point of the tool on a real stock llama.cpp b11312 build: the HF- and Meta-named tiny models,
 remapped, load and give the same greedy tokens and top-n probabilities as the canonical one.
@@ -27,14 +27,14 @@ import gguf
 import pytest
 
 from helpers import write_mini_vocab
-from llamaforge import remap
-from llamaforge.errors import Cancelled, InvalidOption, ModelError, RecipeError
-from llamaforge.events import CancelToken, Event
-from llamaforge.ggufscan import CHUNK_SIZE, scan_gguf
-from llamaforge.operations import REGISTRY
-from llamaforge.remap import RemapRules, list_rules, load_rules, parse_rules, remap_gguf
-from llamaforge.remaprules import rules_json_schema
-from llamaforge.tinymodels import TinyModelInfo, TinyModelSpec, write_tiny_model
+from llamaforge.core.errors import Cancelled, InvalidOption, ModelError, RecipeError
+from llamaforge.core.events import CancelToken, Event
+from llamaforge.core.registry import operations
+from llamaforge.gguf.scan import CHUNK_SIZE, scan_gguf
+from llamaforge.gguf.tiny import TinyModelInfo, TinyModelSpec, write_tiny_model
+from llamaforge.models import remap
+from llamaforge.models.remap import RemapRules, list_rules, load_rules, parse_rules, remap_gguf
+from llamaforge.models.remap_rules import rules_json_schema
 
 ARCHS = ("qwen3", "qwen3moe")
 MINI_VOCAB = 300
@@ -272,7 +272,7 @@ def test_metadata_set_rename_delete(models: dict[tuple[str, str], TinyModelInfo]
         "general.quantized_by": ("llamaforge", gguf.GGUFValueType.STRING),
         "qwen3.custom_flag": (True, gguf.GGUFValueType.BOOL),
         "general.summary": (
-            "tiny random-weight test model written by llamaforge.tinymodels; not trained",
+            "tiny random-weight test model written by llamaforge.gguf.tiny; not trained",
             gguf.GGUFValueType.STRING,
         ),
     }
@@ -709,10 +709,10 @@ def test_progress_events(canonical: Path, tmp_path: Path) -> None:
 
 
 def test_registered_operation(models: dict[tuple[str, str], TinyModelInfo], tmp_path: Path) -> None:
-    import llamaforge.ops_remap  # noqa: F401 - registers models.remap (also listed in operations' modules)
-    from llamaforge.cli import run_operation
+    import llamaforge.models.ops_remap  # noqa: F401 - registers models.remap (also listed in operations' modules)
+    from llamaforge.fronts.cli import run_operation
 
-    op = REGISTRY["models.remap"]
+    op = operations()["models.remap"]
     assert op.positional == ("src", "dst") and not op.read_only
     dst = tmp_path / "out.gguf"
     arguments = {"src": str(models[("qwen3", "meta")].path), "dst": str(dst), "rules": "qwen3-hf-names"}

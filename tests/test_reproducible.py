@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from helpers import mini_recipe
-from llamaforge.build import run_build
-from llamaforge.plan import BuildOptions, plan_build
-from llamaforge.recipes import load_recipe
-from llamaforge.reproducible import check_reproducible, differing_sections, elf_sections
+from llamaforge.build.execute import run_build
+from llamaforge.build.plan import BuildOptions, plan_build
+from llamaforge.build.recipes import load_recipe
+from llamaforge.build.reproducible import check_reproducible, differing_sections, elf_sections
 
 pytestmark = pytest.mark.skipif(
     not all(shutil.which(tool) for tool in ("cmake", "ninja", "cc")), reason="cmake, ninja and cc needed"

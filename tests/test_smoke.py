@@ -2,7 +2,7 @@
 
 Unit tests need no llama.cpp: llama-bench parsing runs on JSON captured from the real b11312 binary
 (tests/data/smoke/, from `llama-bench -m tiny-qwen3.gguf -p 64 -n 32 -r 3 -t 1 -o json` and friends on the
-tiny models of llamaforge.tinymodels), and percentiles, thresholds, the verdict, the report files and the
+tiny models of llamaforge.gguf.tiny), and percentiles, thresholds, the verdict, the report files and the
 comparison run on synthetic reports. The integration tests smoke the real stock build with a tiny qwen3:
 end to end through `invoke`, and the server's cleanup when it fails to load, when cancelled, and on a busy port.
 """
@@ -22,11 +22,21 @@ import numpy as np
 import pytest
 
 from helpers import invoke
-from llamaforge import smoke_server
-from llamaforge.errors import Cancelled, InvalidOption, SmokeFailed, ToolFailed
-from llamaforge.events import CancelToken, Event
-from llamaforge.operations import REGISTRY, OperationContext
-from llamaforge.smoke import (
+from llamaforge.core.errors import Cancelled, InvalidOption, SmokeFailed, ToolFailed
+from llamaforge.core.events import CancelToken, Event
+from llamaforge.core.registry import OperationContext, operations
+from llamaforge.smoke import server as smoke_server
+from llamaforge.smoke.bench import bench_command, parse_llama_bench
+from llamaforge.smoke.report import (
+    compare_runs,
+    comparison_rows,
+    render_compare,
+    render_summary,
+    resolve_run,
+    write_run_files,
+)
+from llamaforge.smoke.roofline import Bandwidth, bytes_per_token, gpu_bandwidth, probe_cpu_bandwidth, roofline
+from llamaforge.smoke.run import (
     SmokeOptions,
     SmokeThresholds,
     distribution,
@@ -36,17 +46,7 @@ from llamaforge.smoke import (
     resolve_thresholds,
     summarize_level,
 )
-from llamaforge.smoke_bench import bench_command, parse_llama_bench
-from llamaforge.smoke_report import (
-    compare_runs,
-    comparison_rows,
-    render_compare,
-    render_summary,
-    resolve_run,
-    write_run_files,
-)
-from llamaforge.smoke_roofline import Bandwidth, bytes_per_token, gpu_bandwidth, probe_cpu_bandwidth, roofline
-from llamaforge.smoke_server import ChatRequest, LevelRun, RequestSample, free_port, port_is_free
+from llamaforge.smoke.server import ChatRequest, LevelRun, RequestSample, free_port, port_is_free
 
 DATA = Path(__file__).parent / "data" / "smoke"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -335,7 +335,7 @@ def test_bytes_per_token_counts_dense_one_embedding_row_and_active_experts(tmp_p
 
 
 def test_roofline_math_and_labels() -> None:
-    from llamaforge.smoke_roofline import TokenBytes
+    from llamaforge.smoke.roofline import TokenBytes
 
     token_bytes = TokenBytes(10**8, 0, 10**8, 0, 0, 0.0, [])
     result = roofline(50.0, Bandwidth(20.0, "given: --bandwidth-gbs"), token_bytes)
@@ -381,9 +381,12 @@ def test_chat_request_streams_without_prompt_cache() -> None:
 
 
 def test_operations_are_registered_and_invoke_has_both_tasks() -> None:
-    from llamaforge.cli import namespace
+    from llamaforge.fronts.cli import namespace
 
-    assert REGISTRY["smoke"].long_running and REGISTRY["smoke.compare"].positional == ("run_a", "run_b")
+    assert operations()["smoke"].long_running and operations()["smoke.compare"].positional == (
+        "run_a",
+        "run_b",
+    )
     names = namespace().task_names
     assert "smoke.compare" in names and "smoke" in names.get("smoke.smoke", [])
 
@@ -415,7 +418,7 @@ def _alive(pid: int) -> bool:
 
 @pytest.fixture(scope="session")
 def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory, source_tree: Path) -> Path:
-    from llamaforge.tinymodels import TinyModelSpec, write_tiny_model
+    from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 
     path = tmp_path_factory.mktemp("smoke-model") / "tiny-qwen3.gguf"
     write_tiny_model(path, TinyModelSpec(arch="qwen3"), source_tree / "models" / "ggml-vocab-qwen2.gguf")
@@ -428,7 +431,7 @@ def smoke_env(lf_home: Path) -> Iterator[dict[str, str]]:
 
 
 def _run_op(name: str, ctx: OperationContext | None = None, **params: Any) -> dict[str, Any]:
-    op = REGISTRY[name]
+    op = operations()[name]
     return op.run(op.params.model_validate(params), ctx or OperationContext())
 
 

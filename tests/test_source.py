@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from llamaforge.errors import ChecksumMismatch, SourceError
-from llamaforge.recipes import ArchiveSource, GitSource
-from llamaforge.source import fetch_source, make_workspace
+from llamaforge.build.recipes import ArchiveSource, GitSource
+from llamaforge.build.source import fetch_source, make_workspace
+from llamaforge.core.errors import ChecksumMismatch, SourceError
 
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 

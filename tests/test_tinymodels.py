@@ -1,4 +1,4 @@
-"""Unit tests for llamaforge.tinymodels (no llama.cpp needed).
+"""Unit tests for llamaforge.gguf.tiny (no llama.cpp needed).
 
 Most tests use a small synthetic tokenizer-only GGUF written here, so they run in a few
 seconds.  The tests marked ``real vocab`` use the tokenizer GGUF named by the
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from helpers import write_mini_vocab
-from llamaforge import tinymodels
-from llamaforge.tinymodels import (
+from llamaforge.gguf import tiny as tinymodels
+from llamaforge.gguf.tiny import (
     SUPPORTED_ARCHS,
     NameStyle,
     TinyModelInfo,

@@ -1,7 +1,7 @@
 """models.verify: the hardened header parser, the checks, the cache, the template audit, a fuzz sample and a
 real load with llama.cpp (integration tier).
 
-Tiny real models come from ``llamaforge.tinymodels`` with a 300-token tokenizer written here, so the unit
+Tiny real models come from ``llamaforge.gguf.tiny`` with a 300-token tokenizer written here, so the unit
 tests run in seconds; corruptions are byte patches at offsets found by walking the valid file.
 """
 
@@ -23,19 +23,20 @@ import pytest
 
 from conftest import require
 from helpers import write_mini_vocab
-from llamaforge import tinymodels, verify
-from llamaforge.errors import LlamaforgeError, ModelError
-from llamaforge.gguf_header import (
+from llamaforge.core.errors import LlamaforgeError, ModelError
+from llamaforge.core.registry import OperationContext, operations
+from llamaforge.gguf import tiny as tinymodels
+from llamaforge.gguf.header import (
     ArraySummary,
     BytesSource,
     GGUFFormatError,
     HeaderLimits,
     read_header,
 )
-from llamaforge.modelrecipes import ModelExpectations, ModelRecipe
-from llamaforge.operations import REGISTRY, OperationContext
-from llamaforge.tinymodels import TensorPlanEntry, TinyModelSpec, write_tiny_model
-from llamaforge.verify import audit_chat_template, parse_load_log, verify_model
+from llamaforge.gguf.tiny import TensorPlanEntry, TinyModelSpec, write_tiny_model
+from llamaforge.models import verify
+from llamaforge.models.recipes import ModelExpectations, ModelRecipe
+from llamaforge.models.verify import audit_chat_template, parse_load_log, verify_model
 
 VOCAB = 300
 QWEN_TEMPLATE = (
@@ -344,14 +345,14 @@ def test_not_a_file(tmp_path: Path, lf_home: Path) -> None:
         verify_model(tmp_path)
     with pytest.raises(ModelError, match="does not exist"):
         verify_model(tmp_path / "missing.gguf")
-    op = REGISTRY["models.verify"]
+    op = operations()["models.verify"]
     with pytest.raises(ModelError, match="does not exist"):
         op.run(op.params.model_validate({"target": str(tmp_path / "missing.gguf")}), OperationContext())
 
 
 def test_cancel_before_hashing(model: Path, lf_home: Path) -> None:
-    from llamaforge.errors import Cancelled
-    from llamaforge.events import CancelToken
+    from llamaforge.core.errors import Cancelled
+    from llamaforge.core.events import CancelToken
 
     cancel = CancelToken()
     cancel.cancel()
@@ -622,7 +623,7 @@ def test_fuzz_sample_only_typed_errors(models: dict[str, Path]) -> None:
 
 
 def test_operation_through_registry(models: dict[str, Path], lf_home: Path, tmp_path: Path) -> None:
-    op = REGISTRY["models.verify"]
+    op = operations()["models.verify"]
     assert op.read_only and op.positional == ("target",)
     result = op.run(op.params.model_validate({"target": str(models["qwen3"])}), OperationContext())
     assert result["ok"] and result["exit_code"] == 0

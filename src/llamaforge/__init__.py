@@ -11,7 +11,7 @@ except PackageNotFoundError:  # running from a source tree without installation
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext llamaforge``: register the ``%llamaforge`` magic (imported only when a notebook asks)."""
-    from llamaforge.jupyter import load_ipython_extension as load
+    from llamaforge.fronts.jupyter import load_ipython_extension as load
 
     load(ipython)
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from llamaforge.errors import InvalidOption
-from llamaforge.events import CancelToken, Event, Reporter
-from llamaforge.plan import BuildPlan
+from llamaforge.build.plan import BuildPlan
+from llamaforge.core.errors import InvalidOption
+from llamaforge.core.events import CancelToken, Event, Reporter
 
 TAIL_LINES = 40
 

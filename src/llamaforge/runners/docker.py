@@ -8,12 +8,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from llamaforge.container import Container
-from llamaforge.dockerapi import docker_client
-from llamaforge.errors import BuildFailed, ImageError
-from llamaforge.events import Event, Reporter
-from llamaforge.plan import BuildPlan
+from llamaforge.build.plan import BuildPlan
+from llamaforge.core.errors import BuildFailed, ImageError
+from llamaforge.core.events import Event, Reporter
 from llamaforge.runners import RunRequest
+from llamaforge.runners.container import Container
+from llamaforge.runners.engine import docker_client
 
 DEFAULT_CCACHE_VOLUME = "llamaforge-ccache"
 

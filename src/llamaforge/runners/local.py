@@ -9,10 +9,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from llamaforge.errors import BuildFailed, InvalidOption
-from llamaforge.events import Reporter
-from llamaforge.plan import BuildPlan
-from llamaforge.resources import home
+from llamaforge.build.plan import BuildPlan
+from llamaforge.core.errors import BuildFailed, InvalidOption
+from llamaforge.core.events import Reporter
+from llamaforge.core.paths import home
 from llamaforge.runners import RunRequest
 
 _TOOLS = ("cmake", "ninja", "cc", "c++")

@@ -1,0 +1,132 @@
+"""The patch queue: ``patches/<series>/series`` lists ``*.patch`` files applied in order to a fresh copy.
+
+A patch that does not apply fails naming the patch file, the file it touches and the hunk; the partly patched
+copy is removed, so no half-patched tree is ever left behind. The source cache is never modified.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from llamaforge.core.errors import PatchError
+from llamaforge.core.paths import data_dir
+
+
+@dataclass(frozen=True)
+class PatchRef:
+    """One patch of a series, identified by file name and content hash."""
+
+    name: str
+    path: Path
+    sha256: str
+
+
+def series_dir(series: str | Path) -> Path:
+    """Directory of a series: a path, or a name under the shipped ``patches/`` folder."""
+    candidate = Path(series)
+    if candidate.is_absolute() or candidate.exists():
+        return candidate
+    return data_dir("patches") / series
+
+
+def read_series(series: str | Path | None) -> list[PatchRef]:
+    """The patches of ``series`` in order (empty for ``None`` or a series with no ``series`` file entries)."""
+    if series is None:
+        return []
+    directory = series_dir(series)
+    if not directory.is_dir():
+        raise PatchError(f"patch series directory {directory} does not exist", patch=str(series))
+    listing = directory / "series"
+    if not listing.is_file():
+        return []
+    refs: list[PatchRef] = []
+    for number, raw in enumerate(listing.read_text(encoding="utf-8").splitlines(), start=1):
+        name = raw.split("#", 1)[0].strip()
+        if not name:
+            continue
+        path = directory / name
+        if not path.is_file():
+            raise PatchError(
+                f"{listing}:{number}: patch {name!r} is listed but missing",
+                patch=name,
+                hint=f"add {path} or remove the line from the series file",
+            )
+        refs.append(PatchRef(name=name, path=path, sha256=hashlib.sha256(path.read_bytes()).hexdigest()))
+    return refs
+
+
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@")
+_FILE = re.compile(r"^\+\+\+ (?:b/)?(\S+)")
+
+
+def _hunk_at(patch_text: str, target: str, line: int) -> tuple[int, str] | None:
+    """Number (1-based within ``target``) and header of the hunk that starts at ``line`` of ``target``."""
+    current: str | None = None
+    number = 0
+    best: tuple[int, str] | None = None
+    for text in patch_text.splitlines():
+        file_match = _FILE.match(text)
+        if file_match:
+            current, number = file_match.group(1), 0
+            continue
+        hunk = _HUNK.match(text)
+        if hunk and current == target:
+            number += 1
+            start = int(hunk.group(1))
+            if start <= line and (best is None or start >= int(_HUNK.match(best[1]).group(1))):  # type: ignore[union-attr]
+                best = (number, text)
+    return best
+
+
+def _explain_failure(patch: PatchRef, stderr: str) -> PatchError:
+    failed = re.search(r"patch failed: (\S+):(\d+)", stderr)
+    missing = re.search(r"error: (\S+): No such file or directory", stderr)
+    if failed:
+        file, line = failed.group(1), int(failed.group(2))
+        hunk = _hunk_at(patch.path.read_text(encoding="utf-8", errors="replace"), file, line)
+        where = f"hunk #{hunk[0]} ({hunk[1]})" if hunk else f"the hunk at line {line}"
+        return PatchError(
+            f"patch {patch.name} does not apply: {file}: {where} no longer matches the source",
+            patch=patch.name,
+            file=file,
+            hunk=hunk[0] if hunk else None,
+            hint="refresh the patch against this llama.cpp version (`invoke patches.refresh`) or drop it from "
+            "the series; git said: " + " / ".join(stderr.strip().splitlines()[:4]),
+        )
+    if missing:
+        return PatchError(
+            f"patch {patch.name} does not apply: {missing.group(1)} does not exist in the source",
+            patch=patch.name,
+            file=missing.group(1),
+            hint="the file moved or was removed upstream; refresh the patch",
+        )
+    return PatchError(
+        f"patch {patch.name} does not apply: {stderr.strip() or 'git apply failed'}",
+        patch=patch.name,
+        hint="check that the file is a unified diff made from the llama.cpp source root (git diff)",
+    )
+
+
+def apply_series(patches: list[PatchRef], tree: Path) -> None:
+    """Apply ``patches`` in order to ``tree`` (a private copy). On failure ``tree`` is deleted and
+    ``PatchError`` names the patch, file and hunk."""
+    # Stop git from discovering an enclosing repository, which would change how paths are resolved.
+    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(tree.resolve().parent)}
+    for patch in patches:
+        command = ["git", "apply", "--whitespace=nowarn", "-p1", str(patch.path.resolve())]
+        check = subprocess.run(
+            [*command[:2], "--check", *command[2:]], cwd=tree, capture_output=True, text=True, env=env
+        )
+        if check.returncode != 0:
+            shutil.rmtree(tree, ignore_errors=True)
+            raise _explain_failure(patch, check.stderr)
+        result = subprocess.run(command, cwd=tree, capture_output=True, text=True, env=env)
+        if result.returncode != 0:
+            shutil.rmtree(tree, ignore_errors=True)
+            raise _explain_failure(patch, result.stderr)

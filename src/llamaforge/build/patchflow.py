@@ -1,0 +1,333 @@
+"""The patch workflow: check a series against a source, refresh it onto a new llama.cpp with a 3-way merge,
+and turn an edited workspace into a new patch.
+
+Workspaces are git repositories under ``$LLAMAFORGE_HOME/patch-workspaces/``: a base commit with the pristine
+source and one commit per patch, so git's merge machinery does the 3-way work and the regenerated patches are
+plain ``git diff`` output (no dates, no commit hashes: the same input gives the same bytes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llamaforge.core.errors import LlamaforgeError, PatchError
+from llamaforge.core.events import Event, Reporter, null_reporter
+from llamaforge.build.patches import PatchRef, apply_series, read_series, series_dir
+from llamaforge.core.paths import home
+from llamaforge.build.source import make_workspace
+
+_GIT_IDENTITY = [
+    "-c",
+    "user.name=llamaforge",
+    "-c",
+    "user.email=llamaforge@localhost",
+    "-c",
+    "commit.gpgsign=false",
+]
+_FIXED_DATE = "2000-01-01T00:00:00Z"
+
+
+class RefreshConflict(PatchError):
+    """A patch no longer applies onto the new source, even with a 3-way merge."""
+
+
+@dataclass(frozen=True)
+class PatchStatus:
+    """One patch of a series checked against a source."""
+
+    name: str
+    sha256: str
+    files: tuple[str, ...]
+    hunks: int
+
+
+@dataclass(frozen=True)
+class ConflictReport:
+    """Where a refresh stopped: the patch, and the conflicting files with their conflicting hunks."""
+
+    patch: str
+    files: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RefreshResult:
+    """Outcome of a refresh: rewritten patches, or the conflicts and the workspace to resolve them in."""
+
+    workspace: Path
+    refreshed: tuple[str, ...]
+    conflicts: tuple[ConflictReport, ...]
+    changed: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """Result as data."""
+        return {
+            "workspace": str(self.workspace),
+            "refreshed": list(self.refreshed),
+            "changed": list(self.changed),
+            "conflicts": [{"patch": c.patch, "files": c.files} for c in self.conflicts],
+            "ok": not self.conflicts,
+        }
+
+
+def _git(workspace: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_DATE": _FIXED_DATE,
+        "GIT_COMMITTER_DATE": _FIXED_DATE,
+        "GIT_EDITOR": "true",
+        "GIT_CEILING_DIRECTORIES": str(workspace.resolve().parent),
+    }
+    result = subprocess.run(
+        ["git", *_GIT_IDENTITY, *args], cwd=workspace, capture_output=True, text=True, env=env
+    )
+    if check and result.returncode != 0:
+        raise LlamaforgeError(f"git {' '.join(args)} failed in {workspace}: {result.stderr.strip()}")
+    return result
+
+
+def _patch_stats(patch: PatchRef) -> tuple[tuple[str, ...], int]:
+    text = patch.path.read_text(encoding="utf-8", errors="replace")
+    files = tuple(re.findall(r"^\+\+\+ b/(\S+)", text, flags=re.M))
+    return files, len(re.findall(r"^@@ ", text, flags=re.M))
+
+
+def check_series(
+    series: str | Path | None, tree: Path, reporter: Reporter = null_reporter
+) -> list[PatchStatus]:
+    """Apply ``series`` in order to a scratch copy of ``tree``; raise PatchError naming the first failure."""
+    patches = read_series(series)
+    with make_workspace(tree) as scratch:
+        for index, patch in enumerate(patches, start=1):
+            reporter(
+                Event(
+                    "progress", f"applying {patch.name}", stage="check", completed=index, total=len(patches)
+                )
+            )
+            apply_series([patch], scratch)
+    return [PatchStatus(p.name, p.sha256, *_patch_stats(p)) for p in patches]
+
+
+def _copy_tree(source: Path, target: Path) -> None:
+    for entry in target.iterdir():
+        if entry.name != ".git":
+            shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+    for entry in source.iterdir():
+        if entry.name == ".git":
+            continue
+        destination = target / entry.name
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.copytree(entry, destination, symlinks=True)
+        else:
+            shutil.copy2(entry, destination, follow_symlinks=False)
+
+
+def resolve_tree(spec: str, scratch: Path) -> Path:
+    """A source tree from ``spec``: a directory, or a .tar/.tar.gz/.tar.xz archive (extracted into scratch)."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path
+    if path.is_file() and tarfile.is_tarfile(path):
+        target = scratch / "upstream"
+        target.mkdir()
+        with tarfile.open(path) as tar:
+            tar.extractall(target, filter="data")
+        entries = list(target.iterdir())
+        # An archive with one top-level directory (the usual layout) is that directory's contents.
+        return entries[0] if len(entries) == 1 and entries[0].is_dir() else target
+    raise LlamaforgeError(
+        f"--to {spec!r} is neither a source directory nor a tar archive",
+        hint="pass an extracted llama.cpp tree or its release archive (git commits: fetch them with "
+        "`git archive` or a recipe first)",
+    )
+
+
+def _workspace_root() -> Path:
+    root = home() / "patch-workspaces"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def create_workspace(tree: Path, patches: list[PatchRef], name: str) -> Path:
+    """A git workspace: commit ``base`` = ``tree``, then one commit per patch (branch ``patched``)."""
+    workspace = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=_workspace_root()))
+    _copy_tree(tree, workspace)
+    _git(workspace, "init", "-q", "-b", "patched")
+    _git(workspace, "add", "-A", "-f")
+    _git(workspace, "commit", "-q", "--allow-empty", "-m", "base")
+    _git(workspace, "tag", "base")
+    for patch in patches:
+        applied = _git(
+            workspace, "apply", "--index", "--whitespace=nowarn", str(patch.path.resolve()), check=False
+        )
+        if applied.returncode != 0:
+            raise PatchError(
+                f"patch {patch.name} does not apply to the current source: {applied.stderr.strip()}",
+                patch=patch.name,
+                hint="run `invoke patches.check` to see where it fails",
+            )
+        _git(workspace, "commit", "-q", "--allow-empty", "-m", patch.name)
+    return workspace
+
+
+def _conflict_hunks(workspace: Path) -> dict[str, list[str]]:
+    files = _git(workspace, "diff", "--name-only", "--diff-filter=U").stdout.split()
+    report: dict[str, list[str]] = {}
+    for name in files:
+        hunks = []
+        text = (workspace / name).read_text(encoding="utf-8", errors="replace").splitlines()
+        for number, line in enumerate(text, start=1):
+            if line.startswith("<<<<<<< "):
+                hunks.append(f"conflict at line {number}")
+        report[name] = hunks or ["conflict (binary or deleted file)"]
+    return report
+
+
+def _header(original: str) -> str:
+    """Everything before the first ``diff --git`` line: the patch's description, kept across refreshes."""
+    index = original.find("diff --git ")
+    return original[:index] if index > 0 else ""
+
+
+def _render_patch(workspace: Path, revision: str, original: str) -> str:
+    diff = _git(
+        workspace, "diff", "--no-color", "--no-ext-diff", "--no-renames", "--src-prefix=a/", "--dst-prefix=b/",
+        "-U3", f"{revision}~1", revision,
+    ).stdout  # fmt: skip
+    # `index <blob>..<blob>` lines carry content hashes that say nothing to git apply; drop them for clean diffs.
+    diff = "".join(line for line in diff.splitlines(keepends=True) if not line.startswith("index "))
+    return _header(original) + diff
+
+
+def refresh_series(
+    series: str | Path,
+    old_tree: Path,
+    new_tree: Path,
+    *,
+    reporter: Reporter = null_reporter,
+) -> RefreshResult:
+    """Re-apply ``series`` (made for ``old_tree``) onto ``new_tree`` with 3-way merges and rewrite the patches.
+
+    On conflicts nothing in the series is rewritten; the workspace is left at the first conflicting patch
+    (``git status`` shows the files), and every conflicting patch is reported.
+    """
+    patches = read_series(series)
+    directory = series_dir(series)
+    workspace = create_workspace(old_tree, patches, "refresh")
+    _git(workspace, "checkout", "-q", "-b", "upstream", "base")
+    _copy_tree(new_tree, workspace)
+    _git(workspace, "add", "-A", "-f")
+    _git(workspace, "commit", "-q", "--allow-empty", "-m", "new upstream")
+    _git(workspace, "checkout", "-q", "-b", "refreshed")
+
+    conflicts: list[ConflictReport] = []
+    commits = _git(workspace, "rev-list", "--reverse", "base..patched").stdout.split()
+    for index, (patch, commit) in enumerate(zip(patches, commits, strict=True), start=1):
+        reporter(
+            Event("progress", f"merging {patch.name}", stage="refresh", completed=index, total=len(patches))
+        )
+        if _git(workspace, "cherry-pick", "--allow-empty", commit, check=False).returncode == 0:
+            continue
+        # Record the conflict, then go on without this patch so every conflicting patch gets reported.
+        conflicts.append(ConflictReport(patch.name, _conflict_hunks(workspace)))
+        _git(workspace, "cherry-pick", "--abort", check=False)
+    if conflicts:
+        _restore_first_conflict(workspace, patches, commits, conflicts[0].patch)
+        return RefreshResult(workspace, (), tuple(conflicts), ())
+
+    return _rewrite(directory, patches, workspace)
+
+
+def _rewrite(directory: Path, patches: list[PatchRef], workspace: Path) -> RefreshResult:
+    """Regenerate every patch from the ``refreshed`` branch; only files whose bytes change are written."""
+    changed: list[str] = []
+    revisions = _git(workspace, "rev-list", "--reverse", "upstream..refreshed").stdout.split()
+    for patch, revision in zip(patches, revisions, strict=True):
+        original = patch.path.read_text(encoding="utf-8")
+        rendered = _render_patch(workspace, revision, original)
+        if rendered != original:
+            changed.append(patch.name)
+            (directory / patch.name).write_text(rendered, encoding="utf-8")
+    return RefreshResult(workspace, tuple(p.name for p in patches), (), tuple(changed))
+
+
+def continue_refresh(
+    series: str | Path, workspace: Path, *, reporter: Reporter = null_reporter
+) -> RefreshResult:
+    """After the user resolved a conflict in ``workspace``: finish that patch, merge the rest, rewrite."""
+    state_file = workspace / ".git" / "llamaforge-refresh.json"
+    if not state_file.is_file():
+        raise LlamaforgeError(
+            f"{workspace} has no refresh in progress", hint="start one with `patches.refresh --to`"
+        )
+    state = json.loads(state_file.read_text(encoding="utf-8"))
+    _git(workspace, "add", "-A", "-f")
+    if _conflict_hunks(workspace) or re.search(
+        r"^<<<<<<< ", _git(workspace, "diff", "--cached").stdout, re.M
+    ):
+        raise LlamaforgeError(
+            f"{workspace} still has conflict markers", hint="resolve every <<<<<<< block, then continue"
+        )
+    _git(workspace, "-c", "core.editor=true", "cherry-pick", "--continue", check=False)
+    if _git(workspace, "rev-parse", "-q", "--verify", "CHERRY_PICK_HEAD", check=False).returncode == 0:
+        _git(workspace, "commit", "-q", "--allow-empty", "-m", state["stopped_at"])
+    patches = read_series(series)
+    commits = _git(workspace, "rev-list", "--reverse", "base..patched").stdout.split()
+    remaining = set(state["remaining"])
+    for index, (patch, commit) in enumerate(zip(patches, commits, strict=True), start=1):
+        if patch.name not in remaining:
+            continue
+        reporter(
+            Event("progress", f"merging {patch.name}", stage="refresh", completed=index, total=len(patches))
+        )
+        if _git(workspace, "cherry-pick", "--allow-empty", commit, check=False).returncode != 0:
+            rest = [p.name for p in patches[index:]]
+            state_file.write_text(json.dumps({"stopped_at": patch.name, "remaining": rest}), encoding="utf-8")
+            return RefreshResult(workspace, (), (ConflictReport(patch.name, _conflict_hunks(workspace)),), ())
+    state_file.unlink()
+    return _rewrite(series_dir(series), patches, workspace)
+
+
+def _restore_first_conflict(workspace: Path, patches: list[PatchRef], commits: list[str], name: str) -> None:
+    """Rebuild the ``refreshed`` branch up to the first conflicting patch and leave its merge in progress."""
+    _git(workspace, "checkout", "-q", "-B", "refreshed", "upstream")
+    for patch, commit in zip(patches, commits, strict=True):
+        picked = _git(workspace, "cherry-pick", commit, check=False)
+        if patch.name == name:
+            state = {"stopped_at": name, "remaining": [p.name for p in patches[patches.index(patch) + 1 :]]}
+            (workspace / ".git" / "llamaforge-refresh.json").write_text(json.dumps(state), encoding="utf-8")
+            return
+        if picked.returncode != 0:  # pragma: no cover - earlier patches merged cleanly in the first pass
+            return
+
+
+def new_patch(series: str | Path, workspace: Path, name: str) -> Path:
+    """Write the uncommitted changes of ``workspace`` as ``NNNN-name.patch`` at the end of ``series``."""
+    directory = series_dir(series)
+    if not (workspace / ".git").is_dir():
+        raise LlamaforgeError(
+            f"{workspace} is not a patch workspace", hint="create one with `invoke patches.edit`"
+        )
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise LlamaforgeError(f"patch name {name!r} is not a plain file name", hint="e.g. qwen35-fix")
+    _git(workspace, "add", "-A", "-f")
+    if not _git(workspace, "diff", "--cached", "--name-only").stdout.strip():
+        raise LlamaforgeError(f"no changes in {workspace}", hint="edit the source in the workspace first")
+    _git(workspace, "commit", "-q", "-m", name)
+    existing = read_series(directory)
+    numbers = [int(m.group(1)) for p in existing if (m := re.match(r"(\d+)-", p.name))]
+    filename = f"{(max(numbers) if numbers else 0) + 1:04d}-{name}.patch"
+    header = f"From: llamaforge patches.new\nSubject: {name}\n\n"
+    (directory / filename).write_text(_render_patch(workspace, "HEAD", header), encoding="utf-8")
+    listing = directory / "series"
+    current = listing.read_text(encoding="utf-8") if listing.is_file() else ""
+    listing.write_text(current + ("" if current.endswith("\n") or not current else "\n") + filename + "\n")
+    return directory / filename

@@ -1,0 +1,238 @@
+"""Build recipes: typed, frozen models loaded from ``recipes/builds/*.toml``.
+
+Errors name the file and the field; unknown keys get a "did you mean" suggestion.
+"""
+
+from __future__ import annotations
+
+import datetime
+import difflib
+import json
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from llamaforge.build.cuda_arch import parse_cuda_archs
+from llamaforge.core.errors import InvalidOption, RecipeError
+from llamaforge.core.paths import data_dir
+
+Backend = Literal["cpu", "cuda", "vulkan", "metal"]
+Platform = Literal["linux", "windows", "macos"]
+
+_SHA256 = r"^[0-9a-f]{64}$"
+_COMMIT = r"^[0-9a-f]{40}$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GitSource(_Strict):
+    """llama.cpp from a git repository at a full commit."""
+
+    kind: Literal["git"]
+    url: str = Field(description="Repository URL, e.g. https://github.com/ggml-org/llama.cpp")
+    commit: str = Field(pattern=_COMMIT, description="Full 40-hex commit to check out and verify")
+    build_number: int = Field(ge=0, description="llama.cpp build number (the bNNNN tag)")
+    date: datetime.date | None = Field(default=None, description="Commit date; sets SOURCE_DATE_EPOCH")
+
+
+class ArchiveSource(_Strict):
+    """llama.cpp from a tar archive (https://, file:// or a path), verified by sha256."""
+
+    kind: Literal["archive"]
+    url: str = Field(description="https://…, file://… or a local path of a .tar.gz/.tar.xz/.tar archive")
+    sha256: str = Field(pattern=_SHA256, description="sha256 of the archive file")
+    subdir: str = Field(default="", description="Directory inside the archive that holds llama.cpp")
+    commit: str = Field(pattern=_COMMIT, description="Upstream commit the archive was made from")
+    build_number: int = Field(ge=0, description="llama.cpp build number (the bNNNN tag)")
+    date: datetime.date | None = Field(default=None, description="Commit date; sets SOURCE_DATE_EPOCH")
+
+
+class PypiSdistSource(_Strict):
+    """llama.cpp vendored in a Python sdist on PyPI (e.g. llama-cpp-python), fetched with pip."""
+
+    kind: Literal["pypi-sdist"]
+    package: str = Field(description="Distribution name on PyPI")
+    version: str = Field(description="Exact version")
+    sha256: str = Field(pattern=_SHA256, description="sha256 of the sdist file")
+    subdir: str = Field(description="Directory inside the sdist that holds llama.cpp")
+    commit: str = Field(pattern=_COMMIT, description="Upstream llama.cpp commit vendored by this sdist")
+    build_number: int = Field(ge=0, description="llama.cpp build number (the bNNNN tag)")
+    date: datetime.date | None = Field(default=None, description="Commit date; sets SOURCE_DATE_EPOCH")
+
+
+Source = Annotated[GitSource | ArchiveSource | PypiSdistSource, Field(discriminator="kind")]
+
+
+SMOKE_KEYS = ("min_tg_tps", "max_ttft_ms", "must_answer")
+
+
+def check_smoke_table(value: dict[str, float | str | None] | None) -> dict[str, float | str | None] | None:
+    """Validate a recipe's ``[smoke]`` thresholds table (keys only; values are checked when a smoke runs)."""
+    for key in value or {}:
+        if key not in SMOKE_KEYS:
+            close = difflib.get_close_matches(key, SMOKE_KEYS, n=1)
+            raise ValueError(
+                f"unknown smoke threshold {key!r}"
+                + (f" (did you mean {close[0]!r}?)" if close else f"; known: {', '.join(SMOKE_KEYS)}")
+            )
+    return value
+
+
+SmokeTable = Annotated[dict[str, float | str | None] | None, AfterValidator(check_smoke_table)]
+"""A recipe's ``[smoke]`` table: threshold name -> value, keys checked on load."""
+
+
+class ImageRef(_Strict):
+    """A base image: a tag, and its registry digest once locked."""
+
+    tag: str
+    digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
+
+
+class BuildRecipe(_Strict):
+    """Everything that decides a llama.cpp build."""
+
+    name: str = Field(default="", description="Recipe name (the file name without .toml)")
+    description: str = ""
+    platform: Platform = "linux"
+    backend: Backend = "cpu"
+    cuda_architectures: list[str] = Field(
+        default_factory=lambda: ["86"], description="CMAKE_CUDA_ARCHITECTURES entries (cuda backend only)"
+    )
+    source: Source
+    patches: str | None = Field(
+        default="llama.cpp", description="Patch series directory under patches/, or none for a stock build"
+    )
+    targets: list[str] = Field(
+        default_factory=lambda: ["llama-server", "llama-bench", "llama-cli"], min_length=1
+    )
+    cmake: dict[str, str | int | bool] = Field(default_factory=dict, description="Extra -D options")
+    images: dict[Backend, ImageRef] = Field(default_factory=dict, description="Base image per backend")
+    smoke: SmokeTable = Field(
+        default=None,
+        description="Smoke thresholds for builds of this recipe: min_tg_tps, max_ttft_ms, must_answer",
+    )
+
+    @field_validator("cuda_architectures")
+    @classmethod
+    def _valid_archs(cls, value: list[str]) -> list[str]:
+        try:
+            return parse_cuda_archs(value)
+        except InvalidOption as error:
+            raise ValueError(f"{error.message} ({error.hint})") from None
+
+    @field_validator("targets")
+    @classmethod
+    def _valid_targets(cls, value: list[str]) -> list[str]:
+        for target in value:
+            if not re.fullmatch(r"[A-Za-z0-9_.+-]+", target):
+                raise ValueError(f"target {target!r} is not a CMake target name")
+        return value
+
+    @field_validator("cmake")
+    @classmethod
+    def _valid_cmake(cls, value: dict[str, str | int | bool]) -> dict[str, str | int | bool]:
+        for key in value:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ValueError(f"cmake option {key!r} is not a CMake variable name")
+        return value
+
+
+def recipe_dir() -> Path:
+    """Directory of the shipped build recipes."""
+    return data_dir("recipes") / "builds"
+
+
+def list_recipes() -> list[str]:
+    """Names of the shipped build recipes."""
+    return sorted(path.stem for path in recipe_dir().glob("*.toml"))
+
+
+def resolve_named_file(name_or_path: str | Path, directory: Path, kind: str) -> Path:
+    """A ``.toml`` path as given, or ``directory/NAME.toml`` for a bare name; an unknown name gets
+    "did you mean" and the list of known names. ``kind`` names the thing in errors ("build recipe")."""
+    text = str(name_or_path)
+    candidate = Path(name_or_path)
+    if candidate.suffix == ".toml" or "/" in text or os.sep in text:
+        if not candidate.is_file():
+            raise RecipeError(f"{kind} file {candidate} does not exist", hint="check the path")
+        return candidate
+    path = directory / f"{text}.toml"
+    if not path.is_file():
+        known = sorted(entry.stem for entry in directory.glob("*.toml"))
+        close = difflib.get_close_matches(text, known, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise RecipeError(
+            f"unknown {kind} {text!r}",
+            hint=hint + "known: " + (", ".join(known) or "none") + f" (in {directory})",
+        )
+    return path
+
+
+def _field_names(loc: tuple[int | str, ...]) -> list[str]:
+    """Field names valid next to the last element of ``loc`` (for "did you mean")."""
+    tags: dict[str, type[BaseModel]] = {
+        "git": GitSource,
+        "archive": ArchiveSource,
+        "pypi-sdist": PypiSdistSource,
+    }
+    model: type[BaseModel] | None = BuildRecipe
+    for part in loc[:-1]:
+        if isinstance(part, str) and part in tags:  # discriminated-union tag inside the loc
+            model = tags[part]
+            continue
+        field = model.model_fields.get(part) if model is not None and isinstance(part, str) else None
+        annotation = field.annotation if field is not None else None
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return list(model.model_fields) if model else []
+
+
+def _describe(path: Path, error: ValidationError) -> RecipeError:
+    problems: list[str] = []
+    hints: list[str] = []
+    for item in error.errors():
+        loc = tuple(item["loc"])
+        dotted = ".".join(str(part) for part in loc if part not in ("git", "archive", "pypi-sdist"))
+        if item["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(str(loc[-1]), _field_names(loc), n=1)
+            problems.append(f"{dotted}: unknown key")
+            if close:
+                hints.append(f"did you mean {close[0]!r} instead of {loc[-1]!r}?")
+        else:
+            problems.append(f"{dotted or '(top level)'}: {item['msg']}")
+    return RecipeError(
+        f"invalid recipe {path}:\n  " + "\n  ".join(problems),
+        hint=" ".join(hints) or "see recipes/schema/build-recipe.schema.json for the fields",
+    )
+
+
+def parse_recipe(data: dict[str, Any], *, name: str, origin: Path) -> BuildRecipe:
+    """Validate recipe ``data`` (already parsed TOML); ``origin`` is named in errors."""
+    try:
+        return BuildRecipe.model_validate({**data, "name": name})
+    except ValidationError as error:
+        raise _describe(origin, error) from None
+
+
+def load_recipe(name_or_path: str) -> BuildRecipe:
+    """Load a build recipe by name (``recipes/builds/NAME.toml``) or by path."""
+    path = resolve_named_file(name_or_path, recipe_dir(), "build recipe")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as error:
+        raise RecipeError(f"recipe {path} is not valid TOML: {error}", hint="fix the syntax") from None
+    except OSError as error:
+        raise RecipeError(f"cannot read recipe {path}: {error.strerror}") from None
+    return parse_recipe(data, name=path.stem, origin=path)
+
+
+def recipe_json_schema() -> str:
+    """The JSON schema of build recipes, as checked in under ``recipes/schema/``."""
+    schema = BuildRecipe.model_json_schema()
+    return json.dumps(schema, indent=2, sort_keys=True) + "\n"

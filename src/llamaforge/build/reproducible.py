@@ -1,0 +1,170 @@
+"""Rebuild a published build from scratch (fresh container, ccache off) and compare every artifact."""
+
+from __future__ import annotations
+
+import datetime
+import shutil
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llamaforge.build.execute import BuildResult
+from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
+from llamaforge.build.patches import apply_series
+from llamaforge.build.plan import BuildPlan
+from llamaforge.core.paths import home
+from llamaforge.runners import LogSink, RunRequest, get_executor
+from llamaforge.build.source import fetch_source, make_workspace, sha256_file
+from llamaforge.build.store import staging_dir
+
+
+@dataclass(frozen=True)
+class ArtifactDiff:
+    """One artifact whose rebuild differs from the manifest."""
+
+    path: str
+    expected_sha256: str
+    actual_sha256: str | None
+    expected_size: int
+    actual_size: int | None
+    first_difference: int | None
+    sections: tuple[str, ...]
+    explanation: str
+    kept: str | None
+
+
+@dataclass(frozen=True)
+class ReproducibilityReport:
+    """Outcome of a rebuild-and-compare."""
+
+    key: str
+    identical: tuple[str, ...]
+    different: tuple[ArtifactDiff, ...]
+    seconds: float
+    log_path: str
+
+    @property
+    def reproducible(self) -> bool:
+        """True when every artifact is bit-identical."""
+        return not self.different
+
+    def to_json(self) -> dict[str, Any]:
+        """Report as data."""
+        return {
+            "key": self.key,
+            "reproducible": self.reproducible,
+            "identical": list(self.identical),
+            "different": [diff.__dict__ for diff in self.different],
+            "seconds": round(self.seconds, 1),
+            "log": self.log_path,
+        }
+
+
+def elf_sections(data: bytes) -> dict[str, bytes]:
+    """Section name -> file bytes of an ELF64 little-endian file (empty dict if it is not one)."""
+    if data[:6] != b"\x7fELF\x02\x01" or len(data) < 64:
+        return {}
+    shoff = struct.unpack_from("<Q", data, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    if shoff == 0 or shoff + shnum * shentsize > len(data) or shstrndx >= shnum:
+        return {}
+    headers = [struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    strtab = headers[shstrndx][4]
+    sections: dict[str, bytes] = {}
+    for name_offset, kind, _flags, _addr, offset, size in headers:
+        end = data.find(b"\0", strtab + name_offset)
+        name = data[strtab + name_offset : end].decode(errors="replace")
+        sections[name] = b"" if kind == 8 else data[offset : offset + size]  # SHT_NOBITS has no file bytes
+    return sections
+
+
+def differing_sections(a: bytes, b: bytes) -> list[str]:
+    """Names of ELF sections whose bytes differ (or exist in one file only), in file order."""
+    left, right = elf_sections(a), elf_sections(b)
+    names = list(left) + [name for name in right if name not in left]
+    return [name for name in names if name and left.get(name) != right.get(name)]
+
+
+def _first_difference(a: Path, b: Path) -> int | None:
+    left, right = a.read_bytes(), b.read_bytes()
+    for index, (x, y) in enumerate(zip(left, right, strict=False)):
+        if x != y:
+            return index
+    return None if len(left) == len(right) else min(len(left), len(right))
+
+
+_EXPLANATIONS = {
+    ".gnu.hash": "the dynamic symbol table differs",
+    ".note.gnu.build-id": "only the build-id differs, so some other input (usually a path) differs too",
+    ".rodata": "constant data differs: typically embedded paths, __DATE__/__TIME__ or a build-info string",
+    ".text": "machine code differs: compiler flags, compiler version or non-deterministic code generation",
+    ".data": "initialised data differs: typically embedded strings such as build info",
+    ".debug_info": "debug info differs: usually absolute paths not covered by -ffile-prefix-map",
+    ".comment": "compiler identification strings differ",
+}
+
+
+def check_reproducible(
+    result: BuildResult,
+    plan: BuildPlan,
+    *,
+    executor: str = "docker",
+    jobs: int | None = None,
+    reporter: Reporter = null_reporter,
+    cancel: CancelToken | None = None,
+) -> ReproducibilityReport:
+    """Rebuild ``plan`` with ccache off in a fresh environment and compare artifacts with ``result``."""
+    cancel = cancel or CancelToken()
+    started = time.monotonic()
+    runner = get_executor(executor)
+    runner.environment_id(plan, reporter)
+    tree = fetch_source(plan.recipe.source, reporter=reporter, cancel=cancel)
+    stamp = f"{datetime.datetime.now(datetime.UTC):%Y%m%dT%H%M%S}"
+    log_path = home() / "logs" / f"{result.key}-reproduce-{stamp}.log"
+    scratch = staging_dir(result.key)
+    # Differing rebuilt artifacts are kept for inspection (e.g. diffoscope ORIGINAL KEPT).
+    keep = home() / "reproduce" / f"{result.key}-{stamp}"
+    try:
+        with make_workspace(tree) as workspace:
+            apply_series(list(plan.patches), workspace)
+            sink = LogSink(log_path, reporter)
+            reporter(Event("stage", "rebuilding with ccache off", stage="reproduce"))
+            try:
+                runner.run(RunRequest(plan, workspace, scratch, sink, cancel, use_ccache=False, jobs=jobs))
+            finally:
+                sink.close()
+        identical: list[str] = []
+        different: list[ArtifactDiff] = []
+        for relative, expected in sorted(result.manifest["artifacts"].items()):
+            rebuilt = scratch / relative
+            if not rebuilt.is_file():
+                different.append(
+                    ArtifactDiff(relative, expected["sha256"], None, expected["size"], None, None, (),
+                                 "the rebuild did not produce this file", None)
+                )  # fmt: skip
+                continue
+            actual = sha256_file(rebuilt)
+            if actual == expected["sha256"]:
+                identical.append(relative)
+                continue
+            original = result.path / relative
+            offset = _first_difference(original, rebuilt) if original.is_file() else None
+            sections = tuple(differing_sections(original.read_bytes(), rebuilt.read_bytes()))
+            causes = [name for name in sections if name != ".note.gnu.build-id"]
+            explanation = "; ".join(
+                f"{name}: {_EXPLANATIONS.get(name, 'differs')}" for name in causes[:4]
+            ) or _EXPLANATIONS.get(".note.gnu.build-id", "differs")
+            kept = keep / relative
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(rebuilt, kept)
+            different.append(
+                ArtifactDiff(relative, expected["sha256"], actual, expected["size"], rebuilt.stat().st_size,
+                             offset, sections, explanation, str(kept))
+            )  # fmt: skip
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return ReproducibilityReport(
+        result.key, tuple(identical), tuple(different), time.monotonic() - started, str(log_path)
+    )

@@ -1,0 +1,251 @@
+"""Fetch and cache the llama.cpp source: git (full commit, verified), archives and PyPI sdists (sha256).
+
+The cache is content-addressed (``sources/<sha256-or-commit>/tree``) and written atomically: a tree is
+extracted into a temporary directory and renamed into place only when complete. Builds never modify it;
+they work on a copy (``make_workspace``). A mirror directory (``LLAMAFORGE_SOURCE_MIRROR``) serves archives on
+machines that reach no network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import ssl
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path, PurePosixPath
+
+from filelock import FileLock
+
+from llamaforge.core.errors import ChecksumMismatch, SourceError
+from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
+from llamaforge.build.recipes import ArchiveSource, GitSource, PypiSdistSource
+from llamaforge.core.paths import home
+
+SourceSpec = GitSource | ArchiveSource | PypiSdistSource
+_CHUNK = 1 << 20
+
+
+def source_id(source: SourceSpec) -> str:
+    """Content address of a source: the archive sha256, or ``git-<commit>``."""
+    return f"git-{source.commit}" if isinstance(source, GitSource) else source.sha256
+
+
+def _mirror_dirs() -> list[Path]:
+    raw = os.environ.get("LLAMAFORGE_SOURCE_MIRROR", "")
+    return [Path(part) for part in raw.split(os.pathsep) if part]
+
+
+def sha256_file(path: Path, cancel: CancelToken | None = None) -> str:
+    """sha256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            if cancel:
+                cancel.raise_if_cancelled()
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _archive_name(source: ArchiveSource | PypiSdistSource) -> str:
+    if isinstance(source, PypiSdistSource):
+        return f"{source.package.replace('-', '_')}-{source.version}.tar.gz"
+    return PurePosixPath(urllib.parse.urlparse(source.url).path).name or "archive"
+
+
+def _verify(path: Path, expected: str, origin: str, cancel: CancelToken | None) -> None:
+    actual = sha256_file(path, cancel)
+    if actual != expected:
+        quarantine = path.with_name(path.name + f".sha256-{actual[:12]}.rejected")
+        path.replace(quarantine)
+        raise ChecksumMismatch(
+            f"sha256 mismatch for {origin}: expected {expected}, got {actual}",
+            hint=f"the file was moved to {quarantine}; if the new file is trusted, pin its sha256 in the recipe",
+        )
+
+
+def _download(url: str, target: Path, reporter: Reporter, cancel: CancelToken | None) -> None:
+    context = ssl.create_default_context(cafile=os.environ.get("SSL_CERT_FILE") or None)
+    try:
+        with urllib.request.urlopen(url, timeout=60, context=context) as response:  # noqa: S310 - https/file only
+            total = int(response.headers.get("Content-Length") or 0) or None
+            done = 0
+            with target.open("wb") as handle:
+                while chunk := response.read(_CHUNK):
+                    if cancel:
+                        cancel.raise_if_cancelled()
+                    handle.write(chunk)
+                    done += len(chunk)
+                    reporter(
+                        Event("progress", f"downloading {url}", stage="source", completed=done, total=total)
+                    )
+    except OSError as error:
+        if isinstance(error, urllib.error.HTTPError):
+            error.close()  # an HTTPError holds the open response
+        raise SourceError(
+            f"cannot download {url}: {error}",
+            hint="check the network or put the archive in a mirror directory (LLAMAFORGE_SOURCE_MIRROR)",
+        ) from None
+
+
+def _fetch_archive_file(
+    source: ArchiveSource | PypiSdistSource, directory: Path, reporter: Reporter, cancel: CancelToken | None
+) -> Path:
+    """Return a verified archive file for ``source`` under ``directory`` (downloading if needed)."""
+    final = directory / f"{source.sha256}.archive"
+    if final.is_file():
+        return final
+    name = _archive_name(source)
+    partial = directory / f"{source.sha256}.part"
+    for mirror in _mirror_dirs():
+        for candidate in (mirror / name, mirror / source.sha256):
+            if candidate.is_file():
+                reporter(Event("info", f"using mirror copy {candidate}", stage="source"))
+                shutil.copyfile(candidate, partial)
+                _verify(partial, source.sha256, str(candidate), cancel)
+                partial.replace(final)
+                return final
+    if isinstance(source, PypiSdistSource):
+        reporter(Event("info", f"pip download {source.package}=={source.version} (sdist)", stage="source"))
+        with tempfile.TemporaryDirectory(dir=directory) as scratch:
+            command = [
+                sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                "--disable-pip-version-check", "-d", scratch, f"{source.package}=={source.version}",
+            ]  # fmt: skip
+            result = subprocess.run(command, capture_output=True, text=True)
+            files = list(Path(scratch).iterdir())
+            if result.returncode != 0 or len(files) != 1:
+                raise SourceError(
+                    f"pip could not download {source.package}=={source.version}: "
+                    + (result.stderr.strip().splitlines() or ["no file"])[-1],
+                    hint="check that PyPI is reachable, or put the sdist in LLAMAFORGE_SOURCE_MIRROR",
+                )
+            shutil.move(str(files[0]), partial)
+        _verify(partial, source.sha256, f"{source.package}=={source.version}", cancel)
+        partial.replace(final)
+        return final
+    url = source.url
+    if "://" not in url:
+        path = Path(url).expanduser()
+        if not path.is_file():
+            raise SourceError(f"archive {path} does not exist", hint="fix source.url in the recipe")
+        shutil.copyfile(path, partial)
+    elif url.startswith(("https://", "http://", "file://")):
+        _download(url, partial, reporter, cancel)
+    else:
+        raise SourceError(f"unsupported archive URL {url!r}", hint="use https://, file:// or a local path")
+    _verify(partial, source.sha256, url, cancel)
+    partial.replace(final)
+    return final
+
+
+def _extract(archive: Path, subdir: str, target: Path, cancel: CancelToken | None) -> None:
+    prefix = PurePosixPath(subdir) if subdir else None
+    try:
+        with tarfile.open(archive) as tar:
+            for member in tar:
+                if cancel:
+                    cancel.raise_if_cancelled()
+                name = PurePosixPath(member.name)
+                if name.is_absolute() or ".." in name.parts:
+                    raise SourceError(
+                        f"archive {archive} has member {member.name!r} that escapes the target directory",
+                        hint="this archive is unsafe; check where it came from",
+                    )
+                if prefix is not None:
+                    if name == prefix or prefix not in name.parents:
+                        continue
+                    name = name.relative_to(prefix)
+                # A vendored checkout keeps a stale submodule `.git` pointer file: it breaks build-info.
+                if name == PurePosixPath(".git") or (name.parts and name.parts[0] == ".git"):
+                    continue
+                member.name = str(name)
+                if member.issym() or member.islnk():
+                    link = PurePosixPath(member.linkname)
+                    if member.islnk() and prefix is not None and prefix in link.parents:
+                        member.linkname = str(link.relative_to(prefix))
+                tar.extract(member, target, filter="data")
+    except (tarfile.TarError, OSError) as error:
+        raise SourceError(f"cannot extract {archive}: {error}", hint="the archive may be corrupt") from None
+    if not any(target.iterdir()):
+        raise SourceError(f"archive {archive} has nothing under {subdir!r}", hint="fix source.subdir")
+
+
+def _git_checkout(source: GitSource, target: Path, reporter: Reporter) -> None:
+    def git(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+
+    reporter(Event("info", f"git clone {source.url}", stage="source"))
+    clone = git("clone", "--quiet", "--no-checkout", source.url, str(target))
+    if clone.returncode != 0:
+        raise SourceError(
+            f"git clone {source.url} failed: {clone.stderr.strip()}",
+            hint="check the URL and network, or use an archive source with a mirror directory",
+        )
+    if git("cat-file", "-e", f"{source.commit}^{{commit}}", cwd=target).returncode != 0:
+        raise SourceError(
+            f"commit {source.commit} not found in {source.url}",
+            hint="check source.commit in the recipe (a full 40-hex commit of that repository)",
+        )
+    checkout = git("checkout", "--quiet", "--detach", source.commit, cwd=target)
+    head = git("rev-parse", "HEAD", cwd=target).stdout.strip()
+    if checkout.returncode != 0 or head != source.commit:
+        raise SourceError(f"could not check out {source.commit}: {checkout.stderr.strip()}")
+    shutil.rmtree(target / ".git")
+
+
+def fetch_source(
+    source: SourceSpec, *, reporter: Reporter = null_reporter, cancel: CancelToken | None = None
+) -> Path:
+    """Return the cached, verified source tree for ``source``, fetching it first if needed."""
+    root = home() / "sources"
+    root.mkdir(parents=True, exist_ok=True)
+    entry = root / source_id(source)
+    tree = entry / "tree"
+    if (entry / "complete").is_file():
+        return tree
+    with FileLock(str(root / f"{source_id(source)}.lock")):
+        if (entry / "complete").is_file():
+            return tree
+        downloads = home() / "downloads"
+        downloads.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=".fetch-", dir=root))
+        try:
+            staged = scratch / "tree"
+            staged.mkdir()
+            if isinstance(source, GitSource):
+                shutil.rmtree(staged)
+                _git_checkout(source, staged, reporter)
+            else:
+                archive = _fetch_archive_file(source, downloads, reporter, cancel)
+                reporter(Event("info", f"extracting {archive.name}", stage="source"))
+                _extract(archive, source.subdir, staged, cancel)
+            (scratch / "complete").write_text(source_id(source) + "\n", encoding="utf-8")
+            if entry.exists():
+                shutil.rmtree(entry)
+            scratch.rename(entry)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return tree
+
+
+@contextmanager
+def make_workspace(tree: Path, parent: Path | None = None) -> Iterator[Path]:
+    """A private, writable copy of ``tree`` for patching and building; always removed afterwards."""
+    base = parent or home() / "tmp"
+    base.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="workspace-", dir=base))
+    try:
+        copy = scratch / "src"
+        shutil.copytree(tree, copy, symlinks=True)
+        yield copy
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -1,0 +1,165 @@
+"""The command-line front: Invoke tasks generated from the operation registry, rendered with rich.
+
+``tasks.py`` (``invoke build --arch 86``) and the ``llamaforge`` console script both use ``namespace()``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+from typing import Any
+
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from llamaforge import __version__
+from llamaforge.core.errors import InvalidOption, LlamaforgeError
+from llamaforge.core.events import CancelToken, Event
+from llamaforge.core.registry import Operation, OperationContext, operations
+from llamaforge.fronts.render_cli import render_human
+
+
+class ConsoleReporter:
+    """Renders events: stages as lines, countable work as a progress bar, log lines when verbose."""
+
+    def __init__(self, console: Console, verbose: bool) -> None:
+        self.console = console
+        self.verbose = verbose
+        self._progress: Progress | None = None
+        self._task: Any = None
+
+    def _bar(self) -> Progress:
+        if self._progress is None:
+            self._progress = Progress(
+                TextColumn("[bold blue]{task.fields[stage]}"), BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), TextColumn("{task.description}"), console=self.console, transient=True,
+            )  # fmt: skip
+            self._progress.start()
+            self._task = self._progress.add_task("", total=None, stage="")
+        return self._progress
+
+    def __call__(self, event: Event) -> None:
+        if event.kind == "progress" and event.total:
+            bar = self._bar()
+            description = event.message if len(event.message) < 70 else event.message[:67] + "..."
+            bar.update(self._task, completed=event.completed, total=event.total, description=description,
+                       stage=event.stage)  # fmt: skip
+            if self.verbose:
+                bar.console.print(f"[dim]{event.message}[/dim]", highlight=False)
+        elif event.kind == "log":
+            if self.verbose:
+                self.console.print(f"[dim]{event.message}[/dim]", highlight=False, markup=False)
+        elif event.kind == "warning":
+            self.console.print(f"[yellow]warning:[/yellow] {event.message}", highlight=False)
+        else:
+            self.console.print(f"[bold]»[/bold] {event.message}", highlight=False)
+
+    def close(self) -> None:
+        """Stop the progress display."""
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+def run_operation(op: Operation, arguments: dict[str, Any], *, as_json: bool, verbose: bool) -> int:
+    """Validate ``arguments``, run ``op``, print its result; return the exit code."""
+    err = Console(stderr=True, soft_wrap=True)
+    try:
+        params = op.params.model_validate({k: v for k, v in arguments.items() if v is not None})
+    except ValidationError as error:
+        problems = "; ".join(
+            f"--{'.'.join(str(p) for p in item['loc']).replace('_', '-')}: {item['msg']}"
+            for item in error.errors()
+        )
+        err.print(f"[red]error:[/red] {problems}", highlight=False)
+        return InvalidOption.exit_code
+    reporter = ConsoleReporter(err, verbose)
+    cancel = CancelToken()
+    try:
+        result = op.run(params, OperationContext(reporter=reporter, cancel=cancel))
+    except LlamaforgeError as error:
+        reporter.close()
+        err.print("[red]error:[/red] ", end="")
+        err.print(error.render(), highlight=False, markup=False)
+        return error.exit_code
+    except KeyboardInterrupt:
+        cancel.cancel()
+        reporter.close()
+        err.print("[yellow]interrupted[/yellow]: running work stopped and cleaned up; nothing was published")
+        return 130
+    finally:
+        reporter.close()
+    if as_json:
+        sys.stdout.write(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
+    else:
+        render_human(op.name, result, Console())
+    return int(result.get("exit_code", 0))
+
+
+def _task_for(op: Operation) -> Any:
+    from invoke.exceptions import Exit
+    from invoke.tasks import Task
+
+    parameters = [inspect.Parameter("c", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    help_text: dict[str, str] = {}
+    iterable: list[str] = []
+    for name, field in op.params.model_fields.items():
+        default = None if field.is_required() else field.get_default(call_default_factory=True)
+        if isinstance(default, list):
+            iterable.append(name)
+            default = None
+        if name in op.positional:
+            default = inspect.Parameter.empty
+        parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default))
+        help_text[name] = field.description or ""
+    parameters.append(inspect.Parameter("json", inspect.Parameter.KEYWORD_ONLY, default=False))
+    parameters.append(inspect.Parameter("verbose", inspect.Parameter.KEYWORD_ONLY, default=False))
+    help_text["json"] = "Print the result as JSON on stdout (events go to stderr)"
+    help_text["verbose"] = "Stream every log line (e.g. the compiler output)"
+
+    def body(c: Any, **kwargs: Any) -> None:
+        as_json = bool(kwargs.pop("json", False))
+        verbose = bool(kwargs.pop("verbose", False))
+        arguments = dict(kwargs)
+        for name in iterable:
+            arguments[name] = arguments.get(name) or []
+        code = run_operation(op, arguments, as_json=as_json, verbose=verbose)
+        if code:
+            raise Exit(code=code)
+
+    body.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    body.__doc__ = op.summary
+    body.__name__ = op.name.rsplit(".", 1)[-1].replace("-", "_")
+    return Task(body, name=op.name.rsplit(".", 1)[-1], help=help_text, iterable=iterable, auto_shortflags=False,
+                positional=list(op.positional))  # fmt: skip
+
+
+def namespace() -> Any:
+    """An Invoke Collection with one task per registered operation (``builds.list`` -> collection ``builds``)."""
+    from invoke.collection import Collection
+
+    root = Collection()
+    groups: dict[str, Any] = {}
+    for name, op in sorted(operations().items()):
+        group, _, _leaf = name.rpartition(".")
+        task = _task_for(op)
+        # An operation named like a group (``smoke`` next to ``smoke.compare``) is that group's default task.
+        is_default = not group and any(other.startswith(name + ".") for other in operations())
+        group = name if is_default else group
+        if group:
+            if group not in groups:
+                groups[group] = Collection(group)
+                root.add_collection(groups[group])
+            groups[group].add_task(task, default=is_default)
+        else:
+            root.add_task(task)
+    return root
+
+
+def main() -> None:
+    """Entry point of the ``llamaforge`` console script (same tasks as ``invoke``)."""
+    from invoke.program import Program
+
+    Program(namespace=namespace(), version=__version__, name="llamaforge", binary="llamaforge").run()

@@ -1,0 +1,445 @@
+"""What a GGUF holds, read from its header only: ``models.inspect`` and the facts ``models.verify`` judges.
+
+A local file is read directly; a remote one (``https://``, ``http://``, ``hf://``) through HTTP range requests
+that fetch a growing prefix of the file until the header parses, so users can plan before downloading
+gigabytes. Everything goes through the hardened :mod:`llamaforge.gguf.header` parser.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from llamaforge.core.errors import InvalidOption, ModelError
+from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
+from llamaforge.gguf.header import ArraySummary, GGUFHeader, LongString, TensorInfo, read_header
+
+LayerKind = Literal["attention", "recurrent", "mtp"]
+
+# Hybrid archs (Gated DeltaNet + full attention); llama.cpp's default interval when the key is absent.
+HYBRID_ARCHS: Final = frozenset({"qwen3next", "qwen35", "qwen35moe"})
+_DEFAULT_FULL_ATTENTION_INTERVAL: Final = 4
+
+# The file type llama.cpp guesses from the most common tensor type (llama-model-loader.cpp).
+_GUESSED_FILE_TYPE: Final[Mapping[str, str]] = {
+    "F32": "F32", "F16": "F16", "BF16": "BF16", "Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q5_0": "Q5_0",
+    "Q5_1": "Q5_1", "Q8_0": "Q8_0", "Q2_K": "Q2_K", "Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M",
+    "Q6_K": "Q6_K", "TQ1_0": "TQ1_0", "TQ2_0": "TQ2_0", "IQ2_XXS": "IQ2_XXS", "IQ2_XS": "IQ2_XS",
+    "IQ2_S": "IQ2_S", "IQ3_XXS": "IQ3_XXS", "IQ1_S": "IQ1_S", "IQ1_M": "IQ1_M", "IQ4_NL": "IQ4_NL",
+    "IQ4_XS": "IQ4_XS", "IQ3_S": "IQ3_S", "NVFP4": "NVFP4", "Q1_0": "Q1_0", "Q2_0": "Q2_0",
+}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------- facts
+
+
+def file_type_name(value: object) -> str | None:
+    """``general.file_type`` as a name (``Q4_K_M``, ``F16``), or None when absent or unknown."""
+    import gguf
+
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    try:
+        name = str(gguf.LlamaFileType(value).name)
+    except ValueError:
+        return None
+    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+
+
+def quant_histogram(tensors: list[TensorInfo]) -> dict[str, dict[str, int]]:
+    """Tensors per ggml type: count, bytes and elements, largest share first."""
+    histogram: dict[str, dict[str, int]] = {}
+    for tensor in tensors:
+        entry = histogram.setdefault(tensor.ggml_type.name, {"count": 0, "bytes": 0, "elements": 0})
+        entry["count"] += 1
+        entry["bytes"] += tensor.nbytes
+        entry["elements"] += tensor.n_elements
+    return dict(sorted(histogram.items(), key=lambda item: (-item[1]["bytes"], item[0])))
+
+
+def dominant_type(tensors: list[TensorInfo]) -> str | None:
+    """The most common tensor type, counted as llama.cpp does (by tensor, in name order; first max wins)."""
+    counts: dict[str, int] = {}
+    best, best_count = None, 0
+    for tensor in sorted(tensors, key=lambda t: t.name):
+        counts[tensor.ggml_type.name] = counts.get(tensor.ggml_type.name, 0) + 1
+        if counts[tensor.ggml_type.name] > best_count:
+            best, best_count = tensor.ggml_type.name, counts[tensor.ggml_type.name]
+    return best
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def layer_kinds(header: GGUFHeader) -> list[LayerKind]:
+    """Kind of every block: ``attention`` (holds a KV cache), ``recurrent`` (Gated DeltaNet state) or ``mtp``
+    (multi-token-prediction blocks at the end, counted in ``block_count``)."""
+    arch = header.architecture or ""
+    md = header.metadata
+    n_layer = _int(md.get(f"{arch}.block_count")) or 0
+    n_layer = min(n_layer, 1 << 16)  # a corrupt count must not make a huge list
+    n_mtp = min(_int(md.get(f"{arch}.nextn_predict_layers")) or 0, n_layer)
+    n_trunk = n_layer - n_mtp
+    kinds: list[LayerKind] = []
+    explicit = md.get(f"{arch}.attention.recurrent_layers")
+    interval = _int(md.get(f"{arch}.full_attention_interval"))
+    hybrid = arch in HYBRID_ARCHS or interval is not None or isinstance(explicit, list)
+    if interval is None or interval <= 0:
+        interval = _DEFAULT_FULL_ATTENTION_INTERVAL
+    for index in range(n_layer):
+        if index >= n_trunk:
+            kinds.append("mtp")
+        elif isinstance(explicit, list) and index < len(explicit):
+            kinds.append("recurrent" if explicit[index] else "attention")
+        elif hybrid and (index + 1) % interval != 0:
+            kinds.append("recurrent")
+        else:
+            kinds.append("attention")
+    return kinds
+
+
+def array_length(value: object) -> int | None:
+    """Length of a metadata array (kept or summarised); None for anything else."""
+    if isinstance(value, ArraySummary):
+        return value.count
+    if isinstance(value, list):
+        return len(value)
+    return None
+
+
+def _short(value: object) -> object:
+    """A metadata value fit for a report: long strings and arrays summarised."""
+    if isinstance(value, LongString):
+        return {"length": value.length}
+    if isinstance(value, ArraySummary):
+        return {"type": value.item_type, "count": value.count}
+    if isinstance(value, list) and len(value) > 16:
+        return {"count": len(value)}
+    if isinstance(value, str) and len(value) > 200:
+        return value[:200] + "…"
+    return value
+
+
+def human_count(n: int) -> str:
+    """12345678 -> '12.35 M' (the way llama.cpp prints ``model params``)."""
+    for factor, unit in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= factor:
+            return f"{n / factor:.2f} {unit}"
+    return str(n)
+
+
+def describe(header: GGUFHeader) -> dict[str, Any]:
+    """The facts of a model, from its header: JSON-able, shared by ``models.inspect`` and ``models.verify``."""
+    arch = header.architecture
+    md = header.metadata
+
+    def arch_key(name: str) -> object:
+        return _short(md.get(f"{arch}.{name}")) if arch else None
+
+    kinds = layer_kinds(header)
+    params = sum(tensor.n_elements for tensor in header.tensors)
+    data_bytes = sum(tensor.nbytes for tensor in header.tensors)
+    dominant = dominant_type(header.tensors)
+    template = md.get("tokenizer.chat_template")
+    template_bytes = (
+        template.length if isinstance(template, LongString)
+        else len(template.encode("utf-8")) if isinstance(template, str) else None
+    )  # fmt: skip
+    return {
+        "architecture": arch,
+        "name": _short(md.get("general.name")),
+        "size_label": _short(md.get("general.size_label")),
+        "gguf_version": header.version,
+        "file_size": header.file_size,
+        "header_bytes": header.data_offset,
+        "tensor_count": len(header.tensors),
+        "kv_count": len(md),
+        "alignment": header.alignment,
+        "parameters": params,
+        "parameters_human": human_count(params),
+        "bits_per_weight": round(data_bytes * 8 / params, 2) if params else None,
+        "file_type": file_type_name(md.get("general.file_type")),
+        "file_type_id": _int(md.get("general.file_type")),
+        "dominant_type": dominant,
+        "guessed_file_type": _GUESSED_FILE_TYPE.get(dominant or "", dominant),
+        "quant_histogram": quant_histogram(header.tensors),
+        "context_length": arch_key("context_length"),
+        "embedding_length": arch_key("embedding_length"),
+        "feed_forward_length": arch_key("feed_forward_length"),
+        "head_count": arch_key("attention.head_count"),
+        "head_count_kv": arch_key("attention.head_count_kv"),
+        "key_length": arch_key("attention.key_length"),
+        "value_length": arch_key("attention.value_length"),
+        "rope_freq_base": arch_key("rope.freq_base"),
+        "expert_count": arch_key("expert_count"),
+        "expert_used_count": arch_key("expert_used_count"),
+        "layers": {
+            "block_count": _int(md.get(f"{arch}.block_count")),
+            "attention": kinds.count("attention"),
+            "recurrent": kinds.count("recurrent"),
+            "mtp": kinds.count("mtp"),
+            "full_attention_interval": arch_key("full_attention_interval"),
+            "attention_layers": [index for index, kind in enumerate(kinds) if kind == "attention"],
+        },
+        "tokenizer": {
+            "model": _short(md.get("tokenizer.ggml.model")),
+            "pre": _short(md.get("tokenizer.ggml.pre")),
+            "vocab_size": array_length(md.get("tokenizer.ggml.tokens")),
+            "merges": array_length(md.get("tokenizer.ggml.merges")),
+            "bos_token_id": _short(md.get("tokenizer.ggml.bos_token_id")),
+            "eos_token_id": _short(md.get("tokenizer.ggml.eos_token_id")),
+        },
+        "chat_template": {
+            "present": template is not None,
+            "bytes": template_bytes,
+            "variants": sorted(
+                key.removeprefix("tokenizer.chat_template.")
+                for key in md
+                if key.startswith("tokenizer.chat_template.")
+            ),
+        },
+        "data_bytes": data_bytes,
+    }
+
+
+# ---------------------------------------------------------------------------------------- remote reading
+
+
+def resolve_remote_url(source: str, revision: str | None = None) -> tuple[str, dict[str, str]]:
+    """The HTTP(S) URL for ``source`` and the headers to send (``hf://`` gets ``HF_TOKEN`` as a bearer).
+
+    ``hf://owner/repo/path`` maps to ``${HF_ENDPOINT:-https://huggingface.co}/owner/repo/resolve/REV/path``.
+    """
+    if source.startswith(("https://", "http://")):
+        return source, {}
+    match = re.fullmatch(r"hf://([^/]+)/([^/]+)/(.+)", source)
+    if match:
+        owner, repo, path = match.groups()
+        endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+        rev = urllib.parse.quote(revision or "main", safe="")
+        url = f"{endpoint}/{owner}/{repo}/resolve/{rev}/{urllib.parse.quote(path)}"
+        token = os.environ.get("HF_TOKEN")
+        return url, ({"Authorization": f"Bearer {token}"} if token else {})
+    raise InvalidOption(
+        f"cannot read {source!r} remotely",
+        hint="remote inspect reads https://, http:// and hf://owner/repo/path",
+    )
+
+
+def _display(url: str) -> str:
+    """The URL without query or credentials (signed URLs carry secrets there)."""
+    parts = urllib.parse.urlsplit(url)
+    host = (parts.hostname or "") + (f":{parts.port}" if parts.port is not None else "")
+    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+class HttpRangeSource:
+    """A remote file read through HTTP range requests: a prefix that grows (doubling) as the parser needs it."""
+
+    preferred_chunk = 4096  # the parser's read window: small, so only what the header needs is fetched
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        initial_bytes: int = 64 << 10,
+        max_bytes: int = 512 << 20,
+        timeout: float = 30.0,
+        attempts: int = 3,
+        reporter: Reporter = null_reporter,
+        cancel: CancelToken | None = None,
+    ) -> None:
+        self.url = url
+        self.name = _display(url)
+        self._secret_headers = dict(headers or {})
+        self._max_bytes = max_bytes
+        self._timeout = timeout
+        self._attempts = attempts
+        self._reporter = reporter
+        self._cancel = cancel or CancelToken()
+        self._data = bytearray()
+        self.requests = 0
+        self._size = -1
+        self._fetch(0, initial_bytes)
+
+    @property
+    def size(self) -> int:
+        """Total size of the remote file (from Content-Range)."""
+        return self._size
+
+    @property
+    def bytes_fetched(self) -> int:
+        """Bytes downloaded so far."""
+        return len(self._data)
+
+    def read_at(self, offset: int, length: int) -> bytes:
+        """``length`` bytes at ``offset``, fetching more of the prefix when needed."""
+        end = min(offset + length, self._size)
+        while end > len(self._data):
+            self._cancel.raise_if_cancelled()
+            grow_to = min(self._size, max(end, 2 * len(self._data)))
+            self._fetch(len(self._data), grow_to - len(self._data))
+        return bytes(self._data[offset:end])
+
+    def _request(self, start: int, length: int) -> urllib.request.Request:
+        request = urllib.request.Request(  # noqa: S310 - the scheme was checked by resolve_remote_url
+            self.url,
+            headers={"Range": f"bytes={start}-{start + length - 1}", "Accept-Encoding": "identity",
+                     "User-Agent": "llamaforge"},
+        )  # fmt: skip
+        for key, value in self._secret_headers.items():
+            # unredirected: a hub redirects to a CDN host that must not see the token
+            request.add_unredirected_header(key, value)
+        return request
+
+    def _fetch(self, start: int, length: int) -> None:
+        if start + length > self._max_bytes:
+            raise ModelError(
+                f"{self.name}: the header is not complete after {self._max_bytes} bytes",
+                hint="this is not a GGUF model, or one with an enormous header; download it instead",
+            )
+        for attempt in range(1, self._attempts + 1):
+            try:
+                self._fetch_once(start, length)
+                return
+            except urllib.error.HTTPError as error:
+                error.close()  # it holds the open response
+                if error.code < 500 or attempt == self._attempts:
+                    raise self._http_error(error) from None
+            except (urllib.error.URLError, OSError) as error:
+                if attempt == self._attempts:
+                    reason = getattr(error, "reason", error)
+                    raise ModelError(
+                        f"{self.name}: cannot fetch: {reason}",
+                        hint="check the URL and the network (HTTPS_PROXY, SSL_CERT_FILE)",
+                    ) from None
+            self._reporter(
+                Event("log", f"retrying range request {attempt}/{self._attempts}", stage="inspect")
+            )
+            time.sleep(0.2 * attempt)
+
+    def _http_error(self, error: urllib.error.HTTPError) -> ModelError:
+        hint = {401: "set HF_TOKEN for gated or private hub files", 403: "set HF_TOKEN for gated hub files",
+                404: "check the repository, revision and file name",
+                416: "the server refused the byte range"}.get(error.code)  # fmt: skip
+        return ModelError(f"{self.name}: HTTP {error.code} {error.reason}", hint=hint)
+
+    def _fetch_once(self, start: int, length: int) -> None:
+        self.requests += 1
+        with urllib.request.urlopen(self._request(start, length), timeout=self._timeout) as response:  # noqa: S310
+            if response.status != 206:
+                raise ModelError(
+                    f"{self.name}: the server ignored the Range request (HTTP {response.status})",
+                    hint="remote inspect needs a server with HTTP range support; download the file instead",
+                )
+            match = re.fullmatch(
+                r"bytes (\d+)-(\d+)/(\d+)", response.headers.get("Content-Range", "").strip()
+            )
+            if not match:
+                raise ModelError(f"{self.name}: range response without a usable Content-Range header")
+            first, last, total = (int(group) for group in match.groups())
+            if first != start or last < first or last >= total or (self._size >= 0 and total != self._size):
+                raise ModelError(f"{self.name}: the server answered bytes {first}-{last}/{total} "
+                                 f"to a request for {start}-{start + length - 1}")  # fmt: skip
+            body = response.read(last - first + 1)
+        if len(body) != last - first + 1:
+            raise ModelError(f"{self.name}: short range response ({len(body)} of {last - first + 1} bytes)")
+        self._size = total
+        self._data += body
+        self._reporter(Event("progress", f"fetched {len(self._data)} bytes of the header", stage="inspect",
+                             completed=len(self._data), total=None))  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------- operation
+
+
+def _is_url(target: str) -> bool:
+    return target.startswith(("https://", "http://", "hf://", "ms://"))
+
+
+def resolve_local_model(target: str) -> tuple[Path | None, Any]:
+    """``(path, recipe)`` for a FILE or RECIPE argument.
+
+    The recipe is None for a plain file. For a recipe, the path is its ``file://`` source, else the copy
+    ``models.fetch`` left in the model store (found offline), else None.
+    """
+    from llamaforge.models.recipes import load_model_recipe
+
+    path = Path(target).expanduser()
+    if path.is_file() and path.suffix != ".toml":
+        return path, None
+    if path.suffix == ".gguf":
+        raise ModelError(f"model file {path} does not exist", hint="check the path, or fetch the model first")
+    if target.startswith("file://"):
+        return Path(urllib.parse.urlsplit(target).path), None
+    if _is_url(target):
+        return None, None
+    recipe = load_model_recipe(target)
+    try:
+        from llamaforge.models.lock import apply_lock
+
+        recipe = apply_lock(recipe)
+    except ImportError:  # pragma: no cover - the lock module ships with the fetch feature
+        pass
+    if recipe.source.startswith("file://"):
+        return Path(urllib.parse.urlsplit(recipe.source).path), recipe
+    from llamaforge.core.errors import LlamaforgeError
+    from llamaforge.models.fetch import fetch_model
+
+    try:
+        return fetch_model(recipe, offline=True).path, recipe
+    except LlamaforgeError:  # not fetched yet
+        return None, recipe
+
+
+def inspect_model(
+    target: str,
+    *,
+    remote: bool = False,
+    revision: str | None = None,
+    reporter: Reporter = null_reporter,
+    cancel: CancelToken | None = None,
+) -> dict[str, Any]:
+    """Inspect a model FILE, RECIPE or URL from its header; with ``remote`` (implied for URLs) only the header
+    is fetched, through HTTP range requests."""
+    cancel = cancel or CancelToken()
+    path, recipe = (None, None) if _is_url(target) else resolve_local_model(target)
+    source_url = target if _is_url(target) else recipe.source if recipe is not None else None
+    if path is not None:
+        if not path.is_file():
+            raise ModelError(
+                f"model file {path} does not exist", hint="check the path, or fetch the model first"
+            )
+        reporter(Event("stage", f"reading the header of {path}", stage="inspect"))
+        header = read_header(path)
+        return {"source": str(path), "remote": False, "model": describe(header)}
+    if source_url is None:
+        raise InvalidOption(f"nothing to inspect at {target!r}")
+    if not (remote or _is_url(target)):
+        raise InvalidOption(
+            f"recipe {target!r} points at {source_url}, not a local file",
+            hint="pass --remote to read only its header over HTTP, or fetch it first (`invoke models.fetch`)",
+        )
+    url, headers = resolve_remote_url(source_url, revision or (recipe.revision if recipe else None))
+    started = time.monotonic()
+    http = HttpRangeSource(url, headers=headers, reporter=reporter, cancel=cancel)
+    reporter(Event("stage", f"reading the header of {http.name} through range requests", stage="inspect"))
+    header = read_header(http)
+    return {
+        "source": http.name,
+        "remote": True,
+        "bytes_fetched": http.bytes_fetched,
+        "requests": http.requests,
+        "fraction_fetched": round(http.bytes_fetched / http.size, 6) if http.size else None,
+        "seconds": round(time.monotonic() - started, 3),
+        "model": describe(header),
+    }

@@ -1,0 +1,37 @@
+"""Operation ``models.remap`` (registered on import): the front-facing side of :mod:`llamaforge.models.remap`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from llamaforge.core.registry import OperationContext, Params, operation
+
+
+class ModelRemapParams(Params):
+    """Parameters of ``models.remap``."""
+
+    src: str = Field(description="Input GGUF file")
+    dst: str = Field(description="Output GGUF file (a new path; the input is never modified)")
+    rules: str | None = Field(
+        None, description="Remap rules: a name under recipes/remaps/ (e.g. qwen3-hf-names) or a .toml path"
+    )
+    target_arch: str | None = Field(
+        None, description="Relabel general.architecture (refused when the tensors do not fit that arch)"
+    )
+    overwrite: bool = Field(False, description="Replace an existing output file")
+
+
+@operation("models.remap", ModelRemapParams, read_only=False, long_running=True, positional=("src", "dst"))
+def models_remap_op(params: ModelRemapParams, ctx: OperationContext) -> dict[str, Any]:
+    """Rewrite a GGUF with llama.cpp's tensor names and a rules file's metadata edits (verified copy)."""
+    from llamaforge.models.remap import load_rules, remap_gguf
+
+    rules = load_rules(params.rules) if params.rules else None
+    result = remap_gguf(
+        Path(params.src), Path(params.dst), rules, target_arch=params.target_arch, overwrite=params.overwrite,
+        reporter=ctx.reporter, cancel=ctx.cancel,
+    )  # fmt: skip
+    return result.to_json()

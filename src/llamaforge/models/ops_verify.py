@@ -1,0 +1,87 @@
+"""Operations ``models.verify`` and ``models.inspect`` (registered with the operation registry on import)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from llamaforge.core.errors import InvalidOption
+from llamaforge.core.registry import OperationContext, Params, operation
+
+
+class ModelVerifyParams(Params):
+    """Parameters of ``models.verify``."""
+
+    target: str = Field(
+        description="GGUF file, or a model recipe (name or .toml) whose file is local or fetched"
+    )
+    recipe: str | None = Field(
+        None, description="Check FILE against this model recipe's pins and expectations"
+    )
+    load_check: str | None = Field(
+        None, description="Also load the model with this llama.cpp build (build key, or its directory)"
+    )
+    no_cache: bool = Field(False, description="Ignore the cached verdict: re-parse and re-hash the file")
+
+
+def _build_dir(value: str) -> Path:
+    path = Path(value).expanduser()
+    if path.exists():
+        return path
+    from llamaforge.build.store import build_dir, find_build
+
+    return build_dir(str(find_build(value)["key"]))
+
+
+@operation("models.verify", ModelVerifyParams, read_only=True, long_running=True, positional=("target",))
+def models_verify_op(params: ModelVerifyParams, ctx: OperationContext) -> dict[str, Any]:
+    """Verify a GGUF: hardened header parse, sha256, structure, recipe expectations, tensors, chat template."""
+    from llamaforge.models.inspect import resolve_local_model
+    from llamaforge.models.verify import verify_model
+
+    path, recipe = resolve_local_model(params.target)
+    if params.recipe:
+        if recipe is not None:
+            raise InvalidOption("give either a recipe as TARGET or --recipe with a file, not both")
+        _recipe_path, recipe = resolve_local_model(params.recipe)
+        if recipe is None:
+            raise InvalidOption(f"--recipe {params.recipe!r} is not a model recipe")
+    if path is None:
+        raise InvalidOption(
+            f"no local file for {params.target!r}",
+            hint="fetch it first (`invoke models.fetch RECIPE`), or pass the path of the GGUF",
+        )
+    build = _build_dir(params.load_check) if params.load_check else None
+    report = verify_model(
+        path, recipe, load_check_build=build, use_cache=not params.no_cache, reporter=ctx.reporter,
+        cancel=ctx.cancel,
+    )  # fmt: skip
+    return report.to_json()
+
+
+class ModelInspectParams(Params):
+    """Parameters of ``models.inspect``."""
+
+    target: str = Field(
+        description="GGUF file, model recipe, or URL (https://, http://, hf://owner/repo/path)"
+    )
+    remote: bool = Field(
+        False, description="Read only the header through HTTP range requests (implied for URLs)"
+    )
+    revision: str | None = Field(None, description="Hub revision for hf:// (default: the recipe's, or main)")
+
+
+@operation("models.inspect", ModelInspectParams, read_only=True, positional=("target",))
+def models_inspect_op(params: ModelInspectParams, ctx: OperationContext) -> dict[str, Any]:
+    """Show a model's architecture, parameters, layers, context, quant mix, tokenizer and template."""
+    from llamaforge.models.inspect import inspect_model
+
+    return inspect_model(
+        params.target,
+        remote=params.remote,
+        revision=params.revision,
+        reporter=ctx.reporter,
+        cancel=ctx.cancel,
+    )

@@ -1,0 +1,132 @@
+"""A container with a small surface: ``call``, ``copy_into``, ``copy_out``; always removed on exit."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import tarfile
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from llamaforge.runners.engine import LABEL
+
+
+class Container:
+    """A long-lived container that runs commands; use as a context manager so it is always removed."""
+
+    def __init__(
+        self,
+        client: Any,
+        image: str,
+        *,
+        volumes: Mapping[str, Mapping[str, str]] | None = None,
+        environment: Mapping[str, str] | None = None,
+        name_hint: str = "build",
+    ) -> None:
+        self._client = client
+        self._image = image
+        self._volumes = dict(volumes or {})
+        self._environment = dict(environment or {})
+        self._name_hint = name_hint
+        self._container: Any = None
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> Container:
+        self._container = self._client.containers.create(
+            self._image,
+            command=["sleep", "infinity"],
+            volumes=self._volumes,
+            environment=self._environment,
+            labels={LABEL: "1", "org.llamaforge.role": self._name_hint},
+            network_mode="none",
+            init=True,
+            detach=True,
+        )
+        self._container.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.remove()
+
+    @property
+    def id(self) -> str:
+        """Container id."""
+        return str(self._container.id)
+
+    def remove(self) -> None:
+        """Kill and remove the container (idempotent, safe from another thread)."""
+        import docker.errors
+
+        # Holding the lock while removing makes a second caller wait until the container is really gone.
+        with self._lock:
+            if self._container is None:
+                return
+            with contextlib.suppress(docker.errors.NotFound):
+                self._container.remove(force=True)
+            self._container = None
+
+    def call(
+        self,
+        command: Sequence[str],
+        *,
+        environment: Mapping[str, str] | None = None,
+        workdir: str | None = None,
+        on_line: Callable[[str], None] | None = None,
+    ) -> int:
+        """Run ``command``; stream each output line to ``on_line``; return the exit code."""
+        api = self._client.api
+        exec_id = api.exec_create(
+            self.id,
+            list(command),
+            environment=dict(environment or {}),
+            workdir=workdir,
+            stdout=True,
+            stderr=True,
+        )["Id"]
+        pending = ""
+        stream = api.exec_start(exec_id, stream=True)
+        try:
+            for chunk in stream:
+                pending += chunk.decode("utf-8", errors="replace")
+                *lines, pending = pending.split("\n")
+                for line in lines:
+                    if on_line:
+                        on_line(line.rstrip("\r"))
+        finally:
+            # The SDK leaves the upgraded exec socket open; close it so no descriptor leaks per call.
+            with contextlib.suppress(Exception):
+                stream.close()
+            with contextlib.suppress(Exception):
+                stream._response.raw._fp.fp.raw._sock.close()
+            stream._response.close()
+        if pending and on_line:
+            on_line(pending)
+        code = api.exec_inspect(exec_id).get("ExitCode")
+        return 137 if code is None else int(code)
+
+    def copy_into(self, source: Path, destination: str) -> None:
+        """Copy a host file or directory to ``destination`` (a directory path) in the container."""
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            tar.add(source, arcname=source.name)
+        buffer.seek(0)
+        self.call(["mkdir", "-p", destination])
+        self._container.put_archive(destination, buffer)
+
+    def copy_out(self, source: str, destination: Path) -> None:
+        """Copy the contents of directory ``source`` in the container into the host directory ``destination``."""
+        stream, _ = self._container.get_archive(source)
+        buffer = io.BytesIO(b"".join(stream))
+        destination.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=buffer) as tar:
+            for member in tar:
+                _top, _, rest = member.name.partition("/")
+                if not rest:
+                    continue
+                member.name = rest
+                tar.extract(member, destination, filter="data")

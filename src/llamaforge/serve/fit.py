@@ -1,0 +1,857 @@
+"""The fit planner: will a GGUF model fit on a GPU at a given context, and with which llama-server flags?
+
+Everything is computed from the GGUF header (tensor sizes, hyper-parameters) the way llama.cpp b11312 places
+and sizes its buffers:
+
+* **weights** per device: ``token_embd`` stays on the CPU; with ``-ngl N`` the last ``N - 1`` repeating layers
+  and the output layer (``output_norm``, ``output``; a tied ``token_embd`` is duplicated there) are on the GPU
+  (``i_gpu_start = n_layer + 1 - N`` in ``llama_model_base::load_tensors``); ``--n-cpu-moe M`` keeps the expert
+  tensors (``ffn_{up,down,gate,gate_up}_exps``) of layers ``0..M-1`` on the CPU.
+* **KV cache** only for full-attention layers (hybrid qwen3next/qwen35/qwen35moe: layer ``i`` is recurrent unless
+  ``(i + 1) % full_attention_interval == 0``), ``row_size(type, n_head_kv * head_dim)`` per cell, K and V, on
+  the device of its layer; ``n_ctx`` padded to 256 per sequence, one stream per sequence (``--parallel`` without
+  ``--kv-unified``).
+* **recurrent state** for DeltaNet layers: ``(d_conv - 1) * (d_inner + 2 * n_group * d_state)`` (conv) plus
+  ``d_state * d_inner`` (state) F32 values per layer and sequence (``llama_memory_recurrent``).
+* **compute buffer**: what ggml-alloc reserves for the worst-case graph (``n_ubatch`` tokens). The attention
+  mask (``n_ctx_seq * n_ubatch``, F16 with flash attention, F32 without) and, without flash attention, the
+  ``n_head * n_ctx_seq * n_ubatch`` F32 score matrix are exact; the activations of one layer are a per-token
+  model (the largest of an attention, FFN, MoE and DeltaNet phase) fitted to the buffers stock llama.cpp
+  b11312 reports for 300 generated models of random shapes (on 100 further shapes, the total compute buffer
+  at context 512, where that model dominates: rms error 7.7 %, worst 26 %; see ``benchmarks/
+  fit_accuracy.py``); the
+  logits of the ``--parallel`` outputs (llama-server reserves one per slot); with partial offload, the
+  largest CPU-resident weight that ggml copies to the GPU when it offloads a batched op.
+
+Host RAM (CPU weights, CPU layers' KV/state, the host compute and output buffers) is reported too. The
+token-generation ceiling is memory bandwidth / bytes read per token (all dense weights, the
+``expert_used_count / expert_count`` share of the expert tensors, the KV cache of one sequence at full context
+and the recurrent state read and written), GPU part at the card's bandwidth, CPU part at the RAM bandwidth.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+import shlex
+import tomllib
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from llamaforge.core.errors import DoesNotFit, InvalidOption
+from llamaforge.core.paths import data_dir
+from llamaforge.gguf.header import GGML_TYPES, GGUFHeader, TensorInfo, read_header
+
+if TYPE_CHECKING:
+    from llamaforge.gguf.tiny import TinyModelSpec
+
+__all__ = [
+    "CACHE_TYPES",
+    "GPU",
+    "DeviceMemory",
+    "DoesNotFit",
+    "FitPlan",
+    "ModelShape",
+    "Settings",
+    "estimate_memory",
+    "find_gpu",
+    "load_gpus",
+    "model_shape",
+    "parse_size",
+    "plan_fit",
+    "synthetic_header",
+]
+
+GiB: Final = 1 << 30
+MiB: Final = 1 << 20
+#: Default safety margin kept free on the GPU (the CUDA context, driver, fragmentation); llama.cpp's own
+#: ``--fit`` keeps 1024 MiB free by default, on top of what the driver reports as free.
+DEFAULT_MARGIN: Final = 1 * GiB
+#: Default host RAM bandwidth for the CPU share of the token-generation ceiling (dual-channel DDR4-3200).
+DEFAULT_RAM_BANDWIDTH_GBS: Final = 51.2
+#: KV cache types llama.cpp accepts for ``-ctk`` / ``-ctv``.
+CACHE_TYPES: Final = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+#: Hybrid (recurrent + attention) archs whose layer kinds follow ``full_attention_interval``.
+HYBRID_ARCHS: Final = frozenset({"qwen3next", "qwen35", "qwen35moe"})
+# Archs whose attention layers project the query and an output gate together (2 x n_head x head_dim).
+_GATED_Q_ARCHS: Final = frozenset({"qwen3next", "qwen35", "qwen35moe"})
+_EXPERT_RE: Final = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
+_BLOCK_RE: Final = re.compile(r"^blk\.(\d+)\.")
+# llama-server defaults (b11312): -b 2048; ops with batches of at least 32 rows are offloaded to the GPU.
+_N_BATCH: Final = 2048
+_OP_OFFLOAD_MIN_BATCH: Final = 32
+
+# Per-token activation model of one layer in F32 values (see the module docstring): coefficients of
+# n_embd (E), query+gate width (Q), KV width (K), FFN width (F), active expert width (U = used * n_ff_exp),
+# used * n_embd (UE), shared-expert width (S) and DeltaNet conv channels (C). Fitted (least squares on the
+# relative error, rounded to quarters) to the compute buffers of 300 random-shape models at n_ubatch 512:
+# `python benchmarks/fit_accuracy.py --random-shapes 100 --refit` redoes it.
+_ATTN_PHASE: Final = {"E": 3.25, "Q": 2.0, "K": 0.75}
+_FFN_PHASE: Final = {"E": 2.25, "F": 3.25}
+_MOE_UP_PHASE: Final = {"E": 2.5, "U": 3.25}  # router, gate/up projections of the used experts
+_MOE_DOWN_PHASE: Final = {"E": 2.75, "UE": 1.25, "U": 0.75}  # their down projections and weighting
+_SHARED_EXPERT_PHASE: Final = {"E": 3.75, "S": 3.25}
+_RECURRENT_PHASE: Final = {"E": 3.0, "C": 3.0}
+
+
+# ------------------------------------------------------------------------------------------------ GPUs
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One card of ``recipes/gpus.toml``."""
+
+    key: str
+    name: str
+    vram_bytes: int
+    bandwidth_gbs: float
+    cuda_arch: str
+    aliases: tuple[str, ...] = ()
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[\s_\-]+", "", name.lower()).removeprefix("nvidia").removeprefix("geforce")
+
+
+def load_gpus(path: Path | None = None) -> dict[str, GPU]:
+    """The GPU table (``recipes/gpus.toml``, or ``path``), keyed by name."""
+    path = path or data_dir("recipes") / "gpus.toml"
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise InvalidOption(f"cannot read the GPU table {path}: {error}") from None
+    gpus = {}
+    for key, item in data.get("gpus", {}).items():
+        gpus[key] = GPU(
+            key=key, name=str(item["name"]), vram_bytes=int(float(item["vram_gib"]) * GiB),
+            bandwidth_gbs=float(item["bandwidth_gbs"]), cuda_arch=str(item["cuda_arch"]),
+            aliases=tuple(item.get("aliases", ())),
+        )  # fmt: skip
+    return gpus
+
+
+def find_gpu(name: str, gpus: dict[str, GPU] | None = None) -> GPU:
+    """The card called ``name`` (key or alias, ignoring case, spaces, ``-``, ``_``, "nvidia", "geforce")."""
+    gpus = gpus if gpus is not None else load_gpus()
+    wanted = _norm(name)
+    by_name: dict[str, GPU] = {}
+    for gpu in gpus.values():
+        for spelling in (gpu.key, gpu.name, *gpu.aliases):
+            by_name.setdefault(_norm(spelling), gpu)
+    if wanted in by_name:
+        return by_name[wanted]
+    close = difflib.get_close_matches(wanted, list(by_name), n=3, cutoff=0.5)
+    suggestions = list(dict.fromkeys(by_name[c].key for c in close))
+    hint = f"did you mean {' or '.join(repr(s) for s in suggestions)}? " if suggestions else ""
+    raise InvalidOption(
+        f"unknown GPU {name!r}",
+        hint=hint + "known: " + ", ".join(sorted(gpus)) + "; or give the memory with --vram 24GiB",
+    )
+
+
+_SIZE_RE: Final = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes in ``24GiB``, ``24 GB`` (taken as GiB, as GPU memory is sold), ``24576MiB``, ``512M`` or a number."""
+    if isinstance(text, int):
+        return text
+    match = _SIZE_RE.match(text)
+    if not match:
+        raise InvalidOption(f"cannot read the size {text!r}", hint="e.g. 24GiB, 12GB, 24576MiB")
+    number, unit = float(match.group(1)), (match.group(2) or "").lower().rstrip("b").rstrip("i")
+    scale = {"": 1, "k": 1 << 10, "m": MiB, "g": GiB, "t": 1 << 40}[unit]
+    if scale == 1 and number < 4096:  # a bare small number means GiB, not bytes
+        scale = GiB
+    return int(number * scale)
+
+
+# ---------------------------------------------------------------------------------------------- the model
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The hyper-parameters the planner needs, read from the header."""
+
+    arch: str
+    n_layer_all: int  # block_count, MTP layers included (llama.cpp places layers over all of them)
+    n_layer: int  # trunk layers
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    n_ff: int
+    n_vocab: int
+    n_ctx_train: int
+    n_expert: int
+    n_expert_used: int
+    n_ff_exp: int
+    n_ff_shexp: int
+    recurrent: tuple[bool, ...]  # per trunk layer
+    ssm_conv_kernel: int = 0
+    ssm_state_size: int = 0
+    ssm_group_count: int = 0
+    ssm_inner_size: int = 0
+
+    @property
+    def attention_layers(self) -> list[int]:
+        """Trunk layers with a KV cache."""
+        return [il for il in range(self.n_layer) if not self.recurrent[il]]
+
+    @property
+    def recurrent_layers(self) -> list[int]:
+        """Trunk layers with a recurrent (DeltaNet) state."""
+        return [il for il in range(self.n_layer) if self.recurrent[il]]
+
+    @property
+    def is_moe(self) -> bool:
+        """True for mixture-of-experts models."""
+        return self.n_expert > 0
+
+    @property
+    def conv_state_values(self) -> int:
+        """F32 values of one recurrent layer's conv state per sequence (``n_embd_r``)."""
+        return max(self.ssm_conv_kernel - 1, 0) * (
+            self.ssm_inner_size + 2 * self.ssm_group_count * self.ssm_state_size
+        )
+
+    @property
+    def ssm_state_values(self) -> int:
+        """F32 values of one recurrent layer's DeltaNet state per sequence (``n_embd_s``)."""
+        return self.ssm_state_size * self.ssm_inner_size
+
+
+def _int(value: Any, default: int = 0) -> int:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int | float):
+        return int(value)
+    if isinstance(value, list | tuple) and value:
+        return max(int(v) for v in value)
+    return default
+
+
+def model_shape(header: GGUFHeader) -> ModelShape:
+    """Read the planner's hyper-parameters from ``header`` (raises InvalidOption when they are missing)."""
+    meta = header.metadata
+    arch = header.architecture
+    if not arch:
+        raise InvalidOption(f"{header.source}: no general.architecture; is it a model GGUF?")
+
+    def key(name: str, default: Any = None) -> Any:
+        return meta.get(f"{arch}.{name}", default)
+
+    n_layer_all = _int(key("block_count"))
+    n_embd = _int(key("embedding_length"))
+    n_head = _int(key("attention.head_count"))
+    if not (n_layer_all and n_embd and n_head):
+        raise InvalidOption(
+            f"{header.source}: {arch}.block_count/embedding_length/attention.head_count missing"
+        )
+    n_layer = n_layer_all - _int(key("nextn_predict_layers"))
+    embd = next((t for t in header.tensors if t.name == "token_embd.weight"), None)
+    n_vocab = embd.shape[1] if embd is not None and len(embd.shape) > 1 else _int(key("vocab_size"))
+    recurrent = [False] * n_layer
+    if arch in HYBRID_ARCHS:
+        listed = key("attention.recurrent_layers")
+        if isinstance(listed, list | tuple) and len(listed) >= n_layer:
+            recurrent = [bool(v) for v in listed[:n_layer]]
+        else:
+            interval = _int(key("full_attention_interval"), 4) or 4
+            recurrent = [(il + 1) % interval != 0 for il in range(n_layer)]
+    head_dim_k = _int(key("attention.key_length"), n_embd // n_head)
+    return ModelShape(
+        arch=arch, n_layer_all=n_layer_all, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+        n_head_kv=_int(key("attention.head_count_kv"), n_head), head_dim_k=head_dim_k,
+        head_dim_v=_int(key("attention.value_length"), head_dim_k), n_ff=_int(key("feed_forward_length")),
+        n_vocab=n_vocab, n_ctx_train=_int(key("context_length")), n_expert=_int(key("expert_count")),
+        n_expert_used=_int(key("expert_used_count")), n_ff_exp=_int(key("expert_feed_forward_length")),
+        n_ff_shexp=_int(key("expert_shared_feed_forward_length")), recurrent=tuple(recurrent),
+        ssm_conv_kernel=_int(key("ssm.conv_kernel")), ssm_state_size=_int(key("ssm.state_size")),
+        ssm_group_count=_int(key("ssm.group_count")), ssm_inner_size=_int(key("ssm.inner_size")),
+    )  # fmt: skip
+
+
+def _block(name: str) -> int | None:
+    match = _BLOCK_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def is_expert_tensor(name: str) -> bool:
+    """True for the stacked routed-expert tensors ``--n-cpu-moe`` moves (``blk.N.ffn_up_exps.weight`` ...)."""
+    return _EXPERT_RE.search(name) is not None
+
+
+# --------------------------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The llama-server settings a plan is made for; ``ctx`` is the context of each of ``parallel`` slots."""
+
+    ctx: int
+    parallel: int = 1
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    ubatch: int = 512
+    flash_attn: bool = True
+
+    @property
+    def n_ctx_seq(self) -> int:
+        """KV cells per sequence, padded as llama_context pads them (to 256)."""
+        total = _pad(self.ctx * self.parallel, 256)
+        return _pad(total // self.parallel, 256)
+
+    @property
+    def n_tokens(self) -> int:
+        """Tokens of the worst-case (reserve) batch: min(n_ctx, n_batch, n_ubatch)."""
+        return min(self.n_ctx_seq * self.parallel, _N_BATCH, self.ubatch)
+
+
+def _pad(value: int, to: int) -> int:
+    return -(-value // to) * to
+
+
+def _row_bytes(type_name: str, n: int) -> int:
+    ggml_type = next(t for t in GGML_TYPES.values() if t.name.lower() == type_name.lower())
+    return n // ggml_type.block_size * ggml_type.type_size
+
+
+# ----------------------------------------------------------------------------------------------- memory
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """Bytes one device (the GPU, or host RAM) holds, by category."""
+
+    weights: int = 0
+    kv_cache: int = 0
+    recurrent_state: int = 0
+    compute: int = 0
+    output: int = 0
+
+    @property
+    def total(self) -> int:
+        """All categories together."""
+        return self.weights + self.kv_cache + self.recurrent_state + self.compute + self.output
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Per-layer byte sums of a model, precomputed once so the search is cheap."""
+
+    dense: list[int]  # non-expert weights per block
+    experts: list[int]  # expert weights per block
+    largest_dense: list[int]
+    largest_expert: list[int]
+    token_embd: int
+    output: int  # output + output_norm
+    other: int  # other global tensors (rope_freqs ...), placed with the output
+    tied: bool  # no output.weight: llama.cpp duplicates token_embd for the output layer
+
+
+def _layout(shape: ModelShape, tensors: Sequence[TensorInfo]) -> _Layout:
+    n = shape.n_layer_all
+    dense, experts, largest_dense, largest_expert = [0] * n, [0] * n, [0] * n, [0] * n
+    token_embd = output = other = 0
+    has_output = any(t.name == "output.weight" for t in tensors)
+    for tensor in tensors:
+        il = _block(tensor.name)
+        if il is not None and il < n:
+            if il >= shape.n_layer:
+                continue  # MTP (nextn) layers: llama.cpp skips them unless MTP is loaded
+            if is_expert_tensor(tensor.name):
+                experts[il] += tensor.nbytes
+                largest_expert[il] = max(largest_expert[il], tensor.nbytes)
+            else:
+                dense[il] += tensor.nbytes
+                largest_dense[il] = max(largest_dense[il], tensor.nbytes)
+        elif tensor.name == "token_embd.weight":
+            token_embd = tensor.nbytes
+        elif tensor.name.startswith(("output.", "output_norm.")):
+            output += tensor.nbytes
+        else:
+            other += tensor.nbytes
+    return _Layout(dense, experts, largest_dense, largest_expert, token_embd, output, other, not has_output)
+
+
+def _phase_values(shape: ModelShape) -> dict[str, float]:
+    """Per-token F32 activation values of each layer kind (the fitted ggml-alloc model)."""
+    q = shape.n_head * shape.head_dim_k * (2 if shape.arch in _GATED_Q_ARCHS else 1)
+    k = shape.n_head_kv * shape.head_dim_k
+    e = shape.n_embd
+    values = {"attention": _ATTN_PHASE["E"] * e + _ATTN_PHASE["Q"] * q + _ATTN_PHASE["K"] * k}
+    if shape.is_moe:
+        u, ue = shape.n_expert_used * shape.n_ff_exp, shape.n_expert_used * e
+        up = _MOE_UP_PHASE["E"] * e + _MOE_UP_PHASE["U"] * u
+        down = _MOE_DOWN_PHASE["E"] * e + _MOE_DOWN_PHASE["UE"] * ue + _MOE_DOWN_PHASE["U"] * u
+        shared = _SHARED_EXPERT_PHASE["E"] * e + _SHARED_EXPERT_PHASE["S"] * shape.n_ff_shexp
+        values["ffn"] = max(up, down, shared if shape.n_ff_shexp else 0)
+    else:
+        values["ffn"] = _FFN_PHASE["E"] * e + _FFN_PHASE["F"] * shape.n_ff
+    conv = 2 * shape.ssm_group_count * shape.ssm_state_size + shape.ssm_inner_size
+    values["recurrent"] = _RECURRENT_PHASE["E"] * e + _RECURRENT_PHASE["C"] * conv
+    return values
+
+
+def _layer_peak(shape: ModelShape, layers: Iterable[int], settings: Settings) -> int:
+    """Peak activation bytes of the given layers (without the mask), kq scores included without FA."""
+    layers = list(layers)
+    if not layers:
+        return 0
+    t = settings.n_tokens
+    values = _phase_values(shape)
+    has_attention = any(not shape.recurrent[il] for il in layers if il < shape.n_layer)
+    has_recurrent = any(shape.recurrent[il] for il in layers if il < shape.n_layer)
+    peak = values["ffn"] * t * 4
+    if has_attention:
+        attention = values["attention"] * t * 4
+        if not settings.flash_attn:
+            attention += shape.n_head * settings.n_ctx_seq * t * 4  # KQ scores, F32
+        peak = max(peak, attention)
+    if has_recurrent:
+        peak = max(peak, values["recurrent"] * t * 4)
+    return int(peak)
+
+
+def _mask_bytes(shape: ModelShape, settings: Settings) -> int:
+    if not shape.attention_layers:
+        return 0
+    return settings.n_ctx_seq * settings.n_tokens * (2 if settings.flash_attn else 4)
+
+
+def _logits_phase(shape: ModelShape, settings: Settings) -> int:
+    return shape.n_vocab * settings.parallel * 4 + settings.n_tokens * shape.n_embd * 4
+
+
+def _kv_layer_bytes(shape: ModelShape, settings: Settings) -> int:
+    cells = settings.n_ctx_seq * settings.parallel
+    k = _row_bytes(settings.cache_type_k, shape.n_head_kv * shape.head_dim_k)
+    v = _row_bytes(settings.cache_type_v, shape.n_head_kv * shape.head_dim_v)
+    return (k + v) * cells
+
+
+def _recurrent_layer_bytes(shape: ModelShape, settings: Settings) -> int:
+    return (shape.conv_state_values + shape.ssm_state_values) * 4 * max(1, settings.parallel)
+
+
+def _gpu_layers(shape: ModelShape, ngl: int) -> tuple[set[int], bool]:
+    start = max(shape.n_layer_all + 1 - ngl, 0)
+    return {il for il in range(shape.n_layer_all) if il >= start}, ngl >= 1
+
+
+def estimate_memory(
+    shape: ModelShape,
+    tensors: Sequence[TensorInfo],
+    settings: Settings,
+    *,
+    n_gpu_layers: int,
+    n_cpu_moe: int = 0,
+    layout: _Layout | None = None,
+) -> tuple[DeviceMemory, DeviceMemory]:
+    """``(gpu, host)`` memory for ``-ngl n_gpu_layers --n-cpu-moe n_cpu_moe`` (``n_gpu_layers=0``: CPU only)."""
+    layout = layout or _layout(shape, tensors)
+    gpu_layers, output_on_gpu = _gpu_layers(shape, n_gpu_layers)
+    cpu_layers = [il for il in range(shape.n_layer) if il not in gpu_layers]
+    weights = {"gpu": 0, "host": layout.token_embd}
+    kv = {"gpu": 0, "host": 0}
+    state = {"gpu": 0, "host": 0}
+    kv_layer, rs_layer = _kv_layer_bytes(shape, settings), _recurrent_layer_bytes(shape, settings)
+    offloaded_weight = 0  # largest CPU weight an offloaded op copies to the GPU
+    for il in range(shape.n_layer):
+        on_gpu = il in gpu_layers
+        experts_on_gpu = on_gpu and il >= n_cpu_moe
+        weights["gpu" if on_gpu else "host"] += layout.dense[il]
+        weights["gpu" if experts_on_gpu else "host"] += layout.experts[il]
+        if not experts_on_gpu:
+            offloaded_weight = max(offloaded_weight, layout.largest_expert[il])
+        if not on_gpu:
+            offloaded_weight = max(offloaded_weight, layout.largest_dense[il])
+        if shape.recurrent[il]:
+            state["gpu" if on_gpu else "host"] += rs_layer
+        else:
+            kv["gpu" if on_gpu else "host"] += kv_layer
+    weights["gpu" if output_on_gpu else "host"] += layout.output + layout.other
+    if layout.tied and output_on_gpu:  # on the CPU the duplicate maps the same file bytes
+        weights["gpu"] += layout.token_embd
+
+    mask, logits = _mask_bytes(shape, settings), _logits_phase(shape, settings)
+    output_buffer = shape.n_vocab * settings.parallel * 4  # logits of one output per slot, host memory
+    if not gpu_layers and not output_on_gpu:  # CPU only
+        host_compute = max(mask + _layer_peak(shape, range(shape.n_layer), settings), logits)
+        host = DeviceMemory(weights["host"], kv["host"], state["host"], host_compute, output_buffer)
+        return DeviceMemory(), host
+    gpu_compute = max(mask + _layer_peak(shape, sorted(gpu_layers), settings), logits if output_on_gpu else 0)
+    if settings.n_tokens >= _OP_OFFLOAD_MIN_BATCH:
+        gpu_compute += offloaded_weight
+    host_compute = mask + settings.n_tokens * shape.n_embd * 4  # inputs staged in host memory
+    if cpu_layers:
+        host_compute += _layer_peak(shape, cpu_layers, settings)
+    if not output_on_gpu:
+        host_compute = max(host_compute, logits)
+    gpu = DeviceMemory(weights["gpu"], kv["gpu"], state["gpu"], gpu_compute)
+    host = DeviceMemory(weights["host"], kv["host"], state["host"], host_compute, output_buffer)
+    return gpu, host
+
+
+# ------------------------------------------------------------------------------------------------- plan
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    """The answer of :func:`plan_fit`: placement, memory per device, flags and the speed ceiling."""
+
+    model: str
+    arch: str
+    gpu: str | None
+    vram_bytes: int
+    margin_bytes: int
+    settings: Settings
+    n_layer: int
+    attention_layers: int
+    recurrent_layers: int
+    n_gpu_layers: int
+    max_gpu_layers: int
+    n_cpu_moe: int
+    gpu_memory: DeviceMemory
+    host_memory: DeviceMemory
+    flags: tuple[str, ...]
+    tg_ceiling_tps: float | None
+    bytes_per_token_gpu: int
+    bytes_per_token_host: int
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def fits(self) -> bool:
+        """True when the GPU total plus the margin fits the card (False only for a pinned placement)."""
+        return self.gpu_memory.total + self.margin_bytes <= self.vram_bytes
+
+    @property
+    def fully_offloaded(self) -> bool:
+        """True when every layer and every expert is on the GPU."""
+        return self.n_gpu_layers == self.max_gpu_layers and self.n_cpu_moe == 0
+
+    @property
+    def command(self) -> str:
+        """The recommended llama-server command line."""
+        return shlex.join(["llama-server", *self.flags])
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-able form (sizes in bytes)."""
+        data = asdict(self)
+        data["gpu_memory"]["total"] = self.gpu_memory.total
+        data["host_memory"]["total"] = self.host_memory.total
+        data["command"] = self.command
+        data["fully_offloaded"] = self.fully_offloaded
+        data["fits"] = self.fits
+        data["flags"] = list(self.flags)
+        data["notes"] = list(self.notes)
+        return data
+
+
+def _check_settings(settings: Settings) -> None:
+    if settings.ctx < 1 or settings.parallel < 1 or settings.ubatch < 1:
+        raise InvalidOption("--ctx, --parallel and --ubatch must be positive")
+    for flag, value in (("--cache-type-k", settings.cache_type_k), ("--cache-type-v", settings.cache_type_v)):
+        if value not in CACHE_TYPES:
+            close = difflib.get_close_matches(value, CACHE_TYPES, n=1)
+            raise InvalidOption(
+                f"{flag} {value!r} is not a KV cache type llama.cpp knows",
+                hint=(f"did you mean {close[0]!r}? " if close else "") + "one of " + ", ".join(CACHE_TYPES),
+            )
+    if not settings.flash_attn and settings.cache_type_v not in ("f32", "f16", "bf16"):
+        raise InvalidOption(
+            f"a quantized V cache ({settings.cache_type_v}) needs flash attention",
+            hint="use --flash-attn on (llama.cpp refuses -ctv q* with -fa off)",
+        )
+
+
+def _check_cache_blocks(shape: ModelShape, settings: Settings) -> None:
+    # llama_init_from_model refuses a quantized cache whose block does not divide the head size
+    for which, type_name, head_dim in (
+        ("K", settings.cache_type_k, shape.head_dim_k), ("V", settings.cache_type_v, shape.head_dim_v)
+    ):  # fmt: skip
+        block = next(t for t in GGML_TYPES.values() if t.name.lower() == type_name).block_size
+        if head_dim % block:
+            raise InvalidOption(
+                f"{which} cache type {type_name} (blocks of {block}) does not divide the head size {head_dim}",
+                hint="llama.cpp refuses it; use f16 or bf16 for this model",
+            )
+
+
+def _bytes_per_token(
+    shape: ModelShape, layout: _Layout, settings: Settings, ngl: int, n_cpu_moe: int
+) -> tuple[int, int]:
+    gpu_layers, output_on_gpu = _gpu_layers(shape, ngl)
+    share = shape.n_expert_used / shape.n_expert if shape.n_expert else 1.0
+    kv_seq = _kv_layer_bytes(shape, settings) // settings.parallel  # one sequence at full context
+    rs_seq = (shape.conv_state_values + shape.ssm_state_values) * 4 * 2  # read and written
+    read = {"gpu": 0.0, "host": float(shape.n_embd * 4)}  # one embedding row
+    for il in range(shape.n_layer):
+        on_gpu = il in gpu_layers
+        read["gpu" if on_gpu else "host"] += layout.dense[il] + (rs_seq if shape.recurrent[il] else kv_seq)
+        read["gpu" if on_gpu and il >= n_cpu_moe else "host"] += layout.experts[il] * share
+    read["gpu" if output_on_gpu else "host"] += layout.output + layout.other + layout.token_embd * layout.tied
+    return int(read["gpu"]), int(read["host"])
+
+
+def _flags(model: str, settings: Settings, ngl: int, n_cpu_moe: int, flash_attn_flag: str) -> tuple[str, ...]:
+    flags = ["-m", model, "-ngl", str(ngl)]
+    if n_cpu_moe:
+        flags += ["--n-cpu-moe", str(n_cpu_moe)]
+    flags += ["-c", str(settings.ctx * settings.parallel), "--parallel", str(settings.parallel)]
+    flags += ["-ctk", settings.cache_type_k, "-ctv", settings.cache_type_v, "-fa", flash_attn_flag]
+    if settings.ubatch != 512:
+        flags += ["-ub", str(settings.ubatch)]
+    return tuple(flags)
+
+
+def _load(model: str | Path | GGUFHeader) -> tuple[str, GGUFHeader]:
+    if isinstance(model, GGUFHeader):
+        return model.source, model
+    path = Path(model)
+    if not path.is_file():
+        raise InvalidOption(f"model file {path} does not exist")
+    return str(path), read_header(path)
+
+
+def plan_fit(
+    model: str | Path | GGUFHeader,
+    *,
+    ctx: int,
+    gpu: str | None = None,
+    vram_bytes: int | None = None,
+    cache_type_k: str = "f16",
+    cache_type_v: str = "f16",
+    parallel: int = 1,
+    ubatch: int = 512,
+    flash_attn: bool | Literal["auto"] = True,
+    n_gpu_layers: int | None = None,
+    n_cpu_moe: int | None = None,
+    margin_bytes: int = DEFAULT_MARGIN,
+    ram_bandwidth_gbs: float = DEFAULT_RAM_BANDWIDTH_GBS,
+) -> FitPlan:
+    """Plan how ``model`` (a GGUF path or a parsed header) runs in llama-server on one GPU.
+
+    Give the card by name (``gpu="rtx3090"``, from ``recipes/gpus.toml``) or its memory (``vram_bytes``).
+    ``ctx`` is the context of each of the ``parallel`` slots. The planner searches the largest ``-ngl`` and,
+    for MoE models, the smallest ``--n-cpu-moe`` whose GPU total plus ``margin_bytes`` fits; pass
+    ``n_gpu_layers`` / ``n_cpu_moe`` to evaluate a placement of your own instead. ``flash_attn="auto"`` is
+    planned as on (what llama.cpp picks on CUDA for these models). Raises :class:`DoesNotFit` (with the host
+    RAM a CPU-only run needs) when not even one layer fits, InvalidOption for bad settings or an unknown GPU.
+    """
+    card = find_gpu(gpu) if gpu is not None else None
+    if card is not None and vram_bytes is not None:
+        raise InvalidOption("give either --gpu or --vram, not both")
+    if card is None and vram_bytes is None:
+        raise InvalidOption("say which GPU: --gpu NAME (e.g. rtx3090) or --vram SIZE (e.g. 24GiB)")
+    vram = card.vram_bytes if card is not None else int(vram_bytes or 0)
+    settings = Settings(ctx, parallel, cache_type_k, cache_type_v, ubatch, flash_attn is not False)
+    _check_settings(settings)
+    name, header = _load(model)
+    shape = model_shape(header)
+    _check_cache_blocks(shape, settings)
+    layout = _layout(shape, header.tensors)
+    max_ngl = shape.n_layer_all + 1
+    budget = vram - margin_bytes
+
+    def evaluate(ngl: int, ncmoe: int) -> tuple[DeviceMemory, DeviceMemory]:
+        return estimate_memory(
+            shape, header.tensors, settings, n_gpu_layers=ngl, n_cpu_moe=ncmoe, layout=layout
+        )
+
+    candidates: list[tuple[int, int]]
+    if n_gpu_layers is not None or n_cpu_moe is not None:
+        candidates = [(min(n_gpu_layers if n_gpu_layers is not None else max_ngl, max_ngl), n_cpu_moe or 0)]
+    elif shape.is_moe:
+        # experts to the CPU first (attention and the shared weights stay fast), then whole layers
+        candidates = [(max_ngl, m) for m in range(shape.n_layer + 1)]
+        candidates += [(ngl, shape.n_layer) for ngl in range(max_ngl - 1, 0, -1)]
+    else:
+        candidates = [(ngl, 0) for ngl in range(max_ngl, 0, -1)]
+    chosen = next((c for c in candidates if evaluate(*c)[0].total <= budget), None)
+    pinned = n_gpu_layers is not None or n_cpu_moe is not None
+    if chosen is None and not pinned:
+        _, cpu_only = evaluate(0, 0)
+        raise DoesNotFit(
+            f"{Path(name).name} does not fit in {vram / GiB:.1f} GiB of GPU memory (keeping "
+            f"{margin_bytes / GiB:.1f} GiB free) at {ctx} context x {parallel} slot(s), not even one layer",
+            hint=f"a CPU-only run (-ngl 0) needs about {cpu_only.total / GiB:.1f} GiB of RAM; or lower --ctx, "
+            "quantize the KV cache (--cache-type q8_0), or pick a smaller quant",
+        )
+    ngl, ncmoe = chosen if chosen is not None else candidates[0]
+    gpu_memory, host_memory = evaluate(ngl, ncmoe)
+    notes = []
+    if chosen is None:
+        notes.append(
+            f"the placement you pinned needs {gpu_memory.total / GiB:.2f} GiB on the GPU, more than the "
+            f"{budget / GiB:.2f} GiB available after the margin"
+        )
+    if ctx > shape.n_ctx_train > 0:
+        notes.append(f"--ctx {ctx} exceeds the trained context ({shape.n_ctx_train}); llama.cpp warns")
+    if flash_attn == "auto":
+        notes.append("flash attention 'auto' planned as on (llama.cpp enables it on CUDA for this model)")
+    if shape.arch in HYBRID_ARCHS:
+        notes.append(
+            f"hybrid model: KV cache for {len(shape.attention_layers)} attention layers only; "
+            f"{len(shape.recurrent_layers)} DeltaNet layers keep a fixed state per slot"
+        )
+    gpu_bytes, host_bytes = _bytes_per_token(shape, layout, settings, ngl, ncmoe)
+    bandwidth = card.bandwidth_gbs if card is not None else None
+    ceiling = None
+    if bandwidth:
+        seconds = gpu_bytes / (bandwidth * 1e9) + host_bytes / (ram_bandwidth_gbs * 1e9)
+        ceiling = 1.0 / seconds if seconds > 0 else math.inf
+    fa_flag = "auto" if flash_attn == "auto" else ("on" if settings.flash_attn else "off")
+    return FitPlan(
+        model=name, arch=shape.arch, gpu=card.name if card else None, vram_bytes=vram,
+        margin_bytes=margin_bytes, settings=settings, n_layer=shape.n_layer,
+        attention_layers=len(shape.attention_layers), recurrent_layers=len(shape.recurrent_layers),
+        n_gpu_layers=ngl, max_gpu_layers=max_ngl, n_cpu_moe=ncmoe, gpu_memory=gpu_memory,
+        host_memory=host_memory, flags=_flags(name, settings, ngl, ncmoe, fa_flag), tg_ceiling_tps=ceiling,
+        bytes_per_token_gpu=gpu_bytes, bytes_per_token_host=host_bytes, notes=tuple(notes),
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------ synthetic headers
+
+
+def synthetic_header(
+    spec: TinyModelSpec,
+    *,
+    n_vocab: int,
+    weight_type: str = "Q4_K",
+    output_type: str = "Q6_K",
+    name: str | None = None,
+) -> GGUFHeader:
+    """A header-only description of a model shaped like ``spec`` (no file): to plan a model from its published
+    hyper-parameters before downloading it, and for benchmarks. Matrices whose rows fit ``weight_type``'s block
+    get that type (``output.weight``: ``output_type``), the rest F16; 1-D and always-F32 tensors F32."""
+    from llamaforge.gguf.tiny import tensor_plan
+
+    types = {t.name.lower(): t for t in GGML_TYPES.values()}
+    arch = spec.arch
+    meta: dict[str, Any] = {
+        "general.architecture": arch, "general.name": name or spec.default_name,
+        f"{arch}.block_count": spec.n_layer, f"{arch}.context_length": spec.context_length,
+        f"{arch}.embedding_length": spec.n_embd, f"{arch}.feed_forward_length": spec.n_ff,
+        f"{arch}.attention.head_count": spec.n_head, f"{arch}.attention.head_count_kv": spec.n_head_kv,
+        f"{arch}.attention.key_length": spec.head_dim, f"{arch}.attention.value_length": spec.head_dim,
+    }  # fmt: skip
+    if "moe" in arch:
+        meta.update({f"{arch}.expert_count": spec.n_expert, f"{arch}.expert_used_count": spec.n_expert_used,
+                     f"{arch}.expert_feed_forward_length": spec.n_ff_exp})  # fmt: skip
+        if arch in HYBRID_ARCHS:
+            meta[f"{arch}.expert_shared_feed_forward_length"] = spec.n_ff_shexp
+    if arch in HYBRID_ARCHS:
+        meta.update({
+            f"{arch}.ssm.conv_kernel": spec.ssm_conv_kernel, f"{arch}.ssm.state_size": spec.ssm_state_size,
+            f"{arch}.ssm.group_count": spec.ssm_group_count, f"{arch}.ssm.time_step_rank": spec.ssm_time_step_rank,
+            f"{arch}.ssm.inner_size": spec.ssm_inner_size,
+            f"{arch}.full_attention_interval": spec.full_attention_interval,
+        })  # fmt: skip
+    tensors: list[TensorInfo] = []
+    offset = 0
+    for entry in tensor_plan(spec, n_vocab):
+        ne = entry.shape[::-1]
+        wanted = types[(output_type if entry.canonical == "output.weight" else weight_type).lower()]
+        if len(ne) == 1 or entry.dtype.itemsize == 4:
+            ggml_type = types["f32"]
+        elif ne[0] % wanted.block_size == 0:
+            ggml_type = wanted
+        else:
+            ggml_type = types["f16"]
+        count = math.prod(ne)
+        nbytes = count // ggml_type.block_size * ggml_type.type_size
+        tensors.append(TensorInfo(entry.canonical, tuple(ne), ggml_type, offset, nbytes))
+        offset += _pad(nbytes, 32)
+    return GGUFHeader(
+        source=name or spec.default_name, file_size=offset, version=3, metadata=meta, value_types={},
+        tensors=tensors, alignment=32, header_end=0, data_offset=0,
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------ llama.cpp's own figures
+
+_BUFFER_LINES: Final = (
+    ("weights", re.compile(r"load_tensors:\s+(\S+) model buffer size =\s*([\d.]+) MiB")),
+    ("kv_cache", re.compile(r"llama_kv_cache:\s+(\S+) KV buffer size =\s*([\d.]+) MiB")),
+    ("recurrent_state", re.compile(r"llama_memory_recurrent:\s+(\S+) RS buffer size =\s*([\d.]+) MiB")),
+    ("compute", re.compile(r"sched_reserve:\s+(\S+) compute buffer size =\s*([\d.]+) MiB")),
+    ("output", re.compile(r"llama_context:\s+(\S+)\s+output buffer size =\s*([\d.]+) MiB")),
+)
+
+
+@dataclass(frozen=True)
+class ReportedBuffers:
+    """The buffers llama.cpp printed while loading: ``{category: {buffer type: bytes}}`` (MiB, 2 decimals)."""
+
+    buffers: dict[str, dict[str, int]]
+
+    def total(self, category: str) -> int:
+        """Bytes of ``category`` over all buffer types (0 when llama.cpp printed none)."""
+        return sum(self.buffers.get(category, {}).values())
+
+
+def parse_load_log(text: str) -> ReportedBuffers:
+    """Read the ``... buffer size = X MiB`` lines of a llama.cpp load log (llama-server, llama-cli)."""
+    buffers: dict[str, dict[str, int]] = {}
+    for line in text.splitlines():
+        for category, pattern in _BUFFER_LINES:
+            match = pattern.search(line)
+            if match:
+                per_type = buffers.setdefault(category, {})
+                per_type[match.group(1)] = per_type.get(match.group(1), 0) + round(
+                    float(match.group(2)) * MiB
+                )
+    return ReportedBuffers(buffers)
+
+
+def measure_with_llamacpp(
+    llama_server: Path, model: Path, settings: Settings, *, timeout_s: float = 120.0, threads: int = 1
+) -> ReportedBuffers:
+    """Load ``model`` in ``llama_server`` with ``settings`` and return the buffers it reports (CPU builds
+    report everything as host buffers). The server is stopped as soon as it says it loaded the model."""
+    import socket
+    import subprocess
+    import time
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [
+        str(llama_server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-lv", "4",
+        "-fit", "off", "--no-warmup", "-t", str(threads), "-c", str(settings.ctx * settings.parallel),
+        "-np", str(settings.parallel), "--no-kv-unified", "-ub", str(settings.ubatch),
+        "-b", str(max(_N_BATCH, settings.ubatch)), "-ctk", settings.cache_type_k, "-ctv", settings.cache_type_v,
+        "-fa", "on" if settings.flash_attn else "off",
+    ]  # fmt: skip
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
+        assert process.stdout is not None
+        try:
+            for line in process.stdout:
+                lines.append(line)
+                if "model loaded" in line or "listening on" in line or time.monotonic() > deadline:
+                    break
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    reported = parse_load_log("".join(lines))
+    if not reported.buffers.get("compute"):
+        from llamaforge.core.errors import ToolFailed
+
+        raise ToolFailed(
+            f"llama-server did not finish loading {model.name}", command=command,
+            returncode=process.returncode or 0, tail=[line.rstrip() for line in lines[-15:]],
+        )  # fmt: skip
+    return reported

@@ -1,0 +1,171 @@
+"""Operation ``models.fit`` (registered on import) and the memory-breakdown plot."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+
+from llamaforge.core.errors import InvalidOption
+from llamaforge.core.registry import OperationContext, Params, operation
+from llamaforge.serve.fit import DoesNotFit, FitPlan, GiB, parse_size, plan_fit
+
+
+class ModelFitParams(Params):
+    """Parameters of ``models.fit``."""
+
+    model: str = Field(description="GGUF file, or a model recipe whose file was fetched (`models.fetch`)")
+    gpu: str | None = Field(None, description="GPU from recipes/gpus.toml, e.g. rtx3090, rtx4090, a100-80gb")
+    vram: str | None = Field(None, description="GPU memory instead of --gpu, e.g. 24GiB (no speed estimate)")
+    ctx: int = Field(description="Context (tokens) of each slot", ge=1)
+    cache_type: str | None = Field(None, description="KV cache type for K and V, e.g. q8_0 (default f16)")
+    cache_type_k: str | None = Field(None, description="K cache type (overrides --cache-type)")
+    cache_type_v: str | None = Field(None, description="V cache type (overrides --cache-type)")
+    parallel: int = Field(1, description="Slots (concurrent sequences) of llama-server", ge=1)
+    ubatch: int = Field(512, description="Physical batch size (-ub)", ge=1)
+    flash_attn: Literal["on", "off", "auto"] = Field("on", description="Flash attention: on, off or auto")
+    n_gpu_layers: int | None = Field(None, description="Evaluate this -ngl instead of searching", ge=0)
+    n_cpu_moe: int | None = Field(None, description="Evaluate this --n-cpu-moe instead of searching", ge=0)
+    margin: str = Field("1GiB", description="GPU memory to keep free (CUDA context, driver, headroom)")
+    plot: str | None = Field(None, description="Write the memory breakdown as a PNG to this path")
+
+
+def resolve_model_file(target: str) -> Path:
+    """The local GGUF of a FILE or fetched RECIPE argument (InvalidOption/RecipeError otherwise)."""
+    from llamaforge.models.inspect import resolve_local_model
+
+    path, recipe = resolve_local_model(target)
+    if path is not None:
+        if not path.is_file():
+            raise InvalidOption(f"model file {path} does not exist")
+        return path
+    if recipe is not None:
+        raise InvalidOption(
+            f"model recipe {recipe.name!r} is not fetched yet",
+            hint=f"run `invoke models.fetch {recipe.name}` first (or `invoke models.inspect {recipe.name} "
+            "--remote` to look at its header without downloading)",
+        )
+    raise InvalidOption(
+        f"models.fit needs a local GGUF or a fetched recipe, not {target!r}",
+        hint="fetch it first (`invoke models.fetch URL`)",
+    )
+
+
+@operation("models.fit", ModelFitParams, read_only=True, positional=("model",))
+def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> dict[str, Any]:
+    """Plan how a model fits on a GPU: layers, experts, KV cache, compute buffer, llama-server flags, speed."""
+    path = resolve_model_file(params.model)
+    cache_k = params.cache_type_k or params.cache_type or "f16"
+    cache_v = params.cache_type_v or params.cache_type or "f16"
+    flash_attn: bool | Literal["auto"] = "auto" if params.flash_attn == "auto" else params.flash_attn == "on"
+    plan = plan_fit(
+        path, gpu=params.gpu, vram_bytes=parse_size(params.vram) if params.vram else None, ctx=params.ctx,
+        cache_type_k=cache_k, cache_type_v=cache_v, parallel=params.parallel, ubatch=params.ubatch,
+        flash_attn=flash_attn, n_gpu_layers=params.n_gpu_layers, n_cpu_moe=params.n_cpu_moe,
+        margin_bytes=parse_size(params.margin),
+    )  # fmt: skip
+    data = plan.to_json()
+    data["summary"] = summarize(plan)
+    data["exit_code"] = 0 if plan.fits else DoesNotFit.exit_code  # a pinned placement that does not fit
+    if params.plot:
+        data["plot"] = str(render_plot([plan], Path(params.plot)))
+    return data
+
+
+def summarize(plan: FitPlan) -> list[str]:
+    """A few human lines about ``plan`` (GiB, the flags, the speed ceiling)."""
+    gpu, host = plan.gpu_memory, plan.host_memory
+    where = "all layers on the GPU" if plan.n_gpu_layers == plan.max_gpu_layers else (
+        f"{plan.n_gpu_layers}/{plan.max_gpu_layers} layers on the GPU"
+    )  # fmt: skip
+    if plan.n_cpu_moe:
+        where += f", experts of the first {plan.n_cpu_moe} layers on the CPU"
+    lines = [
+        f"{Path(plan.model).name} ({plan.arch}): {where}",
+        f"GPU {gpu.total / GiB:.2f} of {plan.vram_bytes / GiB:.1f} GiB (weights {gpu.weights / GiB:.2f}, KV "
+        f"{gpu.kv_cache / GiB:.2f}, recurrent {gpu.recurrent_state / GiB:.3f}, compute {gpu.compute / GiB:.2f}; "
+        f"{plan.margin_bytes / GiB:.1f} GiB kept free)",
+        f"host RAM {host.total / GiB:.2f} GiB (weights {host.weights / GiB:.2f}, KV {host.kv_cache / GiB:.2f}, "
+        f"compute+output {(host.compute + host.output) / GiB:.2f})",
+        plan.command,
+    ]
+    if plan.tg_ceiling_tps is not None:
+        lines.append(f"token generation ceiling ~{plan.tg_ceiling_tps:.0f} tok/s (memory bandwidth bound)")
+    lines.extend(plan.notes)
+    return lines
+
+
+_COLOURS = {
+    "weights": "#4c72b0",
+    "kv_cache": "#dd8452",
+    "recurrent_state": "#55a868",
+    "compute": "#c44e52",
+    "output": "#8172b3",
+}
+_LABELS = {
+    "weights": "weights",
+    "kv_cache": "KV cache",
+    "recurrent_state": "recurrent state",
+    "compute": "compute buffer",
+    "output": "output (logits)",
+}
+
+
+def render_plot(plans: Sequence[FitPlan], path: Path, *, title: str | None = None) -> Path:
+    """Draw one GPU bar and one host-RAM bar (hatched) per plan, stacked by category, against the VRAM line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.artist import Artist
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    if not plans:
+        raise InvalidOption("nothing to plot")
+    figure, axes = plt.subplots(figsize=(max(6.0, 2.4 * len(plans) + 4.0), 5.0))
+    labels: list[str] = []
+    positions: list[float] = []
+    drawn: set[str] = set()
+    for index, plan in enumerate(plans):
+        for offset, device, memory in ((-0.2, "GPU", plan.gpu_memory), (0.2, "host", plan.host_memory)):
+            x = index + offset
+            bottom = 0.0
+            for category, colour in _COLOURS.items():
+                value = getattr(memory, category) / GiB
+                if value <= 0:
+                    continue
+                drawn.add(category)
+                axes.bar(x, value, 0.36, bottom=bottom, color=colour, hatch="//" if device == "host" else None,
+                         edgecolor="white")  # fmt: skip
+                bottom += value
+            axes.text(x, bottom, f"{bottom:.1f}", ha="center", va="bottom", fontsize=8)
+            positions.append(x)
+            labels.append(device)
+        settings = plan.settings
+        placement = f"-ngl {plan.n_gpu_layers}" + (f" --n-cpu-moe {plan.n_cpu_moe}" if plan.n_cpu_moe else "")
+        axes.text(index, -0.13, f"ctx {settings.ctx:,} x{settings.parallel}  {settings.cache_type_k}/"
+                  f"{settings.cache_type_v}\n{placement}", ha="center", va="top",
+                  transform=axes.get_xaxis_transform(), fontsize=8)  # fmt: skip
+    vram = plans[0].vram_bytes / GiB
+    usable = (plans[0].vram_bytes - plans[0].margin_bytes) / GiB
+    axes.axhline(vram, color="black", linewidth=1.2)
+    axes.axhline(usable, color="black", linestyle="--", linewidth=0.8)
+    handles: list[Artist] = [Patch(color=_COLOURS[c], label=_LABELS[c]) for c in _COLOURS if c in drawn]
+    handles.append(Patch(facecolor="white", edgecolor="grey", hatch="//", label="host RAM"))
+    handles.append(Line2D([], [], color="black", linewidth=1.2, label=f"VRAM {vram:.0f} GiB"))
+    handles.append(Line2D([], [], color="black", linestyle="--", linewidth=0.8,
+                              label=f"VRAM - margin {usable:.1f} GiB"))  # fmt: skip
+    axes.set_xticks(positions, labels, fontsize=8)
+    axes.set_ylabel("GiB")
+    gpu = plans[0].gpu or "GPU"
+    axes.set_title(title or f"{Path(plans[0].model).name} on {gpu}", fontsize=10)
+    axes.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    axes.set_ylim(0, max(vram, *(max(p.gpu_memory.total, p.host_memory.total) / GiB for p in plans)) * 1.08)
+    figure.subplots_adjust(bottom=0.2, left=0.07, right=0.76)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path

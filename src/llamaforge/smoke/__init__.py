@@ -1,0 +1,1 @@
+"""Smoke runs: llama-bench and a real streaming llama-server against thresholds, with reports."""

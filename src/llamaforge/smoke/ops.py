@@ -1,0 +1,145 @@
+"""Operations ``smoke`` and ``smoke.compare``: resolve the build and the model, run :mod:`llamaforge.smoke.run`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from llamaforge.core.errors import InvalidOption, SmokeFailed
+from llamaforge.core.registry import OperationContext, Params, operation
+from llamaforge.smoke.run import SmokeOptions, SmokeTarget
+
+
+class SmokeParams(Params):
+    """Parameters of ``smoke``."""
+
+    build: str | None = Field(
+        None, description="Build key (or unique prefix) or build directory (default: the default recipe's CPU "
+        "build, built if missing)"
+    )  # fmt: skip
+    model: str | None = Field(
+        None,
+        description="Model recipe name, hf://, ms://, https:// URL, or a GGUF file (default: tiny qwen3)",
+    )
+    thresholds: list[str] = Field(
+        default_factory=list,
+        description="Threshold KEY=VALUE (min_tg_tps, max_ttft_ms, must_answer; none clears) or a TOML file; "
+        "repeatable; overrides the build and model recipes",
+    )
+    pp: int = Field(64, ge=1, description="llama-bench prompt tokens (pp test)")
+    tg: int = Field(32, ge=1, description="llama-bench generated tokens (tg test)")
+    repetitions: int = Field(3, ge=1, le=50, description="llama-bench repetitions per test")
+    threads: int | None = Field(None, ge=1, description="CPU threads for llama-bench and llama-server")
+    concurrency: list[int] = Field(
+        default_factory=list, description="Concurrency level (repeatable; default 1 and 2)"
+    )
+    requests: int = Field(4, ge=1, le=256, description="Streaming requests per concurrency level")
+    max_tokens: int = Field(32, ge=1, description="Tokens each measured request generates")
+    port: int | None = Field(
+        None, ge=1, le=65535, description="Preferred server port (a busy one is replaced)"
+    )
+    load_timeout_s: int = Field(300, ge=1, description="Seconds the server may take to load the model")
+    skip_bench: bool = Field(False, description="Skip the llama-bench stage")
+    skip_server: bool = Field(False, description="Skip the llama-server stage")
+    bandwidth_gbs: float | None = Field(
+        None,
+        gt=0,
+        description="Memory bandwidth for the roofline, GB/s (default: measured on CPU, GPU table)",
+    )
+    executor: str = Field("docker", description="Where to build the default build if it is missing")
+
+
+def _build_target(params: SmokeParams, ctx: OperationContext) -> tuple[str, Path, Mapping[str, Any]]:
+    from llamaforge.build.store import build_dir, find_build
+
+    if params.build is None:
+        from llamaforge.build.execute import run_build
+        from llamaforge.build.ops import BuildParams, _plan_from_params
+
+        plan, options = _plan_from_params(BuildParams())
+        result = run_build(plan, options, executor=params.executor, reporter=ctx.reporter, cancel=ctx.cancel)
+        return result.key, result.path, result.manifest
+    path = Path(params.build)
+    if path.is_dir():
+        manifest_file = path / "manifest.json"
+        if manifest_file.is_file():
+            manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
+            return str(manifest["key"]), path, manifest
+        if (path / "llama-server").is_file() or (path / "bin" / "llama-server").is_file():
+            return "external", path, {}  # e.g. a plain cmake build's bin/ directory, for comparisons
+        raise InvalidOption(f"{path} holds neither a llamaforge build nor llama.cpp binaries")
+    manifest = find_build(params.build)
+    return str(manifest["key"]), build_dir(manifest["key"]), manifest
+
+
+def _model_target(params: SmokeParams, ctx: OperationContext) -> tuple[Path, str, Mapping[str, Any] | None]:
+    """The model file, its label and the thresholds its recipe declares (if any)."""
+    from llamaforge.smoke.run import tiny_smoke_model
+
+    if params.model is None:
+        return tiny_smoke_model(ctx.reporter, ctx.cancel), "tiny-qwen3", None
+    path = Path(params.model)
+    if path.is_file():
+        return path.resolve(), path.stem, None
+    if params.model.endswith(".gguf") and "://" not in params.model:
+        raise InvalidOption(
+            f"model file {path} does not exist", hint="give a GGUF path, a recipe name or a URL"
+        )
+    from llamaforge.models.fetch import fetch_model
+
+    fetched = fetch_model(params.model, reporter=ctx.reporter, cancel=ctx.cancel)
+    recipe_smoke: Mapping[str, Any] | None = None
+    if "://" not in params.model:
+        from llamaforge.models.recipes import load_model_recipe
+
+        recipe_smoke = load_model_recipe(params.model).model_dump().get("smoke")
+    label = Path(params.model).stem if "://" not in params.model else fetched.path.stem
+    return fetched.path, label, recipe_smoke
+
+
+@operation("smoke", SmokeParams, read_only=False, long_running=True)
+def smoke_op(params: SmokeParams, ctx: OperationContext) -> dict[str, Any]:
+    """Smoke a build with a model: llama-bench + streaming llama-server, thresholds, report and plots."""
+    from llamaforge.smoke.run import parse_threshold_items, resolve_thresholds, result_view, run_smoke
+
+    options = SmokeOptions(
+        pp=params.pp, tg=params.tg, repetitions=params.repetitions, threads=params.threads,
+        concurrency=tuple(params.concurrency) or (1, 2), requests=params.requests, max_tokens=params.max_tokens,
+        port=params.port, load_timeout_s=params.load_timeout_s, skip_bench=params.skip_bench,
+        skip_server=params.skip_server, bandwidth_gbs=params.bandwidth_gbs,
+    )  # fmt: skip
+    cli = parse_threshold_items(params.thresholds)
+    key, directory, manifest = _build_target(params, ctx)
+    model, label, model_smoke = _model_target(params, ctx)
+    # A recipe may carry a [smoke] table once its schema has one; the CLI wins over both.
+    build_smoke = (manifest.get("recipe") or {}).get("smoke")
+    thresholds, sources = resolve_thresholds(
+        [("build recipe", build_smoke), ("model recipe", model_smoke), ("cli", cli)]
+    )
+    target = SmokeTarget(
+        build_key=key, build_dir=directory, manifest=manifest, model=model, model_label=label
+    )
+    report = run_smoke(target, options, thresholds, sources, reporter=ctx.reporter, cancel=ctx.cancel)
+    view = result_view(report)
+    view["exit_code"] = 0 if report["verdict"]["passed"] else SmokeFailed.exit_code
+    return view
+
+
+class SmokeCompareParams(Params):
+    """Parameters of ``smoke.compare``."""
+
+    run_a: str = Field(description="First run (A, the baseline): run id, unique prefix or run directory")
+    run_b: str = Field(description="Second run (B): run id, unique prefix or run directory")
+
+
+@operation("smoke.compare", SmokeCompareParams, read_only=False, positional=("run_a", "run_b"))
+def smoke_compare_op(params: SmokeCompareParams, ctx: OperationContext) -> dict[str, Any]:
+    """Compare two smoke runs side by side with ratios (like compare-llama-bench); writes json/md/png."""
+    from llamaforge.smoke.report import compare_runs
+    from llamaforge.smoke.run import smoke_root
+
+    return compare_runs(params.run_a, params.run_b, smoke_root())

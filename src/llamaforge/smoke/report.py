@@ -1,0 +1,310 @@
+"""Smoke reports: the run directory's report.json, summary.md and PNG plots, and ``smoke.compare`` of two runs.
+
+The comparison reads like llama.cpp's compare-llama-bench: one row per metric present in both runs, the
+values side by side and their ratio (B / A), plus a speedup that is > 1 when B is better whichever way the
+metric points (tokens/s up, latency down).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from llamaforge.core.errors import InvalidOption
+
+SAME_BAND = 0.03  # |speedup - 1| below this reads as "same" (the noise of a short smoke on a shared machine)
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    text = " ".join(str(value).split())  # a reply may hold newlines and tabs: one table row stays one line
+    return text.replace("|", "\\|")
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(_fmt(cell) for cell in row) + " |" for row in rows]
+    return lines
+
+
+def _pair(dist: Mapping[str, float] | None, digits: int = 1) -> str:
+    return f"{dist['p50']:.{digits}f} / {dist['p95']:.{digits}f}" if dist else "-"
+
+
+def render_summary(report: Mapping[str, Any]) -> str:
+    """summary.md of a run."""
+    verdict = report.get("verdict") or {}
+    build, model = report["build"], report["model"]
+    state = "PASS" if verdict.get("passed") else "FAIL"
+    patches = ", ".join(build.get("patches") or []) or "none"
+    params = f"{model['n_params'] / 1e6:.1f} M params, " if model.get("n_params") else ""
+    lines = [f"# Smoke run {report['run_id']}: {state}", ""]
+    lines += _table(["", ""], [
+        ["build", f"{build['key']} (recipe {build.get('recipe') or '-'}, {build.get('backend') or '?'}, "
+                  f"patches: {patches})"],
+        ["model", f"{model['label']} ({model.get('type', '?')}, {params}{model['size'] / 2**20:.1f} MiB)"],
+        ["host", f"{report['host']['platform']}, {report['host']['cpus']} CPUs"],
+        ["wall time", f"{report.get('wall_s', 0):.1f} s"],
+    ])  # fmt: skip
+    bench = report.get("bench")
+    if bench:
+        lines += ["", f"## llama-bench ({bench['build_commit']}, b{bench['build_number']}, {bench['backends']}, "
+                  f"{bench['n_threads']} threads)", ""]  # fmt: skip
+        lines += _table(["test", "t/s", "stddev", "samples t/s"], [
+            [t["name"], t["avg_ts"], t["stddev_ts"], ", ".join(f"{v:.1f}" for v in t["samples_ts"])]
+            for t in bench["tests"]
+        ])  # fmt: skip
+    server = report.get("server")
+    if server:
+        lines += ["", f"## llama-server (streaming /v1/chat/completions on 127.0.0.1:{server['port']}, "
+                  f"ready in {server['startup_s']:.1f} s)", ""]  # fmt: skip
+        rows = []
+        for level in server["levels"]:
+            ratio = level["cross_check"]["client_over_server_decode"]
+            rows.append([level["concurrency"], f"{level['requests']} ({len(level['errors'])} failed)",
+                         _pair(level["ttft_ms"]), _pair(level["itl_ms"], 2),
+                         level["decode_tps"]["p50"] if level["decode_tps"] else None, level["aggregate_tps"],
+                         _pair(level["e2e_ms"]), f"{ratio['p50']:.3f}" if ratio else "-"])  # fmt: skip
+        lines += _table(["concurrency", "requests", "TTFT p50 / p95 ms", "ITL p50 / p95 ms", "decode t/s p50",
+                         "aggregate t/s", "e2e p50 / p95 ms", "client/server decode"], rows)  # fmt: skip
+        answer = server.get("must_answer")
+        if answer:
+            reply = answer["reply"].strip().replace("\n", " ")[:120]
+            lines += ["", f"Must-answer reply: {reply!r}" if reply else "Must-answer reply: (empty)"]
+    lines += ["", *_roofline_lines(report.get("roofline"))]
+    if verdict:
+        lines += ["", f"## Verdict: {state}", ""]
+        lines += _table(["check", "status", "value", "threshold", "source", "detail"], [
+            [c["name"], c["status"].upper(), c["value"], c["threshold"], c["source"], c["detail"]]
+            for c in verdict["checks"]
+        ])  # fmt: skip
+    if report.get("error"):
+        lines += ["", "## Error", "", "```", report["error"], "```"]
+    files = report.get("files") or {}
+    if files:
+        lines += ["", "## Files", ""] + [f"- {name}: `{path}`" for name, path in files.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _roofline_lines(roof: Mapping[str, Any] | None) -> list[str]:
+    if not roof:
+        return []
+    if roof.get("error"):
+        return ["## Roofline", "", f"not computed: {roof['error']}"]
+    efficiency = roof["efficiency"]
+    lines = [
+        "## Roofline (estimated)", "",
+        f"- measured tg: {roof['measured_tg_tps']:.1f} t/s (llama-bench)",
+        f"- memory bandwidth: {roof['bandwidth_gbs']:.1f} GB/s ({roof['bandwidth_source']})",
+        f"- bytes read per generated token: {roof['bytes_per_token'] / 2**20:.2f} MiB (estimated from the GGUF header)",
+        f"- roof: {roof['roof_tps']:.1f} t/s; efficiency: "
+        + (f"{efficiency * 100:.1f} % of the memory roofline" if efficiency is not None else "-"),
+    ]  # fmt: skip
+    lines += [f"- note: {note}" for note in roof.get("notes", [])]
+    return lines
+
+
+def _plot_throughput(report: Mapping[str, Any], path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 4), layout="constrained")
+    left, right = fig.subplots(1, 2, width_ratios=[1, 2])
+    tests = (report.get("bench") or {}).get("tests", [])
+    levels = (report.get("server") or {}).get("levels") or []
+    prompt: list[tuple[str, float, float, str]] = [
+        (f"bench {t['name']}", t["avg_ts"], t["stddev_ts"], "tab:blue") for t in tests if t["kind"] == "pp"
+    ]
+    generate: list[tuple[str, float, float, str]] = [
+        (f"bench {t['name']}", t["avg_ts"], t["stddev_ts"], "tab:blue") for t in tests if t["kind"] == "tg"
+    ]
+    for level in levels:
+        server_pp = level["cross_check"].get("server_prompt_tps")
+        if server_pp:
+            prompt.append(
+                (f"server c={level['concurrency']}\n(its timings)", server_pp["p50"], 0.0, "tab:orange")
+            )
+        if level["decode_tps"]:
+            generate.append((f"server c={level['concurrency']}\nper request", level["decode_tps"]["p50"], 0.0,
+                             "tab:orange"))  # fmt: skip
+        if level["aggregate_tps"]:
+            generate.append((f"server c={level['concurrency']}\naggregate", level["aggregate_tps"], 0.0,
+                             "tab:green"))  # fmt: skip
+    for ax, bars, title in ((left, prompt, "prompt processing"), (right, generate, "token generation")):
+        if bars:
+            ax.bar([b[0] for b in bars], [b[1] for b in bars], yerr=[b[2] for b in bars],
+                   color=[b[3] for b in bars], capsize=4)  # fmt: skip
+        ax.set_title(title)
+        ax.set_ylabel("tokens/s")
+    fig.suptitle(f"tokens/s per stage (bench: mean ± stddev; server: p50): {report['run_id']}")
+    fig.savefig(path, dpi=100)
+
+
+def _plot_latency(report: Mapping[str, Any], path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(12, 4), layout="constrained")
+    axes = fig.subplots(1, 3)
+    levels = (report.get("server") or {}).get("levels") or []
+    extract: list[tuple[str, Callable[[Mapping[str, Any]], list[float]]]] = [
+        ("time to first token (ms)", lambda s: [s["ttft_ms"]] if s["ttft_ms"] is not None else []),
+        ("inter-token latency (ms)", lambda s: list(s["itl_ms"])),
+        ("end-to-end latency (ms)", lambda s: [s["e2e_ms"]] if s["e2e_ms"] is not None else []),
+    ]
+    for ax, (title, pick) in zip(axes, extract, strict=True):
+        data = [[v for s in level["samples"] if s["error"] is None for v in pick(s)] for level in levels]
+        if any(data):
+            ax.boxplot(
+                [d or [0.0] for d in data], tick_labels=[f"c={level['concurrency']}" for level in levels]
+            )
+        ax.set_title(title)
+    fig.suptitle(f"latency distribution by concurrency: {report['run_id']}")
+    fig.savefig(path, dpi=100)
+
+
+def write_run_files(report: dict[str, Any], run_dir: Path) -> dict[str, str]:
+    """Write summary.md, the plots and report.json (last, listing the files) into ``run_dir``."""
+    files = {
+        name: str(run_dir / name) for name in ("report.json", "summary.md", "throughput.png", "latency.png")
+    }
+    for name in ("bench.json", "bench.log", "server.log"):
+        if (run_dir / name).is_file():
+            files[name] = str(run_dir / name)
+    report["files"] = files
+    _plot_throughput(report, run_dir / "throughput.png")
+    _plot_latency(report, run_dir / "latency.png")
+    (run_dir / "summary.md").write_text(render_summary(report), encoding="utf-8")
+    (run_dir / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+    return files
+
+
+# --- compare -----------------------------------------------------------------------------------------------
+
+
+def resolve_run(ref: str, root: Path) -> Path:
+    """A run directory from a path, a run id, or a unique prefix of a run id under ``root``."""
+    for candidate in (Path(ref), root / ref):
+        if (candidate / "report.json").is_file():
+            return candidate
+    matches = (
+        sorted(p for p in root.glob(f"{ref}*") if (p / "report.json").is_file()) if root.is_dir() else []
+    )
+    if len(matches) == 1:
+        return matches[0]
+    known = sorted(p.parent.name for p in root.glob("*/report.json")) if root.is_dir() else []
+    raise InvalidOption(
+        f"{len(matches) or 'no'} smoke runs match {ref!r}",
+        hint="give a run directory or more of the run id; runs: " + (", ".join(known[-5:]) or "none"),
+    )
+
+
+def _metric(label: str, unit: str, higher_is_better: bool, a: Any, b: Any) -> dict[str, Any] | None:
+    if not isinstance(a, int | float) or not isinstance(b, int | float):
+        return None
+    ratio = b / a if a else None
+    speedup = (ratio if higher_is_better else (a / b if b else None)) if ratio is not None else None
+    better = (
+        "-" if speedup is None else "same" if abs(speedup - 1) < SAME_BAND else "B" if speedup > 1 else "A"
+    )
+    return {"metric": label, "unit": unit, "higher_is_better": higher_is_better, "a": a, "b": b, "ratio": ratio,
+            "speedup": speedup, "better": better}  # fmt: skip
+
+
+def _p(dist: Mapping[str, float] | None, key: str) -> float | None:
+    return dist[key] if dist else None
+
+
+def comparison_rows(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per metric both runs have: llama-bench tests, server levels, roofline efficiency."""
+    rows: list[dict[str, Any] | None] = []
+    b_tests = {t["name"]: t for t in (b.get("bench") or {}).get("tests", [])}
+    for test in (a.get("bench") or {}).get("tests", []):
+        other = b_tests.get(test["name"])
+        if other:
+            rows.append(_metric(f"llama-bench {test['name']}", "t/s", True, test["avg_ts"], other["avg_ts"]))
+    b_levels = {lv["concurrency"]: lv for lv in (b.get("server") or {}).get("levels", [])}
+    for level in (a.get("server") or {}).get("levels", []):
+        other = b_levels.get(level["concurrency"])
+        if not other:
+            continue
+        c = f"c={level['concurrency']}"
+        rows += [
+            _metric(f"{c} TTFT p50", "ms", False, _p(level["ttft_ms"], "p50"), _p(other["ttft_ms"], "p50")),
+            _metric(f"{c} TTFT p95", "ms", False, _p(level["ttft_ms"], "p95"), _p(other["ttft_ms"], "p95")),
+            _metric(f"{c} ITL p50", "ms", False, _p(level["itl_ms"], "p50"), _p(other["itl_ms"], "p50")),
+            _metric(f"{c} ITL p95", "ms", False, _p(level["itl_ms"], "p95"), _p(other["itl_ms"], "p95")),
+            _metric(f"{c} decode p50", "t/s", True, _p(level["decode_tps"], "p50"), _p(other["decode_tps"], "p50")),
+            _metric(f"{c} aggregate", "t/s", True, level["aggregate_tps"], other["aggregate_tps"]),
+            _metric(f"{c} e2e p50", "ms", False, _p(level["e2e_ms"], "p50"), _p(other["e2e_ms"], "p50")),
+        ]  # fmt: skip
+    roof_a, roof_b = a.get("roofline") or {}, b.get("roofline") or {}
+    rows.append(
+        _metric("roofline efficiency (est.)", "", True, roof_a.get("efficiency"), roof_b.get("efficiency"))
+    )
+    return [row for row in rows if row is not None]
+
+
+def _identity(report: Mapping[str, Any]) -> dict[str, Any]:
+    build, model, bench = report["build"], report["model"], report.get("bench") or {}
+    return {
+        "build": build["key"], "recipe": build.get("recipe"), "backend": build.get("backend"),
+        "cuda_architectures": ",".join(build.get("cuda_architectures") or []) or "-",
+        "patches": ",".join(build.get("patches") or []) or "none", "commit": bench.get("build_commit"),
+        "model": model["label"], "model_type": model.get("type"), "threads": bench.get("n_threads"),
+        "host": report["host"]["platform"],
+    }  # fmt: skip
+
+
+def render_compare(data: Mapping[str, Any]) -> str:
+    """compare.md: what differs between the runs, then the metrics with ratios."""
+    lines = [f"# Smoke comparison: A = {data['a']['run_id']}, B = {data['b']['run_id']}", ""]
+    lines += _table(["", "A", "B"], [[key, data["a"][key], data["b"][key]] for key in data["differs"]]
+                    or [["(same build, model and host)", "", ""]])  # fmt: skip
+    lines += ["", "speedup > 1: B is better (tokens/s up or latency down); ratio = B / A", ""]
+    lines += _table(["metric", "unit", "A", "B", "B / A", "speedup", "better"], [
+        [r["metric"], r["unit"], r["a"], r["b"], f"{r['ratio']:.3f}" if r["ratio"] is not None else "-",
+         f"{r['speedup']:.3f}" if r["speedup"] is not None else "-", r["better"]] for r in data["rows"]
+    ])  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _plot_compare(data: Mapping[str, Any], path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    rows = [r for r in data["rows"] if r["speedup"] is not None]
+    fig = Figure(figsize=(9, 0.35 * len(rows) + 1.5), layout="constrained")
+    ax = fig.subplots()
+    colors = [
+        "tab:green" if r["better"] == "B" else "tab:red" if r["better"] == "A" else "tab:gray" for r in rows
+    ]
+    ax.barh([r["metric"] for r in rows], [r["speedup"] for r in rows], color=colors)
+    ax.axvline(1.0, color="black", linewidth=1)
+    ax.invert_yaxis()
+    ax.set_xlabel("speedup of B over A (> 1: B better)")
+    ax.set_title(f"A = {data['a']['run_id']}\nB = {data['b']['run_id']}", fontsize=9)
+    fig.savefig(path, dpi=100)
+
+
+def compare_runs(ref_a: str, ref_b: str, root: Path) -> dict[str, Any]:
+    """Compare two runs; writes compare.json, compare.md and compare.png to ``root/compare/A--vs--B/``."""
+    dir_a, dir_b = resolve_run(ref_a, root), resolve_run(ref_b, root)
+    report_a = json.loads((dir_a / "report.json").read_text(encoding="utf-8"))
+    report_b = json.loads((dir_b / "report.json").read_text(encoding="utf-8"))
+    ident_a, ident_b = _identity(report_a), _identity(report_b)
+    data: dict[str, Any] = {
+        "a": {"run_id": report_a["run_id"], "run_dir": str(dir_a), **ident_a},
+        "b": {"run_id": report_b["run_id"], "run_dir": str(dir_b), **ident_b},
+        "differs": [key for key in ident_a if ident_a[key] != ident_b[key]],
+        "rows": comparison_rows(report_a, report_b),
+    }
+    out = root / "compare" / f"{report_a['run_id']}--vs--{report_b['run_id']}"
+    out.mkdir(parents=True, exist_ok=True)
+    data["files"] = {name: str(out / name) for name in ("compare.json", "compare.md", "compare.png")}
+    (out / "compare.md").write_text(render_compare(data), encoding="utf-8")
+    _plot_compare(data, out / "compare.png")
+    (out / "compare.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return data

@@ -1,0 +1,204 @@
+"""The memory roofline of token generation: how close measured tg comes to what bandwidth allows.
+
+Generating one token reads every weight the token passes through once (all dense tensors, one row of the
+embedding table, the active experts of a MoE layer) plus the KV cache so far. So
+``roof = bandwidth / bytes per token`` bounds tg from above and ``efficiency = tg / roof``. Every input is an
+estimate and the report says so: the bandwidth is measured (a numpy copy on CPU) or read from a spec-sheet table
+(GPU), and the bytes are counted from the GGUF header (a uniform expert-routing assumption for MoE).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from llamaforge.gguf.scan import GGUFLayout, scan_gguf
+
+# Peak DRAM bandwidth from vendor spec sheets (GB/s), matched against llama-bench's gpu_info, longest key first.
+GPU_BANDWIDTH_GBS: dict[str, float] = {
+    "RTX 5090": 1792, "RTX 5080": 960, "RTX 5070 Ti": 896, "RTX 5070": 672,
+    "RTX 4090": 1008, "RTX 4080 SUPER": 736, "RTX 4080": 717, "RTX 4070 Ti SUPER": 672, "RTX 4070 Ti": 504,
+    "RTX 4070 SUPER": 504, "RTX 4070": 504, "RTX 4060 Ti": 288, "RTX 4060": 272,
+    "RTX 3090 Ti": 1008, "RTX 3090": 936, "RTX 3080 Ti": 912, "RTX 3080": 760, "RTX 3070 Ti": 608,
+    "RTX 3070": 448, "RTX 3060 Ti": 448, "RTX 3060": 360,
+    "RTX A6000": 768, "RTX A5000": 768, "RTX A4000": 448, "RTX 6000 Ada": 960,
+    "A100-SXM4-80GB": 2039, "A100 80GB PCIe": 1935, "A100": 1555, "A40": 696, "A30": 933, "A10G": 600,
+    "A10": 600, "L40S": 864, "L40": 864, "L4": 300, "T4": 320, "V100": 900,
+    "H100 PCIe": 2000, "H100 NVL": 3900, "H100": 3350, "H200": 4800, "GH200": 4000, "B200": 8000,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    """A memory bandwidth and where it comes from."""
+
+    gbs: float
+    source: str  # "measured: …", "spec sheet: …", "given: …"
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def _l3_bytes() -> int | None:
+    try:
+        raw = Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text(encoding="ascii").strip()
+    except OSError:
+        return None
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    return int(raw[:-1]) * units[raw[-1]] if raw and raw[-1] in units else int(raw) if raw.isdigit() else None
+
+
+def _available_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text(encoding="ascii").splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def probe_cpu_bandwidth(threads: int, *, repeats: int = 3, per_thread_bytes: int | None = None) -> Bandwidth:
+    """Measure copy bandwidth with ``threads`` numpy copies in parallel (numpy releases the GIL for them).
+
+    Each copy reads and writes its array, so bytes = 2 x size; the working set (sources plus destinations) is
+    at least twice the last-level cache, so the figure is mostly DRAM's, not the cache's. The best of
+    ``repeats`` rounds counts (the least disturbed); ``per_thread_bytes`` overrides the array size (tests).
+    """
+    threads = max(1, threads)
+    l3 = _l3_bytes() or 32 * 2**20
+    per_thread = max(64 * 2**20, math.ceil(l3 / threads))
+    available = _available_bytes()
+    if available is not None:  # never let the probe push the machine into swap
+        per_thread = min(per_thread, max(16 * 2**20, available // (8 * threads)))
+    per_thread = min(per_thread_bytes or per_thread, 2**30)
+    n = per_thread // 8
+    arrays = [(np.ones(n), np.zeros(n)) for _ in range(threads)]  # zeros + first copy: pages are touched
+    for src, dst in arrays:
+        np.copyto(dst, src)
+    best = math.inf
+    for _ in range(repeats):
+        barrier = threading.Barrier(threads + 1)
+
+        def copy(
+            src: np.ndarray[Any, Any], dst: np.ndarray[Any, Any], barrier: threading.Barrier = barrier
+        ) -> None:
+            barrier.wait()
+            np.copyto(dst, src)
+
+        workers = [threading.Thread(target=copy, args=pair) for pair in arrays]
+        for worker in workers:
+            worker.start()
+        barrier.wait()
+        start = time.perf_counter()
+        for worker in workers:
+            worker.join()
+        best = min(best, time.perf_counter() - start)
+    moved = 2 * threads * n * 8
+    return Bandwidth(
+        gbs=moved / best / 1e9,
+        source=f"measured: numpy copy, {threads} thread(s), best of {repeats}",
+        details={"bytes_per_round": moved, "best_round_s": best, "l3_bytes": _l3_bytes(), "threads": threads},
+    )
+
+
+def gpu_bandwidth(gpu_info: str) -> Bandwidth | None:
+    """Spec-sheet bandwidth of the first GPU named in llama-bench's ``gpu_info`` (None when unknown)."""
+    first = gpu_info.split(",", maxsplit=1)[0]
+    for name in sorted(GPU_BANDWIDTH_GBS, key=len, reverse=True):
+        if name.lower() in first.lower():
+            return Bandwidth(GPU_BANDWIDTH_GBS[name], f"spec sheet: {name} (peak, not measured)")
+    return None
+
+
+@dataclass(frozen=True)
+class TokenBytes:
+    """Bytes one generated token reads, counted from the GGUF header."""
+
+    weights: int
+    kv_cache: int
+    dense: int
+    experts_active: int
+    embedding_row: int
+    kv_depth: float
+    notes: list[str]
+
+    @property
+    def total(self) -> int:
+        """Weights plus KV cache."""
+        return self.weights + self.kv_cache
+
+
+def _int(layout: GGUFLayout, key: str, default: int = 0) -> int:
+    kv = layout.get(key)
+    if kv is None or isinstance(kv.value, bytes | tuple):
+        return default
+    return int(kv.value)
+
+
+def bytes_per_token(model: Path, *, kv_depth: float, kv_bytes_per_element: float = 2.0) -> TokenBytes:
+    """Weights and KV cache read per generated token at context depth ``kv_depth`` (f16 KV by default)."""
+    layout = scan_gguf(model)
+    arch_kv = layout.get("general.architecture")
+    arch = arch_kv.value.decode() if arch_kv is not None and isinstance(arch_kv.value, bytes) else ""
+    names = {tensor.name for tensor in layout.tensors}
+    n_expert = _int(layout, f"{arch}.expert_count")
+    n_used = _int(layout, f"{arch}.expert_used_count")
+    notes: list[str] = []
+    dense = experts = embedding_row = 0
+    for tensor in layout.tensors:
+        if tensor.name == "token_embd.weight" and "output.weight" in names:
+            embedding_row = tensor.nbytes // max(1, tensor.ne[-1])  # a lookup reads one row
+        elif "_exps." in tensor.name and n_expert and n_used:
+            experts += tensor.nbytes * n_used // n_expert
+        else:
+            dense += tensor.nbytes
+    if "output.weight" not in names:
+        notes.append("tied embeddings: the output projection reads the whole token_embd table")
+    if experts:
+        notes.append(f"MoE: {n_used} of {n_expert} experts per token, assuming uniform routing")
+    n_layer = _int(layout, f"{arch}.block_count")
+    interval = _int(layout, f"{arch}.full_attention_interval")
+    attention_layers = n_layer // interval if interval else n_layer
+    n_head = _int(layout, f"{arch}.attention.head_count", 1)
+    n_head_kv = _int(layout, f"{arch}.attention.head_count_kv", n_head)
+    head_dim = _int(layout, f"{arch}.embedding_length") // max(1, n_head)
+    k_len = _int(layout, f"{arch}.attention.key_length", head_dim)
+    v_len = _int(layout, f"{arch}.attention.value_length", head_dim)
+    kv = int(attention_layers * kv_depth * n_head_kv * (k_len + v_len) * kv_bytes_per_element)
+    notes.append(f"KV cache at mean depth {kv_depth:g} tokens, f16")
+    return TokenBytes(dense + experts + embedding_row, kv, dense, experts, embedding_row, kv_depth, notes)
+
+
+def roofline(tg_tps: float, bandwidth: Bandwidth, token_bytes: TokenBytes) -> dict[str, Any]:
+    """Roof (tokens/s that bandwidth allows) and efficiency of the measured tg, with what is estimated."""
+    roof = bandwidth.gbs * 1e9 / token_bytes.total if token_bytes.total else math.inf
+    notes = list(token_bytes.notes)
+    l3 = bandwidth.details.get("l3_bytes")
+    if isinstance(l3, int) and token_bytes.total <= l3:
+        notes.append(
+            f"bytes per token ({token_bytes.total / 2**20:.1f} MiB) fit in the L3 cache ({l3 / 2**20:.0f} MiB): "
+            "weights may come from cache, so efficiency can exceed 1"
+        )
+    return {
+        "measured_tg_tps": tg_tps,
+        "bandwidth_gbs": bandwidth.gbs,
+        "bandwidth_source": bandwidth.source,
+        "bandwidth_details": bandwidth.details,
+        "bytes_per_token": token_bytes.total,
+        "bytes_per_token_detail": {k: v for k, v in asdict(token_bytes).items() if k != "notes"},
+        "roof_tps": roof,
+        "efficiency": tg_tps / roof if roof and math.isfinite(roof) else None,
+        "estimated": ["bytes_per_token"] + ([] if bandwidth.source.startswith("given") else ["bandwidth"]),
+        "notes": notes,
+    }
+
+
+def cpu_threads_default() -> int:
+    """Threads llama.cpp uses by default on CPU when none are given (this process's usable cores)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
