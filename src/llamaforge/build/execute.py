@@ -7,19 +7,19 @@ import json
 import shutil
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from llamaforge import __version__
-from llamaforge.core.errors import BuildFailed, CacheError
-from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.build.patches import apply_series
 from llamaforge.build.plan import BuildOptions, BuildPlan
 from llamaforge.build.recipes import BuildRecipe
-from llamaforge.core.paths import home
-from llamaforge.runners import Executor, LogSink, RunRequest, get_executor
 from llamaforge.build.source import fetch_source, make_workspace, sha256_file
 from llamaforge.build.store import build_dir, build_lock, load_manifest, publish, staging_dir
+from llamaforge.core.errors import BuildFailed, CacheError
+from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
+from llamaforge.core.paths import home
+from llamaforge.runners import Executor, LogSink, RunRequest
 
 
 @dataclass(frozen=True)
@@ -33,9 +33,16 @@ class BuildResult:
     seconds: float
 
     def artifact(self, name: str) -> Path:
-        """Path of an artifact, e.g. ``artifact("llama-cli")``."""
-        relative = name if "/" in name else f"bin/{name}"
-        return self.path / relative
+        """Path of an artifact by its path in the build (``bin/llama-cli``) or its target (``llama-cli``, which
+        also finds ``bin/llama-cli.exe``)."""
+        if "/" in name:
+            return self.path / name
+        for relative in self.manifest.get("artifacts", {}):
+            if PurePosixPath(relative).stem == name:
+                return self.path / str(relative)
+        raise CacheError(
+            f"build {self.key} has no artifact {name!r}", hint="`invoke builds.show KEY` lists them"
+        )
 
     def to_json(self) -> dict[str, Any]:
         """Summary for ``--json`` and tool results."""
@@ -82,23 +89,6 @@ def recipe_from_manifest(manifest: dict[str, Any]) -> tuple[BuildRecipe, BuildOp
     return BuildRecipe.model_validate(manifest["recipe"]), options_from_json(manifest["options"])
 
 
-def _image_info(executor: Executor, plan: BuildPlan, environment_id: str) -> dict[str, Any]:
-    info: dict[str, Any] = {"executor": executor.name, "environment_id": environment_id}
-    if executor.name == "docker":
-        from llamaforge.runners.engine import docker_client
-
-        client = docker_client()
-        base = client.images.get(plan.base_image.tag)
-        info.update(
-            base_tag=plan.base_image.tag,
-            base_id=base.id,
-            base_digest=plan.base_image.digest or next(iter(base.attrs.get("RepoDigests") or []), None),
-            builder_tag=plan.builder_tag,
-            builder_id=environment_id,
-        )
-    return info
-
-
 def _collect_artifacts(plan: BuildPlan, out: Path) -> dict[str, dict[str, Any]]:
     artifacts: dict[str, dict[str, Any]] = {}
     for relative in plan.artifacts:
@@ -106,7 +96,7 @@ def _collect_artifacts(plan: BuildPlan, out: Path) -> dict[str, dict[str, Any]]:
         if not path.is_file():
             raise BuildFailed(
                 f"the build finished but {relative} is missing",
-                command=["build.sh"], returncode=0, tail=[],
+                command=[plan.script.name], returncode=0, tail=[],
                 hint="check that every recipe target is an executable that lands in build/bin",
             )  # fmt: skip
         artifacts[relative] = {"sha256": sha256_file(path), "size": path.stat().st_size}
@@ -117,17 +107,16 @@ def run_build(
     plan: BuildPlan,
     options: BuildOptions,
     *,
-    executor: str = "docker",
+    executor: Executor,
     force: bool = False,
     jobs: int | None = None,
     reporter: Reporter = null_reporter,
     cancel: CancelToken | None = None,
 ) -> BuildResult:
-    """Build ``plan`` (or return the cached build with the same key without starting a container)."""
+    """Build ``plan`` with ``executor`` (or return the cached build with the same key without starting a build)."""
     cancel = cancel or CancelToken()
     started = time.monotonic()
-    runner = get_executor(executor)
-    environment_id = runner.environment_id(plan, reporter)
+    environment_id = executor.prepare_environment(plan, reporter)
     key = plan.cache_key(environment_id)
     if not force and (manifest := load_manifest(key)) is not None:
         reporter(Event("info", f"cache hit: build {key}", stage="cache"))
@@ -139,13 +128,40 @@ def run_build(
         if not force and (manifest := load_manifest(key)) is not None:
             reporter(Event("info", f"build {key} was finished by another process", stage="cache"))
             return BuildResult(key, build_dir(key), manifest, cached=True, seconds=time.monotonic() - started)
-        return _build_locked(plan, options, runner, environment_id, key, jobs, reporter, cancel, started)
+        return _build_locked(plan, options, executor, environment_id, key, jobs, reporter, cancel, started)
+
+
+def build_into(
+    plan: BuildPlan,
+    executor: Executor,
+    out: Path,
+    log_path: Path,
+    *,
+    use_ccache: bool = True,
+    jobs: int | None = None,
+    reporter: Reporter = null_reporter,
+    cancel: CancelToken,
+) -> None:
+    """Fetch the plan's source, apply its patches in a fresh workspace and run its script with ``executor``:
+    the artifacts land in ``out``, every output line in ``log_path``. The environment must be prepared."""
+    reporter(Event("stage", "fetching source", stage="source"))
+    tree = fetch_source(plan.recipe.source, reporter=reporter, cancel=cancel)
+    with make_workspace(tree) as workspace:
+        if plan.patches:
+            reporter(Event("stage", f"applying {len(plan.patches)} patch(es)", stage="patch"))
+        apply_series(list(plan.patches), workspace)
+        cancel.raise_if_cancelled()
+        sink = LogSink(log_path, reporter)
+        try:
+            executor.run(RunRequest(plan, workspace, out, sink, cancel, use_ccache=use_ccache, jobs=jobs))
+        finally:
+            sink.close()
 
 
 def _build_locked(
     plan: BuildPlan,
     options: BuildOptions,
-    runner: Executor,
+    executor: Executor,
     environment_id: str,
     key: str,
     jobs: int | None,
@@ -154,23 +170,12 @@ def _build_locked(
     started: float,
 ) -> BuildResult:
     started_at = _now()
-    reporter(Event("stage", "fetching source", stage="source"))
-    tree = fetch_source(plan.recipe.source, reporter=reporter, cancel=cancel)
     log_path = home() / "logs" / f"{key}-{datetime.datetime.now(datetime.UTC):%Y%m%dT%H%M%S}.log"
     staging = staging_dir(key)
     try:
-        with make_workspace(tree) as workspace:
-            if plan.patches:
-                reporter(Event("stage", f"applying {len(plan.patches)} patch(es)", stage="patch"))
-            apply_series(list(plan.patches), workspace)
-            cancel.raise_if_cancelled()
-            out = staging / "out"
-            out.mkdir()
-            sink = LogSink(log_path, reporter)
-            try:
-                runner.run(RunRequest(plan, workspace, out, sink, cancel, use_ccache=True, jobs=jobs))
-            finally:
-                sink.close()
+        out = staging / "out"
+        out.mkdir()
+        build_into(plan, executor, out, log_path, jobs=jobs, reporter=reporter, cancel=cancel)
         artifacts = _collect_artifacts(plan, out)
         for relative in plan.artifacts:
             target = staging / relative
@@ -179,8 +184,9 @@ def _build_locked(
         toolchain_file = out / "toolchain.json"
         toolchain = json.loads(toolchain_file.read_text(encoding="utf-8")) if toolchain_file.is_file() else {}
         shutil.rmtree(out)
-        (staging / "Dockerfile").write_text(plan.dockerfile, encoding="utf-8")
-        (staging / "build.sh").write_text(plan.build_script, encoding="utf-8")
+        if plan.environment.image is not None:
+            (staging / "Dockerfile").write_text(plan.environment.image.dockerfile, encoding="utf-8")
+        (staging / plan.script.name).write_text(plan.script.text, encoding="utf-8")
         shutil.copyfile(log_path, staging / "build.log")
         manifest = {
             "schema": 1,
@@ -194,7 +200,7 @@ def _build_locked(
             "patches": [{"name": p.name, "sha256": p.sha256} for p in plan.patches],
             "cmake_args": list(plan.cmake_args),
             "targets": list(plan.targets),
-            "image": _image_info(runner, plan, environment_id),
+            "image": executor.describe_environment(plan, environment_id),
             "toolchain": toolchain,
             "artifacts": artifacts,
             "source_date_epoch": plan.source_date_epoch,

@@ -10,9 +10,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from llamaforge.runners.engine import docker_client
 from llamaforge.core.errors import ImageError, ToolFailed
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
+from llamaforge.runners.engine import image_id, import_image
 
 DEFAULT_TAG = "llamaforge/debian:bookworm"
 DEFAULT_SUITE = "bookworm"
@@ -54,16 +54,10 @@ def bootstrap_image(
     cancel: CancelToken | None = None,
 ) -> BootstrapResult:
     """Create ``tag`` from a minimal Debian root made by debootstrap; reuse it when it already exists."""
-    import docker.errors
-
-    client = docker_client()
     mirror = mirror or apt_mirror()
-    if not force:
-        try:
-            image = client.images.get(tag)
-            return BootstrapResult(tag, image.id, mirror, suite, reused=True)
-        except docker.errors.ImageNotFound:
-            pass
+    existing = image_id(tag)
+    if existing is not None and not force:
+        return BootstrapResult(tag, existing, mirror, suite, reused=True)
     if shutil.which("debootstrap") is None:
         raise ImageError(
             "debootstrap is not installed", hint="apt-get install debootstrap (needs root), then retry"
@@ -97,7 +91,5 @@ def bootstrap_image(
         archive = Path(scratch) / "rootfs.tar"
         with tarfile.open(archive, "w") as tar:
             tar.add(rootfs, arcname=".")
-        repository, _, version = tag.partition(":")
-        client.api.import_image_from_file(str(archive), repository=repository, tag=version or "latest")
-    image = client.images.get(tag)
-    return BootstrapResult(tag, image.id, mirror, suite, reused=False)
+        imported = import_image(archive, tag)
+    return BootstrapResult(tag, imported, mirror, suite, reused=False)

@@ -4,14 +4,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
 from llamaforge.build.recipes import Backend
-from llamaforge.core.errors import InvalidOption
-from llamaforge.core.events import null_reporter
+from llamaforge.core.errors import InvalidOption, LlamaforgeError
 from llamaforge.core.registry import OperationContext, Params, operation
+
+if TYPE_CHECKING:
+    from llamaforge.build.plan import BuildOptions, BuildPlan
 
 # --- build -------------------------------------------------------------------------------------------------
 
@@ -43,7 +45,7 @@ class BuildParams(Params):
     from_manifest: str | None = Field(None, description="Repeat the build recorded in this manifest.json")
 
 
-def _plan_from_params(params: BuildParams) -> tuple[Any, Any]:
+def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
     from llamaforge.build.cuda_arch import parse_cuda_archs
     from llamaforge.build.execute import recipe_from_manifest
     from llamaforge.build.plan import BuildOptions, plan_build
@@ -87,14 +89,16 @@ def build_op(params: BuildParams, ctx: OperationContext) -> dict[str, Any]:
     """Build llama.cpp from a pinned, patched source in Docker (or reuse the cached build)."""
     from llamaforge.build.execute import run_build
     from llamaforge.build.reproducible import check_reproducible
+    from llamaforge.runners import make_executor
 
     plan, options = _plan_from_params(params)
+    executor = make_executor(params.executor)
     if params.dry_run:
         data = plan.to_json()
         data["cache_key"] = None
         try:
-            environment_id = _existing_environment_id(plan, params.executor)
-        except Exception:  # noqa: BLE001 - a dry run must work without Docker
+            environment_id = executor.peek_environment_id(plan)
+        except LlamaforgeError:  # a dry run must work without Docker
             environment_id = None
         if environment_id:
             data["cache_key"] = plan.cache_key(environment_id)
@@ -105,31 +109,16 @@ def build_op(params: BuildParams, ctx: OperationContext) -> dict[str, Any]:
         )
         return {"dry_run": True, "plan": data}
     result = run_build(
-        plan, options, executor=params.executor, force=params.force, jobs=params.jobs,
+        plan, options, executor=executor, force=params.force, jobs=params.jobs,
         reporter=ctx.reporter, cancel=ctx.cancel,
     )  # fmt: skip
     data = {"dry_run": False, "build": result.to_json()}
     if params.check_reproducible:
         report = check_reproducible(
-            result, plan, executor=params.executor, jobs=params.jobs, reporter=ctx.reporter, cancel=ctx.cancel
+            result, plan, executor=executor, jobs=params.jobs, reporter=ctx.reporter, cancel=ctx.cancel
         )
         data["reproducibility"] = report.to_json()
     return data
-
-
-def _existing_environment_id(plan: Any, executor: str) -> str | None:
-    if executor == "local":
-        from llamaforge.runners.local import LocalExecutor
-
-        return LocalExecutor().environment_id(plan, null_reporter)
-    import docker.errors
-
-    from llamaforge.runners.engine import docker_client
-
-    try:
-        return str(docker_client().images.get(plan.builder_tag).id)
-    except docker.errors.ImageNotFound:
-        return None
 
 
 class NoParams(Params):

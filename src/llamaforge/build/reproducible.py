@@ -1,4 +1,5 @@
-"""Rebuild a published build from scratch (fresh container, ccache off) and compare every artifact."""
+"""Rebuild a published build from scratch (fresh container, ccache off) through the build pipeline's
+``build_into`` and compare every artifact."""
 
 from __future__ import annotations
 
@@ -10,14 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llamaforge.build.execute import BuildResult
-from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
-from llamaforge.build.patches import apply_series
+from llamaforge.build.execute import BuildResult, build_into
 from llamaforge.build.plan import BuildPlan
-from llamaforge.core.paths import home
-from llamaforge.runners import LogSink, RunRequest, get_executor
-from llamaforge.build.source import fetch_source, make_workspace, sha256_file
+from llamaforge.build.source import sha256_file
 from llamaforge.build.store import staging_dir
+from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
+from llamaforge.core.paths import home
+from llamaforge.runners import Executor
 
 
 @dataclass(frozen=True)
@@ -110,31 +110,26 @@ def check_reproducible(
     result: BuildResult,
     plan: BuildPlan,
     *,
-    executor: str = "docker",
+    executor: Executor,
     jobs: int | None = None,
     reporter: Reporter = null_reporter,
     cancel: CancelToken | None = None,
 ) -> ReproducibilityReport:
-    """Rebuild ``plan`` with ccache off in a fresh environment and compare artifacts with ``result``."""
+    """Rebuild ``plan`` with ``executor``, ccache off, in a fresh workspace and container (the build pipeline's
+    ``build_into``), and compare every artifact with ``result``."""
     cancel = cancel or CancelToken()
     started = time.monotonic()
-    runner = get_executor(executor)
-    runner.environment_id(plan, reporter)
-    tree = fetch_source(plan.recipe.source, reporter=reporter, cancel=cancel)
+    executor.prepare_environment(plan, reporter)
     stamp = f"{datetime.datetime.now(datetime.UTC):%Y%m%dT%H%M%S}"
     log_path = home() / "logs" / f"{result.key}-reproduce-{stamp}.log"
     scratch = staging_dir(result.key)
     # Differing rebuilt artifacts are kept for inspection (e.g. diffoscope ORIGINAL KEPT).
     keep = home() / "reproduce" / f"{result.key}-{stamp}"
     try:
-        with make_workspace(tree) as workspace:
-            apply_series(list(plan.patches), workspace)
-            sink = LogSink(log_path, reporter)
-            reporter(Event("stage", "rebuilding with ccache off", stage="reproduce"))
-            try:
-                runner.run(RunRequest(plan, workspace, scratch, sink, cancel, use_ccache=False, jobs=jobs))
-            finally:
-                sink.close()
+        reporter(Event("stage", "rebuilding with ccache off", stage="reproduce"))
+        build_into(
+            plan, executor, scratch, log_path, use_ccache=False, jobs=jobs, reporter=reporter, cancel=cancel
+        )
         identical: list[str] = []
         different: list[ArtifactDiff] = []
         for relative, expected in sorted(result.manifest["artifacts"].items()):

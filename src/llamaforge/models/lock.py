@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from llamaforge.core.errors import DockerUnavailable, FetchError, LockError, RecipeError
+from llamaforge.core.errors import DockerUnavailable, FetchError, ImageError, LockError, RecipeError
 from llamaforge.core.events import Event, Reporter, null_reporter
 from llamaforge.core.paths import data_dir
 from llamaforge.models import store as modelstore
@@ -226,22 +226,14 @@ def _image_tags() -> list[str]:
 
 
 def _resolve_image(tag: str) -> str:
-    import docker.errors
-
-    from llamaforge.runners.engine import docker_client
+    from llamaforge.runners.engine import registry_digest
 
     try:
-        client = docker_client()
+        return registry_digest(tag)
     except DockerUnavailable as error:
         raise LockError(f"Docker engine not reachable: {error.message}", hint=error.hint) from None
-    try:
-        digest = str(client.images.get_registry_data(tag).id)
-    except (docker.errors.DockerException, OSError) as error:
-        raise LockError(
-            f"registry did not answer for {tag}: {error}",
-            hint="a registry must be reachable from the Docker engine (or set a registry mirror)",
-        ) from None
-    return digest
+    except ImageError as error:
+        raise LockError(error.message, hint=error.hint) from None
 
 
 def lock_models(

@@ -1,14 +1,16 @@
 """Executors run a BuildPlan's script on prepared source: in Docker, or on this host.
 
-Callers only see the ``Executor`` protocol; new targets (SSH build hosts) slot in here.
+Callers pass an ``Executor`` instance (``make_executor`` makes one from a name and settings); a new target
+(an SSH build host) is a module with a factory registered in ``EXECUTORS``.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from llamaforge.build.plan import BuildPlan
 from llamaforge.core.errors import InvalidOption
@@ -61,12 +63,21 @@ class RunRequest:
 
 
 class Executor(Protocol):
-    """Runs build scripts somewhere."""
+    """Runs a plan's build script somewhere: prepares the plan's environment, then runs the script in it."""
 
     name: str
 
-    def environment_id(self, plan: BuildPlan, reporter: Reporter) -> str:
-        """Identify the build environment (builder image id, host toolchain); prepares it if needed."""
+    def peek_environment_id(self, plan: BuildPlan) -> str | None:
+        """Id of the plan's environment if it is ready (the builder image exists, the host has the tools),
+        else None; prepares nothing."""
+        ...
+
+    def prepare_environment(self, plan: BuildPlan, reporter: Reporter) -> str:
+        """Make the plan's environment ready (build the builder image, check the host's tools); return its id."""
+        ...
+
+    def describe_environment(self, plan: BuildPlan, environment_id: str) -> dict[str, Any]:
+        """Provenance of the prepared environment for the build manifest (``image`` block)."""
         ...
 
     def run(self, request: RunRequest) -> None:
@@ -74,14 +85,37 @@ class Executor(Protocol):
         ...
 
 
-def get_executor(name: str) -> Executor:
-    """The executor called ``name`` (``docker`` or ``local``)."""
-    if name == "docker":
-        from llamaforge.runners.docker import DockerExecutor
+ExecutorFactory = Callable[[Mapping[str, str]], Executor]
+"""Makes an executor from its settings (strings, e.g. ``{"url": "ssh://builder@host"}`` for docker)."""
 
-        return DockerExecutor()
-    if name == "local":
-        from llamaforge.runners.local import LocalExecutor
 
-        return LocalExecutor()
-    raise InvalidOption(f"unknown executor {name!r}", hint="use --executor docker or --executor local")
+def _docker(settings: Mapping[str, str]) -> Executor:
+    from llamaforge.runners.docker import DockerExecutor
+    from llamaforge.runners.engine import EngineConfig
+
+    return DockerExecutor(EngineConfig.from_settings(settings))
+
+
+def _local(settings: Mapping[str, str]) -> Executor:
+    from llamaforge.runners.local import LocalExecutor
+
+    if settings:
+        raise InvalidOption(
+            f"the local executor takes no settings (got {', '.join(sorted(settings))})", hint="drop them"
+        )
+    return LocalExecutor()
+
+
+# Every executor, by the name users pick with --executor. Settings each one reads:
+#   docker: url (DOCKER_HOST form: unix://, tcp://HOST:2376, ssh://USER@HOST), tls_verify, cert_path
+#   local:  none
+EXECUTORS: dict[str, ExecutorFactory] = {"docker": _docker, "local": _local}
+
+
+def make_executor(name: str, settings: Mapping[str, str] | None = None) -> Executor:
+    """The executor ``name`` configured with ``settings`` (see ``EXECUTORS``); connects to nothing yet."""
+    factory = EXECUTORS.get(name)
+    if factory is None:
+        choices = " or ".join(f"--executor {known}" for known in EXECUTORS)
+        raise InvalidOption(f"unknown executor {name!r}", hint=f"use {choices}")
+    return factory(dict(settings or {}))

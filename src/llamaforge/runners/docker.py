@@ -7,13 +7,15 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from llamaforge.build.plan import BuildPlan
-from llamaforge.core.errors import BuildFailed, ImageError
+from llamaforge.core.errors import BuildFailed, ImageError, InvalidOption
 from llamaforge.core.events import Event, Reporter
+from llamaforge.platforms import BuilderImage
 from llamaforge.runners import RunRequest
 from llamaforge.runners.container import Container
-from llamaforge.runners.engine import docker_client
+from llamaforge.runners.engine import EngineConfig, docker_client, image_id, image_repo_digest
 
 DEFAULT_CCACHE_VOLUME = "llamaforge-ccache"
 
@@ -23,44 +25,60 @@ def ccache_volume() -> str:
     return os.environ.get("LLAMAFORGE_CCACHE_VOLUME", DEFAULT_CCACHE_VOLUME)
 
 
+def _builder_image(plan: BuildPlan) -> BuilderImage:
+    image = plan.environment.image
+    if image is None:
+        raise InvalidOption(
+            f"platform {plan.recipe.platform!r} has no builder image: it builds on a host, not in Docker",
+            hint="pick a host executor, e.g. --executor local",
+        )
+    return image
+
+
 class DockerExecutor:
-    """Executor that builds inside containers of the plan's builder image."""
+    """Executor that builds inside containers of the plan's builder image, on the engine ``engine`` names."""
 
     name = "docker"
 
-    def __init__(self) -> None:
-        self._client = docker_client()
+    def __init__(self, engine: EngineConfig | None = None) -> None:
+        self.engine = engine or EngineConfig()
 
-    def environment_id(self, plan: BuildPlan, reporter: Reporter) -> str:
+    @property
+    def _client(self) -> Any:
+        return docker_client(self.engine)
+
+    def peek_environment_id(self, plan: BuildPlan) -> str | None:
+        """Id of the builder image if its tag exists on the engine, else None (builds nothing)."""
+        return image_id(_builder_image(plan).tag, self.engine)
+
+    def prepare_environment(self, plan: BuildPlan, reporter: Reporter) -> str:
         """Id of the builder image, built from the plan's Dockerfile when the tag does not exist yet."""
         import docker.errors
 
-        try:
-            return str(self._client.images.get(plan.builder_tag).id)
-        except docker.errors.ImageNotFound:
-            pass
-        try:
-            self._client.images.get(plan.base_image.tag)
-        except docker.errors.ImageNotFound:
+        image = _builder_image(plan)
+        existing = image_id(image.tag, self.engine)
+        if existing is not None:
+            return existing
+        if image_id(image.base.tag, self.engine) is None:
             hint = (
                 "run `invoke images.bootstrap` to make it locally (debootstrap, no registry)"
-                if plan.base_image.tag.startswith("llamaforge/")
-                else f"`docker pull {plan.base_image.tag}` where a registry is reachable, or pass --base-image"
+                if image.base.tag.startswith("llamaforge/")
+                else f"`docker pull {image.base.tag}` where a registry is reachable, or pass --base-image"
             )
-            raise ImageError(f"base image {plan.base_image.tag} is not available", hint=hint) from None
-        reporter(Event("stage", f"building builder image {plan.builder_tag}", stage="image"))
+            raise ImageError(f"base image {image.base.tag} is not available", hint=hint)
+        reporter(Event("stage", f"building builder image {image.tag}", stage="image"))
         with tempfile.TemporaryDirectory(prefix="llamaforge-context-") as context:
-            (Path(context) / "Dockerfile").write_text(plan.dockerfile, encoding="utf-8")
-            if plan.ca_bundle:
-                shutil.copyfile(plan.ca_bundle, Path(context) / "ca-bundle.crt")
+            (Path(context) / "Dockerfile").write_text(image.dockerfile, encoding="utf-8")
+            if image.ca_bundle:
+                shutil.copyfile(image.ca_bundle, Path(context) / "ca-bundle.crt")
             tail: list[str] = []
             try:
                 for chunk in self._client.api.build(
-                    path=context, tag=plan.builder_tag, rm=True, forcerm=True, decode=True, pull=False
+                    path=context, tag=image.tag, rm=True, forcerm=True, decode=True, pull=False
                 ):
                     if "error" in chunk:
                         raise ImageError(
-                            f"building {plan.builder_tag} failed: {chunk['error'].strip()}",
+                            f"building {image.tag} failed: {chunk['error'].strip()}",
                             hint="last lines:\n" + "\n".join(tail[-15:]),
                         )
                     text = str(chunk.get("stream", "")).rstrip()
@@ -68,28 +86,42 @@ class DockerExecutor:
                         tail.append(text)
                         reporter(Event("log", text, stage="image"))
             except docker.errors.APIError as error:
-                raise ImageError(f"building {plan.builder_tag} failed: {error}") from None
-        return str(self._client.images.get(plan.builder_tag).id)
+                raise ImageError(f"building {image.tag} failed: {error}") from None
+        return str(self._client.images.get(image.tag).id)
+
+    def describe_environment(self, plan: BuildPlan, environment_id: str) -> dict[str, Any]:
+        """Executor, base image (tag, id, digest) and builder image (tag, id) for the manifest."""
+        image = _builder_image(plan)
+        return {
+            "executor": self.name,
+            "environment_id": environment_id,
+            "base_tag": image.base.tag,
+            "base_id": image_id(image.base.tag, self.engine),
+            "base_digest": image.base.digest or image_repo_digest(image.base.tag, self.engine),
+            "builder_tag": image.tag,
+            "builder_id": environment_id,
+        }
 
     def run(self, request: RunRequest) -> None:
         """Run the build script in a fresh container and copy ``/out`` back to ``request.out_dir``."""
         plan = request.plan
+        image = _builder_image(plan)
         environment = {"LLAMAFORGE_JOBS": str(request.jobs)} if request.jobs else {}
         if not request.use_ccache:
             environment["CCACHE_DISABLE"] = "1"
         volumes = {ccache_volume(): {"bind": "/ccache", "mode": "rw"}} if request.use_ccache else {}
-        with Container(self._client, plan.builder_tag, volumes=volumes, environment=environment) as box:
+        with Container(self._client, image.tag, volumes=volumes, environment=environment) as box:
             remove = request.cancel.on_cancel(box.remove)
             try:
                 with tempfile.TemporaryDirectory(prefix="llamaforge-script-") as scratch:
-                    script = Path(scratch) / "build.sh"
-                    script.write_text(plan.build_script, encoding="utf-8")
+                    script = Path(scratch) / plan.script.name
+                    script.write_text(plan.script.text, encoding="utf-8")
                     box.copy_into(script, "/llamaforge")
                 request.log.reporter(Event("stage", "copying source into the container", stage="build"))
                 box.copy_into(request.source_tree, "/")
                 if request.source_tree.name != "src":
                     box.call(["mv", f"/{request.source_tree.name}", "/src"])
-                command = ["bash", "/llamaforge/build.sh"]
+                command = plan.script.command(f"/llamaforge/{plan.script.name}")
                 code = box.call(command, on_line=request.log)
                 request.cancel.raise_if_cancelled()
                 if code != 0:

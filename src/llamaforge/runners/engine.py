@@ -1,26 +1,80 @@
-"""Connect to the Docker engine with one clear error when it is not reachable."""
+"""The Docker engine connection, with one clear error when it is not reachable, and the few engine queries the
+rest of llamaforge needs (image ids, digests, leftover containers), so no Docker code lives outside runners/."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from llamaforge.core.errors import DockerUnavailable
+from llamaforge.core.errors import DockerUnavailable, ImageError, InvalidOption
 
 # Every container llamaforge starts carries this label, so leftovers can be found and removed.
 LABEL = "org.llamaforge.owned"
 
 
-_CLIENTS: dict[str, Any] = {}
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to reach a Docker engine; unset fields come from the environment (DOCKER_HOST, DOCKER_TLS_VERIFY,
+    DOCKER_CERT_PATH), as for the docker CLI.
 
-
-def docker_client() -> Any:
-    """A connected ``docker.DockerClient`` (from the environment: DOCKER_HOST or the local socket).
-
-    One client per DOCKER_HOST and process: its connection pool is shared by every operation.
+    ``url`` takes DOCKER_HOST's forms: ``unix:///var/run/docker.sock``, ``tcp://HOST:2376`` (with ``tls_verify``
+    and ``cert_path``, a directory holding ca.pem, cert.pem and key.pem) or ``ssh://USER@HOST``.
     """
-    import os
 
-    address = os.environ.get("DOCKER_HOST", "")
+    url: str | None = None
+    tls_verify: bool | None = None
+    cert_path: Path | None = None
+
+    SETTINGS = ("url", "tls_verify", "cert_path")
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, str]) -> EngineConfig:
+        """The config from string settings (``url``, ``tls_verify``, ``cert_path``), e.g. an executor's."""
+        unknown = sorted(set(settings) - set(cls.SETTINGS))
+        if unknown:
+            raise InvalidOption(
+                f"unknown Docker engine setting(s): {', '.join(unknown)}",
+                hint="known: " + ", ".join(cls.SETTINGS),
+            )
+        verify = settings.get("tls_verify")
+        if verify is not None and verify.lower() not in ("1", "0", "true", "false", "yes", "no"):
+            raise InvalidOption(
+                f"tls_verify={verify!r} is not a boolean", hint="use tls_verify=1 or tls_verify=0"
+            )
+        return cls(
+            url=settings.get("url") or None,
+            tls_verify=None if verify is None else verify.lower() in ("1", "true", "yes"),
+            cert_path=Path(settings["cert_path"]) if settings.get("cert_path") else None,
+        )
+
+    def environment(self) -> dict[str, str]:
+        """The DOCKER_* variables the docker SDK reads: this process's, overridden by the set fields."""
+        env = {key: value for key, value in os.environ.items() if key.startswith("DOCKER_")}
+        if self.url is not None:
+            env["DOCKER_HOST"] = self.url
+        if self.tls_verify is not None:
+            if self.tls_verify:
+                env["DOCKER_TLS_VERIFY"] = "1"
+            else:
+                env.pop("DOCKER_TLS_VERIFY", None)
+        if self.cert_path is not None:
+            env["DOCKER_CERT_PATH"] = str(self.cert_path)
+        return env
+
+
+_CLIENTS: dict[tuple[tuple[str, str], ...], Any] = {}
+
+
+def docker_client(config: EngineConfig | None = None) -> Any:
+    """A connected ``docker.DockerClient`` for ``config`` (default: the environment's engine).
+
+    One client per engine address and process: its connection pool is shared by every operation.
+    """
+    environment = (config or EngineConfig()).environment()
+    address = tuple(sorted(environment.items()))
     if address in _CLIENTS:
         return _CLIENTS[address]
     import docker
@@ -28,15 +82,80 @@ def docker_client() -> Any:
 
     client = None
     try:
-        client = docker.from_env(timeout=600)
+        client = docker.from_env(timeout=600, environment=environment)
         client.ping()
     except (docker.errors.DockerException, OSError) as error:
         if client is not None:
             client.close()  # its connection pool would otherwise leak a socket
+        where = f" at {environment['DOCKER_HOST']}" if environment.get("DOCKER_HOST") else ""
         raise DockerUnavailable(
-            f"cannot reach the Docker engine: {error}",
+            f"cannot reach the Docker engine{where}: {error}",
             hint="start Docker (e.g. `dockerd &` as root) or set DOCKER_HOST; `invoke doctor` checks the setup; "
             "`invoke build --executor local` builds on this host without Docker",
         ) from None
     _CLIENTS[address] = client
     return client
+
+
+def image_id(tag: str, config: EngineConfig | None = None) -> str | None:
+    """Id of the local image ``tag``, or None when the engine has no such image (changes nothing)."""
+    import docker.errors
+
+    try:
+        return str(docker_client(config).images.get(tag).id)
+    except docker.errors.ImageNotFound:
+        return None
+    except docker.errors.APIError as error:
+        raise ImageError(f"the Docker engine could not look up image {tag}: {error}") from None
+
+
+def image_repo_digest(tag: str, config: EngineConfig | None = None) -> str | None:
+    """The first registry digest recorded for the local image ``tag`` (None for images never pulled)."""
+    attrs = docker_client(config).images.get(tag).attrs
+    return next(iter(attrs.get("RepoDigests") or []), None)
+
+
+def registry_digest(tag: str, config: EngineConfig | None = None) -> str:
+    """The digest a registry reports for ``tag`` (asks the registry through the engine)."""
+    import docker.errors
+
+    client = docker_client(config)
+    try:
+        return str(client.images.get_registry_data(tag).id)
+    except (docker.errors.DockerException, OSError) as error:
+        raise ImageError(
+            f"registry did not answer for {tag}: {error}",
+            hint="a registry must be reachable from the Docker engine (or set a registry mirror)",
+        ) from None
+
+
+def import_image(archive: Path, tag: str, config: EngineConfig | None = None) -> str:
+    """``docker import`` a root-filesystem tar as ``tag``; returns the image id."""
+    client = docker_client(config)
+    repository, _, version = tag.partition(":")
+    client.api.import_image_from_file(str(archive), repository=repository, tag=version or "latest")
+    return str(client.images.get(tag).id)
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    """What ``doctor`` reports about the engine."""
+
+    version: str
+    api_version: str
+    image_tags: frozenset[str]
+    leftover_containers: tuple[str, ...]  # short ids of containers labelled LABEL
+
+
+def engine_status(config: EngineConfig | None = None) -> EngineStatus:
+    """Version, local image tags and leftover llamaforge containers of the engine (raises DockerUnavailable)."""
+    client = docker_client(config)
+    version = client.version()
+    tags = frozenset(tag for image in client.images.list() for tag in image.tags)
+    leftovers = client.containers.list(all=True, filters={"label": LABEL})
+    return EngineStatus(
+        str(version.get("Version")),
+        str(version.get("ApiVersion")),
+        tags,
+        tuple(container.short_id for container in leftovers),
+    )

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from llamaforge.build.plan import BuildPlan
 from llamaforge.core.errors import BuildFailed, InvalidOption
@@ -15,39 +16,45 @@ from llamaforge.core.events import Reporter
 from llamaforge.core.paths import home
 from llamaforge.runners import RunRequest
 
-_TOOLS = ("cmake", "ninja", "cc", "c++")
-
 
 class LocalExecutor:
     """Executor that runs the build script directly on this machine (no Docker)."""
 
     name = "local"
 
-    def environment_id(self, plan: BuildPlan, reporter: Reporter) -> str:
-        """Fingerprint of the host toolchain (tool versions), standing in for a builder image id."""
-        if plan.backend == "cuda" and shutil.which("nvcc") is None:
-            raise InvalidOption(
-                "the local executor needs nvcc for CUDA builds", hint="install a CUDA toolkit"
-            )
+    def peek_environment_id(self, plan: BuildPlan) -> str | None:
+        """Fingerprint of the host toolchain, or None when a required tool is missing (changes nothing)."""
+        try:
+            return self._fingerprint(plan)
+        except InvalidOption:
+            return None
+
+    def prepare_environment(self, plan: BuildPlan, reporter: Reporter) -> str:
+        """Fingerprint of the host toolchain (tool versions), standing in for a builder image id; a missing tool
+        is an InvalidOption naming it (a host is not prepared by llamaforge)."""
+        return self._fingerprint(plan)
+
+    def describe_environment(self, plan: BuildPlan, environment_id: str) -> dict[str, Any]:
+        """Executor and toolchain fingerprint for the manifest."""
+        return {"executor": self.name, "environment_id": environment_id}
+
+    def _fingerprint(self, plan: BuildPlan) -> str:
         versions: list[str] = []
-        for tool in (*_TOOLS, "ccache", "nvcc") if plan.backend == "cuda" else (*_TOOLS, "ccache"):
-            path = shutil.which(tool)
+        for tool in plan.environment.host_tools:
+            path = shutil.which(tool.name)
             if path is None:
-                if tool == "ccache":
+                if tool.optional:
                     continue
-                raise InvalidOption(
-                    f"the local executor needs {tool!r} on PATH",
-                    hint="install cmake, ninja-build and a C/C++ compiler, or use --executor docker",
-                )
+                raise InvalidOption(f"the local executor needs {tool.name!r} on PATH", hint=tool.hint or None)
             first = subprocess.run([path, "--version"], capture_output=True, text=True).stdout.splitlines()
-            versions.append(f"{tool}={first[0] if first else '?'}")
+            versions.append(f"{tool.name}={first[0] if first else '?'}")
         return "local:" + hashlib.sha256("\n".join(versions).encode()).hexdigest()[:32]
 
     def run(self, request: RunRequest) -> None:
         """Run the build script as a host process; the process group is killed on cancel or Ctrl-C."""
         with tempfile.TemporaryDirectory(prefix="llamaforge-build-") as scratch:
-            script = Path(scratch) / "build.sh"
-            script.write_text(request.plan.build_script, encoding="utf-8")
+            script = Path(scratch) / request.plan.script.name
+            script.write_text(request.plan.script.text, encoding="utf-8")
             environment = {
                 **os.environ,
                 "LLAMAFORGE_SRC": str(request.source_tree),
@@ -59,7 +66,7 @@ class LocalExecutor:
                 environment["LLAMAFORGE_JOBS"] = str(request.jobs)
             if not request.use_ccache:
                 environment["CCACHE_DISABLE"] = "1"
-            command = ["bash", str(script)]
+            command = request.plan.script.command(str(script))
             process = subprocess.Popen(
                 command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment,
                 start_new_session=True, errors="replace",

@@ -59,9 +59,11 @@ def _build_target(params: SmokeParams, ctx: OperationContext) -> tuple[str, Path
     if params.build is None:
         from llamaforge.build.execute import run_build
         from llamaforge.build.ops import BuildParams, _plan_from_params
+        from llamaforge.runners import make_executor
 
         plan, options = _plan_from_params(BuildParams())
-        result = run_build(plan, options, executor=params.executor, reporter=ctx.reporter, cancel=ctx.cancel)
+        executor = make_executor(params.executor)
+        result = run_build(plan, options, executor=executor, reporter=ctx.reporter, cancel=ctx.cancel)
         return result.key, result.path, result.manifest
     path = Path(params.build)
     if path.is_dir():

@@ -1,0 +1,132 @@
+"""Build platforms: what a recipe's ``platform`` means for a build, one module per platform.
+
+A platform turns a recipe plus options into the build's environment (a builder image to make from a Dockerfile,
+and the tools a host must have), its build script with the interpreter that runs it, and its artifact names.
+Every platform is registered in ``PLATFORMS`` below; a new one (a Windows cross build, macOS over SSH) is a new
+module and one line there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from llamaforge.build.recipes import Backend, BuildRecipe, ImageRef
+from llamaforge.build.recipes import Platform as PlatformName
+from llamaforge.core.errors import InvalidOption
+
+if TYPE_CHECKING:
+    from llamaforge.build.plan import BuildOptions
+
+
+def sha256_text(data: str | bytes) -> str:
+    """Hex sha256 of ``data`` (text is hashed as UTF-8)."""
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
+
+
+@dataclass(frozen=True)
+class BuilderImage:
+    """A builder image for container executors: made from ``dockerfile`` on ``base``, tagged ``tag``."""
+
+    tag: str
+    base: ImageRef
+    dockerfile: str
+    ca_bundle: Path | None = None  # copied next to the Dockerfile as ca-bundle.crt
+
+    def key_inputs(self) -> dict[str, Any]:
+        """The image's part of the build key (the image id itself joins once the image exists)."""
+        return {
+            "dockerfile_sha256": sha256_text(self.dockerfile),
+            "base_image": self.base.model_dump(mode="json"),
+            "ca_bundle_sha256": sha256_text(self.ca_bundle.read_bytes()) if self.ca_bundle else None,
+        }
+
+
+@dataclass(frozen=True)
+class HostTool:
+    """A program a host executor needs on PATH (``optional`` ones only join the toolchain fingerprint)."""
+
+    name: str
+    hint: str = ""
+    optional: bool = False
+
+
+@dataclass(frozen=True)
+class BuildEnvironment:
+    """Where a build script can run: in a builder image (None: on a host only), and what a host must have."""
+
+    image: BuilderImage | None
+    host_tools: tuple[HostTool, ...] = ()
+
+    def key_inputs(self) -> dict[str, Any]:
+        """The environment's part of the build key; the executor's environment id completes it."""
+        if self.image is None:
+            return {"host_tools": [tool.name for tool in self.host_tools]}
+        return self.image.key_inputs()
+
+
+@dataclass(frozen=True)
+class BuildScript:
+    """The generated build script, its file name and the interpreter that runs it (``bash``, ``pwsh`` …)."""
+
+    name: str
+    text: str
+    interpreter: tuple[str, ...]
+
+    def command(self, path: str) -> list[str]:
+        """The argv that runs this script when it lies at ``path``."""
+        return [*self.interpreter, path]
+
+
+@dataclass(frozen=True)
+class PlatformBuild:
+    """What a platform contributes to a BuildPlan."""
+
+    environment: BuildEnvironment
+    script: BuildScript
+    artifacts: tuple[str, ...] = field(default=())
+
+
+class Platform(Protocol):
+    """One build platform (linux, windows, macos)."""
+
+    name: PlatformName
+    template_dir: str | None  # folder under templates/ with its templates (None: it has none yet)
+
+    def check(self, recipe: BuildRecipe, backend: Backend) -> None:
+        """Raise InvalidOption, saying what to do instead, when this platform cannot build ``backend``."""
+        ...
+
+    def build(
+        self,
+        recipe: BuildRecipe,
+        backend: Backend,
+        options: BuildOptions,
+        cmake_args: tuple[str, ...],
+        source_date_epoch: int,
+    ) -> PlatformBuild:
+        """The environment, script and artifact names of a build of ``recipe`` with ``backend``."""
+        ...
+
+
+def _registry() -> dict[str, Platform]:
+    from llamaforge.platforms.linux import LinuxPlatform
+    from llamaforge.platforms.macos import MacosPlatform
+    from llamaforge.platforms.windows import WindowsPlatform
+
+    return {platform.name: platform for platform in (LinuxPlatform(), WindowsPlatform(), MacosPlatform())}
+
+
+def get_platform(name: str) -> Platform:
+    """The platform called ``name`` (a recipe's ``platform``)."""
+    platforms = _registry()
+    if name not in platforms:
+        raise InvalidOption(f"unknown platform {name!r}", hint="one of " + ", ".join(sorted(platforms)))
+    return platforms[name]
+
+
+def platform_names() -> list[str]:
+    """Names of every registered platform."""
+    return sorted(_registry())

@@ -1,0 +1,109 @@
+"""Linux: a Debian/Ubuntu builder image from ``templates/linux/Dockerfile.<backend>.j2`` and a bash script
+that runs unchanged in that image and on a Linux host; artifacts are ``bin/<target>``."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from llamaforge.build.recipes import Backend, BuildRecipe, ImageRef
+from llamaforge.build.recipes import Platform as PlatformName
+from llamaforge.core.errors import InvalidOption
+from llamaforge.core.templates import render
+from llamaforge.platforms import (
+    BuildEnvironment,
+    BuilderImage,
+    BuildScript,
+    HostTool,
+    PlatformBuild,
+    sha256_text,
+)
+
+if TYPE_CHECKING:
+    from llamaforge.build.plan import BuildOptions
+
+TEMPLATES = "linux"  # templates/linux/
+BACKENDS: tuple[Backend, ...] = ("cpu", "cuda")
+
+# Installed into the builder image, and listed with their versions in each build's toolchain.json.
+PACKAGES: dict[str, list[str]] = {
+    "cpu": ["ca-certificates", "ccache", "cmake", "g++", "gcc", "libc6-dev", "make", "ninja-build"],
+    "cuda": ["ca-certificates", "ccache", "cmake", "g++", "ninja-build"],
+}
+
+_TOOL_HINT = "install cmake, ninja-build and a C/C++ compiler, or use --executor docker"
+HOST_TOOLS: tuple[HostTool, ...] = (
+    HostTool("cmake", _TOOL_HINT),
+    HostTool("ninja", _TOOL_HINT),
+    HostTool("cc", _TOOL_HINT),
+    HostTool("c++", _TOOL_HINT),
+    HostTool("ccache", optional=True),
+)
+CUDA_HOST_TOOLS: tuple[HostTool, ...] = (
+    HostTool("nvcc", "install a CUDA toolkit, or use --executor docker"),
+)
+
+
+def _base_image(recipe: BuildRecipe, backend: Backend, options: BuildOptions) -> ImageRef:
+    if options.base_image:
+        return ImageRef(tag=options.base_image)
+    if backend in recipe.images:
+        return recipe.images[backend]
+    raise InvalidOption(
+        f"recipe {recipe.name!r} names no base image for backend {backend!r}",
+        hint=f"add [images.{backend}] to the recipe or pass --base-image",
+    )
+
+
+class LinuxPlatform:
+    """Linux builds (CPU and CUDA) in a Docker builder image or on a Linux host."""
+
+    name: PlatformName = "linux"
+    template_dir: str | None = TEMPLATES
+
+    def check(self, recipe: BuildRecipe, backend: Backend) -> None:
+        """Linux has builder templates for the cpu and cuda backends."""
+        if backend not in BACKENDS:
+            raise InvalidOption(
+                f"backend {backend!r} has no Linux builder template yet",
+                hint="use --backend cpu or --arch 86",
+            )
+
+    def build(
+        self,
+        recipe: BuildRecipe,
+        backend: Backend,
+        options: BuildOptions,
+        cmake_args: tuple[str, ...],
+        source_date_epoch: int,
+    ) -> PlatformBuild:
+        """Render the builder Dockerfile and the bash build script."""
+        base = _base_image(recipe, backend, options)
+        dockerfile = render(
+            f"{TEMPLATES}/Dockerfile.{backend}.j2",
+            base_image=base.tag if base.digest is None else f"{base.tag.split(':')[0]}@{base.digest}",
+            packages=PACKAGES[backend],
+            ca_bundle=options.ca_bundle is not None,
+        )
+        script = render(
+            f"{TEMPLATES}/build.sh.j2",
+            recipe_name=recipe.name,
+            backend=backend,
+            cmake_args=cmake_args,
+            targets=recipe.targets,
+            source_date_epoch=source_date_epoch,
+            packages=PACKAGES[backend],
+        )
+        material = json.dumps([dockerfile, base.model_dump(mode="json")], sort_keys=True)
+        image = BuilderImage(
+            tag=f"llamaforge-builder:{backend}-{sha256_text(material)[:16]}",
+            base=base,
+            dockerfile=dockerfile,
+            ca_bundle=options.ca_bundle,
+        )
+        tools = HOST_TOOLS + (CUDA_HOST_TOOLS if backend == "cuda" else ())
+        return PlatformBuild(
+            environment=BuildEnvironment(image=image, host_tools=tools),
+            script=BuildScript(name="build.sh", text=script, interpreter=("bash",)),
+            artifacts=tuple(f"bin/{target}" for target in recipe.targets),
+        )
