@@ -80,6 +80,17 @@ def docker_client(config: EngineConfig | None = None) -> Any:
     import docker
     import docker.errors
 
+    url = environment.get("DOCKER_HOST", "")
+    hint = (
+        "start Docker (e.g. `dockerd &` as root) or set DOCKER_HOST; `invoke doctor` checks the setup; "
+        "`invoke build --executor local` builds on this host without Docker"
+    )
+    socket = Path(url.removeprefix("unix://")) if url.startswith("unix://") else None
+    if socket is not None and not socket.exists():
+        # Checked first: the SDK leaks the socket object of a failed unix connect.
+        raise DockerUnavailable(
+            f"cannot reach the Docker engine at {url}: {socket} does not exist", hint=hint
+        )
     client = None
     try:
         client = docker.from_env(timeout=600, environment=environment)
@@ -87,12 +98,8 @@ def docker_client(config: EngineConfig | None = None) -> Any:
     except (docker.errors.DockerException, OSError) as error:
         if client is not None:
             client.close()  # its connection pool would otherwise leak a socket
-        where = f" at {environment['DOCKER_HOST']}" if environment.get("DOCKER_HOST") else ""
-        raise DockerUnavailable(
-            f"cannot reach the Docker engine{where}: {error}",
-            hint="start Docker (e.g. `dockerd &` as root) or set DOCKER_HOST; `invoke doctor` checks the setup; "
-            "`invoke build --executor local` builds on this host without Docker",
-        ) from None
+        where = f" at {url}" if url else ""
+        raise DockerUnavailable(f"cannot reach the Docker engine{where}: {error}", hint=hint) from None
     _CLIENTS[address] = client
     return client
 

@@ -1,0 +1,95 @@
+"""The platforms registry: linux plans its builder image, bash script and bin/ artifacts; windows and macos
+refuse with a message naming the platform and what to do instead."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llamaforge.build.plan import BuildOptions, plan_build
+from llamaforge.build.recipes import BuildRecipe, load_recipe
+from llamaforge.core.errors import InvalidOption
+from llamaforge.platforms import get_platform, platform_names
+from llamaforge.platforms.linux import PACKAGES
+
+
+def _recipe(platform: str) -> BuildRecipe:
+    return load_recipe("default").model_copy(update={"platform": platform})
+
+
+def test_every_recipe_platform_is_registered() -> None:
+    assert platform_names() == ["linux", "macos", "windows"]
+    for name in platform_names():
+        assert get_platform(name).name == name
+
+
+def test_unknown_platform_names_the_known_ones() -> None:
+    with pytest.raises(InvalidOption) as info:
+        get_platform("plan9")
+    assert "plan9" in info.value.message
+    assert "linux" in (info.value.hint or "") and "windows" in (info.value.hint or "")
+
+
+def test_linux_plan_has_a_builder_image_a_bash_script_and_bin_artifacts() -> None:
+    plan = plan_build(load_recipe("default"), BuildOptions(no_patches=True))
+    image = plan.environment.image
+    assert image is not None
+    assert image.tag.startswith("llamaforge-builder:cpu-")
+    assert image.base.tag == "llamaforge/debian:bookworm"
+    assert image.dockerfile.startswith("# Builder image for llama.cpp CPU builds.")
+    assert " ".join(PACKAGES["cpu"]) in image.dockerfile
+    assert plan.script.name == "build.sh"
+    assert plan.script.interpreter == ("bash",)
+    assert plan.script.command("/llamaforge/build.sh") == ["bash", "/llamaforge/build.sh"]
+    assert plan.artifacts == ("bin/llama-server", "bin/llama-bench", "bin/llama-cli")
+    tools = [tool.name for tool in plan.environment.host_tools]
+    assert tools == ["cmake", "ninja", "cc", "c++", "ccache"]
+    assert get_platform("linux").template_dir == "linux"
+    assert (Path(__file__).parents[1] / "templates" / "linux" / "build.sh.j2").is_file()
+
+
+def test_linux_cuda_plan_needs_nvcc_on_a_host_and_the_cuda_image() -> None:
+    plan = plan_build(load_recipe("default"), BuildOptions(cuda_architectures=("86",), no_patches=True))
+    assert [tool.name for tool in plan.environment.host_tools][-1] == "nvcc"
+    assert plan.environment.image is not None
+    assert plan.environment.image.tag.startswith("llamaforge-builder:cuda-")
+    assert "LIBRARY_PATH=/usr/local/cuda/lib64/stubs" in plan.environment.image.dockerfile
+
+
+def test_linux_refuses_a_backend_without_a_template() -> None:
+    with pytest.raises(InvalidOption) as info:
+        plan_build(load_recipe("default"), BuildOptions(backend="vulkan"))
+    assert "vulkan" in info.value.message and "Linux" in info.value.message
+    assert "--backend cpu" in (info.value.hint or "")
+
+
+def test_linux_without_a_base_image_says_how_to_name_one() -> None:
+    recipe = load_recipe("default").model_copy(update={"images": {}})
+    with pytest.raises(InvalidOption) as info:
+        plan_build(recipe, BuildOptions(no_patches=True))
+    assert "names no base image" in info.value.message
+    assert "--base-image" in (info.value.hint or "")
+    plan = plan_build(recipe, BuildOptions(no_patches=True, base_image="debian:bookworm"))
+    assert plan.environment.image is not None and plan.environment.image.base.tag == "debian:bookworm"
+
+
+@pytest.mark.parametrize(
+    ("platform", "next_step"), [("windows", "Visual Studio"), ("macos", "GGML_METAL=ON")]
+)
+def test_windows_and_macos_refuse_naming_the_platform_and_what_to_do(platform: str, next_step: str) -> None:
+    with pytest.raises(InvalidOption) as info:
+        plan_build(_recipe(platform), BuildOptions(no_patches=True))
+    assert f"platform {platform!r}" in info.value.message
+    assert "not built yet" in info.value.message
+    hint = info.value.hint or ""
+    assert 'platform = "linux"' in hint and next_step in hint
+    assert get_platform(platform).template_dir is None, "a refusing platform ships no templates"
+
+
+def test_default_build_key_inputs_are_unchanged() -> None:
+    """The platforms layer keys builds exactly as before it existed, so published builds stay cache hits."""
+    plan = plan_build(load_recipe("default"), BuildOptions(no_patches=True))
+    assert plan.plan_digest == "5c02f163858a67aeede5c62a03996650b6a67e7961073a306d6a6eb5de9196ae"
+    assert plan.environment.image is not None
+    assert plan.environment.image.tag == "llamaforge-builder:cpu-5deab6154b99080f"
