@@ -107,9 +107,9 @@ class ProcessRunner(Protocol):
         """Run ``argv`` to its end and return its result.
 
         ``env`` is added to this process's environment; ``on_line`` gets every output line as it arrives;
-        ``log_path`` receives every line too (and is named in errors). A non-zero exit raises ToolFailed unless
-        ``warn``; a timeout kills the process and raises ToolFailed (with ``warn``: a result with
-        ``timed_out``); cancellation kills it and raises Cancelled.
+        ``log_path`` receives stderr's lines (every line with ``merge_stderr``) and is named in errors. A
+        non-zero exit raises ToolFailed unless ``warn``; a timeout kills the process and raises ToolFailed (with
+        ``warn``: a result with ``timed_out``); cancellation kills it and raises Cancelled.
         """
         ...
 
@@ -176,7 +176,7 @@ class _Output:
     streams: int = 1
     changed: threading.Condition = field(default_factory=threading.Condition)
 
-    def pump(self, stream: IO[str], sink: list[str]) -> None:
+    def pump(self, stream: IO[str], sink: list[str], to_log: bool = True) -> None:
         """Read ``stream`` to its end (a reader thread's body)."""
         try:
             for raw in stream:
@@ -186,7 +186,7 @@ class _Output:
                     if self.keep_all and sink is not self.lines:
                         self.lines.append(line)
                     self.recent.append(line)
-                    if self.log is not None:
+                    if self.log is not None and to_log:
                         self.log.write(line + "\n")
                         self.log.flush()
                     if self.on_line is not None:
@@ -318,7 +318,10 @@ class LocalProcessRunner:
                 tail=[], hint=hint or f"check that {command[0]} exists and is executable",
             ) from None  # fmt: skip
         unregister = cancel.on_cancel(lambda: _kill_group(process))
-        readers = [threading.Thread(target=output.pump, args=(process.stdout, out_lines), daemon=True)]
+        # Kept apart, stdout is the command's product (JSON, a version): the log and the error tail show stderr.
+        readers = [
+            threading.Thread(target=output.pump, args=(process.stdout, out_lines, merge_stderr), daemon=True)
+        ]
         if not merge_stderr:
             readers.append(
                 threading.Thread(target=output.pump, args=(process.stderr, err_lines), daemon=True)
@@ -356,16 +359,17 @@ class LocalProcessRunner:
             timed_out=timed_out,
         )  # fmt: skip
         log_name = str(log_path) if log_path is not None else None
+        tail = (err_lines or out_lines)[-TAIL_LINES:]
         if timed_out and not warn:
             raise ToolFailed(
                 f"{what} did not finish within {timeout_s:g} s", command=command, returncode=result.exit_code,
-                tail=list(output.recent)[-TAIL_LINES:], log_path=log_name,
+                tail=tail, log_path=log_name,
                 hint=hint or "raise the timeout, or give it less work",
             )  # fmt: skip
         if result.exit_code != 0 and not warn:
             raise ToolFailed(
                 f"{what} failed", command=command, returncode=result.exit_code,
-                tail=list(output.recent)[-TAIL_LINES:], log_path=log_name, hint=hint,
+                tail=tail, log_path=log_name, hint=hint,
             )  # fmt: skip
         return result
 
