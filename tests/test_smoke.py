@@ -25,7 +25,7 @@ from helpers import invoke
 from llamaforge.core.errors import Cancelled, InvalidOption, SmokeFailed, ToolFailed
 from llamaforge.core.events import CancelToken, Event
 from llamaforge.core.registry import OperationContext, operations
-from llamaforge.smoke import server as smoke_server
+from llamaforge.serve import launcher
 from llamaforge.smoke.bench import bench_command, parse_llama_bench
 from llamaforge.smoke.report import (
     compare_runs,
@@ -46,7 +46,8 @@ from llamaforge.smoke.run import (
     resolve_thresholds,
     summarize_level,
 )
-from llamaforge.smoke.server import ChatRequest, LevelRun, RequestSample, free_port, port_is_free
+from llamaforge.serve.launcher import free_port, port_is_free
+from llamaforge.smoke.server import ChatRequest, LevelRun, RequestSample
 
 DATA = Path(__file__).parent / "data" / "smoke"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -521,7 +522,7 @@ def test_busy_port_is_replaced(
         seen = _run_op("smoke", **common)["server"]  # found busy before starting the server
         assert seen["busy_ports"] == [busy] and seen["port"] != busy
         # The port is taken between the check and the bind: llama-server fails to bind and is started again.
-        monkeypatch.setattr(smoke_server, "port_is_free", lambda port: True)
+        monkeypatch.setattr(launcher, "port_is_free", lambda *_: True)
         raced = _run_op("smoke", **common)
         assert raced["server"]["busy_ports"] == [busy] and raced["server"]["port"] != busy
         assert "couldn't bind" in Path(raced["run_dir"], "server.log").read_text(encoding="utf-8")
