@@ -9,21 +9,20 @@ plain ``git diff`` output (no dates, no commit hashes: the same input gives the 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
 import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llamaforge.build.patches import PatchRef, apply_series, read_series, series_dir
+from llamaforge.build.source import make_workspace
 from llamaforge.core.errors import LlamaforgeError, PatchError
 from llamaforge.core.events import Event, Reporter, null_reporter
-from llamaforge.build.patches import PatchRef, apply_series, read_series, series_dir
 from llamaforge.core.paths import home
-from llamaforge.build.source import make_workspace
+from llamaforge.runners.process import LOCAL, ProcessResult, ProcessRunner
 
 _GIT_IDENTITY = [
     "-c",
@@ -78,18 +77,15 @@ class RefreshResult:
         }
 
 
-def _git(workspace: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def _git(workspace: Path, *args: str, check: bool = True, runner: ProcessRunner = LOCAL) -> ProcessResult:
     env = {
-        **os.environ,
         "GIT_AUTHOR_DATE": _FIXED_DATE,
         "GIT_COMMITTER_DATE": _FIXED_DATE,
         "GIT_EDITOR": "true",
         "GIT_CEILING_DIRECTORIES": str(workspace.resolve().parent),
     }
-    result = subprocess.run(
-        ["git", *_GIT_IDENTITY, *args], cwd=workspace, capture_output=True, text=True, env=env
-    )
-    if check and result.returncode != 0:
+    result = runner.run(["git", *_GIT_IDENTITY, *args], cwd=workspace, env=env, warn=True)
+    if check and result.exit_code != 0:
         raise LlamaforgeError(f"git {' '.join(args)} failed in {workspace}: {result.stderr.strip()}")
     return result
 
@@ -168,7 +164,7 @@ def create_workspace(tree: Path, patches: list[PatchRef], name: str) -> Path:
         applied = _git(
             workspace, "apply", "--index", "--whitespace=nowarn", str(patch.path.resolve()), check=False
         )
-        if applied.returncode != 0:
+        if applied.exit_code != 0:
             raise PatchError(
                 f"patch {patch.name} does not apply to the current source: {applied.stderr.strip()}",
                 patch=patch.name,
@@ -234,7 +230,7 @@ def refresh_series(
         reporter(
             Event("progress", f"merging {patch.name}", stage="refresh", completed=index, total=len(patches))
         )
-        if _git(workspace, "cherry-pick", "--allow-empty", commit, check=False).returncode == 0:
+        if _git(workspace, "cherry-pick", "--allow-empty", commit, check=False).exit_code == 0:
             continue
         # Record the conflict, then go on without this patch so every conflicting patch gets reported.
         conflicts.append(ConflictReport(patch.name, _conflict_hunks(workspace)))
@@ -277,7 +273,7 @@ def continue_refresh(
             f"{workspace} still has conflict markers", hint="resolve every <<<<<<< block, then continue"
         )
     _git(workspace, "-c", "core.editor=true", "cherry-pick", "--continue", check=False)
-    if _git(workspace, "rev-parse", "-q", "--verify", "CHERRY_PICK_HEAD", check=False).returncode == 0:
+    if _git(workspace, "rev-parse", "-q", "--verify", "CHERRY_PICK_HEAD", check=False).exit_code == 0:
         _git(workspace, "commit", "-q", "--allow-empty", "-m", state["stopped_at"])
     patches = read_series(series)
     commits = _git(workspace, "rev-list", "--reverse", "base..patched").stdout.split()
@@ -288,7 +284,7 @@ def continue_refresh(
         reporter(
             Event("progress", f"merging {patch.name}", stage="refresh", completed=index, total=len(patches))
         )
-        if _git(workspace, "cherry-pick", "--allow-empty", commit, check=False).returncode != 0:
+        if _git(workspace, "cherry-pick", "--allow-empty", commit, check=False).exit_code != 0:
             rest = [p.name for p in patches[index:]]
             state_file.write_text(json.dumps({"stopped_at": patch.name, "remaining": rest}), encoding="utf-8")
             return RefreshResult(workspace, (), (ConflictReport(patch.name, _conflict_hunks(workspace)),), ())
@@ -305,7 +301,7 @@ def _restore_first_conflict(workspace: Path, patches: list[PatchRef], commits: l
             state = {"stopped_at": name, "remaining": [p.name for p in patches[patches.index(patch) + 1 :]]}
             (workspace / ".git" / "llamaforge-refresh.json").write_text(json.dumps(state), encoding="utf-8")
             return
-        if picked.returncode != 0:  # pragma: no cover - earlier patches merged cleanly in the first pass
+        if picked.exit_code != 0:  # pragma: no cover - earlier patches merged cleanly in the first pass
             return
 
 
