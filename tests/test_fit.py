@@ -23,7 +23,6 @@ from llamaforge.core.registry import OperationContext, operations
 from llamaforge.gguf.header import read_header
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.serve import fit
-from llamaforge.serve.loadlog import parse_load_log
 from llamaforge.serve.fit import (
     DoesNotFit,
     GiB,
@@ -37,6 +36,7 @@ from llamaforge.serve.fit import (
     plan_fit,
     synthetic_header,
 )
+from llamaforge.serve.loadlog import parse_load_log
 
 MINI_VOCAB = 1000
 

@@ -26,6 +26,7 @@ from llamaforge.core.errors import Cancelled, InvalidOption, SmokeFailed, ToolFa
 from llamaforge.core.events import CancelToken, Event
 from llamaforge.core.registry import OperationContext, operations
 from llamaforge.serve import launcher
+from llamaforge.serve.launcher import free_port, port_is_free
 from llamaforge.smoke.bench import bench_command, parse_llama_bench
 from llamaforge.smoke.report import (
     compare_runs,
@@ -46,7 +47,6 @@ from llamaforge.smoke.run import (
     resolve_thresholds,
     summarize_level,
 )
-from llamaforge.serve.launcher import free_port, port_is_free
 from llamaforge.smoke.server import ChatRequest, LevelRun, RequestSample
 
 DATA = Path(__file__).parent / "data" / "smoke"
