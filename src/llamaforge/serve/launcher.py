@@ -25,6 +25,7 @@ from llamaforge.runners.process import LOCAL, ProcessHandle, ProcessRunner
 HOST = "127.0.0.1"  # loopback by default: nothing is exposed unless a caller asks
 PORT_ATTEMPTS = 5
 _BIND_FAILURE = "couldn't bind"
+_LOADED = "model loaded"
 Switch = Literal["on", "off", "auto"]
 
 
@@ -186,7 +187,7 @@ class LlamaServer:
                 continue
             if self._launch(port):
                 self.startup_s = time.monotonic() - started
-                self.load_log = list(self.process.lines(timeout_s=0)) if self.process else []
+                self.load_log = self._load_log()
                 return
             self._busy(port)
         raise SmokeFailed(
@@ -235,6 +236,16 @@ class LlamaServer:
             if self._ready():
                 return True
             time.sleep(0.1)
+
+    def _load_log(self) -> list[str]:
+        """What the server printed up to its "model loaded" line (the reader may lag a moment behind /health)."""
+        assert self.process is not None
+        lines: list[str] = []
+        for line in self.process.lines(timeout_s=2.0):
+            lines.append(line)
+            if _LOADED in line:
+                break
+        return lines
 
     def _ready(self) -> bool:
         host = self.launch.host
