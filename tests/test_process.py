@@ -133,7 +133,7 @@ def test_start_streams_lines_and_terminates(tmp_path: Path) -> None:
     script = "import time\nfor i in range(3):\n    print(f'ready {i}', flush=True)\ntime.sleep(30)\n"
     handle = LOCAL.start([PY, "-c", script], log_path=log)
     assert handle.pid > 0 and _alive(handle.pid) and handle.poll() is None
-    assert list(handle.lines(timeout_s=5)) == ["ready 0", "ready 1", "ready 2"]  # ends at the timeout
+    assert list(handle.lines(timeout_s=2)) == ["ready 0", "ready 1", "ready 2"]  # ends at the timeout
     assert handle.wait(timeout_s=0.1) is None
     code = handle.terminate(grace_s=2)
     assert code != 0 and not _alive(handle.pid) and handle.poll() == code
