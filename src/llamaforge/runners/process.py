@@ -204,6 +204,12 @@ class _Output:
         return self.closed >= self.streams
 
 
+def _feed(stream: IO[str], text: str) -> None:
+    with contextlib.suppress(BrokenPipeError, OSError):
+        stream.write(text)
+        stream.close()
+
+
 def _popen(
     command: list[str], env: Mapping[str, str] | None, cwd: Path | None, *, stdin: bool, merge: bool
 ) -> subprocess.Popen[str]:
@@ -330,11 +336,8 @@ class LocalProcessRunner:
             for reader in readers:
                 reader.start()
             if stdin is not None and process.stdin is not None:
-                try:
-                    process.stdin.write(stdin)
-                    process.stdin.close()
-                except BrokenPipeError:
-                    pass
+                # From a thread: a command that never reads a large input must not block the timeout.
+                threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True).start()
             deadline = None if timeout_s is None else started + timeout_s
             while process.poll() is None:
                 if deadline is not None and time.monotonic() > deadline:
@@ -343,7 +346,8 @@ class LocalProcessRunner:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(timeout=0.1)
             for reader in readers:
-                reader.join()
+                # A killed command's escaped grandchild may hold the pipe open: don't wait for it forever.
+                reader.join(timeout=5.0 if timed_out or cancel.cancelled else None)
         except BaseException:
             _kill_group(process)
             process.wait()
@@ -351,6 +355,8 @@ class LocalProcessRunner:
         finally:
             unregister()
             if log is not None:
+                with output.changed:
+                    output.log = None
                 log.close()
         cancel.raise_if_cancelled()
         result = ProcessResult(
