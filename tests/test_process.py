@@ -126,6 +126,8 @@ def test_secrets_stay_out_of_argv_and_output() -> None:
     with pytest.raises(ToolFailed) as caught:
         LOCAL.run(["sh", "-c", 'echo "$HF_TOKEN" >&2; exit 1'], env=env)
     assert "hf_abcdefgh12345" not in caught.value.render()
+    plain = LOCAL.run(["echo", "false"], env={"TOKENIZERS_PARALLELISM": "false"})  # not a secret's name
+    assert plain.stdout == "false\n"
 
 
 def test_start_streams_lines_and_terminates(tmp_path: Path) -> None:

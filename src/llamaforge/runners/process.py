@@ -32,7 +32,8 @@ from llamaforge.core.events import CancelToken
 
 LineCallback = Callable[[str], None]
 TAIL_LINES = 20
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|CREDENTIAL", re.IGNORECASE)
+# Variables named like HF_TOKEN, AWS_SECRET_ACCESS_KEY, REGISTRY_PASSWORD (not TOKENIZERS_PARALLELISM).
+_SECRET_NAME = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|CREDENTIALS?)(_|$)", re.IGNORECASE)
 _MASK = "****"
 
 
@@ -128,7 +129,7 @@ class ProcessRunner(Protocol):
 
 
 def _secrets(env: Mapping[str, str]) -> list[str]:
-    return [value for name, value in env.items() if _SECRET_NAME.search(name) and len(value) >= 4]
+    return [value for name, value in env.items() if _SECRET_NAME.search(name) and len(value) >= 6]
 
 
 def _check_argv(argv: Sequence[str], secrets: Sequence[str]) -> list[str]:
