@@ -211,14 +211,30 @@ def _feed(stream: IO[str], text: str) -> None:
         stream.close()
 
 
-def _popen(
-    command: list[str], env: Mapping[str, str] | None, cwd: Path | None, *, stdin: bool, merge: bool
+def _spawn(
+    command: list[str],
+    env: Mapping[str, str] | None,
+    cwd: Path | None,
+    *,
+    stdin: bool,
+    merge: bool,
+    log: IO[str] | None,
+    hint: str | None,
 ) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        command, cwd=cwd, env={**os.environ, **env} if env else None, text=True, errors="replace",
-        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT if merge else subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
+    """Start ``command`` in a new process group; ToolFailed (exit code 127) when it cannot start."""
+    try:
+        return subprocess.Popen(
+            command, cwd=cwd, env={**os.environ, **env} if env else None, text=True, errors="replace",
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if merge else subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+    except OSError as error:
+        if log is not None:
+            log.close()
+        raise ToolFailed(
+            f"{Path(command[0]).name} could not be started: {error.strerror or error}", command=command,
+            returncode=127, tail=[], hint=hint or f"check that {command[0]} exists and is executable",
+        ) from None  # fmt: skip
 
 
 class LocalProcessHandle:
@@ -315,15 +331,7 @@ class LocalProcessRunner:
         err_lines: list[str] = []
         started = time.monotonic()
         timed_out = False
-        try:
-            process = _popen(command, env, cwd, stdin=stdin is not None, merge=merge_stderr)
-        except OSError as error:
-            if log is not None:
-                log.close()
-            raise ToolFailed(
-                f"{what} could not be started: {error.strerror or error}", command=command, returncode=127,
-                tail=[], hint=hint or f"check that {command[0]} exists and is executable",
-            ) from None  # fmt: skip
+        process = _spawn(command, env, cwd, stdin=stdin is not None, merge=merge_stderr, log=log, hint=hint)
         unregister = cancel.on_cancel(lambda: _kill_group(process))
         # Kept apart, stdout is the command's product (JSON, a version): the log and the error tail show stderr.
         readers = [
@@ -397,15 +405,7 @@ class LocalProcessRunner:
         cancel.raise_if_cancelled()
         log = log_path.open("a", encoding="utf-8") if log_path is not None else None
         output = _Output(_masker(secrets), on_line, log)
-        try:
-            process = _popen(command, env, cwd, stdin=False, merge=True)
-        except OSError as error:
-            if log is not None:
-                log.close()
-            raise ToolFailed(
-                f"{Path(command[0]).name} could not be started: {error.strerror or error}", command=command,
-                returncode=127, tail=[], hint=f"check that {command[0]} exists and is executable",
-            ) from None  # fmt: skip
+        process = _spawn(command, env, cwd, stdin=False, merge=True, log=log, hint=None)
         unregister = cancel.on_cancel(lambda: _kill_group(process))
 
         def cleanup() -> None:
