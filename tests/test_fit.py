@@ -32,11 +32,11 @@ from llamaforge.serve.fit import (
     find_gpu,
     load_gpus,
     model_shape,
-    parse_load_log,
     parse_size,
     plan_fit,
     synthetic_header,
 )
+from llamaforge.serve.loadlog import parse_load_log
 
 MINI_VOCAB = 1000
 
@@ -311,7 +311,7 @@ def test_parse_load_log() -> None:
 load_tensors:        CUDA0 model buffer size =  4000.00 MiB
 sched_reserve:      CUDA0 compute buffer size =   300.00 MiB
 """
-    reported = parse_load_log(log)
+    reported = parse_load_log(log.splitlines())
     assert reported.buffers["weights"] == {"CPU_Mapped": round(37.41 * MiB), "CUDA0": 4000 * MiB}
     assert reported.total("kv_cache") == round(0.25 * MiB)
     assert reported.total("recurrent_state") == round(0.01 * MiB)

@@ -13,7 +13,7 @@ import json
 import os
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,9 @@ from helpers import invoke
 from llamaforge.core.errors import Cancelled, InvalidOption, SmokeFailed, ToolFailed
 from llamaforge.core.events import CancelToken, Event
 from llamaforge.core.registry import OperationContext, operations
-from llamaforge.smoke import server as smoke_server
+from llamaforge.runners.process import ProcessHandle, ProcessResult
+from llamaforge.serve import launcher
+from llamaforge.serve.launcher import free_port, port_is_free
 from llamaforge.smoke.bench import bench_command, parse_llama_bench
 from llamaforge.smoke.report import (
     compare_runs,
@@ -38,15 +40,17 @@ from llamaforge.smoke.report import (
 from llamaforge.smoke.roofline import Bandwidth, bytes_per_token, gpu_bandwidth, probe_cpu_bandwidth, roofline
 from llamaforge.smoke.run import (
     SmokeOptions,
+    SmokeTarget,
     SmokeThresholds,
     distribution,
     evaluate,
     parse_threshold_items,
     percentile,
     resolve_thresholds,
+    run_smoke,
     summarize_level,
 )
-from llamaforge.smoke.server import ChatRequest, LevelRun, RequestSample, free_port, port_is_free
+from llamaforge.smoke.server import ChatRequest, LevelRun, RequestSample
 
 DATA = Path(__file__).parent / "data" / "smoke"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -521,8 +525,52 @@ def test_busy_port_is_replaced(
         seen = _run_op("smoke", **common)["server"]  # found busy before starting the server
         assert seen["busy_ports"] == [busy] and seen["port"] != busy
         # The port is taken between the check and the bind: llama-server fails to bind and is started again.
-        monkeypatch.setattr(smoke_server, "port_is_free", lambda port: True)
+        monkeypatch.setattr(launcher, "port_is_free", lambda *_: True)
         raced = _run_op("smoke", **common)
         assert raced["server"]["busy_ports"] == [busy] and raced["server"]["port"] != busy
         assert "couldn't bind" in Path(raced["run_dir"], "server.log").read_text(encoding="utf-8")
     assert _children_named("llama-server") == []
+
+
+# --- the process runner seam ---------------------------------------------------------------------------------
+
+
+class RecordingRunner:
+    """A process runner that starts nothing: it records each argv and answers with llama-bench's JSON."""
+
+    def __init__(self, stdout: str) -> None:
+        self.stdout = stdout
+        self.calls: list[dict[str, Any]] = []
+
+    def run(self, argv: Sequence[str], **options: Any) -> ProcessResult:
+        self.calls.append({"argv": list(argv), **options})
+        return ProcessResult(argv=list(argv), exit_code=0, stdout=self.stdout, stderr="", duration_s=0.01)
+
+    def start(self, argv: Sequence[str], **options: Any) -> ProcessHandle:
+        raise AssertionError(f"the bench stage starts no long-lived process: {argv}")
+
+
+def test_smoke_bench_stage_runs_through_an_injected_runner(tmp_path: Path, lf_home: Path) -> None:
+    build = tmp_path / "build"
+    (build / "bin").mkdir(parents=True)
+    (build / "bin" / "llama-bench").write_text("#!/bin/sh\nexit 99\n", encoding="utf-8")  # never started
+    model = tmp_path / "m.gguf"
+    _moe_gguf(model)
+    runner = RecordingRunner((DATA / "llama-bench-qwen3.json").read_text(encoding="utf-8"))
+    target = SmokeTarget(build_key="f" * 64, build_dir=build, manifest={}, model=model, model_label="m")
+    options = SmokeOptions(pp=16, tg=8, repetitions=2, threads=1, skip_server=True, bandwidth_gbs=10.0)
+    thresholds, sources = resolve_thresholds([("cli", {"min_tg_tps": 1})])
+    report = run_smoke(target, options, thresholds, sources, runner=runner)
+    (call,) = runner.calls
+    assert call["argv"] == bench_command(build / "bin" / "llama-bench", model, pp=16, tg=8, repetitions=2,
+                                         threads=1)  # fmt: skip
+    assert call["timeout_s"] == options.bench_timeout_s and call["log_path"] == Path(
+        report["run_dir"], "bench.log"
+    )
+    assert report["bench"]["build_commit"] == "0c1e570" and report["model"]["type"] == "qwen3 ?B F16"
+    assert report["roofline"]["measured_tg_tps"] == pytest.approx(63.03914)
+    assert report["verdict"]["passed"]
+    assert (
+        json.loads(Path(report["run_dir"], "bench.json").read_text(encoding="utf-8"))[0]["build_commit"]
+        == "0c1e570"
+    )

@@ -36,7 +36,8 @@ from llamaforge.gguf.header import (
 from llamaforge.gguf.tiny import TensorPlanEntry, TinyModelSpec, write_tiny_model
 from llamaforge.models import verify
 from llamaforge.models.recipes import ModelExpectations, ModelRecipe
-from llamaforge.models.verify import audit_chat_template, parse_load_log, verify_model
+from llamaforge.models.verify import audit_chat_template, verify_model
+from llamaforge.serve.loadlog import CacheSize, parse_load_log
 
 VOCAB = 300
 QWEN_TEMPLATE = (
@@ -665,11 +666,12 @@ llama_memory_recurrent: size =    0.01 MiB (     1 cells,   4 layers,  1 seqs  1
 sched_reserve:        CPU compute buffer size =     0.51 MiB
 """
     parsed = parse_load_log(log.splitlines())
-    assert parsed["buffers_mib"] == {"model": {"CPU_Mapped": 0.22}, "output": {"CPU": 0.58}, "kv": {"CPU": 0.06},
-                                     "recurrent": {"CPU": 0.01}, "compute": {"CPU": 0.51}}  # fmt: skip
-    assert parsed["kv_cache"] == {"mib": 0.06, "cells": 256, "layers": 2}
-    assert parsed["recurrent_state"] == {"mib": 0.01, "cells": 1, "layers": 4}
-    assert parsed["model_params"] == "113.02 K"
+    assert parsed.buffers_mib() == {"weights": {"CPU_Mapped": 0.22}, "output": {"CPU": 0.58},
+                                    "kv_cache": {"CPU": 0.06}, "recurrent_state": {"CPU": 0.01},
+                                    "compute": {"CPU": 0.51}}  # fmt: skip
+    assert parsed.kv_cache == CacheSize(mib=0.06, cells=256, layers=2)
+    assert parsed.recurrent_state == CacheSize(mib=0.01, cells=1, layers=4)
+    assert parsed.model_params == "113.02 K"
 
 
 # --------------------------------------------------------------------------------------- load check
@@ -685,7 +687,7 @@ def test_load_check_with_stock_build(
     assert report.ok, report.findings
     load = report.load_check
     assert load is not None and load["loaded"] and load["returncode"] == 0
-    assert load["buffers_mib"]["model"]  # e.g. CPU_Mapped
+    assert load["buffers_mib"]["weights"]  # e.g. CPU_Mapped
     assert load["kv_cache"]["layers"] == report.model["layers"]["attention"]
     if arch == "qwen35moe":
         assert load["recurrent_state"]["layers"] == 4  # llama.cpp sizes the state over every layer

@@ -16,7 +16,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llamaforge.core.errors import LlamaforgeError, ToolFailed
+from llamaforge.runners.process import LOCAL, ProcessRunner
 
 __all__ = [
     "CudaProbeFailed",
@@ -150,7 +150,7 @@ class CudaProbeResult:
     compile_seconds: float
 
 
-def find_cuda_toolkit() -> CudaToolkit | None:
+def find_cuda_toolkit(runner: ProcessRunner = LOCAL) -> CudaToolkit | None:
     """Locate nvcc and the pieces the probe needs; None when there is no nvcc at all.
 
     nvcc is taken from ``$CUDACXX``, ``$CUDAToolkit_ROOT``/``$CUDA_HOME``/``$CUDA_PATH``, PATH or
@@ -161,7 +161,7 @@ def find_cuda_toolkit() -> CudaToolkit | None:
     nvcc = _find_nvcc()
     if nvcc is None:
         return None
-    here = _nvcc_home(nvcc)
+    here = _nvcc_home(nvcc, runner)
     root = here.parent
     include_dir = _first_dir_with(
         [root / "include", *sorted(root.glob("targets/*/include"))], "cuda_runtime.h"
@@ -173,7 +173,7 @@ def find_cuda_toolkit() -> CudaToolkit | None:
         raise CudaToolkitMissing(
             f"nvcc at {here / 'nvcc'} has no cuda_runtime.h/libcudart next to it: {INSTALL_HINT}"
         )
-    version = _nvcc_version(here / "nvcc")
+    version = _nvcc_version(here / "nvcc", runner)
     homes = [root, *_extra_homes(version.partition(".")[0])]
 
     cublas_include = _first_dir_with([h / "include" for h in homes], "cublas_v2.h")
@@ -196,7 +196,7 @@ def find_cuda_toolkit() -> CudaToolkit | None:
     )
 
 
-def make_libcuda_stub(dest_dir: Path) -> Path:
+def make_libcuda_stub(dest_dir: Path, runner: ProcessRunner = LOCAL) -> Path:
     """Make an empty ``libcuda.so`` (soname libcuda.so.1) for configuring without a driver.
 
     It satisfies CMake's CUDA::cuda_driver and compiling; it has no symbols, so linking a program against it
@@ -211,7 +211,9 @@ def make_libcuda_stub(dest_dir: Path) -> Path:
             "no C compiler (cc) to make a libcuda.so stub: install gcc (Debian: build-essential)"
         )
     dest_dir.mkdir(parents=True, exist_ok=True)
-    _run([cc, "-shared", "-Wl,-soname,libcuda.so.1", "-o", str(stub), "-x", "c", os.devnull], cwd=dest_dir)
+    _run(
+        [cc, "-shared", "-Wl,-soname,libcuda.so.1", "-o", str(stub), "-x", "c", os.devnull], dest_dir, runner
+    )
     return stub
 
 
@@ -220,6 +222,7 @@ def compile_cuda_probe(
     cmake_args: Sequence[str],
     work_dir: Path,
     unit: str = DEFAULT_UNIT,
+    runner: ProcessRunner = LOCAL,
 ) -> CudaProbeResult:
     """Configure llama.cpp with *cmake_args*, build one ggml-cuda unit and list the device code it carries.
 
@@ -228,7 +231,7 @@ def compile_cuda_probe(
     arguments start it afresh so that no earlier cache entry survives. Raises :class:`CudaToolkitMissing` when
     nvcc, cuBLAS, cuobjdump, cmake or ninja is missing and :class:`CudaProbeFailed` when a step fails.
     """
-    toolkit = find_cuda_toolkit()
+    toolkit = find_cuda_toolkit(runner)
     if toolkit is None:
         raise CudaToolkitMissing(
             f"no nvcc found (CUDACXX, CUDAToolkit_ROOT, CUDA_HOME, PATH): {INSTALL_HINT}"
@@ -243,23 +246,25 @@ def compile_cuda_probe(
         )
 
     work_dir = work_dir.resolve()
-    stub = toolkit.libcuda_stub or make_libcuda_stub(work_dir / "stubs")
+    stub = toolkit.libcuda_stub or make_libcuda_stub(work_dir / "stubs", runner)
     toolkit_args = ([] if generator else ["-G", "Ninja"]) + toolkit.cmake_args(stub)
     build_dir = work_dir / "build"
-    configure_seconds = _configure(cmake, source_dir.resolve(), build_dir, list(cmake_args), toolkit_args)
+    configure_seconds = _configure(
+        cmake, source_dir.resolve(), build_dir, list(cmake_args), toolkit_args, runner
+    )
 
     target = f"{_CUDA_OBJECT_DIR}/{unit}.o"
-    targets = _run([ninja, "-C", str(build_dir), "-t", "targets", "all"], cwd=build_dir)
+    targets = _run([ninja, "-C", str(build_dir), "-t", "targets", "all"], build_dir, runner)
     if f"\n{target}:" not in f"\n{targets}":
         raise ValueError(f"ggml-cuda has no unit {unit!r} in {source_dir} (no ninja target {target})")
-    commands = _run([ninja, "-C", str(build_dir), "-t", "commands", target], cwd=build_dir).splitlines()
+    commands = _run([ninja, "-C", str(build_dir), "-t", "commands", target], build_dir, runner).splitlines()
     started = time.monotonic()
-    _run([ninja, "-C", str(build_dir), target], cwd=build_dir)
+    _run([ninja, "-C", str(build_dir), target], build_dir, runner)
     compile_seconds = time.monotonic() - started
 
     object_file = build_dir / target
     listing = [
-        _run([str(toolkit.cuobjdump), flag, str(object_file)], cwd=build_dir)
+        _run([str(toolkit.cuobjdump), flag, str(object_file)], build_dir, runner)
         for flag in ("--list-elf", "--list-ptx")
     ]
     lines = tuple(
@@ -280,7 +285,12 @@ def compile_cuda_probe(
 
 
 def _configure(
-    cmake: str, source_dir: Path, build_dir: Path, cmake_args: list[str], toolkit_args: list[str]
+    cmake: str,
+    source_dir: Path,
+    build_dir: Path,
+    cmake_args: list[str],
+    toolkit_args: list[str],
+    runner: ProcessRunner,
 ) -> float | None:
     """Run cmake unless build_dir was configured with the same inputs; return its wall time."""
     stamp = build_dir / "llamaforge-probe.json"
@@ -291,17 +301,17 @@ def _configure(
         shutil.rmtree(build_dir)
     build_dir.mkdir(parents=True)
     started = time.monotonic()
-    _run([cmake, "-S", str(source_dir), "-B", str(build_dir), *toolkit_args, *cmake_args], cwd=build_dir)
+    _run([cmake, "-S", str(source_dir), "-B", str(build_dir), *toolkit_args, *cmake_args], build_dir, runner)
     elapsed = time.monotonic() - started
     stamp.write_text(json.dumps(inputs, indent=2) + "\n")
     return elapsed
 
 
-def _run(command: Sequence[str], cwd: Path) -> str:
+def _run(command: Sequence[str], cwd: Path, runner: ProcessRunner) -> str:
     """Run a command, return its stdout; raise CudaProbeFailed with the output tail on failure."""
-    proc = subprocess.run(list(command), cwd=cwd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise CudaProbeFailed(command, proc.returncode, proc.stdout + proc.stderr)
+    proc = runner.run(command, cwd=cwd, warn=True)
+    if proc.exit_code != 0:
+        raise CudaProbeFailed(command, proc.exit_code, proc.stdout + proc.stderr)
     return proc.stdout
 
 
@@ -334,20 +344,17 @@ def _find_nvcc() -> Path | None:
     return next((c for c in candidates if c.is_file() and os.access(c, os.X_OK)), None)
 
 
-def _nvcc_home(nvcc: Path) -> Path:
+def _nvcc_home(nvcc: Path, runner: ProcessRunner) -> Path:
     """Return the bin directory nvcc runs from: nvcc on PATH is often a wrapper script or a symlink."""
-    proc = subprocess.run(
-        [str(nvcc), "--dryrun", "-v", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
-        capture_output=True,
-        text=True,
-        check=False,
+    proc = runner.run(
+        [str(nvcc), "--dryrun", "-v", "-x", "cu", "-c", os.devnull, "-o", os.devnull], warn=True
     )
     match = re.search(r"^#\$ _HERE_=(.+)$", proc.stdout + proc.stderr, re.MULTILINE)
     return Path(match.group(1)).resolve() if match else nvcc.resolve().parent
 
 
-def _nvcc_version(nvcc: Path) -> str:
-    out = subprocess.run([str(nvcc), "--version"], capture_output=True, text=True, check=False).stdout
+def _nvcc_version(nvcc: Path, runner: ProcessRunner) -> str:
+    out = runner.run([str(nvcc), "--version"], warn=True).stdout
     match = re.search(r"\bV(\d+\.\d+\.\d+)", out)
     if match is None:
         raise CudaToolkitMissing(f"{nvcc} --version printed no version: {INSTALL_HINT}")

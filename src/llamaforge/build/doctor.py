@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -12,6 +11,7 @@ from llamaforge.build.images import DEFAULT_TAG
 from llamaforge.core.errors import LlamaforgeError
 from llamaforge.core.paths import home
 from llamaforge.runners.engine import LABEL, engine_status
+from llamaforge.runners.process import LOCAL, ProcessRunner
 
 Status = Literal["ok", "warn", "fail"]
 SYSTEM_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -49,17 +49,18 @@ def _docker_checks() -> list[Check]:
     return checks
 
 
-def _tool(name: str, purpose: str, hint: str, required: bool = False) -> Check:
+def _tool(runner: ProcessRunner, name: str, purpose: str, hint: str, required: bool = False) -> Check:
     path = shutil.which(name)
     if path is None:
         return Check(name, "fail" if required else "warn", f"not found ({purpose})", hint)
-    first = subprocess.run([path, "--version"], capture_output=True, text=True, errors="replace")
+    first = runner.run([path, "--version"], warn=True)
     lines = (first.stdout or first.stderr).strip().splitlines()
     return Check(name, "ok", lines[-1] if name == "nvcc" and lines else (lines[0] if lines else path))
 
 
-def run_doctor() -> list[Check]:
-    """Run every check; never raises for an unhealthy machine (that is what the checks report)."""
+def run_doctor(runner: ProcessRunner = LOCAL) -> list[Check]:
+    """Run every check; never raises for an unhealthy machine (that is what the checks report); ``runner``
+    asks each tool its version."""
     checks = _docker_checks()
     root = home()
     root.mkdir(parents=True, exist_ok=True)
@@ -72,10 +73,14 @@ def run_doctor() -> list[Check]:
         checks.append(Check("ca bundle", "ok", f"{SYSTEM_CA_BUNDLE} (pass --ca-bundle behind a TLS proxy)"))
     else:
         checks.append(Check("ca bundle", "warn", f"{SYSTEM_CA_BUNDLE} missing", "install ca-certificates"))
-    checks.append(_tool("git", "git sources and patch application", "apt-get install git", required=True))
-    checks.append(_tool("debootstrap", "images.bootstrap", "apt-get install debootstrap"))
-    checks.append(_tool("cmake", "local executor", "apt-get install cmake"))
-    checks.append(_tool("ninja", "local executor", "apt-get install ninja-build"))
-    checks.append(_tool("ccache", "local executor cache", "apt-get install ccache"))
-    checks.append(_tool("nvcc", "CUDA compile checks", "pip install nvidia-cuda-nvcc (or a CUDA toolkit)"))
+    checks.append(
+        _tool(runner, "git", "git sources and patch application", "apt-get install git", required=True)
+    )
+    checks.append(_tool(runner, "debootstrap", "images.bootstrap", "apt-get install debootstrap"))
+    checks.append(_tool(runner, "cmake", "local executor", "apt-get install cmake"))
+    checks.append(_tool(runner, "ninja", "local executor", "apt-get install ninja-build"))
+    checks.append(_tool(runner, "ccache", "local executor cache", "apt-get install ccache"))
+    checks.append(
+        _tool(runner, "nvcc", "CUDA compile checks", "pip install nvidia-cuda-nvcc (or a CUDA toolkit)")
+    )
     return checks

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import tarfile
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from llamaforge.core.errors import ImageError, ToolFailed
+from llamaforge.core.errors import ImageError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.runners.engine import image_id, import_image
+from llamaforge.runners.process import LOCAL, ProcessRunner
 
 DEFAULT_TAG = "llamaforge/debian:bookworm"
 DEFAULT_SUITE = "bookworm"
@@ -52,8 +52,10 @@ def bootstrap_image(
     force: bool = False,
     reporter: Reporter = null_reporter,
     cancel: CancelToken | None = None,
+    runner: ProcessRunner = LOCAL,
 ) -> BootstrapResult:
-    """Create ``tag`` from a minimal Debian root made by debootstrap; reuse it when it already exists."""
+    """Create ``tag`` from a minimal Debian root made by debootstrap (run by ``runner``); reuse it when it
+    already exists."""
     mirror = mirror or apt_mirror()
     existing = image_id(tag)
     if existing is not None and not force:
@@ -66,27 +68,11 @@ def bootstrap_image(
         rootfs = Path(scratch) / "rootfs"
         command = ["debootstrap", "--variant=minbase", suite, str(rootfs), mirror]
         reporter(Event("stage", f"debootstrap {suite} from {mirror}", stage="bootstrap"))
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        tail: list[str] = []
-        remove = cancel.on_cancel(process.terminate) if cancel else None
-        try:
-            assert process.stdout is not None
-            for line in process.stdout:
-                tail = [*tail[-30:], line.rstrip()]
-                reporter(Event("log", line.rstrip(), stage="bootstrap"))
-            process.wait()
-        finally:
-            if remove:
-                remove()
-            if process.stdout is not None:
-                process.stdout.close()
-        if cancel:
-            cancel.raise_if_cancelled()
-        if process.returncode != 0:
-            raise ToolFailed(
-                "debootstrap failed", command=command, returncode=process.returncode, tail=tail,
-                hint="debootstrap needs root and a reachable Debian mirror",
-            )  # fmt: skip
+        runner.run(
+            command, merge_stderr=True, cancel=cancel, what="debootstrap",
+            on_line=lambda line: reporter(Event("log", line, stage="bootstrap")),
+            hint="debootstrap needs root and a reachable Debian mirror",
+        )  # fmt: skip
         reporter(Event("stage", f"docker import as {tag}", stage="bootstrap"))
         archive = Path(scratch) / "rootfs.tar"
         with tarfile.open(archive, "w") as tar:

@@ -7,15 +7,14 @@ copy is removed, so no half-patched tree is ever left behind. The source cache i
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from llamaforge.core.errors import PatchError
 from llamaforge.core.paths import data_dir
+from llamaforge.runners.process import LOCAL, ProcessRunner
 
 
 @dataclass(frozen=True)
@@ -113,20 +112,18 @@ def _explain_failure(patch: PatchRef, stderr: str) -> PatchError:
     )
 
 
-def apply_series(patches: list[PatchRef], tree: Path) -> None:
+def apply_series(patches: list[PatchRef], tree: Path, runner: ProcessRunner = LOCAL) -> None:
     """Apply ``patches`` in order to ``tree`` (a private copy). On failure ``tree`` is deleted and
     ``PatchError`` names the patch, file and hunk."""
     # Stop git from discovering an enclosing repository, which would change how paths are resolved.
-    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(tree.resolve().parent)}
+    env = {"GIT_CEILING_DIRECTORIES": str(tree.resolve().parent)}
     for patch in patches:
         command = ["git", "apply", "--whitespace=nowarn", "-p1", str(patch.path.resolve())]
-        check = subprocess.run(
-            [*command[:2], "--check", *command[2:]], cwd=tree, capture_output=True, text=True, env=env
-        )
-        if check.returncode != 0:
+        check = runner.run([*command[:2], "--check", *command[2:]], cwd=tree, env=env, warn=True)
+        if check.exit_code != 0:
             shutil.rmtree(tree, ignore_errors=True)
             raise _explain_failure(patch, check.stderr)
-        result = subprocess.run(command, cwd=tree, capture_output=True, text=True, env=env)
-        if result.returncode != 0:
+        result = runner.run(command, cwd=tree, env=env, warn=True)
+        if result.exit_code != 0:
             shutil.rmtree(tree, ignore_errors=True)
             raise _explain_failure(patch, result.stderr)

@@ -9,10 +9,8 @@ plain ``git diff`` output (no dates, no commit hashes: the same input gives the 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import subprocess
 import tarfile
 import tempfile
 from dataclasses import dataclass, field
@@ -24,6 +22,7 @@ from llamaforge.build.source import make_workspace
 from llamaforge.core.errors import LlamaforgeError, PatchError
 from llamaforge.core.events import Event, Reporter, null_reporter
 from llamaforge.core.paths import home
+from llamaforge.runners.process import LOCAL, ProcessResult, ProcessRunner
 
 _GIT_IDENTITY = [
     "-c",
@@ -78,18 +77,15 @@ class RefreshResult:
         }
 
 
-def _git(workspace: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def _git(runner: ProcessRunner, workspace: Path, *args: str, check: bool = True) -> ProcessResult:
     env = {
-        **os.environ,
         "GIT_AUTHOR_DATE": _FIXED_DATE,
         "GIT_COMMITTER_DATE": _FIXED_DATE,
         "GIT_EDITOR": "true",
         "GIT_CEILING_DIRECTORIES": str(workspace.resolve().parent),
     }
-    result = subprocess.run(
-        ["git", *_GIT_IDENTITY, *args], cwd=workspace, capture_output=True, text=True, env=env
-    )
-    if check and result.returncode != 0:
+    result = runner.run(["git", *_GIT_IDENTITY, *args], cwd=workspace, env=env, warn=True)
+    if check and result.exit_code != 0:
         raise LlamaforgeError(f"git {' '.join(args)} failed in {workspace}: {result.stderr.strip()}")
     return result
 
@@ -101,7 +97,7 @@ def _patch_stats(patch: PatchRef) -> tuple[tuple[str, ...], int]:
 
 
 def check_series(
-    series: str | Path | None, tree: Path, reporter: Reporter = null_reporter
+    series: str | Path | None, tree: Path, reporter: Reporter = null_reporter, runner: ProcessRunner = LOCAL
 ) -> list[PatchStatus]:
     """Apply ``series`` in order to a scratch copy of ``tree``; raise PatchError naming the first failure."""
     patches = read_series(series)
@@ -112,7 +108,7 @@ def check_series(
                     "progress", f"applying {patch.name}", stage="check", completed=index, total=len(patches)
                 )
             )
-            apply_series([patch], scratch)
+            apply_series([patch], scratch, runner)
     return [PatchStatus(p.name, p.sha256, *_patch_stats(p)) for p in patches]
 
 
@@ -156,30 +152,29 @@ def _workspace_root() -> Path:
     return root
 
 
-def create_workspace(tree: Path, patches: list[PatchRef], name: str) -> Path:
+def create_workspace(tree: Path, patches: list[PatchRef], name: str, runner: ProcessRunner = LOCAL) -> Path:
     """A git workspace: commit ``base`` = ``tree``, then one commit per patch (branch ``patched``)."""
     workspace = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=_workspace_root()))
     _copy_tree(tree, workspace)
-    _git(workspace, "init", "-q", "-b", "patched")
-    _git(workspace, "add", "-A", "-f")
-    _git(workspace, "commit", "-q", "--allow-empty", "-m", "base")
-    _git(workspace, "tag", "base")
+    _git(runner, workspace, "init", "-q", "-b", "patched")
+    _git(runner, workspace, "add", "-A", "-f")
+    _git(runner, workspace, "commit", "-q", "--allow-empty", "-m", "base")
+    _git(runner, workspace, "tag", "base")
     for patch in patches:
-        applied = _git(
-            workspace, "apply", "--index", "--whitespace=nowarn", str(patch.path.resolve()), check=False
-        )
-        if applied.returncode != 0:
+        apply = ("apply", "--index", "--whitespace=nowarn", str(patch.path.resolve()))
+        applied = _git(runner, workspace, *apply, check=False)
+        if applied.exit_code != 0:
             raise PatchError(
                 f"patch {patch.name} does not apply to the current source: {applied.stderr.strip()}",
                 patch=patch.name,
                 hint="run `invoke patches.check` to see where it fails",
             )
-        _git(workspace, "commit", "-q", "--allow-empty", "-m", patch.name)
+        _git(runner, workspace, "commit", "-q", "--allow-empty", "-m", patch.name)
     return workspace
 
 
-def _conflict_hunks(workspace: Path) -> dict[str, list[str]]:
-    files = _git(workspace, "diff", "--name-only", "--diff-filter=U").stdout.split()
+def _conflict_hunks(runner: ProcessRunner, workspace: Path) -> dict[str, list[str]]:
+    files = _git(runner, workspace, "diff", "--name-only", "--diff-filter=U").stdout.split()
     report: dict[str, list[str]] = {}
     for name in files:
         hunks = []
@@ -197,10 +192,10 @@ def _header(original: str) -> str:
     return original[:index] if index > 0 else ""
 
 
-def _render_patch(workspace: Path, revision: str, original: str) -> str:
+def _render_patch(runner: ProcessRunner, workspace: Path, revision: str, original: str) -> str:
     diff = _git(
-        workspace, "diff", "--no-color", "--no-ext-diff", "--no-renames", "--src-prefix=a/", "--dst-prefix=b/",
-        "-U3", f"{revision}~1", revision,
+        runner, workspace, "diff", "--no-color", "--no-ext-diff", "--no-renames", "--src-prefix=a/",
+        "--dst-prefix=b/", "-U3", f"{revision}~1", revision,
     ).stdout  # fmt: skip
     # `index <blob>..<blob>` lines carry content hashes that say nothing to git apply; drop them for clean diffs.
     diff = "".join(line for line in diff.splitlines(keepends=True) if not line.startswith("index "))
@@ -213,6 +208,7 @@ def refresh_series(
     new_tree: Path,
     *,
     reporter: Reporter = null_reporter,
+    runner: ProcessRunner = LOCAL,
 ) -> RefreshResult:
     """Re-apply ``series`` (made for ``old_tree``) onto ``new_tree`` with 3-way merges and rewrite the patches.
 
@@ -221,38 +217,40 @@ def refresh_series(
     """
     patches = read_series(series)
     directory = series_dir(series)
-    workspace = create_workspace(old_tree, patches, "refresh")
-    _git(workspace, "checkout", "-q", "-b", "upstream", "base")
+    workspace = create_workspace(old_tree, patches, "refresh", runner)
+    _git(runner, workspace, "checkout", "-q", "-b", "upstream", "base")
     _copy_tree(new_tree, workspace)
-    _git(workspace, "add", "-A", "-f")
-    _git(workspace, "commit", "-q", "--allow-empty", "-m", "new upstream")
-    _git(workspace, "checkout", "-q", "-b", "refreshed")
+    _git(runner, workspace, "add", "-A", "-f")
+    _git(runner, workspace, "commit", "-q", "--allow-empty", "-m", "new upstream")
+    _git(runner, workspace, "checkout", "-q", "-b", "refreshed")
 
     conflicts: list[ConflictReport] = []
-    commits = _git(workspace, "rev-list", "--reverse", "base..patched").stdout.split()
+    commits = _git(runner, workspace, "rev-list", "--reverse", "base..patched").stdout.split()
     for index, (patch, commit) in enumerate(zip(patches, commits, strict=True), start=1):
         reporter(
             Event("progress", f"merging {patch.name}", stage="refresh", completed=index, total=len(patches))
         )
-        if _git(workspace, "cherry-pick", "--allow-empty", commit, check=False).returncode == 0:
+        if _git(runner, workspace, "cherry-pick", "--allow-empty", commit, check=False).exit_code == 0:
             continue
         # Record the conflict, then go on without this patch so every conflicting patch gets reported.
-        conflicts.append(ConflictReport(patch.name, _conflict_hunks(workspace)))
-        _git(workspace, "cherry-pick", "--abort", check=False)
+        conflicts.append(ConflictReport(patch.name, _conflict_hunks(runner, workspace)))
+        _git(runner, workspace, "cherry-pick", "--abort", check=False)
     if conflicts:
-        _restore_first_conflict(workspace, patches, commits, conflicts[0].patch)
+        _restore_first_conflict(runner, workspace, patches, commits, conflicts[0].patch)
         return RefreshResult(workspace, (), tuple(conflicts), ())
 
-    return _rewrite(directory, patches, workspace)
+    return _rewrite(runner, directory, patches, workspace)
 
 
-def _rewrite(directory: Path, patches: list[PatchRef], workspace: Path) -> RefreshResult:
+def _rewrite(
+    runner: ProcessRunner, directory: Path, patches: list[PatchRef], workspace: Path
+) -> RefreshResult:
     """Regenerate every patch from the ``refreshed`` branch; only files whose bytes change are written."""
     changed: list[str] = []
-    revisions = _git(workspace, "rev-list", "--reverse", "upstream..refreshed").stdout.split()
+    revisions = _git(runner, workspace, "rev-list", "--reverse", "upstream..refreshed").stdout.split()
     for patch, revision in zip(patches, revisions, strict=True):
         original = patch.path.read_text(encoding="utf-8")
-        rendered = _render_patch(workspace, revision, original)
+        rendered = _render_patch(runner, workspace, revision, original)
         if rendered != original:
             changed.append(patch.name)
             (directory / patch.name).write_text(rendered, encoding="utf-8")
@@ -260,7 +258,7 @@ def _rewrite(directory: Path, patches: list[PatchRef], workspace: Path) -> Refre
 
 
 def continue_refresh(
-    series: str | Path, workspace: Path, *, reporter: Reporter = null_reporter
+    series: str | Path, workspace: Path, *, reporter: Reporter = null_reporter, runner: ProcessRunner = LOCAL
 ) -> RefreshResult:
     """After the user resolved a conflict in ``workspace``: finish that patch, merge the rest, rewrite."""
     state_file = workspace / ".git" / "llamaforge-refresh.json"
@@ -269,18 +267,18 @@ def continue_refresh(
             f"{workspace} has no refresh in progress", hint="start one with `patches.refresh --to`"
         )
     state = json.loads(state_file.read_text(encoding="utf-8"))
-    _git(workspace, "add", "-A", "-f")
-    if _conflict_hunks(workspace) or re.search(
-        r"^<<<<<<< ", _git(workspace, "diff", "--cached").stdout, re.M
+    _git(runner, workspace, "add", "-A", "-f")
+    if _conflict_hunks(runner, workspace) or re.search(
+        r"^<<<<<<< ", _git(runner, workspace, "diff", "--cached").stdout, re.M
     ):
         raise LlamaforgeError(
             f"{workspace} still has conflict markers", hint="resolve every <<<<<<< block, then continue"
         )
-    _git(workspace, "-c", "core.editor=true", "cherry-pick", "--continue", check=False)
-    if _git(workspace, "rev-parse", "-q", "--verify", "CHERRY_PICK_HEAD", check=False).returncode == 0:
-        _git(workspace, "commit", "-q", "--allow-empty", "-m", state["stopped_at"])
+    _git(runner, workspace, "-c", "core.editor=true", "cherry-pick", "--continue", check=False)
+    if _git(runner, workspace, "rev-parse", "-q", "--verify", "CHERRY_PICK_HEAD", check=False).exit_code == 0:
+        _git(runner, workspace, "commit", "-q", "--allow-empty", "-m", state["stopped_at"])
     patches = read_series(series)
-    commits = _git(workspace, "rev-list", "--reverse", "base..patched").stdout.split()
+    commits = _git(runner, workspace, "rev-list", "--reverse", "base..patched").stdout.split()
     remaining = set(state["remaining"])
     for index, (patch, commit) in enumerate(zip(patches, commits, strict=True), start=1):
         if patch.name not in remaining:
@@ -288,28 +286,32 @@ def continue_refresh(
         reporter(
             Event("progress", f"merging {patch.name}", stage="refresh", completed=index, total=len(patches))
         )
-        if _git(workspace, "cherry-pick", "--allow-empty", commit, check=False).returncode != 0:
+        if _git(runner, workspace, "cherry-pick", "--allow-empty", commit, check=False).exit_code != 0:
             rest = [p.name for p in patches[index:]]
             state_file.write_text(json.dumps({"stopped_at": patch.name, "remaining": rest}), encoding="utf-8")
-            return RefreshResult(workspace, (), (ConflictReport(patch.name, _conflict_hunks(workspace)),), ())
+            return RefreshResult(
+                workspace, (), (ConflictReport(patch.name, _conflict_hunks(runner, workspace)),), ()
+            )
     state_file.unlink()
-    return _rewrite(series_dir(series), patches, workspace)
+    return _rewrite(runner, series_dir(series), patches, workspace)
 
 
-def _restore_first_conflict(workspace: Path, patches: list[PatchRef], commits: list[str], name: str) -> None:
+def _restore_first_conflict(
+    runner: ProcessRunner, workspace: Path, patches: list[PatchRef], commits: list[str], name: str
+) -> None:
     """Rebuild the ``refreshed`` branch up to the first conflicting patch and leave its merge in progress."""
-    _git(workspace, "checkout", "-q", "-B", "refreshed", "upstream")
+    _git(runner, workspace, "checkout", "-q", "-B", "refreshed", "upstream")
     for patch, commit in zip(patches, commits, strict=True):
-        picked = _git(workspace, "cherry-pick", commit, check=False)
+        picked = _git(runner, workspace, "cherry-pick", commit, check=False)
         if patch.name == name:
             state = {"stopped_at": name, "remaining": [p.name for p in patches[patches.index(patch) + 1 :]]}
             (workspace / ".git" / "llamaforge-refresh.json").write_text(json.dumps(state), encoding="utf-8")
             return
-        if picked.returncode != 0:  # pragma: no cover - earlier patches merged cleanly in the first pass
+        if picked.exit_code != 0:  # pragma: no cover - earlier patches merged cleanly in the first pass
             return
 
 
-def new_patch(series: str | Path, workspace: Path, name: str) -> Path:
+def new_patch(series: str | Path, workspace: Path, name: str, runner: ProcessRunner = LOCAL) -> Path:
     """Write the uncommitted changes of ``workspace`` as ``NNNN-name.patch`` at the end of ``series``."""
     directory = series_dir(series)
     if not (workspace / ".git").is_dir():
@@ -318,15 +320,15 @@ def new_patch(series: str | Path, workspace: Path, name: str) -> Path:
         )
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise LlamaforgeError(f"patch name {name!r} is not a plain file name", hint="e.g. qwen35-fix")
-    _git(workspace, "add", "-A", "-f")
-    if not _git(workspace, "diff", "--cached", "--name-only").stdout.strip():
+    _git(runner, workspace, "add", "-A", "-f")
+    if not _git(runner, workspace, "diff", "--cached", "--name-only").stdout.strip():
         raise LlamaforgeError(f"no changes in {workspace}", hint="edit the source in the workspace first")
-    _git(workspace, "commit", "-q", "-m", name)
+    _git(runner, workspace, "commit", "-q", "-m", name)
     existing = read_series(directory)
     numbers = [int(m.group(1)) for p in existing if (m := re.match(r"(\d+)-", p.name))]
     filename = f"{(max(numbers) if numbers else 0) + 1:04d}-{name}.patch"
     header = f"From: llamaforge patches.new\nSubject: {name}\n\n"
-    (directory / filename).write_text(_render_patch(workspace, "HEAD", header), encoding="utf-8")
+    (directory / filename).write_text(_render_patch(runner, workspace, "HEAD", header), encoding="utf-8")
     listing = directory / "series"
     current = listing.read_text(encoding="utf-8") if listing.is_file() else ""
     listing.write_text(current + ("" if current.endswith("\n") or not current else "\n") + filename + "\n")

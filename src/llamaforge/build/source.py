@@ -12,7 +12,6 @@ import hashlib
 import os
 import shutil
 import ssl
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -29,6 +28,7 @@ from llamaforge.build.recipes import ArchiveSource, GitSource, PypiSdistSource
 from llamaforge.core.errors import ChecksumMismatch, SourceError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.paths import home
+from llamaforge.runners.process import LOCAL, ProcessResult, ProcessRunner
 
 SourceSpec = GitSource | ArchiveSource | PypiSdistSource
 _CHUNK = 1 << 20
@@ -97,7 +97,11 @@ def _download(url: str, target: Path, reporter: Reporter, cancel: CancelToken | 
 
 
 def _fetch_archive_file(
-    source: ArchiveSource | PypiSdistSource, directory: Path, reporter: Reporter, cancel: CancelToken | None
+    source: ArchiveSource | PypiSdistSource,
+    directory: Path,
+    reporter: Reporter,
+    cancel: CancelToken | None,
+    runner: ProcessRunner,
 ) -> Path:
     """Return a verified archive file for ``source`` under ``directory`` (downloading if needed)."""
     final = directory / f"{source.sha256}.archive"
@@ -120,9 +124,9 @@ def _fetch_archive_file(
                 sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                 "--disable-pip-version-check", "-d", scratch, f"{source.package}=={source.version}",
             ]  # fmt: skip
-            result = subprocess.run(command, capture_output=True, text=True)
+            result = runner.run(command, cancel=cancel, warn=True)
             files = list(Path(scratch).iterdir())
-            if result.returncode != 0 or len(files) != 1:
+            if result.exit_code != 0 or len(files) != 1:
                 raise SourceError(
                     f"pip could not download {source.package}=={source.version}: "
                     + (result.stderr.strip().splitlines() or ["no file"])[-1],
@@ -179,33 +183,40 @@ def _extract(archive: Path, subdir: str, target: Path, cancel: CancelToken | Non
         raise SourceError(f"archive {archive} has nothing under {subdir!r}", hint="fix source.subdir")
 
 
-def _git_checkout(source: GitSource, target: Path, reporter: Reporter) -> None:
-    def git(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+def _git_checkout(
+    source: GitSource, target: Path, reporter: Reporter, cancel: CancelToken | None, runner: ProcessRunner
+) -> None:
+    def git(*args: str, cwd: Path | None = None) -> ProcessResult:
+        return runner.run(["git", *args], cwd=cwd, cancel=cancel, warn=True)
 
     reporter(Event("info", f"git clone {source.url}", stage="source"))
     clone = git("clone", "--quiet", "--no-checkout", source.url, str(target))
-    if clone.returncode != 0:
+    if clone.exit_code != 0:
         raise SourceError(
             f"git clone {source.url} failed: {clone.stderr.strip()}",
             hint="check the URL and network, or use an archive source with a mirror directory",
         )
-    if git("cat-file", "-e", f"{source.commit}^{{commit}}", cwd=target).returncode != 0:
+    if git("cat-file", "-e", f"{source.commit}^{{commit}}", cwd=target).exit_code != 0:
         raise SourceError(
             f"commit {source.commit} not found in {source.url}",
             hint="check source.commit in the recipe (a full 40-hex commit of that repository)",
         )
     checkout = git("checkout", "--quiet", "--detach", source.commit, cwd=target)
     head = git("rev-parse", "HEAD", cwd=target).stdout.strip()
-    if checkout.returncode != 0 or head != source.commit:
+    if checkout.exit_code != 0 or head != source.commit:
         raise SourceError(f"could not check out {source.commit}: {checkout.stderr.strip()}")
     shutil.rmtree(target / ".git")
 
 
 def fetch_source(
-    source: SourceSpec, *, reporter: Reporter = null_reporter, cancel: CancelToken | None = None
+    source: SourceSpec,
+    *,
+    reporter: Reporter = null_reporter,
+    cancel: CancelToken | None = None,
+    runner: ProcessRunner = LOCAL,
 ) -> Path:
-    """Return the cached, verified source tree for ``source``, fetching it first if needed."""
+    """Return the cached, verified source tree for ``source``, fetching it first if needed (``runner`` runs
+    git and pip)."""
     root = home() / "sources"
     root.mkdir(parents=True, exist_ok=True)
     entry = root / source_id(source)
@@ -223,9 +234,9 @@ def fetch_source(
             staged.mkdir()
             if isinstance(source, GitSource):
                 shutil.rmtree(staged)
-                _git_checkout(source, staged, reporter)
+                _git_checkout(source, staged, reporter, cancel, runner)
             else:
-                archive = _fetch_archive_file(source, downloads, reporter, cancel)
+                archive = _fetch_archive_file(source, downloads, reporter, cancel, runner)
                 reporter(Event("info", f"extracting {archive.name}", stage="source"))
                 _extract(archive, source.subdir, staged, cancel)
             (scratch / "complete").write_text(source_id(source) + "\n", encoding="utf-8")

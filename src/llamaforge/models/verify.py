@@ -10,11 +10,11 @@ sha256 stored, so a cache hit neither re-parses nor re-hashes.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import re
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterable, Mapping
@@ -29,6 +29,9 @@ from llamaforge.core.paths import home
 from llamaforge.gguf.header import GGUFHeader, LongString, read_header
 from llamaforge.models.inspect import array_length, describe, layer_kinds
 from llamaforge.models.recipes import ModelRecipe
+from llamaforge.runners.process import LOCAL, ProcessRunner
+from llamaforge.serve.launcher import LlamaFlags, cli_argv
+from llamaforge.serve.loadlog import parse_load_log
 
 Status = Literal["ok", "warn", "fail", "skipped"]
 CHECKS: Final = ("header", "sha256", "structure", "tensors", "expectations", "template", "load")
@@ -494,22 +497,6 @@ def analyse_header(header: GGUFHeader) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------- load check
 
-_BUFFER_LINES: Final = (
-    ("model", re.compile(r"load_tensors:\s+(\S+) model buffer size =\s*([\d.]+) MiB")),
-    ("kv", re.compile(r"llama_kv_cache:\s+(\S+) KV buffer size =\s*([\d.]+) MiB")),
-    ("recurrent", re.compile(r"llama_memory_recurrent:\s+(\S+) RS buffer size =\s*([\d.]+) MiB")),
-    ("output", re.compile(r"llama_context:\s+(\S+)\s+output buffer size =\s*([\d.]+) MiB")),
-    ("compute", re.compile(r":\s+(\S+) compute buffer size =\s*([\d.]+) MiB")),
-)
-
-_SIZE_LINES: Final = (
-    ("kv_cache", re.compile(r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers")),
-    (
-        "recurrent_state",
-        re.compile(r"llama_memory_recurrent: size =\s*([\d.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers"),
-    ),
-)
-
 
 def llama_cli(build: Path) -> Path:
     """The ``llama-cli`` of a build directory (or its ``bin/``), or the binary itself."""
@@ -521,58 +508,35 @@ def llama_cli(build: Path) -> Path:
     )
 
 
-def parse_load_log(lines: Iterable[str]) -> dict[str, Any]:
-    """Buffers llama.cpp reports while loading (MiB per backend buffer), from the last load in the log."""
-    buffers: dict[str, dict[str, float]] = {}
-    facts: dict[str, Any] = {}
-    for line in lines:
-        if "llama_model_loader: loaded meta data" in line:
-            buffers, facts = {}, {}  # the fit pass loads once without allocating; keep the real load
-        for kind, pattern in _BUFFER_LINES:
-            match = pattern.search(line)
-            if match:
-                buffers.setdefault(kind, {})[match.group(1)] = float(match.group(2))
-        for key, size_pattern in _SIZE_LINES:
-            match = size_pattern.search(line)
-            if match:
-                facts[key] = {
-                    "mib": float(match.group(1)),
-                    "cells": int(match.group(2)),
-                    "layers": int(match.group(3)),
-                }
-        match = re.search(r"model params\s*=\s*(.+)$", line)
-        if match:
-            facts["model_params"] = match.group(1).strip()
-    return {"buffers_mib": buffers, **facts}
-
-
-def load_check(path: Path, build: Path, *, context: int = 512, timeout: float = 600.0,
-               reporter: Reporter = null_reporter, cancel: CancelToken | None = None) -> dict[str, Any]:  # fmt: skip
+def load_check(
+    path: Path,
+    build: Path,
+    *,
+    context: int = 512,
+    timeout: float = 600.0,
+    reporter: Reporter = null_reporter,
+    cancel: CancelToken | None = None,
+    runner: ProcessRunner = LOCAL,
+) -> dict[str, Any]:
     """Load ``path`` with the build's ``llama-cli`` (one token, ``-fit off``, verbose log) and report the
     buffers llama.cpp allocated, or why it refused the file."""
-    cancel = cancel or CancelToken()
     binary = llama_cli(build)
-    command = [str(binary), "-m", str(path), "-n", "1", "-p", "hi", "-st", "--simple-io", "-c", str(context),
-               "-fit", "off", "--no-warmup", "-v"]  # fmt: skip
+    flags = LlamaFlags(ctx=context, fit="off", warmup=False, verbose=True)
+    command = cli_argv(binary, path, flags, prompt="hi", n_predict=1)
     reporter(Event("stage", f"loading {path.name} with {binary}", stage="verify"))
-    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as log:
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-        remove = cancel.on_cancel(process.kill)
-        try:
-            returncode = process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            returncode = process.wait()
-        finally:
-            remove()
-        cancel.raise_if_cancelled()
-        log.seek(0)
-        lines = log.read().splitlines()
-    result = parse_load_log(lines)
+    run = runner.run(command, merge_stderr=True, timeout_s=timeout, cancel=cancel, warn=True)
+    lines = run.stdout.splitlines()
+    loaded = parse_load_log(lines)
     errors = [line for line in lines if re.search(r"\bE\b.*(error|failed)|error:", line)]
-    result.update({"command": command, "returncode": returncode, "context": context,
-                   "loaded": returncode == 0 and "model" in result["buffers_mib"], "errors": errors[-10:],
-                   "tail": lines[-15:] if returncode else []})  # fmt: skip
+    result: dict[str, Any] = {"buffers_mib": loaded.buffers_mib()}
+    for name, cache in (("kv_cache", loaded.kv_cache), ("recurrent_state", loaded.recurrent_state)):
+        if cache is not None:
+            result[name] = dataclasses.asdict(cache)
+    if loaded.model_params is not None:
+        result["model_params"] = loaded.model_params
+    result.update({"command": command, "returncode": run.exit_code, "context": context,
+                   "loaded": run.ok and "weights" in loaded.buffers, "errors": errors[-10:],
+                   "tail": lines[-15:] if run.exit_code else []})  # fmt: skip
     return result
 
 
@@ -587,6 +551,7 @@ def verify_model(
     use_cache: bool = True,
     reporter: Reporter = null_reporter,
     cancel: CancelToken | None = None,
+    runner: ProcessRunner = LOCAL,
 ) -> VerifyReport:
     """Verify the GGUF at ``path`` (against ``recipe`` when given): header pre-parse, sha256, structure,
     expectations, tensor set, quant histogram, chat template audit and, with ``load_check_build``, a real load.
@@ -635,7 +600,7 @@ def verify_model(
         recipe=recipe.name if recipe else None, cached=entry is not None, checks_run=checks_run,
     )  # fmt: skip
     if load_check_build is not None:
-        result = load_check(file, load_check_build, reporter=reporter, cancel=cancel)
+        result = load_check(file, load_check_build, reporter=reporter, cancel=cancel, runner=runner)
         report.load_check = result
         report.checks_run.add("load")
         if not result["loaded"]:

@@ -10,11 +10,14 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from llamaforge.build.plan import BuildPlan
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.events import CancelToken, Event, Reporter
+
+if TYPE_CHECKING:
+    # Only for annotations: build modules import runners.process, so runners must not import build at load.
+    from llamaforge.build.plan import BuildPlan
 
 TAIL_LINES = 40
 

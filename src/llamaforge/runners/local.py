@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -15,12 +13,16 @@ from llamaforge.core.errors import BuildFailed, InvalidOption
 from llamaforge.core.events import Reporter
 from llamaforge.core.paths import home
 from llamaforge.runners import RunRequest
+from llamaforge.runners.process import LOCAL, ProcessRunner
 
 
 class LocalExecutor:
     """Executor that runs the build script directly on this machine (no Docker)."""
 
     name = "local"
+
+    def __init__(self, runner: ProcessRunner = LOCAL) -> None:
+        self.runner = runner
 
     def peek_environment_id(self, plan: BuildPlan) -> str | None:
         """Fingerprint of the host toolchain, or None when a required tool is missing (changes nothing)."""
@@ -46,17 +48,17 @@ class LocalExecutor:
                 if tool.optional:
                     continue
                 raise InvalidOption(f"the local executor needs {tool.name!r} on PATH", hint=tool.hint or None)
-            first = subprocess.run([path, "--version"], capture_output=True, text=True).stdout.splitlines()
+            first = self.runner.run([path, "--version"], warn=True).stdout.splitlines()
             versions.append(f"{tool.name}={first[0] if first else '?'}")
         return "local:" + hashlib.sha256("\n".join(versions).encode()).hexdigest()[:32]
 
     def run(self, request: RunRequest) -> None:
-        """Run the build script as a host process; the process group is killed on cancel or Ctrl-C."""
+        """Run the build script as a host process (through the process runner, which kills its whole process
+        group on cancel or Ctrl-C)."""
         with tempfile.TemporaryDirectory(prefix="llamaforge-build-") as scratch:
             script = Path(scratch) / request.plan.script.name
             script.write_text(request.plan.script.text, encoding="utf-8")
             environment = {
-                **os.environ,
                 "LLAMAFORGE_SRC": str(request.source_tree),
                 "LLAMAFORGE_BUILD": str(Path(scratch) / "build"),
                 "LLAMAFORGE_OUT": str(request.out_dir),
@@ -67,35 +69,19 @@ class LocalExecutor:
             if not request.use_ccache:
                 environment["CCACHE_DISABLE"] = "1"
             command = request.plan.script.command(str(script))
-            process = subprocess.Popen(
-                command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=environment,
-                start_new_session=True, errors="replace",
-            )  # fmt: skip
-
-            def kill() -> None:
-                if process.poll() is None:
-                    os.killpg(process.pid, 9)
-
-            remove = request.cancel.on_cancel(kill)
-            try:
-                assert process.stdout is not None
-                for line in process.stdout:
-                    request.log(line.rstrip("\n"))
-                code = process.wait()
-            except BaseException:
-                kill()
-                process.wait()
-                raise
-            finally:
-                remove()
-                if process.stdout is not None:
-                    process.stdout.close()
-            request.cancel.raise_if_cancelled()
-            if code != 0:
+            result = self.runner.run(
+                command,
+                env=environment,
+                merge_stderr=True,
+                on_line=request.log,
+                cancel=request.cancel,
+                warn=True,
+            )
+            if result.exit_code != 0:
                 raise BuildFailed(
-                    f"the build failed on this host (exit code {code})",
+                    f"the build failed on this host (exit code {result.exit_code})",
                     command=command,
-                    returncode=code,
+                    returncode=result.exit_code,
                     tail=list(request.log.tail),
                     log_path=str(request.log.path),
                     hint="read the full log; a compiler error usually points at a patch or a cmake option",

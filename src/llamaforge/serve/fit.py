@@ -35,15 +35,19 @@ import difflib
 import math
 import re
 import shlex
+import tempfile
 import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from llamaforge.core.errors import DoesNotFit, InvalidOption
+from llamaforge.core.errors import DoesNotFit, InvalidOption, ToolFailed
 from llamaforge.core.paths import data_dir
 from llamaforge.gguf.header import GGML_TYPES, GGUFHeader, TensorInfo, read_header
+from llamaforge.runners.process import LOCAL, ProcessRunner
+from llamaforge.serve.launcher import LlamaFlags, LlamaServer, ServerLaunch, Switch
+from llamaforge.serve.loadlog import LoadLog, parse_load_log
 
 if TYPE_CHECKING:
     from llamaforge.gguf.tiny import TinyModelSpec
@@ -599,15 +603,15 @@ def _bytes_per_token(
     return int(read["gpu"]), int(read["host"])
 
 
-def _flags(model: str, settings: Settings, ngl: int, n_cpu_moe: int, flash_attn_flag: str) -> tuple[str, ...]:
-    flags = ["-m", model, "-ngl", str(ngl)]
-    if n_cpu_moe:
-        flags += ["--n-cpu-moe", str(n_cpu_moe)]
-    flags += ["-c", str(settings.ctx * settings.parallel), "--parallel", str(settings.parallel)]
-    flags += ["-ctk", settings.cache_type_k, "-ctv", settings.cache_type_v, "-fa", flash_attn_flag]
-    if settings.ubatch != 512:
-        flags += ["-ub", str(settings.ubatch)]
-    return tuple(flags)
+def _flags(
+    model: str, settings: Settings, ngl: int, n_cpu_moe: int, flash_attn_flag: Switch
+) -> tuple[str, ...]:
+    flags = LlamaFlags(
+        n_gpu_layers=ngl, n_cpu_moe=n_cpu_moe or None, ctx=settings.ctx * settings.parallel,
+        parallel=settings.parallel, cache_type_k=settings.cache_type_k, cache_type_v=settings.cache_type_v,
+        flash_attn=flash_attn_flag, ubatch=settings.ubatch if settings.ubatch != 512 else None,
+    )  # fmt: skip
+    return ("-m", model, *flags.args())
 
 
 def _load(model: str | Path | GGUFHeader) -> tuple[str, GGUFHeader]:
@@ -706,7 +710,7 @@ def plan_fit(
     if bandwidth:
         seconds = gpu_bytes / (bandwidth * 1e9) + host_bytes / (ram_bandwidth_gbs * 1e9)
         ceiling = 1.0 / seconds if seconds > 0 else math.inf
-    fa_flag = "auto" if flash_attn == "auto" else ("on" if settings.flash_attn else "off")
+    fa_flag: Switch = "auto" if flash_attn == "auto" else ("on" if settings.flash_attn else "off")
     return FitPlan(
         model=name, arch=shape.arch, gpu=card.name if card else None, vram_bytes=vram,
         margin_bytes=margin_bytes, settings=settings, n_layer=shape.n_layer,
@@ -777,81 +781,34 @@ def synthetic_header(
 
 # ------------------------------------------------------------------------------ llama.cpp's own figures
 
-_BUFFER_LINES: Final = (
-    ("weights", re.compile(r"load_tensors:\s+(\S+) model buffer size =\s*([\d.]+) MiB")),
-    ("kv_cache", re.compile(r"llama_kv_cache:\s+(\S+) KV buffer size =\s*([\d.]+) MiB")),
-    ("recurrent_state", re.compile(r"llama_memory_recurrent:\s+(\S+) RS buffer size =\s*([\d.]+) MiB")),
-    ("compute", re.compile(r"sched_reserve:\s+(\S+) compute buffer size =\s*([\d.]+) MiB")),
-    ("output", re.compile(r"llama_context:\s+(\S+)\s+output buffer size =\s*([\d.]+) MiB")),
-)
-
-
-@dataclass(frozen=True)
-class ReportedBuffers:
-    """The buffers llama.cpp printed while loading: ``{category: {buffer type: bytes}}`` (MiB, 2 decimals)."""
-
-    buffers: dict[str, dict[str, int]]
-
-    def total(self, category: str) -> int:
-        """Bytes of ``category`` over all buffer types (0 when llama.cpp printed none)."""
-        return sum(self.buffers.get(category, {}).values())
-
-
-def parse_load_log(text: str) -> ReportedBuffers:
-    """Read the ``... buffer size = X MiB`` lines of a llama.cpp load log (llama-server, llama-cli)."""
-    buffers: dict[str, dict[str, int]] = {}
-    for line in text.splitlines():
-        for category, pattern in _BUFFER_LINES:
-            match = pattern.search(line)
-            if match:
-                per_type = buffers.setdefault(category, {})
-                per_type[match.group(1)] = per_type.get(match.group(1), 0) + round(
-                    float(match.group(2)) * MiB
-                )
-    return ReportedBuffers(buffers)
-
 
 def measure_with_llamacpp(
-    llama_server: Path, model: Path, settings: Settings, *, timeout_s: float = 120.0, threads: int = 1
-) -> ReportedBuffers:
+    llama_server: Path,
+    model: Path,
+    settings: Settings,
+    *,
+    timeout_s: float = 120.0,
+    threads: int = 1,
+    runner: ProcessRunner = LOCAL,
+) -> LoadLog:
     """Load ``model`` in ``llama_server`` with ``settings`` and return the buffers it reports (CPU builds
-    report everything as host buffers). The server is stopped as soon as it says it loaded the model."""
-    import socket
-    import subprocess
-    import time
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    command = [
-        str(llama_server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-lv", "4",
-        "-fit", "off", "--no-warmup", "-t", str(threads), "-c", str(settings.ctx * settings.parallel),
-        "-np", str(settings.parallel), "--no-kv-unified", "-ub", str(settings.ubatch),
-        "-b", str(max(_N_BATCH, settings.ubatch)), "-ctk", settings.cache_type_k, "-ctv", settings.cache_type_v,
-        "-fa", "on" if settings.flash_attn else "off",
-    ]  # fmt: skip
-    lines: list[str] = []
-    deadline = time.monotonic() + timeout_s
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as process:
-        assert process.stdout is not None
-        try:
-            for line in process.stdout:
-                lines.append(line)
-                if "model loaded" in line or "listening on" in line or time.monotonic() > deadline:
-                    break
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-    reported = parse_load_log("".join(lines))
+    report everything as host buffers). The server is stopped as soon as it serves the model."""
+    flags = LlamaFlags(
+        ctx=settings.ctx * settings.parallel, parallel=settings.parallel, cache_type_k=settings.cache_type_k,
+        cache_type_v=settings.cache_type_v, flash_attn="on" if settings.flash_attn else "off",
+        ubatch=settings.ubatch, batch=max(_N_BATCH, settings.ubatch), threads=threads, fit="off", warmup=False,
+        kv_unified=False, log_verbosity=4,
+    )  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="llamaforge-fit-") as scratch:
+        launch = ServerLaunch(
+            llama_server, model, flags, Path(scratch) / "server.log", load_timeout_s=timeout_s
+        )
+        with LlamaServer(launch, runner=runner) as server:
+            lines = server.load_log
+    reported = parse_load_log(lines)
     if not reported.buffers.get("compute"):
-        from llamaforge.core.errors import ToolFailed
-
         raise ToolFailed(
-            f"llama-server did not finish loading {model.name}", command=command,
-            returncode=process.returncode or 0, tail=[line.rstrip() for line in lines[-15:]],
+            f"llama-server did not report its buffers loading {model.name}", command=server.command,
+            returncode=0, tail=lines[-15:],
         )  # fmt: skip
     return reported

@@ -1,62 +1,17 @@
-"""Smoke stage 1: llama-bench prompt processing (pp) and token generation (tg), parsed from ``-o json``.
-
-Also home of :func:`run_tool`, the cancellable way the smoke stages run a llama.cpp binary with its output
-in files of the run directory.
-"""
+"""Smoke stage 1: llama-bench prompt processing (pp) and token generation (tg), parsed from ``-o json``."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from llamaforge.core.errors import SmokeFailed, ToolFailed
+from llamaforge.core.errors import SmokeFailed
 from llamaforge.core.events import CancelToken
+from llamaforge.runners.process import LOCAL, ProcessRunner
 
 TestKind = Literal["pp", "tg", "pg"]
-
-
-def log_tail(path: Path, lines: int = 15) -> list[str]:
-    """The last ``lines`` lines of a log file (empty when it does not exist)."""
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
-    return text.splitlines()[-lines:]
-
-
-def run_tool(
-    command: list[str], *, stdout: Path, stderr: Path, timeout_s: float, cancel: CancelToken, what: str
-) -> None:
-    """Run ``command`` with its output in files; kill it on cancel or timeout; ToolFailed on a non-zero exit."""
-    with stdout.open("wb") as out, stderr.open("wb") as err:
-        process = subprocess.Popen(command, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
-        unregister = cancel.on_cancel(process.kill)
-        try:
-            deadline = time.monotonic() + timeout_s
-            while process.poll() is None:
-                if time.monotonic() > deadline:
-                    raise ToolFailed(
-                        f"{what} did not finish within {timeout_s:.0f} s", command=command, returncode=-9,
-                        tail=log_tail(stderr), log_path=str(stderr), hint="raise the timeout or use fewer tokens",
-                    )  # fmt: skip
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=0.1)
-            cancel.raise_if_cancelled()
-        finally:
-            unregister()
-            if process.poll() is None:
-                process.kill()
-            process.wait()
-    if process.returncode != 0:
-        raise ToolFailed(
-            f"{what} failed", command=command, returncode=process.returncode, tail=log_tail(stderr),
-            log_path=str(stderr), hint="the log says why, e.g. a model file llama.cpp cannot load",
-        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -180,9 +135,15 @@ def run_llama_bench(
     threads: int | None,
     timeout_s: float,
     cancel: CancelToken,
+    runner: ProcessRunner = LOCAL,
 ) -> BenchRun:
-    """Run llama-bench (``bench.json`` and ``bench.log`` in ``run_dir``) and parse its result."""
+    """Run llama-bench through ``runner`` (``bench.json`` and ``bench.log`` in ``run_dir``) and parse its result."""
     command = bench_command(binary, model, pp=pp, tg=tg, repetitions=repetitions, threads=threads)
-    out, log = run_dir / "bench.json", run_dir / "bench.log"
-    run_tool(command, stdout=out, stderr=log, timeout_s=timeout_s, cancel=cancel, what="llama-bench")
-    return parse_llama_bench(out.read_text(encoding="utf-8"))
+    log = run_dir / "bench.log"
+    log.touch()
+    result = runner.run(
+        command, timeout_s=timeout_s, cancel=cancel, log_path=log, what="llama-bench",
+        hint="the log says why, e.g. a model file llama.cpp cannot load; on a timeout use fewer tokens",
+    )  # fmt: skip
+    (run_dir / "bench.json").write_text(result.stdout, encoding="utf-8")
+    return parse_llama_bench(result.stdout)

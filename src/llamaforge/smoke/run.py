@@ -30,6 +30,8 @@ from llamaforge import __version__
 from llamaforge.core.errors import InvalidOption, LlamaforgeError, ModelError, SmokeFailed
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.paths import home
+from llamaforge.runners.process import LOCAL, ProcessRunner
+from llamaforge.serve.launcher import LlamaFlags, LlamaServer, ServerLaunch
 from llamaforge.smoke.bench import BenchRun, run_llama_bench
 from llamaforge.smoke.roofline import (
     Bandwidth,
@@ -39,7 +41,7 @@ from llamaforge.smoke.roofline import (
     probe_cpu_bandwidth,
     roofline,
 )
-from llamaforge.smoke.server import ChatRequest, LevelRun, LlamaServer, ServerConfig, run_level, stream_chat
+from llamaforge.smoke.server import ChatRequest, LevelRun, run_level, stream_chat
 
 DEFAULT_PROMPT = "Write a short paragraph about the history of the printing press."
 MUST_ANSWER_PROMPT = "What is the capital of France? Answer in one word."
@@ -312,24 +314,29 @@ def new_run_dir(model_label: str, build_key: str) -> tuple[str, Path]:
     raise SmokeFailed(f"cannot create a run directory under {smoke_root()}")
 
 
-def _bench_stage(target: SmokeTarget, options: SmokeOptions, run_dir: Path, cancel: CancelToken) -> BenchRun:
+def _bench_stage(
+    target: SmokeTarget, options: SmokeOptions, run_dir: Path, cancel: CancelToken, runner: ProcessRunner
+) -> BenchRun:
     return run_llama_bench(
         target.binary("llama-bench"), target.model, run_dir, pp=options.pp, tg=options.tg,
         repetitions=options.repetitions, threads=options.threads, timeout_s=options.bench_timeout_s, cancel=cancel,
+        runner=runner,
     )  # fmt: skip
 
 
 def _server_stage(
     target: SmokeTarget, options: SmokeOptions, thresholds: SmokeThresholds, run_dir: Path,
-    reporter: Reporter, cancel: CancelToken,
+    reporter: Reporter, cancel: CancelToken, runner: ProcessRunner,
 ) -> dict[str, Any]:  # fmt: skip
-    config = ServerConfig(
-        binary=target.binary("llama-server"), model=target.model, log_path=run_dir / "server.log",
-        slots=max(options.concurrency), ctx_per_slot=options.ctx_per_slot, threads=options.threads,
+    slots = max(options.concurrency)
+    flags = LlamaFlags(ctx=slots * options.ctx_per_slot, parallel=slots, threads=options.threads,
+                       threads_batch=options.threads)  # fmt: skip
+    launch = ServerLaunch(
+        binary=target.binary("llama-server"), model=target.model, flags=flags, log_path=run_dir / "server.log",
         port=options.port, load_timeout_s=options.load_timeout_s,
     )  # fmt: skip
     data: dict[str, Any] = {}
-    with LlamaServer(config, reporter, cancel) as server:
+    with LlamaServer(launch, reporter, cancel, runner) as server:
         data.update(pid=server.pid, port=server.port, command=server.command, startup_s=server.startup_s,
                     busy_ports=server.busy_ports)  # fmt: skip
         reporter(Event("info", f"llama-server ready on 127.0.0.1:{server.port} in {server.startup_s:.1f} s",
@@ -391,8 +398,11 @@ def run_smoke(
     *,
     reporter: Reporter = null_reporter,
     cancel: CancelToken | None = None,
+    runner: ProcessRunner = LOCAL,
 ) -> dict[str, Any]:
-    """Run the stages, judge, write the run directory; returns the full report (raw samples included)."""
+    """Run the stages, judge, write the run directory; returns the full report (raw samples included).
+
+    ``runner`` starts llama-bench and llama-server (this host by default)."""
     from llamaforge.smoke.report import write_run_files
 
     cancel = cancel or CancelToken()
@@ -417,14 +427,14 @@ def run_smoke(
         if not options.skip_bench:
             reporter(Event("stage", f"llama-bench: pp{options.pp} tg{options.tg} x{options.repetitions}",
                            stage="bench"))  # fmt: skip
-            bench = _bench_stage(target, options, run_dir, cancel)
+            bench = _bench_stage(target, options, run_dir, cancel, runner)
             report["bench"] = dataclasses.asdict(bench)
             report["model"].update(
                 type=bench.model_type, n_params=bench.model_n_params, bytes=bench.model_size
             )
         if not options.skip_server:
             reporter(Event("stage", "llama-server: starting on 127.0.0.1", stage="server"))
-            report["server"] = _server_stage(target, options, thresholds, run_dir, reporter, cancel)
+            report["server"] = _server_stage(target, options, thresholds, run_dir, reporter, cancel, runner)
         cancel.raise_if_cancelled()
         report["roofline"] = _roofline_stage(target, options, bench, reporter)
         report["verdict"] = evaluate(report, thresholds, sources)

@@ -1,0 +1,95 @@
+"""What llama.cpp says while it loads a model: the buffers it allocated, its cache sizes, its parameter count.
+
+One parser for every caller (the fit measurement, ``models.verify --load-check``). Buffers are named like the
+fit planner's :class:`~llamaforge.serve.fit.DeviceMemory`, so a plan and a measurement compare field by field:
+
+========================  ===================================================
+``weights``               ``load_tensors: <type> model buffer size``
+``kv_cache``              ``llama_kv_cache: <type> KV buffer size``
+``recurrent_state``       ``llama_memory_recurrent: <type> RS buffer size``
+``compute``               ``sched_reserve: <type> compute buffer size``
+``output``                ``llama_context: <type> output buffer size``
+========================  ===================================================
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+BufferKind = Literal["weights", "kv_cache", "recurrent_state", "compute", "output"]
+BUFFER_KINDS: Final[tuple[BufferKind, ...]] = ("weights", "kv_cache", "recurrent_state", "compute", "output")
+_MiB: Final = 1 << 20
+
+_BUFFER_LINES: Final[tuple[tuple[BufferKind, re.Pattern[str]], ...]] = (
+    ("weights", re.compile(r"load_tensors:\s+(\S+) model buffer size =\s*([\d.]+) MiB")),
+    ("kv_cache", re.compile(r"llama_kv_cache:\s+(\S+) KV buffer size =\s*([\d.]+) MiB")),
+    ("recurrent_state", re.compile(r"llama_memory_recurrent:\s+(\S+) RS buffer size =\s*([\d.]+) MiB")),
+    ("compute", re.compile(r"sched_reserve:\s+(\S+) compute buffer size =\s*([\d.]+) MiB")),
+    ("output", re.compile(r"llama_context:\s+(\S+)\s+output buffer size =\s*([\d.]+) MiB")),
+)
+_CACHE_SIZE: Final = r": size =\s*([\d.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers"
+_CACHE_LINES: Final = (
+    ("kv_cache", re.compile(r"llama_kv_cache" + _CACHE_SIZE)),
+    ("recurrent_state", re.compile(r"llama_memory_recurrent" + _CACHE_SIZE)),
+)
+_MODEL_PARAMS: Final = re.compile(r"model params\s*=\s*(.+)$")
+# llama.cpp's fit pass reads the file once without allocating; every load starts with this line.
+_LOAD_START: Final = "llama_model_loader: loaded meta data"
+
+
+@dataclass(frozen=True)
+class CacheSize:
+    """A cache llama.cpp sized: MiB, cells (tokens or sequences) and the layers that hold it."""
+
+    mib: float
+    cells: int
+    layers: int
+
+
+@dataclass(frozen=True)
+class LoadLog:
+    """The last load in a llama.cpp log: ``buffers[kind][buffer type]`` in bytes (printed as MiB, 2 decimals)."""
+
+    buffers: dict[BufferKind, dict[str, int]] = field(default_factory=dict)
+    kv_cache: CacheSize | None = None
+    recurrent_state: CacheSize | None = None
+    model_params: str | None = None
+
+    def total(self, kind: BufferKind) -> int:
+        """Bytes of ``kind`` over all buffer types (0 when llama.cpp printed none)."""
+        return sum(self.buffers.get(kind, {}).values())
+
+    def buffers_mib(self) -> dict[str, dict[str, float]]:
+        """The buffers in MiB, as llama.cpp printed them."""
+        return {
+            kind: {name: round(size / _MiB, 2) for name, size in per.items()}
+            for kind, per in self.buffers.items()
+        }
+
+
+def parse_load_log(lines: Iterable[str]) -> LoadLog:
+    """Read the buffer and cache lines of a llama.cpp load log (llama-server, llama-cli); the last load wins."""
+    buffers: dict[BufferKind, dict[str, int]] = {}
+    caches: dict[str, CacheSize] = {}
+    params: str | None = None
+    for line in lines:
+        if _LOAD_START in line:
+            buffers, caches, params = {}, {}, None
+        for kind, pattern in _BUFFER_LINES:
+            match = pattern.search(line)
+            if match:
+                per_type = buffers.setdefault(kind, {})
+                per_type[match.group(1)] = per_type.get(match.group(1), 0) + round(
+                    float(match.group(2)) * _MiB
+                )
+        for name, size_pattern in _CACHE_LINES:
+            match = size_pattern.search(line)
+            if match:
+                caches[name] = CacheSize(float(match.group(1)), int(match.group(2)), int(match.group(3)))
+        match = _MODEL_PARAMS.search(line)
+        if match:
+            params = match.group(1).strip()
+    return LoadLog(buffers, caches.get("kv_cache"), caches.get("recurrent_state"), params)
