@@ -26,13 +26,8 @@ from helpers import write_mini_vocab
 from llamaforge.core.errors import LlamaforgeError, ModelError
 from llamaforge.core.registry import OperationContext, operations
 from llamaforge.gguf import tiny as tinymodels
-from llamaforge.gguf.header import (
-    ArraySummary,
-    BytesSource,
-    GGUFFormatError,
-    HeaderLimits,
-    read_header,
-)
+from llamaforge.gguf.header import ArraySummary, GGUFFormatError, HeaderLimits, read_header
+from llamaforge.gguf.sources import BytesSource
 from llamaforge.gguf.tiny import TensorPlanEntry, TinyModelSpec, write_tiny_model
 from llamaforge.models import verify
 from llamaforge.models.recipes import ModelExpectations, ModelRecipe
@@ -194,6 +189,9 @@ def test_huge_arrays_are_summarised(tmp_path: Path) -> None:
     assert isinstance(header.metadata["tokenizer.ggml.token_type"], ArraySummary)
     kept = read_header(path, limits=HeaderLimits(keep_array_items=10_000))
     assert kept.metadata["tokenizer.ggml.tokens"][-1] == "tok4999"
+    exact = read_header(path, exact=True)  # the rewriting mode keeps every item, as raw bytes
+    assert exact.metadata["tokenizer.ggml.tokens"] == tuple(f"tok{i}".encode() for i in range(5000))
+    assert exact.value_types["tokenizer.ggml.tokens"] == "array[string]"
 
 
 # --------------------------------------------------------------------------------------- corruptions

@@ -9,8 +9,9 @@ copies the tensor bytes unchanged, a few MiB at a time. The output is written ne
 re-read and compared with the input (every metadata key; tensor names, types, shapes and the sha256 of every
 tensor's bytes), and only then renamed into place.
 
-The input is parsed by :mod:`llamaforge.gguf.scan`, which checks every length against the file size (a
-truncated or crafted file is an error, never a hang); the output is written by ``gguf.GGUFWriter``.
+The input is parsed by :func:`llamaforge.gguf.header.read_header` in its byte-exact mode, which checks every
+length against the file size (a truncated or crafted file is an error, never a hang) and keeps every value as
+the file holds it (strings as bytes, arrays whole); the output is written by ``gguf.GGUFWriter``.
 
 Tensors are renamed only for the architectures whose Hugging Face → GGUF conversion changes names and nothing
 else (:data:`llamaforge.models.remap_table.REMAP_ARCHS`: qwen3, qwen3moe); a file of another architecture passes
@@ -36,7 +37,8 @@ import numpy as np
 
 from llamaforge.core.errors import InvalidOption, ModelError, RecipeError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
-from llamaforge.gguf.scan import CHUNK_SIZE, GGUFLayout, KeyValue, TensorInfo, hash_gguf, scan_gguf
+from llamaforge.gguf.header import GGUFHeader, TensorInfo, read_header
+from llamaforge.gguf.sources import CHUNK_SIZE, hash_gguf
 from llamaforge.models.remap_rules import (
     ARCH_KEY,
     GGUF_TYPES,
@@ -108,16 +110,43 @@ def _display(value: Any) -> Any:
 
 
 @dataclass(frozen=True)
+class KeyValue:
+    """One metadata key as the writer takes it: GGUF type, value (strings as bytes, arrays as tuples), item type."""
+
+    key: str
+    vtype: gguf.GGUFValueType
+    value: Any
+    sub_type: gguf.GGUFValueType | None = None
+
+
+def _key(header: GGUFHeader, key: str) -> KeyValue | None:
+    """``key`` of an exact-mode header with its gguf types, or None."""
+    if key not in header.metadata:
+        return None
+    type_name = header.value_types[key]
+    if type_name.startswith("array["):
+        item = gguf.GGUFValueType[type_name.removeprefix("array[").removesuffix("]").upper()]
+        return KeyValue(key, _V.ARRAY, header.metadata[key], item)
+    return KeyValue(key, gguf.GGUFValueType[type_name.upper()], header.metadata[key])
+
+
+def _key_values(header: GGUFHeader) -> dict[str, KeyValue]:
+    """Every key of an exact-mode header, in file order."""
+    return {key: kv for key in header.metadata if (kv := _key(header, key)) is not None}
+
+
+@dataclass(frozen=True)
 class _Mapped:
     tensor: TensorInfo
     name: str  # canonical
     kind: gguf.MODEL_TENSOR
+    start: int  # absolute offset of the data in the input
 
 
-def _architecture(layout: GGUFLayout) -> str:
-    kv = layout.get(ARCH_KEY)
+def _architecture(header: GGUFHeader) -> str:
+    kv = _key(header, ARCH_KEY)
     if kv is None or kv.vtype != _V.STRING:
-        raise ModelError(f"{layout.path} has no {ARCH_KEY} string key; it is not a model GGUF")
+        raise ModelError(f"{header.source} has no {ARCH_KEY} string key; it is not a model GGUF")
     return str(_display(kv.value))
 
 
@@ -132,11 +161,11 @@ class _IsolatedNameMap(gguf.TensorNameMap):
         super().__init__(arch, n_blocks)
 
 
-def _canonical_tensors(layout: GGUFLayout, arch: str) -> list[_Mapped]:
+def _canonical_tensors(header: GGUFHeader, arch: str) -> list[_Mapped]:
     """Every tensor with its llama.cpp name, in file order; refuses names that map to nothing."""
-    gguf_arch = _arch_member(arch, what=f"{layout.path.name}: cannot map tensor names")
+    gguf_arch = _arch_member(arch, what=f"{Path(header.source).name}: cannot map tensor names")
     block_key = _BLOCK_COUNT_KEY.format(arch=arch)
-    blocks = layout.get(block_key)
+    blocks = _key(header, block_key)
     if (
         blocks is None
         or isinstance(blocks.value, bool)
@@ -144,7 +173,7 @@ def _canonical_tensors(layout: GGUFLayout, arch: str) -> list[_Mapped]:
         or blocks.value < 0
     ):
         raise ModelError(
-            f"{layout.path} has no integer {block_key} key, so its tensor names cannot be mapped"
+            f"{header.source} has no integer {block_key} key, so its tensor names cannot be mapped"
         )
     n_blocks = int(blocks.value)
     name_map = _IsolatedNameMap(gguf_arch, n_blocks)
@@ -157,20 +186,20 @@ def _canonical_tensors(layout: GGUFLayout, arch: str) -> list[_Mapped]:
             canonical[template] = kind
     mapped: list[_Mapped] = []
     unmapped: list[str] = []
-    for tensor in layout.tensors:
+    for tensor in header.tensors:
         suffix = next((s for s in _SUFFIXES if tensor.name.endswith(s)), "")
         base = tensor.name.removesuffix(suffix) if suffix else tensor.name
         if base in canonical:  # already llama.cpp's name: never re-mapped
-            mapped.append(_Mapped(tensor, tensor.name, canonical[base]))
+            mapped.append(_Mapped(tensor, tensor.name, canonical[base], header.absolute_offset(tensor)))
             continue
         hit = name_map.get_type_and_name(tensor.name, try_suffixes=_SUFFIXES)
         if hit is None:
             unmapped.append(tensor.name)
         else:
-            mapped.append(_Mapped(tensor, str(hit[1]), hit[0]))
+            mapped.append(_Mapped(tensor, str(hit[1]), hit[0], header.absolute_offset(tensor)))
     if unmapped:
         raise ModelError(
-            f"{layout.path.name}: {len(unmapped)} tensor name(s) map to no llama.cpp {arch} tensor "
+            f"{Path(header.source).name}: {len(unmapped)} tensor name(s) map to no llama.cpp {arch} tensor "
             f"({block_key} = {n_blocks}): {_some(unmapped)}",
             hint=f"the file is not a {arch} model with {n_blocks} blocks, or a converter used names "
             "gguf.TensorNameMap does not know (per-expert tensors, for example, must be stacked, not renamed); "
@@ -179,7 +208,7 @@ def _canonical_tensors(layout: GGUFLayout, arch: str) -> list[_Mapped]:
     renamed = [item.tensor.name for item in mapped if item.tensor.name != item.name]
     if renamed and arch not in REMAP_ARCHS:
         raise ModelError(
-            f"{layout.path.name}: {len(renamed)} tensor(s) have non-canonical names ({_some(renamed, 3)}), and "
+            f"{Path(header.source).name}: {len(renamed)} tensor(s) have non-canonical names ({_some(renamed, 3)}), and "
             f"llamaforge renames tensors only for {', '.join(REMAP_ARCHS)}, not {arch}",
             hint=f"for {arch}, Hugging Face → GGUF conversion may change values as well as names; convert the "
             "original checkpoint with llama.cpp's convert_hf_to_gguf.py instead",
@@ -188,7 +217,7 @@ def _canonical_tensors(layout: GGUFLayout, arch: str) -> list[_Mapped]:
     for item in mapped:
         if item.name in owners:
             raise ModelError(
-                f"{layout.path.name}: tensors {owners[item.name]!r} and {item.tensor.name!r} "
+                f"{Path(header.source).name}: tensors {owners[item.name]!r} and {item.tensor.name!r} "
                 f"both map to {item.name!r}",
                 hint="the file holds the same weight twice under two naming styles; remove one copy",
             )
@@ -241,8 +270,8 @@ class _MetadataPlan:
     warnings: list[str] = field(default_factory=list)
 
 
-def _check_match(layout: GGUFLayout, arch: str, rules: RemapRules) -> None:
-    match, origin, name = rules.match, rules.origin, layout.path.name
+def _check_match(header: GGUFHeader, arch: str, rules: RemapRules) -> None:
+    match, origin, name = rules.match, rules.origin, Path(header.source).name
     hint = "pick rules written for this model, or remap without rules (names only)"
     if match.architectures and arch not in match.architectures:
         raise ModelError(
@@ -250,7 +279,7 @@ def _check_match(layout: GGUFLayout, arch: str, rules: RemapRules) -> None:
         )
     for key, allowed in match.metadata.items():
         full = key.replace("{arch}", arch)
-        kv = layout.get(full)
+        kv = _key(header, full)
         if kv is None or not any(_holds(kv, value) for value in allowed):
             found = "does not have it" if kv is None else f"has {_display(kv.value)!r}"
             raise ModelError(
@@ -258,7 +287,7 @@ def _check_match(layout: GGUFLayout, arch: str, rules: RemapRules) -> None:
             )
     for key in match.absent:
         full = key.replace("{arch}", arch)
-        kv = layout.get(full)
+        kv = _key(header, full)
         if kv is not None:
             raise ModelError(
                 f"remap rules {origin} apply only to files without {full}; {name} has it "
@@ -267,9 +296,9 @@ def _check_match(layout: GGUFLayout, arch: str, rules: RemapRules) -> None:
             )
 
 
-def _apply_edits(plan: _MetadataPlan, layout: GGUFLayout, rules: RemapRules) -> str | None:
+def _apply_edits(plan: _MetadataPlan, header: GGUFHeader, rules: RemapRules) -> str | None:
     """Rename, delete, set; returns the architecture a ``set general.architecture`` asks for."""
-    arch, origin, name = plan.arch, rules.origin, layout.path.name
+    arch, origin, name = plan.arch, rules.origin, Path(header.source).name
     meta = rules.metadata
 
     def expand(key: str) -> str:
@@ -329,14 +358,14 @@ def _apply_edits(plan: _MetadataPlan, layout: GGUFLayout, rules: RemapRules) -> 
 
 
 def _plan_metadata(
-    layout: GGUFLayout, arch: str, rules: RemapRules | None, target_arch: str | None
+    header: GGUFHeader, arch: str, rules: RemapRules | None, target_arch: str | None
 ) -> _MetadataPlan:
     """The output's metadata (in order), the edits made and the output architecture."""
-    plan = _MetadataPlan(kvs={kv.key: kv for kv in layout.kvs}, arch=arch)
+    plan = _MetadataPlan(kvs=_key_values(header), arch=arch)
     relabel: str | None = None
     if rules is not None:
-        _check_match(layout, arch, rules)
-        relabel = _apply_edits(plan, layout, rules)
+        _check_match(header, arch, rules)
+        relabel = _apply_edits(plan, header, rules)
     if target_arch and relabel and target_arch != relabel:
         raise InvalidOption(
             f"target architecture {target_arch!r} contradicts the rules' general.architecture = {relabel!r}"
@@ -349,7 +378,9 @@ def _plan_metadata(
     moved = {k: new_prefix + k.removeprefix(prefix) for k in plan.kvs if k.startswith(prefix)}
     for old, new in moved.items():
         if new in plan.kvs:
-            raise ModelError(f"cannot relabel {layout.path.name} to {out_arch}: it has both {old} and {new}")
+            raise ModelError(
+                f"cannot relabel {Path(header.source).name} to {out_arch}: it has both {old} and {new}"
+            )
     plan.kvs = {moved.get(k, k): KeyValue(moved.get(k, k), kv.vtype, kv.value, kv.sub_type)
                 for k, kv in plan.kvs.items()}  # fmt: skip
     plan.kvs[ARCH_KEY] = KeyValue(ARCH_KEY, _V.STRING, out_arch.encode("utf-8"))
@@ -385,7 +416,21 @@ def _check_relabel(mapped: list[_Mapped], arch: str, out_arch: str, path: Path) 
     return warnings
 
 
-def _check_writable(kvs: Iterable[KeyValue], path: Path) -> None:
+def _check_writable(kvs: Iterable[KeyValue], mapped: Iterable[_Mapped], path: Path) -> None:
+    for item in mapped:
+        tensor = item.tensor
+        if not tensor.shape:
+            raise ModelError(
+                f"{path.name}: tensor {tensor.name} has no dimensions, which gguf's writer cannot write"
+            )
+        try:
+            gguf.GGMLQuantizationType(tensor.ggml_type.id)
+        except ValueError:
+            raise ModelError(
+                f"{path.name}: tensor {tensor.name} has ggml type {tensor.ggml_type.name}, which the installed "
+                "gguf package cannot write",
+                hint="upgrade the gguf package",
+            ) from None
     for kv in kvs:
         if kv.vtype == _V.ARRAY and not kv.value:
             raise ModelError(
@@ -416,7 +461,7 @@ class _Progress:
 
 
 def _write(
-    tmp: Path, layout: GGUFLayout, plan: _MetadataPlan, mapped: list[_Mapped], progress: _Progress
+    tmp: Path, header: GGUFHeader, plan: _MetadataPlan, mapped: list[_Mapped], progress: _Progress
 ) -> dict[str, str]:
     """Write the output through GGUFWriter, streaming tensor bytes; returns the input sha256 per tensor."""
     writer = gguf.GGUFWriter(tmp, plan.arch)  # writes general.architecture itself
@@ -430,11 +475,11 @@ def _write(
                 writer.add_key_value(kv.key, kv.value, kv.vtype, sub_type=kv.sub_type)
         for item in mapped:
             tensor = item.tensor
-            block, type_size = gguf.GGML_QUANT_SIZES[tensor.ggml_type]
+            block, type_size = tensor.ggml_type.block_size, tensor.ggml_type.type_size
             # numpy-order byte shape; GGUFWriter turns it back into ggml's element shape for raw_dtype
-            byte_shape = (*reversed(tensor.ne[1:]), tensor.ne[0] // block * type_size)
+            byte_shape = (*reversed(tensor.shape[1:]), tensor.shape[0] // block * type_size)
             writer.add_tensor_info(item.name, byte_shape, np.dtype(np.uint8), tensor.nbytes,
-                                   raw_dtype=tensor.ggml_type)  # fmt: skip
+                                   raw_dtype=gguf.GGMLQuantizationType(tensor.ggml_type.id))  # fmt: skip
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
@@ -443,16 +488,16 @@ def _write(
         writer.write_padding(out, out.tell())
         hashes: dict[str, str] = {}
         buffer = memoryview(bytearray(CHUNK_SIZE))
-        with layout.path.open("rb") as src:
+        with Path(header.source).open("rb") as src:
             for item in mapped:
                 digest = hashlib.sha256()
-                src.seek(item.tensor.offset)
+                src.seek(item.start)
                 left = item.tensor.nbytes
                 while left:
                     n = src.readinto(buffer[: min(left, CHUNK_SIZE)])
                     if not n:
                         raise ModelError(
-                            f"{layout.path} shrank while it was read (tensor {item.tensor.name})"
+                            f"{header.source} shrank while it was read (tensor {item.tensor.name})"
                         )
                     digest.update(buffer[:n])
                     out.write(buffer[:n])
@@ -473,11 +518,11 @@ def _verify(
     progress: _Progress,
 ) -> str:  # fmt: skip
     """Re-read the written file and compare it with what was intended; returns its sha256."""
-    out = scan_gguf(tmp)
+    out = read_header(tmp, exact=True)
     problems: list[str] = []
     if out.alignment != alignment:
         problems.append(f"alignment {out.alignment}, expected {alignment}")
-    got = {kv.key: kv for kv in out.kvs}
+    got = _key_values(out)
     missing, unexpected = sorted(set(plan.kvs) - set(got)), sorted(set(got) - set(plan.kvs))
     if missing or unexpected:
         problems.append(f"metadata keys differ: missing {missing}, unexpected {unexpected}")
@@ -491,9 +536,10 @@ def _verify(
         problems.append("tensor names or order differ from the plan")
     else:
         for tensor, item in zip(out.tensors, mapped, strict=True):
-            if (tensor.ggml_type, tensor.ne) != (item.tensor.ggml_type, item.tensor.ne):
+            if (tensor.ggml_type, tensor.shape) != (item.tensor.ggml_type, item.tensor.shape):
                 problems.append(f"tensor {tensor.name}: type or shape differs from {item.tensor.name!r}")
-    file_sha, tensor_sha = hash_gguf(tmp, out.tensors, progress.add)
+    regions = [(t.name, out.absolute_offset(t), t.nbytes) for t in out.tensors]
+    file_sha, tensor_sha = hash_gguf(tmp, regions, progress.add)
     progress.add(0, final=True)
     for item in mapped:
         if tensor_sha.get(item.name) != hashes[item.name]:
@@ -593,13 +639,13 @@ def remap_gguf(
     src, dst = Path(src), Path(dst)
     _check_paths(src, dst, overwrite)
     reporter(Event("stage", f"reading {src}", stage=_STAGE))
-    layout = scan_gguf(src)
-    arch = _architecture(layout)
-    mapped = _canonical_tensors(layout, arch)
-    plan = _plan_metadata(layout, arch, rules, target_arch)
+    header = read_header(src, exact=True)
+    arch = _architecture(header)
+    mapped = _canonical_tensors(header, arch)
+    plan = _plan_metadata(header, arch, rules, target_arch)
     if plan.arch != arch:
         plan.warnings.extend(_check_relabel(mapped, arch, plan.arch, src))
-    _check_writable(plan.kvs.values(), src)
+    _check_writable(plan.kvs.values(), mapped, src)
     for warning in plan.warnings:
         reporter(Event("warning", warning, stage=_STAGE))
     if cancel is not None:
@@ -611,11 +657,11 @@ def remap_gguf(
     tmp = Path(tmp_name)
     try:
         reporter(Event("stage", f"writing {dst}", stage=_STAGE))
-        hashes = _write(tmp, layout, plan, mapped, _Progress(reporter, "copied", tensor_bytes, cancel))
+        hashes = _write(tmp, header, plan, mapped, _Progress(reporter, "copied", tensor_bytes, cancel))
         reporter(Event("stage", f"verifying {dst.name}", stage=_STAGE))
         size = tmp.stat().st_size
         sha256 = _verify(
-            tmp, plan, layout.alignment, mapped, hashes, _Progress(reporter, "verified", size, cancel)
+            tmp, plan, header.alignment, mapped, hashes, _Progress(reporter, "verified", size, cancel)
         )
         tmp.chmod(0o644)
         tmp.replace(dst)

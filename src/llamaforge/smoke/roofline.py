@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from llamaforge.gguf.scan import GGUFLayout, scan_gguf
+from llamaforge.gguf.header import GGUFHeader, read_header
 
 # Peak DRAM bandwidth from vendor spec sheets (GB/s), matched against llama-bench's gpu_info, longest key first.
 GPU_BANDWIDTH_GBS: dict[str, float] = {
@@ -134,18 +134,15 @@ class TokenBytes:
         return self.weights + self.kv_cache
 
 
-def _int(layout: GGUFLayout, key: str, default: int = 0) -> int:
-    kv = layout.get(key)
-    if kv is None or isinstance(kv.value, bytes | tuple):
-        return default
-    return int(kv.value)
+def _int(layout: GGUFHeader, key: str, default: int = 0) -> int:
+    value = layout.metadata.get(key)
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else default
 
 
 def bytes_per_token(model: Path, *, kv_depth: float, kv_bytes_per_element: float = 2.0) -> TokenBytes:
     """Weights and KV cache read per generated token at context depth ``kv_depth`` (f16 KV by default)."""
-    layout = scan_gguf(model)
-    arch_kv = layout.get("general.architecture")
-    arch = arch_kv.value.decode() if arch_kv is not None and isinstance(arch_kv.value, bytes) else ""
+    layout = read_header(model)
+    arch = layout.architecture or ""
     names = {tensor.name for tensor in layout.tensors}
     n_expert = _int(layout, f"{arch}.expert_count")
     n_used = _int(layout, f"{arch}.expert_used_count")
@@ -153,7 +150,7 @@ def bytes_per_token(model: Path, *, kv_depth: float, kv_bytes_per_element: float
     dense = experts = embedding_row = 0
     for tensor in layout.tensors:
         if tensor.name == "token_embd.weight" and "output.weight" in names:
-            embedding_row = tensor.nbytes // max(1, tensor.ne[-1])  # a lookup reads one row
+            embedding_row = tensor.nbytes // max(1, tensor.shape[-1])  # a lookup reads one row
         elif "_exps." in tensor.name and n_expert and n_used:
             experts += tensor.nbytes * n_used // n_expert
         else:
