@@ -29,14 +29,13 @@ from llamaforge.serve.fit import (
     MiB,
     Settings,
     estimate_memory,
-    find_gpu,
-    load_gpus,
     model_shape,
     parse_load_log,
     parse_size,
     plan_fit,
     synthetic_header,
 )
+from llamaforge.serve.gpus import find_gpu, load_gpus
 
 MINI_VOCAB = 1000
 
@@ -90,11 +89,15 @@ def tiny(tmp_path_factory: pytest.TempPathFactory, mini_vocab: Path) -> dict[str
 
 
 def test_gpu_table_and_names() -> None:
-    gpus = load_gpus()
-    assert {"rtx3090", "rtx3080", "rtx3060-12gb", "rtx4090", "rtx4080", "rtx4070ti", "rtx4060ti-16gb",
-            "rtx4060", "rtx-a6000", "a100-40gb", "a100-80gb", "h100", "l4"} <= set(gpus)  # fmt: skip
+    gpus = load_gpus().gpus
+    planned = {"rtx3090", "rtx3080", "rtx3060-12gb", "rtx4090", "rtx4080", "rtx4070ti", "rtx4060ti-16gb",
+               "rtx4060", "rtx-a6000", "a100-40gb", "a100-80gb", "h100", "l4"}  # fmt: skip
+    assert planned <= set(gpus)
     for gpu in gpus.values():
-        assert gpu.vram_bytes >= 8 * GiB and 200 < gpu.bandwidth_gbs < 6000 and gpu.cuda_arch.isdigit()
+        assert 200 < gpu.bandwidth_gbs < 10000
+        assert gpu.key not in planned or (gpu.vram_bytes is not None and gpu.cuda_arch is not None)
+        assert gpu.vram_bytes is None or gpu.vram_bytes >= 8 * GiB
+        assert gpu.cuda_arch is None or gpu.cuda_arch.isdigit()
     rtx3090 = find_gpu("RTX 3090")
     assert (rtx3090.vram_bytes, rtx3090.bandwidth_gbs, rtx3090.cuda_arch) == (24 * GiB, 936, "86")
     assert find_gpu("NVIDIA GeForce RTX 4090").key == find_gpu("4090").key == "rtx4090"

@@ -348,7 +348,7 @@ def test_roofline_math_and_labels() -> None:
 
 def test_gpu_bandwidth_table() -> None:
     assert gpu_bandwidth("NVIDIA GeForce RTX 4090") == Bandwidth(
-        1008, "spec sheet: RTX 4090 (peak, not measured)"
+        1008, "spec sheet: GeForce RTX 4090 (peak, not measured)"
     )
     ti = gpu_bandwidth("NVIDIA GeForce RTX 3060 Ti, NVIDIA GeForce RTX 3090")
     assert ti is not None and ti.gbs == 448  # the first GPU, and the longest matching name

@@ -35,30 +35,26 @@ import difflib
 import math
 import re
 import shlex
-import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from llamaforge.core.errors import DoesNotFit, InvalidOption
-from llamaforge.core.paths import data_dir
 from llamaforge.gguf.header import GGML_TYPES, GGUFHeader, TensorInfo, read_header
+from llamaforge.serve.gpus import find_gpu
 
 if TYPE_CHECKING:
     from llamaforge.gguf.tiny import TinyModelSpec
 
 __all__ = [
     "CACHE_TYPES",
-    "GPU",
     "DeviceMemory",
     "DoesNotFit",
     "FitPlan",
     "ModelShape",
     "Settings",
     "estimate_memory",
-    "find_gpu",
-    "load_gpus",
     "model_shape",
     "parse_size",
     "plan_fit",
@@ -95,61 +91,6 @@ _MOE_UP_PHASE: Final = {"E": 2.5, "U": 3.25}  # router, gate/up projections of t
 _MOE_DOWN_PHASE: Final = {"E": 2.75, "UE": 1.25, "U": 0.75}  # their down projections and weighting
 _SHARED_EXPERT_PHASE: Final = {"E": 3.75, "S": 3.25}
 _RECURRENT_PHASE: Final = {"E": 3.0, "C": 3.0}
-
-
-# ------------------------------------------------------------------------------------------------ GPUs
-
-
-@dataclass(frozen=True)
-class GPU:
-    """One card of ``recipes/gpus.toml``."""
-
-    key: str
-    name: str
-    vram_bytes: int
-    bandwidth_gbs: float
-    cuda_arch: str
-    aliases: tuple[str, ...] = ()
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[\s_\-]+", "", name.lower()).removeprefix("nvidia").removeprefix("geforce")
-
-
-def load_gpus(path: Path | None = None) -> dict[str, GPU]:
-    """The GPU table (``recipes/gpus.toml``, or ``path``), keyed by name."""
-    path = path or data_dir("recipes") / "gpus.toml"
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as error:
-        raise InvalidOption(f"cannot read the GPU table {path}: {error}") from None
-    gpus = {}
-    for key, item in data.get("gpus", {}).items():
-        gpus[key] = GPU(
-            key=key, name=str(item["name"]), vram_bytes=int(float(item["vram_gib"]) * GiB),
-            bandwidth_gbs=float(item["bandwidth_gbs"]), cuda_arch=str(item["cuda_arch"]),
-            aliases=tuple(item.get("aliases", ())),
-        )  # fmt: skip
-    return gpus
-
-
-def find_gpu(name: str, gpus: dict[str, GPU] | None = None) -> GPU:
-    """The card called ``name`` (key or alias, ignoring case, spaces, ``-``, ``_``, "nvidia", "geforce")."""
-    gpus = gpus if gpus is not None else load_gpus()
-    wanted = _norm(name)
-    by_name: dict[str, GPU] = {}
-    for gpu in gpus.values():
-        for spelling in (gpu.key, gpu.name, *gpu.aliases):
-            by_name.setdefault(_norm(spelling), gpu)
-    if wanted in by_name:
-        return by_name[wanted]
-    close = difflib.get_close_matches(wanted, list(by_name), n=3, cutoff=0.5)
-    suggestions = list(dict.fromkeys(by_name[c].key for c in close))
-    hint = f"did you mean {' or '.join(repr(s) for s in suggestions)}? " if suggestions else ""
-    raise InvalidOption(
-        f"unknown GPU {name!r}",
-        hint=hint + "known: " + ", ".join(sorted(gpus)) + "; or give the memory with --vram 24GiB",
-    )
 
 
 _SIZE_RE: Final = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
@@ -649,7 +590,12 @@ def plan_fit(
         raise InvalidOption("give either --gpu or --vram, not both")
     if card is None and vram_bytes is None:
         raise InvalidOption("say which GPU: --gpu NAME (e.g. rtx3090) or --vram SIZE (e.g. 24GiB)")
-    vram = card.vram_bytes if card is not None else int(vram_bytes or 0)
+    if card is not None and card.vram_bytes is None:
+        raise InvalidOption(
+            f"the GPU table has no memory size for {card.name}",
+            hint="give the memory with --vram SIZE (e.g. 24GiB) instead of --gpu",
+        )
+    vram = card.vram_bytes if card is not None and card.vram_bytes is not None else int(vram_bytes or 0)
     settings = Settings(ctx, parallel, cache_type_k, cache_type_v, ubatch, flash_attn is not False)
     _check_settings(settings)
     name, header = _load(model)

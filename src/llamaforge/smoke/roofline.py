@@ -3,8 +3,9 @@
 Generating one token reads every weight the token passes through once (all dense tensors, one row of the
 embedding table, the active experts of a MoE layer) plus the KV cache so far. So
 ``roof = bandwidth / bytes per token`` bounds tg from above and ``efficiency = tg / roof``. Every input is an
-estimate and the report says so: the bandwidth is measured (a numpy copy on CPU) or read from a spec-sheet table
-(GPU), and the bytes are counted from the GGUF header (a uniform expert-routing assumption for MoE).
+estimate and the report says so: the bandwidth is measured (a numpy copy on CPU) or read from the GPU table
+(``recipes/gpus.toml``, spec sheets), and the bytes are counted from the GGUF header (a uniform expert-routing
+assumption for MoE).
 """
 
 from __future__ import annotations
@@ -20,19 +21,7 @@ from typing import Any
 import numpy as np
 
 from llamaforge.gguf.header import GGUFHeader, read_header
-
-# Peak DRAM bandwidth from vendor spec sheets (GB/s), matched against llama-bench's gpu_info, longest key first.
-GPU_BANDWIDTH_GBS: dict[str, float] = {
-    "RTX 5090": 1792, "RTX 5080": 960, "RTX 5070 Ti": 896, "RTX 5070": 672,
-    "RTX 4090": 1008, "RTX 4080 SUPER": 736, "RTX 4080": 717, "RTX 4070 Ti SUPER": 672, "RTX 4070 Ti": 504,
-    "RTX 4070 SUPER": 504, "RTX 4070": 504, "RTX 4060 Ti": 288, "RTX 4060": 272,
-    "RTX 3090 Ti": 1008, "RTX 3090": 936, "RTX 3080 Ti": 912, "RTX 3080": 760, "RTX 3070 Ti": 608,
-    "RTX 3070": 448, "RTX 3060 Ti": 448, "RTX 3060": 360,
-    "RTX A6000": 768, "RTX A5000": 768, "RTX A4000": 448, "RTX 6000 Ada": 960,
-    "A100-SXM4-80GB": 2039, "A100 80GB PCIe": 1935, "A100": 1555, "A40": 696, "A30": 933, "A10G": 600,
-    "A10": 600, "L40S": 864, "L40": 864, "L4": 300, "T4": 320, "V100": 900,
-    "H100 PCIe": 2000, "H100 NVL": 3900, "H100": 3350, "H200": 4800, "GH200": 4000, "B200": 8000,
-}  # fmt: skip
+from llamaforge.serve.gpus import gpu_for_device
 
 
 @dataclass(frozen=True)
@@ -108,12 +97,12 @@ def probe_cpu_bandwidth(threads: int, *, repeats: int = 3, per_thread_bytes: int
 
 
 def gpu_bandwidth(gpu_info: str) -> Bandwidth | None:
-    """Spec-sheet bandwidth of the first GPU named in llama-bench's ``gpu_info`` (None when unknown)."""
-    first = gpu_info.split(",", maxsplit=1)[0]
-    for name in sorted(GPU_BANDWIDTH_GBS, key=len, reverse=True):
-        if name.lower() in first.lower():
-            return Bandwidth(GPU_BANDWIDTH_GBS[name], f"spec sheet: {name} (peak, not measured)")
-    return None
+    """Spec-sheet bandwidth (``recipes/gpus.toml``) of the first GPU named in llama-bench's ``gpu_info``
+    (None when the table does not know it)."""
+    gpu = gpu_for_device(gpu_info.split(",", maxsplit=1)[0])
+    if gpu is None:
+        return None
+    return Bandwidth(gpu.bandwidth_gbs, f"spec sheet: {gpu.name} (peak, not measured)")
 
 
 @dataclass(frozen=True)
