@@ -37,14 +37,13 @@ from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.serve import fit
 from llamaforge.serve.fit import (
     MiB,
-    ModelShape,
     Settings,
     estimate_memory,
-    model_shape,
     plan_fit,
     synthetic_header,
 )
 from llamaforge.serve.ops_fit import render_plot, summarize
+from llamaforge.serve.shape import ModelShape, model_shape
 
 HYBRID = {"full_attention_interval": 4, "ssm_state_size": 64, "ssm_group_count": 4, "ssm_time_step_rank": 8}
 MODELS = {

@@ -1,7 +1,8 @@
 """The memory roofline of token generation: how close measured tg comes to what bandwidth allows.
 
 Generating one token reads every weight the token passes through once (all dense tensors, one row of the
-embedding table, the active experts of a MoE layer) plus the KV cache so far. So
+embedding table, the active experts of a MoE layer) plus the KV cache so far, counted by the one definition
+in :func:`llamaforge.serve.bandwidth.bytes_per_token` at the mean depth of llama-bench's tg test. So
 ``roof = bandwidth / bytes per token`` bounds tg from above and ``efficiency = tg / roof``. Every input is an
 estimate and the report says so: the bandwidth is measured (a numpy copy on CPU) or read from the GPU table
 (``recipes/gpus.toml``, spec sheets), and the bytes are counted from the GGUF header (a uniform expert-routing
@@ -14,13 +15,13 @@ import math
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from llamaforge.gguf.header import GGUFHeader, read_header
+from llamaforge.serve.bandwidth import TokenBytes
 from llamaforge.serve.gpus import gpu_for_device
 
 
@@ -105,62 +106,6 @@ def gpu_bandwidth(gpu_info: str) -> Bandwidth | None:
     return Bandwidth(gpu.bandwidth_gbs, f"spec sheet: {gpu.name} (peak, not measured)")
 
 
-@dataclass(frozen=True)
-class TokenBytes:
-    """Bytes one generated token reads, counted from the GGUF header."""
-
-    weights: int
-    kv_cache: int
-    dense: int
-    experts_active: int
-    embedding_row: int
-    kv_depth: float
-    notes: list[str]
-
-    @property
-    def total(self) -> int:
-        """Weights plus KV cache."""
-        return self.weights + self.kv_cache
-
-
-def _int(layout: GGUFHeader, key: str, default: int = 0) -> int:
-    value = layout.metadata.get(key)
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else default
-
-
-def bytes_per_token(model: Path, *, kv_depth: float, kv_bytes_per_element: float = 2.0) -> TokenBytes:
-    """Weights and KV cache read per generated token at context depth ``kv_depth`` (f16 KV by default)."""
-    layout = read_header(model)
-    arch = layout.architecture or ""
-    names = {tensor.name for tensor in layout.tensors}
-    n_expert = _int(layout, f"{arch}.expert_count")
-    n_used = _int(layout, f"{arch}.expert_used_count")
-    notes: list[str] = []
-    dense = experts = embedding_row = 0
-    for tensor in layout.tensors:
-        if tensor.name == "token_embd.weight" and "output.weight" in names:
-            embedding_row = tensor.nbytes // max(1, tensor.shape[-1])  # a lookup reads one row
-        elif "_exps." in tensor.name and n_expert and n_used:
-            experts += tensor.nbytes * n_used // n_expert
-        else:
-            dense += tensor.nbytes
-    if "output.weight" not in names:
-        notes.append("tied embeddings: the output projection reads the whole token_embd table")
-    if experts:
-        notes.append(f"MoE: {n_used} of {n_expert} experts per token, assuming uniform routing")
-    n_layer = _int(layout, f"{arch}.block_count")
-    interval = _int(layout, f"{arch}.full_attention_interval")
-    attention_layers = n_layer // interval if interval else n_layer
-    n_head = _int(layout, f"{arch}.attention.head_count", 1)
-    n_head_kv = _int(layout, f"{arch}.attention.head_count_kv", n_head)
-    head_dim = _int(layout, f"{arch}.embedding_length") // max(1, n_head)
-    k_len = _int(layout, f"{arch}.attention.key_length", head_dim)
-    v_len = _int(layout, f"{arch}.attention.value_length", head_dim)
-    kv = int(attention_layers * kv_depth * n_head_kv * (k_len + v_len) * kv_bytes_per_element)
-    notes.append(f"KV cache at mean depth {kv_depth:g} tokens, f16")
-    return TokenBytes(dense + experts + embedding_row, kv, dense, experts, embedding_row, kv_depth, notes)
-
-
 def roofline(tg_tps: float, bandwidth: Bandwidth, token_bytes: TokenBytes) -> dict[str, Any]:
     """Roof (tokens/s that bandwidth allows) and efficiency of the measured tg, with what is estimated."""
     roof = bandwidth.gbs * 1e9 / token_bytes.total if token_bytes.total else math.inf
@@ -177,7 +122,7 @@ def roofline(tg_tps: float, bandwidth: Bandwidth, token_bytes: TokenBytes) -> di
         "bandwidth_source": bandwidth.source,
         "bandwidth_details": bandwidth.details,
         "bytes_per_token": token_bytes.total,
-        "bytes_per_token_detail": {k: v for k, v in asdict(token_bytes).items() if k != "notes"},
+        "bytes_per_token_detail": token_bytes.to_json(),
         "roof_tps": roof,
         "efficiency": tg_tps / roof if roof and math.isfinite(roof) else None,
         "estimated": ["bytes_per_token"] + ([] if bandwidth.source.startswith("given") else ["bandwidth"]),

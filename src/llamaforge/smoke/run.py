@@ -30,10 +30,11 @@ from llamaforge import __version__
 from llamaforge.core.errors import InvalidOption, LlamaforgeError, ModelError, SmokeFailed
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.paths import home
+from llamaforge.gguf.header import read_header
+from llamaforge.serve.bandwidth import bytes_per_token
 from llamaforge.smoke.bench import BenchRun, run_llama_bench
 from llamaforge.smoke.roofline import (
     Bandwidth,
-    bytes_per_token,
     cpu_threads_default,
     gpu_bandwidth,
     probe_cpu_bandwidth,
@@ -372,8 +373,8 @@ def _roofline_stage(
         if bandwidth is None:
             return {"error": f"no bandwidth known for GPU {bench.gpu_info!r}; pass --bandwidth-gbs"}
     try:
-        token_bytes = bytes_per_token(target.model, kv_depth=tg.n_depth + tg.n_gen / 2)
-    except ModelError as error:
+        token_bytes = bytes_per_token(read_header(target.model), kv_depth=tg.n_depth + tg.n_gen / 2)
+    except (ModelError, InvalidOption) as error:
         return {"error": error.message}
     return roofline(tg.avg_ts, bandwidth, token_bytes)
 
