@@ -21,7 +21,6 @@ transposes, no stacking of per-expert tensors, no dtype change.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import math
 import os
@@ -37,6 +36,7 @@ import numpy as np
 
 from llamaforge.core.errors import InvalidOption, ModelError, RecipeError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
+from llamaforge.core.validation import suggest
 from llamaforge.gguf.header import GGUFHeader, TensorInfo, read_header
 from llamaforge.gguf.sources import CHUNK_SIZE, hash_gguf
 from llamaforge.models.remap_rules import (
@@ -308,10 +308,9 @@ def _apply_edits(plan: _MetadataPlan, header: GGUFHeader, rules: RemapRules) -> 
     deletes = {expand(key) for key in meta.delete}
     for old, new in renames.items():
         if old not in plan.kvs:
-            close = difflib.get_close_matches(old, list(plan.kvs), n=1)
             raise ModelError(
                 f"remap rules {origin}: metadata.rename: {name} has no key {old}",
-                hint=f"did you mean {close[0]!r}?" if close else "list the file's keys with gguf-dump",
+                hint=suggest(old, plan.kvs) or "list the file's keys with gguf-dump",
             )
         if new in plan.kvs and new not in renames and new not in deletes:
             raise ModelError(f"remap rules {origin}: metadata.rename: {name} already has {new}")
@@ -335,12 +334,10 @@ def _apply_edits(plan: _MetadataPlan, header: GGUFHeader, rules: RemapRules) -> 
         vtype = GGUF_TYPES[typed.type] if typed.type else (existing.vtype if existing else None)
         where = f"remap rules {origin}: metadata.set.{key}"
         if vtype is None:
-            close = difflib.get_close_matches(
-                full, [*plan.kvs, *(k.format(arch=arch) for k in KNOWN_KEY_TYPES)], n=1
-            )
+            known = [*plan.kvs, *(k.format(arch=arch) for k in KNOWN_KEY_TYPES)]
             raise RecipeError(
                 f"{where}: {name} has no key {full} and its GGUF type is unknown",
-                hint=(f"did you mean {close[0]!r}? " if close else "")
+                hint=suggest(full, known, end=" ")
                 + f'to add a new key, give its type: "{key}" = {{ type = "uint32", value = … }}',
             )
         if vtype == _V.ARRAY:

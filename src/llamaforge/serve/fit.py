@@ -31,7 +31,6 @@ token), GPU part at the card's bandwidth, CPU part at the RAM bandwidth.
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 import shlex
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from llamaforge.core.errors import DoesNotFit, InvalidOption
+from llamaforge.core.validation import suggest
 from llamaforge.gguf.header import GGML_TYPES, GGUFHeader, TensorInfo, read_header
 from llamaforge.serve.bandwidth import Placement, bytes_per_token
 from llamaforge.serve.gpus import find_gpu
@@ -339,10 +339,9 @@ def _check_settings(settings: Settings) -> None:
         raise InvalidOption("--ctx, --parallel and --ubatch must be positive")
     for flag, value in (("--cache-type-k", settings.cache_type_k), ("--cache-type-v", settings.cache_type_v)):
         if value not in CACHE_TYPES:
-            close = difflib.get_close_matches(value, CACHE_TYPES, n=1)
             raise InvalidOption(
                 f"{flag} {value!r} is not a KV cache type llama.cpp knows",
-                hint=(f"did you mean {close[0]!r}? " if close else "") + "one of " + ", ".join(CACHE_TYPES),
+                hint=suggest(value, CACHE_TYPES, end=" ") + "one of " + ", ".join(CACHE_TYPES),
             )
     if not settings.flash_attn and settings.cache_type_v not in ("f32", "f16", "bf16"):
         raise InvalidOption(

@@ -17,7 +17,7 @@ from typing import Final
 
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.paths import data_dir
-from llamaforge.core.validation import did_you_mean
+from llamaforge.core.validation import closest, did_you_mean
 
 __all__ = ["GPU", "GpuTable", "cuda_arch_for", "find_gpu", "gpu_for_device", "load_gpus", "normalise"]
 
@@ -94,12 +94,13 @@ def find_gpu(name: str, table: GpuTable | None = None) -> GPU:
     wanted = normalise(name)
     if wanted in by_name:
         return by_name[wanted]
-    close = did_you_mean(wanted, by_name, n=3, cutoff=0.5)
-    suggestions = list(dict.fromkeys(by_name[c].key for c in close))
-    hint = f"did you mean {' or '.join(repr(s) for s in suggestions)}? " if suggestions else ""
+    keys = list(dict.fromkeys(by_name[c].key for c in closest(wanted, by_name, n=3, cutoff=0.5)))
     raise InvalidOption(
         f"unknown GPU {name!r}",
-        hint=hint + "known: " + ", ".join(sorted(table.gpus)) + "; or give the memory with --vram 24GiB",
+        hint=did_you_mean(keys, end=" ")
+        + "known: "
+        + ", ".join(sorted(table.gpus))
+        + "; or give the memory with --vram 24GiB",
     )
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import difflib
 import json
 import math
 import platform
@@ -30,6 +29,7 @@ from llamaforge import __version__
 from llamaforge.core.errors import InvalidOption, LlamaforgeError, ModelError, SmokeFailed
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.paths import home
+from llamaforge.core.validation import describe_errors, suggest
 from llamaforge.gguf.header import read_header
 from llamaforge.serve.bandwidth import bytes_per_token
 from llamaforge.smoke.bench import BenchRun, run_llama_bench
@@ -94,10 +94,9 @@ def resolve_thresholds(
     for origin, layer in layers:
         for key, value in (layer or {}).items():
             if key not in SmokeThresholds.model_fields:
-                close = difflib.get_close_matches(key, list(SmokeThresholds.model_fields), n=1)
                 raise InvalidOption(
                     f"unknown threshold {key!r} (from {origin})",
-                    hint=(f"did you mean {close[0]!r}? " if close else "")
+                    hint=suggest(key, SmokeThresholds.model_fields, end=" ")
                     + "known: " + ", ".join(SmokeThresholds.model_fields),
                 )  # fmt: skip
             merged[key] = value
@@ -105,8 +104,7 @@ def resolve_thresholds(
     try:
         return SmokeThresholds.model_validate(merged), sources
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
-        raise InvalidOption(f"invalid thresholds: {problems}") from None
+        raise InvalidOption(f"invalid thresholds: {describe_errors(error)}") from None
 
 
 @dataclass(frozen=True)
