@@ -617,6 +617,22 @@ def test_fuzz_sample_only_typed_errors(models: dict[str, Path]) -> None:
     assert slowest < 2.0
 
 
+def test_fuzz_sample_both_modes_check_the_same(models: dict[str, Path]) -> None:
+    """The byte-exact (rewriting) mode refuses exactly what the summarising mode refuses, at the same field."""
+    data = models["qwen3moe"].read_bytes()
+    header_end = read_header(models["qwen3moe"]).header_end
+
+    def outcome(mutant: bytes, name: str, exact: bool) -> tuple[str, int] | tuple[int, int]:
+        try:
+            header = read_header(BytesSource(mutant, name=name), exact=exact)
+        except GGUFFormatError as error:
+            return error.field, error.offset
+        return len(header.tensors), header.data_offset
+
+    for name, mutant in _mutants(data, header_end, 300, seed=4321):
+        assert outcome(mutant, name, exact=True) == outcome(mutant, name, exact=False), name
+
+
 # ----------------------------------------------------------------------------------------- the fronts
 
 
