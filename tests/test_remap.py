@@ -33,7 +33,7 @@ from llamaforge.core.registry import operations
 from llamaforge.gguf.header import GGUFFormatError, read_header
 from llamaforge.gguf.sources import CHUNK_SIZE
 from llamaforge.gguf.tiny import TinyModelInfo, TinyModelSpec, write_tiny_model
-from llamaforge.models import remap
+from llamaforge.models import remap, remap_names
 from llamaforge.models.remap import RemapRules, list_rules, load_rules, parse_rules, remap_gguf
 from llamaforge.models.remap_rules import rules_json_schema
 
@@ -244,7 +244,7 @@ def test_name_map_survives_gguf_class_table_mutation(
         assert result.sha256 == models[("qwen3", "canonical")].sha256
     finally:
         gguf.TensorNameMap.block_mappings_cfg.clear()
-        gguf.TensorNameMap.block_mappings_cfg.update(remap._BLOCK_TABLE)
+        gguf.TensorNameMap.block_mappings_cfg.update(remap_names._BLOCK_TABLE)
 
 
 # ------------------------------------------------------------------------------------------------ metadata
