@@ -37,14 +37,14 @@ from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.serve import fit
 from llamaforge.serve.fit import (
     MiB,
-    ModelShape,
     Settings,
     estimate_memory,
-    model_shape,
     plan_fit,
     synthetic_header,
 )
-from llamaforge.serve.ops_fit import render_plot, summarize
+from llamaforge.serve.fit_chart import save_fit_chart
+from llamaforge.serve.ops_fit import summarize
+from llamaforge.serve.shape import ModelShape, model_shape
 
 HYBRID = {"full_attention_interval": 4, "ssm_state_size": 64, "ssm_group_count": 4, "ssm_time_step_rank": 8}
 MODELS = {
@@ -297,12 +297,12 @@ def realistic_plots(out: Path) -> list[fit.FitPlan]:
         plan_fit(header, gpu="rtx3090", ctx=131072, cache_type_k="q8_0", cache_type_v="q8_0"),
         plan_fit(header, gpu="rtx3090", ctx=262144, parallel=2),
     ]
-    png = render_plot(plans, out / "fit_qwen35_9b_rtx3090.png",
-                      title="Qwen3.5-9B-shaped (Q4_K, synthetic header) on an RTX 3090")  # fmt: skip
+    png = save_fit_chart([plan.to_json() for plan in plans], out / "fit_qwen35_9b_rtx3090.png",
+                         title="Qwen3.5-9B-shaped (Q4_K, synthetic header) on an RTX 3090")  # fmt: skip
     moe = synthetic_header(QWEN35_35B_A3B, n_vocab=248320, name="Qwen3.5-35B-A3B-shaped (Q4_K)")
     moe_plans = [plan_fit(moe, gpu="rtx3090", ctx=ctx) for ctx in (32768, 131072, 262144)]
-    moe_png = render_plot(moe_plans, out / "fit_qwen35moe_35b_a3b_rtx3090.png",
-                          title="Qwen3.5-35B-A3B-shaped (Q4_K, synthetic header) on an RTX 3090")  # fmt: skip
+    moe_png = save_fit_chart([plan.to_json() for plan in moe_plans], out / "fit_qwen35moe_35b_a3b_rtx3090.png",
+                             title="Qwen3.5-35B-A3B-shaped (Q4_K, synthetic header) on an RTX 3090")  # fmt: skip
     print("\nrealistic cases (planner only, no GPU here):")
     for plan in plans + moe_plans:
         print("  " + "\n  ".join(summarize(plan)))

@@ -213,7 +213,8 @@ def _init_worker(base: bytes) -> None:
 
 def run_case(item: tuple[int, tuple[Any, ...]]) -> dict[str, Any]:
     from llamaforge.core.errors import LlamaforgeError
-    from llamaforge.gguf.header import BytesSource, read_header
+    from llamaforge.gguf.header import read_header
+    from llamaforge.gguf.sources import BytesSource
     from llamaforge.models.verify import analyse_header
 
     index, case = item

@@ -11,9 +11,9 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ResourceError, ResourceNotFoundError
 from pydantic import Field
 
-from llamaforge.build.cuda_arch import GPU_ALIASES
 from llamaforge.core.errors import CacheError, LlamaforgeError
 from llamaforge.core.jobs import JobManager, UnknownJob
+from llamaforge.serve.gpus import cuda_arch_for
 
 JSON = "application/json"
 
@@ -69,9 +69,10 @@ def add_resources(server: MCPServer[Any], jobs: JobManager) -> None:
 
 def gpu_arch(gpu: str) -> str | None:
     """The CUDA arch for a GPU name such as "RTX 4090" or "sm_86"; None when it is not a known card."""
-    compact = re.sub(r"[^a-z0-9]", "", gpu.lower()).removeprefix("nvidia").removeprefix("geforce")
-    if compact in GPU_ALIASES:
-        return GPU_ALIASES[compact]
+    arch = cuda_arch_for(gpu)
+    if arch is not None:
+        return arch
+    compact = re.sub(r"[^a-z0-9]", "", gpu.lower())
     match = re.fullmatch(r"(?:sm)?(\d{2,3}[af]?)", compact)
     return match.group(1) if match else None
 

@@ -29,8 +29,9 @@ from pydantic import BaseModel, Field, ValidationError
 from llamaforge import __version__
 from llamaforge.core.errors import LlamaforgeError
 from llamaforge.core.events import CancelToken, Event
-from llamaforge.core.jobs import FINISHED, JobLogs, JobManager, JobStatus, describe_validation_error
+from llamaforge.core.jobs import FINISHED, JobLogs, JobManager, JobStatus
 from llamaforge.core.registry import Operation, OperationContext, Params, operations
+from llamaforge.core.validation import describe_errors
 from mcp_server.policy import (
     CONFIRM_PARAM,
     CONFIRMATION_PARAM,
@@ -90,7 +91,7 @@ def _validate(op: Operation, arguments: dict[str, Any]) -> Params:
     try:
         return op.params.model_validate(arguments)
     except ValidationError as error:
-        raise ToolError(f"invalid arguments for {op.name}: {describe_validation_error(error)}") from None
+        raise ToolError(f"invalid arguments for {op.name}: {describe_errors(error)}") from None
 
 
 def _progress_text(event: Event) -> str:

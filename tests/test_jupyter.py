@@ -27,8 +27,9 @@ from llamaforge.fronts.jupyter import (
     resolve_operation,
     run,
 )
-from llamaforge.fronts.render_html import fit_chart_png, render_html
+from llamaforge.fronts.render_html import render_html
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
+from llamaforge.serve.fit_chart import fit_chart_png
 
 pytestmark = pytest.mark.filterwarnings(
     # IPython's own modules still use APIs their dependencies deprecated; only those, only here.
@@ -187,8 +188,8 @@ def test_model_inspect_verify_and_fit(shell: Any, tiny_model: Path, tmp_path: Pa
     assert "fit plan" in page and "data:image/png;base64," in page and "KV cache" in page
     assert fit["command"] in page.replace("&#x27;", "'").replace("&quot;", '"')
     # The chart drawn from the numbers is a real PNG.
-    png = fit_chart_png(fit.data)
-    assert png is not None and png.startswith(b"\x89PNG")
+    png = fit_chart_png([fit.data])
+    assert png.startswith(b"\x89PNG")
 
     # With --plot the operation's own chart is shown inline instead.
     plot = tmp_path / "fit.png"

@@ -30,9 +30,10 @@ from helpers import write_mini_vocab
 from llamaforge.core.errors import Cancelled, InvalidOption, ModelError, RecipeError
 from llamaforge.core.events import CancelToken, Event
 from llamaforge.core.registry import operations
-from llamaforge.gguf.scan import CHUNK_SIZE, scan_gguf
+from llamaforge.gguf.header import GGUFFormatError, read_header
+from llamaforge.gguf.sources import CHUNK_SIZE
 from llamaforge.gguf.tiny import TinyModelInfo, TinyModelSpec, write_tiny_model
-from llamaforge.models import remap
+from llamaforge.models import remap, remap_names
 from llamaforge.models.remap import RemapRules, list_rules, load_rules, parse_rules, remap_gguf
 from llamaforge.models.remap_rules import rules_json_schema
 
@@ -185,6 +186,11 @@ def test_metadata_bytes_kept_exactly(tmp_path: Path) -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    exact, lenient = read_header(src, exact=True), read_header(src)
+    assert exact.metadata["tokenizer.ggml.tokens"] == (b"ok", b"\xff\xfebroken", "caf\u00e9".encode())
+    assert (
+        lenient.metadata["tokenizer.ggml.tokens"][1] == "\ufffd\ufffdbroken"
+    )  # inspection decodes leniently
     result = remap_gguf(src, tmp_path / "out.gguf")
     assert result.sha256 == _sha256(src)
 
@@ -238,7 +244,7 @@ def test_name_map_survives_gguf_class_table_mutation(
         assert result.sha256 == models[("qwen3", "canonical")].sha256
     finally:
         gguf.TensorNameMap.block_mappings_cfg.clear()
-        gguf.TensorNameMap.block_mappings_cfg.update(remap._BLOCK_TABLE)
+        gguf.TensorNameMap.block_mappings_cfg.update(remap_names._BLOCK_TABLE)
 
 
 # ------------------------------------------------------------------------------------------------ metadata
@@ -531,9 +537,9 @@ def test_custom_alignment_kept(tmp_path: Path) -> None:
     w.write_tensors_to_file()
     w.close()
     result = remap_gguf(src, tmp_path / "out.gguf")
-    layout = scan_gguf(result.dst)
-    assert layout.alignment == 64 and all(t.offset % 64 == 0 for t in layout.tensors)
-    assert [t.name for t in layout.tensors] == ["output_norm.weight", "output.weight"]
+    header = read_header(result.dst, exact=True)
+    assert header.alignment == 64 and all(header.absolute_offset(t) % 64 == 0 for t in header.tensors)
+    assert [t.name for t in header.tensors] == ["output_norm.weight", "output.weight"]
     reader = gguf.GGUFReader(result.dst)
     assert reader.alignment == 64
     assert reader.tensors[1].data.tolist() == np.arange(15, dtype=np.float32).reshape(3, 5).tolist()
@@ -554,7 +560,7 @@ def test_empty_array_refused_with_a_way_out(tmp_path: Path) -> None:
     data[at : at + 8 + 4] = struct.pack("<Q", 0)  # length 0, and the one int32 item gone
     src = tmp_path / "empty.gguf"
     src.write_bytes(bytes(data))
-    assert scan_gguf(src).get("x.empty") is not None
+    assert read_header(src, exact=True).metadata["x.empty"] == ()
     with pytest.raises(ModelError, match=r"key x\.empty is an empty array") as caught:
         remap_gguf(src, tmp_path / "out.gguf")
     assert 'delete = ["x.empty"]' in (caught.value.hint or "")
@@ -567,8 +573,8 @@ def test_empty_array_refused_with_a_way_out(tmp_path: Path) -> None:
 
 def _cut_points(path: Path) -> dict[str, int]:
     data = path.read_bytes()
-    layout = scan_gguf(path)
-    first = min(t.offset for t in layout.tensors)
+    header = read_header(path)
+    first = min(header.absolute_offset(t) for t in header.tensors)
     return {
         "header": 20,
         "metadata": data.index(b"tokenizer.ggml.tokens") + 30,
@@ -585,18 +591,22 @@ def test_truncated_input_refused(where: str, canonical: Path, tmp_path: Path) ->
     src.parent.mkdir()
     src.write_bytes(canonical.read_bytes()[:cut])
     out = tmp_path / "out"
-    with pytest.raises(ModelError, match=r"truncated or corrupt") as caught:
+    with pytest.raises(GGUFFormatError) as caught:
         remap_gguf(src, out / "x.gguf")
     assert str(src) in caught.value.message
-    assert "download or convert" in (caught.value.hint or "")
+    assert "truncated, corrupt" in (caught.value.hint or "") and "download or convert" in (
+        caught.value.hint or ""
+    )
     assert not out.exists() or list(out.iterdir()) == []
 
 
 def test_last_tensor_cut_is_named(canonical: Path, tmp_path: Path) -> None:
     src = tmp_path / "t.gguf"
     src.write_bytes(canonical.read_bytes()[:-1])
-    last = max(scan_gguf(canonical).tensors, key=lambda t: t.offset)
-    with pytest.raises(ModelError, match=rf"tensor '{last.name}' needs bytes .* \(1 bytes missing\)"):
+    last = max(read_header(canonical).tensors, key=lambda t: t.offset)
+    with pytest.raises(
+        GGUFFormatError, match=rf"tensor '{last.name}' data .* runs past the end .* 1 bytes missing"
+    ):
         remap_gguf(src, tmp_path / "x.gguf")
 
 
@@ -609,7 +619,10 @@ def test_crafted_array_length_refused_fast(canonical: Path, tmp_path: Path) -> N
     src = tmp_path / "crafted.gguf"
     src.write_bytes(bytes(data))
     started = time.monotonic()
-    with pytest.raises(ModelError, match=r"array 'tokenizer.ggml.tokens' claims 9223372036854775803 items"):
+    with pytest.raises(
+        GGUFFormatError,
+        match=r"length 9223372036854775803 exceeds .*field tokenizer\.ggml\.tokens \(array length\)",
+    ):
         remap_gguf(src, tmp_path / "x.gguf")
     assert time.monotonic() - started < 5
 
@@ -621,15 +634,17 @@ def test_tensor_offset_past_end_and_bad_header(canonical: Path, tmp_path: Path) 
     data[offset_at : offset_at + 8] = struct.pack("<Q", 2**40)
     src = tmp_path / "far.gguf"
     src.write_bytes(bytes(data))
-    with pytest.raises(ModelError, match=r"tensor 'output_norm.weight' needs bytes"):
+    with pytest.raises(
+        GGUFFormatError, match=r"tensor 'output_norm.weight' data .* runs past the end of the file"
+    ):
         remap_gguf(src, tmp_path / "x.gguf")
     counts = bytearray(canonical.read_bytes())
     counts[8:16] = struct.pack("<Q", 2**60)  # tensor count
     (tmp_path / "counts.gguf").write_bytes(bytes(counts))
-    with pytest.raises(ModelError, match=r"header claims 1152921504606846976 tensors"):
+    with pytest.raises(GGUFFormatError, match=r"length 1152921504606846976 exceeds .*field tensor count"):
         remap_gguf(tmp_path / "counts.gguf", tmp_path / "x.gguf")
     (tmp_path / "text.gguf").write_text("definitely not a model, but long enough to have a header\n")
-    with pytest.raises(ModelError, match=r"is not a GGUF file"):
+    with pytest.raises(GGUFFormatError, match=r"not a GGUF file"):
         remap_gguf(tmp_path / "text.gguf", tmp_path / "x.gguf")
 
 
@@ -662,11 +677,12 @@ def test_verification_catches_a_bad_copy(
 
     def write_then_flip_a_bit(tmp: Path, *args: Any) -> dict[str, str]:
         hashes = real_write(tmp, *args)
-        last = max(scan_gguf(tmp).tensors, key=lambda t: t.offset)
+        header = read_header(tmp)
+        last = header.absolute_offset(max(header.tensors, key=lambda t: t.offset))
         with tmp.open("r+b") as fh:
-            fh.seek(last.offset + 3)
+            fh.seek(last + 3)
             byte = fh.read(1)
-            fh.seek(last.offset + 3)
+            fh.seek(last + 3)
             fh.write(bytes([byte[0] ^ 1]))
         return hashes
 

@@ -25,8 +25,10 @@ from helpers import invoke
 from llamaforge.core.errors import Cancelled, InvalidOption, SmokeFailed, ToolFailed
 from llamaforge.core.events import CancelToken, Event
 from llamaforge.core.registry import OperationContext, operations
+from llamaforge.gguf.header import read_header
 from llamaforge.runners.process import ProcessHandle, ProcessResult
 from llamaforge.serve import launcher
+from llamaforge.serve.bandwidth import TokenBytes, bytes_per_token
 from llamaforge.serve.launcher import free_port, port_is_free
 from llamaforge.smoke.bench import bench_command, parse_llama_bench
 from llamaforge.smoke.report import (
@@ -37,7 +39,7 @@ from llamaforge.smoke.report import (
     resolve_run,
     write_run_files,
 )
-from llamaforge.smoke.roofline import Bandwidth, bytes_per_token, gpu_bandwidth, probe_cpu_bandwidth, roofline
+from llamaforge.smoke.roofline import Bandwidth, gpu_bandwidth, probe_cpu_bandwidth, roofline
 from llamaforge.smoke.run import (
     SmokeOptions,
     SmokeTarget,
@@ -326,22 +328,21 @@ def _moe_gguf(path: Path, *, tied: bool = False) -> None:
 
 def test_bytes_per_token_counts_dense_one_embedding_row_and_active_experts(tmp_path: Path) -> None:
     _moe_gguf(tmp_path / "m.gguf")
-    counted = bytes_per_token(tmp_path / "m.gguf", kv_depth=10)
+    counted = bytes_per_token(read_header(tmp_path / "m.gguf"), kv_depth=10)
     assert (counted.dense, counted.experts_active, counted.embedding_row) == (128 + 1600, 1024 // 4, 32)
     assert counted.weights == 128 + 1600 + 256 + 32
     assert counted.kv_cache == 1 * 10 * 1 * (4 + 4) * 2  # layers x depth x kv heads x (k + v) x f16
     assert counted.total == counted.weights + counted.kv_cache
     assert any("1 of 4 experts" in note for note in counted.notes)
     _moe_gguf(tmp_path / "tied.gguf", tied=True)
-    tied = bytes_per_token(tmp_path / "tied.gguf", kv_depth=0)
+    tied = bytes_per_token(read_header(tmp_path / "tied.gguf"), kv_depth=0)
     assert tied.dense == 128 + 3200 and tied.embedding_row == 0  # the output matmul reads the whole table
     assert any("tied embeddings" in note for note in tied.notes)
 
 
 def test_roofline_math_and_labels() -> None:
-    from llamaforge.smoke.roofline import TokenBytes
-
-    token_bytes = TokenBytes(10**8, 0, 10**8, 0, 0, 0.0, [])
+    token_bytes = TokenBytes(dense=10**8, experts_active=0, embedding_row=0, kv_cache=0, recurrent_state=0,
+                             kv_depth=0.0)  # fmt: skip
     result = roofline(50.0, Bandwidth(20.0, "given: --bandwidth-gbs"), token_bytes)
     assert result["roof_tps"] == pytest.approx(200.0) and result["efficiency"] == pytest.approx(0.25)
     assert result["estimated"] == ["bytes_per_token"]
@@ -352,7 +353,7 @@ def test_roofline_math_and_labels() -> None:
 
 def test_gpu_bandwidth_table() -> None:
     assert gpu_bandwidth("NVIDIA GeForce RTX 4090") == Bandwidth(
-        1008, "spec sheet: RTX 4090 (peak, not measured)"
+        1008, "spec sheet: GeForce RTX 4090 (peak, not measured)"
     )
     ti = gpu_bandwidth("NVIDIA GeForce RTX 3060 Ti, NVIDIA GeForce RTX 3090")
     assert ti is not None and ti.gbs == 448  # the first GPU, and the longest matching name

@@ -26,13 +26,8 @@ from helpers import write_mini_vocab
 from llamaforge.core.errors import LlamaforgeError, ModelError
 from llamaforge.core.registry import OperationContext, operations
 from llamaforge.gguf import tiny as tinymodels
-from llamaforge.gguf.header import (
-    ArraySummary,
-    BytesSource,
-    GGUFFormatError,
-    HeaderLimits,
-    read_header,
-)
+from llamaforge.gguf.header import ArraySummary, GGUFFormatError, HeaderLimits, read_header
+from llamaforge.gguf.sources import BytesSource
 from llamaforge.gguf.tiny import TensorPlanEntry, TinyModelSpec, write_tiny_model
 from llamaforge.models import verify
 from llamaforge.models.recipes import ModelExpectations, ModelRecipe
@@ -195,6 +190,9 @@ def test_huge_arrays_are_summarised(tmp_path: Path) -> None:
     assert isinstance(header.metadata["tokenizer.ggml.token_type"], ArraySummary)
     kept = read_header(path, limits=HeaderLimits(keep_array_items=10_000))
     assert kept.metadata["tokenizer.ggml.tokens"][-1] == "tok4999"
+    exact = read_header(path, exact=True)  # the rewriting mode keeps every item, as raw bytes
+    assert exact.metadata["tokenizer.ggml.tokens"] == tuple(f"tok{i}".encode() for i in range(5000))
+    assert exact.value_types["tokenizer.ggml.tokens"] == "array[string]"
 
 
 # --------------------------------------------------------------------------------------- corruptions
@@ -618,6 +616,22 @@ def test_fuzz_sample_only_typed_errors(models: dict[str, Path]) -> None:
         signal.signal(signal.SIGALRM, previous)
     assert outcomes["typed"] > 150 and outcomes["typed"] + outcomes["parsed"] == 300
     assert slowest < 2.0
+
+
+def test_fuzz_sample_both_modes_check_the_same(models: dict[str, Path]) -> None:
+    """The byte-exact (rewriting) mode refuses exactly what the summarising mode refuses, at the same field."""
+    data = models["qwen3moe"].read_bytes()
+    header_end = read_header(models["qwen3moe"]).header_end
+
+    def outcome(mutant: bytes, name: str, exact: bool) -> tuple[str, int] | tuple[int, int]:
+        try:
+            header = read_header(BytesSource(mutant, name=name), exact=exact)
+        except GGUFFormatError as error:
+            return error.field, error.offset
+        return len(header.tensors), header.data_offset
+
+    for name, mutant in _mutants(data, header_end, 300, seed=4321):
+        assert outcome(mutant, name, exact=True) == outcome(mutant, name, exact=False), name
 
 
 # ----------------------------------------------------------------------------------------- the fronts

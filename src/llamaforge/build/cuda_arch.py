@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from llamaforge.core.errors import InvalidOption
+from llamaforge.serve.gpus import cuda_arch_for, gpu_names
 
 # Compute capabilities that CUDA 12.x/13.x nvcc accept as CMAKE_CUDA_ARCHITECTURES entries.
 KNOWN_ARCHS: tuple[str, ...] = (
@@ -13,21 +14,15 @@ KNOWN_ARCHS: tuple[str, ...] = (
     "120", "120a", "120f", "121", "121a",
 )  # fmt: skip
 
-# What people mean when they name a card rather than an arch.
-GPU_ALIASES: dict[str, str] = {
-    "rtx30": "86", "rtx3060": "86", "rtx3070": "86", "rtx3080": "86", "rtx3090": "86", "a6000": "86",
-    "a100": "80", "rtx40": "89", "rtx4060": "89", "rtx4070": "89", "rtx4080": "89", "rtx4090": "89",
-    "l4": "89", "l40s": "89", "h100": "90", "h200": "90", "rtx50": "120", "rtx5090": "120",
-}  # fmt: skip
-
 _ENTRY = re.compile(r"^(?P<arch>[0-9]+[af]?)(?:-(?P<kind>real|virtual))?$")
 
 
 def parse_cuda_archs(value: str | list[str] | tuple[str, ...]) -> list[str]:
     """Normalise an arch list to CMake entries, e.g. ``"86, 89-real"`` -> ``["86", "89-real"]``.
 
-    Accepts commas, semicolons or spaces as separators, ``sm_86``/``compute_86`` spellings and GPU names
-    such as ``rtx3090``. Rejects anything else with the list of valid values.
+    Accepts commas, semicolons or spaces as separators, ``sm_86``/``compute_86`` spellings and the names of
+    ``recipes/gpus.toml`` (cards such as ``rtx3090``, families such as ``rtx40``). Rejects anything else with
+    the list of valid values.
     """
     items = [value] if isinstance(value, str) else list(value)
     entries: list[str] = []
@@ -38,8 +33,9 @@ def parse_cuda_archs(value: str | list[str] | tuple[str, ...]) -> list[str]:
     result: list[str] = []
     for raw in entries:
         entry = raw.lower().removeprefix("sm_").removeprefix("compute_")
-        entry = GPU_ALIASES.get(entry, entry)
         match = _ENTRY.match(entry)
+        if match is None and (card_arch := cuda_arch_for(entry)) is not None:
+            entry, match = card_arch, _ENTRY.match(card_arch)
         if entry in ("native", "all", "all-major"):
             raise InvalidOption(
                 f"CUDA arch {raw!r} depends on the build machine or builds every arch",
@@ -52,7 +48,7 @@ def parse_cuda_archs(value: str | list[str] | tuple[str, ...]) -> list[str]:
                     "valid archs: "
                     + ", ".join(KNOWN_ARCHS)
                     + " (optionally with -real or -virtual), or a GPU name: "
-                    + ", ".join(sorted(GPU_ALIASES))
+                    + ", ".join(gpu_names())
                 ),
             )
         if entry not in result:

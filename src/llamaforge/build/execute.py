@@ -215,11 +215,3 @@ def _build_locked(
         raise
     reporter(Event("info", f"published build {key} at {path}", stage="publish"))
     return BuildResult(key, path, manifest, cached=False, seconds=time.monotonic() - started)
-
-
-def require_build(key: str) -> BuildResult:
-    """The published build ``key``, or a CacheError."""
-    manifest = load_manifest(key)
-    if manifest is None:
-        raise CacheError(f"no published build {key}", hint="`invoke builds.list` shows the builds")
-    return BuildResult(key, build_dir(key), manifest, cached=True, seconds=0.0)

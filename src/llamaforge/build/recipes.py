@@ -6,7 +6,6 @@ Errors name the file and the field; unknown keys get a "did you mean" suggestion
 from __future__ import annotations
 
 import datetime
-import difflib
 import json
 import os
 import re
@@ -19,6 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from llamaforge.build.cuda_arch import parse_cuda_archs
 from llamaforge.core.errors import InvalidOption, RecipeError
 from llamaforge.core.paths import data_dir
+from llamaforge.core.validation import recipe_error, suggest
 
 Backend = Literal["cpu", "cuda", "vulkan", "metal"]
 Platform = Literal["linux", "windows", "macos"]
@@ -76,10 +76,10 @@ def check_smoke_table(value: dict[str, float | str | None] | None) -> dict[str, 
     """Validate a recipe's ``[smoke]`` thresholds table (keys only; values are checked when a smoke runs)."""
     for key in value or {}:
         if key not in SMOKE_KEYS:
-            close = difflib.get_close_matches(key, SMOKE_KEYS, n=1)
+            close = suggest(key, SMOKE_KEYS)
             raise ValueError(
                 f"unknown smoke threshold {key!r}"
-                + (f" (did you mean {close[0]!r}?)" if close else f"; known: {', '.join(SMOKE_KEYS)}")
+                + (f" ({close})" if close else f"; known: {', '.join(SMOKE_KEYS)}")
             )
     return value
 
@@ -166,50 +166,22 @@ def resolve_named_file(name_or_path: str | Path, directory: Path, kind: str) -> 
     path = directory / f"{text}.toml"
     if not path.is_file():
         known = sorted(entry.stem for entry in directory.glob("*.toml"))
-        close = difflib.get_close_matches(text, known, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
         raise RecipeError(
             f"unknown {kind} {text!r}",
-            hint=hint + "known: " + (", ".join(known) or "none") + f" (in {directory})",
+            hint=suggest(text, known, end=" ")
+            + "known: "
+            + (", ".join(known) or "none")
+            + f" (in {directory})",
         )
     return path
 
 
-def _field_names(loc: tuple[int | str, ...]) -> list[str]:
-    """Field names valid next to the last element of ``loc`` (for "did you mean")."""
-    tags: dict[str, type[BaseModel]] = {
-        "git": GitSource,
-        "archive": ArchiveSource,
-        "pypi-sdist": PypiSdistSource,
-    }
-    model: type[BaseModel] | None = BuildRecipe
-    for part in loc[:-1]:
-        if isinstance(part, str) and part in tags:  # discriminated-union tag inside the loc
-            model = tags[part]
-            continue
-        field = model.model_fields.get(part) if model is not None and isinstance(part, str) else None
-        annotation = field.annotation if field is not None else None
-        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
-    return list(model.model_fields) if model else []
-
-
-def _describe(path: Path, error: ValidationError) -> RecipeError:
-    problems: list[str] = []
-    hints: list[str] = []
-    for item in error.errors():
-        loc = tuple(item["loc"])
-        dotted = ".".join(str(part) for part in loc if part not in ("git", "archive", "pypi-sdist"))
-        if item["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(str(loc[-1]), _field_names(loc), n=1)
-            problems.append(f"{dotted}: unknown key")
-            if close:
-                hints.append(f"did you mean {close[0]!r} instead of {loc[-1]!r}?")
-        else:
-            problems.append(f"{dotted or '(top level)'}: {item['msg']}")
-    return RecipeError(
-        f"invalid recipe {path}:\n  " + "\n  ".join(problems),
-        hint=" ".join(hints) or "see recipes/schema/build-recipe.schema.json for the fields",
-    )
+# Discriminated-union tags pydantic puts in an error's loc, and the source model each selects.
+_SOURCE_TAGS: dict[str, type[BaseModel]] = {
+    "git": GitSource,
+    "archive": ArchiveSource,
+    "pypi-sdist": PypiSdistSource,
+}
 
 
 def parse_recipe(data: dict[str, Any], *, name: str, origin: Path) -> BuildRecipe:
@@ -217,7 +189,10 @@ def parse_recipe(data: dict[str, Any], *, name: str, origin: Path) -> BuildRecip
     try:
         return BuildRecipe.model_validate({**data, "name": name})
     except ValidationError as error:
-        raise _describe(origin, error) from None
+        raise recipe_error(
+            error, what=f"recipe {origin}", root=BuildRecipe, tags=_SOURCE_TAGS,
+            hint="see recipes/schema/build-recipe.schema.json for the fields",
+        ) from None  # fmt: skip
 
 
 def load_recipe(name_or_path: str) -> BuildRecipe:

@@ -9,7 +9,6 @@ the operation's ``CancelToken``: its callbacks remove the build container, so ca
 from __future__ import annotations
 
 import datetime
-import difflib
 import logging
 import threading
 import time
@@ -22,7 +21,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from llamaforge.core.errors import Cancelled, InvalidOption, LlamaforgeError
 from llamaforge.core.events import CancelToken, Event
-from llamaforge.core.registry import Operation, OperationContext, Params, operations
+from llamaforge.core.registry import Operation, OperationContext, Params, find_operation, operations
+from llamaforge.core.validation import describe_errors
 
 logger = logging.getLogger(__name__)
 
@@ -124,13 +124,6 @@ class _Job:
     thread: threading.Thread | None = None
 
 
-def describe_validation_error(error: ValidationError) -> str:
-    """Pydantic's errors as ``field: problem; …`` (the caller's values are not repeated)."""
-    return "; ".join(
-        f"{'.'.join(str(p) for p in item['loc']) or '(params)'}: {item['msg']}" for item in error.errors()
-    )
-
-
 class JobManager:
     """Runs operations in background threads and keeps their state, logs and results."""
 
@@ -151,15 +144,7 @@ class JobManager:
 
     def validate(self, operation: str, params: Mapping[str, Any] | Params) -> tuple[Operation, Params]:
         """The operation and its validated parameters (``InvalidOption`` for unknown names or bad values)."""
-        op = self._registry.get(operation)
-        if op is None:
-            close = difflib.get_close_matches(operation, list(self._registry), n=1)
-            raise InvalidOption(
-                f"unknown operation {operation!r}",
-                hint=(f"did you mean {close[0]!r}? " if close else "")
-                + "known: "
-                + ", ".join(sorted(self._registry)),
-            )
+        op = find_operation(operation, self._registry)
         if isinstance(params, op.params):
             return op, params
         raw = params.model_dump() if isinstance(params, BaseModel) else dict(params)
@@ -167,7 +152,7 @@ class JobManager:
             return op, op.params.model_validate(raw)
         except ValidationError as error:
             raise InvalidOption(
-                f"invalid parameters for {op.name}: {describe_validation_error(error)}",
+                f"invalid parameters for {op.name}: {describe_errors(error)}",
                 hint=f"see the {op.name} parameters and their descriptions",
             ) from None
 

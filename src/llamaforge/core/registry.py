@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from llamaforge.core.errors import InvalidOption
 from llamaforge.core.events import CancelToken, Reporter, null_reporter
+from llamaforge.core.validation import suggest
 
 
 @dataclass
@@ -59,6 +61,32 @@ def operations() -> dict[str, Operation]:
         for module in _operation_modules():
             importlib.import_module(module)
     return REGISTRY
+
+
+def find_operation(
+    name: str, registry: Mapping[str, Operation] | None = None, *, short_names: bool = False
+) -> Operation:
+    """The operation called ``name`` in ``registry`` (default: every registered one); with ``short_names``, also
+    the only one whose last part is ``name`` (``fit`` -> ``models.fit``). InvalidOption otherwise, with
+    "did you mean …?" and the known names, or the candidates of an ambiguous short name."""
+    registry = registry if registry is not None else operations()
+    if name in registry:
+        return registry[name]
+    leaves = (
+        [op for full, op in sorted(registry.items()) if full.rsplit(".", 1)[-1] == name]
+        if short_names
+        else []
+    )
+    if len(leaves) == 1:
+        return leaves[0]
+    if leaves:
+        raise InvalidOption(
+            f"{name!r} is ambiguous", hint="say which: " + ", ".join(op.name for op in leaves)
+        )
+    raise InvalidOption(
+        f"unknown operation {name!r}",
+        hint=suggest(name, registry, end=" ") + "known: " + ", ".join(sorted(registry)),
+    )
 
 
 def _operation_modules() -> list[str]:

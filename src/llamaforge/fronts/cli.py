@@ -18,6 +18,7 @@ from llamaforge import __version__
 from llamaforge.core.errors import InvalidOption, LlamaforgeError
 from llamaforge.core.events import CancelToken, Event
 from llamaforge.core.registry import Operation, OperationContext, operations
+from llamaforge.core.validation import describe_errors
 from llamaforge.fronts.render_cli import render_human
 
 
@@ -69,11 +70,7 @@ def run_operation(op: Operation, arguments: dict[str, Any], *, as_json: bool, ve
     try:
         params = op.params.model_validate({k: v for k, v in arguments.items() if v is not None})
     except ValidationError as error:
-        problems = "; ".join(
-            f"--{'.'.join(str(p) for p in item['loc']).replace('_', '-')}: {item['msg']}"
-            for item in error.errors()
-        )
-        err.print(f"[red]error:[/red] {problems}", highlight=False)
+        err.print(f"[red]error:[/red] {describe_errors(error, as_flags=True)}", highlight=False)
         return InvalidOption.exit_code
     reporter = ConsoleReporter(err, verbose)
     cancel = CancelToken()

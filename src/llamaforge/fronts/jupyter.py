@@ -10,7 +10,6 @@ message and hint, not a traceback. ``run("models.fit", model=..., ctx=...)`` is 
 from __future__ import annotations
 
 import argparse
-import difflib
 import html
 import importlib
 import json
@@ -26,10 +25,11 @@ from typing import Any, NoReturn, Protocol
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
-from llamaforge.core.errors import LlamaforgeError
+from llamaforge.core.errors import InvalidOption, LlamaforgeError
 from llamaforge.core.events import Event
 from llamaforge.core.jobs import FINISHED, JobManager, JobStatus
-from llamaforge.core.registry import Operation, Params, operations
+from llamaforge.core.registry import Operation, Params, find_operation, operations
+from llamaforge.core.validation import describe_errors
 from llamaforge.fronts.render_html import badge, kv_table, render_html, render_text, section
 
 _FRONT_FLAGS = ("help", "background")
@@ -173,21 +173,10 @@ def build_parser(op: Operation) -> argparse.ArgumentParser:
 
 def resolve_operation(name: str) -> Operation:
     """The operation called ``name``, or the only one whose last part is ``name`` (``fit`` -> ``models.fit``)."""
-    if name in operations():
-        return operations()[name]
-    leaves = [op for full, op in sorted(operations().items()) if full.rsplit(".", 1)[-1] == name]
-    if len(leaves) == 1:
-        return leaves[0]
-    if leaves:
-        raise NotebookError(
-            f"{name!r} is ambiguous", hint="say which: " + ", ".join(op.name for op in leaves), exit_code=2
-        )
-    close = difflib.get_close_matches(name, list(operations()), n=1)
-    raise NotebookError(
-        f"unknown operation {name!r}",
-        exit_code=2,
-        hint=(f"did you mean {close[0]!r}? " if close else "") + "`%llamaforge` lists them",
-    )
+    try:
+        return find_operation(name, short_names=True)
+    except InvalidOption as error:
+        raise NotebookError.from_error(error) from None
 
 
 def validate_params(op: Operation, arguments: Mapping[str, Any]) -> Params:
@@ -195,12 +184,10 @@ def validate_params(op: Operation, arguments: Mapping[str, Any]) -> Params:
     try:
         return op.params.model_validate({k: v for k, v in arguments.items() if v is not None})
     except ValidationError as error:
-        problems = "; ".join(
-            f"--{'.'.join(str(p) for p in item['loc']).replace('_', '-')}: {item['msg']}"
-            for item in error.errors()
-        )
         raise NotebookError(
-            problems, hint=f"`%llamaforge {op.name} --help` lists the options", exit_code=2
+            describe_errors(error, as_flags=True),
+            hint=f"`%llamaforge {op.name} --help` lists the options",
+            exit_code=2,
         ) from None
 
 

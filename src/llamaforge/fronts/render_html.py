@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from llamaforge.serve.fit_chart import CATEGORIES, fit_chart_png
+
 GiB = float(1 << 30)
 MiB = float(1 << 20)
 
@@ -314,53 +316,10 @@ def _models_fetch_html(data: dict[str, Any]) -> str:
     return section("model fetch", kv_table(rows))
 
 
-_MEMORY = {
-    "weights": ("weights", "#4c72b0"),
-    "kv_cache": ("KV cache", "#dd8452"),
-    "recurrent_state": ("recurrent state", "#55a868"),
-    "compute": ("compute buffer", "#c44e52"),
-    "output": ("output (logits)", "#8172b3"),
-}
-
-
-def fit_chart_png(data: Mapping[str, Any]) -> bytes | None:
-    """A memory-breakdown bar chart (GPU and host RAM, stacked by category) drawn from a fit plan's numbers."""
-    devices: list[tuple[str, Mapping[str, Any]]] = []
-    for label, key in (("GPU", "gpu_memory"), ("host RAM", "host_memory")):
-        memory = data.get(key)
-        if not isinstance(memory, Mapping):
-            return None
-        devices.append((label, memory))
-
-    def draw(figure: Any) -> None:
-        axes = figure.subplots()
-        labelled: set[str] = set()
-        for row, (_label, memory) in enumerate(devices):
-            left = 0.0
-            for category, (name, colour) in _MEMORY.items():
-                value = float(memory.get(category) or 0) / GiB
-                if value <= 0:
-                    continue
-                axes.barh(row, value, left=left, color=colour, label=None if name in labelled else name)
-                labelled.add(name)
-                left += value
-            axes.text(left, row, f" {left:.2f}", va="center", fontsize=8)
-        vram = float(data.get("vram_bytes") or 0) / GiB
-        if vram:
-            axes.axvline(vram, color="black", linewidth=1.2, label=f"VRAM {vram:.1f} GiB")
-            usable = vram - float(data.get("margin_bytes") or 0) / GiB
-            axes.axvline(
-                usable, color="black", linestyle="--", linewidth=0.8, label=f"usable {usable:.1f} GiB"
-            )
-        axes.set_yticks(range(len(devices)), [label for label, _memory in devices])
-        axes.invert_yaxis()  # GPU on top
-        axes.set_xlabel("GiB")
-        axes.set_title(
-            f"{Path(str(data.get('model', 'model'))).name} on {data.get('gpu') or 'GPU'}", fontsize=10
-        )
-        axes.legend(fontsize=8, loc="lower right")
-
-    return _figure_png(draw, (7.0, 2.8))
+def _fit_chart(data: Mapping[str, Any]) -> bytes | None:
+    if not all(isinstance(data.get(key), Mapping) for key in ("gpu_memory", "host_memory")):
+        return None
+    return fit_chart_png([data])
 
 
 def _models_fit_html(data: dict[str, Any]) -> str:
@@ -372,7 +331,7 @@ def _models_fit_html(data: dict[str, Any]) -> str:
         ["memory (GiB)", "GPU", "host RAM"],
         [
             (name, f"{float(gpu.get(c) or 0) / GiB:.3f}", f"{float(host.get(c) or 0) / GiB:.3f}")
-            for c, (name, _colour) in [*_MEMORY.items(), ("total", ("total", ""))]
+            for c, (name, _colour) in [*CATEGORIES.items(), ("total", ("total", ""))]
         ],
     )
     placement = [
@@ -386,7 +345,7 @@ def _models_fit_html(data: dict[str, Any]) -> str:
     body += kv_table(placement)
     chart = _png_file(data.get("plot"), "memory breakdown")
     if not chart:
-        png = fit_chart_png(data)
+        png = _fit_chart(data)
         chart = _img_png(png, "memory breakdown") if png else ""
     return section("fit plan", body + chart)
 

@@ -1,10 +1,17 @@
-"""A hardened GGUF header pre-parser: it never trusts the file.
+"""The one GGUF header reader: hardened (it never trusts the file), with a summarising and a byte-exact mode.
 
 gguf 0.19.0's ``GGUFReader`` memory-maps a file and trusts its counts; a crafted array length near 2^63 makes
 it hang. This parser reads the header (magic, version, key/value metadata, tensor infos) through a
-:class:`ByteSource`, so the same code reads a local file or a remote one through HTTP range requests, and
-checks every count and length against the bytes that remain (and against sane caps) *before* it reads or
-allocates anything. Every failure is a :class:`GGUFFormatError` naming the byte offset and the field.
+:class:`~llamaforge.gguf.sources.ByteSource`, so the same code reads a local file or a remote one through HTTP
+range requests, and checks every count and length against the bytes that remain (and against sane caps)
+*before* it reads or allocates anything. Every failure is a :class:`GGUFFormatError` naming the byte offset and
+the field.
+
+Two modes, one parser. Inspection and verification (the default) summarise arrays longer than
+``HeaderLimits.keep_array_items`` and decode strings leniently (invalid UTF-8 in token texts becomes U+FFFD),
+so memory stays bounded on any file. Rewriting (``exact=True``, :mod:`llamaforge.models.remap`) keeps every
+value byte-exact: strings stay ``bytes``, arrays come back whole as tuples, so a file written back from the
+values loses nothing.
 
 The checks follow llama.cpp b11312's ``gguf_init_from_reader``: version 2 or 3, non-empty unique keys, known
 value types (no nested arrays), ``general.alignment`` a uint32 power of two, tensor names shorter than
@@ -20,17 +27,14 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from stat import S_ISREG
-from typing import Any, Final, Protocol, runtime_checkable
+from typing import Any, Final
 
 from llamaforge.core.errors import ModelError
+from llamaforge.gguf.sources import ByteSource, FileSource
 
 __all__ = [
     "GGML_TYPES",
     "ArraySummary",
-    "ByteSource",
-    "BytesSource",
-    "FileSource",
     "GGMLType",
     "GGUFFormatError",
     "GGUFHeader",
@@ -57,7 +61,9 @@ class GGUFFormatError(ModelError):
     ) -> None:
         super().__init__(
             f"{source}: {message} (field {field} at byte {offset})",
-            hint=hint or "the file is truncated, corrupt or not a GGUF model: fetch it again",
+            hint=hint
+            or "the file is truncated, corrupt or not a GGUF model: download or convert it again and compare "
+            "its size and sha256 with the source",
         )
         self.source = source
         self.offset = offset
@@ -168,8 +174,8 @@ class GGUFHeader:
     source: str
     file_size: int
     version: int
-    metadata: dict[str, Any]
-    value_types: dict[str, str]
+    metadata: dict[str, Any]  # exact mode: strings as bytes, arrays as tuples
+    value_types: dict[str, str]  # GGUF type names: "uint32", "string", "array[string]", …
     tensors: list[TensorInfo]
     alignment: int
     header_end: int  # first byte after the tensor infos
@@ -180,90 +186,20 @@ class GGUFHeader:
 
     @property
     def architecture(self) -> str | None:
-        """``general.architecture`` when it is a string."""
+        """``general.architecture`` when it is a string (in either mode)."""
         value = self.metadata.get("general.architecture")
+        if isinstance(value, bytes):
+            return value.decode("utf-8", errors="replace")
         return value if isinstance(value, str) else None
+
+    def absolute_offset(self, tensor: TensorInfo) -> int:
+        """Where ``tensor``'s data starts in the file."""
+        return self.data_offset + tensor.offset
 
     @property
     def data_end(self) -> int:
         """First byte after the last tensor's data."""
         return max((self.data_offset + t.offset + t.nbytes for t in self.tensors), default=self.data_offset)
-
-
-# ----------------------------------------------------------------------------------------------- sources
-
-
-@runtime_checkable
-class ByteSource(Protocol):
-    """Random access to the bytes of a file whose size is known up front."""
-
-    name: str
-
-    @property
-    def size(self) -> int:
-        """Total size in bytes."""
-        ...
-
-    def read_at(self, offset: int, length: int) -> bytes:
-        """``length`` bytes at ``offset`` (fewer only at the end of the file)."""
-        ...
-
-
-class BytesSource:
-    """A byte string as a source (tests, fuzzing)."""
-
-    def __init__(self, data: bytes, name: str = "<bytes>") -> None:
-        self._data = data
-        self.name = name
-
-    @property
-    def size(self) -> int:
-        """Total size in bytes."""
-        return len(self._data)
-
-    def read_at(self, offset: int, length: int) -> bytes:
-        """``length`` bytes at ``offset``."""
-        return self._data[offset : offset + length]
-
-
-class FileSource:
-    """A local file read with ``pread``; a context manager that closes it."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.name = str(path)
-        try:
-            self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
-        except OSError as error:
-            raise ModelError(f"cannot open {path}: {error.strerror}", hint="check the path") from None
-        stat = os.fstat(self._fd)
-        if not S_ISREG(stat.st_mode):
-            os.close(self._fd)
-            raise ModelError(f"{path} is not a regular file", hint="pass the path of a .gguf file")
-        self._size = stat.st_size
-
-    @property
-    def size(self) -> int:
-        """Size of the file when it was opened."""
-        return self._size
-
-    def read_at(self, offset: int, length: int) -> bytes:
-        """``length`` bytes at ``offset``."""
-        try:
-            return os.pread(self._fd, length, offset)
-        except OSError as error:
-            raise ModelError(f"cannot read {self.name}: {error.strerror}") from None
-
-    def close(self) -> None:
-        """Close the file."""
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-    def __enter__(self) -> FileSource:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 # ------------------------------------------------------------------------------------------------ parser
@@ -353,6 +289,30 @@ class _Cursor:
             pos += 8 + n
         self.pos = pos
 
+    def take_strings(self, count: int, cap: int, field: str) -> tuple[bytes, ...]:
+        """The ``count`` items of a string array as raw bytes (the same hot loop, keeping each item)."""
+        unpack = _U64.unpack_from
+        items: list[bytes] = []
+        size, pos, base, buf = self.size, self.pos, self._base, self._buf
+        for index in range(count):
+            rel = pos - base
+            if rel < 0 or rel + 8 > len(buf):
+                self.pos = pos
+                rel = self._window(8, f"{field}[{index}] (string length)")
+                base, buf = self._base, self._buf
+            n = unpack(buf, rel)[0]
+            if n > cap or n > size - pos - 8:
+                self.pos = pos
+                self.length(f"{field}[{index}] (string length)", cap)  # raises with the right message
+            if rel + 8 + n > len(buf):
+                self.pos = pos
+                rel = self._window(8 + n, f"{field}[{index}]")
+                base, buf = self._base, self._buf
+            items.append(buf[rel + 8 : rel + 8 + n])
+            pos += 8 + n
+        self.pos = pos
+        return tuple(items)
+
 
 _U64: Final = struct.Struct("<Q")
 
@@ -364,10 +324,10 @@ def _decode(raw: bytes, cursor: _Cursor, field: str, offset: int) -> str:
         raise cursor.fail("is not valid UTF-8", field, offset) from None
 
 
-def _read_string(
-    cursor: _Cursor, field: str, limits: HeaderLimits, cap: int | None = None
-) -> str | LongString:
-    n = cursor.length(field, cap if cap is not None else limits.max_string_length)
+def _read_string(cursor: _Cursor, field: str, limits: HeaderLimits, exact: bool) -> str | LongString | bytes:
+    n = cursor.length(field, limits.max_string_length)
+    if exact:
+        return cursor.take(n, field)
     if n > limits.keep_string_bytes:
         head = cursor.take(4096, field).decode("utf-8", errors="replace")
         cursor.skip(n - 4096, field)
@@ -376,15 +336,17 @@ def _read_string(
     return cursor.take(n, field).decode("utf-8", errors="replace")
 
 
-def _read_value(cursor: _Cursor, vtype: int, key: str, limits: HeaderLimits) -> Any:
+def _read_value(cursor: _Cursor, vtype: int, key: str, limits: HeaderLimits, exact: bool) -> Any:
     if vtype == _STRING:
-        return _read_string(cursor, f"{key} (string length)", limits)
+        return _read_string(cursor, f"{key} (string length)", limits, exact)
     name, fmt, size = _SCALARS[vtype]
     value = cursor.unpack("<" + fmt, size, f"{key} ({name})")
     return bool(value) if vtype == _BOOL else value
 
 
-def _read_array(cursor: _Cursor, key: str, limits: HeaderLimits) -> tuple[Any, str]:
+def _read_array(cursor: _Cursor, key: str, limits: HeaderLimits, exact: bool) -> tuple[Any, str]:
+    """An array's value and type name: whole (a tuple of raw items) when ``exact``, else a list, or an
+    :class:`ArraySummary` past ``limits.keep_array_items``."""
     start = cursor.pos
     item_type: int = cursor.unpack("<I", 4, f"{key} (array item type)")
     if item_type == _ARRAY:
@@ -394,11 +356,13 @@ def _read_array(cursor: _Cursor, key: str, limits: HeaderLimits) -> tuple[Any, s
     unit = 8 if item_type == _STRING else _SCALARS[item_type][2]
     count = cursor.length(f"{key} (array length)", limits.max_array_items, unit)
     type_name = "string" if item_type == _STRING else _SCALARS[item_type][0]
-    keep = count <= limits.keep_array_items
+    keep = exact or count <= limits.keep_array_items
     n_read = count if keep else min(count, 8)
+    if item_type == _STRING and exact:
+        return cursor.take_strings(count, limits.max_string_length, key), f"array[{type_name}]"
     if item_type == _STRING:
         items: list[Any] = [
-            _read_string(cursor, f"{key}[{index}] (string length)", limits) for index in range(n_read)
+            _read_string(cursor, f"{key}[{index}] (string length)", limits, exact) for index in range(n_read)
         ]
         cursor.skip_strings(n_read, count, limits.max_string_length, key)
     else:
@@ -408,12 +372,12 @@ def _read_array(cursor: _Cursor, key: str, limits: HeaderLimits) -> tuple[Any, s
         if item_type == _BOOL:
             items = [bool(item) for item in items]
         cursor.skip((count - n_read) * size, f"{key} (array data)")
-    value: Any = items if keep else ArraySummary(type_name, count, tuple(items))
+    value: Any = (tuple(items) if exact else items) if keep else ArraySummary(type_name, count, tuple(items))
     return value, f"array[{type_name}]"
 
 
 def _read_kv(
-    cursor: _Cursor, n_kv: int, limits: HeaderLimits
+    cursor: _Cursor, n_kv: int, limits: HeaderLimits, exact: bool
 ) -> tuple[dict[str, Any], dict[str, str], dict[str, int]]:
     metadata: dict[str, Any] = {}
     types: dict[str, str] = {}
@@ -431,9 +395,9 @@ def _read_kv(
         type_at = cursor.pos
         vtype: int = cursor.unpack("<I", 4, f"{key} (value type)")
         if vtype == _ARRAY:
-            metadata[key], types[key] = _read_array(cursor, key, limits)
+            metadata[key], types[key] = _read_array(cursor, key, limits, exact)
         elif vtype == _STRING or vtype in _SCALARS:
-            metadata[key] = _read_value(cursor, vtype, key, limits)
+            metadata[key] = _read_value(cursor, vtype, key, limits, exact)
             types[key] = "string" if vtype == _STRING else _SCALARS[vtype][0]
         else:
             raise cursor.fail(f"unknown value type {vtype}", f"{key} (value type)", type_at)
@@ -510,7 +474,8 @@ def _check_layout(
         start, end = data_offset + tensor.offset, data_offset + tensor.offset + tensor.nbytes
         if end > cursor.size:
             raise cursor.fail(
-                f"tensor {tensor.name!r} data [{start}, {end}) runs past the end of the file ({cursor.size} bytes)",
+                f"tensor {tensor.name!r} data [{start}, {end}) runs past the end of the file ({cursor.size} bytes, "
+                f"{end - cursor.size} bytes missing)",
                 f"tensor {tensor.name!r} offset",
                 at,
             )
@@ -533,17 +498,19 @@ def _check_layout(
 
 
 def read_header(
-    source: str | os.PathLike[str] | ByteSource, *, limits: HeaderLimits = DEFAULT_LIMITS
+    source: str | os.PathLike[str] | ByteSource, *, exact: bool = False, limits: HeaderLimits = DEFAULT_LIMITS
 ) -> GGUFHeader:
-    """Parse and check the GGUF header of ``source`` (a path or a :class:`ByteSource`).
+    """Parse and check the GGUF header of ``source`` (a path or a :class:`~llamaforge.gguf.sources.ByteSource`).
 
     Raises :class:`GGUFFormatError` (with the byte offset and field) for anything malformed; never reads or
-    allocates more than the file holds. Arrays longer than ``limits.keep_array_items`` come back as
-    :class:`ArraySummary`, strings longer than ``limits.keep_string_bytes`` as :class:`LongString`.
+    allocates more than the file holds. By default (inspection) arrays longer than ``limits.keep_array_items``
+    come back as :class:`ArraySummary`, strings longer than ``limits.keep_string_bytes`` as :class:`LongString`
+    and strings are decoded leniently. With ``exact`` (rewriting) every value is kept byte-exact: strings as
+    ``bytes``, arrays whole as tuples of raw items.
     """
     if isinstance(source, (str, os.PathLike)):
         with FileSource(Path(source)) as file_source:
-            return read_header(file_source, limits=limits)
+            return read_header(file_source, exact=exact, limits=limits)
     cursor = _Cursor(source, chunk=getattr(source, "preferred_chunk", 1 << 20))
     if cursor.take(4, "magic") != GGUF_MAGIC:
         raise cursor.fail("not a GGUF file (bad magic)", "magic", 0)
@@ -555,7 +522,7 @@ def read_header(
         raise cursor.fail(f"unsupported GGUF version {version} (llama.cpp reads 2 and 3)", "version", 4)
     n_tensors = cursor.length("tensor count", limits.max_tensors, _MIN_TENSOR_INFO)
     n_kv = cursor.length("kv count", limits.max_kv, _MIN_KV)
-    metadata, types, offsets = _read_kv(cursor, n_kv, limits)
+    metadata, types, offsets = _read_kv(cursor, n_kv, limits, exact)
     alignment = _alignment(metadata, types, offsets.get("general.alignment", 0), cursor)
     seen: set[str] = set()
     infos = [_read_tensor_info(cursor, index, alignment, seen) for index in range(n_tensors)]

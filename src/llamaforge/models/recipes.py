@@ -6,7 +6,6 @@ Revision and sha256 stay empty until ``models.lock`` resolves them against a rea
 
 from __future__ import annotations
 
-import difflib
 import re
 import tomllib
 from pathlib import Path
@@ -17,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from llamaforge.build.recipes import SmokeTable, resolve_named_file
 from llamaforge.core.errors import RecipeError
 from llamaforge.core.paths import data_dir
+from llamaforge.core.validation import recipe_error
 
 SOURCE_SCHEMES = ("hf://", "ms://", "https://", "http://", "file://")
 
@@ -89,19 +89,4 @@ def load_model_recipe(name_or_path: str) -> ModelRecipe:
     try:
         return ModelRecipe.model_validate({**data, "name": path.stem})
     except ValidationError as error:
-        problems, hints = [], []
-        for item in error.errors():
-            dotted = ".".join(str(part) for part in item["loc"])
-            if item["type"] == "extra_forbidden":
-                fields = list(
-                    ModelExpectations.model_fields if len(item["loc"]) > 1 else ModelRecipe.model_fields
-                )
-                close = difflib.get_close_matches(str(item["loc"][-1]), fields, n=1)
-                problems.append(f"{dotted}: unknown key")
-                if close:
-                    hints.append(f"did you mean {close[0]!r} instead of {item['loc'][-1]!r}?")
-            else:
-                problems.append(f"{dotted}: {item['msg']}")
-        raise RecipeError(
-            f"invalid model recipe {path}:\n  " + "\n  ".join(problems), hint=" ".join(hints) or None
-        ) from None
+        raise recipe_error(error, what=f"model recipe {path}", root=ModelRecipe) from None

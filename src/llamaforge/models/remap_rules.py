@@ -10,7 +10,6 @@ are checked against that type here; other keys keep the type they have in the fi
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import re
@@ -38,6 +37,7 @@ from pydantic import (
 from llamaforge.build.recipes import resolve_named_file
 from llamaforge.core.errors import RecipeError
 from llamaforge.core.paths import data_dir
+from llamaforge.core.validation import recipe_error, suggest
 
 __all__ = [
     "ARCH_KEY",
@@ -152,9 +152,10 @@ def model_arch(name: str, *, what: str) -> gguf.MODEL_ARCH:
     for member, arch in gguf.MODEL_ARCH_NAMES.items():
         if arch == name:
             return member
-    close = difflib.get_close_matches(name, list(gguf.MODEL_ARCH_NAMES.values()), n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    raise ValueError(f"{what}: the gguf package does not know architecture {name!r}{hint}")
+    close = suggest(name, gguf.MODEL_ARCH_NAMES.values())
+    raise ValueError(
+        f"{what}: the gguf package does not know architecture {name!r}" + (f"; {close}" if close else "")
+    )
 
 
 class _Strict(BaseModel):
@@ -296,47 +297,17 @@ def _resolve_rules(name_or_path: str | Path) -> Path:
     return resolve_named_file(name_or_path, rules_dir(), "remap rules")
 
 
-def _fields_at(loc: tuple[int | str, ...]) -> list[str]:
-    """Keys valid next to the last element of ``loc`` (for "did you mean")."""
-    model: type[BaseModel] | None = None
-    if len(loc) == 1:
-        model = RemapRules
-    elif len(loc) == 2 and loc[0] == "match":
-        model = MatchRules
-    elif len(loc) == 2 and loc[0] == "metadata":
-        model = MetadataRules
-    elif len(loc) == 4 and loc[:2] == ("metadata", "set"):
-        model = TypedValue
-    if model is None:
-        return []
-    return [info.alias or name for name, info in model.model_fields.items()]
-
-
-def _describe(origin: str, error: ValidationError) -> RecipeError:
-    problems: list[str] = []
-    hints: list[str] = []
-    for item in error.errors():
-        loc = tuple(item["loc"])
-        dotted = ".".join(str(part) for part in loc) or "(top level)"
-        if item["type"] == "extra_forbidden":
-            problems.append(f"{dotted}: unknown key")
-            close = difflib.get_close_matches(str(loc[-1]), _fields_at(loc), n=1)
-            if close:
-                hints.append(f"did you mean {close[0]!r} instead of {loc[-1]!r}?")
-        else:
-            problems.append(f"{dotted}: {str(item['msg']).removeprefix('Value error, ')}")
-    return RecipeError(
-        f"invalid remap rules {origin}:\n  " + "\n  ".join(problems),
-        hint=" ".join(hints) or "see recipes/remaps/*.toml for examples",
-    )
-
-
 def parse_rules(data: Mapping[str, Any], *, name: str, origin: str | Path) -> RemapRules:
     """Validate rules ``data`` (parsed TOML); ``origin`` is named in errors."""
     try:
         rules = RemapRules.model_validate({**data, "name": name})
     except ValidationError as error:
-        raise _describe(str(origin), error) from None
+        raise recipe_error(
+            error,
+            what=f"remap rules {origin}",
+            root=RemapRules,
+            hint="see recipes/remaps/*.toml for examples",
+        ) from None
     rules._origin = str(origin)
     return rules
 

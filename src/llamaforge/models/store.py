@@ -151,14 +151,3 @@ def find_source(identity: str) -> dict[str, Any] | None:
         return None
     data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     return data
-
-
-def list_models() -> list[StoredModel]:
-    """Every verified file in the store."""
-    root = models_root() / "sha256"
-    found = []
-    for manifest in sorted(root.glob(f"*/{MANIFEST}")) if root.is_dir() else []:
-        stored = lookup(manifest.parent.name)
-        if stored is not None:
-            found.append(stored)
-    return found

@@ -24,46 +24,50 @@ and sizes its buffers:
   largest CPU-resident weight that ggml copies to the GPU when it offloads a batched op.
 
 Host RAM (CPU weights, CPU layers' KV/state, the host compute and output buffers) is reported too. The
-token-generation ceiling is memory bandwidth / bytes read per token (all dense weights, the
-``expert_used_count / expert_count`` share of the expert tensors, the KV cache of one sequence at full context
-and the recurrent state read and written), GPU part at the card's bandwidth, CPU part at the RAM bandwidth.
+token-generation ceiling is memory bandwidth / bytes read per token as :func:`llamaforge.serve.bandwidth.
+bytes_per_token` defines it, with the KV cache at depth ``--ctx`` (one slot at full context: the slowest
+token), GPU part at the card's bandwidth, CPU part at the RAM bandwidth.
 """
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 import shlex
 import tempfile
-import tomllib
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from llamaforge.core.errors import DoesNotFit, InvalidOption, ToolFailed
-from llamaforge.core.paths import data_dir
+from llamaforge.core.validation import suggest
 from llamaforge.gguf.header import GGML_TYPES, GGUFHeader, TensorInfo, read_header
 from llamaforge.runners.process import LOCAL, ProcessRunner
+from llamaforge.serve.bandwidth import Placement, bytes_per_token
+from llamaforge.serve.gpus import find_gpu
 from llamaforge.serve.launcher import LlamaFlags, LlamaServer, ServerLaunch, Switch
 from llamaforge.serve.loadlog import LoadLog, parse_load_log
+from llamaforge.serve.shape import (
+    HYBRID_ARCHS,
+    ModelShape,
+    WeightLayout,
+    gpu_layers,
+    model_shape,
+    row_bytes,
+    weight_layout,
+)
 
 if TYPE_CHECKING:
     from llamaforge.gguf.tiny import TinyModelSpec
 
 __all__ = [
     "CACHE_TYPES",
-    "GPU",
     "DeviceMemory",
     "DoesNotFit",
     "FitPlan",
-    "ModelShape",
     "Settings",
     "estimate_memory",
-    "find_gpu",
-    "load_gpus",
-    "model_shape",
     "parse_size",
     "plan_fit",
     "synthetic_header",
@@ -78,12 +82,8 @@ DEFAULT_MARGIN: Final = 1 * GiB
 DEFAULT_RAM_BANDWIDTH_GBS: Final = 51.2
 #: KV cache types llama.cpp accepts for ``-ctk`` / ``-ctv``.
 CACHE_TYPES: Final = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
-#: Hybrid (recurrent + attention) archs whose layer kinds follow ``full_attention_interval``.
-HYBRID_ARCHS: Final = frozenset({"qwen3next", "qwen35", "qwen35moe"})
 # Archs whose attention layers project the query and an output gate together (2 x n_head x head_dim).
 _GATED_Q_ARCHS: Final = frozenset({"qwen3next", "qwen35", "qwen35moe"})
-_EXPERT_RE: Final = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
-_BLOCK_RE: Final = re.compile(r"^blk\.(\d+)\.")
 # llama-server defaults (b11312): -b 2048; ops with batches of at least 32 rows are offloaded to the GPU.
 _N_BATCH: Final = 2048
 _OP_OFFLOAD_MIN_BATCH: Final = 32
@@ -101,61 +101,6 @@ _SHARED_EXPERT_PHASE: Final = {"E": 3.75, "S": 3.25}
 _RECURRENT_PHASE: Final = {"E": 3.0, "C": 3.0}
 
 
-# ------------------------------------------------------------------------------------------------ GPUs
-
-
-@dataclass(frozen=True)
-class GPU:
-    """One card of ``recipes/gpus.toml``."""
-
-    key: str
-    name: str
-    vram_bytes: int
-    bandwidth_gbs: float
-    cuda_arch: str
-    aliases: tuple[str, ...] = ()
-
-
-def _norm(name: str) -> str:
-    return re.sub(r"[\s_\-]+", "", name.lower()).removeprefix("nvidia").removeprefix("geforce")
-
-
-def load_gpus(path: Path | None = None) -> dict[str, GPU]:
-    """The GPU table (``recipes/gpus.toml``, or ``path``), keyed by name."""
-    path = path or data_dir("recipes") / "gpus.toml"
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as error:
-        raise InvalidOption(f"cannot read the GPU table {path}: {error}") from None
-    gpus = {}
-    for key, item in data.get("gpus", {}).items():
-        gpus[key] = GPU(
-            key=key, name=str(item["name"]), vram_bytes=int(float(item["vram_gib"]) * GiB),
-            bandwidth_gbs=float(item["bandwidth_gbs"]), cuda_arch=str(item["cuda_arch"]),
-            aliases=tuple(item.get("aliases", ())),
-        )  # fmt: skip
-    return gpus
-
-
-def find_gpu(name: str, gpus: dict[str, GPU] | None = None) -> GPU:
-    """The card called ``name`` (key or alias, ignoring case, spaces, ``-``, ``_``, "nvidia", "geforce")."""
-    gpus = gpus if gpus is not None else load_gpus()
-    wanted = _norm(name)
-    by_name: dict[str, GPU] = {}
-    for gpu in gpus.values():
-        for spelling in (gpu.key, gpu.name, *gpu.aliases):
-            by_name.setdefault(_norm(spelling), gpu)
-    if wanted in by_name:
-        return by_name[wanted]
-    close = difflib.get_close_matches(wanted, list(by_name), n=3, cutoff=0.5)
-    suggestions = list(dict.fromkeys(by_name[c].key for c in close))
-    hint = f"did you mean {' or '.join(repr(s) for s in suggestions)}? " if suggestions else ""
-    raise InvalidOption(
-        f"unknown GPU {name!r}",
-        hint=hint + "known: " + ", ".join(sorted(gpus)) + "; or give the memory with --vram 24GiB",
-    )
-
-
 _SIZE_RE: Final = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 
 
@@ -171,123 +116,6 @@ def parse_size(text: str | int) -> int:
     if scale == 1 and number < 4096:  # a bare small number means GiB, not bytes
         scale = GiB
     return int(number * scale)
-
-
-# ---------------------------------------------------------------------------------------------- the model
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """The hyper-parameters the planner needs, read from the header."""
-
-    arch: str
-    n_layer_all: int  # block_count, MTP layers included (llama.cpp places layers over all of them)
-    n_layer: int  # trunk layers
-    n_embd: int
-    n_head: int
-    n_head_kv: int
-    head_dim_k: int
-    head_dim_v: int
-    n_ff: int
-    n_vocab: int
-    n_ctx_train: int
-    n_expert: int
-    n_expert_used: int
-    n_ff_exp: int
-    n_ff_shexp: int
-    recurrent: tuple[bool, ...]  # per trunk layer
-    ssm_conv_kernel: int = 0
-    ssm_state_size: int = 0
-    ssm_group_count: int = 0
-    ssm_inner_size: int = 0
-
-    @property
-    def attention_layers(self) -> list[int]:
-        """Trunk layers with a KV cache."""
-        return [il for il in range(self.n_layer) if not self.recurrent[il]]
-
-    @property
-    def recurrent_layers(self) -> list[int]:
-        """Trunk layers with a recurrent (DeltaNet) state."""
-        return [il for il in range(self.n_layer) if self.recurrent[il]]
-
-    @property
-    def is_moe(self) -> bool:
-        """True for mixture-of-experts models."""
-        return self.n_expert > 0
-
-    @property
-    def conv_state_values(self) -> int:
-        """F32 values of one recurrent layer's conv state per sequence (``n_embd_r``)."""
-        return max(self.ssm_conv_kernel - 1, 0) * (
-            self.ssm_inner_size + 2 * self.ssm_group_count * self.ssm_state_size
-        )
-
-    @property
-    def ssm_state_values(self) -> int:
-        """F32 values of one recurrent layer's DeltaNet state per sequence (``n_embd_s``)."""
-        return self.ssm_state_size * self.ssm_inner_size
-
-
-def _int(value: Any, default: int = 0) -> int:
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int | float):
-        return int(value)
-    if isinstance(value, list | tuple) and value:
-        return max(int(v) for v in value)
-    return default
-
-
-def model_shape(header: GGUFHeader) -> ModelShape:
-    """Read the planner's hyper-parameters from ``header`` (raises InvalidOption when they are missing)."""
-    meta = header.metadata
-    arch = header.architecture
-    if not arch:
-        raise InvalidOption(f"{header.source}: no general.architecture; is it a model GGUF?")
-
-    def key(name: str, default: Any = None) -> Any:
-        return meta.get(f"{arch}.{name}", default)
-
-    n_layer_all = _int(key("block_count"))
-    n_embd = _int(key("embedding_length"))
-    n_head = _int(key("attention.head_count"))
-    if not (n_layer_all and n_embd and n_head):
-        raise InvalidOption(
-            f"{header.source}: {arch}.block_count/embedding_length/attention.head_count missing"
-        )
-    n_layer = n_layer_all - _int(key("nextn_predict_layers"))
-    embd = next((t for t in header.tensors if t.name == "token_embd.weight"), None)
-    n_vocab = embd.shape[1] if embd is not None and len(embd.shape) > 1 else _int(key("vocab_size"))
-    recurrent = [False] * n_layer
-    if arch in HYBRID_ARCHS:
-        listed = key("attention.recurrent_layers")
-        if isinstance(listed, list | tuple) and len(listed) >= n_layer:
-            recurrent = [bool(v) for v in listed[:n_layer]]
-        else:
-            interval = _int(key("full_attention_interval"), 4) or 4
-            recurrent = [(il + 1) % interval != 0 for il in range(n_layer)]
-    head_dim_k = _int(key("attention.key_length"), n_embd // n_head)
-    return ModelShape(
-        arch=arch, n_layer_all=n_layer_all, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
-        n_head_kv=_int(key("attention.head_count_kv"), n_head), head_dim_k=head_dim_k,
-        head_dim_v=_int(key("attention.value_length"), head_dim_k), n_ff=_int(key("feed_forward_length")),
-        n_vocab=n_vocab, n_ctx_train=_int(key("context_length")), n_expert=_int(key("expert_count")),
-        n_expert_used=_int(key("expert_used_count")), n_ff_exp=_int(key("expert_feed_forward_length")),
-        n_ff_shexp=_int(key("expert_shared_feed_forward_length")), recurrent=tuple(recurrent),
-        ssm_conv_kernel=_int(key("ssm.conv_kernel")), ssm_state_size=_int(key("ssm.state_size")),
-        ssm_group_count=_int(key("ssm.group_count")), ssm_inner_size=_int(key("ssm.inner_size")),
-    )  # fmt: skip
-
-
-def _block(name: str) -> int | None:
-    match = _BLOCK_RE.match(name)
-    return int(match.group(1)) if match else None
-
-
-def is_expert_tensor(name: str) -> bool:
-    """True for the stacked routed-expert tensors ``--n-cpu-moe`` moves (``blk.N.ffn_up_exps.weight`` ...)."""
-    return _EXPERT_RE.search(name) is not None
 
 
 # --------------------------------------------------------------------------------------------- settings
@@ -320,11 +148,6 @@ def _pad(value: int, to: int) -> int:
     return -(-value // to) * to
 
 
-def _row_bytes(type_name: str, n: int) -> int:
-    ggml_type = next(t for t in GGML_TYPES.values() if t.name.lower() == type_name.lower())
-    return n // ggml_type.block_size * ggml_type.type_size
-
-
 # ----------------------------------------------------------------------------------------------- memory
 
 
@@ -342,45 +165,6 @@ class DeviceMemory:
     def total(self) -> int:
         """All categories together."""
         return self.weights + self.kv_cache + self.recurrent_state + self.compute + self.output
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """Per-layer byte sums of a model, precomputed once so the search is cheap."""
-
-    dense: list[int]  # non-expert weights per block
-    experts: list[int]  # expert weights per block
-    largest_dense: list[int]
-    largest_expert: list[int]
-    token_embd: int
-    output: int  # output + output_norm
-    other: int  # other global tensors (rope_freqs ...), placed with the output
-    tied: bool  # no output.weight: llama.cpp duplicates token_embd for the output layer
-
-
-def _layout(shape: ModelShape, tensors: Sequence[TensorInfo]) -> _Layout:
-    n = shape.n_layer_all
-    dense, experts, largest_dense, largest_expert = [0] * n, [0] * n, [0] * n, [0] * n
-    token_embd = output = other = 0
-    has_output = any(t.name == "output.weight" for t in tensors)
-    for tensor in tensors:
-        il = _block(tensor.name)
-        if il is not None and il < n:
-            if il >= shape.n_layer:
-                continue  # MTP (nextn) layers: llama.cpp skips them unless MTP is loaded
-            if is_expert_tensor(tensor.name):
-                experts[il] += tensor.nbytes
-                largest_expert[il] = max(largest_expert[il], tensor.nbytes)
-            else:
-                dense[il] += tensor.nbytes
-                largest_dense[il] = max(largest_dense[il], tensor.nbytes)
-        elif tensor.name == "token_embd.weight":
-            token_embd = tensor.nbytes
-        elif tensor.name.startswith(("output.", "output_norm.")):
-            output += tensor.nbytes
-        else:
-            other += tensor.nbytes
-    return _Layout(dense, experts, largest_dense, largest_expert, token_embd, output, other, not has_output)
 
 
 def _phase_values(shape: ModelShape) -> dict[str, float]:
@@ -434,18 +218,13 @@ def _logits_phase(shape: ModelShape, settings: Settings) -> int:
 
 def _kv_layer_bytes(shape: ModelShape, settings: Settings) -> int:
     cells = settings.n_ctx_seq * settings.parallel
-    k = _row_bytes(settings.cache_type_k, shape.n_head_kv * shape.head_dim_k)
-    v = _row_bytes(settings.cache_type_v, shape.n_head_kv * shape.head_dim_v)
+    k = row_bytes(settings.cache_type_k, shape.n_head_kv * shape.head_dim_k)
+    v = row_bytes(settings.cache_type_v, shape.n_head_kv * shape.head_dim_v)
     return (k + v) * cells
 
 
 def _recurrent_layer_bytes(shape: ModelShape, settings: Settings) -> int:
     return (shape.conv_state_values + shape.ssm_state_values) * 4 * max(1, settings.parallel)
-
-
-def _gpu_layers(shape: ModelShape, ngl: int) -> tuple[set[int], bool]:
-    start = max(shape.n_layer_all + 1 - ngl, 0)
-    return {il for il in range(shape.n_layer_all) if il >= start}, ngl >= 1
 
 
 def estimate_memory(
@@ -455,19 +234,19 @@ def estimate_memory(
     *,
     n_gpu_layers: int,
     n_cpu_moe: int = 0,
-    layout: _Layout | None = None,
+    layout: WeightLayout | None = None,
 ) -> tuple[DeviceMemory, DeviceMemory]:
     """``(gpu, host)`` memory for ``-ngl n_gpu_layers --n-cpu-moe n_cpu_moe`` (``n_gpu_layers=0``: CPU only)."""
-    layout = layout or _layout(shape, tensors)
-    gpu_layers, output_on_gpu = _gpu_layers(shape, n_gpu_layers)
-    cpu_layers = [il for il in range(shape.n_layer) if il not in gpu_layers]
+    layout = layout or weight_layout(shape, tensors)
+    on_gpu_layers, output_on_gpu = gpu_layers(shape, n_gpu_layers)
+    cpu_layers = [il for il in range(shape.n_layer) if il not in on_gpu_layers]
     weights = {"gpu": 0, "host": layout.token_embd}
     kv = {"gpu": 0, "host": 0}
     state = {"gpu": 0, "host": 0}
     kv_layer, rs_layer = _kv_layer_bytes(shape, settings), _recurrent_layer_bytes(shape, settings)
     offloaded_weight = 0  # largest CPU weight an offloaded op copies to the GPU
     for il in range(shape.n_layer):
-        on_gpu = il in gpu_layers
+        on_gpu = il in on_gpu_layers
         experts_on_gpu = on_gpu and il >= n_cpu_moe
         weights["gpu" if on_gpu else "host"] += layout.dense[il]
         weights["gpu" if experts_on_gpu else "host"] += layout.experts[il]
@@ -485,11 +264,13 @@ def estimate_memory(
 
     mask, logits = _mask_bytes(shape, settings), _logits_phase(shape, settings)
     output_buffer = shape.n_vocab * settings.parallel * 4  # logits of one output per slot, host memory
-    if not gpu_layers and not output_on_gpu:  # CPU only
+    if not on_gpu_layers and not output_on_gpu:  # CPU only
         host_compute = max(mask + _layer_peak(shape, range(shape.n_layer), settings), logits)
         host = DeviceMemory(weights["host"], kv["host"], state["host"], host_compute, output_buffer)
         return DeviceMemory(), host
-    gpu_compute = max(mask + _layer_peak(shape, sorted(gpu_layers), settings), logits if output_on_gpu else 0)
+    gpu_compute = max(
+        mask + _layer_peak(shape, sorted(on_gpu_layers), settings), logits if output_on_gpu else 0
+    )
     if settings.n_tokens >= _OP_OFFLOAD_MIN_BATCH:
         gpu_compute += offloaded_weight
     host_compute = mask + settings.n_tokens * shape.n_embd * 4  # inputs staged in host memory
@@ -562,10 +343,9 @@ def _check_settings(settings: Settings) -> None:
         raise InvalidOption("--ctx, --parallel and --ubatch must be positive")
     for flag, value in (("--cache-type-k", settings.cache_type_k), ("--cache-type-v", settings.cache_type_v)):
         if value not in CACHE_TYPES:
-            close = difflib.get_close_matches(value, CACHE_TYPES, n=1)
             raise InvalidOption(
                 f"{flag} {value!r} is not a KV cache type llama.cpp knows",
-                hint=(f"did you mean {close[0]!r}? " if close else "") + "one of " + ", ".join(CACHE_TYPES),
+                hint=suggest(value, CACHE_TYPES, end=" ") + "one of " + ", ".join(CACHE_TYPES),
             )
     if not settings.flash_attn and settings.cache_type_v not in ("f32", "f16", "bf16"):
         raise InvalidOption(
@@ -585,22 +365,6 @@ def _check_cache_blocks(shape: ModelShape, settings: Settings) -> None:
                 f"{which} cache type {type_name} (blocks of {block}) does not divide the head size {head_dim}",
                 hint="llama.cpp refuses it; use f16 or bf16 for this model",
             )
-
-
-def _bytes_per_token(
-    shape: ModelShape, layout: _Layout, settings: Settings, ngl: int, n_cpu_moe: int
-) -> tuple[int, int]:
-    gpu_layers, output_on_gpu = _gpu_layers(shape, ngl)
-    share = shape.n_expert_used / shape.n_expert if shape.n_expert else 1.0
-    kv_seq = _kv_layer_bytes(shape, settings) // settings.parallel  # one sequence at full context
-    rs_seq = (shape.conv_state_values + shape.ssm_state_values) * 4 * 2  # read and written
-    read = {"gpu": 0.0, "host": float(shape.n_embd * 4)}  # one embedding row
-    for il in range(shape.n_layer):
-        on_gpu = il in gpu_layers
-        read["gpu" if on_gpu else "host"] += layout.dense[il] + (rs_seq if shape.recurrent[il] else kv_seq)
-        read["gpu" if on_gpu and il >= n_cpu_moe else "host"] += layout.experts[il] * share
-    read["gpu" if output_on_gpu else "host"] += layout.output + layout.other + layout.token_embd * layout.tied
-    return int(read["gpu"]), int(read["host"])
 
 
 def _flags(
@@ -653,13 +417,18 @@ def plan_fit(
         raise InvalidOption("give either --gpu or --vram, not both")
     if card is None and vram_bytes is None:
         raise InvalidOption("say which GPU: --gpu NAME (e.g. rtx3090) or --vram SIZE (e.g. 24GiB)")
-    vram = card.vram_bytes if card is not None else int(vram_bytes or 0)
+    if card is not None and card.vram_bytes is None:
+        raise InvalidOption(
+            f"the GPU table has no memory size for {card.name}",
+            hint="give the memory with --vram SIZE (e.g. 24GiB) instead of --gpu",
+        )
+    vram = card.vram_bytes if card is not None and card.vram_bytes is not None else int(vram_bytes or 0)
     settings = Settings(ctx, parallel, cache_type_k, cache_type_v, ubatch, flash_attn is not False)
     _check_settings(settings)
     name, header = _load(model)
     shape = model_shape(header)
     _check_cache_blocks(shape, settings)
-    layout = _layout(shape, header.tensors)
+    layout = weight_layout(shape, header.tensors)
     max_ngl = shape.n_layer_all + 1
     budget = vram - margin_bytes
 
@@ -704,12 +473,15 @@ def plan_fit(
             f"hybrid model: KV cache for {len(shape.attention_layers)} attention layers only; "
             f"{len(shape.recurrent_layers)} DeltaNet layers keep a fixed state per slot"
         )
-    gpu_bytes, host_bytes = _bytes_per_token(shape, layout, settings, ngl, ncmoe)
+    read = bytes_per_token(header, kv_depth=ctx, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
+                           placement=Placement(ngl, ncmoe))  # fmt: skip
+    gpu_bytes, host_bytes = read.gpu, read.host
     bandwidth = card.bandwidth_gbs if card is not None else None
     ceiling = None
     if bandwidth:
         seconds = gpu_bytes / (bandwidth * 1e9) + host_bytes / (ram_bandwidth_gbs * 1e9)
         ceiling = 1.0 / seconds if seconds > 0 else math.inf
+        notes.append(f"tg ceiling: bytes read per token with the KV cache at depth {ctx} (one full slot)")
     fa_flag: Switch = "auto" if flash_attn == "auto" else ("on" if settings.flash_attn else "off")
     return FitPlan(
         model=name, arch=shape.arch, gpu=card.name if card else None, vram_bytes=vram,

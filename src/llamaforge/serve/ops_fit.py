@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -11,6 +10,7 @@ from pydantic import Field
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.registry import OperationContext, Params, operation
 from llamaforge.serve.fit import DoesNotFit, FitPlan, GiB, parse_size, plan_fit
+from llamaforge.serve.fit_chart import save_fit_chart
 
 
 class ModelFitParams(Params):
@@ -70,7 +70,7 @@ def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> dict[str, An
     data["summary"] = summarize(plan)
     data["exit_code"] = 0 if plan.fits else DoesNotFit.exit_code  # a pinned placement that does not fit
     if params.plot:
-        data["plot"] = str(render_plot([plan], Path(params.plot)))
+        data["plot"] = str(save_fit_chart([data], Path(params.plot)))
     return data
 
 
@@ -95,77 +95,3 @@ def summarize(plan: FitPlan) -> list[str]:
         lines.append(f"token generation ceiling ~{plan.tg_ceiling_tps:.0f} tok/s (memory bandwidth bound)")
     lines.extend(plan.notes)
     return lines
-
-
-_COLOURS = {
-    "weights": "#4c72b0",
-    "kv_cache": "#dd8452",
-    "recurrent_state": "#55a868",
-    "compute": "#c44e52",
-    "output": "#8172b3",
-}
-_LABELS = {
-    "weights": "weights",
-    "kv_cache": "KV cache",
-    "recurrent_state": "recurrent state",
-    "compute": "compute buffer",
-    "output": "output (logits)",
-}
-
-
-def render_plot(plans: Sequence[FitPlan], path: Path, *, title: str | None = None) -> Path:
-    """Draw one GPU bar and one host-RAM bar (hatched) per plan, stacked by category, against the VRAM line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.artist import Artist
-    from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
-
-    if not plans:
-        raise InvalidOption("nothing to plot")
-    figure, axes = plt.subplots(figsize=(max(6.0, 2.4 * len(plans) + 4.0), 5.0))
-    labels: list[str] = []
-    positions: list[float] = []
-    drawn: set[str] = set()
-    for index, plan in enumerate(plans):
-        for offset, device, memory in ((-0.2, "GPU", plan.gpu_memory), (0.2, "host", plan.host_memory)):
-            x = index + offset
-            bottom = 0.0
-            for category, colour in _COLOURS.items():
-                value = getattr(memory, category) / GiB
-                if value <= 0:
-                    continue
-                drawn.add(category)
-                axes.bar(x, value, 0.36, bottom=bottom, color=colour, hatch="//" if device == "host" else None,
-                         edgecolor="white")  # fmt: skip
-                bottom += value
-            axes.text(x, bottom, f"{bottom:.1f}", ha="center", va="bottom", fontsize=8)
-            positions.append(x)
-            labels.append(device)
-        settings = plan.settings
-        placement = f"-ngl {plan.n_gpu_layers}" + (f" --n-cpu-moe {plan.n_cpu_moe}" if plan.n_cpu_moe else "")
-        axes.text(index, -0.13, f"ctx {settings.ctx:,} x{settings.parallel}  {settings.cache_type_k}/"
-                  f"{settings.cache_type_v}\n{placement}", ha="center", va="top",
-                  transform=axes.get_xaxis_transform(), fontsize=8)  # fmt: skip
-    vram = plans[0].vram_bytes / GiB
-    usable = (plans[0].vram_bytes - plans[0].margin_bytes) / GiB
-    axes.axhline(vram, color="black", linewidth=1.2)
-    axes.axhline(usable, color="black", linestyle="--", linewidth=0.8)
-    handles: list[Artist] = [Patch(color=_COLOURS[c], label=_LABELS[c]) for c in _COLOURS if c in drawn]
-    handles.append(Patch(facecolor="white", edgecolor="grey", hatch="//", label="host RAM"))
-    handles.append(Line2D([], [], color="black", linewidth=1.2, label=f"VRAM {vram:.0f} GiB"))
-    handles.append(Line2D([], [], color="black", linestyle="--", linewidth=0.8,
-                              label=f"VRAM - margin {usable:.1f} GiB"))  # fmt: skip
-    axes.set_xticks(positions, labels, fontsize=8)
-    axes.set_ylabel("GiB")
-    gpu = plans[0].gpu or "GPU"
-    axes.set_title(title or f"{Path(plans[0].model).name} on {gpu}", fontsize=10)
-    axes.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    axes.set_ylim(0, max(vram, *(max(p.gpu_memory.total, p.host_memory.total) / GiB for p in plans)) * 1.08)
-    figure.subplots_adjust(bottom=0.2, left=0.07, right=0.76)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path

@@ -1,10 +1,12 @@
 """The memory roofline of token generation: how close measured tg comes to what bandwidth allows.
 
 Generating one token reads every weight the token passes through once (all dense tensors, one row of the
-embedding table, the active experts of a MoE layer) plus the KV cache so far. So
+embedding table, the active experts of a MoE layer) plus the KV cache so far, counted by the one definition
+in :func:`llamaforge.serve.bandwidth.bytes_per_token` at the mean depth of llama-bench's tg test. So
 ``roof = bandwidth / bytes per token`` bounds tg from above and ``efficiency = tg / roof``. Every input is an
-estimate and the report says so: the bandwidth is measured (a numpy copy on CPU) or read from a spec-sheet table
-(GPU), and the bytes are counted from the GGUF header (a uniform expert-routing assumption for MoE).
+estimate and the report says so: the bandwidth is measured (a numpy copy on CPU) or read from the GPU table
+(``recipes/gpus.toml``, spec sheets), and the bytes are counted from the GGUF header (a uniform expert-routing
+assumption for MoE).
 """
 
 from __future__ import annotations
@@ -13,26 +15,14 @@ import math
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from llamaforge.gguf.scan import GGUFLayout, scan_gguf
-
-# Peak DRAM bandwidth from vendor spec sheets (GB/s), matched against llama-bench's gpu_info, longest key first.
-GPU_BANDWIDTH_GBS: dict[str, float] = {
-    "RTX 5090": 1792, "RTX 5080": 960, "RTX 5070 Ti": 896, "RTX 5070": 672,
-    "RTX 4090": 1008, "RTX 4080 SUPER": 736, "RTX 4080": 717, "RTX 4070 Ti SUPER": 672, "RTX 4070 Ti": 504,
-    "RTX 4070 SUPER": 504, "RTX 4070": 504, "RTX 4060 Ti": 288, "RTX 4060": 272,
-    "RTX 3090 Ti": 1008, "RTX 3090": 936, "RTX 3080 Ti": 912, "RTX 3080": 760, "RTX 3070 Ti": 608,
-    "RTX 3070": 448, "RTX 3060 Ti": 448, "RTX 3060": 360,
-    "RTX A6000": 768, "RTX A5000": 768, "RTX A4000": 448, "RTX 6000 Ada": 960,
-    "A100-SXM4-80GB": 2039, "A100 80GB PCIe": 1935, "A100": 1555, "A40": 696, "A30": 933, "A10G": 600,
-    "A10": 600, "L40S": 864, "L40": 864, "L4": 300, "T4": 320, "V100": 900,
-    "H100 PCIe": 2000, "H100 NVL": 3900, "H100": 3350, "H200": 4800, "GH200": 4000, "B200": 8000,
-}  # fmt: skip
+from llamaforge.serve.bandwidth import TokenBytes
+from llamaforge.serve.gpus import gpu_for_device
 
 
 @dataclass(frozen=True)
@@ -108,71 +98,12 @@ def probe_cpu_bandwidth(threads: int, *, repeats: int = 3, per_thread_bytes: int
 
 
 def gpu_bandwidth(gpu_info: str) -> Bandwidth | None:
-    """Spec-sheet bandwidth of the first GPU named in llama-bench's ``gpu_info`` (None when unknown)."""
-    first = gpu_info.split(",", maxsplit=1)[0]
-    for name in sorted(GPU_BANDWIDTH_GBS, key=len, reverse=True):
-        if name.lower() in first.lower():
-            return Bandwidth(GPU_BANDWIDTH_GBS[name], f"spec sheet: {name} (peak, not measured)")
-    return None
-
-
-@dataclass(frozen=True)
-class TokenBytes:
-    """Bytes one generated token reads, counted from the GGUF header."""
-
-    weights: int
-    kv_cache: int
-    dense: int
-    experts_active: int
-    embedding_row: int
-    kv_depth: float
-    notes: list[str]
-
-    @property
-    def total(self) -> int:
-        """Weights plus KV cache."""
-        return self.weights + self.kv_cache
-
-
-def _int(layout: GGUFLayout, key: str, default: int = 0) -> int:
-    kv = layout.get(key)
-    if kv is None or isinstance(kv.value, bytes | tuple):
-        return default
-    return int(kv.value)
-
-
-def bytes_per_token(model: Path, *, kv_depth: float, kv_bytes_per_element: float = 2.0) -> TokenBytes:
-    """Weights and KV cache read per generated token at context depth ``kv_depth`` (f16 KV by default)."""
-    layout = scan_gguf(model)
-    arch_kv = layout.get("general.architecture")
-    arch = arch_kv.value.decode() if arch_kv is not None and isinstance(arch_kv.value, bytes) else ""
-    names = {tensor.name for tensor in layout.tensors}
-    n_expert = _int(layout, f"{arch}.expert_count")
-    n_used = _int(layout, f"{arch}.expert_used_count")
-    notes: list[str] = []
-    dense = experts = embedding_row = 0
-    for tensor in layout.tensors:
-        if tensor.name == "token_embd.weight" and "output.weight" in names:
-            embedding_row = tensor.nbytes // max(1, tensor.ne[-1])  # a lookup reads one row
-        elif "_exps." in tensor.name and n_expert and n_used:
-            experts += tensor.nbytes * n_used // n_expert
-        else:
-            dense += tensor.nbytes
-    if "output.weight" not in names:
-        notes.append("tied embeddings: the output projection reads the whole token_embd table")
-    if experts:
-        notes.append(f"MoE: {n_used} of {n_expert} experts per token, assuming uniform routing")
-    n_layer = _int(layout, f"{arch}.block_count")
-    interval = _int(layout, f"{arch}.full_attention_interval")
-    attention_layers = n_layer // interval if interval else n_layer
-    n_head = _int(layout, f"{arch}.attention.head_count", 1)
-    n_head_kv = _int(layout, f"{arch}.attention.head_count_kv", n_head)
-    head_dim = _int(layout, f"{arch}.embedding_length") // max(1, n_head)
-    k_len = _int(layout, f"{arch}.attention.key_length", head_dim)
-    v_len = _int(layout, f"{arch}.attention.value_length", head_dim)
-    kv = int(attention_layers * kv_depth * n_head_kv * (k_len + v_len) * kv_bytes_per_element)
-    notes.append(f"KV cache at mean depth {kv_depth:g} tokens, f16")
-    return TokenBytes(dense + experts + embedding_row, kv, dense, experts, embedding_row, kv_depth, notes)
+    """Spec-sheet bandwidth (``recipes/gpus.toml``) of the first GPU named in llama-bench's ``gpu_info``
+    (None when the table does not know it)."""
+    gpu = gpu_for_device(gpu_info.split(",", maxsplit=1)[0])
+    if gpu is None:
+        return None
+    return Bandwidth(gpu.bandwidth_gbs, f"spec sheet: {gpu.name} (peak, not measured)")
 
 
 def roofline(tg_tps: float, bandwidth: Bandwidth, token_bytes: TokenBytes) -> dict[str, Any]:
@@ -191,7 +122,7 @@ def roofline(tg_tps: float, bandwidth: Bandwidth, token_bytes: TokenBytes) -> di
         "bandwidth_source": bandwidth.source,
         "bandwidth_details": bandwidth.details,
         "bytes_per_token": token_bytes.total,
-        "bytes_per_token_detail": {k: v for k, v in asdict(token_bytes).items() if k != "notes"},
+        "bytes_per_token_detail": token_bytes.to_json(),
         "roof_tps": roof,
         "efficiency": tg_tps / roof if roof and math.isfinite(roof) else None,
         "estimated": ["bytes_per_token"] + ([] if bandwidth.source.startswith("given") else ["bandwidth"]),

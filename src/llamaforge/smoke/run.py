@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import difflib
 import json
 import math
 import platform
@@ -30,12 +29,14 @@ from llamaforge import __version__
 from llamaforge.core.errors import InvalidOption, LlamaforgeError, ModelError, SmokeFailed
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.paths import home
+from llamaforge.core.validation import describe_errors, suggest
+from llamaforge.gguf.header import read_header
 from llamaforge.runners.process import LOCAL, ProcessRunner
+from llamaforge.serve.bandwidth import bytes_per_token
 from llamaforge.serve.launcher import LlamaFlags, LlamaServer, ServerLaunch
 from llamaforge.smoke.bench import BenchRun, run_llama_bench
 from llamaforge.smoke.roofline import (
     Bandwidth,
-    bytes_per_token,
     cpu_threads_default,
     gpu_bandwidth,
     probe_cpu_bandwidth,
@@ -95,10 +96,9 @@ def resolve_thresholds(
     for origin, layer in layers:
         for key, value in (layer or {}).items():
             if key not in SmokeThresholds.model_fields:
-                close = difflib.get_close_matches(key, list(SmokeThresholds.model_fields), n=1)
                 raise InvalidOption(
                     f"unknown threshold {key!r} (from {origin})",
-                    hint=(f"did you mean {close[0]!r}? " if close else "")
+                    hint=suggest(key, SmokeThresholds.model_fields, end=" ")
                     + "known: " + ", ".join(SmokeThresholds.model_fields),
                 )  # fmt: skip
             merged[key] = value
@@ -106,8 +106,7 @@ def resolve_thresholds(
     try:
         return SmokeThresholds.model_validate(merged), sources
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
-        raise InvalidOption(f"invalid thresholds: {problems}") from None
+        raise InvalidOption(f"invalid thresholds: {describe_errors(error)}") from None
 
 
 @dataclass(frozen=True)
@@ -379,8 +378,8 @@ def _roofline_stage(
         if bandwidth is None:
             return {"error": f"no bandwidth known for GPU {bench.gpu_info!r}; pass --bandwidth-gbs"}
     try:
-        token_bytes = bytes_per_token(target.model, kv_depth=tg.n_depth + tg.n_gen / 2)
-    except ModelError as error:
+        token_bytes = bytes_per_token(read_header(target.model), kv_depth=tg.n_depth + tg.n_gen / 2)
+    except (ModelError, InvalidOption) as error:
         return {"error": error.message}
     return roofline(tg.avg_ts, bandwidth, token_bytes)
 

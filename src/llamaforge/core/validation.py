@@ -1,0 +1,134 @@
+"""One formatter for validation errors and "did you mean …?", used by every recipe kind and every front.
+
+* :func:`suggest` (and :func:`did_you_mean`) words the suggestion for a name that is not known (an operation,
+  a recipe, a GPU, a threshold …).
+* :func:`describe_errors` puts pydantic's complaints about parameters on one line, as fields or as the
+  ``--flags`` of a command line.
+* :func:`recipe_error` turns pydantic's complaints about a recipe file into a :class:`RecipeError` that names
+  the file and each field, with "did you mean …?" for unknown keys.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from llamaforge.core.errors import RecipeError
+
+__all__ = ["closest", "describe_errors", "did_you_mean", "fields_at", "recipe_error", "suggest"]
+
+Loc = tuple[int | str, ...]
+
+
+def closest(word: str, known: Iterable[str], *, n: int = 1, cutoff: float = 0.6) -> list[str]:
+    """The names in ``known`` closest to ``word``, best first (at most ``n``; empty when none is close)."""
+    return difflib.get_close_matches(word, list(known), n=n, cutoff=cutoff)
+
+
+def did_you_mean(names: Iterable[str], *, end: str = "") -> str:
+    """``did you mean 'x'?`` (``'x' or 'y'`` for several names) followed by ``end``; ``""`` for no names."""
+    shown = [repr(name) for name in names]
+    return f"did you mean {' or '.join(shown)}?{end}" if shown else ""
+
+
+def suggest(word: str, known: Iterable[str], *, n: int = 1, cutoff: float = 0.6, end: str = "") -> str:
+    """:func:`did_you_mean` for the names in ``known`` closest to ``word``; ``""`` when none is close."""
+    return did_you_mean(closest(word, known, n=n, cutoff=cutoff), end=end)
+
+
+def _message(item: Mapping[str, Any]) -> str:
+    return str(item["msg"]).removeprefix("Value error, ")
+
+
+def describe_errors(error: ValidationError, *, as_flags: bool = False) -> str:
+    """Pydantic's errors as ``field: problem; …`` (``--field-name: problem`` with ``as_flags``), without
+    repeating the caller's values."""
+    parts = []
+    for item in error.errors():
+        dotted = ".".join(str(part) for part in item["loc"])
+        name = f"--{dotted.replace('_', '-')}" if as_flags else dotted or "(params)"
+        parts.append(f"{name}: {_message(item)}")
+    return "; ".join(parts)
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The types an annotation may hold: unions and ``Annotated`` unwrapped."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _members(typing.get_args(annotation)[0])
+    if origin is typing.Union or origin is types.UnionType:
+        return [member for arg in typing.get_args(annotation) for member in _members(arg)]
+    return [annotation]
+
+
+def _field(model: type[BaseModel], name: str) -> Any:
+    for field_name, info in model.model_fields.items():
+        if name in (field_name, info.alias):
+            return info.annotation
+    return None
+
+
+def _step(annotation: Any, part: int | str) -> Any:
+    """The annotation one ``loc`` element further in (a model field, a dict value, a list item)."""
+    for member in _members(annotation):
+        origin = typing.get_origin(member)
+        if isinstance(member, type) and issubclass(member, BaseModel) and isinstance(part, str):
+            found = _field(member, part)
+            if found is not None:
+                return found
+        elif origin in (dict, Mapping) and isinstance(part, str):
+            return typing.get_args(member)[1]
+        elif origin in (list, tuple) and isinstance(part, int):
+            return typing.get_args(member)[0]
+    return None
+
+
+def fields_at(
+    root: type[BaseModel], loc: Loc, *, tags: Mapping[str, type[BaseModel]] | None = None
+) -> list[str]:
+    """The keys valid where ``loc``'s last element sits (``tags``: discriminated-union tags pydantic puts in
+    a ``loc``, and the model each selects); the key spellings are the aliases where a field has one."""
+    annotation: Any = root
+    for part in loc[:-1]:
+        if tags and isinstance(part, str) and part in tags:
+            annotation = tags[part]
+            continue
+        annotation = _step(annotation, part)
+        if annotation is None:
+            return []
+    return [
+        info.alias or name
+        for member in _members(annotation)
+        if isinstance(member, type) and issubclass(member, BaseModel)
+        for name, info in member.model_fields.items()
+    ]
+
+
+def recipe_error(
+    error: ValidationError,
+    *,
+    what: str,
+    root: type[BaseModel],
+    tags: Mapping[str, type[BaseModel]] | None = None,
+    hint: str | None = None,
+) -> RecipeError:
+    """``invalid {what}:`` and one line per problem (``field.path: unknown key`` / ``field.path: problem``);
+    the hint suggests the key meant for each unknown one, else ``hint``."""
+    problems: list[str] = []
+    hints: list[str] = []
+    for item in error.errors():
+        loc = tuple(item["loc"])
+        dotted = ".".join(str(part) for part in loc if not (tags and part in tags)) or "(top level)"
+        if item["type"] == "extra_forbidden":
+            problems.append(f"{dotted}: unknown key")
+            close = closest(str(loc[-1]), fields_at(root, loc, tags=tags))
+            if close:
+                hints.append(f"did you mean {close[0]!r} instead of {loc[-1]!r}?")
+        else:
+            problems.append(f"{dotted}: {_message(item)}")
+    return RecipeError(f"invalid {what}:\n  " + "\n  ".join(problems), hint=" ".join(hints) or hint)

@@ -1,0 +1,202 @@
+"""A model as the planners see it: hyper-parameters from the GGUF header, weights summed per layer and kind.
+
+Shared by the fit planner (:mod:`llamaforge.serve.fit`) and the bytes-per-token definition
+(:mod:`llamaforge.serve.bandwidth`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from llamaforge.core.errors import InvalidOption
+from llamaforge.gguf.header import GGML_TYPES, GGUFHeader, TensorInfo
+
+__all__ = [
+    "HYBRID_ARCHS",
+    "ModelShape",
+    "WeightLayout",
+    "block_of",
+    "gpu_layers",
+    "is_expert_tensor",
+    "model_shape",
+    "row_bytes",
+    "weight_layout",
+]
+
+#: Hybrid (recurrent + attention) archs whose layer kinds follow ``full_attention_interval``.
+HYBRID_ARCHS: Final = frozenset({"qwen3next", "qwen35", "qwen35moe"})
+_EXPERT_RE: Final = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
+_BLOCK_RE: Final = re.compile(r"^blk\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The hyper-parameters the planner needs, read from the header."""
+
+    arch: str
+    n_layer_all: int  # block_count, MTP layers included (llama.cpp places layers over all of them)
+    n_layer: int  # trunk layers
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    n_ff: int
+    n_vocab: int
+    n_ctx_train: int
+    n_expert: int
+    n_expert_used: int
+    n_ff_exp: int
+    n_ff_shexp: int
+    recurrent: tuple[bool, ...]  # per trunk layer
+    ssm_conv_kernel: int = 0
+    ssm_state_size: int = 0
+    ssm_group_count: int = 0
+    ssm_inner_size: int = 0
+
+    @property
+    def attention_layers(self) -> list[int]:
+        """Trunk layers with a KV cache."""
+        return [il for il in range(self.n_layer) if not self.recurrent[il]]
+
+    @property
+    def recurrent_layers(self) -> list[int]:
+        """Trunk layers with a recurrent (DeltaNet) state."""
+        return [il for il in range(self.n_layer) if self.recurrent[il]]
+
+    @property
+    def is_moe(self) -> bool:
+        """True for mixture-of-experts models."""
+        return self.n_expert > 0
+
+    @property
+    def conv_state_values(self) -> int:
+        """F32 values of one recurrent layer's conv state per sequence (``n_embd_r``)."""
+        return max(self.ssm_conv_kernel - 1, 0) * (
+            self.ssm_inner_size + 2 * self.ssm_group_count * self.ssm_state_size
+        )
+
+    @property
+    def ssm_state_values(self) -> int:
+        """F32 values of one recurrent layer's DeltaNet state per sequence (``n_embd_s``)."""
+        return self.ssm_state_size * self.ssm_inner_size
+
+
+def _int(value: Any, default: int = 0) -> int:
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int | float):
+        return int(value)
+    if isinstance(value, list | tuple) and value:
+        return max(int(v) for v in value)
+    return default
+
+
+def model_shape(header: GGUFHeader) -> ModelShape:
+    """Read the planner's hyper-parameters from ``header`` (raises InvalidOption when they are missing)."""
+    meta = header.metadata
+    arch = header.architecture
+    if not arch:
+        raise InvalidOption(f"{header.source}: no general.architecture; is it a model GGUF?")
+
+    def key(name: str, default: Any = None) -> Any:
+        return meta.get(f"{arch}.{name}", default)
+
+    n_layer_all = _int(key("block_count"))
+    n_embd = _int(key("embedding_length"))
+    n_head = _int(key("attention.head_count"))
+    if not (n_layer_all and n_embd and n_head):
+        raise InvalidOption(
+            f"{header.source}: {arch}.block_count/embedding_length/attention.head_count missing"
+        )
+    n_layer = n_layer_all - _int(key("nextn_predict_layers"))
+    embd = next((t for t in header.tensors if t.name == "token_embd.weight"), None)
+    n_vocab = embd.shape[1] if embd is not None and len(embd.shape) > 1 else _int(key("vocab_size"))
+    recurrent = [False] * n_layer
+    if arch in HYBRID_ARCHS:
+        listed = key("attention.recurrent_layers")
+        if isinstance(listed, list | tuple) and len(listed) >= n_layer:
+            recurrent = [bool(v) for v in listed[:n_layer]]
+        else:
+            interval = _int(key("full_attention_interval"), 4) or 4
+            recurrent = [(il + 1) % interval != 0 for il in range(n_layer)]
+    head_dim_k = _int(key("attention.key_length"), n_embd // n_head)
+    return ModelShape(
+        arch=arch, n_layer_all=n_layer_all, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
+        n_head_kv=_int(key("attention.head_count_kv"), n_head), head_dim_k=head_dim_k,
+        head_dim_v=_int(key("attention.value_length"), head_dim_k), n_ff=_int(key("feed_forward_length")),
+        n_vocab=n_vocab, n_ctx_train=_int(key("context_length")), n_expert=_int(key("expert_count")),
+        n_expert_used=_int(key("expert_used_count")), n_ff_exp=_int(key("expert_feed_forward_length")),
+        n_ff_shexp=_int(key("expert_shared_feed_forward_length")), recurrent=tuple(recurrent),
+        ssm_conv_kernel=_int(key("ssm.conv_kernel")), ssm_state_size=_int(key("ssm.state_size")),
+        ssm_group_count=_int(key("ssm.group_count")), ssm_inner_size=_int(key("ssm.inner_size")),
+    )  # fmt: skip
+
+
+def block_of(name: str) -> int | None:
+    """The block (layer) number of a ``blk.N.…`` tensor, or None for a global tensor."""
+    match = _BLOCK_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def is_expert_tensor(name: str) -> bool:
+    """True for the stacked routed-expert tensors ``--n-cpu-moe`` moves (``blk.N.ffn_up_exps.weight`` ...)."""
+    return _EXPERT_RE.search(name) is not None
+
+
+@dataclass(frozen=True)
+class WeightLayout:
+    """Per-layer byte sums of a model, precomputed once so the search is cheap."""
+
+    dense: list[int]  # non-expert weights per block
+    experts: list[int]  # expert weights per block
+    largest_dense: list[int]
+    largest_expert: list[int]
+    token_embd: int
+    output: int  # output + output_norm
+    other: int  # other global tensors (rope_freqs ...), placed with the output
+    tied: bool  # no output.weight: llama.cpp duplicates token_embd for the output layer
+
+
+def weight_layout(shape: ModelShape, tensors: Sequence[TensorInfo]) -> WeightLayout:
+    """Sum ``tensors`` per layer and kind (MTP layers left out: llama.cpp runs them only for MTP)."""
+    n = shape.n_layer_all
+    dense, experts, largest_dense, largest_expert = [0] * n, [0] * n, [0] * n, [0] * n
+    token_embd = output = other = 0
+    has_output = any(t.name == "output.weight" for t in tensors)
+    for tensor in tensors:
+        il = block_of(tensor.name)
+        if il is not None and il < n:
+            if il >= shape.n_layer:
+                continue  # MTP (nextn) layers: llama.cpp skips them unless MTP is loaded
+            if is_expert_tensor(tensor.name):
+                experts[il] += tensor.nbytes
+                largest_expert[il] = max(largest_expert[il], tensor.nbytes)
+            else:
+                dense[il] += tensor.nbytes
+                largest_dense[il] = max(largest_dense[il], tensor.nbytes)
+        elif tensor.name == "token_embd.weight":
+            token_embd = tensor.nbytes
+        elif tensor.name.startswith(("output.", "output_norm.")):
+            output += tensor.nbytes
+        else:
+            other += tensor.nbytes
+    return WeightLayout(
+        dense, experts, largest_dense, largest_expert, token_embd, output, other, not has_output
+    )
+
+
+def gpu_layers(shape: ModelShape, ngl: int) -> tuple[set[int], bool]:
+    """The layers ``-ngl ngl`` puts on the GPU (the last ``ngl - 1`` of all blocks), and whether the output
+    layer is there too (``ngl >= 1``); ``i_gpu_start = n_layer + 1 - ngl`` in llama.cpp's load_tensors."""
+    start = max(shape.n_layer_all + 1 - ngl, 0)
+    return {il for il in range(shape.n_layer_all) if il >= start}, ngl >= 1
+
+
+def row_bytes(type_name: str, n: int) -> int:
+    """Bytes of ``n`` values of ggml type ``type_name`` (``"f16"``, ``"q8_0"`` …)."""
+    ggml_type = next(t for t in GGML_TYPES.values() if t.name.lower() == type_name.lower())
+    return n // ggml_type.block_size * ggml_type.type_size
