@@ -21,7 +21,7 @@ import anyio
 import pytest
 from pydantic import Field
 
-from helpers import REPO, mini_recipe
+from helpers import REPO, marked_containers, mini_recipe
 
 if str(REPO) not in sys.path:  # `mcp_server/` sits at the top of the checkout, next to tasks.py
     sys.path.insert(0, str(REPO))
@@ -39,6 +39,8 @@ from llamaforge.core.jobs import JobManager
 from llamaforge.core.registry import OperationContext, Params, operation, operations
 
 pytestmark = pytest.mark.anyio
+# A server subprocess imports this checkout's mcp_server/ and src/ (not whatever llamaforge is installed).
+CHECKOUT_PATH = os.pathsep.join([str(REPO), str(REPO / "src")])
 JOB_TOOLS = {"job_status", "job_logs", "job_cancel", "jobs_list"}
 
 
@@ -420,7 +422,7 @@ async def test_resources_and_prompts(lf_home: Path) -> None:
 def _stdio(*args: str, home: Path) -> StdioServerParameters:
     return StdioServerParameters(
         command=sys.executable, args=["-m", "mcp_server", *args], cwd=str(REPO),
-        env={"LLAMAFORGE_HOME": str(home), "PYTHONPATH": str(REPO)},
+        env={"LLAMAFORGE_HOME": str(home), "PYTHONPATH": CHECKOUT_PATH},
     )  # fmt: skip
 
 
@@ -499,7 +501,7 @@ async def test_http_transport_requires_token_and_checks_host(lf_home: Path) -> N
         **os.environ,
         "LLAMAFORGE_HOME": str(lf_home),
         "LLAMAFORGE_MCP_TOKEN": token,
-        "PYTHONPATH": str(REPO),
+        "PYTHONPATH": CHECKOUT_PATH,
     }
     initialize = {
         "jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -537,13 +539,7 @@ def owned_before(docker_engine: object) -> set[str]:
 
 def _leftovers(client: object, before: set[str]) -> list[str]:
     """This test's llamaforge containers that still exist."""
-    owned = client.containers.list(all=True, filters={"label": "org.llamaforge.owned"})  # type: ignore[attr-defined]
-    return [
-        c.id
-        for c in owned
-        if c.id not in before
-        and f"LLAMAFORGE_JOBS={MARK_JOBS}" in (c.attrs.get("Config", {}).get("Env") or [])
-    ]
+    return sorted(marked_containers(client, MARK_JOBS) - before)
 
 
 async def _until_finished(client: Client, job_id: str, timeout: float = 600) -> dict[str, Any]:

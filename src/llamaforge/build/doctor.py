@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from llamaforge.core.errors import LlamaforgeError
 from llamaforge.build.images import DEFAULT_TAG
+from llamaforge.core.errors import LlamaforgeError
 from llamaforge.core.paths import home
 
 Status = Literal["ok", "warn", "fail"]

@@ -11,15 +11,15 @@ from pathlib import Path
 from typing import Any
 
 from llamaforge import __version__
-from llamaforge.core.errors import BuildFailed, CacheError
-from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.build.patches import apply_series
 from llamaforge.build.plan import BuildOptions, BuildPlan
 from llamaforge.build.recipes import BuildRecipe
-from llamaforge.core.paths import home
-from llamaforge.runners import Executor, LogSink, RunRequest, get_executor
 from llamaforge.build.source import fetch_source, make_workspace, sha256_file
 from llamaforge.build.store import build_dir, build_lock, load_manifest, publish, staging_dir
+from llamaforge.core.errors import BuildFailed, CacheError
+from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
+from llamaforge.core.paths import home
+from llamaforge.runners import Executor, LogSink, RunRequest, get_executor
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from llamaforge.runners.engine import docker_client
 from llamaforge.core.errors import ImageError, ToolFailed
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
+from llamaforge.runners.engine import docker_client
 
 DEFAULT_TAG = "llamaforge/debian:bookworm"
 DEFAULT_SUITE = "bookworm"

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import Field
 
 from llamaforge.build.recipes import Backend
-from llamaforge.core.errors import InvalidOption
+from llamaforge.core.errors import InvalidOption, OperationFailed, PatchError
 from llamaforge.core.events import null_reporter
 from llamaforge.core.registry import OperationContext, Params, operation
 
@@ -178,7 +178,14 @@ def doctor_op(params: NoParams, ctx: OperationContext) -> dict[str, Any]:
 
     checks = run_doctor()
     ok = all(check.status != "fail" for check in checks)
-    return {"ok": ok, "checks": [check.__dict__ for check in checks], "exit_code": 0 if ok else 1}
+    data = {"ok": ok, "checks": [check.__dict__ for check in checks], "exit_code": 0 if ok else 1}
+    if not ok:
+        failed = [check.name for check in checks if check.status == "fail"]
+        raise OperationFailed(
+            f"this machine cannot build yet: {', '.join(failed)} failed",
+            result=data, exit_code=1, hint="each failing check names its next step",
+        )  # fmt: skip
+    return data
 
 
 class BootstrapParams(Params):
@@ -293,13 +300,17 @@ def patches_refresh_op(params: PatchRefreshParams, ctx: OperationContext) -> dic
         raise InvalidOption("patches.refresh needs --to TREE|ARCHIVE or --resume WORKSPACE")
     data = result.to_json()
     if result.conflicts:
-        data["exit_code"] = 4
+        data["exit_code"] = PatchError.exit_code
         data["next_step"] = (
             f"resolve the conflicts in {result.workspace} (git status shows them), then "
             f"`invoke patches.refresh --resume {result.workspace}`"
         )
-    else:
-        data["next_step"] = "update the recipe's source pin to the new llama.cpp, then `invoke patches.check`"
+        raise OperationFailed(
+            f"{len(result.conflicts)} patch(es) conflict with the new source: "
+            + ", ".join(conflict.patch for conflict in result.conflicts),
+            result=data, exit_code=PatchError.exit_code, hint=data["next_step"],
+        )  # fmt: skip
+    data["next_step"] = "update the recipe's source pin to the new llama.cpp, then `invoke patches.check`"
     return data
 
 

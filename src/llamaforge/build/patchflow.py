@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llamaforge.build.patches import PatchRef, apply_series, read_series, series_dir
+from llamaforge.build.source import make_workspace
 from llamaforge.core.errors import LlamaforgeError, PatchError
 from llamaforge.core.events import Event, Reporter, null_reporter
-from llamaforge.build.patches import PatchRef, apply_series, read_series, series_dir
 from llamaforge.core.paths import home
-from llamaforge.build.source import make_workspace
 
 _GIT_IDENTITY = [
     "-c",

@@ -11,9 +11,9 @@ from typing import Any
 
 from llamaforge import __version__
 from llamaforge.build.cuda_arch import parse_cuda_archs
-from llamaforge.core.errors import InvalidOption
 from llamaforge.build.patches import PatchRef, read_series
 from llamaforge.build.recipes import Backend, BuildRecipe, ImageRef
+from llamaforge.core.errors import InvalidOption
 from llamaforge.core.templates import render
 
 # Bump when the layout of build outputs or the meaning of the key changes, so old cache entries are not reused.

@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from llamaforge.build.execute import BuildResult
-from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.build.patches import apply_series
 from llamaforge.build.plan import BuildPlan
-from llamaforge.core.paths import home
-from llamaforge.runners import LogSink, RunRequest, get_executor
 from llamaforge.build.source import fetch_source, make_workspace, sha256_file
 from llamaforge.build.store import staging_dir
+from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
+from llamaforge.core.paths import home
+from llamaforge.runners import LogSink, RunRequest, get_executor
 
 
 @dataclass(frozen=True)

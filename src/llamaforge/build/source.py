@@ -25,9 +25,9 @@ from pathlib import Path, PurePosixPath
 
 from filelock import FileLock
 
+from llamaforge.build.recipes import ArchiveSource, GitSource, PypiSdistSource
 from llamaforge.core.errors import ChecksumMismatch, SourceError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
-from llamaforge.build.recipes import ArchiveSource, GitSource, PypiSdistSource
 from llamaforge.core.paths import home
 
 SourceSpec = GitSource | ArchiveSource | PypiSdistSource

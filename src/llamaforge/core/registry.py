@@ -46,6 +46,11 @@ class Operation:
     positional: tuple[str, ...] = ()
 
 
+def result_json(result: Any) -> dict[str, Any]:
+    """An operation's result as JSON data: what ``--json`` prints, a job keeps and MCP returns."""
+    return dict(result)
+
+
 REGISTRY: dict[str, Operation] = {}
 _discovered = False
 

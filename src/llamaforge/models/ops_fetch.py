@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
+from llamaforge.core.errors import LockError, OperationFailed
 from llamaforge.core.registry import OperationContext, Params, operation
 
 
@@ -54,4 +55,12 @@ def models_lock_op(params: ModelLockParams, ctx: OperationContext) -> dict[str, 
     report = lock_models(
         [params.recipe] if params.recipe else None, frozen=params.frozen, reporter=ctx.reporter
     )
-    return report.to_json()
+    data = report.to_json()
+    if report.unresolved:
+        raise OperationFailed(
+            "could not lock " + ", ".join(f"{item['kind']} {item['name']}" for item in report.unresolved),
+            result=data,
+            exit_code=LockError.exit_code,
+            hint="each unresolved input says why and what to do; the others were locked",
+        )
+    return data

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field
 
-from llamaforge.core.errors import InvalidOption
+from llamaforge.core.errors import InvalidOption, ModelError, OperationFailed
 from llamaforge.core.registry import OperationContext, Params, operation
 
 
@@ -58,7 +58,16 @@ def models_verify_op(params: ModelVerifyParams, ctx: OperationContext) -> dict[s
         path, recipe, load_check_build=build, use_cache=not params.no_cache, reporter=ctx.reporter,
         cancel=ctx.cancel,
     )  # fmt: skip
-    return report.to_json()
+    data = report.to_json()
+    if not report.ok:
+        failed = sorted(name for name, status in report.checks().items() if status == "fail")
+        raise OperationFailed(
+            f"{path} FAILED verification: {', '.join(failed)}",
+            result=data,
+            exit_code=ModelError.exit_code,
+            hint="the findings name each failing tensor, key or field",
+        )
+    return data
 
 
 class ModelInspectParams(Params):

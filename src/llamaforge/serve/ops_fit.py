@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from llamaforge.core.errors import InvalidOption
+from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.registry import OperationContext, Params, operation
 from llamaforge.serve.fit import DoesNotFit, FitPlan, GiB, parse_size, plan_fit
 
@@ -71,6 +71,14 @@ def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> dict[str, An
     data["exit_code"] = 0 if plan.fits else DoesNotFit.exit_code  # a pinned placement that does not fit
     if params.plot:
         data["plot"] = str(render_plot([plan], Path(params.plot)))
+    if not plan.fits:
+        raise OperationFailed(
+            f"the pinned placement (-ngl {plan.n_gpu_layers}, --n-cpu-moe {plan.n_cpu_moe}) does not fit: it needs "
+            f"{(plan.gpu_memory.total + plan.margin_bytes) / GiB:.2f} GiB with the margin, the GPU has "
+            f"{plan.vram_bytes / GiB:.1f} GiB",
+            result=data, exit_code=DoesNotFit.exit_code,
+            hint="leave --n-gpu-layers/--n-cpu-moe out to search for a placement that fits",
+        )  # fmt: skip
     return data
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import Field
 
-from llamaforge.core.errors import InvalidOption, SmokeFailed
+from llamaforge.core.errors import InvalidOption, OperationFailed, SmokeFailed
 from llamaforge.core.registry import OperationContext, Params, operation
 from llamaforge.smoke.run import SmokeOptions, SmokeTarget
 
@@ -126,6 +126,14 @@ def smoke_op(params: SmokeParams, ctx: OperationContext) -> dict[str, Any]:
     report = run_smoke(target, options, thresholds, sources, reporter=ctx.reporter, cancel=ctx.cancel)
     view = result_view(report)
     view["exit_code"] = 0 if report["verdict"]["passed"] else SmokeFailed.exit_code
+    if not report["verdict"]["passed"]:
+        failed = [check for check in report["verdict"]["checks"] if check["status"] == "fail"]
+        raise OperationFailed(
+            f"smoke run {report['run_id']} FAILED its verdict: "
+            + "; ".join(f"{check['name']} {check['value']!r} (threshold {check['threshold']!r})" for check in failed),
+            result=view, exit_code=SmokeFailed.exit_code,
+            hint=f"the verdict lists every check; summary: {report['files']['summary.md']}",
+        )  # fmt: skip
     return view
 
 
