@@ -239,7 +239,9 @@ def _operation_tool(
             )
         )  # fmt: skip
     parameters.append(inspect.Parameter(CONTEXT_PARAM, inspect.Parameter.KEYWORD_ONLY, annotation=Context))
-    returns: Any = JobStarted if background else dict[str, Any]
+    # The operation's result model is the tool's outputSchema; a failing verdict returns the CallToolResult
+    # itself (isError, with the result as structuredContent), which the SDK passes through unvalidated.
+    returns: Any = JobStarted if background else Annotated[CallToolResult, op.result]
 
     async def call(**kwargs: Any) -> Any:
         ctx: Context[Any, Any] = kwargs.pop(CONTEXT_PARAM)

@@ -24,7 +24,7 @@ import pytest
 from helpers import invoke
 from llamaforge.core.errors import Cancelled, InvalidOption, SmokeFailed, ToolFailed
 from llamaforge.core.events import CancelToken, Event
-from llamaforge.core.registry import OperationContext, operations
+from llamaforge.core.registry import OperationContext, operations, result_json
 from llamaforge.smoke import server as smoke_server
 from llamaforge.smoke.bench import bench_command, parse_llama_bench
 from llamaforge.smoke.report import (
@@ -432,7 +432,7 @@ def smoke_env(lf_home: Path) -> Iterator[dict[str, str]]:
 
 def _run_op(name: str, ctx: OperationContext | None = None, **params: Any) -> dict[str, Any]:
     op = operations()[name]
-    return op.run(op.params.model_validate(params), ctx or OperationContext())
+    return result_json(op.run(op.params.model_validate(params), ctx or OperationContext()))
 
 
 @pytest.mark.docker

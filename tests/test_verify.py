@@ -625,7 +625,9 @@ def test_fuzz_sample_only_typed_errors(models: dict[str, Path]) -> None:
 def test_operation_through_registry(models: dict[str, Path], lf_home: Path, tmp_path: Path) -> None:
     op = operations()["models.verify"]
     assert op.read_only and op.positional == ("target",)
-    result = op.run(op.params.model_validate({"target": str(models["qwen3"])}), OperationContext())
+    result = result_json(
+        op.run(op.params.model_validate({"target": str(models["qwen3"])}), OperationContext())
+    )
     assert result["ok"] and result["exit_code"] == 0
     recipe = tmp_path / "tiny.toml"
     recipe.write_text(f'source = "{models["qwen3"].as_uri()}"\n[expect]\nblock_count = 3\n', encoding="utf-8")

@@ -9,7 +9,8 @@ operation's full result, so every front fails the same way and can still show wh
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+
+from pydantic import BaseModel
 
 
 class LlamaforgeError(Exception):
@@ -185,7 +186,7 @@ class OperationFailed(LlamaforgeError):
     failing domain (e.g. ``SmokeFailed.exit_code``), so the CLI exits as it always did.
     """
 
-    def __init__(self, message: str, *, result: Any, exit_code: int, hint: str | None = None) -> None:
+    def __init__(self, message: str, *, result: BaseModel, exit_code: int, hint: str | None = None) -> None:
         super().__init__(message, hint=hint)
         self.result = result
         self.exit_code = exit_code

@@ -1,19 +1,23 @@
 """The registry of operations: written once here, read by every front (Invoke, the MCP server, Jupyter).
 
 An operation takes a typed parameter model, reports progress through ``OperationContext.reporter``, honours
-``OperationContext.cancel`` and returns JSON-able data. Fronts only parse arguments and present results.
+``OperationContext.cancel`` and returns a typed :class:`Result` (its model is the function's return annotation).
+A failing verdict raises ``OperationFailed`` with that result. Fronts only parse arguments and present results:
+the CLI's ``--json``, a job's result, the MCP tool's ``outputSchema`` and ``structuredContent`` and the notebook
+views all read ``result_json(result)``.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from llamaforge.core.events import CancelToken, Reporter, null_reporter
 
@@ -32,6 +36,30 @@ class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class Result(BaseModel):
+    """Base of operation result models and of their parts: the one JSON shape every front reads."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def _is_none(value: object) -> bool:
+    return value is None
+
+
+def absent(description: str | None = None) -> Any:
+    """A result field the JSON has only sometimes: ``None`` leaves the key out (e.g. ``plot`` without --plot)."""
+    return Field(None, exclude_if=_is_none, description=description)
+
+
+def result_json(result: BaseModel) -> dict[str, Any]:
+    """An operation's result as JSON data: what ``--json`` prints, a job keeps and an MCP tool returns."""
+    return result.model_dump(mode="json", by_alias=True)
+
+
+_R = TypeVar("_R", bound=Result)
+OperationFunction = Callable[[Any, OperationContext], _R]
+
+
 @dataclass(frozen=True)
 class Operation:
     """One capability, as every front sees it."""
@@ -39,16 +67,12 @@ class Operation:
     name: str
     summary: str
     params: type[Params]
-    run: Callable[[Any, OperationContext], dict[str, Any]]
+    result: type[Result]
+    run: Callable[[Any, OperationContext], Result]
     read_only: bool
     destructive: bool = False
     long_running: bool = False
     positional: tuple[str, ...] = ()
-
-
-def result_json(result: Any) -> dict[str, Any]:
-    """An operation's result as JSON data: what ``--json`` prints, a job keeps and MCP returns."""
-    return dict(result)
 
 
 REGISTRY: dict[str, Operation] = {}
@@ -84,17 +108,17 @@ def operation(
     destructive: bool = False,
     long_running: bool = False,
     positional: tuple[str, ...] = (),
-) -> Callable[
-    [Callable[[Any, OperationContext], dict[str, Any]]], Callable[[Any, OperationContext], dict[str, Any]]
-]:
-    """Register the decorated function as operation ``name`` (its docstring's first line is the summary)."""
+) -> Callable[[OperationFunction[_R]], OperationFunction[_R]]:
+    """Register the decorated function as operation ``name``: its docstring's first line is the summary, its
+    return annotation (a :class:`Result` model) the result every front publishes."""
 
-    def register(
-        function: Callable[[Any, OperationContext], dict[str, Any]],
-    ) -> Callable[[Any, OperationContext], dict[str, Any]]:
+    def register(function: OperationFunction[_R]) -> OperationFunction[_R]:
         summary = (function.__doc__ or name).strip().splitlines()[0]
+        result = typing.get_type_hints(function).get("return")
+        if not (isinstance(result, type) and issubclass(result, Result)):
+            raise TypeError(f"operation {name}: the return annotation must be a Result model, not {result!r}")
         REGISTRY[name] = Operation(
-            name, summary, params, function, read_only, destructive, long_running, positional
+            name, summary, params, result, function, read_only, destructive, long_running, positional
         )
         return function
 

@@ -1,4 +1,5 @@
-"""Operations ``models.fetch`` and ``models.lock`` (registered with the operation registry on import)."""
+"""Operations ``models.fetch`` and ``models.lock`` (registered with the operation registry on import), with
+their result models."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 from pydantic import Field
 
 from llamaforge.core.errors import LockError, OperationFailed
-from llamaforge.core.registry import OperationContext, Params, operation
+from llamaforge.core.registry import OperationContext, Params, Result, operation
 
 
 class ModelFetchParams(Params):
@@ -23,8 +24,20 @@ class ModelFetchParams(Params):
     )
 
 
+class FetchedModel(Result):
+    """A verified model file in the store (downloaded now, or found there)."""
+
+    path: str
+    sha256: str
+    size: int
+    cached: bool
+    source: str = Field(description="Where it came from (user info and query removed)")
+    revision: str | None
+    commit: str | None
+
+
 @operation("models.fetch", ModelFetchParams, read_only=False, long_running=True, positional=("model",))
-def models_fetch_op(params: ModelFetchParams, ctx: OperationContext) -> dict[str, Any]:
+def models_fetch_op(params: ModelFetchParams, ctx: OperationContext) -> FetchedModel:
     """Download a model into the verified, content-addressed cache (resumable; sha256-checked; --offline)."""
     from llamaforge.models.fetch import fetch_model
 
@@ -35,7 +48,7 @@ def models_fetch_op(params: ModelFetchParams, ctx: OperationContext) -> dict[str
         reporter=ctx.reporter,
         cancel=ctx.cancel,
     )
-    return result.to_json()
+    return FetchedModel.model_validate(result.to_json())
 
 
 class ModelLockParams(Params):
@@ -47,15 +60,29 @@ class ModelLockParams(Params):
     frozen: bool = Field(False, description="Resolve nothing; fail naming every input that is not pinned")
 
 
+class LockOutcome(Result):
+    """What a lock run resolved, found pinned, skipped and could not resolve (then ``models.lock`` fails)."""
+
+    lock_file: str
+    written: bool
+    locked: list[dict[str, Any]] = Field(
+        description="Each locked input: kind, name, revision/sha256 or digest"
+    )
+    pinned: list[str]
+    skipped: list[dict[str, str]]
+    unresolved: list[dict[str, str]] = Field(description="Each unresolved input: kind, name, reason, hint")
+    exit_code: int
+
+
 @operation("models.lock", ModelLockParams, read_only=False)
-def models_lock_op(params: ModelLockParams, ctx: OperationContext) -> dict[str, Any]:
+def models_lock_op(params: ModelLockParams, ctx: OperationContext) -> LockOutcome:
     """Resolve model revisions to commits + sha256 and base images to digests; write recipes/lock.toml."""
     from llamaforge.models.lock import lock_models
 
     report = lock_models(
         [params.recipe] if params.recipe else None, frozen=params.frozen, reporter=ctx.reporter
     )
-    data = report.to_json()
+    data = LockOutcome.model_validate(report.to_json())
     if report.unresolved:
         raise OperationFailed(
             "could not lock " + ", ".join(f"{item['kind']} {item['name']}" for item in report.unresolved),

@@ -1,4 +1,5 @@
-"""Operations ``models.verify`` and ``models.inspect`` (registered with the operation registry on import)."""
+"""Operations ``models.verify`` and ``models.inspect`` (registered with the operation registry on import), with
+their result models."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from typing import Any
 from pydantic import Field
 
 from llamaforge.core.errors import InvalidOption, ModelError, OperationFailed
-from llamaforge.core.registry import OperationContext, Params, operation
+from llamaforge.core.registry import OperationContext, Params, Result, absent, operation
+from llamaforge.models.verify import Status
 
 
 class ModelVerifyParams(Params):
@@ -35,8 +37,34 @@ def _build_dir(value: str) -> Path:
     return build_dir(str(find_build(value)["key"]))
 
 
+class VerifyFinding(Result):
+    """One result of a check; ``subject`` names the tensor, key or field concerned."""
+
+    check: str
+    status: Status
+    subject: str
+    message: str
+
+
+class VerifiedModel(Result):
+    """The verdict on one model file (``models.verify`` fails when a check failed)."""
+
+    path: str
+    ok: bool
+    exit_code: int
+    recipe: str | None
+    size: int
+    sha256: str
+    cached: bool = Field(description="The verdict came from the cache (same file, same size and mtime)")
+    seconds: float
+    checks: dict[str, Status] = Field(description="The worst status per check (skipped: it did not run)")
+    findings: list[VerifyFinding]
+    model: dict[str, Any] = Field(description="What the header says: architecture, layers, tokenizer, …")
+    load_check: dict[str, Any] | None = Field(description="Loading with a llama.cpp build (--load-check)")
+
+
 @operation("models.verify", ModelVerifyParams, read_only=True, long_running=True, positional=("target",))
-def models_verify_op(params: ModelVerifyParams, ctx: OperationContext) -> dict[str, Any]:
+def models_verify_op(params: ModelVerifyParams, ctx: OperationContext) -> VerifiedModel:
     """Verify a GGUF: hardened header parse, sha256, structure, recipe expectations, tensors, chat template."""
     from llamaforge.models.inspect import resolve_local_model
     from llamaforge.models.verify import verify_model
@@ -58,7 +86,7 @@ def models_verify_op(params: ModelVerifyParams, ctx: OperationContext) -> dict[s
         path, recipe, load_check_build=build, use_cache=not params.no_cache, reporter=ctx.reporter,
         cancel=ctx.cancel,
     )  # fmt: skip
-    data = report.to_json()
+    data = VerifiedModel.model_validate(report.to_json())
     if not report.ok:
         failed = sorted(name for name, status in report.checks().items() if status == "fail")
         raise OperationFailed(
@@ -82,15 +110,31 @@ class ModelInspectParams(Params):
     revision: str | None = Field(None, description="Hub revision for hf:// (default: the recipe's, or main)")
 
 
+class InspectedModel(Result):
+    """A model's header, summarised; read remotely, the transfer it took."""
+
+    source: str
+    remote: bool
+    model: dict[str, Any] = Field(
+        description="Architecture, parameters, layers, context, quant mix, tokenizer, …"
+    )
+    bytes_fetched: int | None = absent("Bytes read through HTTP range requests (remote only)")
+    requests: int | None = absent("HTTP range requests made (remote only)")
+    fraction_fetched: float | None = absent("Share of the file that was read (remote only)")
+    seconds: float | None = absent()
+
+
 @operation("models.inspect", ModelInspectParams, read_only=True, positional=("target",))
-def models_inspect_op(params: ModelInspectParams, ctx: OperationContext) -> dict[str, Any]:
+def models_inspect_op(params: ModelInspectParams, ctx: OperationContext) -> InspectedModel:
     """Show a model's architecture, parameters, layers, context, quant mix, tokenizer and template."""
     from llamaforge.models.inspect import inspect_model
 
-    return inspect_model(
-        params.target,
-        remote=params.remote,
-        revision=params.revision,
-        reporter=ctx.reporter,
-        cancel=ctx.cancel,
+    return InspectedModel.model_validate(
+        inspect_model(
+            params.target,
+            remote=params.remote,
+            revision=params.revision,
+            reporter=ctx.reporter,
+            cancel=ctx.cancel,
+        )
     )
