@@ -184,9 +184,11 @@ def _field_parameters(op: Operation) -> list[inspect.Parameter]:
         if name in RESERVED:
             raise ValueError(f"operation {op.name}: parameter {name!r} is reserved by the MCP front")
         # Annotated[...] built at run time: the field type, its constraints, its description.
+        # (json_schema_extra carries the path marker into the input schema)
         annotation = cast(Any, Annotated)[
-            (info.annotation, *info.metadata, Field(description=info.description))
-        ]
+            (info.annotation, *info.metadata,
+             Field(description=info.description, json_schema_extra=info.json_schema_extra))
+        ]  # fmt: skip
         default = (
             inspect.Parameter.empty if info.is_required() else info.get_default(call_default_factory=True)
         )

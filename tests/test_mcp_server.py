@@ -183,6 +183,9 @@ async def test_tools_mirror_params_and_annotations(test_operations: list[str]) -
             assert ("confirm" in properties) is op.destructive, name
             for field, info in op.params.model_fields.items():
                 assert properties[field].get("description") == info.description, (name, field)
+                assert (properties[field].get("x-llamaforge-path") is True) == (
+                    field in path_fields(op.params)
+                )
             assert tool.output_schema is not None and tool.output_schema["type"] == "object", name
             if not name.endswith("_start"):  # the operation's result model is the tool's outputSchema
                 published = op.result.model_json_schema(by_alias=True)["properties"]
@@ -244,7 +247,7 @@ async def test_user_error_is_a_tool_error_with_its_hint() -> None:
         assert "no job 'nope'" in text and "hint:" in text
 
 
-def test_path_fields_are_found_from_names_and_descriptions() -> None:
+def test_path_fields_are_the_fields_declared_as_paths() -> None:
     from llamaforge.build.ops import BuildParams, RecipeParams
     from llamaforge.build.ops_patches import PatchNewParams, PatchRefreshParams
 
@@ -253,6 +256,16 @@ def test_path_fields_are_found_from_names_and_descriptions() -> None:
     assert {"recipe", "series", "to", "resume"} <= set(path_fields(PatchRefreshParams))
     assert "workspace" in path_fields(PatchNewParams)
     assert path_fields(RecipeParams) == ("name",)
+    declared = {name: path_fields(op.params) for name, op in operations().items()}
+    assert declared == {
+        "build": ("recipe", "patches", "ca_bundle", "from_manifest"), "builds.list": (), "builds.show": (),
+        "doctor": (), "images.bootstrap": (), "models.fetch": ("model",), "models.fit": ("model", "plot"),
+        "models.inspect": ("target",), "models.lock": ("recipe",), "models.remap": ("src", "dst", "rules"),
+        "models.verify": ("target", "recipe", "load_check"), "patches.check": ("recipe", "series"),
+        "patches.edit": ("recipe", "series"), "patches.new": ("recipe", "series", "workspace"),
+        "patches.refresh": ("recipe", "series", "to", "resume"), "recipes.list": (), "recipes.show": ("name",),
+        "smoke": ("build", "model", "thresholds"), "smoke.compare": ("run_a", "run_b"),
+    }  # fmt: skip
 
 
 def test_path_policy_checks_file_urls_and_leaves_remote_urls_alone(tmp_path: Path) -> None:

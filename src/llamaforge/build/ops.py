@@ -12,7 +12,7 @@ from llamaforge.build.doctor import Status
 from llamaforge.build.recipes import Backend
 from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.events import null_reporter
-from llamaforge.core.registry import OperationContext, Params, Result, absent, operation
+from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
 
 # --- build -------------------------------------------------------------------------------------------------
 
@@ -20,7 +20,7 @@ from llamaforge.core.registry import OperationContext, Params, Result, absent, o
 class BuildParams(Params):
     """Parameters of ``build``."""
 
-    recipe: str = Field("default", description="Build recipe name (recipes/builds/NAME.toml) or path")
+    recipe: str = path_field("default", description="Build recipe name (recipes/builds/NAME.toml) or path")
     arch: str | None = Field(
         None, description="CUDA archs, e.g. 86 (RTX 30xx), 89 (RTX 40xx), 86,89; implies CUDA"
     )
@@ -28,9 +28,9 @@ class BuildParams(Params):
         None, description="cpu or cuda (default: the recipe's, or cuda with --arch)"
     )
     base_image: str | None = Field(None, description="Base image for the builder (overrides the recipe)")
-    patches: str | None = Field(None, description="Patch series directory (default: the recipe's)")
+    patches: str | None = path_field(None, description="Patch series directory (default: the recipe's)")
     no_patches: bool = Field(False, description="Build stock llama.cpp without the patch series")
-    ca_bundle: str | None = Field(
+    ca_bundle: str | None = path_field(
         None, description="Extra CA bundle for builds behind a TLS-intercepting proxy"
     )
     cmake: list[str] = Field(default_factory=list, description="Extra CMake option KEY=VALUE (repeatable)")
@@ -41,7 +41,9 @@ class BuildParams(Params):
     check_reproducible: bool = Field(
         False, description="Rebuild in a fresh container with ccache off and compare every artifact's sha256"
     )
-    from_manifest: str | None = Field(None, description="Repeat the build recorded in this manifest.json")
+    from_manifest: str | None = path_field(
+        None, description="Repeat the build recorded in this manifest.json"
+    )
 
 
 def _plan_from_params(params: BuildParams) -> tuple[Any, Any]:
@@ -328,7 +330,7 @@ def recipes_list_op(params: NoParams, ctx: OperationContext) -> RecipeList:
 class RecipeParams(Params):
     """A recipe name or path."""
 
-    name: str = Field(description="Recipe name or path to a .toml file")
+    name: str = path_field(description="Recipe name or path to a .toml file")
 
 
 class RecipeShown(Result):

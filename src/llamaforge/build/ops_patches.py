@@ -8,16 +8,16 @@ from pathlib import Path
 from pydantic import Field
 
 from llamaforge.core.errors import InvalidOption, OperationFailed, PatchError
-from llamaforge.core.registry import OperationContext, Params, Result, absent, operation
+from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
 
 
 class PatchSeriesParams(Params):
     """Which series, against which pinned source."""
 
-    recipe: str = Field(
+    recipe: str = path_field(
         "default", description="Build recipe whose pinned source the series is checked against"
     )
-    series: str | None = Field(None, description="Patch series directory (default: the recipe's)")
+    series: str | None = path_field(None, description="Patch series directory (default: the recipe's)")
 
 
 def _series_and_tree(params: PatchSeriesParams, ctx: OperationContext) -> tuple[str, Path]:
@@ -63,10 +63,10 @@ def patches_check_op(params: PatchSeriesParams, ctx: OperationContext) -> Series
 class PatchRefreshParams(PatchSeriesParams):
     """Parameters of ``patches.refresh``."""
 
-    to: str | None = Field(
+    to: str | None = path_field(
         None, description="New llama.cpp source: an extracted tree or a .tar(.gz|.xz) archive"
     )
-    resume: str | None = Field(
+    resume: str | None = path_field(
         None, description="Workspace of a refresh whose conflicts you resolved: continue it"
     )
 
@@ -146,7 +146,7 @@ class PatchNewParams(PatchSeriesParams):
     """Parameters of ``patches.new``."""
 
     name: str = Field(description="Name of the new patch (becomes NNNN-NAME.patch)")
-    workspace: str = Field(description="Workspace made by `patches.edit`, with your edits")
+    workspace: str = path_field(description="Workspace made by `patches.edit`, with your edits")
 
 
 class NewPatch(Result):

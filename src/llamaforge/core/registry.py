@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 
 from llamaforge.core.events import CancelToken, Reporter, null_reporter
 
@@ -34,6 +36,24 @@ class Params(BaseModel):
     """Base of operation parameter models."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+PATH_MARKER = "x-llamaforge-path"
+
+
+def path_field(default: Any = PydanticUndefined, *, description: str, **options: Any) -> Any:
+    """A parameter field that holds a file-system path, or a name-or-path looked up in the shipped data.
+
+    Fronts that guard the file system (the MCP path policy) check every field declared this way; the marker
+    is also in the JSON schema, so a client sees which inputs are paths.
+    """
+    return Field(default, description=description, json_schema_extra={PATH_MARKER: True}, **options)
+
+
+def is_path_field(info: FieldInfo) -> bool:
+    """Whether the field was declared with :func:`path_field`."""
+    extra = info.json_schema_extra
+    return isinstance(extra, dict) and extra.get(PATH_MARKER) is True
 
 
 class Result(BaseModel):

@@ -8,13 +8,13 @@ from typing import Any
 from pydantic import Field
 
 from llamaforge.core.errors import LockError, OperationFailed
-from llamaforge.core.registry import OperationContext, Params, Result, operation
+from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
 
 
 class ModelFetchParams(Params):
     """Parameters of ``models.fetch``."""
 
-    model: str = Field(
+    model: str = path_field(
         description="Model recipe (name or .toml path) or URL: hf://owner/repo/file.gguf, ms://owner/repo/file.gguf, "
         "https://…, file://…"
     )
@@ -54,7 +54,7 @@ def models_fetch_op(params: ModelFetchParams, ctx: OperationContext) -> FetchedM
 class ModelLockParams(Params):
     """Parameters of ``models.lock``."""
 
-    recipe: str | None = Field(
+    recipe: str | None = path_field(
         None, description="Lock only this model recipe (default: every model recipe and the base images)"
     )
     frozen: bool = Field(False, description="Resolve nothing; fail naming every input that is not pinned")

@@ -7,15 +7,15 @@ from typing import Any
 
 from pydantic import Field
 
-from llamaforge.core.registry import OperationContext, Params, Result, operation
+from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
 
 
 class ModelRemapParams(Params):
     """Parameters of ``models.remap``."""
 
-    src: str = Field(description="Input GGUF file")
-    dst: str = Field(description="Output GGUF file (a new path; the input is never modified)")
-    rules: str | None = Field(
+    src: str = path_field(description="Input GGUF file")
+    dst: str = path_field(description="Output GGUF file (a new path; the input is never modified)")
+    rules: str | None = path_field(
         None, description="Remap rules: a name under recipes/remaps/ (e.g. qwen3-hf-names) or a .toml path"
     )
     target_arch: str | None = Field(

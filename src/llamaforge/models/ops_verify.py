@@ -9,20 +9,20 @@ from typing import Any
 from pydantic import Field
 
 from llamaforge.core.errors import InvalidOption, ModelError, OperationFailed
-from llamaforge.core.registry import OperationContext, Params, Result, absent, operation
+from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
 from llamaforge.models.verify import Status
 
 
 class ModelVerifyParams(Params):
     """Parameters of ``models.verify``."""
 
-    target: str = Field(
+    target: str = path_field(
         description="GGUF file, or a model recipe (name or .toml) whose file is local or fetched"
     )
-    recipe: str | None = Field(
+    recipe: str | None = path_field(
         None, description="Check FILE against this model recipe's pins and expectations"
     )
-    load_check: str | None = Field(
+    load_check: str | None = path_field(
         None, description="Also load the model with this llama.cpp build (build key, or its directory)"
     )
     no_cache: bool = Field(False, description="Ignore the cached verdict: re-parse and re-hash the file")
@@ -101,7 +101,7 @@ def models_verify_op(params: ModelVerifyParams, ctx: OperationContext) -> Verifi
 class ModelInspectParams(Params):
     """Parameters of ``models.inspect``."""
 
-    target: str = Field(
+    target: str = path_field(
         description="GGUF file, model recipe, or URL (https://, http://, hf://owner/repo/path)"
     )
     remote: bool = Field(

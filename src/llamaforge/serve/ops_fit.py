@@ -9,14 +9,16 @@ from typing import Any, Literal
 from pydantic import Field
 
 from llamaforge.core.errors import InvalidOption, OperationFailed
-from llamaforge.core.registry import OperationContext, Params, Result, absent, operation
+from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
 from llamaforge.serve.fit import DoesNotFit, FitPlan, GiB, parse_size, plan_fit
 
 
 class ModelFitParams(Params):
     """Parameters of ``models.fit``."""
 
-    model: str = Field(description="GGUF file, or a model recipe whose file was fetched (`models.fetch`)")
+    model: str = path_field(
+        description="GGUF file, or a model recipe whose file was fetched (`models.fetch`)"
+    )
     gpu: str | None = Field(None, description="GPU from recipes/gpus.toml, e.g. rtx3090, rtx4090, a100-80gb")
     vram: str | None = Field(None, description="GPU memory instead of --gpu, e.g. 24GiB (no speed estimate)")
     ctx: int = Field(description="Context (tokens) of each slot", ge=1)
@@ -29,7 +31,7 @@ class ModelFitParams(Params):
     n_gpu_layers: int | None = Field(None, description="Evaluate this -ngl instead of searching", ge=0)
     n_cpu_moe: int | None = Field(None, description="Evaluate this --n-cpu-moe instead of searching", ge=0)
     margin: str = Field("1GiB", description="GPU memory to keep free (CUDA context, driver, headroom)")
-    plot: str | None = Field(None, description="Write the memory breakdown as a PNG to this path")
+    plot: str | None = path_field(None, description="Write the memory breakdown as a PNG to this path")
 
 
 def resolve_model_file(target: str) -> Path:

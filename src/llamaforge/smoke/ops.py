@@ -10,22 +10,22 @@ from typing import Any, Literal
 from pydantic import Field
 
 from llamaforge.core.errors import InvalidOption, OperationFailed, SmokeFailed
-from llamaforge.core.registry import OperationContext, Params, Result, operation
+from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
 from llamaforge.smoke.run import SmokeOptions, SmokeTarget
 
 
 class SmokeParams(Params):
     """Parameters of ``smoke``."""
 
-    build: str | None = Field(
+    build: str | None = path_field(
         None, description="Build key (or unique prefix) or build directory (default: the default recipe's CPU "
         "build, built if missing)"
     )  # fmt: skip
-    model: str | None = Field(
+    model: str | None = path_field(
         None,
         description="Model recipe name, hf://, ms://, https:// URL, or a GGUF file (default: tiny qwen3)",
     )
-    thresholds: list[str] = Field(
+    thresholds: list[str] = path_field(
         default_factory=list,
         description="Threshold KEY=VALUE (min_tg_tps, max_ttft_ms, must_answer; none clears) or a TOML file; "
         "repeatable; overrides the build and model recipes",
@@ -187,8 +187,8 @@ def smoke_op(params: SmokeParams, ctx: OperationContext) -> SmokeReport:
 class SmokeCompareParams(Params):
     """Parameters of ``smoke.compare``."""
 
-    run_a: str = Field(description="First run (A, the baseline): run id, unique prefix or run directory")
-    run_b: str = Field(description="Second run (B): run id, unique prefix or run directory")
+    run_a: str = path_field(description="First run (A, the baseline): run id, unique prefix or run directory")
+    run_b: str = path_field(description="Second run (B): run id, unique prefix or run directory")
 
 
 class SmokeComparison(Result):
