@@ -27,8 +27,9 @@ from llamaforge.fronts.jupyter import (
     resolve_operation,
     run,
 )
-from llamaforge.fronts.render_html import fit_chart_png, render_html
+from llamaforge.fronts.render_html import render_html
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
+from llamaforge.serve.render import fit_chart_png
 
 pytestmark = pytest.mark.filterwarnings(
     # IPython's own modules still use APIs their dependencies deprecated; only those, only here.
@@ -195,6 +196,18 @@ def test_model_inspect_verify_and_fit(shell: Any, tiny_model: Path, tmp_path: Pa
     with_plot = magic(shell, f"fit {{model}} --vram 24GiB --ctx 4096 --plot {plot}")
     assert plot.is_file()
     assert base64.b64encode(plot.read_bytes()).decode() in with_plot._repr_html_()
+
+
+def test_each_operation_names_its_renderers_which_sit_beside_it() -> None:
+    with_cli = {name for name, op in operations().items() if op.render_cli}
+    with_html = {name for name, op in operations().items() if op.render_html}
+    shown = {"build", "builds.list", "doctor", "recipes.list", "models.fetch", "models.inspect", "models.verify",
+             "models.fit", "smoke", "smoke.compare"}  # fmt: skip
+    assert with_cli == shown | {"models.lock"} and with_html == shown | {"builds.show"}
+    for op in operations().values():
+        for renderer in (op.render_cli, op.render_html):
+            if renderer is not None:  # same domain package as the operation: llamaforge.<domain>.render
+                assert renderer.__module__ == op.run.__module__.rsplit(".", 1)[0] + ".render", op.name
 
 
 def test_generic_view_and_unknown_shapes() -> None:

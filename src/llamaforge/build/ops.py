@@ -10,6 +10,17 @@ from pydantic import Field
 
 from llamaforge.build.doctor import Status
 from llamaforge.build.recipes import Backend
+from llamaforge.build.render import (
+    build_cli,
+    build_html,
+    builds_list_cli,
+    builds_list_html,
+    builds_show_html,
+    doctor_cli,
+    doctor_html,
+    recipes_list_cli,
+    recipes_list_html,
+)
 from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.events import null_reporter
 from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
@@ -115,7 +126,7 @@ class BuildOutput(Result):
     reproducibility: ReproducibilityCheck | None = absent()
 
 
-@operation("build", BuildParams, read_only=False, long_running=True)
+@operation("build", BuildParams, read_only=False, long_running=True, cli=build_cli, html=build_html)
 def build_op(params: BuildParams, ctx: OperationContext) -> BuildOutput:
     """Build llama.cpp from a pinned, patched source in Docker (or reuse the cached build)."""
     from llamaforge.build.execute import run_build
@@ -193,7 +204,7 @@ class BuildList(Result):
     builds: list[BuildEntry]
 
 
-@operation("builds.list", NoParams, read_only=True)
+@operation("builds.list", NoParams, read_only=True, cli=builds_list_cli, html=builds_list_html)
 def builds_list_op(params: NoParams, ctx: OperationContext) -> BuildList:
     """List published builds, newest first."""
     from llamaforge.build.store import list_builds
@@ -222,7 +233,7 @@ class BuildShown(Result):
     )
 
 
-@operation("builds.show", KeyParams, read_only=True, positional=("key",))
+@operation("builds.show", KeyParams, read_only=True, positional=("key",), html=builds_show_html)
 def builds_show_op(params: KeyParams, ctx: OperationContext) -> BuildShown:
     """Show a build's provenance manifest."""
     from llamaforge.build.store import build_dir, find_build
@@ -248,7 +259,7 @@ class DoctorReport(Result):
     exit_code: int
 
 
-@operation("doctor", NoParams, read_only=True)
+@operation("doctor", NoParams, read_only=True, cli=doctor_cli, html=doctor_html)
 def doctor_op(params: NoParams, ctx: OperationContext) -> DoctorReport:
     """Check that this machine can build: Docker, base image, disk, CA bundle, toolchains."""
     from llamaforge.build.doctor import run_doctor
@@ -313,7 +324,7 @@ class RecipeList(Result):
     recipes: list[RecipeEntry]
 
 
-@operation("recipes.list", NoParams, read_only=True)
+@operation("recipes.list", NoParams, read_only=True, cli=recipes_list_cli, html=recipes_list_html)
 def recipes_list_op(params: NoParams, ctx: OperationContext) -> RecipeList:
     """List the shipped build recipes."""
     from llamaforge.build.recipes import list_recipes, load_recipe

@@ -76,6 +76,11 @@ def result_json(result: BaseModel) -> dict[str, Any]:
     return result.model_dump(mode="json", by_alias=True)
 
 
+# How a result looks to a person: printed on a rich Console for the CLI, as HTML in a notebook. Each operation
+# names its own (they sit beside it); the fronts fall back to a generic view.
+CliRenderer = Callable[[dict[str, Any], Any], None]
+HtmlRenderer = Callable[[dict[str, Any]], str]
+
 _R = TypeVar("_R", bound=Result)
 OperationFunction = Callable[[Any, OperationContext], _R]
 
@@ -93,6 +98,8 @@ class Operation:
     destructive: bool = False
     long_running: bool = False
     positional: tuple[str, ...] = ()
+    render_cli: CliRenderer | None = None
+    render_html: HtmlRenderer | None = None
 
 
 REGISTRY: dict[str, Operation] = {}
@@ -128,9 +135,12 @@ def operation(
     destructive: bool = False,
     long_running: bool = False,
     positional: tuple[str, ...] = (),
+    cli: CliRenderer | None = None,
+    html: HtmlRenderer | None = None,
 ) -> Callable[[OperationFunction[_R]], OperationFunction[_R]]:
     """Register the decorated function as operation ``name``: its docstring's first line is the summary, its
-    return annotation (a :class:`Result` model) the result every front publishes."""
+    return annotation (a :class:`Result` model) the result every front publishes; ``cli`` and ``html`` render
+    that result's JSON for a person (default: a generic view)."""
 
     def register(function: OperationFunction[_R]) -> OperationFunction[_R]:
         summary = (function.__doc__ or name).strip().splitlines()[0]
@@ -138,7 +148,17 @@ def operation(
         if not (isinstance(result, type) and issubclass(result, Result)):
             raise TypeError(f"operation {name}: the return annotation must be a Result model, not {result!r}")
         REGISTRY[name] = Operation(
-            name, summary, params, result, function, read_only, destructive, long_running, positional
+            name,
+            summary,
+            params,
+            result,
+            function,
+            read_only,
+            destructive,
+            long_running,
+            positional,
+            cli,
+            html,
         )
         return function
 

@@ -10,6 +10,12 @@ from pydantic import Field
 
 from llamaforge.core.errors import InvalidOption, ModelError, OperationFailed
 from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
+from llamaforge.models.render import (
+    models_inspect_cli,
+    models_inspect_html,
+    models_verify_cli,
+    models_verify_html,
+)
 from llamaforge.models.verify import Status
 
 
@@ -63,7 +69,15 @@ class VerifiedModel(Result):
     load_check: dict[str, Any] | None = Field(description="Loading with a llama.cpp build (--load-check)")
 
 
-@operation("models.verify", ModelVerifyParams, read_only=True, long_running=True, positional=("target",))
+@operation(
+    "models.verify",
+    ModelVerifyParams,
+    read_only=True,
+    long_running=True,
+    positional=("target",),
+    cli=models_verify_cli,
+    html=models_verify_html,
+)
 def models_verify_op(params: ModelVerifyParams, ctx: OperationContext) -> VerifiedModel:
     """Verify a GGUF: hardened header parse, sha256, structure, recipe expectations, tensors, chat template."""
     from llamaforge.models.inspect import resolve_local_model
@@ -124,7 +138,14 @@ class InspectedModel(Result):
     seconds: float | None = absent()
 
 
-@operation("models.inspect", ModelInspectParams, read_only=True, positional=("target",))
+@operation(
+    "models.inspect",
+    ModelInspectParams,
+    read_only=True,
+    positional=("target",),
+    cli=models_inspect_cli,
+    html=models_inspect_html,
+)
 def models_inspect_op(params: ModelInspectParams, ctx: OperationContext) -> InspectedModel:
     """Show a model's architecture, parameters, layers, context, quant mix, tokenizer and template."""
     from llamaforge.models.inspect import inspect_model

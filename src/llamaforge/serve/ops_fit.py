@@ -11,6 +11,7 @@ from pydantic import Field
 from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
 from llamaforge.serve.fit import DoesNotFit, FitPlan, GiB, parse_size, plan_fit
+from llamaforge.serve.render import models_fit_cli, models_fit_html
 
 
 class ModelFitParams(Params):
@@ -99,7 +100,14 @@ class FitOutcome(Result):
     plot: str | None = absent("The PNG written with --plot")
 
 
-@operation("models.fit", ModelFitParams, read_only=True, positional=("model",))
+@operation(
+    "models.fit",
+    ModelFitParams,
+    read_only=True,
+    positional=("model",),
+    cli=models_fit_cli,
+    html=models_fit_html,
+)
 def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> FitOutcome:
     """Plan how a model fits on a GPU: layers, experts, KV cache, compute buffer, llama-server flags, speed."""
     path = resolve_model_file(params.model)

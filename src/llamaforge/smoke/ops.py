@@ -11,6 +11,7 @@ from pydantic import Field
 
 from llamaforge.core.errors import InvalidOption, OperationFailed, SmokeFailed
 from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
+from llamaforge.smoke.render import smoke_cli, smoke_compare_cli, smoke_compare_html, smoke_html
 from llamaforge.smoke.run import SmokeOptions, SmokeTarget
 
 
@@ -147,7 +148,7 @@ class SmokeReport(Result):
     exit_code: int
 
 
-@operation("smoke", SmokeParams, read_only=False, long_running=True)
+@operation("smoke", SmokeParams, read_only=False, long_running=True, cli=smoke_cli, html=smoke_html)
 def smoke_op(params: SmokeParams, ctx: OperationContext) -> SmokeReport:
     """Smoke a build with a model: llama-bench + streaming llama-server, thresholds, report and plots."""
     from llamaforge.smoke.run import parse_threshold_items, resolve_thresholds, result_view, run_smoke
@@ -201,7 +202,14 @@ class SmokeComparison(Result):
     files: dict[str, str]
 
 
-@operation("smoke.compare", SmokeCompareParams, read_only=False, positional=("run_a", "run_b"))
+@operation(
+    "smoke.compare",
+    SmokeCompareParams,
+    read_only=False,
+    positional=("run_a", "run_b"),
+    cli=smoke_compare_cli,
+    html=smoke_compare_html,
+)
 def smoke_compare_op(params: SmokeCompareParams, ctx: OperationContext) -> SmokeComparison:
     """Compare two smoke runs side by side with ratios (like compare-llama-bench); writes json/md/png."""
     from llamaforge.smoke.report import compare_runs
