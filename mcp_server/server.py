@@ -3,7 +3,9 @@
 ``build_server`` walks ``llamaforge.core.registry.operations()``: each operation becomes a tool named after it (``.`` ->
 ``_``) whose inputs are the fields of its parameter model; long-running operations also get ``<name>_start``,
 which returns a job id at once (``job_status``, ``job_logs``, ``job_cancel``, ``jobs_list`` follow it). The tools
-only check policy (paths, confirmation), call the core and present its result.
+only check policy (paths, confirmation), call the core and present its result: the operation's result model is
+the tool's ``outputSchema``, its JSON the ``structuredContent``; a failing verdict is ``isError: true`` with the
+result still attached.
 """
 
 from __future__ import annotations
@@ -183,8 +185,8 @@ def _field_parameters(op: Operation) -> list[inspect.Parameter]:
     for name, info in op.params.model_fields.items():
         if name in RESERVED:
             raise ValueError(f"operation {op.name}: parameter {name!r} is reserved by the MCP front")
-        # Annotated[...] built at run time: the field type, its constraints, its description.
-        # (json_schema_extra carries the path marker into the input schema)
+        # Annotated[...] built at run time: the field type, its constraints, its description and its schema
+        # extras (the path marker, so a client sees which inputs are paths).
         annotation = cast(Any, Annotated)[
             (info.annotation, *info.metadata,
              Field(description=info.description, json_schema_extra=info.json_schema_extra))

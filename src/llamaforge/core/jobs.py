@@ -4,6 +4,7 @@ A front (the MCP server, a notebook) calls ``JobManager.start`` and gets a job i
 and ``cancel`` work from any thread while the operation runs. The manager belongs to the process, not to a
 client connection, so a job keeps running when the client that started it goes away. ``cancel`` goes through
 the operation's ``CancelToken``: its callbacks remove the build container, so cancelling really stops the work.
+A job keeps its result as JSON; one whose verdict failed (``OperationFailed``) ends ``failed`` and keeps it too.
 """
 
 from __future__ import annotations
