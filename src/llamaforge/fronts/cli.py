@@ -68,7 +68,8 @@ class ConsoleReporter:
 
 
 def run_operation(op: Operation, arguments: dict[str, Any], *, as_json: bool, verbose: bool) -> int:
-    """Validate ``arguments``, run ``op``, print its result; return the exit code."""
+    """Validate ``arguments``, run ``op``, print its result (also when its verdict failed, then the error);
+    return the exit code: 0, the error's, 130 after Ctrl-C, 143 after SIGTERM."""
     err = Console(stderr=True, soft_wrap=True)
     try:
         params = op.params.model_validate({k: v for k, v in arguments.items() if v is not None})
