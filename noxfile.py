@@ -66,7 +66,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict on the core package."""
+    """mypy --strict on the core package and the MCP server."""
     session.install("-e", ".[test]", "types-requests")
     session.run("mypy")
 

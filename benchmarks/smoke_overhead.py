@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from llamaforge.build.store import build_dir, find_build, list_builds
-from llamaforge.core.registry import OperationContext, operations
+from llamaforge.core.registry import OperationContext, operations, result_json
 from llamaforge.smoke.bench import bench_command
 from llamaforge.smoke.run import tiny_smoke_model
 
@@ -63,7 +63,7 @@ def main() -> None:
     for round_ in range(1, args.rounds + 1):
         raw_before = raw_llama_bench_tg(command)
         started = time.monotonic()
-        result = op.run(op.params.model_validate(params), OperationContext())
+        result = result_json(op.run(op.params.model_validate(params), OperationContext()))
         smoke_s = time.monotonic() - started
         smoke_tg = next(t["avg_ts"] for t in result["bench"]["tests"] if t["kind"] == "tg")
         raw_after = raw_llama_bench_tg(command)

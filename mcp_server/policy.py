@@ -1,7 +1,7 @@
 """What the MCP front refuses: paths outside the allowed roots, and destructive calls nobody confirmed.
 
-Both checks are derived from the operation registry (field names and descriptions, ``Operation.destructive``),
-so an operation registered later is covered without touching this module.
+Both checks are derived from the operation registry (fields declared with ``path_field``,
+``Operation.destructive``), so an operation registered later is covered without touching this module.
 """
 
 from __future__ import annotations
@@ -10,11 +10,10 @@ import inspect
 import json
 import os
 import re
-import types
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
 from mcp.server.mcpserver import Context
@@ -23,28 +22,11 @@ from mcp.server.mcpserver.resolve import Elicit
 from pydantic import BaseModel, Field
 
 from llamaforge.core.paths import data_dir, home
-from llamaforge.core.registry import Operation, Params
+from llamaforge.core.registry import Operation, Params, is_path_field
 
 ConfirmPolicy = Literal["param", "elicit"]
 
-# A field is a path when its name or its description says so.
-_PATH_NAME = re.compile(
-    r"(^|_)(path|dir|directory|file|bundle|manifest|workspace|series|recipe|archive|tree|root)s?($|_)"
-)
-_PATH_NAMES = frozenset({"to", "resume", "patches", "source", "output", "dest", "from"})
 _URL_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-_PATH_WORDS = re.compile(
-    r"\b(path|directory|dir|file|folder|tree|archive|workspace|manifest)\b", re.IGNORECASE
-)
-
-
-def _accepts_text(annotation: Any) -> bool:
-    """True for str/Path, optionals and unions of them, and lists/tuples of them."""
-    if annotation in (str, Path):
-        return True
-    if get_origin(annotation) in (Union, types.UnionType, list, tuple, set, frozenset):
-        return any(_accepts_text(arg) for arg in get_args(annotation))
-    return False
 
 
 def _texts(value: Any) -> list[str]:
@@ -56,14 +38,9 @@ def _texts(value: Any) -> list[str]:
 
 
 def path_fields(params: type[Params]) -> tuple[str, ...]:
-    """Names of the fields of ``params`` that hold a file-system path (or a name-or-path)."""
-    names = []
-    for name, info in params.model_fields.items():
-        if not _accepts_text(info.annotation):
-            continue
-        if name in _PATH_NAMES or _PATH_NAME.search(name) or _PATH_WORDS.search(info.description or ""):
-            names.append(name)
-    return tuple(names)
+    """Names of the fields of ``params`` that hold a file-system path (or a name-or-path): those declared
+    with ``path_field``."""
+    return tuple(name for name, info in params.model_fields.items() if is_path_field(info))
 
 
 def default_roots(project_dir: Path, extra: Iterable[Path] = ()) -> tuple[Path, ...]:

@@ -3,7 +3,9 @@
 ``build_server`` walks ``llamaforge.core.registry.operations()``: each operation becomes a tool named after it (``.`` ->
 ``_``) whose inputs are the fields of its parameter model; long-running operations also get ``<name>_start``,
 which returns a job id at once (``job_status``, ``job_logs``, ``job_cancel``, ``jobs_list`` follow it). The tools
-only check policy (paths, confirmation), call the core and present its result.
+only check policy (paths, confirmation), call the core and present its result: the operation's result model is
+the tool's ``outputSchema``, its JSON the ``structuredContent``; a failing verdict is ``isError: true`` with the
+result still attached.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,14 +26,14 @@ from mcp.server.auth.provider import TokenVerifier
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context, ElicitationResult, MCPServer, Resolve
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp_types import ToolAnnotations
+from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
 from llamaforge import __version__
-from llamaforge.core.errors import LlamaforgeError
+from llamaforge.core.errors import LlamaforgeError, OperationFailed
 from llamaforge.core.events import CancelToken, Event
 from llamaforge.core.jobs import FINISHED, JobLogs, JobManager, JobStatus
-from llamaforge.core.registry import Operation, OperationContext, Params, operations
+from llamaforge.core.registry import Operation, OperationContext, Params, operations, result_json
 from llamaforge.core.validation import describe_errors
 from mcp_server.policy import (
     CONFIRM_PARAM,
@@ -98,7 +101,9 @@ def _progress_text(event: Event) -> str:
     return f"[{event.stage}] {event.message}" if event.stage else event.message
 
 
-async def _run_inline(op: Operation, params: Params, ctx: Context[Any, Any]) -> dict[str, Any]:
+async def _run_inline(
+    op: Operation, params: Params, ctx: Context[Any, Any]
+) -> dict[str, Any] | CallToolResult:
     """Run a short operation in a worker thread; its stage events become progress notifications."""
     cancel = CancelToken()
     step = 0
@@ -113,19 +118,35 @@ async def _run_inline(op: Operation, params: Params, ctx: Context[Any, Any]) -> 
             anyio.from_thread.run(functools.partial(ctx.report_progress, step, None, _progress_text(event)))
 
     try:
-        return await anyio.to_thread.run_sync(
+        result = await anyio.to_thread.run_sync(
             lambda: op.run(params, OperationContext(reporter=reporter, cancel=cancel)), abandon_on_cancel=True
         )
     except anyio.get_cancelled_exc_class():
         cancel.cancel()
         raise
+    except OperationFailed as error:
+        return failed_result(error.render(), result_json(error.result))
     except LlamaforgeError as error:
         raise ToolError(error.render()) from None
+    return result_json(result)
+
+
+def failed_result(message: str, result: dict[str, Any]) -> CallToolResult:
+    """A tool result with ``isError: true`` that still carries the operation's result as structured content
+    (a failing verdict: the agent reads why from the same fields a success has)."""
+    return CallToolResult(
+        content=[
+            TextContent(type="text", text=message),
+            TextContent(type="text", text=json.dumps(result, indent=2, sort_keys=True, default=str)),
+        ],
+        structured_content=result,
+        is_error=True,
+    )
 
 
 async def _run_as_job(
     op: Operation, params: Params, jobs: JobManager, ctx: Context[Any, Any]
-) -> dict[str, Any]:
+) -> dict[str, Any] | CallToolResult:
     """Run a long operation as a job and wait for it, forwarding its events as progress notifications.
 
     The job shows in ``jobs_list`` like any other. Cancelling this call (the client gave up) cancels the job.
@@ -151,7 +172,10 @@ async def _run_as_job(
     if status.state == "succeeded" and status.result is not None:
         return status.result
     detail = status.error.rendered if status.error else status.state
-    raise ToolError(f"{detail}\n  job: {job_id} (job_logs shows its log)")
+    message = f"{detail}\n  job: {job_id} (job_logs shows its log)"
+    if status.state == "failed" and status.result is not None:
+        return failed_result(message, status.result)
+    raise ToolError(message)
 
 
 # --- generated tools --------------------------------------------------------------------------------------
@@ -162,10 +186,12 @@ def _field_parameters(op: Operation) -> list[inspect.Parameter]:
     for name, info in op.params.model_fields.items():
         if name in RESERVED:
             raise ValueError(f"operation {op.name}: parameter {name!r} is reserved by the MCP front")
-        # Annotated[...] built at run time: the field type, its constraints, its description.
+        # Annotated[...] built at run time: the field type, its constraints, its description and its schema
+        # extras (the path marker, so a client sees which inputs are paths).
         annotation = cast(Any, Annotated)[
-            (info.annotation, *info.metadata, Field(description=info.description))
-        ]
+            (info.annotation, *info.metadata,
+             Field(description=info.description, json_schema_extra=info.json_schema_extra))
+        ]  # fmt: skip
         default = (
             inspect.Parameter.empty if info.is_required() else info.get_default(call_default_factory=True)
         )
@@ -218,7 +244,9 @@ def _operation_tool(
             )
         )  # fmt: skip
     parameters.append(inspect.Parameter(CONTEXT_PARAM, inspect.Parameter.KEYWORD_ONLY, annotation=Context))
-    returns: Any = JobStarted if background else dict[str, Any]
+    # The operation's result model is the tool's outputSchema; a failing verdict returns the CallToolResult
+    # itself (isError, with the result as structuredContent), which the SDK passes through unvalidated.
+    returns: Any = JobStarted if background else Annotated[CallToolResult, op.result]
 
     async def call(**kwargs: Any) -> Any:
         ctx: Context[Any, Any] = kwargs.pop(CONTEXT_PARAM)

@@ -96,3 +96,13 @@ def write_mini_vocab(path: Path, n_tokens: int = 300, chat_template: str | None 
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def marked_containers(client: Any, jobs: int) -> set[str]:
+    """Ids of the llamaforge containers (running or not) of builds run with ``jobs`` compile jobs.
+
+    Other processes on this machine may build at the same time: a test passes a distinctive ``jobs`` count
+    and looks only at containers whose environment carries it.
+    """
+    owned = client.containers.list(all=True, filters={"label": "org.llamaforge.owned"})
+    return {c.id for c in owned if f"LLAMAFORGE_JOBS={jobs}" in (c.attrs.get("Config", {}).get("Env") or [])}

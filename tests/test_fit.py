@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import gguf
 import pytest
 
 from llamaforge.core.errors import InvalidOption, RecipeError
-from llamaforge.core.registry import OperationContext, operations
+from llamaforge.core.registry import OperationContext, operations, result_json
 from llamaforge.gguf.header import read_header
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.serve import fit
@@ -325,9 +326,9 @@ sched_reserve:      CUDA0 compute buffer size =   300.00 MiB
 # ------------------------------------------------------------------------------------------ the operation
 
 
-def _run(**params: object) -> dict[str, object]:
+def _run(**params: object) -> dict[str, Any]:
     op = operations()["models.fit"]
-    return op.run(op.params.model_validate(params), OperationContext())
+    return result_json(op.run(op.params.model_validate(params), OperationContext()))
 
 
 def test_operation_and_plot(tiny: dict[str, Path], tmp_path: Path) -> None:

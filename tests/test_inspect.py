@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from llamaforge.core.errors import InvalidOption, ModelError
-from llamaforge.core.registry import OperationContext, operations
+from llamaforge.core.registry import OperationContext, operations, result_json
 from llamaforge.gguf.header import GGUFFormatError, read_header
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.models.inspect import HttpRangeSource, inspect_model, layer_kinds, resolve_remote_url
@@ -256,7 +256,9 @@ def test_remote_hf_url_with_token(
     recipe = tmp_path / "tiny.toml"
     recipe.write_text('source = "hf://Qwen/Tiny-GGUF/moe.gguf"\nrevision = "abc"\n', encoding="utf-8")
     op = operations()["models.inspect"]
-    data = op.run(op.params.model_validate({"target": str(recipe), "remote": True}), OperationContext())
+    data = result_json(
+        op.run(op.params.model_validate({"target": str(recipe), "remote": True}), OperationContext())
+    )
     assert data["remote"] and server.requests[-1]["path"] == "/Qwen/Tiny-GGUF/resolve/abc/moe.gguf"
 
 

@@ -198,6 +198,18 @@ def test_model_inspect_verify_and_fit(shell: Any, tiny_model: Path, tmp_path: Pa
     assert base64.b64encode(plot.read_bytes()).decode() in with_plot._repr_html_()
 
 
+def test_each_operation_names_its_renderers_which_sit_beside_it() -> None:
+    with_cli = {name for name, op in operations().items() if op.render_cli}
+    with_html = {name for name, op in operations().items() if op.render_html}
+    shown = {"build", "builds.list", "doctor", "recipes.list", "models.fetch", "models.inspect", "models.verify",
+             "models.fit", "smoke", "smoke.compare"}  # fmt: skip
+    assert with_cli == shown | {"models.lock"} and with_html == shown | {"builds.show"}
+    for op in operations().values():
+        for renderer in (op.render_cli, op.render_html):
+            if renderer is not None:  # same domain package as the operation: llamaforge.<domain>.render
+                assert renderer.__module__ == op.run.__module__.rsplit(".", 1)[0] + ".render", op.name
+
+
 def test_generic_view_and_unknown_shapes() -> None:
     page = render_html("recipes.show", {"recipe": {"name": "default", "targets": ["llama-server"]}})
     assert "<summary>recipe</summary>" in page and "llama-server" in page

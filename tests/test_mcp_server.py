@@ -21,7 +21,7 @@ import anyio
 import pytest
 from pydantic import Field
 
-from helpers import REPO, mini_recipe
+from helpers import REPO, marked_containers, mini_recipe
 
 if str(REPO) not in sys.path:  # `mcp_server/` sits at the top of the checkout, next to tasks.py
     sys.path.insert(0, str(REPO))
@@ -36,9 +36,11 @@ from mcp_server.policy import path_fields
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.events import Event
 from llamaforge.core.jobs import JobManager
-from llamaforge.core.registry import OperationContext, Params, operation, operations
+from llamaforge.core.registry import OperationContext, Params, Result, operation, operations
 
 pytestmark = pytest.mark.anyio
+# A server subprocess imports this checkout's mcp_server/ and src/ (not whatever llamaforge is installed).
+CHECKOUT_PATH = os.pathsep.join([str(REPO), str(REPO / "src")])
 JOB_TOOLS = {"job_status", "job_logs", "job_cancel", "jobs_list"}
 
 
@@ -90,18 +92,36 @@ class SleepParams(Params):
     fail: bool = Field(False, description="Raise a user error at the end")
 
 
+class Wiped(Result):
+    """What the test-only destructive operation wiped."""
+
+    wiped: str
+
+
+class Slept(Result):
+    """How many steps the test-only long operation took."""
+
+    steps: int
+
+
+class Echoed(Result):
+    """What the test-only short operation echoed."""
+
+    echo: str
+
+
 @pytest.fixture
 def test_operations() -> Iterator[list[str]]:
     wiped: list[str] = []
 
     @operation("testonly.wipe", WipeParams, read_only=False, destructive=True)
-    def wipe(params: WipeParams, ctx: OperationContext) -> dict[str, Any]:
+    def wipe(params: WipeParams, ctx: OperationContext) -> Wiped:
         """Pretend to delete something (test only)."""
         wiped.append(params.what)
-        return {"wiped": params.what}
+        return Wiped(wiped=params.what)
 
     @operation("testonly.sleep", SleepParams, read_only=True, long_running=True)
-    def sleep(params: SleepParams, ctx: OperationContext) -> dict[str, Any]:
+    def sleep(params: SleepParams, ctx: OperationContext) -> Slept:
         """Report progress for a while, honouring cancellation (test only)."""
         for step in range(params.steps):
             ctx.cancel.raise_if_cancelled()
@@ -113,14 +133,14 @@ def test_operations() -> Iterator[list[str]]:
         ctx.cancel.raise_if_cancelled()
         if params.fail:
             raise InvalidOption("the test operation failed on purpose", hint="pass fail=false")
-        return {"steps": params.steps}
+        return Slept(steps=params.steps)
 
     @operation("testonly.echo", WipeParams, read_only=True)
-    def echo(params: WipeParams, ctx: OperationContext) -> dict[str, Any]:
+    def echo(params: WipeParams, ctx: OperationContext) -> Echoed:
         """Report one stage and return at once (test only)."""
         ctx.reporter(Event("stage", f"echoing {params.what}", stage="echo"))
         ctx.reporter(Event("log", "not a progress notification", stage="echo"))
-        return {"echo": params.what}
+        return Echoed(echo=params.what)
 
     try:
         yield wiped
@@ -163,7 +183,13 @@ async def test_tools_mirror_params_and_annotations(test_operations: list[str]) -
             assert ("confirm" in properties) is op.destructive, name
             for field, info in op.params.model_fields.items():
                 assert properties[field].get("description") == info.description, (name, field)
+                assert (properties[field].get("x-llamaforge-path") is True) == (
+                    field in path_fields(op.params)
+                )
             assert tool.output_schema is not None and tool.output_schema["type"] == "object", name
+            if not name.endswith("_start"):  # the operation's result model is the tool's outputSchema
+                published = op.result.model_json_schema(by_alias=True)["properties"]
+                assert set(tool.output_schema["properties"]) == set(published), name
     assert tools["testonly_wipe"].annotations.destructive_hint is True  # type: ignore[union-attr]
     assert tools["build"].annotations.destructive_hint is False  # type: ignore[union-attr]
     assert tools["job_status"].output_schema["properties"]["state"]  # type: ignore[index]
@@ -182,6 +208,19 @@ async def test_read_only_mode_hides_every_mutating_tool(test_operations: list[st
         assert "testonly_sleep_start" in tools  # a read-only long operation still runs as a job
         result = await client.call_tool("build", {"dry_run": True})
         assert result.is_error and "build" in error_text(result)
+
+
+def test_an_operation_declares_its_result_model() -> None:
+    with pytest.raises(TypeError, match="must be a Result model"):
+
+        @operation("testonly.untyped", WipeParams, read_only=True)
+        def untyped(params: WipeParams, ctx: OperationContext) -> dict[str, Any]:
+            """Return plain data (refused)."""
+            return {}
+
+    assert "testonly.untyped" not in operations()
+    for op in operations().values():
+        assert issubclass(op.result, Result) and op.result.__doc__, op.name
 
 
 # --- calls ----------------------------------------------------------------------------------------------------
@@ -208,14 +247,25 @@ async def test_user_error_is_a_tool_error_with_its_hint() -> None:
         assert "no job 'nope'" in text and "hint:" in text
 
 
-def test_path_fields_are_found_from_names_and_descriptions() -> None:
-    from llamaforge.build.ops import BuildParams, PatchNewParams, PatchRefreshParams, RecipeParams
+def test_path_fields_are_the_fields_declared_as_paths() -> None:
+    from llamaforge.build.ops import BuildParams, RecipeParams
+    from llamaforge.build.ops_patches import PatchNewParams, PatchRefreshParams
 
     assert {"recipe", "patches", "ca_bundle", "from_manifest"} <= set(path_fields(BuildParams))
     assert not {"arch", "backend", "base_image", "cmake", "executor"} & set(path_fields(BuildParams))
     assert {"recipe", "series", "to", "resume"} <= set(path_fields(PatchRefreshParams))
     assert "workspace" in path_fields(PatchNewParams)
     assert path_fields(RecipeParams) == ("name",)
+    declared = {name: path_fields(op.params) for name, op in operations().items()}
+    assert declared == {
+        "build": ("recipe", "patches", "ca_bundle", "from_manifest"), "builds.list": (), "builds.show": (),
+        "doctor": (), "images.bootstrap": (), "models.fetch": ("model",), "models.fit": ("model", "plot"),
+        "models.inspect": ("target",), "models.lock": ("recipe",), "models.remap": ("src", "dst", "rules"),
+        "models.verify": ("target", "recipe", "load_check"), "patches.check": ("recipe", "series"),
+        "patches.edit": ("recipe", "series"), "patches.new": ("recipe", "series", "workspace"),
+        "patches.refresh": ("recipe", "series", "to", "resume"), "recipes.list": (), "recipes.show": ("name",),
+        "smoke": ("build", "model", "thresholds"), "smoke.compare": ("run_a", "run_b"),
+    }  # fmt: skip
 
 
 def test_path_policy_checks_file_urls_and_leaves_remote_urls_alone(tmp_path: Path) -> None:
@@ -420,7 +470,7 @@ async def test_resources_and_prompts(lf_home: Path) -> None:
 def _stdio(*args: str, home: Path) -> StdioServerParameters:
     return StdioServerParameters(
         command=sys.executable, args=["-m", "mcp_server", *args], cwd=str(REPO),
-        env={"LLAMAFORGE_HOME": str(home), "PYTHONPATH": str(REPO)},
+        env={"LLAMAFORGE_HOME": str(home), "PYTHONPATH": CHECKOUT_PATH},
     )  # fmt: skip
 
 
@@ -499,7 +549,7 @@ async def test_http_transport_requires_token_and_checks_host(lf_home: Path) -> N
         **os.environ,
         "LLAMAFORGE_HOME": str(lf_home),
         "LLAMAFORGE_MCP_TOKEN": token,
-        "PYTHONPATH": str(REPO),
+        "PYTHONPATH": CHECKOUT_PATH,
     }
     initialize = {
         "jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -537,13 +587,7 @@ def owned_before(docker_engine: object) -> set[str]:
 
 def _leftovers(client: object, before: set[str]) -> list[str]:
     """This test's llamaforge containers that still exist."""
-    owned = client.containers.list(all=True, filters={"label": "org.llamaforge.owned"})  # type: ignore[attr-defined]
-    return [
-        c.id
-        for c in owned
-        if c.id not in before
-        and f"LLAMAFORGE_JOBS={MARK_JOBS}" in (c.attrs.get("Config", {}).get("Env") or [])
-    ]
+    return sorted(marked_containers(client, MARK_JOBS) - before)
 
 
 async def _until_finished(client: Client, job_id: str, timeout: float = 600) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import pytest
 from helpers import invoke
 from llamaforge.core.errors import Cancelled, InvalidOption, SmokeFailed, ToolFailed
 from llamaforge.core.events import CancelToken, Event
-from llamaforge.core.registry import OperationContext, operations
+from llamaforge.core.registry import OperationContext, operations, result_json
 from llamaforge.gguf.header import read_header
 from llamaforge.runners.process import ProcessHandle, ProcessResult
 from llamaforge.serve import launcher
@@ -437,7 +437,7 @@ def smoke_env(lf_home: Path) -> Iterator[dict[str, str]]:
 
 def _run_op(name: str, ctx: OperationContext | None = None, **params: Any) -> dict[str, Any]:
     op = operations()[name]
-    return op.run(op.params.model_validate(params), ctx or OperationContext())
+    return result_json(op.run(op.params.model_validate(params), ctx or OperationContext()))
 
 
 @pytest.mark.docker

@@ -23,8 +23,8 @@ import pytest
 
 from conftest import require
 from helpers import write_mini_vocab
-from llamaforge.core.errors import LlamaforgeError, ModelError
-from llamaforge.core.registry import OperationContext, operations
+from llamaforge.core.errors import LlamaforgeError, ModelError, OperationFailed
+from llamaforge.core.registry import OperationContext, operations, result_json
 from llamaforge.gguf import tiny as tinymodels
 from llamaforge.gguf.header import ArraySummary, GGUFFormatError, HeaderLimits, read_header
 from llamaforge.gguf.sources import BytesSource
@@ -640,15 +640,21 @@ def test_fuzz_sample_both_modes_check_the_same(models: dict[str, Path]) -> None:
 def test_operation_through_registry(models: dict[str, Path], lf_home: Path, tmp_path: Path) -> None:
     op = operations()["models.verify"]
     assert op.read_only and op.positional == ("target",)
-    result = op.run(op.params.model_validate({"target": str(models["qwen3"])}), OperationContext())
+    result = result_json(
+        op.run(op.params.model_validate({"target": str(models["qwen3"])}), OperationContext())
+    )
     assert result["ok"] and result["exit_code"] == 0
     recipe = tmp_path / "tiny.toml"
     recipe.write_text(f'source = "{models["qwen3"].as_uri()}"\n[expect]\nblock_count = 3\n', encoding="utf-8")
-    by_recipe = op.run(op.params.model_validate({"target": str(recipe)}), OperationContext())
+    with pytest.raises(OperationFailed) as failed:  # a failing verdict raises, carrying the whole result
+        op.run(op.params.model_validate({"target": str(recipe)}), OperationContext())
+    assert failed.value.exit_code == 9 and "FAILED verification" in failed.value.message
+    by_recipe = result_json(failed.value.result)
     assert not by_recipe["ok"] and by_recipe["exit_code"] == 9 and by_recipe["recipe"] == "tiny"
-    against = op.run(op.params.model_validate({"target": str(models["qwen3"]), "recipe": str(recipe)}),
-                     OperationContext())  # fmt: skip
-    assert against["findings"] == by_recipe["findings"]
+    with pytest.raises(OperationFailed) as against:
+        op.run(op.params.model_validate({"target": str(models["qwen3"]), "recipe": str(recipe)}),
+               OperationContext())  # fmt: skip
+    assert result_json(against.value.result)["findings"] == by_recipe["findings"]
 
 
 def test_cli_exit_codes(models: dict[str, Path], tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
-"""Build operations: ``build``, ``builds.*``, ``doctor``, ``images.bootstrap``, ``recipes.*`` and ``patches.*``
-(registered with the operation registry on import)."""
+"""Build operations: ``build``, ``builds.*``, ``doctor``, ``images.bootstrap`` and ``recipes.*`` (registered with
+the operation registry on import), with their result models."""
 
 from __future__ import annotations
 
@@ -8,9 +8,21 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
+from llamaforge.build.doctor import Status
 from llamaforge.build.recipes import Backend
-from llamaforge.core.errors import InvalidOption, LlamaforgeError
-from llamaforge.core.registry import OperationContext, Params, operation
+from llamaforge.build.render import (
+    build_cli,
+    build_html,
+    builds_list_cli,
+    builds_list_html,
+    builds_show_html,
+    doctor_cli,
+    doctor_html,
+    recipes_list_cli,
+    recipes_list_html,
+)
+from llamaforge.core.errors import InvalidOption, LlamaforgeError, OperationFailed
+from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
 
 if TYPE_CHECKING:
     from llamaforge.build.plan import BuildOptions, BuildPlan
@@ -21,7 +33,7 @@ if TYPE_CHECKING:
 class BuildParams(Params):
     """Parameters of ``build``."""
 
-    recipe: str = Field("default", description="Build recipe name (recipes/builds/NAME.toml) or path")
+    recipe: str = path_field("default", description="Build recipe name (recipes/builds/NAME.toml) or path")
     arch: str | None = Field(
         None, description="CUDA archs, e.g. 86 (RTX 30xx), 89 (RTX 40xx), 86,89; implies CUDA"
     )
@@ -29,9 +41,9 @@ class BuildParams(Params):
         None, description="cpu or cuda (default: the recipe's, or cuda with --arch)"
     )
     base_image: str | None = Field(None, description="Base image for the builder (overrides the recipe)")
-    patches: str | None = Field(None, description="Patch series directory (default: the recipe's)")
+    patches: str | None = path_field(None, description="Patch series directory (default: the recipe's)")
     no_patches: bool = Field(False, description="Build stock llama.cpp without the patch series")
-    ca_bundle: str | None = Field(
+    ca_bundle: str | None = path_field(
         None, description="Extra CA bundle for builds behind a TLS-intercepting proxy"
     )
     cmake: list[str] = Field(default_factory=list, description="Extra CMake option KEY=VALUE (repeatable)")
@@ -42,7 +54,9 @@ class BuildParams(Params):
     check_reproducible: bool = Field(
         False, description="Rebuild in a fresh container with ccache off and compare every artifact's sha256"
     )
-    from_manifest: str | None = Field(None, description="Repeat the build recorded in this manifest.json")
+    from_manifest: str | None = path_field(
+        None, description="Repeat the build recorded in this manifest.json"
+    )
 
 
 def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
@@ -84,8 +98,38 @@ def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
     return plan_build(load_recipe(params.recipe), options), options
 
 
-@operation("build", BuildParams, read_only=False, long_running=True)
-def build_op(params: BuildParams, ctx: OperationContext) -> dict[str, Any]:
+class PublishedBuild(Result):
+    """A build in the store: built now, or the cached one with the same key."""
+
+    key: str
+    path: str
+    cached: bool
+    seconds: float
+    artifacts: dict[str, dict[str, Any]] = Field(description="Artifact path -> size, sha256, …")
+
+
+class ReproducibilityCheck(Result):
+    """A rebuild from scratch compared artifact by artifact with the published build."""
+
+    key: str
+    reproducible: bool
+    identical: list[str]
+    different: list[dict[str, Any]] = Field(description="Each differing artifact: sha256s, sizes, sections")
+    seconds: float
+    log: str
+
+
+class BuildOutput(Result):
+    """The plan of a dry run, or the published build (and the reproducibility check when asked for)."""
+
+    dry_run: bool
+    plan: dict[str, Any] | None = absent("The build plan: rendered files, cmake arguments, cache key")
+    build: PublishedBuild | None = absent()
+    reproducibility: ReproducibilityCheck | None = absent()
+
+
+@operation("build", BuildParams, read_only=False, long_running=True, cli=build_cli, html=build_html)
+def build_op(params: BuildParams, ctx: OperationContext) -> BuildOutput:
     """Build llama.cpp from a pinned, patched source in Docker (or reuse the cached build)."""
     from llamaforge.build.execute import run_build
     from llamaforge.build.reproducible import check_reproducible
@@ -107,18 +151,18 @@ def build_op(params: BuildParams, ctx: OperationContext) -> dict[str, Any]:
             if environment_id
             else "the key also covers the builder image id, known once the image is built"
         )
-        return {"dry_run": True, "plan": data}
+        return BuildOutput(dry_run=True, plan=data)
     result = run_build(
         plan, options, executor=executor, force=params.force, jobs=params.jobs,
         reporter=ctx.reporter, cancel=ctx.cancel,
     )  # fmt: skip
-    data = {"dry_run": False, "build": result.to_json()}
+    output = BuildOutput(dry_run=False, build=PublishedBuild.model_validate(result.to_json()))
     if params.check_reproducible:
         report = check_reproducible(
             result, plan, executor=executor, jobs=params.jobs, reporter=ctx.reporter, cancel=ctx.cancel
         )
-        data["reproducibility"] = report.to_json()
-    return data
+        output.reproducibility = ReproducibilityCheck.model_validate(report.to_json())
+    return output
 
 
 class NoParams(Params):
@@ -131,8 +175,26 @@ class KeyParams(Params):
     key: str = Field(description="Build key or a unique prefix of it")
 
 
-@operation("builds.list", NoParams, read_only=True)
-def builds_list_op(params: NoParams, ctx: OperationContext) -> dict[str, Any]:
+class BuildEntry(Result):
+    """One published build, as ``builds.list`` shows it."""
+
+    key: str
+    recipe: str
+    backend: str
+    cuda_architectures: list[str]
+    patches: list[str]
+    finished_at: str
+    executor: str
+
+
+class BuildList(Result):
+    """Published builds, newest first."""
+
+    builds: list[BuildEntry]
+
+
+@operation("builds.list", NoParams, read_only=True, cli=builds_list_cli, html=builds_list_html)
+def builds_list_op(params: NoParams, ctx: OperationContext) -> BuildList:
     """List published builds, newest first."""
     from llamaforge.build.store import list_builds
 
@@ -148,26 +210,61 @@ def builds_list_op(params: NoParams, ctx: OperationContext) -> dict[str, Any]:
         }
         for item in list_builds()
     ]
-    return {"builds": builds}
+    return BuildList.model_validate({"builds": builds})
 
 
-@operation("builds.show", KeyParams, read_only=True, positional=("key",))
-def builds_show_op(params: KeyParams, ctx: OperationContext) -> dict[str, Any]:
+class BuildShown(Result):
+    """A build's directory and its provenance manifest."""
+
+    path: str
+    manifest: dict[str, Any] = Field(
+        description="manifest.json: recipe, source, patches, image, artifacts, …"
+    )
+
+
+@operation("builds.show", KeyParams, read_only=True, positional=("key",), html=builds_show_html)
+def builds_show_op(params: KeyParams, ctx: OperationContext) -> BuildShown:
     """Show a build's provenance manifest."""
     from llamaforge.build.store import build_dir, find_build
 
     manifest = find_build(params.key)
-    return {"path": str(build_dir(manifest["key"])), "manifest": manifest}
+    return BuildShown(path=str(build_dir(manifest["key"])), manifest=manifest)
 
 
-@operation("doctor", NoParams, read_only=True)
-def doctor_op(params: NoParams, ctx: OperationContext) -> dict[str, Any]:
+class DoctorCheck(Result):
+    """One readiness check and what to do when it is not ok."""
+
+    name: str
+    status: Status
+    detail: str
+    hint: str
+
+
+class DoctorReport(Result):
+    """Every readiness check; ``ok`` is false (and ``doctor`` fails) when one of them failed."""
+
+    ok: bool
+    checks: list[DoctorCheck]
+    exit_code: int
+
+
+@operation("doctor", NoParams, read_only=True, cli=doctor_cli, html=doctor_html)
+def doctor_op(params: NoParams, ctx: OperationContext) -> DoctorReport:
     """Check that this machine can build: Docker, base image, disk, CA bundle, toolchains."""
     from llamaforge.build.doctor import run_doctor
 
     checks = run_doctor()
     ok = all(check.status != "fail" for check in checks)
-    return {"ok": ok, "checks": [check.__dict__ for check in checks], "exit_code": 0 if ok else 1}
+    data = DoctorReport.model_validate(
+        {"ok": ok, "checks": [check.__dict__ for check in checks], "exit_code": 0 if ok else 1}
+    )
+    if not ok:
+        failed = [check.name for check in checks if check.status == "fail"]
+        raise OperationFailed(
+            f"this machine cannot build yet: {', '.join(failed)} failed",
+            result=data, exit_code=1, hint="each failing check names its next step",
+        )  # fmt: skip
+    return data
 
 
 class BootstrapParams(Params):
@@ -179,8 +276,18 @@ class BootstrapParams(Params):
     force: bool = Field(False, description="Recreate the image even if it exists")
 
 
+class BootstrappedImage(Result):
+    """The imported base image (or the existing one, reused)."""
+
+    tag: str
+    image_id: str
+    mirror: str
+    suite: str
+    reused: bool
+
+
 @operation("images.bootstrap", BootstrapParams, read_only=False, long_running=True)
-def images_bootstrap_op(params: BootstrapParams, ctx: OperationContext) -> dict[str, Any]:
+def images_bootstrap_op(params: BootstrapParams, ctx: OperationContext) -> BootstrappedImage:
     """Make a local Debian base image with debootstrap + docker import (no registry needed)."""
     from llamaforge.build.images import bootstrap_image
 
@@ -188,137 +295,53 @@ def images_bootstrap_op(params: BootstrapParams, ctx: OperationContext) -> dict[
         params.tag, suite=params.suite, mirror=params.mirror, force=params.force,
         reporter=ctx.reporter, cancel=ctx.cancel,
     )  # fmt: skip
-    return dict(result.__dict__)
+    return BootstrappedImage.model_validate(result.__dict__)
 
 
-@operation("recipes.list", NoParams, read_only=True)
-def recipes_list_op(params: NoParams, ctx: OperationContext) -> dict[str, Any]:
+class RecipeEntry(Result):
+    """One shipped build recipe."""
+
+    name: str
+    description: str
+    backend: str
+    source: str = Field(description="Kind of source: git, archive or pypi-sdist")
+
+
+class RecipeList(Result):
+    """The shipped build recipes."""
+
+    recipes: list[RecipeEntry]
+
+
+@operation("recipes.list", NoParams, read_only=True, cli=recipes_list_cli, html=recipes_list_html)
+def recipes_list_op(params: NoParams, ctx: OperationContext) -> RecipeList:
     """List the shipped build recipes."""
     from llamaforge.build.recipes import list_recipes, load_recipe
 
-    return {
+    return RecipeList.model_validate({
         "recipes": [
             {"name": name, "description": (recipe := load_recipe(name)).description, "backend": recipe.backend,
              "source": recipe.source.kind}
             for name in list_recipes()
         ]
-    }  # fmt: skip
+    })  # fmt: skip
 
 
 class RecipeParams(Params):
     """A recipe name or path."""
 
-    name: str = Field(description="Recipe name or path to a .toml file")
+    name: str = path_field(description="Recipe name or path to a .toml file")
+
+
+class RecipeShown(Result):
+    """A build recipe after validation, defaults filled in."""
+
+    recipe: dict[str, Any] = Field(description="The recipe, as recipes/builds/schema.json describes it")
 
 
 @operation("recipes.show", RecipeParams, read_only=True, positional=("name",))
-def recipes_show_op(params: RecipeParams, ctx: OperationContext) -> dict[str, Any]:
+def recipes_show_op(params: RecipeParams, ctx: OperationContext) -> RecipeShown:
     """Show a build recipe after validation (with defaults filled in)."""
     from llamaforge.build.recipes import load_recipe
 
-    return {"recipe": load_recipe(params.name).model_dump(mode="json")}
-
-
-# --- patches -----------------------------------------------------------------------------------------------
-
-
-class PatchSeriesParams(Params):
-    """Which series, against which pinned source."""
-
-    recipe: str = Field(
-        "default", description="Build recipe whose pinned source the series is checked against"
-    )
-    series: str | None = Field(None, description="Patch series directory (default: the recipe's)")
-
-
-def _series_and_tree(params: PatchSeriesParams, ctx: OperationContext) -> tuple[str, Path]:
-    from llamaforge.build.recipes import load_recipe
-    from llamaforge.build.source import fetch_source
-
-    recipe = load_recipe(params.recipe)
-    series = params.series or recipe.patches
-    if series is None:
-        raise InvalidOption(f"recipe {recipe.name!r} has no patch series", hint="pass --series DIR")
-    return series, fetch_source(recipe.source, reporter=ctx.reporter, cancel=ctx.cancel)
-
-
-@operation("patches.check", PatchSeriesParams, read_only=True)
-def patches_check_op(params: PatchSeriesParams, ctx: OperationContext) -> dict[str, Any]:
-    """Check that the patch series applies cleanly, in order, to the recipe's pinned source."""
-    from llamaforge.build.patchflow import check_series
-
-    series, tree = _series_and_tree(params, ctx)
-    statuses = check_series(series, tree, ctx.reporter)
-    return {"ok": True, "series": str(series), "patches": [status.__dict__ for status in statuses]}
-
-
-class PatchRefreshParams(PatchSeriesParams):
-    """Parameters of ``patches.refresh``."""
-
-    to: str | None = Field(
-        None, description="New llama.cpp source: an extracted tree or a .tar(.gz|.xz) archive"
-    )
-    resume: str | None = Field(
-        None, description="Workspace of a refresh whose conflicts you resolved: continue it"
-    )
-
-
-@operation("patches.refresh", PatchRefreshParams, read_only=False)
-def patches_refresh_op(params: PatchRefreshParams, ctx: OperationContext) -> dict[str, Any]:
-    """Re-apply the series onto a new llama.cpp with 3-way merges and rewrite the patches deterministically."""
-    import tempfile
-
-    from llamaforge.build.patchflow import continue_refresh, refresh_series, resolve_tree
-
-    series, tree = _series_and_tree(params, ctx)
-    if params.resume:
-        result = continue_refresh(series, Path(params.resume), reporter=ctx.reporter)
-    elif params.to:
-        with tempfile.TemporaryDirectory(prefix="llamaforge-upstream-") as scratch:
-            result = refresh_series(
-                series, tree, resolve_tree(params.to, Path(scratch)), reporter=ctx.reporter
-            )
-    else:
-        raise InvalidOption("patches.refresh needs --to TREE|ARCHIVE or --resume WORKSPACE")
-    data = result.to_json()
-    if result.conflicts:
-        data["exit_code"] = 4
-        data["next_step"] = (
-            f"resolve the conflicts in {result.workspace} (git status shows them), then "
-            f"`invoke patches.refresh --resume {result.workspace}`"
-        )
-    else:
-        data["next_step"] = "update the recipe's source pin to the new llama.cpp, then `invoke patches.check`"
-    return data
-
-
-@operation("patches.edit", PatchSeriesParams, read_only=False)
-def patches_edit_op(params: PatchSeriesParams, ctx: OperationContext) -> dict[str, Any]:
-    """Make a git workspace of the pinned source with the series applied, to edit into a new patch."""
-    from llamaforge.build.patches import read_series
-    from llamaforge.build.patchflow import create_workspace
-
-    series, tree = _series_and_tree(params, ctx)
-    workspace = create_workspace(tree, read_series(series), "edit")
-    return {"workspace": str(workspace), "next_step": f"edit files there, then `invoke patches.new NAME "
-            f"--workspace {workspace}`"}  # fmt: skip
-
-
-class PatchNewParams(PatchSeriesParams):
-    """Parameters of ``patches.new``."""
-
-    name: str = Field(description="Name of the new patch (becomes NNNN-NAME.patch)")
-    workspace: str = Field(description="Workspace made by `patches.edit`, with your edits")
-
-
-@operation("patches.new", PatchNewParams, read_only=False, positional=("name",))
-def patches_new_op(params: PatchNewParams, ctx: OperationContext) -> dict[str, Any]:
-    """Turn the edits in a workspace into a new patch at the end of the series."""
-    from llamaforge.build.patchflow import new_patch
-    from llamaforge.build.recipes import load_recipe
-
-    series = params.series or load_recipe(params.recipe).patches
-    if series is None:
-        raise InvalidOption("no patch series", hint="pass --series DIR")
-    path = new_patch(series, Path(params.workspace), params.name)
-    return {"patch": str(path), "series": str(path.parent / "series")}
+    return RecipeShown(recipe=load_recipe(params.name).model_dump(mode="json"))

@@ -2,11 +2,15 @@
 
 Each error carries a message that says what went wrong and a hint that says what to do next.
 Only the entry points (tasks.py, the MCP server) turn an error into an exit code or a tool error.
+An operation that runs to its end with a failing verdict raises :class:`OperationFailed`, which carries the
+operation's full result, so every front fails the same way and can still show why.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+from pydantic import BaseModel
 
 
 class LlamaforgeError(Exception):
@@ -121,6 +125,12 @@ class Cancelled(LlamaforgeError):
     exit_code = 130
 
 
+class Terminated(Cancelled):
+    """The operation was cancelled by SIGTERM (e.g. ``kill``, a service manager, CI timeouts)."""
+
+    exit_code = 143
+
+
 class CacheError(LlamaforgeError):
     """A cache entry is missing or inconsistent."""
 
@@ -165,3 +175,18 @@ class DoesNotFit(LlamaforgeError):
     """The model cannot run on the GPU with these settings, even with everything movable on the CPU."""
 
     exit_code = 13
+
+
+class OperationFailed(LlamaforgeError):
+    """An operation ran to its end and its verdict is a failure (a smoke threshold missed, a verify check failed,
+    an input left unpinned, a pinned placement that does not fit, …).
+
+    ``result`` is the operation's complete result, as it would have been returned: the CLI still prints it,
+    a job keeps it, the MCP tool result carries it as structured content. ``exit_code`` is the one of the
+    failing domain (e.g. ``SmokeFailed.exit_code``), so the CLI exits as it always did.
+    """
+
+    def __init__(self, message: str, *, result: BaseModel, exit_code: int, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.result = result
+        self.exit_code = exit_code

@@ -4,6 +4,7 @@ A front (the MCP server, a notebook) calls ``JobManager.start`` and gets a job i
 and ``cancel`` work from any thread while the operation runs. The manager belongs to the process, not to a
 client connection, so a job keeps running when the client that started it goes away. ``cancel`` goes through
 the operation's ``CancelToken``: its callbacks remove the build container, so cancelling really stops the work.
+A job keeps its result as JSON; one whose verdict failed (``OperationFailed``) ends ``failed`` and keeps it too.
 """
 
 from __future__ import annotations
@@ -19,9 +20,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from llamaforge.core.errors import Cancelled, InvalidOption, LlamaforgeError
+from llamaforge.core.errors import Cancelled, InvalidOption, LlamaforgeError, OperationFailed
 from llamaforge.core.events import CancelToken, Event
-from llamaforge.core.registry import Operation, OperationContext, Params, find_operation, operations
+from llamaforge.core.registry import (
+    Operation,
+    OperationContext,
+    Params,
+    find_operation,
+    operations,
+    result_json,
+)
 from llamaforge.core.validation import describe_errors
 
 logger = logging.getLogger(__name__)
@@ -69,7 +77,7 @@ class JobStatus(_Frozen):
     seconds: float
     progress: JobProgress | None = None
     log_lines: int
-    result: dict[str, Any] | None = None
+    result: dict[str, Any] | None = None  # also kept when the job failed with a result (a failing verdict)
     error: JobError | None = None
 
 
@@ -197,10 +205,14 @@ class JobManager:
         error: JobError | None = None
         state: JobState
         try:
-            result = job.operation.run(job.params, OperationContext(reporter=reporter, cancel=job.cancel))
+            result = result_json(
+                job.operation.run(job.params, OperationContext(reporter=reporter, cancel=job.cancel))
+            )
             state = "succeeded"
         except Cancelled as exc:
             state, error = "cancelled", _job_error(exc)
+        except OperationFailed as exc:  # a failing verdict: the job failed, and its result says why
+            state, error, result = "failed", _job_error(exc), result_json(exc.result)
         except LlamaforgeError as exc:
             state, error = ("cancelled" if job.cancel.cancelled else "failed"), _job_error(exc)
         except Exception as exc:  # a job thread records every failure instead of dying silently

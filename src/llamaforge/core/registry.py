@@ -1,19 +1,25 @@
 """The registry of operations: written once here, read by every front (Invoke, the MCP server, Jupyter).
 
 An operation takes a typed parameter model, reports progress through ``OperationContext.reporter``, honours
-``OperationContext.cancel`` and returns JSON-able data. Fronts only parse arguments and present results.
+``OperationContext.cancel`` and returns a typed :class:`Result` (its model is the function's return annotation).
+A failing verdict raises ``OperationFailed`` with that result. Fronts only parse arguments and present results:
+the CLI's ``--json``, a job's result, the MCP tool's ``outputSchema`` and ``structuredContent`` and the notebook
+views all read ``result_json(result)``.
 """
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.events import CancelToken, Reporter, null_reporter
@@ -34,6 +40,53 @@ class Params(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+PATH_MARKER = "x-llamaforge-path"
+
+
+def path_field(default: Any = PydanticUndefined, *, description: str, **options: Any) -> Any:
+    """A parameter field that holds a file-system path, or a name-or-path looked up in the shipped data.
+
+    Fronts that guard the file system (the MCP path policy) check every field declared this way; the marker
+    is also in the JSON schema, so a client sees which inputs are paths.
+    """
+    return Field(default, description=description, json_schema_extra={PATH_MARKER: True}, **options)
+
+
+def is_path_field(info: FieldInfo) -> bool:
+    """Whether the field was declared with :func:`path_field`."""
+    extra = info.json_schema_extra
+    return isinstance(extra, dict) and extra.get(PATH_MARKER) is True
+
+
+class Result(BaseModel):
+    """Base of operation result models and of their parts: the one JSON shape every front reads."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def _is_none(value: object) -> bool:
+    return value is None
+
+
+def absent(description: str | None = None) -> Any:
+    """A result field the JSON has only sometimes: ``None`` leaves the key out (e.g. ``plot`` without --plot)."""
+    return Field(None, exclude_if=_is_none, description=description)
+
+
+def result_json(result: BaseModel) -> dict[str, Any]:
+    """An operation's result as JSON data: what ``--json`` prints, a job keeps and an MCP tool returns."""
+    return result.model_dump(mode="json", by_alias=True)
+
+
+# How a result looks to a person: printed on a rich Console for the CLI, as HTML in a notebook. Each operation
+# names its own (they sit beside it); the fronts fall back to a generic view.
+CliRenderer = Callable[[dict[str, Any], Any], None]
+HtmlRenderer = Callable[[dict[str, Any]], str]
+
+_R = TypeVar("_R", bound=Result)
+OperationFunction = Callable[[Any, OperationContext], _R]
+
+
 @dataclass(frozen=True)
 class Operation:
     """One capability, as every front sees it."""
@@ -41,11 +94,14 @@ class Operation:
     name: str
     summary: str
     params: type[Params]
-    run: Callable[[Any, OperationContext], dict[str, Any]]
+    result: type[Result]
+    run: Callable[[Any, OperationContext], Result]
     read_only: bool
     destructive: bool = False
     long_running: bool = False
     positional: tuple[str, ...] = ()
+    render_cli: CliRenderer | None = None
+    render_html: HtmlRenderer | None = None
 
 
 REGISTRY: dict[str, Operation] = {}
@@ -107,17 +163,30 @@ def operation(
     destructive: bool = False,
     long_running: bool = False,
     positional: tuple[str, ...] = (),
-) -> Callable[
-    [Callable[[Any, OperationContext], dict[str, Any]]], Callable[[Any, OperationContext], dict[str, Any]]
-]:
-    """Register the decorated function as operation ``name`` (its docstring's first line is the summary)."""
+    cli: CliRenderer | None = None,
+    html: HtmlRenderer | None = None,
+) -> Callable[[OperationFunction[_R]], OperationFunction[_R]]:
+    """Register the decorated function as operation ``name``: its docstring's first line is the summary, its
+    return annotation (a :class:`Result` model) the result every front publishes; ``cli`` and ``html`` render
+    that result's JSON for a person (default: a generic view)."""
 
-    def register(
-        function: Callable[[Any, OperationContext], dict[str, Any]],
-    ) -> Callable[[Any, OperationContext], dict[str, Any]]:
+    def register(function: OperationFunction[_R]) -> OperationFunction[_R]:
         summary = (function.__doc__ or name).strip().splitlines()[0]
+        result = typing.get_type_hints(function).get("return")
+        if not (isinstance(result, type) and issubclass(result, Result)):
+            raise TypeError(f"operation {name}: the return annotation must be a Result model, not {result!r}")
         REGISTRY[name] = Operation(
-            name, summary, params, function, read_only, destructive, long_running, positional
+            name,
+            summary,
+            params,
+            result,
+            function,
+            read_only,
+            destructive,
+            long_running,
+            positional,
+            cli,
+            html,
         )
         return function
 

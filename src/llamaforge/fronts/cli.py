@@ -5,9 +5,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 from pydantic import ValidationError
@@ -15,9 +19,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from llamaforge import __version__
-from llamaforge.core.errors import InvalidOption, LlamaforgeError
+from llamaforge.core.errors import Cancelled, InvalidOption, LlamaforgeError, OperationFailed, Terminated
 from llamaforge.core.events import CancelToken, Event
-from llamaforge.core.registry import Operation, OperationContext, operations
+from llamaforge.core.registry import Operation, OperationContext, operations, result_json
 from llamaforge.core.validation import describe_errors
 from llamaforge.fronts.render_cli import render_human
 
@@ -65,7 +69,8 @@ class ConsoleReporter:
 
 
 def run_operation(op: Operation, arguments: dict[str, Any], *, as_json: bool, verbose: bool) -> int:
-    """Validate ``arguments``, run ``op``, print its result; return the exit code."""
+    """Validate ``arguments``, run ``op``, print its result (also when its verdict failed, then the error);
+    return the exit code: 0, the error's, 130 after Ctrl-C, 143 after SIGTERM."""
     err = Console(stderr=True, soft_wrap=True)
     try:
         params = op.params.model_validate({k: v for k, v in arguments.items() if v is not None})
@@ -74,8 +79,16 @@ def run_operation(op: Operation, arguments: dict[str, Any], *, as_json: bool, ve
         return InvalidOption.exit_code
     reporter = ConsoleReporter(err, verbose)
     cancel = CancelToken()
+    failure: OperationFailed | None = None
     try:
-        result = op.run(params, OperationContext(reporter=reporter, cancel=cancel))
+        with _cancel_on_sigterm(cancel):
+            result = result_json(op.run(params, OperationContext(reporter=reporter, cancel=cancel)))
+    except OperationFailed as error:  # a failing verdict: the result is still printed, then the error
+        failure, result = error, result_json(error.result)
+    except Cancelled as error:
+        reporter.close()
+        err.print(f"[yellow]cancelled[/yellow]: {error.message}", highlight=False)
+        return error.exit_code
     except LlamaforgeError as error:
         reporter.close()
         err.print("[red]error:[/red] ", end="")
@@ -84,7 +97,9 @@ def run_operation(op: Operation, arguments: dict[str, Any], *, as_json: bool, ve
     except KeyboardInterrupt:
         cancel.cancel()
         reporter.close()
-        err.print("[yellow]interrupted[/yellow]: running work stopped and cleaned up; nothing was published")
+        err.print(
+            "[yellow]interrupted[/yellow]: cancelled; running work stopped and cleaned up; nothing was published"
+        )
         return 130
     finally:
         reporter.close()
@@ -92,7 +107,38 @@ def run_operation(op: Operation, arguments: dict[str, Any], *, as_json: bool, ve
         sys.stdout.write(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
     else:
         render_human(op.name, result, Console())
-    return int(result.get("exit_code", 0))
+    if failure is not None:
+        err.print("[red]failed:[/red] ", end="")
+        err.print(failure.render(), highlight=False, markup=False)
+        return failure.exit_code
+    return 0
+
+
+@contextlib.contextmanager
+def _cancel_on_sigterm(cancel: CancelToken) -> Iterator[None]:
+    """While an operation runs, SIGTERM cancels it as Ctrl-C does: its containers and processes are stopped and
+    removed, and it ends as ``Terminated`` (exit code 143), never as the failure the killed work would show."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # only the main thread can take signals; there the caller cancels
+        return
+    terminated = threading.Event()
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        terminated.set()
+        # The cleanups call the Docker engine: run them beside the interrupted call, not inside it.
+        threading.Thread(target=cancel.cancel, name="llamaforge-sigterm", daemon=True).start()
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    except Exception as error:
+        if terminated.is_set():
+            raise Terminated(
+                "terminated (SIGTERM): running work stopped and cleaned up; nothing was published"
+            ) from error
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _task_for(op: Operation) -> Any:

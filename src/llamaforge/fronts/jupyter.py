@@ -39,7 +39,11 @@ _FRONT_FLAGS = ("help", "background")
 
 
 class NotebookError(LlamaforgeError):
-    """A failed ``%llamaforge`` call; IPython shows its message and hint instead of a traceback."""
+    """A failed ``%llamaforge`` call; IPython shows its message and hint instead of a traceback.
+
+    When the operation ran to a failing verdict (a smoke threshold, a verify check), ``result`` is its full
+    :class:`OperationResult`: shown below the error, and there to read (``error.result["verdict"]``).
+    """
 
     def __init__(
         self,
@@ -49,10 +53,12 @@ class NotebookError(LlamaforgeError):
         exit_code: int = 1,
         rendered: str | None = None,
         error_type: str = "LlamaforgeError",
+        result: OperationResult | None = None,
     ) -> None:
         super().__init__(message, hint=hint)
         self.exit_code = exit_code
         self.error_type = error_type
+        self.result = result
         self._rendered = rendered
 
     @classmethod
@@ -72,7 +78,8 @@ class NotebookError(LlamaforgeError):
     def _render_traceback_(self) -> list[str]:
         # IPython calls this instead of formatting a traceback: the user sees what to do, not our stack.
         first, *rest = self.render().splitlines() or [""]
-        return [f"\x1b[1;31merror:\x1b[0m {first}", *rest]
+        shown = render_text(self.result.operation, self.result.data).splitlines() if self.result else []
+        return [*shown, f"\x1b[1;31merror:\x1b[0m {first}", *rest]
 
 
 # --- parsing: one argparse parser per operation, generated from its Params model ----------------------------
@@ -442,12 +449,14 @@ def _outcome(status: JobStatus) -> OperationResult:
     hint = error.hint
     if error.message.startswith("internal error"):
         hint = "this is a bug in llamaforge: the traceback was logged to stderr"
+    failed = status.result  # a failing verdict keeps the whole result
     raise NotebookError(
         error.message,
         hint=hint,
         exit_code=error.exit_code,
         rendered=error.rendered if error.hint == hint else None,
         error_type=error.type,
+        result=OperationResult(status.operation, failed, status.params, status.seconds) if failed else None,
     )
 
 

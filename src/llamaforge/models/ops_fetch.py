@@ -1,4 +1,5 @@
-"""Operations ``models.fetch`` and ``models.lock`` (registered with the operation registry on import)."""
+"""Operations ``models.fetch`` and ``models.lock`` (registered with the operation registry on import), with
+their result models."""
 
 from __future__ import annotations
 
@@ -6,13 +7,15 @@ from typing import Any
 
 from pydantic import Field
 
-from llamaforge.core.registry import OperationContext, Params, operation
+from llamaforge.core.errors import LockError, OperationFailed
+from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
+from llamaforge.models.render import models_fetch_cli, models_fetch_html, models_lock_cli
 
 
 class ModelFetchParams(Params):
     """Parameters of ``models.fetch``."""
 
-    model: str = Field(
+    model: str = path_field(
         description="Model recipe (name or .toml path) or URL: hf://owner/repo/file.gguf, ms://owner/repo/file.gguf, "
         "https://…, file://…"
     )
@@ -22,8 +25,28 @@ class ModelFetchParams(Params):
     )
 
 
-@operation("models.fetch", ModelFetchParams, read_only=False, long_running=True, positional=("model",))
-def models_fetch_op(params: ModelFetchParams, ctx: OperationContext) -> dict[str, Any]:
+class FetchedModel(Result):
+    """A verified model file in the store (downloaded now, or found there)."""
+
+    path: str
+    sha256: str
+    size: int
+    cached: bool
+    source: str = Field(description="Where it came from (user info and query removed)")
+    revision: str | None
+    commit: str | None
+
+
+@operation(
+    "models.fetch",
+    ModelFetchParams,
+    read_only=False,
+    long_running=True,
+    positional=("model",),
+    cli=models_fetch_cli,
+    html=models_fetch_html,
+)
+def models_fetch_op(params: ModelFetchParams, ctx: OperationContext) -> FetchedModel:
     """Download a model into the verified, content-addressed cache (resumable; sha256-checked; --offline)."""
     from llamaforge.models.fetch import fetch_model
 
@@ -34,24 +57,46 @@ def models_fetch_op(params: ModelFetchParams, ctx: OperationContext) -> dict[str
         reporter=ctx.reporter,
         cancel=ctx.cancel,
     )
-    return result.to_json()
+    return FetchedModel.model_validate(result.to_json())
 
 
 class ModelLockParams(Params):
     """Parameters of ``models.lock``."""
 
-    recipe: str | None = Field(
+    recipe: str | None = path_field(
         None, description="Lock only this model recipe (default: every model recipe and the base images)"
     )
     frozen: bool = Field(False, description="Resolve nothing; fail naming every input that is not pinned")
 
 
-@operation("models.lock", ModelLockParams, read_only=False)
-def models_lock_op(params: ModelLockParams, ctx: OperationContext) -> dict[str, Any]:
+class LockOutcome(Result):
+    """What a lock run resolved, found pinned, skipped and could not resolve (then ``models.lock`` fails)."""
+
+    lock_file: str
+    written: bool
+    locked: list[dict[str, Any]] = Field(
+        description="Each locked input: kind, name, revision/sha256 or digest"
+    )
+    pinned: list[str]
+    skipped: list[dict[str, str]]
+    unresolved: list[dict[str, str]] = Field(description="Each unresolved input: kind, name, reason, hint")
+    exit_code: int
+
+
+@operation("models.lock", ModelLockParams, read_only=False, cli=models_lock_cli)
+def models_lock_op(params: ModelLockParams, ctx: OperationContext) -> LockOutcome:
     """Resolve model revisions to commits + sha256 and base images to digests; write recipes/lock.toml."""
     from llamaforge.models.lock import lock_models
 
     report = lock_models(
         [params.recipe] if params.recipe else None, frozen=params.frozen, reporter=ctx.reporter
     )
-    return report.to_json()
+    data = LockOutcome.model_validate(report.to_json())
+    if report.unresolved:
+        raise OperationFailed(
+            "could not lock " + ", ".join(f"{item['kind']} {item['name']}" for item in report.unresolved),
+            result=data,
+            exit_code=LockError.exit_code,
+            hint="each unresolved input says why and what to do; the others were locked",
+        )
+    return data

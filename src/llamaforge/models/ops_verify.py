@@ -1,4 +1,5 @@
-"""Operations ``models.verify`` and ``models.inspect`` (registered with the operation registry on import)."""
+"""Operations ``models.verify`` and ``models.inspect`` (registered with the operation registry on import), with
+their result models."""
 
 from __future__ import annotations
 
@@ -7,20 +8,27 @@ from typing import Any
 
 from pydantic import Field
 
-from llamaforge.core.errors import InvalidOption
-from llamaforge.core.registry import OperationContext, Params, operation
+from llamaforge.core.errors import InvalidOption, ModelError, OperationFailed
+from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
+from llamaforge.models.render import (
+    models_inspect_cli,
+    models_inspect_html,
+    models_verify_cli,
+    models_verify_html,
+)
+from llamaforge.models.verify import Status
 
 
 class ModelVerifyParams(Params):
     """Parameters of ``models.verify``."""
 
-    target: str = Field(
+    target: str = path_field(
         description="GGUF file, or a model recipe (name or .toml) whose file is local or fetched"
     )
-    recipe: str | None = Field(
+    recipe: str | None = path_field(
         None, description="Check FILE against this model recipe's pins and expectations"
     )
-    load_check: str | None = Field(
+    load_check: str | None = path_field(
         None, description="Also load the model with this llama.cpp build (build key, or its directory)"
     )
     no_cache: bool = Field(False, description="Ignore the cached verdict: re-parse and re-hash the file")
@@ -35,8 +43,42 @@ def _build_dir(value: str) -> Path:
     return build_dir(str(find_build(value)["key"]))
 
 
-@operation("models.verify", ModelVerifyParams, read_only=True, long_running=True, positional=("target",))
-def models_verify_op(params: ModelVerifyParams, ctx: OperationContext) -> dict[str, Any]:
+class VerifyFinding(Result):
+    """One result of a check; ``subject`` names the tensor, key or field concerned."""
+
+    check: str
+    status: Status
+    subject: str
+    message: str
+
+
+class VerifiedModel(Result):
+    """The verdict on one model file (``models.verify`` fails when a check failed)."""
+
+    path: str
+    ok: bool
+    exit_code: int
+    recipe: str | None
+    size: int
+    sha256: str
+    cached: bool = Field(description="The verdict came from the cache (same file, same size and mtime)")
+    seconds: float
+    checks: dict[str, Status] = Field(description="The worst status per check (skipped: it did not run)")
+    findings: list[VerifyFinding]
+    model: dict[str, Any] = Field(description="What the header says: architecture, layers, tokenizer, …")
+    load_check: dict[str, Any] | None = Field(description="Loading with a llama.cpp build (--load-check)")
+
+
+@operation(
+    "models.verify",
+    ModelVerifyParams,
+    read_only=True,
+    long_running=True,
+    positional=("target",),
+    cli=models_verify_cli,
+    html=models_verify_html,
+)
+def models_verify_op(params: ModelVerifyParams, ctx: OperationContext) -> VerifiedModel:
     """Verify a GGUF: hardened header parse, sha256, structure, recipe expectations, tensors, chat template."""
     from llamaforge.models.inspect import resolve_local_model
     from llamaforge.models.verify import verify_model
@@ -58,13 +100,22 @@ def models_verify_op(params: ModelVerifyParams, ctx: OperationContext) -> dict[s
         path, recipe, load_check_build=build, use_cache=not params.no_cache, reporter=ctx.reporter,
         cancel=ctx.cancel,
     )  # fmt: skip
-    return report.to_json()
+    data = VerifiedModel.model_validate(report.to_json())
+    if not report.ok:
+        failed = sorted(name for name, status in report.checks().items() if status == "fail")
+        raise OperationFailed(
+            f"{path} FAILED verification: {', '.join(failed)}",
+            result=data,
+            exit_code=ModelError.exit_code,
+            hint="the findings name each failing tensor, key or field",
+        )
+    return data
 
 
 class ModelInspectParams(Params):
     """Parameters of ``models.inspect``."""
 
-    target: str = Field(
+    target: str = path_field(
         description="GGUF file, model recipe, or URL (https://, http://, hf://owner/repo/path)"
     )
     remote: bool = Field(
@@ -73,15 +124,38 @@ class ModelInspectParams(Params):
     revision: str | None = Field(None, description="Hub revision for hf:// (default: the recipe's, or main)")
 
 
-@operation("models.inspect", ModelInspectParams, read_only=True, positional=("target",))
-def models_inspect_op(params: ModelInspectParams, ctx: OperationContext) -> dict[str, Any]:
+class InspectedModel(Result):
+    """A model's header, summarised; read remotely, the transfer it took."""
+
+    source: str
+    remote: bool
+    model: dict[str, Any] = Field(
+        description="Architecture, parameters, layers, context, quant mix, tokenizer, …"
+    )
+    bytes_fetched: int | None = absent("Bytes read through HTTP range requests (remote only)")
+    requests: int | None = absent("HTTP range requests made (remote only)")
+    fraction_fetched: float | None = absent("Share of the file that was read (remote only)")
+    seconds: float | None = absent()
+
+
+@operation(
+    "models.inspect",
+    ModelInspectParams,
+    read_only=True,
+    positional=("target",),
+    cli=models_inspect_cli,
+    html=models_inspect_html,
+)
+def models_inspect_op(params: ModelInspectParams, ctx: OperationContext) -> InspectedModel:
     """Show a model's architecture, parameters, layers, context, quant mix, tokenizer and template."""
     from llamaforge.models.inspect import inspect_model
 
-    return inspect_model(
-        params.target,
-        remote=params.remote,
-        revision=params.revision,
-        reporter=ctx.reporter,
-        cancel=ctx.cancel,
+    return InspectedModel.model_validate(
+        inspect_model(
+            params.target,
+            remote=params.remote,
+            revision=params.revision,
+            reporter=ctx.reporter,
+            cancel=ctx.cancel,
+        )
     )

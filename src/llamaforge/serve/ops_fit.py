@@ -1,4 +1,4 @@
-"""Operation ``models.fit`` (registered on import) and the memory-breakdown plot."""
+"""Operation ``models.fit`` (registered on import), its result model and the memory-breakdown plot."""
 
 from __future__ import annotations
 
@@ -7,16 +7,19 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from llamaforge.core.errors import InvalidOption
-from llamaforge.core.registry import OperationContext, Params, operation
+from llamaforge.core.errors import InvalidOption, OperationFailed
+from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
 from llamaforge.serve.fit import DoesNotFit, FitPlan, GiB, parse_size, plan_fit
 from llamaforge.serve.fit_chart import save_fit_chart
+from llamaforge.serve.render import models_fit_cli, models_fit_html
 
 
 class ModelFitParams(Params):
     """Parameters of ``models.fit``."""
 
-    model: str = Field(description="GGUF file, or a model recipe whose file was fetched (`models.fetch`)")
+    model: str = path_field(
+        description="GGUF file, or a model recipe whose file was fetched (`models.fetch`)"
+    )
     gpu: str | None = Field(None, description="GPU from recipes/gpus.toml, e.g. rtx3090, rtx4090, a100-80gb")
     vram: str | None = Field(None, description="GPU memory instead of --gpu, e.g. 24GiB (no speed estimate)")
     ctx: int = Field(description="Context (tokens) of each slot", ge=1)
@@ -29,7 +32,7 @@ class ModelFitParams(Params):
     n_gpu_layers: int | None = Field(None, description="Evaluate this -ngl instead of searching", ge=0)
     n_cpu_moe: int | None = Field(None, description="Evaluate this --n-cpu-moe instead of searching", ge=0)
     margin: str = Field("1GiB", description="GPU memory to keep free (CUDA context, driver, headroom)")
-    plot: str | None = Field(None, description="Write the memory breakdown as a PNG to this path")
+    plot: str | None = path_field(None, description="Write the memory breakdown as a PNG to this path")
 
 
 def resolve_model_file(target: str) -> Path:
@@ -53,8 +56,59 @@ def resolve_model_file(target: str) -> Path:
     )
 
 
-@operation("models.fit", ModelFitParams, read_only=True, positional=("model",))
-def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> dict[str, Any]:
+class FitMemory(Result):
+    """Bytes one device (the GPU, or host RAM) holds, by category."""
+
+    weights: int
+    kv_cache: int
+    recurrent_state: int
+    compute: int
+    output: int
+    total: int
+
+
+class FitOutcome(Result):
+    """Where the model's layers and experts go, the memory per device, the llama-server flags and the speed
+    ceiling (``models.fit`` fails when a pinned placement does not fit)."""
+
+    model: str
+    arch: str
+    gpu: str | None
+    vram_bytes: int
+    margin_bytes: int
+    settings: dict[str, Any] = Field(
+        description="ctx per slot, parallel, cache types, ubatch, flash attention"
+    )
+    n_layer: int
+    attention_layers: int
+    recurrent_layers: int
+    n_gpu_layers: int
+    max_gpu_layers: int
+    n_cpu_moe: int
+    gpu_memory: FitMemory
+    host_memory: FitMemory
+    flags: list[str] = Field(description="llama-server flags of the plan")
+    tg_ceiling_tps: float | None = Field(description="Token generation ceiling from memory bandwidth, tok/s")
+    bytes_per_token_gpu: int
+    bytes_per_token_host: int
+    notes: list[str]
+    command: str
+    fully_offloaded: bool
+    fits: bool
+    summary: list[str]
+    exit_code: int
+    plot: str | None = absent("The PNG written with --plot")
+
+
+@operation(
+    "models.fit",
+    ModelFitParams,
+    read_only=True,
+    positional=("model",),
+    cli=models_fit_cli,
+    html=models_fit_html,
+)
+def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> FitOutcome:
     """Plan how a model fits on a GPU: layers, experts, KV cache, compute buffer, llama-server flags, speed."""
     path = resolve_model_file(params.model)
     cache_k = params.cache_type_k or params.cache_type or "f16"
@@ -71,7 +125,16 @@ def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> dict[str, An
     data["exit_code"] = 0 if plan.fits else DoesNotFit.exit_code  # a pinned placement that does not fit
     if params.plot:
         data["plot"] = str(save_fit_chart([data], Path(params.plot)))
-    return data
+    outcome = FitOutcome.model_validate(data)
+    if not plan.fits:
+        raise OperationFailed(
+            f"the pinned placement (-ngl {plan.n_gpu_layers}, --n-cpu-moe {plan.n_cpu_moe}) does not fit: it needs "
+            f"{(plan.gpu_memory.total + plan.margin_bytes) / GiB:.2f} GiB with the margin, the GPU has "
+            f"{plan.vram_bytes / GiB:.1f} GiB",
+            result=outcome, exit_code=DoesNotFit.exit_code,
+            hint="leave --n-gpu-layers/--n-cpu-moe out to search for a placement that fits",
+        )  # fmt: skip
+    return outcome
 
 
 def summarize(plan: FitPlan) -> list[str]:

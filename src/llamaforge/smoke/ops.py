@@ -5,27 +5,28 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
-from llamaforge.core.errors import InvalidOption, SmokeFailed
-from llamaforge.core.registry import OperationContext, Params, operation
+from llamaforge.core.errors import InvalidOption, OperationFailed, SmokeFailed
+from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
+from llamaforge.smoke.render import smoke_cli, smoke_compare_cli, smoke_compare_html, smoke_html
 from llamaforge.smoke.run import SmokeOptions, SmokeTarget
 
 
 class SmokeParams(Params):
     """Parameters of ``smoke``."""
 
-    build: str | None = Field(
+    build: str | None = path_field(
         None, description="Build key (or unique prefix) or build directory (default: the default recipe's CPU "
         "build, built if missing)"
     )  # fmt: skip
-    model: str | None = Field(
+    model: str | None = path_field(
         None,
         description="Model recipe name, hf://, ms://, https:// URL, or a GGUF file (default: tiny qwen3)",
     )
-    thresholds: list[str] = Field(
+    thresholds: list[str] = path_field(
         default_factory=list,
         description="Threshold KEY=VALUE (min_tg_tps, max_ttft_ms, must_answer; none clears) or a TOML file; "
         "repeatable; overrides the build and model recipes",
@@ -103,8 +104,54 @@ def _model_target(params: SmokeParams, ctx: OperationContext) -> tuple[Path, str
     return fetched.path, label, recipe_smoke
 
 
-@operation("smoke", SmokeParams, read_only=False, long_running=True)
-def smoke_op(params: SmokeParams, ctx: OperationContext) -> dict[str, Any]:
+class SmokeCheck(Result):
+    """One check of the verdict: it passes, fails, or is skipped when its stage did not run."""
+
+    name: str
+    status: Literal["pass", "fail", "skipped"]
+    value: Any
+    threshold: Any
+    source: str = Field(
+        description="Where the threshold came from: build recipe, model recipe, cli, built-in"
+    )
+    detail: str
+
+
+class SmokeVerdict(Result):
+    """Every check; any failure fails the run."""
+
+    passed: bool
+    checks: list[SmokeCheck]
+
+
+class SmokeReport(Result):
+    """A smoke run: what ran where, the llama-bench and llama-server measurements, the roofline, the verdict
+    and the files written (``smoke`` fails when the verdict fails). Raw per-request samples stay in report.json."""
+
+    schema_: int = Field(alias="schema", description="Version of the report layout")
+    run_id: str
+    run_dir: str
+    started_at: str
+    finished_at: str
+    llamaforge_version: str
+    host: dict[str, Any]
+    build: dict[str, Any] = Field(description="Build key, path, recipe, backend, archs, patches")
+    model: dict[str, Any] = Field(description="Model path, label, size (and what llama-bench read from it)")
+    options: dict[str, Any]
+    thresholds: dict[str, Any] = Field(description="The thresholds in force and where each came from")
+    bench: dict[str, Any] | None = Field(
+        description="llama-bench: tests with their tokens/s (skip_bench: null)"
+    )
+    server: dict[str, Any] | None = Field(description="llama-server streaming, per concurrency level")
+    roofline: dict[str, Any] | None = Field(description="Decode speed against the memory-bandwidth roof")
+    verdict: SmokeVerdict
+    wall_s: float
+    files: dict[str, str] = Field(description="report.json, summary.md, plots, logs: name -> path")
+    exit_code: int
+
+
+@operation("smoke", SmokeParams, read_only=False, long_running=True, cli=smoke_cli, html=smoke_html)
+def smoke_op(params: SmokeParams, ctx: OperationContext) -> SmokeReport:
     """Smoke a build with a model: llama-bench + streaming llama-server, thresholds, report and plots."""
     from llamaforge.smoke.run import parse_threshold_items, resolve_thresholds, result_view, run_smoke
 
@@ -128,20 +175,46 @@ def smoke_op(params: SmokeParams, ctx: OperationContext) -> dict[str, Any]:
     report = run_smoke(target, options, thresholds, sources, reporter=ctx.reporter, cancel=ctx.cancel)
     view = result_view(report)
     view["exit_code"] = 0 if report["verdict"]["passed"] else SmokeFailed.exit_code
-    return view
+    result = SmokeReport.model_validate(view)
+    if not report["verdict"]["passed"]:
+        failed = [check for check in report["verdict"]["checks"] if check["status"] == "fail"]
+        raise OperationFailed(
+            f"smoke run {report['run_id']} FAILED its verdict: "
+            + "; ".join(f"{check['name']} {check['value']!r} (threshold {check['threshold']!r})" for check in failed),
+            result=result, exit_code=SmokeFailed.exit_code,
+            hint=f"the verdict lists every check; summary: {report['files']['summary.md']}",
+        )  # fmt: skip
+    return result
 
 
 class SmokeCompareParams(Params):
     """Parameters of ``smoke.compare``."""
 
-    run_a: str = Field(description="First run (A, the baseline): run id, unique prefix or run directory")
-    run_b: str = Field(description="Second run (B): run id, unique prefix or run directory")
+    run_a: str = path_field(description="First run (A, the baseline): run id, unique prefix or run directory")
+    run_b: str = path_field(description="Second run (B): run id, unique prefix or run directory")
 
 
-@operation("smoke.compare", SmokeCompareParams, read_only=False, positional=("run_a", "run_b"))
-def smoke_compare_op(params: SmokeCompareParams, ctx: OperationContext) -> dict[str, Any]:
+class SmokeComparison(Result):
+    """Two runs side by side: what differs between them, and each metric with B/A and the speedup."""
+
+    a: dict[str, Any] = Field(description="Run A (the baseline): run id, directory, build, model, host")
+    b: dict[str, Any] = Field(description="Run B, the same fields")
+    differs: list[str] = Field(description="The fields of a and b that differ")
+    rows: list[dict[str, Any]] = Field(description="metric, unit, a, b, ratio, speedup, better")
+    files: dict[str, str]
+
+
+@operation(
+    "smoke.compare",
+    SmokeCompareParams,
+    read_only=False,
+    positional=("run_a", "run_b"),
+    cli=smoke_compare_cli,
+    html=smoke_compare_html,
+)
+def smoke_compare_op(params: SmokeCompareParams, ctx: OperationContext) -> SmokeComparison:
     """Compare two smoke runs side by side with ratios (like compare-llama-bench); writes json/md/png."""
     from llamaforge.smoke.report import compare_runs
     from llamaforge.smoke.run import smoke_root
 
-    return compare_runs(params.run_a, params.run_b, smoke_root())
+    return SmokeComparison.model_validate(compare_runs(params.run_a, params.run_b, smoke_root()))

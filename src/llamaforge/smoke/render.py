@@ -1,0 +1,182 @@
+"""How smoke results look: rich tables for the CLI, HTML with the run's plots for notebooks (registered with each
+operation in :mod:`llamaforge.smoke.ops`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from llamaforge.fronts import render_html as html
+from llamaforge.fronts.render_cli import STATUS
+
+
+def smoke_cli(result: dict[str, Any], console: Console) -> None:
+    """``smoke``: the verdict, llama-bench and llama-server tables, the checks."""
+    verdict = result["verdict"]
+    state = "[green]PASS[/green]" if verdict["passed"] else "[red]FAIL[/red]"
+    console.print(f"{state} smoke run {result['run_id']} ({result['wall_s']:.1f} s): build {result['build']['key']}, "
+                  f"model {result['model']['label']}")  # fmt: skip
+    if result.get("bench"):
+        table = Table("llama-bench", "t/s", "stddev", title=f"build {result['bench']['build_commit']}")
+        for test in result["bench"]["tests"]:
+            table.add_row(test["name"], f"{test['avg_ts']:.1f}", f"{test['stddev_ts']:.1f}")
+        console.print(table)
+    if result.get("server"):
+        table = Table("c", "requests", "TTFT p50/p95 ms", "ITL p50/p95 ms", "decode t/s", "aggregate t/s",
+                      "e2e p50 ms", "client/server", title="llama-server streaming")  # fmt: skip
+        for level in result["server"]["levels"]:
+            ratio = level["cross_check"]["client_over_server_decode"]
+            table.add_row(str(level["concurrency"]), f"{level['requests']} ({len(level['errors'])} failed)",
+                          _p50_p95(level["ttft_ms"]), _p50_p95(level["itl_ms"], 2),
+                          f"{level['decode_tps']['p50']:.1f}" if level["decode_tps"] else "-",
+                          f"{level['aggregate_tps']:.1f}" if level["aggregate_tps"] else "-",
+                          f"{level['e2e_ms']['p50']:.0f}" if level["e2e_ms"] else "-",
+                          f"{ratio['p50']:.3f}" if ratio else "-")  # fmt: skip
+        console.print(table)
+    roof = result.get("roofline") or {}
+    if roof.get("efficiency") is not None:
+        console.print(f"roofline (estimated): {roof['efficiency'] * 100:.1f} % of {roof['roof_tps']:.0f} t/s "
+                      f"({roof['bandwidth_gbs']:.1f} GB/s {roof['bandwidth_source']}; "
+                      f"{roof['bytes_per_token'] / 2**20:.1f} MiB/token)", highlight=False)  # fmt: skip
+    elif roof.get("error"):
+        console.print(f"roofline: not computed ({roof['error']})", highlight=False)
+    table = Table("check", "status", "value", "threshold", "source")
+    for check in verdict["checks"]:
+        status = {"pass": "ok", "fail": "fail", "skipped": "warn"}[check["status"]]
+        raw = check["value"]
+        value = f"{raw:.1f}" if isinstance(raw, float) else " ".join(str(raw).split())
+        table.add_row(check["name"], STATUS[status].replace(status, check["status"]), value[:40],
+                      str(check["threshold"])[:40], check["source"])  # fmt: skip
+    console.print(table)
+    console.print(f"summary: {result['files']['summary.md']}", highlight=False)
+
+
+def smoke_compare_cli(result: dict[str, Any], console: Console) -> None:
+    """``smoke.compare``: what differs, then the metrics."""
+    console.print(f"A = {result['a']['run_id']}\nB = {result['b']['run_id']}", highlight=False)
+    for key in result["differs"]:
+        console.print(f"  {key}: {result['a'][key]} -> {result['b'][key]}", highlight=False)
+    table = Table("metric", "A", "B", "B/A", "speedup", "better")
+    for row in result["rows"]:
+        color = {"B": "green", "A": "red"}.get(row["better"], "white")
+        table.add_row(f"{row['metric']} ({row['unit']})" if row["unit"] else row["metric"], f"{row['a']:.4g}",
+                      f"{row['b']:.4g}", f"{row['ratio']:.3f}" if row["ratio"] is not None else "-",
+                      f"[{color}]{row['speedup']:.3f}[/{color}]" if row["speedup"] is not None else "-",
+                      row["better"])  # fmt: skip
+    console.print(table)
+    console.print(f"files: {result['files']['compare.md']}", highlight=False)
+
+
+def _p50_p95(dist: Any, digits: int = 1) -> str:
+    return f"{dist['p50']:.{digits}f} / {dist['p95']:.{digits}f}" if isinstance(dist, Mapping) else "-"
+
+
+def _smoke_chart_png(data: Mapping[str, Any]) -> bytes | None:
+    tests = (data.get("bench") or {}).get("tests") or []
+    if not tests:
+        return None
+
+    def draw(figure: Any) -> None:
+        axes = figure.subplots()
+        names = [test["name"] for test in tests]
+        axes.bar(
+            names,
+            [test["avg_ts"] for test in tests],
+            yerr=[test.get("stddev_ts", 0) for test in tests],
+            color="#4c72b0",
+        )
+        axes.set_ylabel("tokens/s")
+        axes.set_title("llama-bench", fontsize=10)
+
+    return html.figure_png(draw, (5.0, 3.0))
+
+
+def smoke_html(data: dict[str, Any]) -> str:
+    """``smoke`` in a notebook, with the run's plots."""
+    verdict = data.get("verdict") or {}
+    build, model = data.get("build") or {}, data.get("model") or {}
+    state = html.badge("pass" if verdict.get("passed") else "fail")
+    body = (
+        f"<p>{state} run <code>{html.escape(data.get('run_id'))}</code> ({float(data.get('wall_s') or 0):.1f} s): "
+        f"build {html.escape(build.get('key'))}, model {html.escape(model.get('label'))}</p>"
+    )
+    bench = data.get("bench") or {}
+    if bench.get("tests"):
+        body += html.table(
+            ["llama-bench", "t/s", "stddev"],
+            [(t["name"], f"{t['avg_ts']:.1f}", f"{t.get('stddev_ts', 0):.1f}") for t in bench["tests"]],
+        )
+    levels = (data.get("server") or {}).get("levels") or []
+    if levels:
+        body += html.table(
+            ["concurrency", "requests", "TTFT p50/p95 ms", "ITL p50/p95 ms", "decode t/s", "aggregate t/s"],
+            [
+                (
+                    lv.get("concurrency"),
+                    f"{lv.get('requests')} ({len(lv.get('errors') or [])} failed)",
+                    _p50_p95(lv.get("ttft_ms")),
+                    _p50_p95(lv.get("itl_ms"), 2),
+                    f"{lv['decode_tps']['p50']:.1f}" if lv.get("decode_tps") else "-",
+                    f"{lv['aggregate_tps']:.1f}" if lv.get("aggregate_tps") else "-",
+                )
+                for lv in levels
+            ],
+        )
+    roof = data.get("roofline") or {}
+    if roof.get("efficiency") is not None:
+        body += (
+            f"<p>roofline (estimated): {roof['efficiency'] * 100:.1f} % of {roof.get('roof_tps', 0):.0f} t/s "
+            f"({html.escape(roof.get('bandwidth_source', ''))})</p>"
+        )
+    body += html.table(
+        ["check", "status", "value", "threshold", "source"],
+        [
+            (
+                c.get("name"),
+                html.badge(c.get("status")),
+                f"{c['value']:.1f}" if isinstance(c.get("value"), float) else c.get("value"),
+                c.get("threshold"),
+                c.get("source"),
+            )
+            for c in verdict.get("checks") or []
+        ],
+    )
+    files = data.get("files") or {}
+    plots = "".join(html.png_file(files.get(name), name) for name in ("throughput.png", "latency.png"))
+    if not plots:
+        png = _smoke_chart_png(data)
+        plots = html.img_png(png, "llama-bench") if png else ""
+    return html.section("smoke report", body + plots)
+
+
+def smoke_compare_html(data: dict[str, Any]) -> str:
+    """``smoke.compare`` in a notebook, with its chart."""
+    a, b = data.get("a") or {}, data.get("b") or {}
+    body = html.kv_table(
+        [("A", a.get("run_id")), ("B", b.get("run_id"))]
+        + [(k, f"{a.get(k)} → {b.get(k)}") for k in data.get("differs") or []]
+    )
+
+    def number(value: Any, spec: str) -> str:
+        return format(value, spec) if isinstance(value, int | float) else "-"
+
+    body += html.table(
+        ["metric", "A", "B", "B/A", "speedup", "better"],
+        [
+            (
+                f"{r['metric']} ({r['unit']})" if r.get("unit") else r.get("metric"),
+                number(r.get("a"), ".4g"),
+                number(r.get("b"), ".4g"),
+                number(r.get("ratio"), ".3f"),
+                number(r.get("speedup"), ".3f"),
+                r.get("better"),
+            )
+            for r in data.get("rows") or []
+        ],
+    )
+    return html.section(
+        "smoke comparison", body + html.png_file((data.get("files") or {}).get("compare.png"), "comparison")
+    )
