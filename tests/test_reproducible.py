@@ -60,3 +60,22 @@ def test_salted_build_is_caught_and_explained(tmp_path: Path, lf_home: Path) -> 
     assert ".rodata" in diff.sections
     assert "constant data differs" in diff.explanation
     assert diff.kept and Path(diff.kept).is_file()
+
+
+def test_a_build_that_is_not_reproducible_fails_the_build_task(tmp_path: Path, lf_home: Path) -> None:
+    """`invoke build --check-reproducible` on a salted build: exit 8 (NotReproducible), the report still on stdout."""
+    import json
+    import os
+
+    from helpers import invoke
+
+    recipe = mini_recipe(tmp_path, ["llama-cli", "llama-random"])
+    env = {**os.environ, "LLAMAFORGE_HOME": str(lf_home)}
+    result = invoke(
+        "build", "--recipe", str(recipe), "--executor", "local", "--check-reproducible", "--json", env=env
+    )
+    assert result.returncode == 8, result.stderr[-2000:]
+    report = json.loads(result.stdout)["reproducibility"]
+    assert report["reproducible"] is False
+    assert [item["path"] for item in report["different"]] == ["bin/llama-random"]
+    assert "not reproducible" in result.stderr and "bin/llama-random" in result.stderr

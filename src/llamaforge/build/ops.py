@@ -21,7 +21,7 @@ from llamaforge.build.render import (
     recipes_list_cli,
     recipes_list_html,
 )
-from llamaforge.core.errors import InvalidOption, LlamaforgeError, OperationFailed
+from llamaforge.core.errors import InvalidOption, LlamaforgeError, NotReproducible, OperationFailed
 from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
 
 if TYPE_CHECKING:
@@ -162,6 +162,13 @@ def build_op(params: BuildParams, ctx: OperationContext) -> BuildOutput:
             result, plan, executor=executor, jobs=params.jobs, reporter=ctx.reporter, cancel=ctx.cancel
         )
         output.reproducibility = ReproducibilityCheck.model_validate(report.to_json())
+        if not report.reproducible:
+            differing = ", ".join(item.path for item in report.different)
+            raise OperationFailed(
+                f"build {result.key} is not reproducible: {differing} differ(s) when rebuilt from scratch",
+                result=output, exit_code=NotReproducible.exit_code,
+                hint="the result lists the differing ELF sections and keeps each rebuilt copy to compare",
+            )  # fmt: skip
     return output
 
 
