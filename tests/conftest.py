@@ -121,12 +121,14 @@ def ssh_client_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_hosts(docker_engine: object, base_image: str, ssh_client_key: Path) -> Iterator[list[object]]:
     """Three booted systemd + sshd hosts, shared by the session, reachable only on 127.0.0.1 (see
     tests/testhosts.py); skips, or fails in strict mode, when they cannot start."""
+    import docker.errors
+
     from llamaforge.core.errors import LlamaforgeError
     from testhosts import ensure_image, remove_hosts, start_hosts
 
     try:
         hosts = start_hosts(docker_engine, ensure_image(base_image), ssh_client_key, TEST_HOST_COUNT)
-    except (LlamaforgeError, RuntimeError) as error:
+    except (LlamaforgeError, RuntimeError, docker.errors.DockerException) as error:
         require(False, f"test hosts could not start: {error}")
         raise
     yield list(hosts)

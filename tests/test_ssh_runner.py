@@ -18,7 +18,8 @@ import pytest
 
 from llamaforge.core.errors import Cancelled, InvalidOption, ToolFailed
 from llamaforge.core.events import CancelToken
-from llamaforge.runners.ssh import HostKeyChanged, HostKeyUnknown, SshError, SshHost, SshProcessRunner
+from llamaforge.runners.ssh import SshProcessRunner
+from llamaforge.runners.ssh_connection import HostKeyChanged, HostKeyUnknown, SshError, SshHost
 from testhosts import USER, TestHost
 
 pytestmark = pytest.mark.docker

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from llamaforge.runners.engine import LABEL, build_image, image_id
-from llamaforge.runners.ssh import SshHost
+from llamaforge.runners.ssh_connection import SshHost
 
 USER = "lf"
 USER_UID = 1000

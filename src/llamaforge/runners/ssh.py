@@ -1,23 +1,18 @@
 """The SSH process runner: the :class:`~llamaforge.runners.process.ProcessRunner` protocol on a remote host,
-over a Fabric ``Connection``, plus sha256-verified, resumable file transfer.
+over a Fabric ``Connection`` whose host key was checked (:mod:`llamaforge.runners.ssh_connection`: unknown
+hosts and changed keys refused, key authentication only), plus sha256-verified, resumable file transfer
+(:mod:`llamaforge.runners.transfer`).
 
-Secure by default. Fabric 3 builds its paramiko client with ``AutoAddPolicy`` and never loads known_hosts, so
-before the first command this runner loads the host's own known_hosts file (an inventory's) and the user's
-``~/.ssh/known_hosts``, and replaces the policy: an unknown host is refused with its SHA256 fingerprint
-(paramiko's ``RejectPolicy`` with a message that says what to do), a key that differs from a recorded one is
-refused naming both fingerprints, whatever the policy. ``accept_new_host_keys=True`` is OpenSSH's
-``StrictHostKeyChecking=accept-new``: a host never seen before is recorded, a changed key is still refused.
-Authentication is by key only (a key file or the agent); no password is accepted, sent, logged or shown.
+argv is quoted with :func:`shlex.join` for the remote shell. ``env`` never reaches a command line: the remote
+command starts with a fixed bootstrap that reads ``export NAME='value'`` statements from the channel's stdin
+(their byte count first, then exactly that many bytes with ``dd``) and runs them with ``eval``, so the values exist
+only in the shell's memory and the command's environment, never in any process's argv; ``stdin`` follows
+them on the same stream. The bootstrap also writes the shell's pid (the session's process group: sshd starts
+each command with ``setsid``) as the first stderr line; a timeout, cancel or
+:meth:`SshProcessHandle.terminate` signals that group on the host, so nothing keeps running there.
 
-Commands: argv is quoted with :func:`shlex.join` for the remote shell. ``env`` never reaches a command line:
-the remote command starts with a fixed bootstrap that reads ``export NAME='value'`` statements from the
-channel's stdin (their byte count first, then exactly that many bytes with ``dd``) and ``eval``\\ s them, so the
-values exist only in the shell's memory and the command's environment, never in any process's argv. The
-bootstrap also writes the shell's pid (the session's process group, as sshd starts each command with
-``setsid``) as the first stderr line; a timeout, cancel or :meth:`SshProcessHandle.terminate` signals that
-group on the host, so nothing keeps running there. Each host gets its own runner: a rollout loops over
-hosts itself and never uses Fabric's ``SerialGroup``/``ThreadingGroup``, which run every host even after
-one failed.
+Each host gets its own runner: a rollout loops over hosts itself and never uses Fabric's
+``SerialGroup``/``ThreadingGroup``, which run every host even after one failed.
 """
 
 from __future__ import annotations
@@ -30,12 +25,11 @@ import shlex
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from llamaforge.core.errors import InvalidOption, LlamaforgeError, ToolFailed
+from llamaforge.core.errors import InvalidOption, ToolFailed
 from llamaforge.core.events import CancelToken
 from llamaforge.runners.process import (
     TAIL_LINES,
@@ -47,88 +41,13 @@ from llamaforge.runners.process import (
     _Output,
     _secrets,
 )
+from llamaforge.runners.ssh_connection import DEFAULT_KNOWN_HOSTS, SshError, SshHost, open_connection
 from llamaforge.runners.transfer import Transfer, TransferResult
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Prints the process group's id, then reads the exported variables from stdin (see the module docstring).
 _PID_LINE = 'printf "%s\\n" "$$" >&2'
 _READ_ENV = 'IFS= read -r n && eval "$(dd bs=1 count="$n" 2>/dev/null)"'
-
-
-class SshError(LlamaforgeError):
-    """An SSH host cannot be reached, refuses the key, or presents a host key that is not trusted."""
-
-    exit_code = 14
-
-
-class HostKeyUnknown(SshError):
-    """The host's key is in no known_hosts file and new keys are not accepted."""
-
-
-class HostKeyChanged(SshError):
-    """The host presents a key different from the one recorded for it."""
-
-
-@dataclass(frozen=True)
-class SshHost:
-    """How to reach one host: address, port, user, key file and its own known_hosts file (an inventory's)."""
-
-    host: str
-    port: int = 22
-    user: str | None = None
-    key_file: Path | None = None
-    known_hosts: Path | None = None
-
-    @property
-    def known_hosts_name(self) -> str:
-        """The host's name in known_hosts files (``[host]:port`` off port 22, as OpenSSH writes it)."""
-        return self.host if self.port == 22 else f"[{self.host}]:{self.port}"
-
-    @property
-    def address(self) -> str:
-        """``user@host:port`` for messages."""
-        return f"{self.user + '@' if self.user else ''}{self.host}:{self.port}"
-
-
-DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
-
-
-def _keygen_hint(host: SshHost) -> str:
-    port = f" -p {host.port}" if host.port != 22 else ""
-    return f"ssh-keyscan{port} {host.host} | ssh-keygen -lf -"
-
-
-class _RefuseUnknown:
-    """paramiko's RejectPolicy, with the fingerprint and the next step in the error."""
-
-    def __init__(self, host: SshHost) -> None:
-        self.host = host
-
-    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
-        raise HostKeyUnknown(
-            f"host key of {self.host.host}:{self.host.port} is unknown ({key.get_name()} {key.fingerprint}); "
-            "refusing to connect",
-            hint=(
-                "check the fingerprint with the host's administrator (on the host: "
-                "`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`; from here: "
-                f"`{_keygen_hint(self.host)}`), then add it to known_hosts or connect once with "
-                "--accept-new-host-keys"
-            ),
-        )
-
-
-class _AcceptNew:
-    """OpenSSH's accept-new: record a never-seen host's key in ``path`` (mode 0600) and go on."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as known:
-            self.path.chmod(0o600)
-            known.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
-        client.get_host_keys().add(hostname, key.get_name(), key)
 
 
 class _ChannelReader(io.RawIOBase):
@@ -256,70 +175,10 @@ class SshProcessRunner:
         """The open ``fabric.Connection``, host key checked (connects on first use)."""
         with self._lock:
             if self._connection is None:
-                self._connection = self._connect()
-            return self._connection
-
-    def _connect(self) -> Any:
-        import paramiko
-        from fabric import Connection
-
-        host = self.host
-        connect_kwargs: dict[str, Any] = {"allow_agent": True, "look_for_keys": host.key_file is None}
-        if host.key_file is not None:
-            connect_kwargs["key_filename"] = [str(host.key_file)]
-        connection = Connection(
-            host.host, user=host.user, port=host.port, connect_timeout=max(1, round(self.connect_timeout_s)),
-            connect_kwargs=connect_kwargs,
-        )  # fmt: skip
-        client = connection.client
-        # Inventory first: its entries win when both files know the host.
-        for path in (host.known_hosts, self.user_known_hosts):
-            if path is not None and path.is_file():
-                client.load_system_host_keys(str(path))
-        record = host.known_hosts or self.user_known_hosts
-        if self.accept_new_host_keys:
-            if record is None:
-                raise InvalidOption(
-                    "accepting new host keys needs a known_hosts file to record them in",
-                    hint="give the host (or inventory) a known_hosts file",
+                self._connection = open_connection(
+                    self.host, self.accept_new_host_keys, self.user_known_hosts, self.connect_timeout_s
                 )
-            client.set_missing_host_key_policy(_AcceptNew(record))
-        else:
-            client.set_missing_host_key_policy(_RefuseUnknown(host))
-        try:
-            connection.open()
-        except paramiko.BadHostKeyException as error:
-            connection.close()
-            raise HostKeyChanged(
-                f"host key of {host.host}:{host.port} has CHANGED: it presents {error.key.get_name()} "
-                f"{error.key.fingerprint}, but known_hosts records {error.expected_key.get_name()} "
-                f"{error.expected_key.fingerprint}; refusing to connect (someone may be intercepting the "
-                "connection, or the host was reinstalled)",
-                hint=(
-                    "confirm the new key with the host's administrator, then remove the old entry "
-                    f"(`ssh-keygen -R '{host.known_hosts_name}'`, and from the inventory's known_hosts) and "
-                    "connect again"
-                ),
-            ) from None
-        except SshError:
-            connection.close()
-            raise
-        except paramiko.AuthenticationException as error:
-            connection.close()
-            key = f"the key {host.key_file}" if host.key_file else "the agent's and the default keys"
-            raise SshError(
-                f"{host.address} refused {key}: {error}",
-                hint="add the public key to the user's ~/.ssh/authorized_keys on the host, or load the right "
-                "key into ssh-agent (passwords are never used)",
-            ) from None
-        except (paramiko.SSHException, OSError, EOFError) as error:
-            connection.close()
-            raise SshError(
-                f"cannot reach {host.address}: {error or type(error).__name__}",
-                hint="check that the host is up, that sshd listens on that port, and the address in the "
-                "inventory",
-            ) from None
-        return connection
+            return self._connection
 
     def kill(self, pid: int, signal_name: str = "KILL") -> None:
         """Send ``signal_name`` to the remote process group ``pid`` (the process when it has no group)."""
@@ -413,6 +272,14 @@ class SshProcessRunner:
                 log.close()
         cancel.raise_if_cancelled()
         code = int(channel.recv_exit_status()) if channel.exit_status_ready() else -1
+        transport = self._connection.transport if self._connection is not None else None
+        if code == -1 and not timed_out and (transport is None or not transport.is_active()):
+            self.close()
+            raise SshError(
+                f"the connection to {self.host.address} was lost while {command[0]} ran; it may still be "
+                "running there",
+                hint="check the host and its network, then run it again",
+            )
         result = ProcessResult(
             argv=command, exit_code=code, stdout="".join(f"{line}\n" for line in out_lines),
             stderr="".join(f"{line}\n" for line in err_lines), duration_s=time.monotonic() - started,

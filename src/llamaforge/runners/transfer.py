@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llamaforge.core.events import CancelToken
+from llamaforge.runners.ssh_connection import SshError
 
 if TYPE_CHECKING:
     from llamaforge.runners.ssh import SshProcessRunner
@@ -65,9 +66,7 @@ class Transfer:
     def _sftp(self) -> Any:
         return self._runner.connection.sftp()
 
-    def _failed(self, message: str) -> Exception:
-        from llamaforge.runners.ssh import SshError
-
+    def _failed(self, message: str) -> SshError:
         return SshError(message, hint="run it again: the transfer resumes from what arrived intact")
 
     def put(self, local: Path, remote: str, *, cancel: CancelToken | None = None) -> TransferResult:
