@@ -267,6 +267,36 @@ def test_start_streams_and_terminate_stops_the_process_group(
     assert not [line for line in remote_processes(host) if "sleep 298" in line]
 
 
+def test_a_lost_connection_is_named_and_the_next_command_reconnects(
+    runner: SshProcessRunner, host: TestHost
+) -> None:
+    errors: list[SshError] = []
+
+    def sleeper() -> None:
+        try:
+            runner.run(["sleep", "297"])
+        except SshError as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=sleeper)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while (
+        not [line for line in remote_processes(host) if "sleep 297" in line] and time.monotonic() < deadline
+    ):
+        time.sleep(0.1)
+    _code, table = host.exec(["ps", "-eo", "pid,args"])
+    sessions = [line.split()[0] for line in table.splitlines() if f"sshd: {USER}@notty" in line]
+    sleepers = [line.split()[0] for line in table.splitlines() if "sleep 297" in line]
+    assert sessions and sleepers
+    host.exec(["kill", *sessions])
+    thread.join(timeout=20)
+    host.exec(["kill", *sleepers])
+    assert not thread.is_alive()
+    assert len(errors) == 1 and "was lost while sleep ran" in errors[0].message
+    assert runner.run(["echo", "again"]).stdout == "again\n"
+
+
 def test_a_hardened_transient_unit_runs_under_systemd(runner: SshProcessRunner) -> None:
     assert runner.run(["cat", "/proc/1/comm"]).stdout == "systemd\n"
     probe = "id -un; grep NoNewPrivs /proc/self/status; touch /usr/lf-probe 2>/dev/null || echo read-only"

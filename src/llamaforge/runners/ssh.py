@@ -172,8 +172,12 @@ class SshProcessRunner:
 
     @property
     def connection(self) -> Any:
-        """The open ``fabric.Connection``, host key checked (connects on first use)."""
+        """The open ``fabric.Connection``, host key checked (connects on first use, and again after the
+        connection dropped)."""
         with self._lock:
+            if self._connection is not None and not self._connection.is_connected:
+                self._connection.close()
+                self._connection = None
             if self._connection is None:
                 self._connection = open_connection(
                     self.host, self.accept_new_host_keys, self.user_known_hosts, self.connect_timeout_s
@@ -191,10 +195,21 @@ class SshProcessRunner:
     def _open(self, command: list[str], env: Mapping[str, str] | None, cwd: Path | None,
               stdin: str | None, merge: bool) -> tuple[Any, int, io.TextIOWrapper]:  # fmt: skip
         """Start ``command``: the channel, the remote pid and the stream the pid line was read from."""
-        channel = self.connection.create_session()
-        if merge:
-            channel.set_combine_stderr(True)
-        channel.exec_command(remote_command(command, env=bool(env), cwd=None if cwd is None else str(cwd)))
+        import paramiko
+
+        try:
+            channel = self.connection.create_session()
+            if merge:
+                channel.set_combine_stderr(True)
+            channel.exec_command(
+                remote_command(command, env=bool(env), cwd=None if cwd is None else str(cwd))
+            )
+        except (paramiko.SSHException, OSError, EOFError) as error:
+            self.close()
+            raise SshError(
+                f"{self.host.address} did not start {command[0]}: {error or type(error).__name__}",
+                hint="check the host and its network (sshd's MaxSessions), then run it again",
+            ) from None
         payload = (_env_script(env) if env else b"") + (stdin or "").encode()
 
         def feed() -> None:
