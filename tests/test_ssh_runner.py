@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from llamaforge.core.errors import Cancelled, InvalidOption, ToolFailed
+from llamaforge.core.errors import Cancelled, InvalidOption, LlamaforgeError, ToolFailed
 from llamaforge.core.events import CancelToken
 from llamaforge.runners.ssh import SshProcessRunner
 from llamaforge.runners.ssh_connection import HostKeyChanged, HostKeyUnknown, SshError, SshHost
@@ -54,9 +54,9 @@ def runner(host: TestHost, tmp_path: Path) -> Iterator[SshProcessRunner]:
 
 
 def remote_processes(host: TestHost) -> list[str]:
-    """Every process's command line on the host (out of band, as root)."""
-    _code, output = host.exec(["ps", "-eo", "args"])
-    return output.splitlines()
+    """Every process's pid and whole command line on the host (out of band, as root)."""
+    _code, output = host.exec(["ps", "-eww", "-o", "pid=,args="])
+    return [line.strip() for line in output.splitlines()]
 
 
 # Host keys
@@ -270,30 +270,33 @@ def test_start_streams_and_terminate_stops_the_process_group(
 def test_a_lost_connection_is_named_and_the_next_command_reconnects(
     runner: SshProcessRunner, host: TestHost
 ) -> None:
-    errors: list[SshError] = []
+    errors: list[LlamaforgeError] = []
 
     def sleeper() -> None:
         try:
             runner.run(["sleep", "297"])
-        except SshError as error:
+        except LlamaforgeError as error:
             errors.append(error)
 
-    thread = threading.Thread(target=sleeper)
+    def matching(text: str) -> list[str]:
+        return [line.split()[0] for line in remote_processes(host) if text in line]
+
+    thread = threading.Thread(target=sleeper, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while (
-        not [line for line in remote_processes(host) if "sleep 297" in line] and time.monotonic() < deadline
-    ):
-        time.sleep(0.1)
-    _code, table = host.exec(["ps", "-eo", "pid,args"])
-    sessions = [line.split()[0] for line in table.splitlines() if f"sshd: {USER}@notty" in line]
-    sleepers = [line.split()[0] for line in table.splitlines() if "sleep 297" in line]
-    assert sessions and sleepers
-    host.exec(["kill", *sessions])
-    thread.join(timeout=20)
-    host.exec(["kill", *sleepers])
-    assert not thread.is_alive()
-    assert len(errors) == 1 and "was lost while sleep ran" in errors[0].message
+    try:
+        deadline = time.monotonic() + 30
+        while not matching("sleep 297") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        sessions = matching(f"sshd: {USER}@notty")
+        assert sessions and matching("sleep 297")
+        host.exec(["kill", *sessions])
+        thread.join(timeout=20)
+        assert not thread.is_alive()
+    finally:
+        if matching("sleep 297"):
+            host.exec(["kill", *matching("sleep 297")])
+    assert len(errors) == 1 and isinstance(errors[0], SshError), errors
+    assert "was lost while sleep ran" in str(errors[0])
     assert runner.run(["echo", "again"]).stdout == "again\n"
 
 

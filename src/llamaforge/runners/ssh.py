@@ -47,6 +47,7 @@ from llamaforge.runners.transfer import Transfer, TransferResult
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Prints the process group's id, then reads the exported variables from stdin (see the module docstring).
 _PID_LINE = 'printf "%s\\n" "$$" >&2'
+_KILL_WAIT_S = 10.0  # how long a killed command may take to end before the runner stops waiting for it
 _READ_ENV = 'IFS= read -r n && eval "$(dd bs=1 count="$n" 2>/dev/null)"'
 
 
@@ -268,9 +269,12 @@ class SshProcessRunner:
                 reader.start()
             deadline = None if timeout_s is None else started + timeout_s
             while not channel.status_event.wait(0.1):
-                if deadline is not None and not timed_out and time.monotonic() > deadline:
+                if deadline is not None and time.monotonic() > deadline:
+                    if timed_out:
+                        break  # killed but still not ended (the kill did not reach it): stop waiting
                     timed_out = True
                     self.kill(pid)
+                    deadline = time.monotonic() + _KILL_WAIT_S
                 if cancel.cancelled:
                     break
             for reader in readers:
