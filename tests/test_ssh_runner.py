@@ -8,7 +8,6 @@ import hashlib
 import os
 import socket
 import stat
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +19,7 @@ from llamaforge.core.errors import Cancelled, InvalidOption, LlamaforgeError, To
 from llamaforge.core.events import CancelToken
 from llamaforge.runners.ssh import SshProcessRunner
 from llamaforge.runners.ssh_connection import HostKeyChanged, HostKeyUnknown, SshError, SshHost
-from testhosts import USER, TestHost
+from testhosts import USER, TestHost, make_key
 
 pytestmark = pytest.mark.docker
 
@@ -101,7 +100,7 @@ def test_accept_new_records_the_key_then_the_default_policy_connects(host: TestH
 
 
 def test_a_wrong_recorded_key_is_refused_naming_both_fingerprints(host: TestHost, tmp_path: Path) -> None:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], check=True)
+    make_key(tmp_path / "other")
     wrong = (tmp_path / "other.pub").read_text(encoding="utf-8").split()[1]
     known = tmp_path / "known_hosts"
     known.write_text(f"[127.0.0.1]:{host.port} ssh-ed25519 {wrong}\n", encoding="utf-8")
@@ -145,9 +144,7 @@ def test_unreachable_host_and_refused_key_are_named(host: TestHost, tmp_path: Pa
             ["true"]
         )
     assert f"127.0.0.1:{free_port}" in caught.value.message
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "stranger")], check=True
-    )
+    make_key(tmp_path / "stranger")
     stranger = SshHost("127.0.0.1", host.port, USER, tmp_path / "stranger", trusted(host, tmp_path))
     with pytest.raises(SshError) as caught:
         SshProcessRunner(stranger, user_known_hosts=None).run(["true"])
@@ -171,8 +168,13 @@ def test_run_streams_lines_as_they_arrive_and_returns_exit_codes(runner: SshProc
     assert result.stderr == "problem\n"
     assert seen[0][1] == "first"
     assert seen[0][0] < result.duration_s - 1.0  # the first line arrived before the command ended
-    merged = runner.run(["sh", "-c", "echo out; echo err >&2"], merge_stderr=True)
-    assert merged.stdout.splitlines() == ["out", "err"] and merged.stderr == ""
+    interleaved = "for i in 1 2 3 4 5 6 7 8; do echo out$i; echo err$i >&2; done"
+    merged = runner.run(["sh", "-c", interleaved], merge_stderr=True)
+    expected = [f"{kind}{i}" for i in range(1, 9) for kind in ("out", "err")]
+    assert merged.stdout.splitlines() == expected and merged.stderr == ""
+    with pytest.raises(ToolFailed) as no_dir:
+        runner.run(["pwd"], cwd=Path("/no/such/dir"))
+    assert any("/no/such/dir" in line for line in no_dir.value.tail)
     assert runner.run(["pwd"], cwd=Path("/tmp")).stdout == "/tmp\n"
     assert runner.run(["cat"], stdin="through stdin\n").stdout == "through stdin\n"
     assert (

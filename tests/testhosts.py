@@ -14,7 +14,6 @@ import hashlib
 import io
 import os
 import socket
-import subprocess
 import tarfile
 import tempfile
 import time
@@ -72,13 +71,28 @@ def ensure_image(base: str) -> str:
     return tag
 
 
-def make_client_key(directory: Path) -> Path:
-    """A fresh ed25519 key pair in ``directory``; returns the private key's path (``.pub`` beside it)."""
-    key = directory / "id_ed25519"
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "llamaforge-tests", "-f", str(key)], check=True
+def make_key(path: Path) -> Path:
+    """A fresh ed25519 key pair in OpenSSH format at ``path`` (mode 0600) and ``path.pub``; returns ``path``.
+
+    Made with ``cryptography`` (paramiko's own dependency), so the test machine needs no ssh-keygen.
+    """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
     )
-    return key
+    path.touch(mode=0o600)
+    path.write_bytes(private)
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    Path(f"{path}.pub").write_text(f"{public.decode()} llamaforge-tests\n", encoding="utf-8")
+    return path
+
+
+def make_client_key(directory: Path) -> Path:
+    """The session's client key pair in ``directory``; returns the private key's path (``.pub`` beside it)."""
+    return make_key(directory / "id_ed25519")
 
 
 @dataclass

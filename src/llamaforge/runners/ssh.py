@@ -46,7 +46,8 @@ from llamaforge.runners.transfer import Transfer, TransferResult
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Prints the process group's id, then reads the exported variables from stdin (see the module docstring).
-_PID_LINE = 'printf "%s\\n" "$$" >&2'
+_PID_MARK = "llamaforge-pid "
+_PID_LINE = f'printf "{_PID_MARK}%s\\n" "$$" >&2'
 _KILL_WAIT_S = 10.0  # how long a killed command may take to end before the runner stops waiting for it
 _READ_ENV = 'IFS= read -r n && eval "$(dd bs=1 count="$n" 2>/dev/null)"'
 
@@ -82,14 +83,15 @@ def _env_script(env: Mapping[str, str]) -> bytes:
     return f"{len(script)}\n".encode() + script
 
 
-def remote_command(argv: Sequence[str], *, env: bool, cwd: str | None) -> str:
-    """The command line the remote shell runs for ``argv`` (no secret ever appears in it)."""
+def remote_command(argv: Sequence[str], *, env: bool, cwd: str | None, merge: bool = False) -> str:
+    """The command line the remote shell runs for ``argv`` (no secret ever appears in it); with ``merge`` the
+    command's stderr goes into its stdout pipe, so their lines keep their order."""
     steps = [_PID_LINE]
     if env:
         steps.append(_READ_ENV)
     if cwd is not None:
         steps.append(f"cd -- {shlex.quote(cwd)}")
-    steps.append(f"exec {shlex.join(argv)}")
+    steps.append(f"exec {shlex.join(argv)}" + (" 2>&1" if merge else ""))
     return " && ".join(steps)
 
 
@@ -195,15 +197,13 @@ class SshProcessRunner:
 
     def _open(self, command: list[str], env: Mapping[str, str] | None, cwd: Path | None,
               stdin: str | None, merge: bool) -> tuple[Any, int, io.TextIOWrapper]:  # fmt: skip
-        """Start ``command``: the channel, the remote pid and the stream the pid line was read from."""
+        """Start ``command``: the channel, the remote pid and the stderr stream after the pid line."""
         import paramiko
 
         try:
             channel = self.connection.create_session()
-            if merge:
-                channel.set_combine_stderr(True)
             channel.exec_command(
-                remote_command(command, env=bool(env), cwd=None if cwd is None else str(cwd))
+                remote_command(command, env=bool(env), cwd=None if cwd is None else str(cwd), merge=merge)
             )
         except (paramiko.SSHException, OSError, EOFError) as error:
             self.close()
@@ -220,15 +220,17 @@ class SshProcessRunner:
                 channel.shutdown_write()
 
         threading.Thread(target=feed, daemon=True).start()
-        first = _text(channel, stderr=not merge)
-        pid_line = first.readline().strip()
-        if not pid_line.isdigit():
-            code = channel.recv_exit_status()
-            raise ToolFailed(
-                f"{self.host.address} could not start {command[0]}", command=command, returncode=code,
-                tail=[pid_line], hint="check that the user's login shell on the host is a POSIX shell",
-            )  # fmt: skip
-        return channel, int(pid_line), first
+        stderr = _text(channel, stderr=True)
+        before: list[str] = []  # what the login shell printed first (a noisy .bashrc): dropped
+        while line := stderr.readline():
+            if line.startswith(_PID_MARK) and line[len(_PID_MARK) :].strip().isdigit():
+                return channel, int(line[len(_PID_MARK) :]), stderr
+            before.append(line.rstrip("\n"))
+        code = channel.recv_exit_status()
+        raise ToolFailed(
+            f"{self.host.address} could not start {command[0]}", command=command, returncode=code,
+            tail=before[-TAIL_LINES:], hint="check that the user's login shell on the host is a POSIX shell",
+        )  # fmt: skip
 
     def run(
         self,
@@ -253,14 +255,17 @@ class SshProcessRunner:
         what = what or f"{posixpath.basename(command[0])} on {self.host.host}"
         cancel.raise_if_cancelled()
         started = time.monotonic()
-        channel, pid, first = self._open(command, env, cwd, stdin, merge_stderr)
+        channel, pid, stderr = self._open(command, env, cwd, stdin, merge_stderr)
         log = log_path.open("a", encoding="utf-8") if log_path is not None else None
-        output = _Output(_masker(secrets), on_line, log, keep_all=False, streams=1 if merge_stderr else 2)
+        output = _Output(_masker(secrets), on_line, log, keep_all=False, streams=2)
         out_lines: list[str] = []
         err_lines: list[str] = []
-        streams = [(first, out_lines if merge_stderr else err_lines, True)]
-        if not merge_stderr:
-            streams.insert(0, (_text(channel, stderr=False), out_lines, False))
+        # With merge_stderr the command's stderr is already in stdout; the stderr stream then only carries the
+        # bootstrap's own errors (a cwd that does not exist), kept with the rest.
+        streams = [
+            (_text(channel, stderr=False), out_lines, merge_stderr),
+            (stderr, out_lines if merge_stderr else err_lines, True),
+        ]
         readers = [threading.Thread(target=output.pump, args=stream, daemon=True) for stream in streams]
         unregister = cancel.on_cancel(lambda: self.kill(pid))
         timed_out = False
@@ -333,9 +338,9 @@ class SshProcessRunner:
         secrets = _secrets(env or {})
         command = _check_argv(argv, secrets)
         cancel.raise_if_cancelled()
-        channel, pid, merged = self._open(command, env, cwd, None, merge=True)
+        channel, pid, stderr = self._open(command, env, cwd, None, merge=True)
         log = log_path.open("a", encoding="utf-8") if log_path is not None else None
-        output = _Output(_masker(secrets), on_line, log)
+        output = _Output(_masker(secrets), on_line, log, streams=2)
         unregister = cancel.on_cancel(lambda: self.kill(pid))
 
         def cleanup() -> None:
@@ -345,7 +350,8 @@ class SshProcessRunner:
                     log.close()
                     output.log = None
 
-        threading.Thread(target=output.pump, args=(merged, output.lines), daemon=True).start()
+        for stream in (_text(channel, stderr=False), stderr):
+            threading.Thread(target=output.pump, args=(stream, output.lines), daemon=True).start()
         return SshProcessHandle(self, channel, command, pid, output, cleanup)
 
     def sha256(self, path: str) -> str | None:
