@@ -6,8 +6,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from testhosts import TestHost
 
 STRICT = os.environ.get("LLAMAFORGE_TEST_STRICT") == "1"
 
@@ -118,7 +122,7 @@ def ssh_client_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def test_hosts(docker_engine: object, base_image: str, ssh_client_key: Path) -> Iterator[list[object]]:
+def test_hosts(docker_engine: object, base_image: str, ssh_client_key: Path) -> Iterator[list[TestHost]]:
     """Three booted systemd + sshd hosts, shared by the session, reachable only on 127.0.0.1 (see
     tests/testhosts.py); skips, or fails in strict mode, when they cannot start."""
     import docker.errors
