@@ -17,11 +17,9 @@ import pytest
 
 from llamaforge.core.errors import Cancelled, InvalidOption, LlamaforgeError, ToolFailed
 from llamaforge.core.events import CancelToken
-from llamaforge.runners.ssh import SshProcessRunner
+from llamaforge.runners.ssh import SshProcessRunner, remote_command
 from llamaforge.runners.ssh_connection import HostKeyChanged, HostKeyUnknown, SshError, SshHost
 from testhosts import USER, TestHost, make_key
-
-pytestmark = pytest.mark.docker
 
 
 def fingerprint(blob: str) -> str:
@@ -58,9 +56,42 @@ def remote_processes(host: TestHost) -> list[str]:
     return [line.strip() for line in output.splitlines()]
 
 
+# The command line and host names (no host needed)
+
+
+def test_remote_command_quotes_argv_and_carries_no_env_value() -> None:
+    command = remote_command(["printf", "%s", "a b", "it's"], env=True, cwd="/srv/my dir", merge=True)
+    assert command == (
+        'printf "llamaforge-pid %s\\n" "$$" >&2'
+        ' && IFS= read -r n && eval "$(dd bs=1 count="$n" 2>/dev/null)"'
+        " && cd -- '/srv/my dir'"
+        " && exec printf %s 'a b' 'it'\"'\"'s' 2>&1"
+    )
+    assert (
+        remote_command(["true"], env=False, cwd=None) == 'printf "llamaforge-pid %s\\n" "$$" >&2 && exec true'
+    )
+
+
+def test_host_names_follow_openssh() -> None:
+    assert SshHost("gpu1").known_hosts_name == "gpu1"
+    assert SshHost("127.0.0.1", 2222, "lf").known_hosts_name == "[127.0.0.1]:2222"
+    assert SshHost("127.0.0.1", 2222, "lf").address == "lf@127.0.0.1:2222"
+
+
+def test_bad_env_names_and_accept_new_without_a_file_are_refused(tmp_path: Path) -> None:
+    runner = SshProcessRunner(SshHost("127.0.0.1", 1), user_known_hosts=None)
+    with pytest.raises(InvalidOption):
+        runner.run(["true"], env={"NOT-A-NAME": "x"})
+    with pytest.raises(InvalidOption, match="known_hosts"):
+        SshProcessRunner(SshHost("127.0.0.1", 1), user_known_hosts=None, accept_new_host_keys=True).run(
+            ["true"]
+        )
+
+
 # Host keys
 
 
+@pytest.mark.docker
 def test_unknown_host_is_refused_with_its_fingerprint_and_nothing_runs(
     host: TestHost, tmp_path: Path
 ) -> None:
@@ -77,6 +108,7 @@ def test_unknown_host_is_refused_with_its_fingerprint_and_nothing_runs(
     assert host.exec(["test", "-e", marker])[0] != 0
 
 
+@pytest.mark.docker
 def test_user_known_hosts_is_read_by_default(
     host: TestHost, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -87,6 +119,7 @@ def test_user_known_hosts_is_read_by_default(
         assert runner.run(["id", "-un"]).stdout == f"{USER}\n"
 
 
+@pytest.mark.docker
 def test_accept_new_records_the_key_then_the_default_policy_connects(host: TestHost, tmp_path: Path) -> None:
     known = tmp_path / "hosts" / "known_hosts"
     with SshProcessRunner(host.ssh_host(known), user_known_hosts=None, accept_new_host_keys=True) as first:
@@ -99,6 +132,7 @@ def test_accept_new_records_the_key_then_the_default_policy_connects(host: TestH
     assert known.read_text(encoding="utf-8").splitlines() == recorded
 
 
+@pytest.mark.docker
 def test_a_wrong_recorded_key_is_refused_naming_both_fingerprints(host: TestHost, tmp_path: Path) -> None:
     make_key(tmp_path / "other")
     wrong = (tmp_path / "other.pub").read_text(encoding="utf-8").split()[1]
@@ -117,6 +151,7 @@ def test_a_wrong_recorded_key_is_refused_naming_both_fingerprints(host: TestHost
     assert known.read_text(encoding="utf-8") == f"[127.0.0.1]:{host.port} ssh-ed25519 {wrong}\n"
 
 
+@pytest.mark.docker
 def test_a_host_whose_keys_were_regenerated_is_refused(test_hosts: list[TestHost], tmp_path: Path) -> None:
     host = test_hosts[2]
     known = tmp_path / "known_hosts"
@@ -135,6 +170,7 @@ def test_a_host_whose_keys_were_regenerated_is_refused(test_hosts: list[TestHost
     assert fingerprint(new) in caught.value.message
 
 
+@pytest.mark.docker
 def test_unreachable_host_and_refused_key_are_named(host: TestHost, tmp_path: Path) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -155,6 +191,7 @@ def test_unreachable_host_and_refused_key_are_named(host: TestHost, tmp_path: Pa
 # Commands
 
 
+@pytest.mark.docker
 def test_run_streams_lines_as_they_arrive_and_returns_exit_codes(runner: SshProcessRunner) -> None:
     seen: list[tuple[float, str]] = []
     started = time.monotonic()
@@ -182,6 +219,7 @@ def test_run_streams_lines_as_they_arrive_and_returns_exit_codes(runner: SshProc
     )
 
 
+@pytest.mark.docker
 def test_a_failing_command_raises_tool_failed_with_its_last_lines(runner: SshProcessRunner) -> None:
     with pytest.raises(ToolFailed) as caught:
         runner.run(["sh", "-c", "for i in $(seq 1 30); do echo line$i >&2; done; exit 4"])
@@ -195,6 +233,7 @@ def test_a_failing_command_raises_tool_failed_with_its_last_lines(runner: SshPro
     assert missing.value.returncode == 127
 
 
+@pytest.mark.docker
 def test_timeout_kills_the_remote_process_group(runner: SshProcessRunner, host: TestHost) -> None:
     tag = f"lf-timeout-{os.getpid()}"
     with pytest.raises(ToolFailed) as caught:
@@ -206,6 +245,7 @@ def test_timeout_kills_the_remote_process_group(runner: SshProcessRunner, host: 
     assert not [line for line in remote_processes(host) if "sleep 30" in line]
 
 
+@pytest.mark.docker
 def test_cancel_kills_the_remote_process(runner: SshProcessRunner, host: TestHost) -> None:
     cancel = CancelToken()
     threading.Timer(1.0, cancel.cancel).start()
@@ -217,6 +257,7 @@ def test_cancel_kills_the_remote_process(runner: SshProcessRunner, host: TestHos
     assert not [line for line in remote_processes(host) if "sleep 299" in line]
 
 
+@pytest.mark.docker
 def test_env_values_never_reach_a_command_line(runner: SshProcessRunner, host: TestHost) -> None:
     secret = "hf_" + os.urandom(12).hex()
     tricky = "two words, 'quotes', \"double\", $HOME, `backticks`\nand a second line"
@@ -256,6 +297,7 @@ def test_env_values_never_reach_a_command_line(runner: SshProcessRunner, host: T
         runner.run(["echo", secret], env={"HF_TOKEN": secret})
 
 
+@pytest.mark.docker
 def test_start_streams_and_terminate_stops_the_process_group(
     runner: SshProcessRunner, host: TestHost
 ) -> None:
@@ -269,6 +311,7 @@ def test_start_streams_and_terminate_stops_the_process_group(
     assert not [line for line in remote_processes(host) if "sleep 298" in line]
 
 
+@pytest.mark.docker
 def test_a_lost_connection_is_named_and_the_next_command_reconnects(
     runner: SshProcessRunner, host: TestHost
 ) -> None:
@@ -302,6 +345,7 @@ def test_a_lost_connection_is_named_and_the_next_command_reconnects(
     assert runner.run(["echo", "again"]).stdout == "again\n"
 
 
+@pytest.mark.docker
 def test_a_hardened_transient_unit_runs_under_systemd(runner: SshProcessRunner) -> None:
     assert runner.run(["cat", "/proc/1/comm"]).stdout == "systemd\n"
     probe = "id -un; grep NoNewPrivs /proc/self/status; touch /usr/lf-probe 2>/dev/null || echo read-only"
@@ -330,6 +374,7 @@ class CancelAfter(CancelToken):
         super().raise_if_cancelled()
 
 
+@pytest.mark.docker
 def test_put_get_round_trip_verified_and_skipped_when_identical(
     runner: SshProcessRunner, tmp_path: Path
 ) -> None:
@@ -353,6 +398,7 @@ def test_put_get_round_trip_verified_and_skipped_when_identical(
         runner.get(remote + ".missing", tmp_path / "missing")
 
 
+@pytest.mark.docker
 def test_an_interrupted_put_resumes_from_its_part(
     runner: SshProcessRunner, host: TestHost, tmp_path: Path
 ) -> None:
@@ -377,6 +423,7 @@ def test_an_interrupted_put_resumes_from_its_part(
     assert runner.sha256(remote) == hashlib.sha256(local.read_bytes()).hexdigest()
 
 
+@pytest.mark.docker
 def test_an_interrupted_get_resumes_from_its_part(runner: SshProcessRunner, tmp_path: Path) -> None:
     source = tmp_path / "source.bin"
     source.write_bytes(os.urandom(2_000_000))

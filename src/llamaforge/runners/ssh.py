@@ -200,6 +200,7 @@ class SshProcessRunner:
         """Start ``command``: the channel, the remote pid and the stderr stream after the pid line."""
         import paramiko
 
+        payload = (_env_script(env) if env else b"") + (stdin or "").encode()
         try:
             channel = self.connection.create_session()
             channel.exec_command(
@@ -211,7 +212,6 @@ class SshProcessRunner:
                 f"{self.host.address} did not start {command[0]}: {error or type(error).__name__}",
                 hint="check the host and its network (sshd's MaxSessions), then run it again",
             ) from None
-        payload = (_env_script(env) if env else b"") + (stdin or "").encode()
 
         def feed() -> None:
             with contextlib.suppress(OSError, EOFError):
