@@ -6,8 +6,12 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from testhosts import TestHost
 
 STRICT = os.environ.get("LLAMAFORGE_TEST_STRICT") == "1"
 
@@ -104,3 +108,32 @@ def patched_build(build_env: dict[str, str]) -> Path:
     from helpers import invoke_json
 
     return Path(invoke_json("build", "--backend", "cpu", env=build_env)["build"]["path"])
+
+
+TEST_HOST_COUNT = 3
+
+
+@pytest.fixture(scope="session")
+def ssh_client_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's ed25519 key pair (private key path; ``.pub`` beside it), authorized on every test host."""
+    from testhosts import make_client_key
+
+    return make_client_key(tmp_path_factory.mktemp("ssh-key"))
+
+
+@pytest.fixture(scope="session")
+def test_hosts(docker_engine: object, base_image: str, ssh_client_key: Path) -> Iterator[list[TestHost]]:
+    """Three booted systemd + sshd hosts, shared by the session, reachable only on 127.0.0.1 (see
+    tests/testhosts.py); skips, or fails in strict mode, when they cannot start."""
+    import docker.errors
+
+    from llamaforge.core.errors import LlamaforgeError
+    from testhosts import ensure_image, remove_hosts, start_hosts
+
+    try:
+        hosts = start_hosts(docker_engine, ensure_image(base_image), ssh_client_key, TEST_HOST_COUNT)
+    except (LlamaforgeError, RuntimeError, docker.errors.DockerException) as error:
+        require(False, f"test hosts could not start: {error}")
+        raise
+    yield list(hosts)
+    remove_hosts(hosts)

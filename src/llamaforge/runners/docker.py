@@ -15,7 +15,7 @@ from llamaforge.core.events import Event, Reporter
 from llamaforge.platforms import BuilderImage
 from llamaforge.runners import RunRequest
 from llamaforge.runners.container import Container
-from llamaforge.runners.engine import EngineConfig, docker_client, image_id, image_repo_digest
+from llamaforge.runners.engine import EngineConfig, build_image, docker_client, image_id, image_repo_digest
 
 DEFAULT_CCACHE_VOLUME = "llamaforge-ccache"
 
@@ -53,8 +53,6 @@ class DockerExecutor:
 
     def prepare_environment(self, plan: BuildPlan, reporter: Reporter) -> str:
         """Id of the builder image, built from the plan's Dockerfile when the tag does not exist yet."""
-        import docker.errors
-
         image = _builder_image(plan)
         existing = image_id(image.tag, self.engine)
         if existing is not None:
@@ -71,23 +69,12 @@ class DockerExecutor:
             (Path(context) / "Dockerfile").write_text(image.dockerfile, encoding="utf-8")
             if image.ca_bundle:
                 shutil.copyfile(image.ca_bundle, Path(context) / "ca-bundle.crt")
-            tail: list[str] = []
-            try:
-                for chunk in self._client.api.build(
-                    path=context, tag=image.tag, rm=True, forcerm=True, decode=True, pull=False
-                ):
-                    if "error" in chunk:
-                        raise ImageError(
-                            f"building {image.tag} failed: {chunk['error'].strip()}",
-                            hint="last lines:\n" + "\n".join(tail[-15:]),
-                        )
-                    text = str(chunk.get("stream", "")).rstrip()
-                    if text:
-                        tail.append(text)
-                        reporter(Event("log", text, stage="image"))
-            except docker.errors.APIError as error:
-                raise ImageError(f"building {image.tag} failed: {error}") from None
-        return str(self._client.images.get(image.tag).id)
+            return build_image(
+                Path(context),
+                image.tag,
+                on_line=lambda text: reporter(Event("log", text, stage="image")),
+                config=self.engine,
+            )
 
     def describe_environment(self, plan: BuildPlan, environment_id: str) -> dict[str, Any]:
         """Executor, base image (tag, id, digest) and builder image (tag, id) for the manifest."""

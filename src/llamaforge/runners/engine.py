@@ -4,7 +4,7 @@ rest of llamaforge needs (image ids, digests, leftover containers), so no Docker
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,6 +141,40 @@ def import_image(archive: Path, tag: str, config: EngineConfig | None = None) ->
     client = docker_client(config)
     repository, _, version = tag.partition(":")
     client.api.import_image_from_file(str(archive), repository=repository, tag=version or "latest")
+    return str(client.images.get(tag).id)
+
+
+def build_image(
+    context: Path,
+    tag: str,
+    *,
+    on_line: Callable[[str], None] | None = None,
+    config: EngineConfig | None = None,
+) -> str:
+    """Build ``context`` (a directory holding a Dockerfile) as ``tag`` without pulling; returns the image id.
+
+    Each line of the build's output goes to ``on_line``; a failed step raises ImageError with the last lines.
+    """
+    import docker.errors
+
+    client = docker_client(config)
+    tail: list[str] = []
+    try:
+        for chunk in client.api.build(
+            path=str(context), tag=tag, rm=True, forcerm=True, decode=True, pull=False
+        ):
+            if "error" in chunk:
+                raise ImageError(
+                    f"building {tag} failed: {chunk['error'].strip()}",
+                    hint="last lines:\n" + "\n".join(tail[-15:]),
+                )
+            text = str(chunk.get("stream", "")).rstrip()
+            if text:
+                tail.append(text)
+                if on_line is not None:
+                    on_line(text)
+    except docker.errors.APIError as error:
+        raise ImageError(f"building {tag} failed: {error}") from None
     return str(client.images.get(tag).id)
 
 

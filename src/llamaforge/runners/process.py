@@ -237,16 +237,12 @@ def _spawn(
         ) from None  # fmt: skip
 
 
-class LocalProcessHandle:
-    """A process on this host, its output read by a thread into memory (and the log file, when given)."""
+class OutputHandle:
+    """The output side of a started process: its lines as they arrive and the last ones (shared by the local
+    and the SSH handles)."""
 
-    def __init__(self, process: subprocess.Popen[str], command: list[str], output: _Output,
-                 cleanup: Callable[[], None]) -> None:  # fmt: skip
-        self._process = process
+    def __init__(self, output: _Output) -> None:
         self._output = output
-        self._cleanup = cleanup
-        self.argv = command
-        self.pid = process.pid
 
     def lines(self, timeout_s: float | None = None) -> Iterator[str]:
         """Output lines from the first one, as they arrive; ends when the output closes or after ``timeout_s``."""
@@ -269,6 +265,23 @@ class LocalProcessHandle:
         """The last ``count`` output lines seen so far."""
         with self._output.changed:
             return list(self._output.recent)[-count:]
+
+    def wait_output(self, timeout_s: float = 5.0) -> None:
+        """Wait (at most ``timeout_s``) until every output stream has reached its end."""
+        with self._output.changed:
+            self._output.changed.wait_for(lambda: self._output.done, timeout=timeout_s)
+
+
+class LocalProcessHandle(OutputHandle):
+    """A process on this host, its output read by a thread into memory (and the log file, when given)."""
+
+    def __init__(self, process: subprocess.Popen[str], command: list[str], output: _Output,
+                 cleanup: Callable[[], None]) -> None:  # fmt: skip
+        super().__init__(output)
+        self._process = process
+        self._cleanup = cleanup
+        self.argv = command
+        self.pid = process.pid
 
     def poll(self) -> int | None:
         """The exit code, or None while the process runs."""
@@ -295,8 +308,7 @@ class LocalProcessHandle:
         return code
 
     def _finish(self) -> None:
-        with self._output.changed:
-            self._output.changed.wait_for(lambda: self._output.done, timeout=5.0)
+        self.wait_output()
         self._cleanup()
 
 

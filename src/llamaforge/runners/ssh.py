@@ -1,0 +1,370 @@
+"""The SSH process runner: the :class:`~llamaforge.runners.process.ProcessRunner` protocol on a remote host,
+over a Fabric ``Connection`` whose host key was checked (:mod:`llamaforge.runners.ssh_connection`: unknown
+hosts and changed keys refused, key authentication only), plus sha256-verified, resumable file transfer
+(:mod:`llamaforge.runners.transfer`).
+
+argv is quoted with :func:`shlex.join` for the remote shell. ``env`` never reaches a command line: the remote
+command starts with a fixed bootstrap that reads ``export NAME='value'`` statements from the channel's stdin
+(their byte count first, then exactly that many bytes with ``dd``) and runs them with ``eval``, so the values exist
+only in the shell's memory and the command's environment, never in any process's argv; ``stdin`` follows
+them on the same stream. The bootstrap also writes the shell's pid (the session's process group: sshd starts
+each command with ``setsid``) as the first stderr line; a timeout, cancel or
+:meth:`SshProcessHandle.terminate` signals that group on the host, so nothing keeps running there.
+
+Each host gets its own runner: a rollout loops over hosts itself and never uses Fabric's
+``SerialGroup``/``ThreadingGroup``, which run every host even after one failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import posixpath
+import re
+import shlex
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from llamaforge.core.errors import InvalidOption, ToolFailed
+from llamaforge.core.events import CancelToken
+from llamaforge.runners.process import (
+    TAIL_LINES,
+    LineCallback,
+    OutputHandle,
+    ProcessResult,
+    _check_argv,
+    _masker,
+    _Output,
+    _secrets,
+)
+from llamaforge.runners.ssh_connection import DEFAULT_KNOWN_HOSTS, SshError, SshHost, open_connection
+from llamaforge.runners.transfer import Transfer, TransferResult
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Prints the process group's id, then reads the exported variables from stdin (see the module docstring).
+_PID_MARK = "llamaforge-pid "
+_PID_LINE = f'printf "{_PID_MARK}%s\\n" "$$" >&2'
+_KILL_WAIT_S = 10.0  # how long a killed command may take to end before the runner stops waiting for it
+_READ_ENV = 'IFS= read -r n && eval "$(dd bs=1 count="$n" 2>/dev/null)"'
+
+
+class _ChannelReader(io.RawIOBase):
+    """One stream of a channel (stdout or stderr) as a raw binary file, for a text wrapper."""
+
+    def __init__(self, channel: Any, stderr: bool) -> None:
+        self._recv = channel.recv_stderr if stderr else channel.recv
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._recv(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _text(channel: Any, stderr: bool) -> io.TextIOWrapper:
+    return io.TextIOWrapper(
+        io.BufferedReader(_ChannelReader(channel, stderr)), encoding="utf-8", errors="replace"
+    )
+
+
+def _env_script(env: Mapping[str, str]) -> bytes:
+    for name in env:
+        if not _ENV_NAME.match(name):
+            raise InvalidOption(
+                f"environment variable name {name!r} is not valid", hint="use [A-Za-z_][A-Za-z0-9_]*"
+            )
+    script = "".join(f"export {name}={shlex.quote(value)}\n" for name, value in env.items()).encode()
+    return f"{len(script)}\n".encode() + script
+
+
+def remote_command(argv: Sequence[str], *, env: bool, cwd: str | None, merge: bool = False) -> str:
+    """The command line the remote shell runs for ``argv`` (no secret ever appears in it); with ``merge`` the
+    command's stderr goes into its stdout pipe, so their lines keep their order."""
+    steps = [_PID_LINE]
+    if env:
+        steps.append(_READ_ENV)
+    if cwd is not None:
+        steps.append(f"cd -- {shlex.quote(cwd)}")
+    steps.append(f"exec {shlex.join(argv)}" + (" 2>&1" if merge else ""))
+    return " && ".join(steps)
+
+
+class SshProcessHandle(OutputHandle):
+    """A process started on the host by :meth:`SshProcessRunner.start`; its output read by a thread."""
+
+    def __init__(self, runner: SshProcessRunner, channel: Any, command: list[str], pid: int,
+                 output: _Output, cleanup: Any) -> None:  # fmt: skip
+        super().__init__(output)
+        self._runner = runner
+        self._channel = channel
+        self._cleanup = cleanup
+        self.argv = command
+        self.pid = pid
+
+    def poll(self) -> int | None:
+        """The exit code, or None while the process runs (-1: ended by a signal)."""
+        if not self._channel.exit_status_ready():
+            return None
+        return int(self._channel.recv_exit_status())
+
+    def wait(self, timeout_s: float | None = None) -> int | None:
+        """Wait for the exit code; None when ``timeout_s`` passed first."""
+        if not self._channel.status_event.wait(timeout_s):
+            return None
+        self._finish()
+        return int(self._channel.recv_exit_status())
+
+    def terminate(self, grace_s: float = 5.0) -> int:
+        """Stop the process group on the host (SIGTERM, SIGKILL after ``grace_s``); returns its exit code."""
+        if self.poll() is None and grace_s > 0:
+            self._runner.kill(self.pid, "TERM")
+            self._channel.status_event.wait(grace_s)
+        if self.poll() is None:
+            self._runner.kill(self.pid, "KILL")
+        self._channel.status_event.wait(10.0)
+        self._finish()
+        code = self.poll()
+        return -1 if code is None else code
+
+    def _finish(self) -> None:
+        self.wait_output()
+        self._channel.close()
+        self._cleanup()
+
+
+class SshProcessRunner:
+    """Runs commands on one SSH host (see the module docstring); connects on first use. Close it when done
+    (it is a context manager). ``user_known_hosts`` is ``~/.ssh/known_hosts`` unless given (None: not read)."""
+
+    def __init__(
+        self,
+        host: SshHost,
+        *,
+        accept_new_host_keys: bool = False,
+        user_known_hosts: Path | None = DEFAULT_KNOWN_HOSTS,
+        connect_timeout_s: float = 15.0,
+    ) -> None:
+        self.host = host
+        self.accept_new_host_keys = accept_new_host_keys
+        self.user_known_hosts = user_known_hosts.expanduser() if user_known_hosts is not None else None
+        self.connect_timeout_s = connect_timeout_s
+        self._connection: Any = None
+        self._lock = threading.Lock()
+        self.transfer = Transfer(self)
+
+    def __enter__(self) -> SshProcessRunner:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection (and its SFTP session); the next command opens a new one."""
+        with self._lock:
+            if self._connection is not None:
+                self._connection.close()
+                self._connection = None
+
+    @property
+    def connection(self) -> Any:
+        """The open ``fabric.Connection``, host key checked (connects on first use, and again after the
+        connection dropped)."""
+        with self._lock:
+            if self._connection is not None and not self._connection.is_connected:
+                self._connection.close()
+                self._connection = None
+            if self._connection is None:
+                self._connection = open_connection(
+                    self.host, self.accept_new_host_keys, self.user_known_hosts, self.connect_timeout_s
+                )
+            return self._connection
+
+    def kill(self, pid: int, signal_name: str = "KILL") -> None:
+        """Send ``signal_name`` to the remote process group ``pid`` (the process when it has no group)."""
+        with contextlib.suppress(Exception):
+            channel = self.connection.create_session()
+            channel.exec_command(f"kill -{signal_name} -- -{pid} 2>/dev/null || kill -{signal_name} {pid}")
+            channel.recv_exit_status()
+            channel.close()
+
+    def _open(self, command: list[str], env: Mapping[str, str] | None, cwd: Path | None,
+              stdin: str | None, merge: bool) -> tuple[Any, int, io.TextIOWrapper]:  # fmt: skip
+        """Start ``command``: the channel, the remote pid and the stderr stream after the pid line."""
+        import paramiko
+
+        payload = (_env_script(env) if env else b"") + (stdin or "").encode()
+        try:
+            channel = self.connection.create_session()
+            channel.exec_command(
+                remote_command(command, env=bool(env), cwd=None if cwd is None else str(cwd), merge=merge)
+            )
+        except (paramiko.SSHException, OSError, EOFError) as error:
+            self.close()
+            raise SshError(
+                f"{self.host.address} did not start {command[0]}: {error or type(error).__name__}",
+                hint="check the host and its network (sshd's MaxSessions), then run it again",
+            ) from None
+
+        def feed() -> None:
+            with contextlib.suppress(OSError, EOFError):
+                if payload:
+                    channel.sendall(payload)
+                channel.shutdown_write()
+
+        threading.Thread(target=feed, daemon=True).start()
+        stderr = _text(channel, stderr=True)
+        before: list[str] = []  # what the login shell printed first (a noisy .bashrc): dropped
+        while line := stderr.readline():
+            if line.startswith(_PID_MARK) and line[len(_PID_MARK) :].strip().isdigit():
+                return channel, int(line[len(_PID_MARK) :]), stderr
+            before.append(line.rstrip("\n"))
+        code = channel.recv_exit_status()
+        raise ToolFailed(
+            f"{self.host.address} could not start {command[0]}", command=command, returncode=code,
+            tail=before[-TAIL_LINES:], hint="check that the user's login shell on the host is a POSIX shell",
+        )  # fmt: skip
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        stdin: str | None = None,
+        on_line: LineCallback | None = None,
+        merge_stderr: bool = False,
+        timeout_s: float | None = None,
+        cancel: CancelToken | None = None,
+        warn: bool = False,
+        log_path: Path | None = None,
+        what: str | None = None,
+        hint: str | None = None,
+    ) -> ProcessResult:
+        """Run ``argv`` on the host to its end (see :meth:`ProcessRunner.run`; ``cwd`` is a host path)."""
+        cancel = cancel or CancelToken()
+        secrets = _secrets(env or {})
+        command = _check_argv(argv, secrets)
+        what = what or f"{posixpath.basename(command[0])} on {self.host.host}"
+        cancel.raise_if_cancelled()
+        started = time.monotonic()
+        channel, pid, stderr = self._open(command, env, cwd, stdin, merge_stderr)
+        log = log_path.open("a", encoding="utf-8") if log_path is not None else None
+        output = _Output(_masker(secrets), on_line, log, keep_all=False, streams=2)
+        out_lines: list[str] = []
+        err_lines: list[str] = []
+        # With merge_stderr the command's stderr is already in stdout; the stderr stream then only carries the
+        # bootstrap's own errors (a cwd that does not exist), kept with the rest.
+        streams = [
+            (_text(channel, stderr=False), out_lines, merge_stderr),
+            (stderr, out_lines if merge_stderr else err_lines, True),
+        ]
+        readers = [threading.Thread(target=output.pump, args=stream, daemon=True) for stream in streams]
+        unregister = cancel.on_cancel(lambda: self.kill(pid))
+        timed_out = False
+        try:
+            for reader in readers:
+                reader.start()
+            deadline = None if timeout_s is None else started + timeout_s
+            while not channel.status_event.wait(0.1):
+                if deadline is not None and time.monotonic() > deadline:
+                    if timed_out:
+                        break  # killed but still not ended (the kill did not reach it): stop waiting
+                    timed_out = True
+                    self.kill(pid)
+                    deadline = time.monotonic() + _KILL_WAIT_S
+                if cancel.cancelled:
+                    break
+            for reader in readers:
+                reader.join(timeout=5.0 if timed_out or cancel.cancelled else None)
+        except BaseException:
+            self.kill(pid)
+            raise
+        finally:
+            unregister()
+            channel.close()
+            if log is not None:
+                with output.changed:
+                    output.log = None
+                log.close()
+        cancel.raise_if_cancelled()
+        code = int(channel.recv_exit_status()) if channel.exit_status_ready() else -1
+        transport = self._connection.transport if self._connection is not None else None
+        if code == -1 and not timed_out and (transport is None or not transport.is_active()):
+            self.close()
+            raise SshError(
+                f"the connection to {self.host.address} was lost while {command[0]} ran; it may still be "
+                "running there",
+                hint="check the host and its network, then run it again",
+            )
+        result = ProcessResult(
+            argv=command, exit_code=code, stdout="".join(f"{line}\n" for line in out_lines),
+            stderr="".join(f"{line}\n" for line in err_lines), duration_s=time.monotonic() - started,
+            timed_out=timed_out,
+        )  # fmt: skip
+        log_name = str(log_path) if log_path is not None else None
+        tail = (err_lines or out_lines)[-TAIL_LINES:]
+        if timed_out and not warn:
+            raise ToolFailed(
+                f"{what} did not finish within {timeout_s:g} s", command=command, returncode=code, tail=tail,
+                log_path=log_name, hint=hint or "raise the timeout, or give it less work",
+            )  # fmt: skip
+        if code != 0 and not warn:
+            raise ToolFailed(
+                f"{what} failed", command=command, returncode=code, tail=tail, log_path=log_name, hint=hint
+            )
+        return result
+
+    def start(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+        on_line: LineCallback | None = None,
+        log_path: Path | None = None,
+        cancel: CancelToken | None = None,
+    ) -> SshProcessHandle:
+        """Start ``argv`` on the host (stdout and stderr merged, no stdin) and return at once; cancellation
+        kills its process group there."""
+        cancel = cancel or CancelToken()
+        secrets = _secrets(env or {})
+        command = _check_argv(argv, secrets)
+        cancel.raise_if_cancelled()
+        channel, pid, stderr = self._open(command, env, cwd, None, merge=True)
+        log = log_path.open("a", encoding="utf-8") if log_path is not None else None
+        output = _Output(_masker(secrets), on_line, log, streams=2)
+        unregister = cancel.on_cancel(lambda: self.kill(pid))
+
+        def cleanup() -> None:
+            unregister()
+            if log is not None and not log.closed:
+                with output.changed:
+                    log.close()
+                    output.log = None
+
+        for stream in (_text(channel, stderr=False), stderr):
+            threading.Thread(target=output.pump, args=(stream, output.lines), daemon=True).start()
+        return SshProcessHandle(self, channel, command, pid, output, cleanup)
+
+    def sha256(self, path: str) -> str | None:
+        """The sha256 of the host's file ``path`` (``sha256sum``), or None when there is no such file."""
+        result = self.run(["sha256sum", "--", path], warn=True)
+        if not result.ok:
+            return None
+        return result.stdout.split(maxsplit=1)[0]
+
+    def put(self, local: Path, remote: str, *, cancel: CancelToken | None = None) -> TransferResult:
+        """Send ``local`` to the host's ``remote`` path (see :class:`~llamaforge.runners.transfer.Transfer`)."""
+        return self.transfer.put(local, remote, cancel=cancel)
+
+    def get(self, remote: str, local: Path, *, cancel: CancelToken | None = None) -> TransferResult:
+        """Fetch the host's ``remote`` file to ``local`` (see :class:`~llamaforge.runners.transfer.Transfer`)."""
+        return self.transfer.get(remote, local, cancel=cancel)

@@ -1,0 +1,165 @@
+"""SSH connections for the SSH runner: the host's address, host-key checking and key-only authentication.
+
+Fabric 3 builds its paramiko client with ``AutoAddPolicy`` and never loads known_hosts (fabric issues 1804,
+2071, 2138), so :func:`open_connection` loads the host's own known_hosts file (an inventory's) and the user's
+``~/.ssh/known_hosts`` into the client and replaces the policy before connecting: an unknown host is refused
+with its SHA256 fingerprint (paramiko's ``RejectPolicy``, with a message that says what to do next); a key
+that differs from a recorded one is refused naming both fingerprints, whatever the policy. Accepting new keys
+is OpenSSH's ``StrictHostKeyChecking=accept-new``: a never-seen host's key is recorded, a changed one is not.
+Authentication is by key only (a key file or the agent); a password is never taken, even from Fabric's
+configuration files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llamaforge.core.errors import InvalidOption, LlamaforgeError
+
+
+class SshError(LlamaforgeError):
+    """An SSH host cannot be reached, refuses the key, or presents a host key that is not trusted."""
+
+    exit_code = 14
+
+
+class HostKeyUnknown(SshError):
+    """The host's key is in no known_hosts file and new keys are not accepted."""
+
+
+class HostKeyChanged(SshError):
+    """The host presents a key different from the one recorded for it."""
+
+
+@dataclass(frozen=True)
+class SshHost:
+    """How to reach one host: address, port, user, key file and its own known_hosts file (an inventory's)."""
+
+    host: str
+    port: int = 22
+    user: str | None = None
+    key_file: Path | None = None
+    known_hosts: Path | None = None
+
+    @property
+    def known_hosts_name(self) -> str:
+        """The host's name in known_hosts files (``[host]:port`` off port 22, as OpenSSH writes it)."""
+        return self.host if self.port == 22 else f"[{self.host}]:{self.port}"
+
+    @property
+    def address(self) -> str:
+        """``user@host:port`` for messages."""
+        return f"{self.user + '@' if self.user else ''}{self.host}:{self.port}"
+
+
+DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
+
+
+def _keygen_hint(host: SshHost) -> str:
+    port = f" -p {host.port}" if host.port != 22 else ""
+    return f"ssh-keyscan{port} {host.host} | ssh-keygen -lf -"
+
+
+class _RefuseUnknown:
+    """paramiko's RejectPolicy, with the fingerprint and the next step in the error."""
+
+    def __init__(self, host: SshHost) -> None:
+        self.host = host
+
+    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+        raise HostKeyUnknown(
+            f"host key of {self.host.host}:{self.host.port} is unknown ({key.get_name()} {key.fingerprint}); "
+            "refusing to connect",
+            hint=(
+                "check the fingerprint with the host's administrator (on the host: "
+                "`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`; from here: "
+                f"`{_keygen_hint(self.host)}`), then add it to known_hosts or connect once with "
+                "--accept-new-host-keys"
+            ),
+        )
+
+
+class _AcceptNew:
+    """OpenSSH's accept-new: record a never-seen host's key in ``path`` (mode 0600) and go on."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def missing_host_key(self, client: Any, hostname: str, key: Any) -> None:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as known:
+            self.path.chmod(0o600)
+            known.write(f"{hostname} {key.get_name()} {key.get_base64()}\n")
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+def open_connection(
+    host: SshHost, accept_new_host_keys: bool, user_known_hosts: Path | None, connect_timeout_s: float
+) -> Any:
+    """An open ``fabric.Connection`` to ``host`` whose host key was checked (see the module docstring).
+
+    Raises HostKeyUnknown, HostKeyChanged, or SshError (unreachable, key refused), each naming the host.
+    """
+    import paramiko
+    from fabric import Connection
+
+    connect_kwargs: dict[str, Any] = {"allow_agent": True, "look_for_keys": host.key_file is None}
+    if host.key_file is not None:
+        connect_kwargs["key_filename"] = [str(host.key_file)]
+    connection = Connection(
+        host.host, user=host.user, port=host.port, connect_timeout=max(1, round(connect_timeout_s)),
+        connect_kwargs=connect_kwargs,
+    )  # fmt: skip
+    # Fabric's configuration files may carry a password: key authentication only, so it is dropped.
+    connection.connect_kwargs.pop("password", None)
+    client = connection.client
+    # Inventory first: its entries win when both files know the host.
+    for path in (host.known_hosts, user_known_hosts):
+        if path is not None and path.is_file():
+            client.load_system_host_keys(str(path))
+    record = host.known_hosts or user_known_hosts
+    if accept_new_host_keys:
+        if record is None:
+            raise InvalidOption(
+                "accepting new host keys needs a known_hosts file to record them in",
+                hint="give the host (or inventory) a known_hosts file",
+            )
+        client.set_missing_host_key_policy(_AcceptNew(record))
+    else:
+        client.set_missing_host_key_policy(_RefuseUnknown(host))
+    try:
+        connection.open()
+    except paramiko.BadHostKeyException as error:
+        connection.close()
+        raise HostKeyChanged(
+            f"host key of {host.host}:{host.port} has CHANGED: it presents {error.key.get_name()} "
+            f"{error.key.fingerprint}, but known_hosts records {error.expected_key.get_name()} "
+            f"{error.expected_key.fingerprint}; refusing to connect (someone may be intercepting the "
+            "connection, or the host was reinstalled)",
+            hint=(
+                "confirm the new key with the host's administrator, then remove the old entry "
+                f"(`ssh-keygen -R '{host.known_hosts_name}'`, and from the inventory's known_hosts) and "
+                "connect again"
+            ),
+        ) from None
+    except SshError:
+        connection.close()
+        raise
+    except paramiko.AuthenticationException as error:
+        connection.close()
+        key = f"the key {host.key_file}" if host.key_file else "the agent's and the default keys"
+        raise SshError(
+            f"{host.address} refused {key}: {error}",
+            hint="add the public key to the user's ~/.ssh/authorized_keys on the host, or load the right "
+            "key into ssh-agent (passwords are never used)",
+        ) from None
+    except (paramiko.SSHException, OSError, EOFError) as error:
+        connection.close()
+        raise SshError(
+            f"cannot reach {host.address}: {error or type(error).__name__}",
+            hint="check that the host is up, that sshd listens on that port, and the address in the "
+            "inventory",
+        ) from None
+    return connection

@@ -1,0 +1,216 @@
+"""Test hosts: containers from the local base image that boot systemd as PID 1 and run sshd.
+
+Each host generates its own sshd host keys at boot (``ssh-keygen -A`` before sshd starts, never baked into the
+image), authorizes one ed25519 key made by the test session for the user ``lf`` (passwordless sudo, as a
+deploy user has), and publishes port 22 only on 127.0.0.1 at a port the engine picks. The engine refuses
+``--privileged``; ``SYS_ADMIN`` plus tmpfs on /run and a read-only /sys/fs/cgroup boots systemd. Containers carry
+the ``org.llamaforge.owned`` label and a name of their own, and are removed by id when the session ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import socket
+import tarfile
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llamaforge.runners.engine import LABEL, build_image, image_id
+from llamaforge.runners.ssh_connection import SshHost
+
+USER = "lf"
+USER_UID = 1000
+
+DOCKERFILE = f"""\
+FROM {{base}}
+RUN apt-get update \\
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \\
+      systemd systemd-sysv dbus openssh-server sudo procps \\
+ && rm -rf /var/lib/apt/lists/* \\
+ && rm -f /etc/ssh/ssh_host_*
+RUN useradd --create-home --uid {USER_UID} --shell /bin/bash {USER} \\
+ && install -d -m 0700 -o {USER} -g {USER} /home/{USER}/.ssh \\
+ && echo '{USER} ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/{USER} && chmod 0440 /etc/sudoers.d/{USER} \\
+ && printf 'PasswordAuthentication no\\nKbdInteractiveAuthentication no\\n' > /etc/ssh/sshd_config.d/keys-only.conf
+COPY ssh-hostkeys.conf /etc/systemd/system/ssh.service.d/hostkeys.conf
+STOPSIGNAL SIGRTMIN+3
+CMD ["/lib/systemd/systemd"]
+"""
+
+# Host keys are made when the host boots, so every container has its own.
+HOSTKEYS_DROPIN = """\
+[Service]
+ExecStartPre=
+ExecStartPre=/usr/bin/ssh-keygen -A
+ExecStartPre=/usr/sbin/sshd -t
+"""
+
+
+def image_tag(base: str) -> str:
+    """The test host image's tag: changes whenever its Dockerfile does."""
+    digest = hashlib.sha256((DOCKERFILE.format(base=base) + HOSTKEYS_DROPIN).encode()).hexdigest()[:12]
+    return f"llamaforge-testhost:{digest}"
+
+
+def ensure_image(base: str) -> str:
+    """The test host image, built from ``base`` through the core's image builder unless it exists."""
+    tag = image_tag(base)
+    if image_id(tag) is not None:
+        return tag
+    with tempfile.TemporaryDirectory(prefix="llamaforge-testhost-") as context:
+        Path(context, "Dockerfile").write_text(DOCKERFILE.format(base=base), encoding="utf-8")
+        Path(context, "ssh-hostkeys.conf").write_text(HOSTKEYS_DROPIN, encoding="utf-8")
+        build_image(Path(context), tag)
+    return tag
+
+
+def make_key(path: Path) -> Path:
+    """A fresh ed25519 key pair in OpenSSH format at ``path`` (mode 0600) and ``path.pub``; returns ``path``.
+
+    Made with ``cryptography`` (paramiko's own dependency), so the test machine needs no ssh-keygen.
+    """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    )
+    path.touch(mode=0o600)
+    path.write_bytes(private)
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    Path(f"{path}.pub").write_text(f"{public.decode()} llamaforge-tests\n", encoding="utf-8")
+    return path
+
+
+def make_client_key(directory: Path) -> Path:
+    """The session's client key pair in ``directory``; returns the private key's path (``.pub`` beside it)."""
+    return make_key(directory / "id_ed25519")
+
+
+@dataclass
+class TestHost:
+    """One booted host: its container, the SSH endpoint on 127.0.0.1 and the session's client key."""
+
+    __test__ = False  # not a test class for pytest
+
+    name: str
+    container: Any
+    port: int
+    key_file: Path
+
+    def ssh_host(self, known_hosts: Path | None = None) -> SshHost:
+        """How the SSH runner reaches this host as the test user."""
+        return SshHost(
+            host="127.0.0.1", port=self.port, user=USER, key_file=self.key_file, known_hosts=known_hosts
+        )
+
+    def exec(self, command: Sequence[str], user: str = "root") -> tuple[int, str]:
+        """Run ``command`` in the container out of band (docker exec, not SSH); exit code and output."""
+        code, output = self.container.exec_run(list(command), user=user)
+        return int(code), output.decode("utf-8", errors="replace")
+
+    def host_key_lines(self) -> list[str]:
+        """The host's public keys as known_hosts lines for ``[127.0.0.1]:PORT`` (read out of band)."""
+        code, output = self.exec(["sh", "-c", "cat /etc/ssh/ssh_host_*_key.pub"])
+        assert code == 0, output
+        lines = []
+        for line in output.splitlines():
+            kind, blob, *_ = line.split()
+            lines.append(f"[127.0.0.1]:{self.port} {kind} {blob}")
+        return lines
+
+    def host_key(self, kind: str = "ssh-ed25519") -> str:
+        """The base64 blob of the host key of type ``kind``."""
+        return next(line.split()[2] for line in self.host_key_lines() if line.split()[1] == kind)
+
+
+def _authorized_keys_archive(public_key: str) -> bytes:
+    buffer = io.BytesIO()
+    data = public_key.encode()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        info = tarfile.TarInfo("authorized_keys")
+        info.size, info.mode, info.uid, info.gid = len(data), 0o600, USER_UID, USER_UID
+        tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def _ssh_answers(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:
+            return conn.recv(64).startswith(b"SSH-2.0-")
+    except OSError:
+        return False
+
+
+def _wait_booted(host: TestHost, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    state = ""
+    while time.monotonic() < deadline:
+        host.container.reload()
+        if host.container.status != "running":
+            logs = host.container.logs(tail=30).decode("utf-8", errors="replace")
+            raise RuntimeError(f"test host {host.name} stopped while booting:\n{logs}")
+        _code, state = host.exec(["systemctl", "is-system-running"])
+        state = state.strip()
+        if state in ("running", "degraded") and _ssh_answers(host.port):
+            return
+        time.sleep(0.5)
+    _code, failed = host.exec(["systemctl", "--failed", "--no-pager"])
+    raise RuntimeError(f"test host {host.name} did not boot in {timeout_s:g} s (state {state!r}):\n{failed}")
+
+
+def start_hosts(
+    client: Any, image: str, key_file: Path, count: int, boot_timeout_s: float = 120.0
+) -> list[TestHost]:
+    """Start ``count`` hosts from ``image`` authorizing ``key_file``'s public key; wait until all have booted.
+
+    On failure every host started so far is removed before the error propagates.
+    """
+    public_key = Path(f"{key_file}.pub").read_text(encoding="utf-8")
+    hosts: list[TestHost] = []
+    try:
+        for index in range(count):
+            name = f"llamaforge-testhost-{os.getpid()}-{index}"
+            container = client.containers.create(
+                image,
+                command=["/lib/systemd/systemd"],
+                name=name,
+                hostname=f"host{index}",
+                labels={LABEL: "1", "org.llamaforge.role": "testhost"},
+                cap_add=["SYS_ADMIN"],
+                tmpfs={"/run": "", "/run/lock": ""},
+                volumes={"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "ro"}},
+                ports={"22/tcp": ("127.0.0.1", None)},
+                detach=True,
+            )
+            hosts.append(TestHost(name, container, 0, key_file))
+            container.put_archive(f"/home/{USER}/.ssh", _authorized_keys_archive(public_key))
+            container.start()
+        for host in hosts:
+            host.container.reload()
+            binding = host.container.attrs["NetworkSettings"]["Ports"]["22/tcp"][0]
+            assert binding["HostIp"] == "127.0.0.1", binding
+            host.port = int(binding["HostPort"])
+        for host in hosts:
+            _wait_booted(host, boot_timeout_s)
+    except BaseException:
+        remove_hosts(hosts)
+        raise
+    return hosts
+
+
+def remove_hosts(hosts: Sequence[TestHost]) -> None:
+    """Remove the hosts' containers by id (those already gone are skipped)."""
+    import docker.errors
+
+    for host in hosts:
+        with contextlib.suppress(docker.errors.NotFound):
+            host.container.remove(force=True)
