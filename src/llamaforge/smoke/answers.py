@@ -131,8 +131,7 @@ def first_difference(
     """The first position where ``got`` computes differently from the golden ``expected`` (None: none does).
 
     A position differs when its greedy token differs, when the chosen token's logprob is off by more than
-    ``tolerance``, or when a golden top-n candidate is off by more than that (a candidate missing from the
-    other top-n list differs unless it sat within ``tolerance`` of that list's last entry)."""
+    ``tolerance``, or when the top-n candidates disagree by more than that (:func:`_top_difference`)."""
     for position in range(max(len(expected), len(got))):
         if position >= len(got) or position >= len(expected):
             return {"position": position, "expected": _token(expected, position), "got": _token(got, position),
@@ -162,16 +161,19 @@ def _token(tokens: Sequence[Mapping[str, Any]], position: int) -> dict[str, Any]
 def _top_difference(
     want: Sequence[Mapping[str, Any]], have: Sequence[Mapping[str, Any]], tolerance: float
 ) -> str | None:
+    """How the two top-n lists disagree, if they do: a shared candidate's logprob is off, or a candidate of one
+    list is missing from the other although it sits above that list's last entry by more than ``tolerance``."""
+    want_by_id = {top["id"]: top["logprob"] for top in want}
     have_by_id = {top["id"]: top["logprob"] for top in have}
-    floor = min(have_by_id.values(), default=float("-inf"))
     for top in want:
-        if top["id"] in have_by_id:
-            if abs(have_by_id[top["id"]] - top["logprob"]) > tolerance:
-                return (
-                    f"top candidate {top['token']!r} (id {top['id']}): logprob off by more than {tolerance}"
-                )
-        elif top["logprob"] > floor + tolerance:
-            return f"top candidate {top['token']!r} (id {top['id']}) is missing from the top {len(have)}"
+        if top["id"] in have_by_id and abs(have_by_id[top["id"]] - top["logprob"]) > tolerance:
+            return f"top candidate {top['token']!r} (id {top['id']}): logprob off by more than {tolerance}"
+    for ours, theirs, where in ((want, have_by_id, "got"), (have, want_by_id, "the golden")):
+        floor = min(theirs.values(), default=float("-inf"))
+        for top in ours:
+            if top["id"] not in theirs and top["logprob"] > floor + tolerance:
+                candidate = f"top candidate {top['token']!r} (id {top['id']})"
+                return f"{candidate} is missing from the top {len(theirs)} of {where}"
     return None
 
 
