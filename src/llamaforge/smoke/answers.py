@@ -7,6 +7,8 @@
   golden recorded from a reference build (:func:`greedy_completion`, :func:`first_difference`).
 
 Both take a server's base URL (``http://127.0.0.1:PORT``), so deploy's health gate calls them on its own server.
+A golden is a JSON file the user keeps (``smoke --record-golden FILE`` on the build they trust, ``--golden FILE``
+on the build under test): it belongs to one model file and one reference build, so none is shipped.
 """
 
 from __future__ import annotations
