@@ -293,3 +293,35 @@ def test_range_source_bounds(server: RangeServer, files: dict[str, Path]) -> Non
     assert source.bytes_fetched == 2000  # doubled, no more
     with pytest.raises(ModelError, match="not complete after"):
         HttpRangeSource(f"{server.url}/wide.gguf", initial_bytes=1000, max_bytes=1500).read_at(0, 1400)
+
+
+def test_file_type_line_names_the_type_with_most_bytes(tmp_path: Path) -> None:
+    # Three small F32 norms outnumber one large F16 embedding: by count F32 wins, by bytes F16 does.
+    path = tmp_path / "mixed.gguf"
+    writer = gguf.GGUFWriter(path, "qwen3")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((300, 64), dtype=np.float16))
+    for name in ("output_norm.weight", "blk.0.attn_norm.weight", "blk.0.ffn_norm.weight"):
+        writer.add_tensor(name, np.ones(64, dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    result = inspect_model(str(path))
+    model = result["model"]
+    histogram = model["quant_histogram"]
+    assert (histogram["F32"]["count"], histogram["F16"]["count"]) == (3, 1)
+    assert histogram["F16"]["bytes"] > histogram["F32"]["bytes"]
+    assert model["dominant_type"] == "F16"
+    assert model["guessed_file_type"] == "F32"  # llama.cpp's own guess counts tensors
+    assert model["file_type"] is None
+
+    from rich.console import Console
+
+    from llamaforge.models.render import models_inspect_cli, models_inspect_html
+
+    console = Console(record=True, width=160)
+    models_inspect_cli(result, console)
+    assert re.search(r"file type\s+│?\s*- \(most bytes F16\)", console.export_text())
+    assert "most bytes F16" in models_inspect_html(result)

@@ -264,7 +264,7 @@ def test_path_fields_are_the_fields_declared_as_paths() -> None:
         "models.verify": ("target", "recipe", "load_check"), "patches.check": ("recipe", "series"),
         "patches.edit": ("recipe", "series"), "patches.new": ("recipe", "series", "workspace"),
         "patches.refresh": ("recipe", "series", "to", "resume"), "recipes.list": (), "recipes.show": ("name",),
-        "smoke": ("build", "model", "thresholds"), "smoke.compare": ("run_a", "run_b"),
+        "smoke": ("build", "model", "golden", "record_golden", "thresholds"), "smoke.compare": ("run_a", "run_b"),
     }  # fmt: skip
 
 

@@ -146,17 +146,17 @@ def test_distribution() -> None:
 
 def test_threshold_items_and_layers(tmp_path: Path) -> None:
     toml = tmp_path / "t.toml"
-    toml.write_text('min_tg_tps = 40.0\nmust_answer = "Say yes."\n', encoding="utf-8")
-    cli = parse_threshold_items([str(toml), "max_ttft_ms=250", "must_answer=none"])
-    assert cli == {"min_tg_tps": 40.0, "must_answer": None, "max_ttft_ms": "250"}
+    toml.write_text('min_tg_tps = 40.0\nnon_empty_answer = "Say yes."\n', encoding="utf-8")
+    cli = parse_threshold_items([str(toml), "max_ttft_ms=250", "non_empty_answer=none"])
+    assert cli == {"min_tg_tps": 40.0, "non_empty_answer": None, "max_ttft_ms": "250"}
     thresholds, sources = resolve_thresholds(
         [("build recipe", {"min_tg_tps": 5, "max_ttft_ms": 900}), ("model recipe", None), ("cli", cli)]
     )
-    assert thresholds == SmokeThresholds(min_tg_tps=40.0, max_ttft_ms=250.0, must_answer=None)
-    assert sources == {"min_tg_tps": "cli", "max_ttft_ms": "cli", "must_answer": "cli"}
+    assert thresholds == SmokeThresholds(min_tg_tps=40.0, max_ttft_ms=250.0, non_empty_answer=None)
+    assert sources == {"min_tg_tps": "cli", "max_ttft_ms": "cli", "non_empty_answer": "cli"}
     defaults, sources = resolve_thresholds([("build recipe", {"max_ttft_ms": 900})])
-    assert defaults.min_tg_tps == 1.0 and defaults.must_answer
-    assert sources == {"min_tg_tps": "default", "max_ttft_ms": "build recipe", "must_answer": "default"}
+    assert defaults.min_tg_tps == 1.0 and defaults.non_empty_answer
+    assert sources == {"min_tg_tps": "default", "max_ttft_ms": "build recipe", "non_empty_answer": "default"}
 
 
 def test_thresholds_refuse_unknown_keys_and_bad_values(tmp_path: Path) -> None:
@@ -202,7 +202,7 @@ def _report(ttfts: list[float], tg: float = 60.0, reply: str = "Paris") -> dict[
                       {"name": "pp64", "kind": "pp", "avg_ts": 3000.0, "stddev_ts": 10.0, "samples_ts": [3000.0]},
                       {"name": "tg32", "kind": "tg", "avg_ts": tg, "stddev_ts": 1.0, "samples_ts": [tg]}]},
         "server": {"port": 1, "startup_s": 1.0, "levels": levels,
-                   "must_answer": {"reply": reply, "error": None}},
+                   "non_empty_answer": {"reply": reply, "error": None}},
         "roofline": {"efficiency": 0.5, "measured_tg_tps": tg, "bandwidth_gbs": 10.0, "bandwidth_source": "given",
                      "bytes_per_token": 2**20, "roof_tps": 2 * tg, "notes": []},
     }  # fmt: skip
@@ -225,7 +225,7 @@ def test_verdict() -> None:
     verdict = evaluate(_report([100.0, 120.0]), thresholds, sources)
     assert verdict["passed"]
     assert [(c["name"], c["status"]) for c in verdict["checks"]] == [
-        ("min_tg_tps", "pass"), ("max_ttft_ms", "pass"), ("requests_ok", "pass"), ("must_answer", "pass"),
+        ("min_tg_tps", "pass"), ("max_ttft_ms", "pass"), ("no_failed_requests", "pass"), ("non_empty_answer", "pass"),
     ]  # fmt: skip
     assert verdict["checks"][1]["value"] == pytest.approx(119.0)  # p95 at concurrency 1, not 2
     assert verdict["checks"][0]["source"] == "cli" and verdict["checks"][3]["source"] == "default"
@@ -235,12 +235,12 @@ def test_verdict() -> None:
     assert {c["name"] for c in slow["checks"] if c["status"] == "fail"} == {"min_tg_tps", "max_ttft_ms"}
 
     silent = evaluate(_report([100.0], reply="  \n"), thresholds, sources)
-    assert [c["name"] for c in silent["checks"] if c["status"] == "fail"] == ["must_answer"]
+    assert [c["name"] for c in silent["checks"] if c["status"] == "fail"] == ["non_empty_answer"]
 
     broken = _report([100.0])
     broken["server"]["levels"][0]["errors"] = ["ConnectionResetError: reset"]
     assert [c["name"] for c in evaluate(broken, thresholds, sources)["checks"] if c["status"] == "fail"] == [
-        "requests_ok"
+        "no_failed_requests"
     ]
 
 
@@ -461,7 +461,7 @@ def test_smoke_end_to_end(stock_build: Path, tiny_qwen3: Path, smoke_env: dict[s
         assert level["cross_check"]["server_decode_tps"]["p50"] > 0
     at_one = server["levels"][0]["cross_check"]["client_over_server_decode"]["p50"]
     assert 0.5 < at_one < 2.0  # the client's clock agrees with the server's own timings
-    assert server["must_answer"]["reply"].strip()
+    assert server["non_empty_answer"]["reply"].strip()
     assert data["roofline"]["efficiency"] > 0 and data["roofline"]["bandwidth_gbs"] > 0
     assert not _alive(server["pid"]), "llama-server outlived the smoke run"
     for name in ("report.json", "summary.md", "throughput.png", "latency.png", "server.log", "bench.json"):

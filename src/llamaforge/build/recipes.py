@@ -69,7 +69,7 @@ class PypiSdistSource(_Strict):
 Source = Annotated[GitSource | ArchiveSource | PypiSdistSource, Field(discriminator="kind")]
 
 
-SMOKE_KEYS = ("min_tg_tps", "max_ttft_ms", "must_answer")
+SMOKE_KEYS = ("min_tg_tps", "max_ttft_ms", "non_empty_answer")
 
 
 def check_smoke_table(value: dict[str, float | str | None] | None) -> dict[str, float | str | None] | None:
@@ -116,7 +116,7 @@ class BuildRecipe(_Strict):
     images: dict[Backend, ImageRef] = Field(default_factory=dict, description="Base image per backend")
     smoke: SmokeTable = Field(
         default=None,
-        description="Smoke thresholds for builds of this recipe: min_tg_tps, max_ttft_ms, must_answer",
+        description="Smoke thresholds for builds of this recipe: min_tg_tps, max_ttft_ms, non_empty_answer",
     )
 
     @field_validator("cuda_architectures")

@@ -65,7 +65,16 @@ def quant_histogram(tensors: list[TensorInfo]) -> dict[str, dict[str, int]]:
 
 
 def dominant_type(tensors: list[TensorInfo]) -> str | None:
-    """The most common tensor type, counted as llama.cpp does (by tensor, in name order; first max wins)."""
+    """The tensor type that holds the most bytes (ties: the first name in order); None without tensors.
+
+    This is what the file mostly is: a Q4_K file keeps many small F32 norms, which outnumber its weights."""
+    histogram = quant_histogram(tensors)
+    return next(iter(histogram), None)
+
+
+def _most_tensors_type(tensors: list[TensorInfo]) -> str | None:
+    """The most common tensor type, counted as llama.cpp does when a file has no general.file_type (by tensor,
+    in name order; first max wins)."""
     counts: dict[str, int] = {}
     best, best_count = None, 0
     for tensor in sorted(tensors, key=lambda t: t.name):
@@ -147,7 +156,7 @@ def describe(header: GGUFHeader) -> dict[str, Any]:
     kinds = layer_kinds(header)
     params = sum(tensor.n_elements for tensor in header.tensors)
     data_bytes = sum(tensor.nbytes for tensor in header.tensors)
-    dominant = dominant_type(header.tensors)
+    guessed = _most_tensors_type(header.tensors)
     template = md.get("tokenizer.chat_template")
     template_bytes = (
         template.length if isinstance(template, LongString)
@@ -168,8 +177,8 @@ def describe(header: GGUFHeader) -> dict[str, Any]:
         "bits_per_weight": round(data_bytes * 8 / params, 2) if params else None,
         "file_type": file_type_name(md.get("general.file_type")),
         "file_type_id": _int(md.get("general.file_type")),
-        "dominant_type": dominant,
-        "guessed_file_type": _GUESSED_FILE_TYPE.get(dominant or "", dominant),
+        "dominant_type": dominant_type(header.tensors),
+        "guessed_file_type": _GUESSED_FILE_TYPE.get(guessed or "", guessed),
         "quant_histogram": quant_histogram(header.tensors),
         "context_length": arch_key("context_length"),
         "embedding_length": arch_key("embedding_length"),

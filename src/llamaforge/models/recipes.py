@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from llamaforge.build.recipes import SmokeTable, resolve_named_file
 from llamaforge.core.errors import RecipeError
@@ -37,6 +37,63 @@ class ModelExpectations(_Strict):
     chat_template: bool | None = Field(None, description="tokenizer.chat_template must be present")
 
 
+class AnswerCheck(_Strict):
+    """A prompt and the answer a working build must give with this model (``[[answers]]`` in a model recipe).
+
+    Checked by smoke and by deploy's health gate (:func:`llamaforge.smoke.answers.check_answers`): the reply of
+    a greedy chat completion must match ``regex`` (``re.search``) or contain one of ``choices`` as a whole
+    word, case-insensitive. Exactly one of the two is given.
+    """
+
+    prompt: str = Field(min_length=1, description="The user message sent to the chat completion")
+    regex: str | None = Field(None, description="Python regex searched in the reply; (?i) for any case")
+    choices: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="Accepted answers: the reply must contain one as a whole word (any case)",
+    )
+    max_tokens: int = Field(32, ge=1, le=4096, description="Tokens the reply may take")
+
+    @field_validator("regex")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as error:
+                raise ValueError(f"regex {value!r} does not compile: {error}") from None
+        return value
+
+    @field_validator("choices")
+    @classmethod
+    def _non_blank(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and any(not choice.strip() for choice in value):
+            raise ValueError("choices must not be blank")
+        return value
+
+    @model_validator(mode="after")
+    def _one_expectation(self) -> AnswerCheck:
+        if (self.regex is None) == (self.choices is None):
+            raise ValueError("give exactly one of regex or choices")
+        return self
+
+    @property
+    def expectation(self) -> str:
+        """The expected answer in words: ``regex /…/`` or ``one of 'a', 'b'``."""
+        if self.regex is not None:
+            return f"regex /{self.regex}/"
+        return "one of " + ", ".join(repr(choice) for choice in self.choices or [])
+
+    def matches(self, reply: str) -> bool:
+        """Whether ``reply`` gives the expected answer."""
+        if self.regex is not None:
+            return re.search(self.regex, reply) is not None
+        return any(
+            re.search(rf"(?<!\w){re.escape(choice.strip())}(?!\w)", reply, re.IGNORECASE)
+            for choice in self.choices or []
+        )
+
+
 class ModelRecipe(_Strict):
     """One model file: source URL, pins, expectations."""
 
@@ -49,7 +106,11 @@ class ModelRecipe(_Strict):
     sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="sha256 of the file once locked")
     size: int | None = Field(None, ge=1, description="Size in bytes once locked")
     smoke: SmokeTable = Field(
-        default=None, description="Smoke thresholds with this model: min_tg_tps, max_ttft_ms, must_answer"
+        default=None,
+        description="Smoke thresholds with this model: min_tg_tps, max_ttft_ms, non_empty_answer",
+    )
+    answers: list[AnswerCheck] = Field(
+        default_factory=list, description="Prompts with expected answers, checked by smoke and deploy"
     )
     expect: ModelExpectations = Field(default_factory=ModelExpectations)
 

@@ -74,7 +74,7 @@ def models_inspect_cli(result: dict[str, Any], console: Console) -> None:
     table.add_row("layers", f"{layers['block_count']}: {layers['attention']} attention, {layers['recurrent']} "
                   f"recurrent, {layers['mtp']} MTP")  # fmt: skip
     table.add_row("context", str(model["context_length"]))
-    table.add_row("file type", f"{model['file_type'] or '-'} (most tensors {model['dominant_type'] or '-'})")
+    table.add_row("file type", f"{model['file_type'] or '-'} (most bytes {model['dominant_type'] or '-'})")
     table.add_row("quant mix", ", ".join(f"{name} {entry['count']}x {entry['bytes'] / 2**20:.1f} MiB"
                                          for name, entry in model["quant_histogram"].items()))  # fmt: skip
     table.add_row("size", f"{model['file_size'] / 2**20:.1f} MiB (header {model['header_bytes']} bytes)")
@@ -103,7 +103,7 @@ def _model_rows(model: dict[str, Any]) -> list[tuple[str, Any]]:
             f"{layers.get('recurrent', '-')} recurrent, {layers.get('mtp', '-')} MTP",
         ),
         ("context", model.get("context_length")),
-        ("file type", f"{model.get('file_type') or '-'} (most tensors {model.get('dominant_type') or '-'})"),
+        ("file type", f"{model.get('file_type') or '-'} (most bytes {model.get('dominant_type') or '-'})"),
         (
             "quant mix",
             ", ".join(

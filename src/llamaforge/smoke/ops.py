@@ -11,6 +11,7 @@ from pydantic import Field
 
 from llamaforge.core.errors import InvalidOption, OperationFailed, SmokeFailed
 from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
+from llamaforge.models.recipes import AnswerCheck
 from llamaforge.smoke.render import smoke_cli, smoke_compare_cli, smoke_compare_html, smoke_html
 from llamaforge.smoke.run import SmokeOptions, SmokeTarget
 
@@ -24,11 +25,21 @@ class SmokeParams(Params):
     )  # fmt: skip
     model: str | None = path_field(
         None,
-        description="Model recipe name, hf://, ms://, https:// URL, or a GGUF file (default: tiny qwen3)",
+        description="Model recipe name or .toml file, hf://, ms://, https:// URL, or a GGUF file (default: tiny "
+        "qwen3); a recipe's [[answers]] are checked",
+    )
+    golden: str | None = path_field(
+        None,
+        description="Golden JSON to compare greedy tokens and top-n logprobs with (from --record-golden)",
+    )
+    record_golden: str | None = path_field(
+        None,
+        description="Record the greedy tokens and top-n logprobs to this JSON (run on a reference build)",
     )
     thresholds: list[str] = path_field(
         default_factory=list,
-        description="Threshold KEY=VALUE (min_tg_tps, max_ttft_ms, must_answer; none clears) or a TOML file; "
+        description="Threshold KEY=VALUE (min_tg_tps, max_ttft_ms, non_empty_answer; none clears) or a TOML "
+        "file; "
         "repeatable; overrides the build and model recipes",
     )
     pp: int = Field(64, ge=1, description="llama-bench prompt tokens (pp test)")
@@ -79,15 +90,17 @@ def _build_target(params: SmokeParams, ctx: OperationContext) -> tuple[str, Path
     return str(manifest["key"]), build_dir(manifest["key"]), manifest
 
 
-def _model_target(params: SmokeParams, ctx: OperationContext) -> tuple[Path, str, Mapping[str, Any] | None]:
-    """The model file, its label and the thresholds its recipe declares (if any)."""
+def _model_target(
+    params: SmokeParams, ctx: OperationContext
+) -> tuple[Path, str, Mapping[str, Any] | None, tuple[AnswerCheck, ...]]:
+    """The model file, its label, the thresholds and the checked answers its recipe declares (if any)."""
     from llamaforge.smoke.run import tiny_smoke_model
 
     if params.model is None:
-        return tiny_smoke_model(ctx.reporter, ctx.cancel), "tiny-qwen3", None
+        return tiny_smoke_model(ctx.reporter, ctx.cancel), "tiny-qwen3", None, ()
     path = Path(params.model)
-    if path.is_file():
-        return path.resolve(), path.stem, None
+    if path.is_file() and path.suffix != ".toml":
+        return path.resolve(), path.stem, None, ()
     if params.model.endswith(".gguf") and "://" not in params.model:
         raise InvalidOption(
             f"model file {path} does not exist", hint="give a GGUF path, a recipe name or a URL"
@@ -96,12 +109,14 @@ def _model_target(params: SmokeParams, ctx: OperationContext) -> tuple[Path, str
 
     fetched = fetch_model(params.model, reporter=ctx.reporter, cancel=ctx.cancel)
     recipe_smoke: Mapping[str, Any] | None = None
+    answers: tuple[AnswerCheck, ...] = ()
     if "://" not in params.model:
         from llamaforge.models.recipes import load_model_recipe
 
-        recipe_smoke = load_model_recipe(params.model).model_dump().get("smoke")
+        recipe = load_model_recipe(params.model)
+        recipe_smoke, answers = recipe.smoke, tuple(recipe.answers)
     label = Path(params.model).stem if "://" not in params.model else fetched.path.stem
-    return fetched.path, label, recipe_smoke
+    return fetched.path, label, recipe_smoke, answers
 
 
 class SmokeCheck(Result):
@@ -160,17 +175,19 @@ def smoke_op(params: SmokeParams, ctx: OperationContext) -> SmokeReport:
         concurrency=tuple(params.concurrency) or (1, 2), requests=params.requests, max_tokens=params.max_tokens,
         port=params.port, load_timeout_s=params.load_timeout_s, skip_bench=params.skip_bench,
         skip_server=params.skip_server, bandwidth_gbs=params.bandwidth_gbs,
+        golden=Path(params.golden) if params.golden else None,
+        record_golden=Path(params.record_golden) if params.record_golden else None,
     )  # fmt: skip
     cli = parse_threshold_items(params.thresholds)
     key, directory, manifest = _build_target(params, ctx)
-    model, label, model_smoke = _model_target(params, ctx)
+    model, label, model_smoke, answers = _model_target(params, ctx)
     # A recipe may carry a [smoke] table once its schema has one; the CLI wins over both.
     build_smoke = (manifest.get("recipe") or {}).get("smoke")
     thresholds, sources = resolve_thresholds(
         [("build recipe", build_smoke), ("model recipe", model_smoke), ("cli", cli)]
     )
     target = SmokeTarget(
-        build_key=key, build_dir=directory, manifest=manifest, model=model, model_label=label
+        build_key=key, build_dir=directory, manifest=manifest, model=model, model_label=label, answers=answers
     )
     report = run_smoke(target, options, thresholds, sources, reporter=ctx.reporter, cancel=ctx.cancel)
     view = result_view(report)
@@ -180,7 +197,8 @@ def smoke_op(params: SmokeParams, ctx: OperationContext) -> SmokeReport:
         failed = [check for check in report["verdict"]["checks"] if check["status"] == "fail"]
         raise OperationFailed(
             f"smoke run {report['run_id']} FAILED its verdict: "
-            + "; ".join(f"{check['name']} {check['value']!r} (threshold {check['threshold']!r})" for check in failed),
+            + "; ".join(f"{check['name']} {check['value']!r} (threshold {check['threshold']!r}): {check['detail']}"
+                        for check in failed),
             result=result, exit_code=SmokeFailed.exit_code,
             hint=f"the verdict lists every check; summary: {report['files']['summary.md']}",
         )  # fmt: skip

@@ -72,10 +72,13 @@ def render_summary(report: Mapping[str, Any]) -> str:
                          _pair(level["e2e_ms"]), f"{ratio['p50']:.3f}" if ratio else "-"])  # fmt: skip
         lines += _table(["concurrency", "requests", "TTFT p50 / p95 ms", "ITL p50 / p95 ms", "decode t/s p50",
                          "aggregate t/s", "e2e p50 / p95 ms", "client/server decode"], rows)  # fmt: skip
-        answer = server.get("must_answer")
+        answer = server.get("non_empty_answer")
         if answer:
             reply = answer["reply"].strip().replace("\n", " ")[:120]
-            lines += ["", f"Must-answer reply: {reply!r}" if reply else "Must-answer reply: (empty)"]
+            lines += [
+                "",
+                f"Non-empty-answer reply: {reply!r}" if reply else "Non-empty-answer reply: (empty)",
+            ]
     lines += ["", *_roofline_lines(report.get("roofline"))]
     if verdict:
         lines += ["", f"## Verdict: {state}", ""]

@@ -31,9 +31,11 @@ from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.paths import home
 from llamaforge.core.validation import describe_errors, suggest
 from llamaforge.gguf.header import read_header
+from llamaforge.models.recipes import AnswerCheck
 from llamaforge.runners.process import LOCAL, ProcessRunner
 from llamaforge.serve.bandwidth import bytes_per_token
-from llamaforge.serve.launcher import LlamaFlags, LlamaServer, ServerLaunch
+from llamaforge.serve.launcher import HOST, LlamaFlags, LlamaServer, ServerLaunch
+from llamaforge.smoke.answers import answer_verdict_checks, check_answers, golden_stage
 from llamaforge.smoke.bench import BenchRun, run_llama_bench
 from llamaforge.smoke.roofline import (
     Bandwidth,
@@ -45,7 +47,7 @@ from llamaforge.smoke.roofline import (
 from llamaforge.smoke.server import ChatRequest, LevelRun, run_level, stream_chat
 
 DEFAULT_PROMPT = "Write a short paragraph about the history of the printing press."
-MUST_ANSWER_PROMPT = "What is the capital of France? Answer in one word."
+NON_EMPTY_PROMPT = "What is the capital of France? Answer in one word."
 MAX_REQUESTS = 256  # per level: a smoke, not a load test
 
 
@@ -60,8 +62,10 @@ class SmokeThresholds(BaseModel):
     max_ttft_ms: float | None = Field(
         10_000.0, gt=0, description="Maximum p95 time to first token at the lowest concurrency, ms"
     )
-    must_answer: str | None = Field(
-        MUST_ANSWER_PROMPT, description="A prompt the server must answer with a non-empty reply (none: skip)"
+    non_empty_answer: str | None = Field(
+        NON_EMPTY_PROMPT,
+        description="A prompt the server must answer with a non-empty reply, whatever it says (none: skip); "
+        "a model recipe's [[answers]] check what the reply says",
     )
 
 
@@ -129,8 +133,14 @@ class SmokeOptions:
     skip_bench: bool = False
     skip_server: bool = False
     bandwidth_gbs: float | None = None
+    golden: Path | None = None  # compare greedy tokens and top-n logprobs with this golden
+    record_golden: Path | None = None  # record them to this file (from a reference build)
 
     def __post_init__(self) -> None:
+        if self.golden is not None and self.record_golden is not None:
+            raise InvalidOption("--golden and --record-golden exclude each other: record first, then compare")
+        if (self.golden or self.record_golden) and self.skip_server:
+            raise InvalidOption("--golden and --record-golden need the server stage (drop --skip-server)")
         if not self.concurrency or min(self.concurrency) < 1:
             raise InvalidOption(
                 "concurrency levels must be >= 1", hint="e.g. --concurrency 1 --concurrency 4"
@@ -150,6 +160,7 @@ class SmokeTarget:
     manifest: Mapping[str, Any]
     model: Path
     model_label: str
+    answers: tuple[AnswerCheck, ...] = ()  # the model recipe's [[answers]]
 
     def binary(self, name: str) -> Path:
         """A binary of the build (``bin/NAME``, or ``NAME`` in a plain directory of binaries)."""
@@ -252,19 +263,21 @@ def evaluate(
                                  sources["max_ttft_ms"], detail))  # fmt: skip
     if server:
         errors = [error for level in levels for error in level["errors"]]
-        checks.append(_check("requests_ok", "fail" if errors else "pass", len(errors), 0, "built-in",
+        checks.append(_check("no_failed_requests", "fail" if errors else "pass", len(errors), 0, "built-in",
                              "; ".join(errors[:3]) or "every request streamed tokens"))  # fmt: skip
-    if thresholds.must_answer is not None:
-        answer = server.get("must_answer") if server else None
+    if thresholds.non_empty_answer is not None:
+        answer = server.get("non_empty_answer") if server else None
+        source = sources["non_empty_answer"]
         if answer is None:
-            checks.append(_check("must_answer", "skipped", None, thresholds.must_answer, sources["must_answer"],
+            checks.append(_check("non_empty_answer", "skipped", None, thresholds.non_empty_answer, source,
                                  "server stage did not run"))  # fmt: skip
         else:
             reply = answer["reply"].strip()
-            checks.append(_check("must_answer", "pass" if reply else "fail", reply[:200], thresholds.must_answer,
-                                 sources["must_answer"], answer.get("error") or "a non-empty reply"))  # fmt: skip
-    passed = not any(check["status"] == "fail" for check in checks)
-    return {"passed": passed, "checks": checks}
+            detail = answer.get("error") or "a non-empty reply"
+            checks.append(_check("non_empty_answer", "pass" if reply else "fail", reply[:200],
+                                 thresholds.non_empty_answer, source, detail))  # fmt: skip
+    checks += answer_verdict_checks(server or {})
+    return {"passed": not any(check["status"] == "fail" for check in checks), "checks": checks}
 
 
 def tiny_smoke_model(reporter: Reporter = null_reporter, cancel: CancelToken | None = None) -> Path:
@@ -340,13 +353,26 @@ def _server_stage(
                     busy_ports=server.busy_ports)  # fmt: skip
         reporter(Event("info", f"llama-server ready on 127.0.0.1:{server.port} in {server.startup_s:.1f} s",
                        stage="server"))  # fmt: skip
-        # The must-answer request goes first: it also warms the server up before anything is timed.
-        prompt = thresholds.must_answer or "Say hello."
+        # The non-empty-answer request goes first: it also warms the server up before anything is timed.
+        prompt = thresholds.non_empty_answer or "Say hello."
         answer = stream_chat(server.port, ChatRequest(prompt, 64, ignore_eos=False), index=0, concurrency=1,
                              timeout=options.request_timeout_s, t0=time.perf_counter())  # fmt: skip
         cancel.raise_if_cancelled()
-        data["must_answer"] = dataclasses.asdict(answer) if thresholds.must_answer else None
-        data["warmup"] = None if thresholds.must_answer else dataclasses.asdict(answer)
+        data["non_empty_answer"] = dataclasses.asdict(answer) if thresholds.non_empty_answer else None
+        data["warmup"] = None if thresholds.non_empty_answer else dataclasses.asdict(answer)
+        base_url = f"http://{HOST}:{server.port}"
+        if target.answers:
+            reporter(Event("stage", f"server: {len(target.answers)} checked answers", stage="server"))
+            outcomes = check_answers(base_url, target.answers, timeout=options.request_timeout_s)
+            data["answers"] = [dataclasses.asdict(outcome) for outcome in outcomes]
+        if options.golden or options.record_golden:
+            path = options.record_golden or options.golden
+            reporter(Event("stage", f"server: greedy tokens for the golden {path}", stage="server"))
+            data["golden"] = golden_stage(
+                base_url, golden=options.golden, record_golden=options.record_golden, timeout=options.request_timeout_s,
+                source={"build": target.build_key, "model": target.model_label, "size": target.model.stat().st_size},
+            )  # fmt: skip
+        cancel.raise_if_cancelled()
         levels = []
         for concurrency in options.concurrency:
             reporter(Event("stage", f"server: {options.requests} streaming requests at concurrency {concurrency}",

@@ -25,7 +25,7 @@ class ChatRequest:
 
     prompt: str
     max_tokens: int
-    ignore_eos: bool = True  # measured requests generate exactly max_tokens; the must-answer one does not
+    ignore_eos: bool = True  # measured requests generate exactly max_tokens; non_empty_answer does not
 
     def body(self) -> dict[str, Any]:
         """The JSON body of the OpenAI-compatible streaming request."""
