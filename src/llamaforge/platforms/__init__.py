@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 from llamaforge.build.recipes import Backend, BuildRecipe, ImageRef
 from llamaforge.build.recipes import Platform as PlatformName
@@ -111,12 +111,42 @@ class Platform(Protocol):
         ...
 
 
+@dataclass
+class UnbuiltPlatform:
+    """A platform whose builds are not written yet: every plan is refused, saying what to do instead."""
+
+    name: PlatformName
+    next_step: str
+    template_dir: str | None = None
+
+    def check(self, recipe: BuildRecipe, backend: Backend) -> None:
+        """Always refuses: no builder exists for this platform yet."""
+        self._refuse(recipe)
+
+    def build(
+        self,
+        recipe: BuildRecipe,
+        backend: Backend,
+        options: BuildOptions,
+        cmake_args: tuple[str, ...],
+        source_date_epoch: int,
+    ) -> PlatformBuild:
+        """Always refuses: no builder exists for this platform yet."""
+        self._refuse(recipe)
+
+    def _refuse(self, recipe: BuildRecipe) -> NoReturn:
+        raise InvalidOption(
+            f"platform {self.name!r} (recipe {recipe.name!r}) is not built yet: llamaforge builds linux only",
+            hint=f'set platform = "linux" in the recipe to build for Linux; {self.next_step}',
+        )
+
+
 def _registry() -> dict[str, Platform]:
     from llamaforge.platforms.linux import LinuxPlatform
-    from llamaforge.platforms.macos import MacosPlatform
-    from llamaforge.platforms.windows import WindowsPlatform
+    from llamaforge.platforms.macos import MACOS
+    from llamaforge.platforms.windows import WINDOWS
 
-    return {platform.name: platform for platform in (LinuxPlatform(), WindowsPlatform(), MacosPlatform())}
+    return {platform.name: platform for platform in (LinuxPlatform(), WINDOWS, MACOS)}
 
 
 def get_platform(name: str) -> Platform:
