@@ -312,6 +312,41 @@ class LocalProcessHandle(OutputHandle):
         self._cleanup()
 
 
+def finished_run(
+    command: list[str],
+    exit_code: int,
+    out_lines: list[str],
+    err_lines: list[str],
+    *,
+    started: float,
+    timed_out: bool,
+    warn: bool,
+    what: str,
+    hint: str | None,
+    timeout_s: float | None,
+    log_path: Path | None,
+) -> ProcessResult:
+    """The result of a command that ended, or its ToolFailed (a timeout or a non-zero exit, unless ``warn``): one
+    rule for every runner, wherever the command ran."""
+    result = ProcessResult(
+        argv=command, exit_code=exit_code, stdout="".join(f"{line}\n" for line in out_lines),
+        stderr="".join(f"{line}\n" for line in err_lines), duration_s=time.monotonic() - started,
+        timed_out=timed_out,
+    )  # fmt: skip
+    log_name = str(log_path) if log_path is not None else None
+    tail = (err_lines or out_lines)[-TAIL_LINES:]
+    if timed_out and not warn:
+        raise ToolFailed(
+            f"{what} did not finish within {timeout_s:g} s", command=command, returncode=exit_code, tail=tail,
+            log_path=log_name, hint=hint or "raise the timeout, or give it less work",
+        )  # fmt: skip
+    if exit_code != 0 and not warn:
+        raise ToolFailed(
+            f"{what} failed", command=command, returncode=exit_code, tail=tail, log_path=log_name, hint=hint
+        )
+    return result
+
+
 class LocalProcessRunner:
     """Runs commands as processes of this host, each in its own process group (killed whole on cancel)."""
 
@@ -380,25 +415,10 @@ class LocalProcessRunner:
                     output.log = None
                 log.close()
         cancel.raise_if_cancelled()
-        result = ProcessResult(
-            argv=command, exit_code=process.returncode, stdout="".join(f"{line}\n" for line in out_lines),
-            stderr="".join(f"{line}\n" for line in err_lines), duration_s=time.monotonic() - started,
-            timed_out=timed_out,
+        return finished_run(
+            command, process.returncode, out_lines, err_lines, started=started, timed_out=timed_out, warn=warn,
+            what=what, hint=hint, timeout_s=timeout_s, log_path=log_path,
         )  # fmt: skip
-        log_name = str(log_path) if log_path is not None else None
-        tail = (err_lines or out_lines)[-TAIL_LINES:]
-        if timed_out and not warn:
-            raise ToolFailed(
-                f"{what} did not finish within {timeout_s:g} s", command=command, returncode=result.exit_code,
-                tail=tail, log_path=log_name,
-                hint=hint or "raise the timeout, or give it less work",
-            )  # fmt: skip
-        if result.exit_code != 0 and not warn:
-            raise ToolFailed(
-                f"{what} failed", command=command, returncode=result.exit_code,
-                tail=tail, log_path=log_name, hint=hint,
-            )  # fmt: skip
-        return result
 
     def start(
         self,

@@ -40,6 +40,7 @@ from llamaforge.runners.process import (
     _masker,
     _Output,
     _secrets,
+    finished_run,
 )
 from llamaforge.runners.ssh_connection import DEFAULT_KNOWN_HOSTS, SshError, SshHost, open_connection
 from llamaforge.runners.transfer import Transfer, TransferResult
@@ -304,23 +305,10 @@ class SshProcessRunner:
                 "running there",
                 hint="check the host and its network, then run it again",
             )
-        result = ProcessResult(
-            argv=command, exit_code=code, stdout="".join(f"{line}\n" for line in out_lines),
-            stderr="".join(f"{line}\n" for line in err_lines), duration_s=time.monotonic() - started,
-            timed_out=timed_out,
+        return finished_run(
+            command, code, out_lines, err_lines, started=started, timed_out=timed_out, warn=warn, what=what,
+            hint=hint, timeout_s=timeout_s, log_path=log_path,
         )  # fmt: skip
-        log_name = str(log_path) if log_path is not None else None
-        tail = (err_lines or out_lines)[-TAIL_LINES:]
-        if timed_out and not warn:
-            raise ToolFailed(
-                f"{what} did not finish within {timeout_s:g} s", command=command, returncode=code, tail=tail,
-                log_path=log_name, hint=hint or "raise the timeout, or give it less work",
-            )  # fmt: skip
-        if code != 0 and not warn:
-            raise ToolFailed(
-                f"{what} failed", command=command, returncode=code, tail=tail, log_path=log_name, hint=hint
-            )
-        return result
 
     def start(
         self,
