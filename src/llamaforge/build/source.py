@@ -22,8 +22,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
-from filelock import FileLock
-
 from llamaforge.build.recipes import ArchiveSource, GitSource, PypiSdistSource
 from llamaforge.core.errors import ChecksumMismatch, SourceError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
@@ -223,6 +221,8 @@ def fetch_source(
     tree = entry / "tree"
     if (entry / "complete").is_file():
         return tree
+    from filelock import FileLock  # a cached source needs no lock: a cache hit does not import it
+
     with FileLock(str(root / f"{source_id(source)}.lock")):
         if (entry / "complete").is_file():
             return tree

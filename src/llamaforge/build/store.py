@@ -6,12 +6,13 @@ import json
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
-
-from filelock import FileLock
+from typing import TYPE_CHECKING, Any
 
 from llamaforge.core.errors import CacheError
 from llamaforge.core.paths import home
+
+if TYPE_CHECKING:
+    from filelock import FileLock
 
 MANIFEST = "manifest.json"
 
@@ -30,6 +31,8 @@ def build_lock(key: str) -> FileLock:
     """Lock held while ``key`` is being built, so concurrent builds of one key build once."""
     locks = home() / "locks"
     locks.mkdir(parents=True, exist_ok=True)
+    from filelock import FileLock  # only a build takes the lock: a cache hit does not import it
+
     return FileLock(str(locks / f"{key}.lock"))
 
 

@@ -66,6 +66,54 @@ class EngineConfig:
 
 
 _CLIENTS: dict[tuple[tuple[str, str], ...], Any] = {}
+_DEFAULT_SOCKET_URL = "unix:///var/run/docker.sock"
+_UNAVAILABLE_HINT = (
+    "start Docker (e.g. `dockerd &` as root) or set DOCKER_HOST; `invoke doctor` checks the setup; "
+    "`invoke build --executor local` builds on this host without Docker"
+)
+
+
+def _check_socket(url: str) -> None:
+    socket = Path(url.removeprefix("unix://")) if url.startswith("unix://") else None
+    if socket is not None and not socket.exists():
+        raise DockerUnavailable(
+            f"cannot reach the Docker engine at {url}: {socket} does not exist", hint=_UNAVAILABLE_HINT
+        )
+
+
+def _socket_image_id(url: str, tag: str) -> str | None:
+    """``GET /images/{tag}/json`` on the engine's unix socket: the same answer as the SDK's ``images.get``."""
+    import http.client
+    import json
+    import socket
+    import urllib.parse
+
+    _check_socket(url)
+    path = url.removeprefix("unix://")
+
+    class UnixConnection(http.client.HTTPConnection):
+        def connect(self) -> None:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(self.timeout)
+            self.sock.connect(path)
+
+    connection = UnixConnection("localhost", timeout=60)
+    try:
+        connection.request("GET", f"/images/{urllib.parse.quote(tag, safe='/:')}/json")
+        response = connection.getresponse()
+        body = response.read()
+    except OSError as error:
+        raise DockerUnavailable(
+            f"cannot reach the Docker engine at {url}: {error}", hint=_UNAVAILABLE_HINT
+        ) from None
+    finally:
+        connection.close()
+    if response.status == 404:
+        return None
+    if response.status != 200:
+        message = body.decode("utf-8", "replace").strip()
+        raise ImageError(f"the Docker engine could not look up image {tag}: {response.status} {message}")
+    return str(json.loads(body)["Id"])
 
 
 def docker_client(config: EngineConfig | None = None) -> Any:
@@ -81,16 +129,7 @@ def docker_client(config: EngineConfig | None = None) -> Any:
     import docker.errors
 
     url = environment.get("DOCKER_HOST", "")
-    hint = (
-        "start Docker (e.g. `dockerd &` as root) or set DOCKER_HOST; `invoke doctor` checks the setup; "
-        "`invoke build --executor local` builds on this host without Docker"
-    )
-    socket = Path(url.removeprefix("unix://")) if url.startswith("unix://") else None
-    if socket is not None and not socket.exists():
-        # Checked first: the SDK leaks the socket object of a failed unix connect.
-        raise DockerUnavailable(
-            f"cannot reach the Docker engine at {url}: {socket} does not exist", hint=hint
-        )
+    _check_socket(url)  # first: the SDK leaks the socket object of a failed unix connect
     client = None
     try:
         client = docker.from_env(timeout=600, environment=environment)
@@ -99,13 +138,23 @@ def docker_client(config: EngineConfig | None = None) -> Any:
         if client is not None:
             client.close()  # its connection pool would otherwise leak a socket
         where = f" at {url}" if url else ""
-        raise DockerUnavailable(f"cannot reach the Docker engine{where}: {error}", hint=hint) from None
+        raise DockerUnavailable(
+            f"cannot reach the Docker engine{where}: {error}", hint=_UNAVAILABLE_HINT
+        ) from None
     _CLIENTS[address] = client
     return client
 
 
 def image_id(tag: str, config: EngineConfig | None = None) -> str | None:
-    """Id of the local image ``tag``, or None when the engine has no such image (changes nothing)."""
+    """Id of the local image ``tag``, or None when the engine has no such image (changes nothing).
+
+    On a local engine (a unix socket, the default) with no SDK client made yet, the one HTTP request is sent
+    without the docker SDK: a cache hit needs only this id, and importing the SDK costs more than the hit.
+    """
+    environment = (config or EngineConfig()).environment()
+    url = environment.get("DOCKER_HOST", _DEFAULT_SOCKET_URL)
+    if tuple(sorted(environment.items())) not in _CLIENTS and url.startswith("unix://"):
+        return _socket_image_id(url, tag)
     import docker.errors
 
     try:

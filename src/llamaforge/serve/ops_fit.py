@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
 from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
-from llamaforge.serve.fit import DoesNotFit, FitPlan, GiB, parse_size, plan_fit
-from llamaforge.serve.fit_chart import save_fit_chart
 from llamaforge.serve.render import models_fit_cli, models_fit_html
+
+if TYPE_CHECKING:
+    from llamaforge.serve.fit import FitPlan
 
 
 class ModelFitParams(Params):
@@ -110,6 +111,9 @@ class FitOutcome(Result):
 )
 def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> FitOutcome:
     """Plan how a model fits on a GPU: layers, experts, KV cache, compute buffer, llama-server flags, speed."""
+    from llamaforge.serve.fit import DoesNotFit, GiB, parse_size, plan_fit
+    from llamaforge.serve.fit_chart import save_fit_chart
+
     path = resolve_model_file(params.model)
     cache_k = params.cache_type_k or params.cache_type or "f16"
     cache_v = params.cache_type_v or params.cache_type or "f16"
@@ -139,6 +143,8 @@ def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> FitOutcome:
 
 def summarize(plan: FitPlan) -> list[str]:
     """A few human lines about ``plan`` (GiB, the flags, the speed ceiling)."""
+    from llamaforge.serve.fit import GiB
+
     gpu, host = plan.gpu_memory, plan.host_memory
     where = "all layers on the GPU" if plan.n_gpu_layers == plan.max_gpu_layers else (
         f"{plan.n_gpu_layers}/{plan.max_gpu_layers} layers on the GPU"

@@ -13,7 +13,6 @@ from llamaforge.core.errors import InvalidOption, OperationFailed, SmokeFailed
 from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
 from llamaforge.models.recipes import AnswerCheck
 from llamaforge.smoke.render import smoke_cli, smoke_compare_cli, smoke_compare_html, smoke_html
-from llamaforge.smoke.run import SmokeOptions, SmokeTarget
 
 
 class SmokeParams(Params):
@@ -168,7 +167,14 @@ class SmokeReport(Result):
 @operation("smoke", SmokeParams, read_only=False, long_running=True, cli=smoke_cli, html=smoke_html)
 def smoke_op(params: SmokeParams, ctx: OperationContext) -> SmokeReport:
     """Smoke a build with a model: llama-bench + streaming llama-server, thresholds, report and plots."""
-    from llamaforge.smoke.run import parse_threshold_items, resolve_thresholds, result_view, run_smoke
+    from llamaforge.smoke.run import (
+        SmokeOptions,
+        SmokeTarget,
+        parse_threshold_items,
+        resolve_thresholds,
+        result_view,
+        run_smoke,
+    )
 
     options = SmokeOptions(
         pp=params.pp, tg=params.tg, repetitions=params.repetitions, threads=params.threads,
