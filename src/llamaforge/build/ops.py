@@ -10,17 +10,6 @@ from pydantic import Field
 
 from llamaforge.build.doctor import Status
 from llamaforge.build.recipes import Backend
-from llamaforge.build.render import (
-    build_cli,
-    build_html,
-    builds_list_cli,
-    builds_list_html,
-    builds_show_html,
-    doctor_cli,
-    doctor_html,
-    recipes_list_cli,
-    recipes_list_html,
-)
 from llamaforge.core.errors import InvalidOption, LlamaforgeError, NotReproducible, OperationFailed
 from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
 
@@ -128,7 +117,14 @@ class BuildOutput(Result):
     reproducibility: ReproducibilityCheck | None = absent()
 
 
-@operation("build", BuildParams, read_only=False, long_running=True, cli=build_cli, html=build_html)
+@operation(
+    "build",
+    BuildParams,
+    read_only=False,
+    long_running=True,
+    cli="llamaforge.build.render:build_cli",
+    html="llamaforge.build.render:build_html",
+)
 def build_op(params: BuildParams, ctx: OperationContext) -> BuildOutput:
     """Build llama.cpp from a pinned, patched source in Docker (or reuse the cached build)."""
     from llamaforge.build.execute import run_build
@@ -200,7 +196,13 @@ class BuildList(Result):
     builds: list[BuildEntry]
 
 
-@operation("builds.list", NoParams, read_only=True, cli=builds_list_cli, html=builds_list_html)
+@operation(
+    "builds.list",
+    NoParams,
+    read_only=True,
+    cli="llamaforge.build.render:builds_list_cli",
+    html="llamaforge.build.render:builds_list_html",
+)
 def builds_list_op(params: NoParams, ctx: OperationContext) -> BuildList:
     """List published builds, newest first."""
     from llamaforge.build.store import list_builds
@@ -229,7 +231,13 @@ class BuildShown(Result):
     )
 
 
-@operation("builds.show", KeyParams, read_only=True, positional=("key",), html=builds_show_html)
+@operation(
+    "builds.show",
+    KeyParams,
+    read_only=True,
+    positional=("key",),
+    html="llamaforge.build.render:builds_show_html",
+)
 def builds_show_op(params: KeyParams, ctx: OperationContext) -> BuildShown:
     """Show a build's provenance manifest."""
     from llamaforge.build.store import build_dir, find_build
@@ -255,7 +263,13 @@ class DoctorReport(Result):
     exit_code: int
 
 
-@operation("doctor", NoParams, read_only=True, cli=doctor_cli, html=doctor_html)
+@operation(
+    "doctor",
+    NoParams,
+    read_only=True,
+    cli="llamaforge.build.render:doctor_cli",
+    html="llamaforge.build.render:doctor_html",
+)
 def doctor_op(params: NoParams, ctx: OperationContext) -> DoctorReport:
     """Check that this machine can build: Docker, base image, disk, CA bundle, toolchains."""
     from llamaforge.build.doctor import run_doctor
@@ -320,7 +334,13 @@ class RecipeList(Result):
     recipes: list[RecipeEntry]
 
 
-@operation("recipes.list", NoParams, read_only=True, cli=recipes_list_cli, html=recipes_list_html)
+@operation(
+    "recipes.list",
+    NoParams,
+    read_only=True,
+    cli="llamaforge.build.render:recipes_list_cli",
+    html="llamaforge.build.render:recipes_list_html",
+)
 def recipes_list_op(params: NoParams, ctx: OperationContext) -> RecipeList:
     """List the shipped build recipes."""
     from llamaforge.build.recipes import list_recipes, load_recipe

@@ -34,10 +34,15 @@ class OperationContext:
     cancel: CancelToken = field(default_factory=CancelToken)
 
 
+# Every front imports every operation's models, and a run uses one or two: each model builds its validator
+# when first used, not when its module is imported (a cache hit would otherwise build some sixty of them).
+_MODEL_CONFIG = ConfigDict(extra="forbid", defer_build=True)
+
+
 class Params(BaseModel):
     """Base of operation parameter models."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _MODEL_CONFIG
 
 
 PATH_MARKER = "x-llamaforge-path"
@@ -61,7 +66,7 @@ def is_path_field(info: FieldInfo) -> bool:
 class Result(BaseModel):
     """Base of operation result models and of their parts: the one JSON shape every front reads."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _MODEL_CONFIG
 
 
 def _is_none(value: object) -> bool:
@@ -79,9 +84,18 @@ def result_json(result: BaseModel) -> dict[str, Any]:
 
 
 # How a result looks to a person: printed on a rich Console for the CLI, as HTML in a notebook. Each operation
-# names its own (they sit beside it); the fronts fall back to a generic view.
+# names its own (they sit beside it) as "module:function", imported only when a result is shown: a front that
+# prints JSON never imports rich's tables or the chart code. The fronts fall back to a generic view.
 CliRenderer = Callable[[dict[str, Any], Any], None]
 HtmlRenderer = Callable[[dict[str, Any]], str]
+
+
+def _renderer(where: str | None) -> Any:
+    if where is None:
+        return None
+    module, _, function = where.partition(":")
+    return getattr(importlib.import_module(module), function)
+
 
 _R = TypeVar("_R", bound=Result)
 OperationFunction = Callable[[Any, OperationContext], _R]
@@ -100,8 +114,20 @@ class Operation:
     destructive: bool = False
     long_running: bool = False
     positional: tuple[str, ...] = ()
-    render_cli: CliRenderer | None = None
-    render_html: HtmlRenderer | None = None
+    cli: str | None = None
+    html: str | None = None
+
+    @property
+    def render_cli(self) -> CliRenderer | None:
+        """The rich renderer of this operation's result, or None for the generic view."""
+        renderer: CliRenderer | None = _renderer(self.cli)
+        return renderer
+
+    @property
+    def render_html(self) -> HtmlRenderer | None:
+        """The HTML renderer of this operation's result, or None for the generic view."""
+        renderer: HtmlRenderer | None = _renderer(self.html)
+        return renderer
 
 
 REGISTRY: dict[str, Operation] = {}
@@ -163,12 +189,13 @@ def operation(
     destructive: bool = False,
     long_running: bool = False,
     positional: tuple[str, ...] = (),
-    cli: CliRenderer | None = None,
-    html: HtmlRenderer | None = None,
+    cli: str | None = None,
+    html: str | None = None,
 ) -> Callable[[OperationFunction[_R]], OperationFunction[_R]]:
     """Register the decorated function as operation ``name``: its docstring's first line is the summary, its
-    return annotation (a :class:`Result` model) the result every front publishes; ``cli`` and ``html`` render
-    that result's JSON for a person (default: a generic view)."""
+    return annotation (a :class:`Result` model) the result every front publishes; ``cli`` and ``html`` name
+    (``"module:function"``) the functions that render that result's JSON for a person (default: a generic
+    view)."""
 
     def register(function: OperationFunction[_R]) -> OperationFunction[_R]:
         summary = (function.__doc__ or name).strip().splitlines()[0]

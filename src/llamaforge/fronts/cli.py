@@ -12,11 +12,10 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from llamaforge import __version__
 from llamaforge.core.errors import Cancelled, InvalidOption, LlamaforgeError, OperationFailed, Terminated
@@ -24,6 +23,9 @@ from llamaforge.core.events import CancelToken, Event
 from llamaforge.core.registry import Operation, OperationContext, operations, result_json
 from llamaforge.core.validation import describe_errors
 from llamaforge.fronts.render_cli import render_human
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 
 class ConsoleReporter:
@@ -37,6 +39,9 @@ class ConsoleReporter:
 
     def _bar(self) -> Progress:
         if self._progress is None:
+            # Imported with the first bar: a run without countable work (a cache hit) never needs it.
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
             self._progress = Progress(
                 TextColumn("[bold blue]{task.fields[stage]}"), BarColumn(), MofNCompleteColumn(),
                 TimeElapsedColumn(), TextColumn("{task.description}"), console=self.console, transient=True,

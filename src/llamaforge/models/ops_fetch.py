@@ -9,7 +9,6 @@ from pydantic import Field
 
 from llamaforge.core.errors import LockError, OperationFailed
 from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
-from llamaforge.models.render import models_fetch_cli, models_fetch_html, models_lock_cli
 
 
 class ModelFetchParams(Params):
@@ -43,8 +42,8 @@ class FetchedModel(Result):
     read_only=False,
     long_running=True,
     positional=("model",),
-    cli=models_fetch_cli,
-    html=models_fetch_html,
+    cli="llamaforge.models.render:models_fetch_cli",
+    html="llamaforge.models.render:models_fetch_html",
 )
 def models_fetch_op(params: ModelFetchParams, ctx: OperationContext) -> FetchedModel:
     """Download a model into the verified, content-addressed cache (resumable; sha256-checked; --offline)."""
@@ -83,7 +82,7 @@ class LockOutcome(Result):
     exit_code: int
 
 
-@operation("models.lock", ModelLockParams, read_only=False, cli=models_lock_cli)
+@operation("models.lock", ModelLockParams, read_only=False, cli="llamaforge.models.render:models_lock_cli")
 def models_lock_op(params: ModelLockParams, ctx: OperationContext) -> LockOutcome:
     """Resolve model revisions to commits + sha256 and base images to digests; write recipes/lock.toml."""
     from llamaforge.models.lock import lock_models

@@ -10,12 +10,6 @@ from pydantic import Field
 
 from llamaforge.core.errors import InvalidOption, ModelError, OperationFailed
 from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
-from llamaforge.models.render import (
-    models_inspect_cli,
-    models_inspect_html,
-    models_verify_cli,
-    models_verify_html,
-)
 from llamaforge.models.verify import Status
 
 
@@ -75,8 +69,8 @@ class VerifiedModel(Result):
     read_only=True,
     long_running=True,
     positional=("target",),
-    cli=models_verify_cli,
-    html=models_verify_html,
+    cli="llamaforge.models.render:models_verify_cli",
+    html="llamaforge.models.render:models_verify_html",
 )
 def models_verify_op(params: ModelVerifyParams, ctx: OperationContext) -> VerifiedModel:
     """Verify a GGUF: hardened header parse, sha256, structure, recipe expectations, tensors, chat template."""
@@ -143,8 +137,8 @@ class InspectedModel(Result):
     ModelInspectParams,
     read_only=True,
     positional=("target",),
-    cli=models_inspect_cli,
-    html=models_inspect_html,
+    cli="llamaforge.models.render:models_inspect_cli",
+    html="llamaforge.models.render:models_inspect_html",
 )
 def models_inspect_op(params: ModelInspectParams, ctx: OperationContext) -> InspectedModel:
     """Show a model's architecture, parameters, layers, context, quant mix, tokenizer and template."""

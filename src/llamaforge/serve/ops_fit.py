@@ -9,7 +9,6 @@ from pydantic import Field
 
 from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
-from llamaforge.serve.render import models_fit_cli, models_fit_html
 
 if TYPE_CHECKING:
     from llamaforge.serve.fit import FitPlan
@@ -106,8 +105,8 @@ class FitOutcome(Result):
     ModelFitParams,
     read_only=True,
     positional=("model",),
-    cli=models_fit_cli,
-    html=models_fit_html,
+    cli="llamaforge.serve.render:models_fit_cli",
+    html="llamaforge.serve.render:models_fit_html",
 )
 def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> FitOutcome:
     """Plan how a model fits on a GPU: layers, experts, KV cache, compute buffer, llama-server flags, speed."""

@@ -12,7 +12,6 @@ from pydantic import Field
 from llamaforge.core.errors import InvalidOption, OperationFailed, SmokeFailed
 from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
 from llamaforge.models.recipes import AnswerCheck
-from llamaforge.smoke.render import smoke_cli, smoke_compare_cli, smoke_compare_html, smoke_html
 
 
 class SmokeParams(Params):
@@ -164,7 +163,14 @@ class SmokeReport(Result):
     exit_code: int
 
 
-@operation("smoke", SmokeParams, read_only=False, long_running=True, cli=smoke_cli, html=smoke_html)
+@operation(
+    "smoke",
+    SmokeParams,
+    read_only=False,
+    long_running=True,
+    cli="llamaforge.smoke.render:smoke_cli",
+    html="llamaforge.smoke.render:smoke_html",
+)
 def smoke_op(params: SmokeParams, ctx: OperationContext) -> SmokeReport:
     """Smoke a build with a model: llama-bench + streaming llama-server, thresholds, report and plots."""
     from llamaforge.smoke.run import (
@@ -233,8 +239,8 @@ class SmokeComparison(Result):
     SmokeCompareParams,
     read_only=False,
     positional=("run_a", "run_b"),
-    cli=smoke_compare_cli,
-    html=smoke_compare_html,
+    cli="llamaforge.smoke.render:smoke_compare_cli",
+    html="llamaforge.smoke.render:smoke_compare_html",
 )
 def smoke_compare_op(params: SmokeCompareParams, ctx: OperationContext) -> SmokeComparison:
     """Compare two smoke runs side by side with ratios (like compare-llama-bench); writes json/md/png."""

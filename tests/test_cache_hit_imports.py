@@ -1,0 +1,80 @@
+"""A cache hit through `invoke build` imports only what it needs: the fronts' registry, the plan and the store
+lookup. The heavy libraries (the docker SDK, numpy, matplotlib, the MCP SDK, the gguf package, rich's tables)
+load only when an operation or a renderer that uses them runs. Checked on module sets, in fresh interpreters."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Top-level packages (and the few submodules named) a cache hit must not import.
+HEAVY = ("docker", "paramiko", "numpy", "matplotlib", "mcp", "gguf", "filelock", "rich.syntax", "rich.table")
+
+
+def loaded_after(code: str) -> set[str]:
+    """The module names a fresh interpreter holds after running ``code`` in the repository root."""
+    script = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    return set(json.loads(done.stdout.splitlines()[-1]))
+
+
+def heavy_in(modules: set[str]) -> list[str]:
+    return sorted(name for name in HEAVY if name in modules)
+
+
+def test_importing_tasks_loads_no_heavy_library() -> None:
+    modules = loaded_after("import tasks")
+    assert heavy_in(modules) == []
+    # Every operation is registered (the fronts list them all) ...
+    assert {"llamaforge.build.ops", "llamaforge.smoke.ops", "llamaforge.serve.ops_fit"} <= modules
+    # ... but no renderer module is imported until a result is shown.
+    assert not {name for name in modules if name.startswith("llamaforge.") and name.endswith(".render")}
+
+
+def test_the_cache_hit_path_loads_no_heavy_library() -> None:
+    """Everything a cache hit runs before it asks the engine for the builder image id: the plan, the
+    executor, the build-and-store modules."""
+    modules = loaded_after(
+        "import tasks\n"
+        "from llamaforge.build.ops import BuildParams, _plan_from_params\n"
+        "from llamaforge.build import execute, store\n"
+        "from llamaforge.runners import make_executor\n"
+        "_plan_from_params(BuildParams(backend='cpu'))\n"
+        "make_executor('docker', {})\n"
+    )
+    assert {"llamaforge.build.execute", "llamaforge.runners.docker", "jinja2"} <= modules
+    assert heavy_in(modules) == []
+
+
+def test_a_renderer_is_imported_when_a_result_is_shown() -> None:
+    modules = loaded_after(
+        "from llamaforge.core.registry import operations\nassert operations()['build'].render_cli is not None"
+    )
+    assert "llamaforge.build.render" in modules
+
+
+@pytest.mark.docker
+def test_image_ids_without_the_sdk_are_the_sdks(docker_engine: object) -> None:
+    """The cache key's builder image id, looked up on the engine socket without the SDK, is the SDK's id;
+    a missing image is None for both."""
+    from llamaforge.build.images import DEFAULT_TAG
+
+    probe = (
+        "import json, sys\n"
+        "from llamaforge.runners.engine import image_id\n"
+        f"ids = [image_id({DEFAULT_TAG!r}), image_id('llamaforge/no-such-image:never')]\n"
+        "print(json.dumps({'ids': ids, 'sdk': 'docker' in sys.modules}))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    socket_side = json.loads(done.stdout)
+    assert socket_side["sdk"] is False
+    sdk_id = str(docker_engine.images.get(DEFAULT_TAG).id)  # type: ignore[attr-defined]
+    assert socket_side["ids"] == [sdk_id, None]
