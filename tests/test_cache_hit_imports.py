@@ -1,5 +1,5 @@
 """A cache hit through `invoke build` imports only what it needs: the fronts' registry, the plan and the store
-lookup. The heavy libraries (the docker SDK, numpy, matplotlib, the MCP SDK, the gguf package, rich's tables)
+lookup. The heavy libraries (the docker SDK, numpy, matplotlib, the MCP SDK, the GGUF readers, rich's tables)
 load only when an operation or a renderer that uses them runs. Checked on module sets, in fresh interpreters."""
 
 from __future__ import annotations
@@ -13,8 +13,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Top-level packages (and the few submodules named) a cache hit must not import.
-HEAVY = ("docker", "paramiko", "numpy", "matplotlib", "mcp", "gguf", "filelock", "rich.syntax", "rich.table")
+# Packages (and the few submodules named) a cache hit must not import: llamaforge's GGUF reader too.
+HEAVY = (
+    "docker", "paramiko", "numpy", "matplotlib", "mcp", "gguf", "filelock", "rich.syntax", "rich.table",
+    "llamaforge.gguf",
+)  # fmt: skip
 
 
 def loaded_after(code: str) -> set[str]:

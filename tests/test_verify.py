@@ -25,6 +25,7 @@ from conftest import require
 from helpers import write_mini_vocab
 from llamaforge.core.errors import LlamaforgeError, ModelError, OperationFailed
 from llamaforge.core.registry import OperationContext, operations, result_json
+from llamaforge.gguf import header as gguf_header
 from llamaforge.gguf import tiny as tinymodels
 from llamaforge.gguf.header import ArraySummary, GGUFFormatError, HeaderLimits, read_header
 from llamaforge.gguf.sources import BytesSource
@@ -468,7 +469,7 @@ def test_cache_hit_does_not_rehash(model: Path, lf_home: Path, monkeypatch: pyte
         raise AssertionError("a cache hit must not hash or parse the file again")
 
     monkeypatch.setattr(verify, "hash_file", forbidden)
-    monkeypatch.setattr(verify, "read_header", forbidden)
+    monkeypatch.setattr(gguf_header, "read_header", forbidden)  # verify_model imports the reader when it runs
     second = verify_model(model)
     assert second.cached and second.sha256 == first.sha256 and second.model == first.model
     # the stored sha256 still meets a pinned recipe on a hit

@@ -20,18 +20,18 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from llamaforge import __version__
 from llamaforge.core.errors import InvalidOption, ModelError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.paths import home
-from llamaforge.gguf.header import GGUFHeader, LongString, read_header
-from llamaforge.models.inspect import array_length, describe, layer_kinds
-from llamaforge.models.recipes import ModelRecipe
 from llamaforge.runners.process import LOCAL, ProcessRunner
-from llamaforge.serve.launcher import LlamaFlags, cli_argv
-from llamaforge.serve.loadlog import parse_load_log
+
+# The readers are imported by the checks that use them: every front imports this module (for Status).
+if TYPE_CHECKING:
+    from llamaforge.gguf.header import GGUFHeader
+    from llamaforge.models.recipes import ModelRecipe
 
 Status = Literal["ok", "warn", "fail", "skipped"]
 CHECKS: Final = ("header", "sha256", "structure", "tensors", "expectations", "template", "load")
@@ -163,6 +163,8 @@ def check_tensor_set(header: GGUFHeader) -> tuple[list[str], list[str], list[Fin
     """
     import gguf
 
+    from llamaforge.models.inspect import layer_kinds
+
     arch = header.architecture or ""
     model_arch = next((m for m, name in gguf.MODEL_ARCH_NAMES.items() if name == arch), None)
     if model_arch is None:
@@ -231,6 +233,8 @@ def _missing_in_layer(rules: Iterable[_Alternatives], present: set[str], bid: in
 
 def check_structure(header: GGUFHeader) -> list[Finding]:
     """What llama.cpp will refuse beyond the header format: layout, architecture keys, vocabulary rows."""
+    from llamaforge.models.inspect import array_length
+
     findings: list[Finding] = []
     arch = header.architecture
     if arch is None:
@@ -355,6 +359,8 @@ def audit_chat_template(source: str) -> tuple[bool, list[str]]:
 
 def check_templates(metadata: Mapping[str, Any]) -> list[Finding]:
     """Audit ``tokenizer.chat_template`` and its named variants (``tokenizer.chat_template.tool_use``…)."""
+    from llamaforge.gguf.header import LongString
+
     findings: list[Finding] = []
     for key, value in metadata.items():
         if not key.startswith("tokenizer.chat_template"):
@@ -487,6 +493,8 @@ def _cache_store(identity: Mapping[str, int], sha256: str, analysis: dict[str, A
 
 def analyse_header(header: GGUFHeader) -> dict[str, Any]:
     """The recipe-independent verdict on a parsed header: model facts, structure, tensor set, template."""
+    from llamaforge.models.inspect import describe
+
     missing, unknown, tensor_findings = check_tensor_set(header)
     findings = [*check_structure(header), *tensor_findings, *check_templates(header.metadata)]
     model = describe(header)
@@ -520,6 +528,9 @@ def load_check(
 ) -> dict[str, Any]:
     """Load ``path`` with the build's ``llama-cli`` (one token, ``-fit off``, verbose log) and report the
     buffers llama.cpp allocated, or why it refused the file."""
+    from llamaforge.serve.launcher import LlamaFlags, cli_argv
+    from llamaforge.serve.loadlog import parse_load_log
+
     binary = llama_cli(build)
     flags = LlamaFlags(ctx=context, fit="off", warmup=False, verbose=True)
     command = cli_argv(binary, path, flags, prompt="hi", n_predict=1)
@@ -559,6 +570,8 @@ def verify_model(
     A malformed header raises :class:`~llamaforge.gguf.header.GGUFFormatError`; every other problem is a
     failed finding in the report.
     """
+    from llamaforge.gguf.header import read_header
+
     cancel = cancel or CancelToken()
     started = time.monotonic()
     file = Path(path)
