@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
 from llamaforge.core.errors import InvalidOption, OperationFailed, SmokeFailed
 from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
-from llamaforge.models.recipes import AnswerCheck
+
+if TYPE_CHECKING:
+    from llamaforge.models.recipes import AnswerCheck
 
 
 class SmokeParams(Params):
