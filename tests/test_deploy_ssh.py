@@ -135,8 +135,8 @@ def fleet(test_hosts: list[TestHost], patched_build: Path, build_env: dict[str, 
         host.exec(["systemctl", "stop", f"llamaforge-{name}.service"])
 
 
-def run(name: str, **arguments: Any) -> Any:
-    op = operations()[name]
+def run(operation: str, **arguments: Any) -> Any:
+    op = operations()[operation]
     return op.run(op.params(**arguments), OperationContext())
 
 
@@ -148,6 +148,12 @@ def complete_through_ssh(host: TestHost, known: Path, port: int) -> list[dict[st
     """A real greedy completion from the host's llama-server, on its loopback, through SSH."""
     with runner(host, known) as opened, forward_local(opened, port) as local:
         return greedy_completion(f"http://127.0.0.1:{local}", GoldenRequest(n_predict=6, n_probs=1))
+
+
+def listening(host: TestHost, port: int) -> list[str]:
+    """The addresses (hex, as /proc/net/tcp writes them) the host listens on at ``port``."""
+    rows = [line.split() for line in on_host(host, "cat /proc/net/tcp /proc/net/tcp6").splitlines()]
+    return [row[1].split(":")[0] for row in rows if row[3] == "0A" and row[1].endswith(f":{port:04X}")]
 
 
 def on_host(host: TestHost, command: str) -> str:
@@ -186,7 +192,7 @@ def test_deploy_query_redeploy_second_release_and_rollback(
                               f"llamaforge-{name}.service")  # fmt: skip
         assert sorted(shown.splitlines()) == ["ActiveState=active", "NoNewPrivileges=yes", "ProtectSystem=strict",
                                               "User=llamaforge"]  # fmt: skip
-        assert on_host(host, f"ss -ltnH 'sport = :{port}' | awk '{{print $4}}'") == f"127.0.0.1:{port}"
+        assert listening(host, port) == ["0100007F"]  # 127.0.0.1 only
     with runner(test_hosts[0], known) as opened:
         assert SystemdTarget().verify(opened, Layout(name)) == []
         record = opened.run(["cat", f"{root}/current/release.json"]).stdout
