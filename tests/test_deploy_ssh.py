@@ -21,7 +21,7 @@ from llamaforge.core.registry import OperationContext, operations
 from llamaforge.deploy.hosts import parse_hosts
 from llamaforge.deploy.ops import DeployParams, HostsParams, RollbackParams
 from llamaforge.deploy.release import Layout, ReleaseSpec, release_id
-from llamaforge.deploy.remote import HostState
+from llamaforge.deploy.remote import HostState, releases_to_prune
 from llamaforge.deploy.report import DeployPlan, DeployStatus, RolloutReport
 from llamaforge.deploy.rollout import batches
 from llamaforge.deploy.targets import get_target
@@ -77,6 +77,13 @@ def test_previous_release_comes_from_the_history() -> None:
     assert state.previous() == "b"
     assert HostState("c", ("a", "c"), ("a", "b", "c"), None).previous() == "a"  # b was pruned
     assert HostState("a", ("a",), ("a",), None).previous() is None
+
+
+def test_pruning_keeps_the_most_recently_current_releases() -> None:
+    state = HostState("d", ("a", "b", "c", "d", "x"), ("a", "b", "c", "b", "d"), None)
+    assert releases_to_prune(state, 2) == ["a", "c", "x"]  # keeps d (current) and b (the one before)
+    assert releases_to_prune(state, 5) == ["x"]  # never current: a failed release's leftovers
+    assert releases_to_prune(state, 1) == ["a", "b", "c", "x"]
 
 
 def test_the_unit_matches_its_golden_and_refuses_specifiers() -> None:
@@ -203,6 +210,10 @@ def test_deploy_query_redeploy_second_release_and_rollback(
     again_s = time.monotonic() - started
     assert [item.status for item in again.hosts] == ["unchanged"] * 3
     assert sum(item.sent_bytes for item in again.hosts) == 0
+    assert [item.action for item in run("deploy.plan", **base).hosts] == ["none"] * 3
+    changed = run("deploy.plan", **base, ctx=1024).hosts
+    assert [(item.action, item.model_upload, item.flags_before, item.flags_after) for item in changed] == [
+        ("upload", False, [], ["-c", "1024"])] * 3  # fmt: skip
 
     second = run("deploy", **base, ctx=1024, batch=2)
     assert second.passed and second.release != first.release

@@ -123,16 +123,20 @@ def switch_current(runner: SshProcessRunner, layout: Layout, rid: str, history: 
     runner.run(["sh", "-c", _SWITCH, "sh", layout.root, rid], stdin="".join(f"{item}\n" for item in history))
 
 
-def prune_releases(runner: SshProcessRunner, layout: Layout, state: HostState, keep: int) -> list[str]:
-    """Remove all but the ``keep`` releases that were current most recently (``current`` always stays);
-    returns the ids removed."""
+def releases_to_prune(state: HostState, keep: int) -> list[str]:
+    """The releases beyond the ``keep`` that were current most recently (``current`` always stays)."""
     kept: list[str] = [state.current] if state.current else []
     for rid in reversed(state.history):
         if len(kept) >= keep:
             break
         if rid not in kept:
             kept.append(rid)
-    removed = [rid for rid in state.releases if rid not in kept]
+    return [rid for rid in state.releases if rid not in kept]
+
+
+def prune_releases(runner: SshProcessRunner, layout: Layout, state: HostState, keep: int) -> list[str]:
+    """Remove :func:`releases_to_prune` from the host; returns their ids."""
+    removed = releases_to_prune(state, keep)
     if removed:
         runner.run(["rm", "-rf", "--", *(layout.release(rid) for rid in removed)])
     return removed

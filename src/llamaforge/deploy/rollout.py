@@ -154,11 +154,12 @@ def deploy_host(runner: SshProcessRunner, release: Release, state: HostState, fi
         switched = True
         target.activate(runner, layout)
         gate = _gate(runner, release, options, release.spec.port, release.spec.model_size)
-    except LlamaforgeError as error:
+    except Exception as error:  # noqa: BLE001 - whatever went wrong on this host ends in its report
+        message = error.render() if isinstance(error, LlamaforgeError) else f"{type(error).__name__}: {error}"
         if not switched:
             return HostReport(**base, status="failed", release=state.current, sent_bytes=sent, model_bytes=model,
-                              detail=f"{error.render()}; still on {state.current}")  # fmt: skip
-        gate = GateOutcome(False, error.render())
+                              detail=f"{message}; still on {state.current}")  # fmt: skip
+        gate = GateOutcome(False, message)
     report = {**base, "sent_bytes": sent, "model_bytes": model}
     if not gate.passed:
         return _restore(runner, release, state, gate, options, report)
