@@ -8,6 +8,7 @@ suite's real CPU build and a tiny model to the systemd + sshd test hosts (tests/
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -264,7 +265,7 @@ def test_a_release_that_fails_its_gate_is_rolled_back_on_the_canary_only(
 
 @pytest.mark.docker
 @pytest.mark.llamacpp
-def test_an_unknown_host_key_is_refused_before_anything_changes(
+def test_an_unknown_host_key_or_a_closed_port_is_refused_before_anything_changes(
     fleet: dict[str, Any], test_hosts: list[TestHost], tiny_model: Path, tmp_path: Path
 ) -> None:
     access, name = fleet["access"], fleet["name"]
@@ -277,6 +278,16 @@ def test_an_unknown_host_key_is_refused_before_anything_changes(
     report = caught.value.result
     assert [item.status for item in report.hosts] == ["untouched", "unreachable", "unreachable"]
     assert "unknown" in report.hosts[1].detail and "--accept-new-host-keys" in report.hosts[1].detail
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    params["hosts"] = f"{USER}@127.0.0.1:{test_hosts[0].port},{USER}@127.0.0.1:{closed}"
+    params["known_hosts"] = str(fleet["known"])
+    with pytest.raises(OperationFailed) as caught:
+        run("deploy", **params)
+    report = caught.value.result
+    assert [item.status for item in report.hosts] == ["untouched", "unreachable"]
+    assert f"127.0.0.1:{closed}" in report.hosts[1].detail
     for host in test_hosts:
         assert host.exec(["test", "-e", f"/opt/llamaforge/{name}"])[0] != 0
     assert not HostsParams.model_fields["accept_new_host_keys"].default
