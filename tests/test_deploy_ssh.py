@@ -7,6 +7,7 @@ suite's real CPU build and a tiny model to the systemd + sshd test hosts (tests/
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import time
@@ -164,6 +165,10 @@ def listening(host: TestHost, port: int) -> list[str]:
     return [row[1].split(":")[0] for row in rows if row[3] == "0A" and row[1].endswith(f":{port:04X}")]
 
 
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 def on_host(host: TestHost, command: str) -> str:
     code, output = host.exec(["sh", "-c", command])
     assert code == 0, output
@@ -261,6 +266,12 @@ def test_a_release_that_fails_its_gate_is_rolled_back_on_the_canary_only(
         assert on_host(host, f"readlink {root}/current") == f"releases/{good.release}"
         assert len(complete_through_ssh(host, known, port)) == 6
     assert on_host(test_hosts[1], f"ls {root}/releases") == good.release  # nothing reached it
+    assert len(on_host(test_hosts[0], f"ls {root}/models").split()) == 2
+    pruned = run("deploy", **base, model=str(tiny_model), ctx=2048, keep=1, batch=2)
+    assert pruned.passed
+    for host in test_hosts:  # the releases beyond keep=1 and the broken model they linked to are gone
+        assert on_host(host, f"ls {root}/releases") == pruned.release
+        assert on_host(host, f"ls {root}/models").split() == [f"{sha256_of(tiny_model)}.gguf"]
 
 
 @pytest.mark.docker

@@ -6,6 +6,7 @@ the old one (``mv -T``, one ``rename(2)``); ``history`` is rewritten to a tempor
 model is sent only when ``models/<sha256>.gguf`` is missing (the transfer module renames it into place only
 after its sha256 matched, so its presence means it is whole), and a new release starts as a copy of the
 current one's binaries and libraries, so the transfer skips every file that did not change.
+Pruning keeps the releases that were current most recently and removes the models no kept release links to.
 """
 
 from __future__ import annotations
@@ -32,6 +33,18 @@ exit 0
 _SWITCH = r"""
 cd "$1" && ln -sfn "releases/$2" .current.tmp && mv -T .current.tmp current \
   && cat > .history.tmp && mv -T .history.tmp history
+"""
+
+_UNUSED_MODELS = r"""
+cd "$1" || exit 1
+for model in models/*.gguf; do
+  [ -f "$model" ] || continue
+  used=
+  for link in releases/*/model.gguf releases/.*.tmp/model.gguf; do
+    [ "$(readlink "$link" 2>/dev/null)" = "$1/$model" ] && used=1 && break
+  done
+  [ -n "$used" ] || rm -f -- "$model"
+done
 """
 
 
@@ -135,10 +148,12 @@ def releases_to_prune(state: HostState, keep: int) -> list[str]:
 
 
 def prune_releases(runner: SshProcessRunner, layout: Layout, state: HostState, keep: int) -> list[str]:
-    """Remove :func:`releases_to_prune` from the host; returns their ids."""
+    """Remove :func:`releases_to_prune` from the host, then every model no release left links to; returns
+    the release ids removed."""
     removed = releases_to_prune(state, keep)
     if removed:
         runner.run(["rm", "-rf", "--", *(layout.release(rid) for rid in removed)])
+        runner.run(["sh", "-c", _UNUSED_MODELS, "sh", layout.root])
     return removed
 
 
