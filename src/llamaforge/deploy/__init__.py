@@ -1,0 +1,13 @@
+"""Deploy: ship a build and a model to hosts over SSH as releases, run them as a service, gate on health.
+
+* :mod:`~llamaforge.deploy.release` — what a release is (its inputs, id, files, ``release.json``) and where it
+  lives on a host (Capistrano's shape: ``<root>/releases/<id>/``, ``<root>/current``, models once per host in
+  ``<root>/models/<sha256>.gguf``); pure, no host needed.
+* :mod:`~llamaforge.deploy.remote` — that layout on one host through an SSH runner: read its state, upload a
+  release (models and files already there are not sent again), switch ``current`` atomically, prune.
+* :mod:`~llamaforge.deploy.targets` — how a release runs as a service (the ``Target`` protocol; systemd first).
+* :mod:`~llamaforge.deploy.health` — the health gate: ``/health`` then a real completion, through the SSH
+  connection on the host's loopback.
+* :mod:`~llamaforge.deploy.rollout` — plan, the per-host rolling loop (canary, batches, rollback of a failed
+  host), status and rollback; :mod:`~llamaforge.deploy.ops` registers them as operations.
+"""

@@ -1,0 +1,110 @@
+"""The health gate: a deployed llama-server must answer ``/health`` with 200 and then a real completion.
+
+It is checked through the SSH connection, on the host's loopback: a local port on this side's 127.0.0.1 is
+forwarded over the runner's own paramiko transport (:func:`~llamaforge.runners.ssh_forward.forward_local`), so
+the server never listens beyond the host's loopback and the host needs no curl or other client; the smoke
+answer helpers (:mod:`llamaforge.smoke.answers`) then run unchanged against the forwarded URL.
+
+``/health`` answers 503 while the model loads, so the gate waits as long as the model's size warrants, with a
+cap. A service the manager had to restart, or that failed, fails the gate at once with its last log lines.
+With a model recipe's ``[[answers]]`` each must match; without, a greedy ``/completion`` must produce its
+tokens (the tiny random-weight model has no meaningful answer).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from llamaforge.core.events import CancelToken
+from llamaforge.deploy.release import Layout
+from llamaforge.deploy.targets import Target
+from llamaforge.models.recipes import AnswerCheck
+from llamaforge.runners.ssh import SshProcessRunner
+from llamaforge.runners.ssh_forward import forward_local
+from llamaforge.serve.launcher import request_json
+from llamaforge.smoke.answers import GoldenRequest, check_answers, greedy_completion
+
+GATE_BASE_S = 30.0
+GATE_PER_GIB_S = 30.0  # loading reads the file once: ~30 s a GiB leaves room for a slow disk
+GATE_CAP_S = 900.0
+COMPLETION_TOKENS = 8
+
+
+def gate_timeout_s(model_size: int) -> float:
+    """How long the gate waits for ``/health``: 30 s plus 30 s a GiB of model, at most 15 minutes."""
+    return min(GATE_CAP_S, GATE_BASE_S + GATE_PER_GIB_S * model_size / 2**30)
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    """The gate's verdict on one host."""
+
+    passed: bool
+    detail: str
+    health_s: float = 0.0
+    completion: str = ""
+    logs: list[str] = field(default_factory=list)
+
+
+def _completion(base_url: str, checks: Sequence[AnswerCheck]) -> tuple[bool, str]:
+    try:
+        if checks:
+            outcomes = check_answers(base_url, checks)
+            failed = [outcome for outcome in outcomes if not outcome.passed]
+            if failed:
+                first = failed[0]
+                return (
+                    False,
+                    f"answer to {first.prompt!r}: {first.error or repr(first.reply)}, expected {first.expected}",
+                )
+            return True, " | ".join(outcome.reply for outcome in outcomes)
+        tokens = greedy_completion(base_url, GoldenRequest(n_predict=COMPLETION_TOKENS, n_probs=1))
+    except OSError as error:
+        return False, f"completion failed: {error}"
+    if len(tokens) != COMPLETION_TOKENS:
+        return False, f"the completion returned {len(tokens)} tokens, not {COMPLETION_TOKENS}"
+    return True, "".join(str(token["token"]) for token in tokens)
+
+
+def health_gate(
+    runner: SshProcessRunner,
+    target: Target,
+    layout: Layout,
+    port: int,
+    *,
+    model_size: int,
+    checks: Sequence[AnswerCheck] = (),
+    timeout_s: float | None = None,
+    cancel: CancelToken | None = None,
+) -> GateOutcome:
+    """Wait for the service's ``/health`` on the host's ``127.0.0.1:port``, then ask for a completion."""
+    cancel = cancel or CancelToken()
+    limit = timeout_s if timeout_s is not None else gate_timeout_s(model_size)
+    started = time.monotonic()
+    with forward_local(runner, port) as local_port:
+        status = 0
+        while True:
+            cancel.raise_if_cancelled()
+            state = target.state(runner, layout)
+            if state.restarts > 0 or state.active == "failed":
+                what = "failed" if state.active == "failed" else "exited and was restarted"
+                detail = f"the service {what} ({state.active}, {state.restarts} restarts)"
+                return GateOutcome(
+                    False, detail, time.monotonic() - started, logs=target.logs(runner, layout)
+                )
+            status, _body = request_json(local_port, "GET", "/health", timeout=5.0)
+            if status == 200:
+                break
+            if time.monotonic() - started > limit:
+                detail = f"/health did not answer 200 within {limit:g} s (last: {status or 'no answer'})"
+                return GateOutcome(
+                    False, detail, time.monotonic() - started, logs=target.logs(runner, layout)
+                )
+            time.sleep(0.5)
+        health_s = time.monotonic() - started
+        passed, text = _completion(f"http://127.0.0.1:{local_port}", checks)
+    if not passed:
+        return GateOutcome(False, text, health_s, logs=target.logs(runner, layout))
+    return GateOutcome(True, "/health 200 and a completion", health_s, completion=text)

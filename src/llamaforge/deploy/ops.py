@@ -1,0 +1,175 @@
+"""Operations ``deploy``, ``deploy.plan``, ``deploy.status`` and ``deploy.rollback`` over SSH hosts.
+
+``deploy`` and ``deploy.rollback`` change hosts (destructive: fronts confirm them and hide them when
+read-only); ``deploy.plan`` and ``deploy.status`` only read. A rollout or rollback that leaves a host anything
+but healthy raises :class:`OperationFailed` with the full per-host report.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from llamaforge.core.errors import LlamaforgeError, OperationFailed
+from llamaforge.core.registry import OperationContext, Params, operation, path_field
+from llamaforge.deploy.hosts import Access, open_runners, parse_hosts
+from llamaforge.deploy.release import DEFAULT_PORT, DEFAULT_ROOT, KEEP_RELEASES, Layout, ReleaseSpec
+from llamaforge.deploy.report import DeployPlan, DeployStatus, RolloutReport
+from llamaforge.deploy.rollout import Release, RolloutOptions, plan_host, prepare_release, rollout
+from llamaforge.deploy.targets import get_target
+from llamaforge.models.recipes import AnswerCheck
+from llamaforge.serve.launcher import LlamaFlags
+
+
+class DeployFailed(LlamaforgeError):
+    """A rollout or rollback left a host failed, rolled back or unreachable."""
+
+    exit_code = 15
+
+
+class HostsParams(Params):
+    """Where a deployment lives: hosts, how to reach them, its name, root and target."""
+
+    hosts: str = Field(description="Hosts as user@host:port, comma-separated, in rollout order")
+    ssh_key: str | None = path_field(None, description="Private key file (default: the SSH agent)")
+    known_hosts: str | None = path_field(
+        None, description="The hosts' known_hosts file (read with ~/.ssh/known_hosts; new keys go here)"
+    )
+    accept_new_host_keys: bool = Field(
+        False, description="Record the key of a host never seen before (a changed key is always refused)"
+    )
+    name: str = Field("default", description="Deployment name: the service llamaforge-NAME, root ROOT/NAME")
+    root: str = Field(DEFAULT_ROOT, description="Directory on the hosts that holds the deployments")
+    target: str = Field("systemd", description="How the release runs on the hosts: systemd")
+    gate_timeout_s: float | None = Field(
+        None, gt=0, description="Seconds /health may take (default: scaled to the model size, capped)"
+    )
+
+    def access(self) -> Access:
+        """How every host is reached."""
+        return Access(accept_new_host_keys=self.accept_new_host_keys)
+
+    def host_list(self) -> list[Any]:
+        """The parsed hosts."""
+        return parse_hosts(self.hosts, key_file=Path(self.ssh_key).expanduser() if self.ssh_key else None,
+                           known_hosts=Path(self.known_hosts).expanduser() if self.known_hosts else None)  # fmt: skip
+
+    def layout(self) -> Layout:
+        """The deployment's layout on the hosts."""
+        return Layout(self.name, self.root)
+
+
+class DeployParams(HostsParams):
+    """Parameters of ``deploy`` and ``deploy.plan``."""
+
+    build: str = Field(description="Build key (or unique prefix) from the build store")
+    model: str | None = path_field(
+        None, description="Model recipe name or .toml, or a GGUF file (default: the tiny qwen3 smoke model); a "
+        "recipe's [[answers]] are checked by the health gate"
+    )  # fmt: skip
+    port: int = Field(DEFAULT_PORT, ge=1, le=65535, description="llama-server's port on the hosts' 127.0.0.1")
+    ctx: int | None = Field(None, ge=1, description="llama-server -c (total context)")
+    threads: int | None = Field(None, ge=1, description="llama-server -t")
+    parallel: int | None = Field(None, ge=1, description="llama-server --parallel (slots)")
+    n_gpu_layers: int | None = Field(None, ge=0, description="llama-server -ngl")
+    canary: int = Field(1, ge=0, description="Hosts deployed and gated first, before any batch")
+    batch: int = Field(1, ge=1, description="Hosts deployed together after the canary")
+    keep: int = Field(KEEP_RELEASES, ge=1, description="Releases kept on each host")
+
+
+def _model(params: DeployParams, ctx: OperationContext) -> tuple[Path, tuple[AnswerCheck, ...]]:
+    if params.model is None:
+        from llamaforge.smoke.run import tiny_smoke_model
+
+        return tiny_smoke_model(ctx.reporter, ctx.cancel), ()
+    path = Path(params.model)
+    if path.is_file() and path.suffix != ".toml":
+        return path.resolve(), ()
+    from llamaforge.models.fetch import fetch_model
+    from llamaforge.models.recipes import load_model_recipe
+
+    fetched = fetch_model(params.model, reporter=ctx.reporter, cancel=ctx.cancel)
+    return fetched.path, tuple(load_model_recipe(params.model).answers)
+
+
+def _release(params: DeployParams, ctx: OperationContext) -> Release:
+    from llamaforge.build.store import build_dir, find_build
+    from llamaforge.runners.transfer import file_sha256
+
+    manifest = find_build(params.build)
+    directory = build_dir(str(manifest["key"]))
+    model, checks = _model(params, ctx)
+    flags = LlamaFlags(ctx=params.ctx, threads=params.threads, parallel=params.parallel,
+                       n_gpu_layers=params.n_gpu_layers)  # fmt: skip
+    spec = ReleaseSpec(
+        build_key=str(manifest["key"]), build_dir=directory, manifest_sha256=file_sha256(directory / "manifest.json"),
+        model=model, model_sha256=file_sha256(model), model_size=model.stat().st_size, flags=flags, port=params.port,
+    )  # fmt: skip
+    return prepare_release(spec, params.layout(), get_target(params.target), checks)
+
+
+def _options(params: HostsParams, ctx: OperationContext, **more: Any) -> RolloutOptions:
+    return RolloutOptions(
+        gate_timeout_s=params.gate_timeout_s, reporter=ctx.reporter, cancel=ctx.cancel, **more
+    )
+
+
+def _failed(what: str, report: RolloutReport) -> OperationFailed:
+    bad = [f"{host.host} {host.status}" for host in report.hosts if host.status not in ("updated", "unchanged",
+                                                                                         "rolled back")]  # fmt: skip
+    return OperationFailed(f"{what} did not finish on every host: " + ", ".join(bad), result=report,
+                           exit_code=DeployFailed.exit_code,
+                           hint="the report says where each host was left and why")  # fmt: skip
+
+
+@operation("deploy", DeployParams, read_only=False, destructive=True, long_running=True)
+def deploy_op(params: DeployParams, ctx: OperationContext) -> RolloutReport:
+    """Deploy a build and a model to hosts as a release: canary, batches, health gate, rollback on failure."""
+    release = _release(params, ctx)
+    with open_runners(params.host_list(), params.access()) as runners:
+        report = rollout(runners, release, _options(params, ctx, canary=params.canary, batch=params.batch,
+                                                    keep=params.keep))  # fmt: skip
+    if not report.passed:
+        raise _failed(f"deploy of {release.id}", report)
+    return report
+
+
+@operation("deploy.plan", DeployParams, read_only=True)
+def deploy_plan_op(params: DeployParams, ctx: OperationContext) -> DeployPlan:
+    """What a deploy would change on each host (upload, model, flags, restart); nothing runs."""
+    release = _release(params, ctx)
+    with open_runners(params.host_list(), params.access()) as runners:
+        plans = [plan_host(runner, release)[0] for runner in runners]
+    return DeployPlan(release=release.id, target=release.target.name, name=release.layout.name,
+                      record=release.record, hosts=plans)  # fmt: skip
+
+
+@operation("deploy.status", HostsParams, read_only=True)
+def deploy_status_op(params: HostsParams, ctx: OperationContext) -> DeployStatus:
+    """Per host: current release, service state, health, build key, model sha256 and flags."""
+    from llamaforge.deploy.manage import status
+
+    with open_runners(params.host_list(), params.access()) as runners:
+        return status(runners, params.layout(), get_target(params.target))
+
+
+class RollbackParams(HostsParams):
+    """Parameters of ``deploy.rollback``."""
+
+    release: str | None = Field(None, description="Release id to go back to (default: the previous one)")
+
+
+@operation("deploy.rollback", RollbackParams, read_only=False, destructive=True, long_running=True)
+def deploy_rollback_op(params: RollbackParams, ctx: OperationContext) -> RolloutReport:
+    """Put every host back on its previous release (or --release ID), health-gated, one host at a time."""
+    from llamaforge.deploy.manage import rollback
+
+    with open_runners(params.host_list(), params.access()) as runners:
+        report = rollback(
+            runners, params.layout(), get_target(params.target), params.release, _options(params, ctx)
+        )
+    if not report.passed:
+        raise _failed("rollback", report)
+    return report

@@ -1,0 +1,146 @@
+"""What a release is, without any host: its inputs, its id, its files and ``release.json``, and the layout of
+releases on a host.
+
+A release id is a digest of everything that decides what runs (build key and manifest, model sha256, flags,
+port, the rendered service files), so deploying the same inputs again finds the release already current and
+does nothing. The time is recorded in ``release.json`` but is no part of the id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from llamaforge.core.errors import InvalidOption
+from llamaforge.runners.process import LOCAL, ProcessRunner
+from llamaforge.serve.launcher import LlamaFlags, server_argv
+
+DEFAULT_ROOT = "/opt/llamaforge"
+DEFAULT_PORT = 8080
+KEEP_RELEASES = 5
+SERVICE_USER = "llamaforge"
+RELEASE_JSON = "release.json"
+MODEL_LINK = "model.gguf"
+_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
+# Libraries every glibc system has; anything else the binaries need travels with the release.
+_SYSTEM_LIBRARIES = re.compile(r"^(ld-linux.*|libc|libm|libdl|libpthread|librt|libresolv|linux-vdso)\.so")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where one deployment (``name``) lives on a host: ``<base>/<name>/{releases,models,current,history}``."""
+
+    name: str
+    base: str = DEFAULT_ROOT
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise InvalidOption(
+                f"deployment name {self.name!r} is not valid", hint="use lower-case letters, digits and '-'"
+            )
+
+    @property
+    def root(self) -> str:
+        """The deployment's directory."""
+        return posixpath.join(self.base, self.name)
+
+    @property
+    def releases(self) -> str:
+        """Where releases live, one directory each."""
+        return posixpath.join(self.root, "releases")
+
+    @property
+    def models(self) -> str:
+        """Content-addressed models, shared by the deployment's releases."""
+        return posixpath.join(self.root, "models")
+
+    @property
+    def current(self) -> str:
+        """The symlink to the release that runs."""
+        return posixpath.join(self.root, "current")
+
+    @property
+    def history(self) -> str:
+        """Release ids in the order they became current (one a line; a rollback drops the last)."""
+        return posixpath.join(self.root, "history")
+
+    def release(self, release_id: str) -> str:
+        """The directory of release ``release_id``."""
+        return posixpath.join(self.releases, release_id)
+
+    def model(self, sha256: str) -> str:
+        """The host path of the model with ``sha256``."""
+        return posixpath.join(self.models, f"{sha256}.gguf")
+
+
+@dataclass(frozen=True)
+class ReleaseSpec:
+    """The inputs of a release: build, model, llama-server flags and port."""
+
+    build_key: str
+    build_dir: Path
+    manifest_sha256: str
+    model: Path
+    model_sha256: str
+    model_size: int
+    flags: LlamaFlags = field(default_factory=LlamaFlags)
+    port: int = DEFAULT_PORT
+
+    def server_argv(self, layout: Layout) -> list[str]:
+        """llama-server's command line on the host: from ``current/``, on 127.0.0.1 only."""
+        current = Path(layout.current)
+        return server_argv(current / "bin" / "llama-server", current / MODEL_LINK, self.flags, port=self.port)
+
+    def identity(self) -> dict[str, Any]:
+        """What decides the release id (with the rendered service files)."""
+        return {
+            "build_key": self.build_key, "manifest_sha256": self.manifest_sha256,
+            "model_sha256": self.model_sha256, "flags": self.flags.args(), "port": self.port,
+        }  # fmt: skip
+
+
+def release_id(spec: ReleaseSpec, service_files: Mapping[str, str]) -> str:
+    """The release's id: 16 hex digits of the sha256 of its inputs and rendered service files."""
+    payload = json.dumps({**spec.identity(), "service_files": dict(service_files)}, sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def release_record(
+    spec: ReleaseSpec, rid: str, target: str, *, now: datetime | None = None
+) -> dict[str, Any]:
+    """The content of ``release.json``."""
+    moment = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"schema": 1, "id": rid, "target": target, **spec.identity(), "time": moment}
+
+
+def release_files(spec: ReleaseSpec, runner: ProcessRunner = LOCAL) -> list[tuple[Path, str]]:
+    """(local file, path inside the release) for the build's binaries and the shared libraries they need that
+    a bare host may lack (``lib/``; resolved with ``ldd`` here, where the build's Debian matches the hosts')."""
+    binaries = sorted(path for path in (spec.build_dir / "bin").iterdir() if path.is_file())
+    files = [
+        (path, f"bin/{path.name}")
+        for path in binaries
+        if not path.name.endswith(".so") and ".so." not in path.name
+    ]
+    libraries: dict[str, Path] = {
+        path.name: path for path in binaries if path.name.endswith(".so") or ".so." in path.name
+    }
+    if (spec.build_dir / "lib").is_dir():
+        libraries.update(
+            {path.name: path for path in (spec.build_dir / "lib").iterdir() if ".so" in path.name}
+        )
+    for binary, _ in files:
+        result = runner.run(["ldd", str(binary)], warn=True)
+        for line in result.stdout.splitlines():
+            parts = line.split()
+            found = len(parts) >= 3 and parts[1] == "=>" and parts[2].startswith("/")
+            if found and not _SYSTEM_LIBRARIES.match(parts[0]) and parts[0] not in libraries:
+                libraries[parts[0]] = Path(parts[2]).resolve()
+    return files + [(path, f"lib/{name}") for name, path in sorted(libraries.items())]

@@ -1,0 +1,165 @@
+"""The release layout (:class:`~llamaforge.deploy.release.Layout`) on one host, through its SSH runner.
+
+Every step leaves the host on a whole release: a release is uploaded into ``releases/.<id>.tmp`` and renamed
+into place only when complete (``release.json`` last); ``current`` is switched by a new symlink renamed over
+the old one (``mv -T``, one ``rename(2)``); ``history`` is rewritten to a temporary file and renamed too. The
+model is sent only when ``models/<sha256>.gguf`` is missing (the transfer module renames it into place only
+after its sha256 matched, so its presence means it is whole), and a new release starts as a copy of the
+current one's binaries and libraries, so the transfer skips every file that did not change.
+Pruning keeps the releases that were current most recently and removes the models no kept release links to.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llamaforge.core.events import CancelToken
+from llamaforge.deploy.release import MODEL_LINK, RELEASE_JSON, Layout, ReleaseSpec
+from llamaforge.runners.ssh import SshProcessRunner
+
+_STATE = r"""
+cd "$1" 2>/dev/null || exit 0
+link=$(readlink current 2>/dev/null) && echo "current ${link##*/}"
+for dir in releases/*/; do [ -f "$dir/release.json" ] && dir=${dir%/} && echo "release ${dir##*/}"; done
+[ -f history ] && sed 's/^/history /' history
+[ -f current/release.json ] && { printf 'record '; tr -d '\n' < current/release.json; echo; }
+exit 0
+"""
+_SWITCH = r"""
+cd "$1" && ln -sfn "releases/$2" .current.tmp && mv -T .current.tmp current \
+  && cat > .history.tmp && mv -T .history.tmp history
+"""
+
+_UNUSED_MODELS = r"""
+cd "$1" || exit 1
+for model in models/*.gguf; do
+  [ -f "$model" ] || continue
+  used=
+  for link in releases/*/model.gguf releases/.*.tmp/model.gguf; do
+    [ "$(readlink "$link" 2>/dev/null)" = "$1/$model" ] && used=1 && break
+  done
+  [ -n "$used" ] || rm -f -- "$model"
+done
+"""
+
+
+@dataclass(frozen=True)
+class HostState:
+    """A deployment's releases on one host."""
+
+    current: str | None
+    releases: tuple[str, ...]
+    history: tuple[str, ...]
+    record: dict[str, Any] | None  # current's release.json
+
+    def previous(self) -> str | None:
+        """The release that was current before ``current`` (the last other one in the history still there)."""
+        for rid in reversed(self.history):
+            if rid != self.current and rid in self.releases:
+                return rid
+        return None
+
+
+def host_state(runner: SshProcessRunner, layout: Layout) -> HostState:
+    """Read the deployment's state on the host (one command)."""
+    output = runner.run(["sh", "-c", _STATE, "sh", layout.root]).stdout
+    current, releases, history, record = None, [], [], None
+    for line in output.splitlines():
+        kind, _, value = line.partition(" ")
+        if kind == "current":
+            current = value
+        elif kind == "release":
+            releases.append(value)
+        elif kind == "history" and value:
+            history.append(value)
+        elif kind == "record":
+            record = json.loads(value)
+    return HostState(current, tuple(releases), tuple(history), record)
+
+
+@dataclass(frozen=True)
+class Upload:
+    """What uploading a release sent: bytes in all, and of those the model's."""
+
+    sent_bytes: int
+    model_bytes: int
+
+
+def _exists(runner: SshProcessRunner, path: str) -> bool:
+    return runner.run(["test", "-e", path], warn=True).ok
+
+
+def _write(runner: SshProcessRunner, path: str, text: str) -> None:
+    runner.run(["sh", "-c", 'cat > "$1"', "sh", path], stdin=text)
+
+
+def upload_release(
+    runner: SshProcessRunner,
+    layout: Layout,
+    spec: ReleaseSpec,
+    rid: str,
+    files: Sequence[tuple[Path, str]],
+    service_files: Mapping[str, str],
+    record: Mapping[str, Any],
+    *,
+    cancel: CancelToken | None = None,
+) -> Upload:
+    """Put release ``rid`` on the host unless it is already there; returns what was sent."""
+    model_path = layout.model(spec.model_sha256)
+    model_bytes = 0
+    if not _exists(runner, model_path):
+        model_bytes = runner.put(spec.model, model_path, cancel=cancel).sent_bytes
+    target = layout.release(rid)
+    if _exists(runner, posixpath.join(target, RELEASE_JSON)):
+        return Upload(model_bytes, model_bytes)
+    stage = posixpath.join(layout.releases, f".{rid}.tmp")
+    seed = 'rm -rf "$1" && mkdir -p "$1" && { [ -d "$2/bin" ] && cp -a "$2/bin" "$2/lib" "$1/" 2>/dev/null; true; }'
+    runner.run(["sh", "-c", seed, "sh", stage, layout.current])
+    sent = model_bytes
+    for local, relative in files:
+        sent += runner.put(local, posixpath.join(stage, relative), cancel=cancel).sent_bytes
+    for name, text in service_files.items():
+        _write(runner, posixpath.join(stage, name), text)
+    runner.run(["ln", "-sfn", model_path, posixpath.join(stage, MODEL_LINK)])
+    _write(runner, posixpath.join(stage, RELEASE_JSON), json.dumps(dict(record), indent=2) + "\n")
+    runner.run(["sh", "-c", 'rm -rf "$2" && mv -T "$1" "$2"', "sh", stage, target])
+    return Upload(sent, model_bytes)
+
+
+def switch_current(runner: SshProcessRunner, layout: Layout, rid: str, history: Sequence[str]) -> None:
+    """Point ``current`` at release ``rid`` atomically and record ``history`` (its last entry is ``rid``)."""
+    runner.run(["sh", "-c", _SWITCH, "sh", layout.root, rid], stdin="".join(f"{item}\n" for item in history))
+
+
+def releases_to_prune(state: HostState, keep: int) -> list[str]:
+    """The releases beyond the ``keep`` that were current most recently (``current`` always stays)."""
+    kept: list[str] = [state.current] if state.current else []
+    for rid in reversed(state.history):
+        if len(kept) >= keep:
+            break
+        if rid not in kept:
+            kept.append(rid)
+    return [rid for rid in state.releases if rid not in kept]
+
+
+def prune_releases(runner: SshProcessRunner, layout: Layout, state: HostState, keep: int) -> list[str]:
+    """Remove :func:`releases_to_prune` from the host, then every model no release left links to; returns
+    the release ids removed."""
+    removed = releases_to_prune(state, keep)
+    if removed:
+        runner.run(["rm", "-rf", "--", *(layout.release(rid) for rid in removed)])
+        runner.run(["sh", "-c", _UNUSED_MODELS, "sh", layout.root])
+    return removed
+
+
+def release_facts(runner: SshProcessRunner, layout: Layout, rid: str) -> tuple[dict[str, Any], int]:
+    """Release ``rid``'s ``release.json`` and its model's size on the host."""
+    directory = layout.release(rid)
+    record = json.loads(runner.run(["cat", posixpath.join(directory, RELEASE_JSON)]).stdout)
+    size = runner.run(["stat", "-L", "-c", "%s", posixpath.join(directory, MODEL_LINK)]).stdout.strip()
+    return record, int(size)

@@ -1,0 +1,94 @@
+"""The typed results of the deploy operations: one shape for the CLI, the MCP server and the notebook."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from llamaforge.core.registry import Result
+
+HostStatus = Literal["updated", "unchanged", "rolled back", "failed", "untouched", "unreachable"]
+
+
+class HostReport(Result):
+    """What a rollout (or a rollback) did on one host and where it left it."""
+
+    host: str
+    status: HostStatus = Field(
+        description="updated (new release, gate passed), unchanged (it was already current), rolled back "
+        "(gate failed, previous release restored), failed (left as the detail says), untouched (not reached), "
+        "unreachable (SSH refused or failed: nothing changed)"
+    )
+    release: str | None = Field(description="The release current on the host afterwards")
+    previous: str | None = Field(description="The release current before")
+    sent_bytes: int = 0
+    model_bytes: int = Field(0, description="Of sent_bytes, the model's (0 when the host already had it)")
+    health_s: float | None = Field(None, description="Seconds until /health answered 200")
+    completion: str | None = None
+    detail: str = ""
+    logs: list[str] = Field(
+        default_factory=list, description="The service's last log lines when a gate failed"
+    )
+
+
+class RolloutReport(Result):
+    """A rollout over hosts: the release, every host's outcome, and whether all of them are healthy."""
+
+    release: str | None
+    target: str
+    name: str
+    passed: bool
+    hosts: list[HostReport]
+    wall_s: float
+
+
+class HostPlan(Result):
+    """What a deploy would change on one host."""
+
+    host: str
+    reachable: bool
+    current: str | None
+    release: str
+    action: Literal["none", "switch", "upload"] = Field(
+        description="none (already current), switch (the release is on the host), upload (it is not)"
+    )
+    model_upload: bool = Field(description="Whether the model would be sent (the host lacks its sha256)")
+    model_bytes: int
+    restart: bool
+    flags_before: list[str] | None
+    flags_after: list[str]
+    detail: str = ""
+
+
+class DeployPlan(Result):
+    """``deploy.plan``: the release and each host's changes; nothing ran."""
+
+    release: str
+    target: str
+    name: str
+    record: dict[str, Any] = Field(description="The release.json the release would carry (time: now)")
+    hosts: list[HostPlan]
+
+
+class HostStatusReport(Result):
+    """``deploy.status`` for one host."""
+
+    host: str
+    reachable: bool
+    current: str | None = None
+    releases: list[str] = Field(default_factory=list)
+    active: str | None = Field(None, description="The service manager's state (active, failed, …)")
+    healthy: bool | None = Field(None, description="/health answered 200 on the host's loopback")
+    build_key: str | None = None
+    model_sha256: str | None = None
+    flags: list[str] | None = None
+    detail: str = ""
+
+
+class DeployStatus(Result):
+    """``deploy.status``: every host."""
+
+    target: str
+    name: str
+    hosts: list[HostStatusReport]

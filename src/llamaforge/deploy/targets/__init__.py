@@ -1,0 +1,69 @@
+"""Service targets: how a release runs on a host. One module per target, registered here and nowhere else."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from llamaforge.core.errors import InvalidOption
+from llamaforge.core.validation import suggest
+
+if TYPE_CHECKING:
+    from llamaforge.deploy.release import Layout, ReleaseSpec
+    from llamaforge.runners.ssh import SshProcessRunner
+
+
+@dataclass(frozen=True)
+class ServiceState:
+    """What the host's service manager says about the deployment's service."""
+
+    active: str  # active, activating, failed, inactive, unknown
+    restarts: int  # times the manager restarted it since it was last started by us
+
+
+class Target(Protocol):
+    """A way to run a release as a service on a host."""
+
+    name: str
+
+    def service_files(self, spec: ReleaseSpec, layout: Layout) -> dict[str, str]:
+        """The rendered service files, by file name inside the release (part of the release id)."""
+        ...
+
+    def prepare(self, runner: SshProcessRunner, layout: Layout) -> None:
+        """Make the host ready for releases (service user, directories); safe to repeat."""
+        ...
+
+    def activate(self, runner: SshProcessRunner, layout: Layout) -> None:
+        """Install the service files of ``current`` and (re)start the service."""
+        ...
+
+    def stop(self, runner: SshProcessRunner, layout: Layout) -> None:
+        """Stop the service (it stays installed)."""
+        ...
+
+    def state(self, runner: SshProcessRunner, layout: Layout) -> ServiceState:
+        """The service's state on the host."""
+        ...
+
+    def logs(self, runner: SshProcessRunner, layout: Layout, lines: int = 20) -> list[str]:
+        """The service's last log lines on the host."""
+        ...
+
+
+def targets() -> dict[str, Target]:
+    """Every target by name."""
+    from llamaforge.deploy.targets.systemd import SystemdTarget
+
+    return {target.name: target for target in (SystemdTarget(),)}
+
+
+def get_target(name: str) -> Target:
+    """The target called ``name``; InvalidOption with "did you mean" otherwise."""
+    known = targets()
+    if name not in known:
+        raise InvalidOption(
+            f"unknown deploy target {name!r}",
+            hint=suggest(name, known, end=" ") + "known: " + ", ".join(known),
+        )
+    return known[name]

@@ -1,0 +1,101 @@
+"""The systemd target: a hardened unit rendered from ``templates/deploy/llama-server.service.j2``, shipped in
+each release and installed from ``current/`` as ``/etc/systemd/system/llamaforge-<name>.service`` with sudo.
+
+The unit runs llama-server as a dedicated system user with ``NoNewPrivileges``, ``ProtectSystem=strict``
+(so the release and the model are read-only to it), ``ProtectHome`` and ``PrivateTmp``, restarts it on
+failure and keeps it on 127.0.0.1. Every value that reaches its command line passes the quoting filter; a
+``%`` (a systemd specifier) is refused rather than escaped, since no path or flag llamaforge writes has one.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from typing import TYPE_CHECKING
+
+from llamaforge.core.errors import InvalidOption
+from llamaforge.core.templates import render
+from llamaforge.deploy.release import SERVICE_USER, Layout, ReleaseSpec
+from llamaforge.deploy.targets import ServiceState
+
+if TYPE_CHECKING:
+    from llamaforge.runners.ssh import SshProcessRunner
+
+UNIT_FILE = "llama-server.service"
+UNIT_DIR = "/etc/systemd/system"
+
+
+def unit_name(layout: Layout) -> str:
+    """The unit's name on the host."""
+    return f"llamaforge-{layout.name}.service"
+
+
+def render_unit(spec: ReleaseSpec, layout: Layout, *, user: str = SERVICE_USER) -> str:
+    """The unit file for ``spec`` (no release id in it: the id is a digest of this text)."""
+    argv = spec.server_argv(layout)
+    if any("%" in part for part in [*argv, layout.root]):
+        raise InvalidOption("a % in llama-server's command line would be a systemd specifier",
+                            hint="use paths and flag values without %")  # fmt: skip
+    return render(
+        "deploy/llama-server.service.j2", name=layout.name, unit=unit_name(layout), user=user,
+        current=layout.current, root=layout.root, argv=argv,
+    )  # fmt: skip
+
+
+class SystemdTarget:
+    """llama-server as a systemd service (see the module docstring)."""
+
+    name = "systemd"
+
+    def service_files(self, spec: ReleaseSpec, layout: Layout) -> dict[str, str]:
+        """The unit, as ``llama-server.service`` inside the release."""
+        return {UNIT_FILE: render_unit(spec, layout)}
+
+    def prepare(self, runner: SshProcessRunner, layout: Layout) -> None:
+        """Create the service user (a system user without a home or a shell) and the deployment's directories,
+        owned by the deploy user so releases upload without sudo."""
+        script = (
+            'id -u "$1" >/dev/null 2>&1 || useradd --system --no-create-home --home-dir /nonexistent '
+            '--shell /usr/sbin/nologin "$1"; install -d -m 0755 -o "$2" -g "$2" "$3" "$3/releases" "$3/models"'
+        )
+        deployer = runner.run(["id", "-un"]).stdout.strip()
+        runner.run(["sudo", "-n", "sh", "-c", script, "sh", SERVICE_USER, deployer, layout.root],
+                   what=f"preparing {layout.root} on {runner.host.host}")  # fmt: skip
+
+    def activate(self, runner: SshProcessRunner, layout: Layout) -> None:
+        """Install ``current``'s unit, reload systemd and restart the service."""
+        unit = unit_name(layout)
+        script = (
+            'install -m 0644 -o root -g root "$1" "$2" && systemctl daemon-reload && systemctl reset-failed "$3"'
+            ' 2>/dev/null; systemctl enable --quiet "$3" && systemctl restart "$3"'
+        )
+        source = posixpath.join(layout.current, UNIT_FILE)
+        runner.run(["sudo", "-n", "sh", "-c", script, "sh", source, posixpath.join(UNIT_DIR, unit), unit],
+                   what=f"restarting {unit} on {runner.host.host}")  # fmt: skip
+
+    def stop(self, runner: SshProcessRunner, layout: Layout) -> None:
+        """``systemctl stop`` the unit."""
+        runner.run(["sudo", "-n", "systemctl", "stop", unit_name(layout)], warn=True)
+
+    def state(self, runner: SshProcessRunner, layout: Layout) -> ServiceState:
+        """``ActiveState`` and ``NRestarts`` from ``systemctl show``."""
+        shown = runner.run(["systemctl", "show", "-p", "ActiveState", "-p", "NRestarts", unit_name(layout)],
+                           warn=True).stdout  # fmt: skip
+        values = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
+        restarts = values.get("NRestarts", "0")
+        return ServiceState(values.get("ActiveState", "unknown"), int(restarts) if restarts.isdigit() else 0)
+
+    def logs(self, runner: SshProcessRunner, layout: Layout, lines: int = 20) -> list[str]:
+        """The unit's last journal lines."""
+        result = runner.run(["sudo", "-n", "journalctl", "-u", unit_name(layout), "-n", str(lines),
+                             "--no-pager", "-o", "cat"], warn=True)  # fmt: skip
+        return result.stdout.splitlines()
+
+    def verify(self, runner: SshProcessRunner, layout: Layout) -> list[str]:
+        """``systemd-analyze verify`` of the installed unit on the host: its complaints (empty when clean)."""
+        result = runner.run(["systemd-analyze", "verify", posixpath.join(UNIT_DIR, unit_name(layout))],
+                            warn=True, merge_stderr=True)  # fmt: skip
+        return (
+            [line for line in result.stdout.splitlines() if line.strip()]
+            if not result.ok or result.stdout
+            else []
+        )

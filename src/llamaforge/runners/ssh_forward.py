@@ -1,0 +1,85 @@
+"""A local port forwarded to a port on an SSH host's loopback, through the runner's own connection.
+
+Fabric's ``Connection.forward_local`` needs a local port chosen in advance (a race with other processes) and
+its listener thread dies on the first refused ``direct-tcpip`` channel, which is the normal answer while a
+server is still starting. Here the kernel picks the local port, a refused channel only closes that one local
+connection (the client sees a reset and may try again) and the listener keeps running. Only 127.0.0.1 is
+bound on this side; the host's port is reached on its own loopback, so nothing is opened to any network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from llamaforge.runners.ssh import SshProcessRunner
+
+_LOOPBACK = "127.0.0.1"
+
+
+def _pump(local: socket.socket, channel: Any, stop: threading.Event) -> None:
+    """Copy bytes both ways until either side closes."""
+    try:
+        while not stop.is_set():
+            ready, _, _ = select.select([local, channel], [], [], 0.2)
+            if local in ready:
+                data = local.recv(65536)
+                if not data:
+                    break
+                channel.sendall(data)
+            if channel in ready:
+                data = channel.recv(65536)
+                if not data:
+                    break
+                local.sendall(data)
+    except OSError:
+        pass
+    finally:
+        channel.close()
+        local.close()
+
+
+@contextlib.contextmanager
+def forward_local(runner: SshProcessRunner, remote_port: int, remote_host: str = _LOOPBACK) -> Iterator[int]:
+    """Forward a free port on this side's 127.0.0.1 to ``remote_host:remote_port`` as seen from the host (its
+    loopback by default); yields the local port. Every forwarded connection ends when the block does."""
+    transport = runner.connection.transport
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind((_LOOPBACK, 0))
+    listener.listen(8)
+    listener.settimeout(0.2)
+    stop = threading.Event()
+    pumps: list[threading.Thread] = []
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                local, origin = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            try:
+                channel = transport.open_channel("direct-tcpip", (remote_host, remote_port), origin)
+            except Exception:  # noqa: BLE001 - refused on the host (nothing listens yet): drop this one
+                local.close()
+                continue
+            pump = threading.Thread(target=_pump, args=(local, channel, stop), daemon=True)
+            pump.start()
+            pumps.append(pump)
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    try:
+        yield int(listener.getsockname()[1])
+    finally:
+        stop.set()
+        acceptor.join(timeout=2)
+        listener.close()
+        for pump in pumps:
+            pump.join(timeout=2)

@@ -1,0 +1,306 @@
+"""Deploy over SSH: releases, the systemd unit, the health gate and the rolling loop.
+
+Unit tests (no host) cover host parsing, batches, release ids and the unit (golden). The rest deploy the
+suite's real CPU build and a tiny model to the systemd + sshd test hosts (tests/testhosts.py), reached only on
+127.0.0.1, and query each host's llama-server through the SSH connection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llamaforge.core.errors import InvalidOption, OperationFailed
+from llamaforge.core.registry import OperationContext, operations
+from llamaforge.deploy.hosts import parse_hosts
+from llamaforge.deploy.ops import DeployParams, HostsParams, RollbackParams
+from llamaforge.deploy.release import Layout, ReleaseSpec, release_id
+from llamaforge.deploy.remote import HostState, releases_to_prune
+from llamaforge.deploy.report import DeployPlan, DeployStatus, RolloutReport
+from llamaforge.deploy.rollout import batches
+from llamaforge.deploy.targets import get_target
+from llamaforge.deploy.targets.systemd import SystemdTarget, render_unit
+from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
+from llamaforge.runners.ssh import SshProcessRunner
+from llamaforge.runners.ssh_forward import forward_local
+from llamaforge.serve.launcher import LlamaFlags
+from llamaforge.smoke.answers import GoldenRequest, greedy_completion
+from testhosts import USER, TestHost
+
+GOLDEN = Path(__file__).parent / "golden" / "deploy-llama-server.service"
+UPDATE = bool(os.environ.get("LLAMAFORGE_UPDATE_GOLDEN"))
+
+
+def spec(**changes: Any) -> ReleaseSpec:
+    base = ReleaseSpec(build_key="0c746799120471183e5949a10bb9dc1e", build_dir=Path("/nowhere"),
+                       manifest_sha256="a" * 64, model=Path("/m.gguf"), model_sha256="b" * 64,
+                       model_size=1000)  # fmt: skip
+    return replace(base, **changes)
+
+
+# No host needed
+
+
+def test_hosts_parse_in_order_and_bad_ones_are_refused() -> None:
+    hosts = parse_hosts("lf@127.0.0.1:2201, gpu2 ,root@gpu3:22", key_file=Path("/k"))
+    assert [host.address for host in hosts] == ["lf@127.0.0.1:2201", "gpu2:22", "root@gpu3:22"]
+    assert hosts[0].key_file == Path("/k")
+    for bad in ("lf@host:port", "lf@host:0", "", "a,a", "lf@:22"):
+        with pytest.raises(InvalidOption):
+            parse_hosts(bad)
+
+
+def test_batches_put_the_canary_first() -> None:
+    assert batches(5, 1, 2) == [[0], [1, 2], [3, 4]]
+    assert batches(3, 0, 1) == [[0], [1], [2]]
+    assert batches(2, 3, 1) == [[0, 1]]
+
+
+def test_release_id_follows_the_inputs() -> None:
+    files = {"llama-server.service": "unit"}
+    first = release_id(spec(), files)
+    assert first == release_id(spec(), files) and len(first) == 16
+    changed = [spec(flags=LlamaFlags(ctx=512)), spec(model_sha256="c" * 64), spec(port=9000),
+               spec(build_key="other"), spec(manifest_sha256="d" * 64)]  # fmt: skip
+    ids = {release_id(item, files) for item in changed} | {release_id(spec(), {"llama-server.service": "x"})}
+    assert first not in ids and len(ids) == 6
+
+
+def test_previous_release_comes_from_the_history() -> None:
+    state = HostState("c", ("a", "b", "c"), ("a", "b", "c"), None)
+    assert state.previous() == "b"
+    assert HostState("c", ("a", "c"), ("a", "b", "c"), None).previous() == "a"  # b was pruned
+    assert HostState("a", ("a",), ("a",), None).previous() is None
+
+
+def test_pruning_keeps_the_most_recently_current_releases() -> None:
+    state = HostState("d", ("a", "b", "c", "d", "x"), ("a", "b", "c", "b", "d"), None)
+    assert releases_to_prune(state, 2) == ["a", "c", "x"]  # keeps d (current) and b (the one before)
+    assert releases_to_prune(state, 5) == ["x"]  # never current: a failed release's leftovers
+    assert releases_to_prune(state, 1) == ["a", "b", "c", "x"]
+
+
+def test_the_unit_matches_its_golden_and_refuses_specifiers() -> None:
+    text = render_unit(spec(flags=LlamaFlags(ctx=512, threads=2), port=8081), Layout("lab"))
+    if UPDATE:
+        GOLDEN.write_text(text, encoding="utf-8")
+    assert GOLDEN.read_text(encoding="utf-8") == text, "rerun with LLAMAFORGE_UPDATE_GOLDEN=1"
+    for line in ("NoNewPrivileges=yes", "ProtectSystem=strict", "PrivateTmp=yes", "ProtectHome=yes",
+                 "Restart=on-failure", "User=llamaforge", "ReadOnlyPaths=/opt/llamaforge/lab"):  # fmt: skip
+        assert line in text.splitlines()
+    assert "--host 127.0.0.1 --port 8081" in text
+    with pytest.raises(InvalidOption):
+        render_unit(spec(), Layout("lab", "/opt/100%"))
+    with pytest.raises(InvalidOption):
+        Layout("Not A Name")
+    with pytest.raises(InvalidOption) as unknown:
+        get_target("systemdd")
+    assert "did you mean" in (unknown.value.hint or "")
+
+
+def test_deploy_and_rollback_are_destructive_plan_and_status_read_only() -> None:
+    ops = operations()
+    assert ops["deploy"].destructive and ops["deploy.rollback"].destructive
+    assert ops["deploy.plan"].read_only and ops["deploy.status"].read_only
+
+
+# On the test hosts
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    vocab = os.environ.get("LLAMAFORGE_TEST_VOCAB", "")
+    if not Path(vocab).is_file():
+        pytest.skip("set LLAMAFORGE_TEST_VOCAB to llama.cpp's models/ggml-vocab-qwen2.gguf")
+    path = tmp_path_factory.mktemp("deploy-model") / "tiny-qwen3.gguf"
+    return write_tiny_model(path, TinyModelSpec(arch="qwen3"), Path(vocab)).path
+
+
+@pytest.fixture
+def fleet(test_hosts: list[TestHost], patched_build: Path, build_env: dict[str, str], tmp_path: Path,
+          monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:  # fmt: skip
+    """Access to the three hosts (their real keys trusted), a deployment name and port of this test's own,
+    and the build store the suite's build is in; the deployment's service is stopped afterwards."""
+    monkeypatch.setenv("HOME", str(tmp_path))  # never this machine's ~/.ssh/known_hosts
+    monkeypatch.setenv("LLAMAFORGE_HOME", build_env["LLAMAFORGE_HOME"])
+    known = tmp_path / "known_hosts"
+    known.write_text(
+        "".join(f"{line}\n" for host in test_hosts for line in host.host_key_lines()), encoding="utf-8"
+    )
+    name = f"t{os.getpid() % 10000}-{len(list(tmp_path.parent.iterdir()))}"
+    port = 18000 + (os.getpid() + len(name) * 7 + sum(map(ord, tmp_path.name))) % 2000
+    access = {"hosts": ",".join(f"{USER}@127.0.0.1:{host.port}" for host in test_hosts),
+              "ssh_key": str(test_hosts[0].key_file), "known_hosts": str(known), "name": name}  # fmt: skip
+    yield {"access": access, "build": patched_build.name, "port": port, "known": known, "name": name}
+    for host in test_hosts:
+        host.exec(["systemctl", "stop", f"llamaforge-{name}.service"])
+
+
+def run(operation: str, **arguments: Any) -> Any:
+    op = operations()[operation]
+    return op.run(op.params(**arguments), OperationContext())
+
+
+def runner(host: TestHost, known: Path) -> SshProcessRunner:
+    return SshProcessRunner(host.ssh_host(known), user_known_hosts=None)
+
+
+def complete_through_ssh(host: TestHost, known: Path, port: int) -> list[dict[str, Any]]:
+    """A real greedy completion from the host's llama-server, on its loopback, through SSH."""
+    with runner(host, known) as opened, forward_local(opened, port) as local:
+        return greedy_completion(f"http://127.0.0.1:{local}", GoldenRequest(n_predict=6, n_probs=1))
+
+
+def listening(host: TestHost, port: int) -> list[str]:
+    """The addresses (hex, as /proc/net/tcp writes them) the host listens on at ``port``."""
+    rows = [line.split() for line in on_host(host, "cat /proc/net/tcp /proc/net/tcp6").splitlines()]
+    return [row[1].split(":")[0] for row in rows if row[3] == "0A" and row[1].endswith(f":{port:04X}")]
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def on_host(host: TestHost, command: str) -> str:
+    code, output = host.exec(["sh", "-c", command])
+    assert code == 0, output
+    return output.strip()
+
+
+@pytest.mark.docker
+@pytest.mark.llamacpp
+def test_deploy_query_redeploy_second_release_and_rollback(
+    fleet: dict[str, Any], test_hosts: list[TestHost], tiny_model: Path
+) -> None:
+    access, port, known, name = fleet["access"], fleet["port"], fleet["known"], fleet["name"]
+    root = f"/opt/llamaforge/{name}"
+    base = {**access, "build": fleet["build"], "model": str(tiny_model), "port": port, "gate_timeout_s": 120}
+    plan = run("deploy.plan", **base)
+    assert isinstance(plan, DeployPlan)
+    assert [item.action for item in plan.hosts] == ["upload"] * 3 and all(
+        item.model_upload for item in plan.hosts
+    )
+
+    started = time.monotonic()
+    first = run("deploy", **base, canary=1, batch=2)
+    first_s = time.monotonic() - started
+    assert isinstance(first, RolloutReport) and first.passed, first
+    assert [item.status for item in first.hosts] == ["updated"] * 3
+    assert all(item.model_bytes == tiny_model.stat().st_size for item in first.hosts)
+    for host in test_hosts:
+        assert len(complete_through_ssh(host, known, port)) == 6
+        assert on_host(host, f"readlink {root}/current") == f"releases/{first.release}"
+        assert on_host(host, f"readlink {root}/releases/{first.release}/model.gguf").startswith(
+            f"{root}/models/"
+        )
+        shown = on_host(host, f"systemctl show -p User -p NoNewPrivileges -p ProtectSystem -p ActiveState "
+                              f"llamaforge-{name}.service")  # fmt: skip
+        assert sorted(shown.splitlines()) == ["ActiveState=active", "NoNewPrivileges=yes", "ProtectSystem=strict",
+                                              "User=llamaforge"]  # fmt: skip
+        assert listening(host, port) == ["0100007F"]  # 127.0.0.1 only
+    with runner(test_hosts[0], known) as opened:
+        assert SystemdTarget().verify(opened, Layout(name)) == []
+        record = opened.run(["cat", f"{root}/current/release.json"]).stdout
+    assert fleet["build"] in record and first.release in record
+
+    started = time.monotonic()
+    again = run("deploy", **base)
+    again_s = time.monotonic() - started
+    assert [item.status for item in again.hosts] == ["unchanged"] * 3
+    assert sum(item.sent_bytes for item in again.hosts) == 0
+    assert [item.action for item in run("deploy.plan", **base).hosts] == ["none"] * 3
+    changed = run("deploy.plan", **base, ctx=1024).hosts
+    assert [(item.action, item.model_upload, item.flags_before, item.flags_after) for item in changed] == [
+        ("upload", False, [], ["-c", "1024"])] * 3  # fmt: skip
+
+    second = run("deploy", **base, ctx=1024, batch=2)
+    assert second.passed and second.release != first.release
+    assert [item.status for item in second.hosts] == ["updated"] * 3
+    assert all(item.model_bytes == 0 for item in second.hosts)  # the model stayed on the hosts
+    assert all(item.sent_bytes < 1_000_000 for item in second.hosts)  # binaries seeded from the last release
+    status = run("deploy.status", **access)
+    assert isinstance(status, DeployStatus)
+    assert [(item.current, item.active, item.healthy, item.flags) for item in status.hosts] == [
+        (second.release, "active", True, ["-c", "1024"])] * 3  # fmt: skip
+
+    back = run("deploy.rollback", **access, gate_timeout_s=120)
+    assert back.passed and [item.status for item in back.hosts] == ["rolled back"] * 3
+    assert all(item.release == first.release and item.health_s is not None for item in back.hosts)
+    for host in test_hosts:
+        assert on_host(host, f"readlink {root}/current") == f"releases/{first.release}"
+        assert len(complete_through_ssh(host, known, port)) == 6
+    print(
+        f"\ndeploy 3 hosts {first_s:.1f} s; already-current redeploy {again_s:.2f} s; rollback {back.wall_s:.1f} s"
+    )
+
+
+@pytest.mark.docker
+@pytest.mark.llamacpp
+def test_a_release_that_fails_its_gate_is_rolled_back_on_the_canary_only(
+    fleet: dict[str, Any], test_hosts: list[TestHost], tiny_model: Path, tmp_path: Path
+) -> None:
+    access, port, known, name = fleet["access"], fleet["port"], fleet["known"], fleet["name"]
+    root = f"/opt/llamaforge/{name}"
+    base = {**access, "build": fleet["build"], "port": port, "gate_timeout_s": 120}
+    good = run("deploy", **base, model=str(tiny_model), batch=2)
+    assert good.passed
+    broken = tmp_path / "truncated.gguf"
+    broken.write_bytes(tiny_model.read_bytes()[: tiny_model.stat().st_size // 2])
+    with pytest.raises(OperationFailed) as caught:
+        run("deploy", **base, model=str(broken), batch=2)
+    report = caught.value.result
+    assert isinstance(report, RolloutReport) and not report.passed
+    assert [item.status for item in report.hosts] == ["rolled back", "untouched", "untouched"], report
+    canary = report.hosts[0]
+    assert canary.release == good.release and canary.logs and "restarted" in canary.detail
+    assert caught.value.exit_code == 15
+    for host in test_hosts:
+        assert on_host(host, f"readlink {root}/current") == f"releases/{good.release}"
+        assert len(complete_through_ssh(host, known, port)) == 6
+    assert on_host(test_hosts[1], f"ls {root}/releases") == good.release  # nothing reached it
+    assert len(on_host(test_hosts[0], f"ls {root}/models").split()) == 2
+    pruned = run("deploy", **base, model=str(tiny_model), ctx=2048, keep=1, batch=2)
+    assert pruned.passed
+    for host in test_hosts:  # the releases beyond keep=1 and the broken model they linked to are gone
+        assert on_host(host, f"ls {root}/releases") == pruned.release
+        assert on_host(host, f"ls {root}/models").split() == [f"{sha256_of(tiny_model)}.gguf"]
+
+
+@pytest.mark.docker
+@pytest.mark.llamacpp
+def test_an_unknown_host_key_or_a_closed_port_is_refused_before_anything_changes(
+    fleet: dict[str, Any], test_hosts: list[TestHost], tiny_model: Path, tmp_path: Path
+) -> None:
+    access, name = fleet["access"], fleet["name"]
+    partial = tmp_path / "partial_known_hosts"
+    partial.write_text("".join(f"{line}\n" for line in test_hosts[0].host_key_lines()), encoding="utf-8")
+    params = {**access, "known_hosts": str(partial), "build": fleet["build"], "model": str(tiny_model),
+              "port": fleet["port"]}  # fmt: skip
+    with pytest.raises(OperationFailed) as caught:
+        run("deploy", **params)
+    report = caught.value.result
+    assert [item.status for item in report.hosts] == ["untouched", "unreachable", "unreachable"]
+    assert "unknown" in report.hosts[1].detail and "--accept-new-host-keys" in report.hosts[1].detail
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    params["hosts"] = f"{USER}@127.0.0.1:{test_hosts[0].port},{USER}@127.0.0.1:{closed}"
+    params["known_hosts"] = str(fleet["known"])
+    with pytest.raises(OperationFailed) as caught:
+        run("deploy", **params)
+    report = caught.value.result
+    assert [item.status for item in report.hosts] == ["untouched", "unreachable"]
+    assert f"127.0.0.1:{closed}" in report.hosts[1].detail
+    for host in test_hosts:
+        assert host.exec(["test", "-e", f"/opt/llamaforge/{name}"])[0] != 0
+    assert not HostsParams.model_fields["accept_new_host_keys"].default
+    assert RollbackParams.model_fields["release"].default is None
+    assert DeployParams.model_fields["canary"].default == 1
