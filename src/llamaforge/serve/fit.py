@@ -54,6 +54,7 @@ from llamaforge.serve.launcher import LlamaFlags, LlamaServer, ServerLaunch, Swi
 from llamaforge.serve.loadlog import LoadLog, parse_load_log
 from llamaforge.serve.shape import (
     HYBRID_ARCHS,
+    SWA_ARCHS,
     ModelShape,
     WeightLayout,
     gpu_layers,
@@ -517,6 +518,13 @@ def plan_fit(
             f"hybrid model: KV cache for {len(shape.attention_layers)} attention layers only; "
             f"{len(shape.recurrent_layers)} DeltaNet layers keep a fixed state per slot"
         )
+    if shape.swa:
+        swa_layers = sum(shape.swa)
+        notes.append(
+            f"sliding-window model: {swa_layers} of {len(shape.attention_layers)} attention layers keep "
+            f"{settings.swa_cells(shape.n_swa)} KV cells per stream (window {shape.n_swa})"
+            + (" (--swa-full: full size)" if swa_full else "")
+        )
     read = bytes_per_token(header, kv_depth=ctx, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
                            placement=Placement(ngl, ncmoe))  # fmt: skip
     gpu_bytes, host_bytes = read.gpu, read.host
@@ -567,6 +575,8 @@ def synthetic_header(
                      f"{arch}.expert_feed_forward_length": spec.n_ff_exp})  # fmt: skip
         if arch in HYBRID_ARCHS:
             meta[f"{arch}.expert_shared_feed_forward_length"] = spec.n_ff_shexp
+    if arch in SWA_ARCHS:
+        meta[f"{arch}.attention.sliding_window"] = spec.sliding_window
     if arch in HYBRID_ARCHS:
         meta.update({
             f"{arch}.ssm.conv_kernel": spec.ssm_conv_kernel, f"{arch}.ssm.state_size": spec.ssm_state_size,
