@@ -482,3 +482,19 @@ def test_sliding_window_plan_matches_llamacpp(
     for category in CATEGORIES:
         estimate, actual = getattr(planned, category), reported.total(category)
         assert abs(estimate - actual) <= 0.05 * actual + 0.005 * MiB, (category, estimate / MiB, actual / MiB)
+
+
+@pytest.mark.docker
+@pytest.mark.llamacpp
+@pytest.mark.parametrize("kv_unified", [False, True], ids=["per-slot", "unified"])
+def test_models_fit_on_sliding_window_model_matches_llamacpp_kv(
+    kv_unified: bool, stock_build: Path, real_vocab_models: dict[str, Path]
+) -> None:
+    """`invoke models.fit` on gemma2: its KV cache (GPU + host) is what llama.cpp allocates, within 5 %."""
+    model = real_vocab_models["gemma2"]
+    result = _run(model=str(model), gpu="rtx3090", ctx=8192, parallel=3, kv_unified=kv_unified)
+    planned = result["gpu_memory"]["kv_cache"] + result["host_memory"]["kv_cache"]
+    settings = Settings(ctx=8192, parallel=3, kv_unified=kv_unified)
+    reported = fit.measure_with_llamacpp(stock_build / "bin" / "llama-server", model, settings)
+    assert abs(planned - reported.total("kv_cache")) <= 0.05 * reported.total("kv_cache")
+    assert any("sliding-window model" in note for note in result["notes"])
