@@ -1,6 +1,6 @@
 """Fit-planner accuracy: the planner's estimate vs the buffers stock llama.cpp b11312 reports when it loads
 tiny generated dense (qwen3), hybrid (qwen35), MoE (qwen3moe), hybrid MoE (qwen35moe) and sliding-window
-(gemma2) models, over context sizes, slots, flash attention on/off, KV cache types and batch sizes; the
+(gemma2, gemma3) models, over context sizes, slots, flash attention on/off, KV cache types and batch sizes; the
 sliding-window models also with a unified KV cache (llama-server's default without --parallel) and --swa-full.
 Goal: every category within 5 %.
 
@@ -76,6 +76,8 @@ MODELS = {
     ),
     # sliding window on every even layer (gemma2's pattern); windows well below most contexts
     "gemma2": (TinyModelSpec(arch="gemma2", n_layer=4, head_dim=32, sliding_window=256), "qwen2"),
+    # five sliding layers to one full one (gemma3's pattern)
+    "gemma3": (TinyModelSpec(arch="gemma3", n_layer=6, head_dim=32, sliding_window=256), "qwen2"),
     "gemma2-wide": (
         TinyModelSpec(
             arch="gemma2",

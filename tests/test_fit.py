@@ -55,6 +55,8 @@ SPECS = {
     "qwen35moe": TinyModelSpec(arch="qwen35moe", n_layer=8, n_expert=8, head_dim=32, **HYBRID_SSM),  # type: ignore[arg-type]
     # sliding window on layers 0 and 2 (gemma2's pattern), 256 tokens: smaller than every test context
     "gemma2": TinyModelSpec(arch="gemma2", n_layer=4, head_dim=32, sliding_window=256),
+    # five sliding layers to one full one (gemma3's pattern)
+    "gemma3": TinyModelSpec(arch="gemma3", n_layer=6, head_dim=32, sliding_window=256),
 }
 QWEN35_9B = TinyModelSpec(
     arch="qwen35", n_layer=32, n_embd=4096, n_head=16, n_head_kv=4, head_dim=256, n_ff=12288,
@@ -455,6 +457,7 @@ def test_plan_matches_llamacpp_buffers(
 
 @pytest.mark.docker
 @pytest.mark.llamacpp
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
 @pytest.mark.parametrize(
     "settings",
     [
@@ -466,10 +469,10 @@ def test_plan_matches_llamacpp_buffers(
     ids=["1k", "1k-x3", "8k", "8k-x3", "2k-x4-unified", "4k-x2-swa-full", "4k-x2-q8_0"],
 )  # fmt: skip
 def test_sliding_window_plan_matches_llamacpp(
-    settings: Settings, stock_build: Path, real_vocab_models: dict[str, Path]
+    arch: str, settings: Settings, stock_build: Path, real_vocab_models: dict[str, Path]
 ) -> None:
-    """gemma2 in stock llama.cpp: both KV caches (cells and MiB) and every other buffer within 5 %."""
-    model = real_vocab_models["gemma2"]
+    """gemma2/gemma3 in stock llama.cpp: both KV caches (cells, layers, MiB) and every other buffer within 5 %."""
+    model = real_vocab_models[arch]
     header = read_header(model)
     shape = model_shape(header)
     _gpu, planned = estimate_memory(shape, header.tensors, settings, n_gpu_layers=0)

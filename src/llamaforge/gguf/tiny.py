@@ -30,7 +30,8 @@ Supported architectures: ``qwen3``, ``qwen3moe`` and the hybrid Gated-DeltaNet +
 ``(i + 1) % full_attention_interval == 0``; the tensor set per layer kind, the shapes and the
 ``ssm.*`` keys follow llama.cpp b11312's ``src/models/qwen35*.cpp`` loaders) and ``gemma2``, whose
 even layers attend through a sliding window of ``sliding_window`` tokens (``src/models/gemma2.cpp``: tied
-output, post-attention and post-FFN norms, soft-capped logits).  Adding one
+output, post-attention and post-FFN norms, soft-capped logits) and ``gemma3`` (five sliding layers to one
+full one, q/k norms; written with its own ``output.weight``, which llama.cpp takes when present).  Adding one
 means adding an :class:`_ArchSupport` entry to ``_ARCHS`` (its hyper-parameter keys, which
 block tensors each layer holds, shape overrides), shape rules for any new tensor kinds in
 ``_SHAPES`` and, for tensors not named ``*.weight``, an entry in ``_SUFFIXES``.
@@ -94,8 +95,8 @@ class TinyModelSpec:
     size, ``ssm_group_count`` the number of key heads, ``ssm_time_step_rank`` the number of
     value heads (a multiple of the key heads); the inner size is
     ``ssm_state_size * ssm_time_step_rank``, as in the real checkpoints.  ``sliding_window``
-    is the attention window of the sliding-window layers of ``gemma2`` (every even layer, llama.cpp's
-    default pattern for the arch), ignored otherwise.
+    is the attention window of the sliding-window layers of ``gemma2`` (every even layer) and ``gemma3``
+    (five of every six), llama.cpp's default patterns for those archs; ignored otherwise.
     """
 
     arch: str = "qwen3"
@@ -361,6 +362,14 @@ def _write_sliding_window_hparams(w: gguf.GGUFWriter, s: TinyModelSpec) -> None:
     w.add_final_logit_softcapping(30.0)
 
 
+def _write_gemma3_hparams(w: gguf.GGUFWriter, s: TinyModelSpec) -> None:
+    # As convert_hf_to_gguf.py's Gemma3Model: the window and the local layers' RoPE base; gemma3's default
+    # pattern (set_swa_pattern(6): five sliding layers, then one full one).
+    _write_common_hparams(w, s)
+    w.add_sliding_window(s.sliding_window)
+    w.add_rope_freq_base_swa(10000.0)
+
+
 # Which tensors each kind of hybrid layer holds (llama-model's qwen35 loaders): attention
 # layers have separate q (with its gate) / k / v and q/k norms, DeltaNet layers the fused
 # qkv, the output gate and the ssm_* tensors; both have the two norms and the FFN.
@@ -404,6 +413,7 @@ _ARCHS: Final[Mapping[str, _ArchSupport]] = {
         name_styles=("canonical", "hf"),
     ),
     "gemma2": _ArchSupport(write_hparams=_write_sliding_window_hparams, name_styles=("canonical", "hf")),
+    "gemma3": _ArchSupport(write_hparams=_write_gemma3_hparams, name_styles=("canonical", "hf")),
 }
 
 #: Hybrid (Gated-DeltaNet + attention) architectures.
