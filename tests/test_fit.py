@@ -416,6 +416,7 @@ def real_vocab_models(tmp_path_factory: pytest.TempPathFactory, source_tree: Pat
         "qwen35": "qwen35",
         "qwen35moe": "qwen35",
         "gemma2": "qwen2",
+        "gemma3": "qwen2",
     }
     models = {}
     for arch, spec in SPECS.items():
@@ -478,10 +479,11 @@ def test_sliding_window_plan_matches_llamacpp(
     _gpu, planned = estimate_memory(shape, header.tensors, settings, n_gpu_layers=0)
     reported = fit.measure_with_llamacpp(stock_build / "bin" / "llama-server", model, settings)
     assert reported.kv_cache is not None and reported.swa_kv_cache is not None
-    assert reported.kv_cache.cells == settings.n_ctx_seq and reported.kv_cache.layers == 2
-    assert (
-        reported.swa_kv_cache.cells == settings.swa_cells(shape.n_swa) and reported.swa_kv_cache.layers == 2
-    )
+    sliding = sum(shape.swa)
+    assert reported.kv_cache.cells == settings.n_ctx_seq
+    assert reported.kv_cache.layers == shape.n_layer - sliding
+    assert reported.swa_kv_cache.cells == settings.swa_cells(shape.n_swa)
+    assert reported.swa_kv_cache.layers == sliding
     for category in CATEGORIES:
         estimate, actual = getattr(planned, category), reported.total(category)
         assert abs(estimate - actual) <= 0.05 * actual + 0.005 * MiB, (category, estimate / MiB, actual / MiB)
