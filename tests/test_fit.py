@@ -8,6 +8,9 @@ Tolerances of the integration test (CPU build: every buffer is host memory):
   activations are a fitted model (on random shapes out of sample: rms 7.7 %, worst 26 % of the whole buffer
   at context 512; see benchmarks/fit_accuracy.py); for these shapes the total must be within 10 %, and within
   5 % (the project's goal) once the context-sized part dominates (context >= 4096).
+
+Sliding-window models (gemma2, gemma3) are loaded at two contexts and two slot counts, with a unified cache and
+with --swa-full: both KV caches' cells and layers must be llama.cpp's, every buffer within 5 %.
 """
 
 from __future__ import annotations
