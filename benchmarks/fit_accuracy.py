@@ -1,6 +1,8 @@
 """Fit-planner accuracy: the planner's estimate vs the buffers stock llama.cpp b11312 reports when it loads
-tiny generated dense (qwen3), hybrid (qwen35), MoE (qwen3moe) and hybrid MoE (qwen35moe) models, over
-context sizes, slots, flash attention on/off, KV cache types and batch sizes. Goal: every category within 5 %.
+tiny generated dense (qwen3), hybrid (qwen35), MoE (qwen3moe), hybrid MoE (qwen35moe) and sliding-window
+(gemma2, gemma3) models, over context sizes, slots, flash attention on/off, KV cache types and batch sizes; the
+sliding-window models also with a unified KV cache (llama-server's default without --parallel) and --swa-full.
+Goal: every category within 5 %.
 
 A CPU build reports every buffer as host memory, so the comparison is per category: weights (CPU_Mapped),
 KV cache, recurrent state, compute buffer, output buffer. Then it plots the planner's breakdown for realistic
@@ -12,7 +14,7 @@ per-layer activation model dominates the compute buffer) and reports the compute
 llamaforge.serve.fit were obtained (N=100).
 
 Usage: python benchmarks/fit_accuracy.py [--server PATH/llama-server] [--vocab-dir DIR] [--out DIR] [--quick]
-       [--random-shapes N [--refit]]
+       [--models NAME,...] [--random-shapes N [--refit]]
 (defaults: the cached stock CPU build and source tree under ~/.cache/llamaforge, output to
 $TMPDIR/llamaforge-fit-accuracy: the table as JSON and the PNGs; about 2 minutes on 2 cores, plus about
 3 s per random shape).
@@ -72,6 +74,23 @@ MODELS = {
         ),
         "qwen35",
     ),
+    # sliding window on every even layer (gemma2's pattern); windows well below most contexts
+    "gemma2": (TinyModelSpec(arch="gemma2", n_layer=4, head_dim=32, sliding_window=256), "qwen2"),
+    # five sliding layers to one full one (gemma3's pattern)
+    "gemma3": (TinyModelSpec(arch="gemma3", n_layer=6, head_dim=32, sliding_window=256), "qwen2"),
+    "gemma2-wide": (
+        TinyModelSpec(
+            arch="gemma2",
+            n_layer=4,
+            n_embd=1024,
+            n_head=8,
+            n_head_kv=4,
+            head_dim=128,
+            n_ff=3072,
+            sliding_window=1024,
+        ),
+        "qwen2",
+    ),
 }
 SETTINGS = [
     Settings(ctx=512),
@@ -87,6 +106,12 @@ SETTINGS = [
     Settings(ctx=8192, ubatch=256),
 ]
 QUICK = [Settings(ctx=2048), Settings(ctx=32768), Settings(ctx=4096, flash_attn=False)]
+# Cell counts only sliding-window models tell apart (their window cache depends on slots and unification).
+SWA_SETTINGS = [
+    Settings(ctx=8192, parallel=4, kv_unified=True),
+    Settings(ctx=32768, parallel=3),
+    Settings(ctx=8192, parallel=2, swa_full=True),
+]
 CATEGORIES = ("weights", "kv_cache", "recurrent_state", "compute", "output")
 ROUNDING = 0.005 * MiB  # llama.cpp prints MiB with two decimals
 # Shaped after the published configs (assumed hyper-parameters: the planner needs no weights).
@@ -112,6 +137,10 @@ def label(settings: Settings) -> str:
         text += f" {settings.cache_type_k}"
     if settings.ubatch != 512:
         text += f" ub{settings.ubatch}"
+    if settings.kv_unified:
+        text += " unified"
+    if settings.swa_full:
+        text += " swa-full"
     return text
 
 
@@ -124,19 +153,24 @@ def error_pct(estimate: int, actual: int) -> float:
 
 
 def compare(
-    server: Path, vocab_dir: Path, scratch: Path, settings_list: list[Settings]
+    server: Path, vocab_dir: Path, scratch: Path, settings_list: list[Settings], names: list[str]
 ) -> list[dict[str, Any]]:
     rows = []
-    for name, (spec, vocab) in MODELS.items():
+    for name in names:
+        spec, vocab = MODELS[name]
         model = write_tiny_model(scratch / f"{name}.gguf", spec, vocab_dir / f"ggml-vocab-{vocab}.gguf").path
         header = read_header(model)
         shape = model_shape(header)
-        for settings in settings_list:
+        for settings in settings_list + (SWA_SETTINGS if shape.swa else []):
             if settings.cache_type_k != "f16" and shape.head_dim_k % 32:
                 continue  # llama.cpp refuses a quantized cache whose block does not divide the head size
             _gpu, planned = estimate_memory(shape, header.tensors, settings, n_gpu_layers=0)
             reported = fit.measure_with_llamacpp(server, model, settings)
             row: dict[str, Any] = {"model": name, "settings": label(settings)}
+            if shape.swa:  # both caches' cells, planned and printed
+                swa_cache = reported.swa_kv_cache
+                row["swa_cells"] = {"estimate": settings.swa_cells(shape.n_swa),
+                                    "llamacpp": swa_cache.cells if swa_cache else None}  # fmt: skip
             for category in CATEGORIES:
                 estimate, actual = getattr(planned, category), reported.total(category)
                 row[category] = {"estimate_mib": estimate / MiB, "llamacpp_mib": actual / MiB,
@@ -144,6 +178,8 @@ def compare(
             rows.append(row)
             cells = [f"{c[:7]} {row[c]['estimate_mib']:8.2f}/{row[c]['llamacpp_mib']:8.2f} "
                      f"{row[c]['error_pct']:+5.1f}%" for c in CATEGORIES]  # fmt: skip
+            if "swa_cells" in row:
+                cells.append(f"swa cells {row['swa_cells']['estimate']}/{row['swa_cells']['llamacpp']}")
             print(f"{name:12s} {row['settings']:20s} " + "  ".join(cells), flush=True)
     return rows
 
@@ -330,6 +366,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "llamaforge-fit-accuracy")
     parser.add_argument("--quick", action="store_true", help="3 settings per model instead of 11")
     parser.add_argument(
+        "--models", default=",".join(MODELS), help="comma-separated subset of " + ", ".join(MODELS)
+    )
+    parser.add_argument(
         "--random-shapes", type=int, default=0, metavar="N", help="also N random-shape models"
     )
     parser.add_argument("--refit", action="store_true", help="refit the activation model (needs scipy)")
@@ -345,7 +384,11 @@ def main() -> None:
 
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fit-accuracy-") as scratch:
-        rows = compare(args.server, args.vocab_dir, Path(scratch), QUICK if args.quick else SETTINGS)
+        names = [name.strip() for name in args.models.split(",") if name.strip()]
+        unknown = sorted(set(names) - set(MODELS))
+        if unknown:
+            sys.exit(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
+        rows = compare(args.server, args.vocab_dir, Path(scratch), QUICK if args.quick else SETTINGS, names)
         summary = summarize_rows(rows)
         sweep = None
         if args.random_shapes:

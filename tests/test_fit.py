@@ -8,6 +8,9 @@ Tolerances of the integration test (CPU build: every buffer is host memory):
   activations are a fitted model (on random shapes out of sample: rms 7.7 %, worst 26 % of the whole buffer
   at context 512; see benchmarks/fit_accuracy.py); for these shapes the total must be within 10 %, and within
   5 % (the project's goal) once the context-sized part dominates (context >= 4096).
+
+Sliding-window models (gemma2, gemma3) are loaded at two contexts and two slot counts, with a unified cache and
+with --swa-full: both KV caches' cells and layers must be llama.cpp's, every buffer within 5 %.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from llamaforge.serve.fit import (
     synthetic_header,
 )
 from llamaforge.serve.gpus import find_gpu, load_gpus
-from llamaforge.serve.loadlog import parse_load_log
+from llamaforge.serve.loadlog import CacheSize, parse_load_log
 from llamaforge.serve.shape import is_expert_tensor, model_shape
 
 MINI_VOCAB = 1000
@@ -53,6 +56,10 @@ SPECS = {
     "qwen3moe": TinyModelSpec(arch="qwen3moe", n_layer=4, n_expert=8, n_expert_used=2),
     "qwen35": TinyModelSpec(arch="qwen35", n_layer=8, **HYBRID_SSM),  # type: ignore[arg-type]
     "qwen35moe": TinyModelSpec(arch="qwen35moe", n_layer=8, n_expert=8, head_dim=32, **HYBRID_SSM),  # type: ignore[arg-type]
+    # sliding window on layers 0 and 2 (gemma2's pattern), 256 tokens: smaller than every test context
+    "gemma2": TinyModelSpec(arch="gemma2", n_layer=4, head_dim=32, sliding_window=256),
+    # five sliding layers to one full one (gemma3's pattern)
+    "gemma3": TinyModelSpec(arch="gemma3", n_layer=6, head_dim=32, sliding_window=256),
 }
 QWEN35_9B = TinyModelSpec(
     arch="qwen35", n_layer=32, n_embd=4096, n_head=16, n_head_kv=4, head_dim=256, n_ff=12288,
@@ -149,6 +156,38 @@ def test_kv_cache_only_on_attention_layers_of_hybrids(tiny: dict[str, Path]) -> 
     dense = dataclasses.replace(shape, recurrent=(False,) * 8)
     _gpu, all_attention = estimate_memory(dense, header.tensors, settings, n_gpu_layers=0)
     assert all_attention.kv_cache == 4 * host.kv_cache
+
+
+def test_sliding_window_layers_get_window_sized_caches(tiny: dict[str, Path]) -> None:
+    header = read_header(tiny["gemma2"])
+    shape = model_shape(header)
+    assert shape.swa == (True, False, True, False) and shape.n_swa == 256
+    row = 2 * 2 * 32 * 2  # (K + V) x n_head_kv x head_dim x f16
+
+    def kv(settings: Settings) -> int:
+        return estimate_memory(shape, header.tensors, settings, n_gpu_layers=0)[1].kv_cache
+
+    # per stream: the full layers n_ctx_seq cells, the sliding ones pad(min(n_ctx_seq, n_swa + n_ubatch), 256)
+    assert kv(Settings(ctx=8192)) == 2 * row * 8192 + 2 * row * 768
+    assert kv(Settings(ctx=8192, parallel=3)) == 3 * (2 * row * 8192 + 2 * row * 768)
+    # one unified stream: the window of every sequence plus one ubatch
+    assert kv(Settings(ctx=8192, parallel=3, kv_unified=True)) == 2 * row * 3 * 8192 + 2 * row * 1280
+    # never more than the full cache; --swa-full makes them full-size
+    assert kv(Settings(ctx=512)) == 4 * row * 512
+    assert kv(Settings(ctx=8192, swa_full=True)) == 4 * row * 8192
+    assert kv(Settings(ctx=8192, ubatch=1024)) == 2 * row * 8192 + 2 * row * 1280
+    # the per-layer pattern key wins over the arch's default
+    listed = dataclasses.replace(header, metadata={
+        **header.metadata, "gemma2.attention.sliding_window_pattern": [False, True, True, True]
+    })  # fmt: skip
+    assert model_shape(listed).swa == (False, True, True, True)
+    numbered = dataclasses.replace(
+        header, metadata={**header.metadata, "gemma2.attention.sliding_window_pattern": 4}
+    )
+    assert model_shape(numbered).swa == (True, True, True, False)
+    plan = plan_fit(tiny["gemma2"], gpu="rtx3090", ctx=8192, parallel=2, swa_full=True)
+    assert "--swa-full" in plan.flags and any("sliding-window model" in note for note in plan.notes)
+    assert "--kv-unified" in plan_fit(tiny["gemma2"], gpu="rtx3090", ctx=8192, kv_unified=True).flags
 
 
 def test_cache_types_and_padding(tiny: dict[str, Path]) -> None:
@@ -323,6 +362,22 @@ sched_reserve:      CUDA0 compute buffer size =   300.00 MiB
     assert reported.total("output") == round(0.58 * MiB)
 
 
+def test_parse_load_log_with_a_sliding_window_cache() -> None:
+    log = """\
+llama_kv_cache_iswa: creating non-SWA KV cache, size = 2048 cells
+llama_kv_cache:        CPU KV buffer size =     1.00 MiB
+llama_kv_cache: size =    1.00 MiB (  2048 cells,   2 layers,  2/2 seqs), K (f16):    0.50 MiB, V (f16):    0.50 MiB
+llama_kv_cache_iswa: creating     SWA KV cache, size = 768 cells
+llama_kv_cache:        CPU KV buffer size =     0.38 MiB
+llama_kv_cache: size =    0.38 MiB (   768 cells,   2 layers,  2/2 seqs), K (f16):    0.19 MiB, V (f16):    0.19 MiB
+"""
+    reported = parse_load_log(log.splitlines())
+    assert reported.total("kv_cache") == round(1.38 * MiB)
+    assert reported.kv_cache == CacheSize(mib=1.0, cells=2048, layers=2)
+    assert reported.swa_kv_cache == CacheSize(mib=0.38, cells=768, layers=2)
+    assert parse_load_log(log.splitlines()[:3]).swa_kv_cache is None
+
+
 # ------------------------------------------------------------------------------------------ the operation
 
 
@@ -358,7 +413,14 @@ def test_operation_recipe_not_fetched(lf_home: Path) -> None:
 def real_vocab_models(tmp_path_factory: pytest.TempPathFactory, source_tree: Path) -> dict[str, Path]:
     """The test shapes with llama.cpp's real Qwen tokenizers (151 936 tokens: the logits are realistic)."""
     out = tmp_path_factory.mktemp("real-vocab")
-    vocab = {"qwen3": "qwen2", "qwen3moe": "qwen2", "qwen35": "qwen35", "qwen35moe": "qwen35"}
+    vocab = {
+        "qwen3": "qwen2",
+        "qwen3moe": "qwen2",
+        "qwen35": "qwen35",
+        "qwen35moe": "qwen35",
+        "gemma2": "qwen2",
+        "gemma3": "qwen2",
+    }
     models = {}
     for arch, spec in SPECS.items():
         tokenizer = source_tree / "models" / f"ggml-vocab-{vocab[arch]}.gguf"
@@ -395,3 +457,52 @@ def test_plan_matches_llamacpp_buffers(
         assert reported.total("recurrent_state") > 0
     else:
         assert reported.total("recurrent_state") == 0
+
+
+@pytest.mark.docker
+@pytest.mark.llamacpp
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        Settings(ctx=1024), Settings(ctx=1024, parallel=3), Settings(ctx=8192), Settings(ctx=8192, parallel=3),
+        Settings(ctx=2048, parallel=4, kv_unified=True),  # llama-server's default without --parallel
+        Settings(ctx=4096, parallel=2, swa_full=True),
+        Settings(ctx=4096, parallel=2, cache_type_k="q8_0", cache_type_v="q8_0"),
+    ],
+    ids=["1k", "1k-x3", "8k", "8k-x3", "2k-x4-unified", "4k-x2-swa-full", "4k-x2-q8_0"],
+)  # fmt: skip
+def test_sliding_window_plan_matches_llamacpp(
+    arch: str, settings: Settings, stock_build: Path, real_vocab_models: dict[str, Path]
+) -> None:
+    """gemma2/gemma3 in stock llama.cpp: both KV caches (cells, layers, MiB) and every other buffer within 5 %."""
+    model = real_vocab_models[arch]
+    header = read_header(model)
+    shape = model_shape(header)
+    _gpu, planned = estimate_memory(shape, header.tensors, settings, n_gpu_layers=0)
+    reported = fit.measure_with_llamacpp(stock_build / "bin" / "llama-server", model, settings)
+    assert reported.kv_cache is not None and reported.swa_kv_cache is not None
+    sliding = sum(shape.swa)
+    assert reported.kv_cache.cells == settings.n_ctx_seq
+    assert reported.kv_cache.layers == shape.n_layer - sliding
+    assert reported.swa_kv_cache.cells == settings.swa_cells(shape.n_swa)
+    assert reported.swa_kv_cache.layers == sliding
+    for category in CATEGORIES:
+        estimate, actual = getattr(planned, category), reported.total(category)
+        assert abs(estimate - actual) <= 0.05 * actual + 0.005 * MiB, (category, estimate / MiB, actual / MiB)
+
+
+@pytest.mark.docker
+@pytest.mark.llamacpp
+@pytest.mark.parametrize("kv_unified", [False, True], ids=["per-slot", "unified"])
+def test_models_fit_on_sliding_window_model_matches_llamacpp_kv(
+    kv_unified: bool, stock_build: Path, real_vocab_models: dict[str, Path]
+) -> None:
+    """`invoke models.fit` on gemma2: its KV cache (GPU + host) is what llama.cpp allocates, within 5 %."""
+    model = real_vocab_models["gemma2"]
+    result = _run(model=str(model), gpu="rtx3090", ctx=8192, parallel=3, kv_unified=kv_unified)
+    planned = result["gpu_memory"]["kv_cache"] + result["host_memory"]["kv_cache"]
+    settings = Settings(ctx=8192, parallel=3, kv_unified=kv_unified)
+    reported = fit.measure_with_llamacpp(stock_build / "bin" / "llama-server", model, settings)
+    assert abs(planned - reported.total("kv_cache")) <= 0.05 * reported.total("kv_cache")
+    assert any("sliding-window model" in note for note in result["notes"])

@@ -28,7 +28,10 @@ canonical name only); they exist to exercise name-translation code.
 Supported architectures: ``qwen3``, ``qwen3moe`` and the hybrid Gated-DeltaNet + attention
 ``qwen35`` and ``qwen35moe`` (layer ``i`` is a recurrent DeltaNet layer unless
 ``(i + 1) % full_attention_interval == 0``; the tensor set per layer kind, the shapes and the
-``ssm.*`` keys follow llama.cpp b11312's ``src/models/qwen35*.cpp`` loaders).  Adding one
+``ssm.*`` keys follow llama.cpp b11312's ``src/models/qwen35*.cpp`` loaders) and ``gemma2``, whose
+even layers attend through a sliding window of ``sliding_window`` tokens (``src/models/gemma2.cpp``: tied
+output, post-attention and post-FFN norms, soft-capped logits) and ``gemma3`` (five sliding layers to one
+full one, q/k norms; written with its own ``output.weight``, which llama.cpp takes when present).  Adding one
 means adding an :class:`_ArchSupport` entry to ``_ARCHS`` (its hyper-parameter keys, which
 block tensors each layer holds, shape overrides), shape rules for any new tensor kinds in
 ``_SHAPES`` and, for tensors not named ``*.weight``, an entry in ``_SUFFIXES``.
@@ -91,7 +94,9 @@ class TinyModelSpec:
     the hybrid archs (``qwen35``, ``qwen35moe``): ``ssm_state_size`` is the DeltaNet head
     size, ``ssm_group_count`` the number of key heads, ``ssm_time_step_rank`` the number of
     value heads (a multiple of the key heads); the inner size is
-    ``ssm_state_size * ssm_time_step_rank``, as in the real checkpoints.
+    ``ssm_state_size * ssm_time_step_rank``, as in the real checkpoints.  ``sliding_window``
+    is the attention window of the sliding-window layers of ``gemma2`` (every even layer) and ``gemma3``
+    (five of every six), llama.cpp's default patterns for those archs; ignored otherwise.
     """
 
     arch: str = "qwen3"
@@ -116,6 +121,7 @@ class TinyModelSpec:
     ssm_group_count: int = 2
     ssm_time_step_rank: int = 4
     full_attention_interval: int = 2
+    sliding_window: int = 64
 
     def __post_init__(self) -> None:
         if self.arch not in _ARCHS:
@@ -141,6 +147,7 @@ class TinyModelSpec:
             "ssm_group_count",
             "ssm_time_step_rank",
             "full_attention_interval",
+            "sliding_window",
         ):
             value = getattr(self, attr)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -266,6 +273,9 @@ _SHAPES: Final[Mapping[gguf.MODEL_TENSOR, _ShapeFn]] = {
     _T.FFN_GATE_SHEXP: lambda s, v: (s.n_ff_shexp, s.n_embd),
     _T.FFN_UP_SHEXP: lambda s, v: (s.n_ff_shexp, s.n_embd),
     _T.FFN_DOWN_SHEXP: lambda s, v: (s.n_embd, s.n_ff_shexp),
+    # gemma2's extra norms around the attention and the FFN
+    _T.FFN_PRE_NORM: lambda s, v: (s.n_embd,),
+    _T.FFN_POST_NORM: lambda s, v: (s.n_embd,),
 }
 
 # Shape overrides per arch: qwen35's attention layers project the query and its output
@@ -343,6 +353,23 @@ def _write_hybrid_moe_hparams(w: gguf.GGUFWriter, s: TinyModelSpec) -> None:
     w.add_expert_shared_feed_forward_length(s.n_ff_shexp)
 
 
+def _write_sliding_window_hparams(w: gguf.GGUFWriter, s: TinyModelSpec) -> None:
+    # As convert_hf_to_gguf.py's Gemma2Model: the window and the two soft-caps; no pattern key, so
+    # llama.cpp b11312 uses gemma2's default (set_swa_pattern(2): layer i slides when i % 2 == 0).
+    _write_common_hparams(w, s)
+    w.add_sliding_window(s.sliding_window)
+    w.add_attn_logit_softcapping(50.0)
+    w.add_final_logit_softcapping(30.0)
+
+
+def _write_gemma3_hparams(w: gguf.GGUFWriter, s: TinyModelSpec) -> None:
+    # As convert_hf_to_gguf.py's Gemma3Model: the window and the local layers' RoPE base; gemma3's default
+    # pattern (set_swa_pattern(6): five sliding layers, then one full one).
+    _write_common_hparams(w, s)
+    w.add_sliding_window(s.sliding_window)
+    w.add_rope_freq_base_swa(10000.0)
+
+
 # Which tensors each kind of hybrid layer holds (llama-model's qwen35 loaders): attention
 # layers have separate q (with its gate) / k / v and q/k norms, DeltaNet layers the fused
 # qkv, the output gate and the ssm_* tensors; both have the two norms and the FFN.
@@ -385,6 +412,8 @@ _ARCHS: Final[Mapping[str, _ArchSupport]] = {
         block_kinds=_hybrid_block_kinds,
         name_styles=("canonical", "hf"),
     ),
+    "gemma2": _ArchSupport(write_hparams=_write_sliding_window_hparams, name_styles=("canonical", "hf")),
+    "gemma3": _ArchSupport(write_hparams=_write_gemma3_hparams, name_styles=("canonical", "hf")),
 }
 
 #: Hybrid (Gated-DeltaNet + attention) architectures.
@@ -451,6 +480,9 @@ _PREFERRED: Final[Mapping[str, tuple[str, ...]]] = {
         "model.layers.{bid}.mlp.shared_expert.gate_proj",
         "model.layers.{bid}.mlp.shared_expert.up_proj",
         "model.layers.{bid}.mlp.shared_expert.down_proj",
+        # Gemma 2 norms
+        "model.layers.{bid}.pre_feedforward_layernorm",
+        "model.layers.{bid}.post_feedforward_layernorm",
     ),
     "meta": (
         "tok_embeddings",

@@ -7,7 +7,7 @@ Token generation is memory-bound, so ``tokens/s <= bandwidth / bytes read per to
 * one row of ``token_embd`` (the lookup) when the output layer has its own matrix;
 * ``expert_used_count / expert_count`` of each expert tensor (uniform routing);
 * the K and V cache of every attention layer **at a stated depth** ``kv_depth`` (the tokens already in the
-  sequence; the cache types as configured);
+  sequence; the cache types as configured), at most the window for a sliding-window layer;
 * the state of every recurrent (DeltaNet) layer, read and written.
 
 The depth is the caller's: the fit planner uses the slot's full context (``--ctx``: the ceiling at the end of
@@ -91,12 +91,13 @@ def bytes_per_token(
         cache_type_v, shape.n_head_kv * shape.head_dim_v
     )
     kv_layer = kv_depth * kv_cell
+    swa_layer = min(kv_depth, shape.n_swa) * kv_cell  # a sliding-window layer attends its window only
     state_layer = (shape.conv_state_values + shape.ssm_state_values) * 4 * 2  # F32, read and written
     parts = {"dense": 0.0, "experts": 0.0, "kv": 0.0, "state": 0.0}
     gpu = 0.0
     for il in range(shape.n_layer):
         experts = layout.experts[il] * share
-        memory = state_layer if shape.recurrent[il] else kv_layer
+        memory = state_layer if shape.recurrent[il] else (swa_layer if shape.is_swa(il) else kv_layer)
         parts["dense"] += layout.dense[il]
         parts["experts"] += experts
         parts["state" if shape.recurrent[il] else "kv"] += memory
@@ -110,6 +111,8 @@ def bytes_per_token(
         0 if layout.tied else layout.token_embd // max(1, shape.n_vocab)
     )  # token_embd stays on the CPU
     notes = [f"KV cache read at depth {kv_depth:g} tokens ({cache_type_k}/{cache_type_v})"]
+    if shape.swa and kv_depth > shape.n_swa:
+        notes.append(f"sliding-window layers read their window of {shape.n_swa} tokens only")
     if layout.tied:
         notes.append("tied embeddings: the output projection reads the whole token_embd table")
     if shape.n_expert and parts["experts"]:

@@ -9,8 +9,12 @@ and sizes its buffers:
   tensors (``ffn_{up,down,gate,gate_up}_exps``) of layers ``0..M-1`` on the CPU.
 * **KV cache** only for full-attention layers (hybrid qwen3next/qwen35/qwen35moe: layer ``i`` is recurrent unless
   ``(i + 1) % full_attention_interval == 0``), ``row_size(type, n_head_kv * head_dim)`` per cell, K and V, on
-  the device of its layer; ``n_ctx`` padded to 256 per sequence, one stream per sequence (``--parallel`` without
-  ``--kv-unified``).
+  the device of its layer; ``n_ctx`` padded to 256, one stream per sequence (``--parallel`` without
+  ``--kv-unified``: ``n_ctx / n_seq`` cells each, padded to 256) or one shared stream (``--kv-unified``, also
+  llama-server's default without ``--parallel``: 4 slots). Sliding-window layers (gemma2/3, cohere2, olmo2,
+  gpt-oss; :data:`~llamaforge.serve.shape.SWA_ARCHS`) have their own cache (``llama_kv_cache_iswa``) of
+  ``pad(min(n_ctx_seq, n_swa * (n_seq if unified else 1) + n_ubatch), 256)`` cells per stream, full-size with
+  ``--swa-full``, and their own attention mask.
 * **recurrent state** for DeltaNet layers: ``(d_conv - 1) * (d_inner + 2 * n_group * d_state)`` (conv) plus
   ``d_state * d_inner`` (state) F32 values per layer and sequence (``llama_memory_recurrent``).
 * **compute buffer**: what ggml-alloc reserves for the worst-case graph (``n_ubatch`` tokens). The attention
@@ -50,6 +54,7 @@ from llamaforge.serve.launcher import LlamaFlags, LlamaServer, ServerLaunch, Swi
 from llamaforge.serve.loadlog import LoadLog, parse_load_log
 from llamaforge.serve.shape import (
     HYBRID_ARCHS,
+    SWA_ARCHS,
     ModelShape,
     WeightLayout,
     gpu_layers,
@@ -84,6 +89,10 @@ DEFAULT_RAM_BANDWIDTH_GBS: Final = 51.2
 CACHE_TYPES: Final = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 # Archs whose attention layers project the query and an output gate together (2 x n_head x head_dim).
 _GATED_Q_ARCHS: Final = frozenset({"qwen3next", "qwen35", "qwen35moe"})
+# Archs that norm each block's output again before the residual add (Gemma's post-attention and post-FFN
+# norms): one more n_embd-wide activation per token alive in every phase (fitted on gemma2: +2.0 MiB at
+# n_embd 1024 x 512 tokens).
+_POST_NORM_ARCHS: Final = frozenset({"gemma2", "gemma3"})
 # llama-server defaults (b11312): -b 2048; ops with batches of at least 32 rows are offloaded to the GPU.
 _N_BATCH: Final = 2048
 _OP_OFFLOAD_MIN_BATCH: Final = 32
@@ -123,7 +132,12 @@ def parse_size(text: str | int) -> int:
 
 @dataclass(frozen=True)
 class Settings:
-    """The llama-server settings a plan is made for; ``ctx`` is the context of each of ``parallel`` slots."""
+    """The llama-server settings a plan is made for; ``ctx`` is the context of each of ``parallel`` slots.
+
+    ``kv_unified``: one KV stream shared by all slots (``--kv-unified``; llama-server's default when
+    ``--parallel`` is not given: 4 slots, unified) instead of one stream per slot. ``swa_full``: full-size
+    caches for the sliding-window layers too (``--swa-full``).
+    """
 
     ctx: int
     parallel: int = 1
@@ -131,17 +145,38 @@ class Settings:
     cache_type_v: str = "f16"
     ubatch: int = 512
     flash_attn: bool = True
+    kv_unified: bool = False
+    swa_full: bool = False
+
+    @property
+    def n_ctx(self) -> int:
+        """All KV cells of a full-attention layer (``cparams.n_ctx``, padded to 256)."""
+        return self.n_ctx_seq * self.n_stream
+
+    @property
+    def n_stream(self) -> int:
+        """KV streams: one per slot, or one shared stream with ``kv_unified``."""
+        return 1 if self.kv_unified else self.parallel
 
     @property
     def n_ctx_seq(self) -> int:
-        """KV cells per sequence, padded as llama_context pads them (to 256)."""
+        """KV cells per stream, padded as llama_context pads them (to 256)."""
         total = _pad(self.ctx * self.parallel, 256)
-        return _pad(total // self.parallel, 256)
+        return total if self.kv_unified else _pad(total // self.parallel, 256)
 
     @property
     def n_tokens(self) -> int:
         """Tokens of the worst-case (reserve) batch: min(n_ctx, n_batch, n_ubatch)."""
-        return min(self.n_ctx_seq * self.parallel, _N_BATCH, self.ubatch)
+        return min(self.n_ctx, _N_BATCH, self.ubatch)
+
+    def swa_cells(self, n_swa: int) -> int:
+        """KV cells per stream of a sliding-window layer (``llama_kv_cache_iswa``): the window of every
+        sequence the stream holds plus one ubatch, padded to 256, at most the full size."""
+        if self.swa_full:
+            return self.n_ctx_seq
+        return _pad(
+            min(self.n_ctx_seq, n_swa * (self.parallel if self.kv_unified else 1) + self.n_tokens), 256
+        )
 
 
 def _pad(value: int, to: int) -> int:
@@ -183,6 +218,8 @@ def _phase_values(shape: ModelShape) -> dict[str, float]:
         values["ffn"] = _FFN_PHASE["E"] * e + _FFN_PHASE["F"] * shape.n_ff
     conv = 2 * shape.ssm_group_count * shape.ssm_state_size + shape.ssm_inner_size
     values["recurrent"] = _RECURRENT_PHASE["E"] * e + _RECURRENT_PHASE["C"] * conv
+    if shape.arch in _POST_NORM_ARCHS:
+        values = {phase: value + e for phase, value in values.items()}
     return values
 
 
@@ -198,8 +235,10 @@ def _layer_peak(shape: ModelShape, layers: Iterable[int], settings: Settings) ->
     peak = values["ffn"] * t * 4
     if has_attention:
         attention = values["attention"] * t * 4
-        if not settings.flash_attn:
-            attention += shape.n_head * settings.n_ctx_seq * t * 4  # KQ scores, F32
+        if not settings.flash_attn:  # KQ scores, F32, over the largest cache these layers attend
+            full = any(not shape.is_swa(il) for il in layers if il < shape.n_layer)
+            cells = settings.n_ctx_seq if full else settings.swa_cells(shape.n_swa)
+            attention += shape.n_head * cells * t * 4
         peak = max(peak, attention)
     if has_recurrent:
         peak = max(peak, values["recurrent"] * t * 4)
@@ -207,17 +246,23 @@ def _layer_peak(shape: ModelShape, layers: Iterable[int], settings: Settings) ->
 
 
 def _mask_bytes(shape: ModelShape, settings: Settings) -> int:
-    if not shape.attention_layers:
-        return 0
-    return settings.n_ctx_seq * settings.n_tokens * (2 if settings.flash_attn else 4)
+    """The attention masks: one over the full cache, one over the sliding-window cache where there is one."""
+    layers = shape.attention_layers
+    cells = 0
+    if any(not shape.is_swa(il) for il in layers):
+        cells += settings.n_ctx_seq
+    if any(shape.is_swa(il) for il in layers):
+        cells += settings.swa_cells(shape.n_swa)
+    return cells * settings.n_tokens * (2 if settings.flash_attn else 4)
 
 
 def _logits_phase(shape: ModelShape, settings: Settings) -> int:
     return shape.n_vocab * settings.parallel * 4 + settings.n_tokens * shape.n_embd * 4
 
 
-def _kv_layer_bytes(shape: ModelShape, settings: Settings) -> int:
-    cells = settings.n_ctx_seq * settings.parallel
+def _kv_layer_bytes(shape: ModelShape, settings: Settings, il: int) -> int:
+    per_stream = settings.swa_cells(shape.n_swa) if shape.is_swa(il) else settings.n_ctx_seq
+    cells = per_stream * settings.n_stream
     k = row_bytes(settings.cache_type_k, shape.n_head_kv * shape.head_dim_k)
     v = row_bytes(settings.cache_type_v, shape.n_head_kv * shape.head_dim_v)
     return (k + v) * cells
@@ -243,7 +288,7 @@ def estimate_memory(
     weights = {"gpu": 0, "host": layout.token_embd}
     kv = {"gpu": 0, "host": 0}
     state = {"gpu": 0, "host": 0}
-    kv_layer, rs_layer = _kv_layer_bytes(shape, settings), _recurrent_layer_bytes(shape, settings)
+    rs_layer = _recurrent_layer_bytes(shape, settings)
     offloaded_weight = 0  # largest CPU weight an offloaded op copies to the GPU
     for il in range(shape.n_layer):
         on_gpu = il in on_gpu_layers
@@ -257,7 +302,7 @@ def estimate_memory(
         if shape.recurrent[il]:
             state["gpu" if on_gpu else "host"] += rs_layer
         else:
-            kv["gpu" if on_gpu else "host"] += kv_layer
+            kv["gpu" if on_gpu else "host"] += _kv_layer_bytes(shape, settings, il)
     weights["gpu" if output_on_gpu else "host"] += layout.output + layout.other
     if layout.tied and output_on_gpu:  # on the CPU the duplicate maps the same file bytes
         weights["gpu"] += layout.token_embd
@@ -374,6 +419,7 @@ def _flags(
         n_gpu_layers=ngl, n_cpu_moe=n_cpu_moe or None, ctx=settings.ctx * settings.parallel,
         parallel=settings.parallel, cache_type_k=settings.cache_type_k, cache_type_v=settings.cache_type_v,
         flash_attn=flash_attn_flag, ubatch=settings.ubatch if settings.ubatch != 512 else None,
+        kv_unified=True if settings.kv_unified else None, swa_full=settings.swa_full,
     )  # fmt: skip
     return ("-m", model, *flags.args())
 
@@ -400,6 +446,8 @@ def plan_fit(
     flash_attn: bool | Literal["auto"] = True,
     n_gpu_layers: int | None = None,
     n_cpu_moe: int | None = None,
+    kv_unified: bool = False,
+    swa_full: bool = False,
     margin_bytes: int = DEFAULT_MARGIN,
     ram_bandwidth_gbs: float = DEFAULT_RAM_BANDWIDTH_GBS,
 ) -> FitPlan:
@@ -409,7 +457,8 @@ def plan_fit(
     ``ctx`` is the context of each of the ``parallel`` slots. The planner searches the largest ``-ngl`` and,
     for MoE models, the smallest ``--n-cpu-moe`` whose GPU total plus ``margin_bytes`` fits; pass
     ``n_gpu_layers`` / ``n_cpu_moe`` to evaluate a placement of your own instead. ``flash_attn="auto"`` is
-    planned as on (what llama.cpp picks on CUDA for these models). Raises :class:`DoesNotFit` (with the host
+    planned as on (what llama.cpp picks on CUDA for these models). ``kv_unified`` / ``swa_full`` plan
+    ``--kv-unified`` / ``--swa-full`` (see :class:`Settings`). Raises :class:`DoesNotFit` (with the host
     RAM a CPU-only run needs) when not even one layer fits, InvalidOption for bad settings or an unknown GPU.
     """
     card = find_gpu(gpu) if gpu is not None else None
@@ -423,7 +472,9 @@ def plan_fit(
             hint="give the memory with --vram SIZE (e.g. 24GiB) instead of --gpu",
         )
     vram = card.vram_bytes if card is not None and card.vram_bytes is not None else int(vram_bytes or 0)
-    settings = Settings(ctx, parallel, cache_type_k, cache_type_v, ubatch, flash_attn is not False)
+    settings = Settings(
+        ctx, parallel, cache_type_k, cache_type_v, ubatch, flash_attn is not False, kv_unified, swa_full
+    )
     _check_settings(settings)
     name, header = _load(model)
     shape = model_shape(header)
@@ -472,6 +523,13 @@ def plan_fit(
         notes.append(
             f"hybrid model: KV cache for {len(shape.attention_layers)} attention layers only; "
             f"{len(shape.recurrent_layers)} DeltaNet layers keep a fixed state per slot"
+        )
+    if shape.swa:
+        swa_layers = sum(shape.swa)
+        notes.append(
+            f"sliding-window model: {swa_layers} of {len(shape.attention_layers)} attention layers keep "
+            f"{settings.swa_cells(shape.n_swa)} KV cells per stream (window {shape.n_swa})"
+            + (" (--swa-full: full size)" if swa_full else "")
         )
     read = bytes_per_token(header, kv_depth=ctx, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
                            placement=Placement(ngl, ncmoe))  # fmt: skip
@@ -523,6 +581,8 @@ def synthetic_header(
                      f"{arch}.expert_feed_forward_length": spec.n_ff_exp})  # fmt: skip
         if arch in HYBRID_ARCHS:
             meta[f"{arch}.expert_shared_feed_forward_length"] = spec.n_ff_shexp
+    if arch in SWA_ARCHS:
+        meta[f"{arch}.attention.sliding_window"] = spec.sliding_window
     if arch in HYBRID_ARCHS:
         meta.update({
             f"{arch}.ssm.conv_kernel": spec.ssm_conv_kernel, f"{arch}.ssm.state_size": spec.ssm_state_size,
@@ -569,7 +629,7 @@ def measure_with_llamacpp(
         ctx=settings.ctx * settings.parallel, parallel=settings.parallel, cache_type_k=settings.cache_type_k,
         cache_type_v=settings.cache_type_v, flash_attn="on" if settings.flash_attn else "off",
         ubatch=settings.ubatch, batch=max(_N_BATCH, settings.ubatch), threads=threads, fit="off", warmup=False,
-        kv_unified=False, log_verbosity=4,
+        kv_unified=settings.kv_unified, swa_full=settings.swa_full, log_verbosity=4,
     )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="llamaforge-fit-") as scratch:
         launch = ServerLaunch(

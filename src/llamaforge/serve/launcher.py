@@ -47,6 +47,7 @@ class LlamaFlags:
     fit: Switch | None = None
     warmup: bool = True
     kv_unified: bool | None = None
+    swa_full: bool = False  # --swa-full: full-size caches for sliding-window layers
     log_verbosity: int | None = None  # -lv N
     verbose: bool = False  # -v: the whole load log
 
@@ -63,6 +64,8 @@ class LlamaFlags:
             args.append("--no-warmup")
         if self.kv_unified is not None:
             args.append("--kv-unified" if self.kv_unified else "--no-kv-unified")
+        if self.swa_full:
+            args.append("--swa-full")
         if self.verbose:
             args.append("-v")
         return args

@@ -10,6 +10,11 @@ fit planner's :class:`~llamaforge.serve.fit.DeviceMemory`, so a plan and a measu
 ``compute``               ``sched_reserve: <type> compute buffer size``
 ``output``                ``llama_context: <type> output buffer size``
 ========================  ===================================================
+
+A model with sliding-window layers gets two KV caches (``llama_kv_cache_iswa``): llama.cpp prints the buffer and
+``size`` lines of the full-attention cache, then those of the sliding-window one after ``creating     SWA KV
+cache``; the buffers of both count as ``kv_cache``, their sizes are :attr:`LoadLog.kv_cache` and
+:attr:`LoadLog.swa_kv_cache`.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ _CACHE_LINES: Final = (
     ("kv_cache", re.compile(r"llama_kv_cache" + _CACHE_SIZE)),
     ("recurrent_state", re.compile(r"llama_memory_recurrent" + _CACHE_SIZE)),
 )
+_SWA_CACHE_START: Final = re.compile(r"llama_kv_cache_iswa: creating\s+SWA KV cache")
 _MODEL_PARAMS: Final = re.compile(r"model params\s*=\s*(.+)$")
 # llama.cpp's fit pass reads the file once without allocating; every load starts with this line.
 _LOAD_START: Final = "llama_model_loader: loaded meta data"
@@ -57,6 +63,7 @@ class LoadLog:
     kv_cache: CacheSize | None = None
     recurrent_state: CacheSize | None = None
     model_params: str | None = None
+    swa_kv_cache: CacheSize | None = None
 
     def total(self, kind: BufferKind) -> int:
         """Bytes of ``kind`` over all buffer types (0 when llama.cpp printed none)."""
@@ -75,9 +82,12 @@ def parse_load_log(lines: Iterable[str]) -> LoadLog:
     buffers: dict[BufferKind, dict[str, int]] = {}
     caches: dict[str, CacheSize] = {}
     params: str | None = None
+    in_swa = False
     for line in lines:
         if _LOAD_START in line:
-            buffers, caches, params = {}, {}, None
+            buffers, caches, params, in_swa = {}, {}, None, False
+        if _SWA_CACHE_START.search(line):
+            in_swa = True
         for kind, pattern in _BUFFER_LINES:
             match = pattern.search(line)
             if match:
@@ -88,8 +98,11 @@ def parse_load_log(lines: Iterable[str]) -> LoadLog:
         for name, size_pattern in _CACHE_LINES:
             match = size_pattern.search(line)
             if match:
-                caches[name] = CacheSize(float(match.group(1)), int(match.group(2)), int(match.group(3)))
+                which = "swa_kv_cache" if in_swa and name == "kv_cache" else name
+                caches[which] = CacheSize(float(match.group(1)), int(match.group(2)), int(match.group(3)))
         match = _MODEL_PARAMS.search(line)
         if match:
             params = match.group(1).strip()
-    return LoadLog(buffers, caches.get("kv_cache"), caches.get("recurrent_state"), params)
+    return LoadLog(
+        buffers, caches.get("kv_cache"), caches.get("recurrent_state"), params, caches.get("swa_kv_cache")
+    )

@@ -28,6 +28,8 @@ class ModelFitParams(Params):
     cache_type_v: str | None = Field(None, description="V cache type (overrides --cache-type)")
     parallel: int = Field(1, description="Slots (concurrent sequences) of llama-server", ge=1)
     ubatch: int = Field(512, description="Physical batch size (-ub)", ge=1)
+    kv_unified: bool = Field(False, description="One KV cache shared by all slots (--kv-unified)")
+    swa_full: bool = Field(False, description="Full-size KV cache for sliding-window layers (--swa-full)")
     flash_attn: Literal["on", "off", "auto"] = Field("on", description="Flash attention: on, off or auto")
     n_gpu_layers: int | None = Field(None, description="Evaluate this -ngl instead of searching", ge=0)
     n_cpu_moe: int | None = Field(None, description="Evaluate this --n-cpu-moe instead of searching", ge=0)
@@ -77,7 +79,7 @@ class FitOutcome(Result):
     vram_bytes: int
     margin_bytes: int
     settings: dict[str, Any] = Field(
-        description="ctx per slot, parallel, cache types, ubatch, flash attention"
+        description="ctx per slot, parallel, cache types, ubatch, flash attention, kv_unified, swa_full"
     )
     n_layer: int
     attention_layers: int
@@ -121,7 +123,7 @@ def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> FitOutcome:
         path, gpu=params.gpu, vram_bytes=parse_size(params.vram) if params.vram else None, ctx=params.ctx,
         cache_type_k=cache_k, cache_type_v=cache_v, parallel=params.parallel, ubatch=params.ubatch,
         flash_attn=flash_attn, n_gpu_layers=params.n_gpu_layers, n_cpu_moe=params.n_cpu_moe,
-        margin_bytes=parse_size(params.margin),
+        kv_unified=params.kv_unified, swa_full=params.swa_full, margin_bytes=parse_size(params.margin),
     )  # fmt: skip
     data = plan.to_json()
     data["summary"] = summarize(plan)

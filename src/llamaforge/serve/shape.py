@@ -7,7 +7,7 @@ Shared by the fit planner (:mod:`llamaforge.serve.fit`) and the bytes-per-token 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -16,6 +16,7 @@ from llamaforge.gguf.header import GGML_TYPES, GGUFHeader, TensorInfo
 
 __all__ = [
     "HYBRID_ARCHS",
+    "SWA_ARCHS",
     "ModelShape",
     "WeightLayout",
     "block_of",
@@ -28,6 +29,18 @@ __all__ = [
 
 #: Hybrid (recurrent + attention) archs whose layer kinds follow ``full_attention_interval``.
 HYBRID_ARCHS: Final = frozenset({"qwen3next", "qwen35", "qwen35moe"})
+#: Archs with sliding-window attention layers in llama.cpp b11312 (``src/models/<arch>.cpp``): the default
+#: per-layer pattern ``(n_pattern, dense_first)`` of ``load_swa_pattern`` and the window used when the header
+#: has no ``{arch}.attention.sliding_window`` (None: no window key, no SWA). A layer slides when
+#: ``il % n_pattern < n_pattern - 1`` (``dense_first``: when ``il % n_pattern != 0``); a
+#: ``{arch}.attention.sliding_window_pattern`` key overrides the pattern (a number) or lists the layers (bools).
+SWA_ARCHS: Final[dict[str, tuple[int, bool, int | None]]] = {
+    "gemma2": (2, False, 4096),
+    "gemma3": (6, False, None),
+    "cohere2": (4, False, None),
+    "olmo2": (4, False, None),
+    "gpt-oss": (2, False, None),
+}
 _EXPERT_RE: Final = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
 _BLOCK_RE: Final = re.compile(r"^blk\.(\d+)\.")
 
@@ -56,6 +69,12 @@ class ModelShape:
     ssm_state_size: int = 0
     ssm_group_count: int = 0
     ssm_inner_size: int = 0
+    swa: tuple[bool, ...] = ()  # per trunk layer: sliding-window attention (empty: none)
+    n_swa: int = 0  # the window, in tokens
+
+    def is_swa(self, il: int) -> bool:
+        """True when trunk layer ``il`` attends through a sliding window (its KV cache is window-sized)."""
+        return il < len(self.swa) and self.swa[il]
 
     @property
     def attention_layers(self) -> list[int]:
@@ -124,6 +143,7 @@ def model_shape(header: GGUFHeader) -> ModelShape:
             interval = _int(key("full_attention_interval"), 4) or 4
             recurrent = [(il + 1) % interval != 0 for il in range(n_layer)]
     head_dim_k = _int(key("attention.key_length"), n_embd // n_head)
+    swa, n_swa = _sliding_window(arch, n_layer, key)
     return ModelShape(
         arch=arch, n_layer_all=n_layer_all, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
         n_head_kv=_int(key("attention.head_count_kv"), n_head), head_dim_k=head_dim_k,
@@ -133,7 +153,29 @@ def model_shape(header: GGUFHeader) -> ModelShape:
         n_ff_shexp=_int(key("expert_shared_feed_forward_length")), recurrent=tuple(recurrent),
         ssm_conv_kernel=_int(key("ssm.conv_kernel")), ssm_state_size=_int(key("ssm.state_size")),
         ssm_group_count=_int(key("ssm.group_count")), ssm_inner_size=_int(key("ssm.inner_size")),
+        swa=swa, n_swa=n_swa,
     )  # fmt: skip
+
+
+def _sliding_window(arch: str, n_layer: int, key: Callable[..., Any]) -> tuple[tuple[bool, ...], int]:
+    """The sliding-window layers and the window, as llama.cpp b11312's ``load_swa_pattern`` reads them."""
+    if arch not in SWA_ARCHS:
+        return (), 0
+    n_pattern, dense_first, default_window = SWA_ARCHS[arch]
+    window = key("attention.sliding_window")
+    n_swa = _int(window, default_window or 0) if window is not None else (default_window or 0)
+    if n_swa <= 0:
+        return (), 0
+    pattern = key("attention.sliding_window_pattern")
+    if isinstance(pattern, list | tuple) and len(pattern) >= n_layer:
+        return tuple(bool(v) for v in pattern[:n_layer]), n_swa
+    if pattern is not None:
+        n_pattern = _int(pattern, n_pattern)
+    if dense_first:
+        swa = [n_pattern == 0 or il % n_pattern != 0 for il in range(n_layer)]
+    else:
+        swa = [n_pattern == 0 or il % n_pattern < n_pattern - 1 for il in range(n_layer)]
+    return tuple(swa), n_swa
 
 
 def block_of(name: str) -> int | None:
