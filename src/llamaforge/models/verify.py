@@ -141,6 +141,12 @@ _ARCH_RULES: Final[Mapping[str, _ArchRules]] = {
     "qwen3next": _ArchRules(every=(*_need("ATTN_NORM", "ATTN_POST_NORM"), *_SHARED_MOE), attention=_QWEN3_ATTN,
                             recurrent=(*_DELTANET, *_need("SSM_BETA_ALPHA"),
                                        (("SSM_IN",), ("ATTN_QKV", "ATTN_GATE")))),
+    # src/models/gemma2.cpp, gemma3.cpp at b11312: post-norms after attention and FFN (gguf calls blk.N.ffn_norm
+    # FFN_PRE_NORM for these archs); gemma3 adds Q/K norms.
+    "gemma2": _ArchRules(every=(*_need("ATTN_NORM", "ATTN_OUT", "ATTN_POST_NORM", "FFN_PRE_NORM", "FFN_POST_NORM"),
+                                _QKV, *_DENSE_FFN)),
+    "gemma3": _ArchRules(every=(*_need("ATTN_NORM", "ATTN_POST_NORM", "FFN_PRE_NORM", "FFN_POST_NORM"),
+                                *_QWEN3_ATTN, *_DENSE_FFN)),
 }  # fmt: skip
 _SUFFIX: Final[Mapping[str, str]] = {"SSM_A": "", "SSM_DT": ".bias"}
 _NEXTN: Final = ("NEXTN_EH_PROJ", "NEXTN_EMBED_TOKENS", "NEXTN_ENORM", "NEXTN_HNORM",
