@@ -562,7 +562,8 @@ def test_smoke_bench_stage_runs_through_an_injected_runner(tmp_path: Path, lf_ho
     options = SmokeOptions(pp=16, tg=8, repetitions=2, threads=1, skip_server=True, bandwidth_gbs=10.0)
     thresholds, sources = resolve_thresholds([("cli", {"min_tg_tps": 1})])
     report = run_smoke(target, options, thresholds, sources, runner=runner)
-    (call,) = runner.calls
+    call, cpuinfo = runner.calls  # llama-bench, then the CPU flags of the host it ran on
+    assert cpuinfo["argv"] == ["cat", "/proc/cpuinfo"]
     assert call["argv"] == bench_command(build / "bin" / "llama-bench", model, pp=16, tg=8, repetitions=2,
                                          threads=1)  # fmt: skip
     assert call["timeout_s"] == options.bench_timeout_s and call["log_path"] == Path(
