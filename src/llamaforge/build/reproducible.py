@@ -160,7 +160,11 @@ def check_reproducible(
             )  # fmt: skip
         for path in sorted(scratch.rglob("*")):
             relative = path.relative_to(scratch).as_posix()
-            if path.is_file() and relative not in result.manifest["artifacts"] and relative != "toolchain.json":
+            if (
+                path.is_file()
+                and relative not in result.manifest["artifacts"]
+                and relative != "toolchain.json"
+            ):
                 different.append(
                     ArtifactDiff(relative, "", sha256_file(path), 0, path.stat().st_size, None, (),
                                  "the rebuild made a file the published build does not have", None)

@@ -134,7 +134,9 @@ def release_files(spec: ReleaseSpec, runner: ProcessRunner = LOCAL) -> list[tupl
     names = {path.name for path in own}
     libraries: dict[str, Path] = {}
     if (spec.build_dir / "lib").is_dir():
-        libraries.update({path.name: path for path in (spec.build_dir / "lib").iterdir() if _is_library(path)})
+        libraries.update(
+            {path.name: path for path in (spec.build_dir / "lib").iterdir() if _is_library(path)}
+        )
     for binary in own:
         result = runner.run(["ldd", str(binary)], warn=True)
         for line in result.stdout.splitlines():

@@ -98,7 +98,7 @@ def _cause_and_fix(level: str | None, variant: str | None, unused: list[str]) ->
     if level == "native":
         return (
             f"the build is native to the machine that built it, which lacks {names}",
-            "rebuild on this host, or build the default cpu = \"variants\" to pick the best code at run time",
+            'rebuild on this host, or build the default cpu = "variants" to pick the best code at run time',
         )
     described = f"CPU level {level!r}" if level else "the x86-64 baseline (an older build: no variants)"
     return (
@@ -120,9 +120,7 @@ def build_cpu_level(manifest: Mapping[str, Any]) -> str | None:
     return None
 
 
-def diagnose(
-    logs: Iterable[str], host_flags: set[str], manifest: Mapping[str, Any]
-) -> dict[str, Any]:
+def diagnose(logs: Iterable[str], host_flags: set[str], manifest: Mapping[str, Any]) -> dict[str, Any]:
     """Compare the CPU features the build uses (from llama.cpp ``logs``: the server log's system_info, or the
     variant llama-bench loaded) with the host's; ``warning`` is set when the build leaves some unused."""
     text = "\n".join(logs)
@@ -139,7 +137,9 @@ def diagnose(
     }  # fmt: skip
     if used is None or not host_flags:
         result["note"] = "not checked: " + (
-            "no system_info line or loaded CPU variant in the logs" if used is None else "no /proc/cpuinfo flags"
+            "no system_info line or loaded CPU variant in the logs"
+            if used is None
+            else "no /proc/cpuinfo flags"
         )
         return result
     unused = [feature for feature in result["host"] if feature not in used]
