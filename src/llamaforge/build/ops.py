@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from llamaforge.build.doctor import Status
-from llamaforge.build.recipes import Backend
+from llamaforge.build.recipes import Backend, Platform
 from llamaforge.core.errors import InvalidOption, LlamaforgeError, NotReproducible, OperationFailed
 from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
 
@@ -36,7 +36,25 @@ class BuildParams(Params):
         None, description="Extra CA bundle for builds behind a TLS-intercepting proxy"
     )
     cmake: list[str] = Field(default_factory=list, description="Extra CMake option KEY=VALUE (repeatable)")
-    executor: str = Field("docker", description="Where to build: docker, or local (this host, no Docker)")
+    platform: Platform | None = Field(
+        None,
+        description="linux, windows (MSVC, on a Windows host) or macos (Metal, on a Mac); default: the recipe's",
+    )
+    executor: str = Field(
+        "docker", description="Where to build: docker, local (this host, no Docker) or ssh (a build host)"
+    )
+    build_host: str | None = Field(None, description="Build host for --executor ssh: user@host:port")
+    ssh_key: str | None = path_field(
+        None, description="Private key for the build host (default: the SSH agent)"
+    )
+    known_hosts: str | None = path_field(
+        None,
+        description="known_hosts file for the build host (read with ~/.ssh/known_hosts; new keys go here)",
+    )
+    accept_new_host_keys: bool = Field(
+        False,
+        description="Record the build host's key if it was never seen (a changed key is always refused)",
+    )
     jobs: int | None = Field(None, description="Parallel compile jobs (default: all cores)")
     force: bool = Field(False, description="Rebuild even when a cached build with the same key exists")
     dry_run: bool = Field(False, description="Only print the plan: rendered files, cmake args, cache key")
@@ -83,8 +101,23 @@ def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
         no_patches=params.no_patches,
         ca_bundle=ca_bundle.resolve() if ca_bundle else None,
         cmake=tuple(cmake),
+        platform=params.platform,
     )
     return plan_build(load_recipe(params.recipe), options), options
+
+
+def _executor_settings(params: BuildParams) -> dict[str, str]:
+    """The ssh executor's settings from the build host options (which no other executor takes)."""
+    given = {"host": params.build_host, "key": params.ssh_key, "known_hosts": params.known_hosts,
+             "accept_new_host_keys": "true" if params.accept_new_host_keys else None}  # fmt: skip
+    settings = {name: value for name, value in given.items() if value}
+    if settings and params.executor != "ssh":
+        raise InvalidOption(
+            f"--build-host, --ssh-key, --known-hosts and --accept-new-host-keys are for --executor ssh, not "
+            f"--executor {params.executor}",
+            hint="add --executor ssh, or drop them",
+        )
+    return settings
 
 
 class PublishedBuild(Result):
@@ -132,7 +165,7 @@ def build_op(params: BuildParams, ctx: OperationContext) -> BuildOutput:
     from llamaforge.runners import make_executor
 
     plan, options = _plan_from_params(params)
-    executor = make_executor(params.executor)
+    executor = make_executor(params.executor, _executor_settings(params))
     if params.dry_run:
         data = plan.to_json()
         data["cache_key"] = None

@@ -15,6 +15,7 @@ from llamaforge import __version__
 from llamaforge.build.cuda_arch import parse_cuda_archs
 from llamaforge.build.patches import PatchRef, read_series
 from llamaforge.build.recipes import Backend, BuildRecipe
+from llamaforge.build.recipes import Platform as PlatformName
 from llamaforge.core.errors import InvalidOption
 from llamaforge.platforms import BuildEnvironment, BuildScript, get_platform, sha256_text
 
@@ -33,6 +34,7 @@ class BuildOptions:
     no_patches: bool = False
     ca_bundle: Path | None = None
     cmake: tuple[tuple[str, str], ...] = ()
+    platform: PlatformName | None = None  # overrides the recipe's platform
 
 
 @dataclass(frozen=True)
@@ -108,8 +110,13 @@ def plan_build(recipe: BuildRecipe, options: BuildOptions | None = None) -> Buil
     """Resolve ``recipe`` and ``options`` into a BuildPlan; the recipe's platform renders its environment and
     script."""
     options = options or BuildOptions()
-    backend: Backend = options.backend or ("cuda" if options.cuda_architectures else recipe.backend)
+    if options.platform and options.platform != recipe.platform:
+        recipe = recipe.model_copy(update={"platform": options.platform})
     platform = get_platform(recipe.platform)
+    preferred = platform.preferred_backend if options.platform else None
+    backend: Backend = options.backend or (
+        "cuda" if options.cuda_architectures else preferred or recipe.backend
+    )
     platform.check(recipe, backend)
     if options.cuda_architectures and backend != "cuda":
         raise InvalidOption("--arch only applies to CUDA builds", hint="drop --backend cpu, or drop --arch")
@@ -124,6 +131,7 @@ def plan_build(recipe: BuildRecipe, options: BuildOptions | None = None) -> Buil
 
     cmake: dict[str, str] = {"CMAKE_BUILD_TYPE": "Release"}
     cmake.update({key: _cmake_value(value) for key, value in recipe.cmake.items()})
+    cmake.update(platform.cmake(recipe, backend))
     cmake.update(dict(options.cmake))
     if backend == "cuda":
         cmake["GGML_CUDA"] = "ON"

@@ -19,17 +19,20 @@ def build_cli(result: dict[str, Any], console: Console) -> None:
     if result["dry_run"]:
         plan = result["plan"]
         archs = ",".join(plan["cuda_architectures"]) or "-"
+        where = f"base={plan['base_image']['tag']}" if plan.get("base_image") else "on a build host"
         console.print(
-            f"[bold]plan[/bold] recipe={plan['recipe']} backend={plan['backend']} archs={archs} "
-            f"base={plan['base_image']['tag']}"
+            f"[bold]plan[/bold] recipe={plan['recipe']} platform={plan['platform']} backend={plan['backend']} "
+            f"archs={archs} {where}"
         )
         console.print(f"source: {json.dumps(plan['source'])}")
         console.print("patches: " + (", ".join(p["name"] for p in plan["patches"]) or "none"))
         console.print("cmake: " + " ".join(plan["cmake_args"]), highlight=False)
         console.print(f"plan digest: {plan['plan_digest']}")
         console.print(f"cache key: {plan['cache_key'] or '-'} ({plan['cache_key_note']})")
-        console.print(Syntax(plan["files"]["Dockerfile"], "docker", line_numbers=False))
-        console.print(Syntax(plan["files"]["build.sh"], "bash", line_numbers=False))
+        for name, text in plan["files"].items():
+            lexer = "docker" if name == "Dockerfile" else "powershell" if name.endswith(".ps1") else "bash"
+            console.print(f"[bold]{name}[/bold]")
+            console.print(Syntax(text, lexer, line_numbers=False))
         return
     build = result["build"]
     state = "[green]cache hit[/green]" if build["cached"] else "[green]built[/green]"

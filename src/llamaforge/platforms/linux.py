@@ -60,6 +60,7 @@ class LinuxPlatform:
 
     name: PlatformName = "linux"
     template_dir: str | None = TEMPLATES
+    preferred_backend: Backend | None = None
 
     def check(self, recipe: BuildRecipe, backend: Backend) -> None:
         """Linux has builder templates for the cpu and cuda backends."""
@@ -68,6 +69,10 @@ class LinuxPlatform:
                 f"backend {backend!r} has no Linux builder template yet",
                 hint="use --backend cpu or --arch 86",
             )
+
+    def cmake(self, recipe: BuildRecipe, backend: Backend) -> dict[str, str]:
+        """Nothing beyond the recipe: its settings are written for Linux."""
+        return {}
 
     def build(
         self,
