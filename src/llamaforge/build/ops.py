@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from llamaforge.build.doctor import Status
+from llamaforge.build.matrix import MatrixRow
 from llamaforge.build.recipes import Backend, Platform
 from llamaforge.core.errors import InvalidOption, LlamaforgeError, NotReproducible, OperationFailed
 from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
@@ -60,6 +61,10 @@ class BuildParams(Params):
     dry_run: bool = Field(False, description="Only print the plan: rendered files, cmake args, cache key")
     check_reproducible: bool = Field(
         False, description="Rebuild in a fresh container with ccache off and compare every artifact's sha256"
+    )
+    matrix: str | None = path_field(
+        None,
+        description="Run every build of a matrix (recipes/matrices/NAME.toml or a path), one after another",
     )
     from_manifest: str | None = path_field(
         None, description="Repeat the build recorded in this manifest.json"
@@ -148,6 +153,9 @@ class BuildOutput(Result):
     plan: dict[str, Any] | None = absent("The build plan: rendered files, cmake arguments, cache key")
     build: PublishedBuild | None = absent()
     reproducibility: ReproducibilityCheck | None = absent()
+    matrix: list[MatrixRow] | None = absent(
+        "One row per build of the matrix: key, platform, backend, archs, time, result"
+    )
 
 
 @operation(
@@ -159,7 +167,14 @@ class BuildOutput(Result):
     html="llamaforge.build.render:build_html",
 )
 def build_op(params: BuildParams, ctx: OperationContext) -> BuildOutput:
-    """Build llama.cpp from a pinned, patched source in Docker (or reuse the cached build)."""
+    """Build llama.cpp from a pinned, patched source in Docker or on a build host (or reuse the cached build);
+    with --matrix, every build of a matrix file, one after another."""
+    if params.matrix:
+        return _build_matrix(params, ctx)
+    return _build_one(params, ctx)
+
+
+def _build_one(params: BuildParams, ctx: OperationContext) -> BuildOutput:
     from llamaforge.build.execute import run_build
     from llamaforge.build.reproducible import check_reproducible
     from llamaforge.runners import make_executor
@@ -198,6 +213,53 @@ def build_op(params: BuildParams, ctx: OperationContext) -> BuildOutput:
                 result=output, exit_code=NotReproducible.exit_code,
                 hint="the result lists the differing ELF sections and keeps each rebuilt copy to compare",
             )  # fmt: skip
+    return output
+
+
+def _build_matrix(params: BuildParams, ctx: OperationContext) -> BuildOutput:
+    from llamaforge.build.matrix import MatrixEntry, MatrixStopped, entry_arguments, load_matrix, run_matrix
+    from llamaforge.core.events import Event
+
+    if params.from_manifest or params.check_reproducible:
+        raise InvalidOption(
+            "--matrix runs the builds its file lists", hint="drop --from-manifest / --check-reproducible"
+        )
+    matrix = load_matrix(params.matrix or "")
+
+    def build_one(entry: MatrixEntry) -> dict[str, Any]:
+        shared = {"jobs": params.jobs, "force": params.force, "dry_run": params.dry_run}
+        output = _build_one(BuildParams.model_validate({**entry_arguments(matrix, entry), **shared}), ctx)
+        if output.plan is not None:
+            plan = output.plan
+            return {"result": "planned", "key": plan["cache_key"], "platform": plan["platform"],
+                    "backend": plan["backend"], "archs": plan["cuda_architectures"]}  # fmt: skip
+        assert output.build is not None
+        from llamaforge.build.store import load_manifest
+
+        manifest = load_manifest(output.build.key) or {}
+        return {"result": "cache hit" if output.build.cached else "built", "key": output.build.key,
+                "platform": manifest.get("recipe", {}).get("platform"), "backend": manifest.get("backend"),
+                "archs": manifest.get("cuda_architectures") or []}  # fmt: skip
+
+    def progress(message: str) -> None:
+        ctx.reporter(Event("stage", message, stage="matrix"))
+
+    try:
+        rows = run_matrix(matrix, build_one, progress=progress)
+    except MatrixStopped as stopped:
+        stopped_output = BuildOutput(dry_run=params.dry_run, matrix=stopped.rows)
+        raise OperationFailed(
+            f"matrix {matrix.name} was cancelled", result=stopped_output, exit_code=130,
+            hint="the table says which builds ran",
+        ) from None  # fmt: skip
+    output = BuildOutput(dry_run=params.dry_run, matrix=rows)
+    failed = [row for row in rows if row.result == "failed"]
+    if failed:
+        raise OperationFailed(
+            f"{len(failed)} of {len(rows)} builds of matrix {matrix.name} failed: "
+            + ", ".join(row.name for row in failed), result=output, exit_code=failed[0].exit_code,
+            hint="each failed row carries its error and next step; the other builds are published",
+        )  # fmt: skip
     return output
 
 
