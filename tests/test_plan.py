@@ -20,6 +20,7 @@ VARIANTS: dict[str, BuildOptions] = {
     "cpu": BuildOptions(no_patches=True),
     "cuda-86": BuildOptions(cuda_architectures=("86",), no_patches=True),
     "cuda-86-89": BuildOptions(cuda_architectures=("86", "89"), no_patches=True),
+    "cuda-86-image": BuildOptions(cuda_architectures=("86",), no_patches=True, cuda_toolkit="image"),
     "cpu-ca": BuildOptions(no_patches=True, ca_bundle=CA),
 }
 

@@ -50,11 +50,23 @@ def test_linux_plan_has_a_builder_image_a_bash_script_and_bin_artifacts() -> Non
 
 
 def test_linux_cuda_plan_needs_nvcc_on_a_host_and_the_cuda_image() -> None:
-    plan = plan_build(load_recipe("default"), BuildOptions(cuda_architectures=("86",), no_patches=True))
+    options = BuildOptions(cuda_architectures=("86",), no_patches=True, cuda_toolkit="image")
+    plan = plan_build(load_recipe("default"), options)
     assert [tool.name for tool in plan.environment.host_tools][-1] == "nvcc"
     assert plan.environment.image is not None
     assert plan.environment.image.tag.startswith("llamaforge-builder:cuda-")
+    assert plan.environment.image.base.tag.startswith("nvidia/cuda:")
     assert "LIBRARY_PATH=/usr/local/cuda/lib64/stubs" in plan.environment.image.dockerfile
+
+
+def test_linux_cuda_plan_defaults_to_the_wheel_toolkit_on_the_local_base() -> None:
+    plan = plan_build(load_recipe("default"), BuildOptions(cuda_architectures=("86",), no_patches=True))
+    image = plan.environment.image
+    assert image is not None and image.tag.startswith("llamaforge-builder:cuda-wheels-")
+    assert image.base.tag == "llamaforge/debian:bookworm", "no registry: the local Debian base"
+    assert "'cuda-toolkit[nvcc,nvvm,crt,cccl,cudart,culibos,cublas]==13.0.2'" in image.dockerfile
+    assert "nvidia-cuda-cuobjdump==13.2.51" in image.dockerfile
+    assert "cuobjdump --list-elf" in plan.script.text, "every CUDA build lists its device code"
 
 
 def test_linux_refuses_a_backend_without_a_template() -> None:

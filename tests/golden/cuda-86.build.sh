@@ -48,6 +48,16 @@ for target in llama-server llama-bench llama-cli; do
   install -m 0755 "${build_dir}/bin/${target}" "${out_dir}/bin/${target}"
 done
 
+echo "llamaforge: list device code"
+: > "${out_dir}/cuda-device-code.txt"
+for file in "${out_dir}"/bin/*; do
+  [ -L "${file}" ] && continue
+  listing="$(cuobjdump --list-elf "${file}" 2>/dev/null || true; cuobjdump --list-ptx "${file}" 2>/dev/null || true)"
+  if [ -n "${listing}" ]; then
+    printf '== bin/%s\n%s\n' "${file##*/}" "${listing}" >> "${out_dir}/cuda-device-code.txt"
+  fi
+done
+
 {
   printf '{\n'
   printf '  "cmake": "%s",\n' "$(cmake --version | head -n 1)"
@@ -56,7 +66,7 @@ done
   printf '  "cxx": "%s",\n' "$(c++ --version | head -n 1)"
   printf '  "nvcc": "%s",\n' "$(nvcc --version | tail -n 1)"
   printf '  "ccache": "%s",\n' "$(ccache --version | head -n 1)"
-  printf '  "packages": "%s"\n' "$(dpkg-query -W -f '${Package}=${Version} ' ca-certificates ccache cmake g++ ninja-build 2>/dev/null || true)"
+  printf '  "packages": "%s"\n' "$(dpkg-query -W -f '${Package}=${Version} ' ca-certificates ccache cmake g++ gcc libc6-dev make ninja-build python3-pip 2>/dev/null || true)"
   printf '}\n'
 } > "${out_dir}/toolchain.json"
 echo "llamaforge: done"

@@ -68,6 +68,8 @@ def _options_json(options: BuildOptions) -> dict[str, Any]:
         "no_patches": options.no_patches,
         "ca_bundle": str(options.ca_bundle) if options.ca_bundle else None,
         "cmake": [list(pair) for pair in options.cmake],
+        "platform": options.platform,
+        "cuda_toolkit": options.cuda_toolkit,
     }
 
 
@@ -81,6 +83,8 @@ def options_from_json(data: dict[str, Any]) -> BuildOptions:
         no_patches=bool(data.get("no_patches")),
         ca_bundle=Path(data["ca_bundle"]) if data.get("ca_bundle") else None,
         cmake=tuple((str(k), str(v)) for k, v in data.get("cmake") or ()),
+        platform=data.get("platform"),
+        cuda_toolkit=data.get("cuda_toolkit"),
     )
 
 
@@ -177,6 +181,11 @@ def _build_locked(
         out.mkdir()
         build_into(plan, executor, out, log_path, jobs=jobs, reporter=reporter, cancel=cancel)
         artifacts = _collect_artifacts(plan, out)
+        device_code = None
+        if plan.backend == "cuda":
+            from llamaforge.build.device_code import check_device_code
+
+            device_code = check_device_code(out, plan.cuda_architectures, str(log_path))
         for relative in plan.artifacts:
             target = staging / relative
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -203,6 +212,7 @@ def _build_locked(
             "image": executor.describe_environment(plan, environment_id),
             "toolchain": toolchain,
             "artifacts": artifacts,
+            **({"cuda_device_code": device_code} if device_code is not None else {}),
             "source_date_epoch": plan.source_date_epoch,
             "started_at": started_at,
             "finished_at": _now(),

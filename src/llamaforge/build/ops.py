@@ -10,7 +10,7 @@ from pydantic import Field
 
 from llamaforge.build.doctor import Status
 from llamaforge.build.matrix import MatrixRow
-from llamaforge.build.recipes import Backend, Platform
+from llamaforge.build.recipes import Backend, CudaToolkitKind, Platform
 from llamaforge.core.errors import InvalidOption, LlamaforgeError, NotReproducible, OperationFailed
 from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
 
@@ -31,6 +31,10 @@ class BuildParams(Params):
         None, description="cpu or cuda (default: the recipe's, or cuda with --arch)"
     )
     base_image: str | None = Field(None, description="Base image for the builder (overrides the recipe)")
+    cuda_toolkit: CudaToolkitKind | None = Field(
+        None, description="CUDA toolkit: wheels (NVIDIA's PyPI wheels on the local base, no registry) or image "
+        "(the recipe's nvidia/cuda image); default: the recipe's [cuda] toolkit",
+    )  # fmt: skip
     patches: str | None = path_field(None, description="Patch series directory (default: the recipe's)")
     no_patches: bool = Field(False, description="Build stock llama.cpp without the patch series")
     ca_bundle: str | None = path_field(
@@ -107,6 +111,7 @@ def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
         ca_bundle=ca_bundle.resolve() if ca_bundle else None,
         cmake=tuple(cmake),
         platform=params.platform,
+        cuda_toolkit=params.cuda_toolkit,
     )
     return plan_build(load_recipe(params.recipe), options), options
 

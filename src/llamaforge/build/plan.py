@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import calendar
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from llamaforge import __version__
-from llamaforge.build.cuda_arch import parse_cuda_archs
+from llamaforge.build.cuda_arch import check_toolkit_range, parse_cuda_archs
 from llamaforge.build.patches import PatchRef, read_series
-from llamaforge.build.recipes import Backend, BuildRecipe
+from llamaforge.build.recipes import Backend, BuildRecipe, CudaToolkitKind
 from llamaforge.build.recipes import Platform as PlatformName
 from llamaforge.core.errors import InvalidOption
 from llamaforge.platforms import BuildEnvironment, BuildScript, get_platform, sha256_text
@@ -35,6 +36,7 @@ class BuildOptions:
     ca_bundle: Path | None = None
     cmake: tuple[tuple[str, str], ...] = ()
     platform: PlatformName | None = None  # overrides the recipe's platform
+    cuda_toolkit: CudaToolkitKind | None = None  # overrides the recipe's [cuda] toolkit
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,16 @@ def _cmake_value(value: str | int | bool) -> str:
     return str(value)
 
 
+def _check_toolkit(recipe: BuildRecipe, options: BuildOptions, archs: list[str]) -> None:
+    """The archs against the CUDA toolkit the build will use (its major from the wheel release or the image tag)."""
+    if (options.cuda_toolkit or recipe.cuda.toolkit) == "wheels" and not options.base_image:
+        check_toolkit_range(archs, recipe.cuda.major, f"cuda-toolkit {recipe.cuda.release} wheels")
+        return
+    tag = options.base_image or (recipe.images["cuda"].tag if "cuda" in recipe.images else "")
+    found = re.search(r"cuda:(\d+)\.", tag)
+    check_toolkit_range(archs, int(found.group(1)) if found else None, tag)
+
+
 def plan_build(recipe: BuildRecipe, options: BuildOptions | None = None) -> BuildPlan:
     """Resolve ``recipe`` and ``options`` into a BuildPlan; the recipe's platform renders its environment and
     script."""
@@ -125,6 +137,9 @@ def plan_build(recipe: BuildRecipe, options: BuildOptions | None = None) -> Buil
         if options.cuda_architectures
         else tuple(recipe.cuda_architectures)
     )
+
+    if backend == "cuda":
+        _check_toolkit(recipe, options, list(archs))
 
     series = None if options.no_patches else (options.patches or recipe.patches)
     patches = tuple(read_series(series))
