@@ -9,19 +9,24 @@ check reads it. A whole CUDA build takes far longer on 2 cores (see `nox -s cuda
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 import pytest
 
-from llamaforge.build.device_code import LISTING, check_device_code, expected, parse_listing, problems
-from llamaforge.build.plan import BuildOptions, BuildPlan, plan_build
+from llamaforge.build.device_code import (
+    LISTING,
+    check_device_code,
+    expected,
+    parse_listing,
+    probe_units,
+    problems,
+)
+from llamaforge.build.plan import BuildOptions, plan_build
 from llamaforge.build.recipes import load_recipe
 from llamaforge.core.errors import BuildFailed
 
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 UNITS = ("fill.cu", "arange.cu")
-OBJECTS = "ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir"
 
 # build.sh's listing for a fill.cu object built with CMAKE_CUDA_ARCHITECTURES=86 and a file without device code
 # (the cuobjdump lines exactly as the image's cuobjdump 13.2 printed them in the docker test below).
@@ -63,47 +68,21 @@ def test_a_build_whose_device_code_does_not_match_fails_before_publishing(tmp_pa
         check_device_code(tmp_path, ["86"])
 
 
-def _probe(plan: BuildPlan) -> str:
-    """Configure with the plan's cmake args as build.sh does, build only UNITS, then run build.sh's own listing."""
-    listing = plan.script.text[plan.script.text.index('echo "llamaforge: list device code"') :]
-    listing = listing[: listing.index("\n{\n")]
-    objects = " ".join(shlex.quote(f"{OBJECTS}/{unit}.o") for unit in UNITS)
-    return f"""set -euo pipefail
-out_dir=/out
-cmake -S /src -B /build {shlex.join(plan.cmake_args)}
-ninja -C /build {objects}
-mkdir -p /out/bin
-for unit in {" ".join(UNITS)}; do cp "/build/{OBJECTS}/$unit.o" "/out/bin/$unit.o"; done
-{listing}
-nvcc --version | tail -n 1 > /out/nvcc.txt
-"""
-
-
 @pytest.mark.docker
 @pytest.mark.llamacpp
 def test_the_wheel_builder_image_compiles_ggml_cuda_for_the_requested_arch_only(
     source_tree: Path, tmp_path: Path
 ) -> None:
-    import dataclasses
-
-    from llamaforge.core.events import CancelToken
-    from llamaforge.runners import LogSink, RunRequest, make_executor
+    from llamaforge.runners import make_executor
 
     options = BuildOptions(cuda_architectures=("86",), ca_bundle=CA_BUNDLE if CA_BUNDLE.is_file() else None)
     plan = plan_build(load_recipe("default"), options)
     assert (
         plan.environment.image is not None and plan.environment.image.base.tag == "llamaforge/debian:bookworm"
     )
-    executor = make_executor("docker")
-    executor.prepare_environment(plan, lambda event: None)  # docker build: apt + the toolkit wheels from PyPI
-    probe = dataclasses.replace(plan, script=dataclasses.replace(plan.script, text=_probe(plan)))
     out = tmp_path / "out"
-    out.mkdir()
-    sink = LogSink(tmp_path / "probe.log", lambda event: None)
-    try:
-        executor.run(RunRequest(probe, source_tree, out, sink, CancelToken()))
-    finally:
-        sink.close()
+    # prepare_environment runs docker build: apt, then the toolkit wheels from PyPI
+    probe_units(plan, UNITS, source_tree, out, make_executor("docker"))
     assert "cuda_13.0" in (out / "nvcc.txt").read_text(), "the toolkit of the recipe's [cuda] release"
     code = check_device_code(out, plan.cuda_architectures)
     for unit in UNITS:
