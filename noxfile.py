@@ -80,6 +80,31 @@ def bench_build(session: nox.Session) -> None:
 
 
 @nox.session
+def bench_cuda_arch(session: nox.Session) -> None:
+    """CUDA compile time of a few ggml-cuda units for --arch 86 vs upstream's default arch list, in the wheel
+    builder image; prints the ratio. Arguments go to the script (e.g. `-- --ca-bundle /etc/ssl/certs/…`)."""
+    session.install("-e", ".[test]")
+    source = _extracted_source(session, _sdist_dir(session))
+    session.run(
+        "python",
+        "benchmarks/cuda_arch_bench.py",
+        *session.posargs,
+        env={"LLAMAFORGE_TEST_SOURCE": str(source)},
+    )
+
+
+@nox.session
+def cuda_build(session: nox.Session) -> None:
+    """One whole `invoke build --arch 86` in the wheel builder image (about half an hour or more on 2 cores; not
+    part of CI). Arguments go to `invoke build`, e.g. `-- --ca-bundle /etc/ssl/certs/ca-certificates.crt`."""
+    session.install("-e", ".")
+    sdist_dir = _sdist_dir(session)
+    session.run(
+        "invoke", "build", "--arch", "86", *session.posargs, env={"LLAMAFORGE_SOURCE_MIRROR": str(sdist_dir)}
+    )
+
+
+@nox.session
 def smoke(session: nox.Session) -> None:
     """The one command: build (or reuse) the default CPU build, write the tiny qwen3 model, run llama-bench and a
     streaming llama-server against it, print the summary; fails (exit 10) when the verdict fails.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -12,6 +13,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 MINI = Path(__file__).parent / "data" / "mini-project"
+GOLDEN = Path(__file__).parent / "golden"
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 
 
@@ -106,3 +108,11 @@ def marked_containers(client: Any, jobs: int) -> set[str]:
     """
     owned = client.containers.list(all=True, filters={"label": "org.llamaforge.owned"})
     return {c.id for c in owned if f"LLAMAFORGE_JOBS={jobs}" in (c.attrs.get("Config", {}).get("Env") or [])}
+
+
+def check_golden(name: str, text: str) -> None:
+    """``text`` equals tests/golden/NAME (LLAMAFORGE_UPDATE_GOLDEN=1 rewrites the file instead)."""
+    path = GOLDEN / name
+    if os.environ.get("LLAMAFORGE_UPDATE_GOLDEN") == "1":
+        path.write_text(text, encoding="utf-8")
+    assert path.read_text(encoding="utf-8") == text, f"{name} drifted; rerun with LLAMAFORGE_UPDATE_GOLDEN=1"

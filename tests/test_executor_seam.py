@@ -138,11 +138,11 @@ def test_reproducibility_check_reuses_the_build_pipeline(tmp_path: Path, lf_home
 
 
 def test_registry_names_every_executor_and_refuses_unknown_ones() -> None:
-    assert sorted(EXECUTORS) == ["docker", "local"]
+    assert sorted(EXECUTORS) == ["docker", "local", "ssh"]
     assert isinstance(make_executor("local"), LocalExecutor)
     with pytest.raises(InvalidOption) as info:
-        make_executor("ssh")
-    assert "'ssh'" in info.value.message
+        make_executor("kubernetes")
+    assert "'kubernetes'" in info.value.message
     assert "--executor docker" in (info.value.hint or "") and "--executor local" in (info.value.hint or "")
     with pytest.raises(InvalidOption):
         make_executor("local", {"url": "tcp://x:2376"})

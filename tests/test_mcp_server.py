@@ -258,7 +258,8 @@ def test_path_fields_are_the_fields_declared_as_paths() -> None:
     assert path_fields(RecipeParams) == ("name",)
     declared = {name: path_fields(op.params) for name, op in operations().items()}
     assert declared == {
-        "build": ("recipe", "patches", "ca_bundle", "from_manifest"), "builds.list": (), "builds.show": (),
+        "build": ("recipe", "patches", "ca_bundle", "ssh_key", "known_hosts", "matrix", "from_manifest"),
+        "builds.list": (), "builds.show": (),
         "deploy": ("ssh_key", "known_hosts", "model"), "deploy.plan": ("ssh_key", "known_hosts", "model"),
         "deploy.rollback": ("ssh_key", "known_hosts"), "deploy.status": ("ssh_key", "known_hosts"),
         "doctor": (), "images.bootstrap": (), "models.fetch": ("model",), "models.fit": ("model", "plot"),

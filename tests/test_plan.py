@@ -2,26 +2,25 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from helpers import check_golden
 from llamaforge.build.cuda_arch import parse_cuda_archs
 from llamaforge.build.plan import BuildOptions, BuildPlan, plan_build
 from llamaforge.build.recipes import load_recipe
 from llamaforge.core.errors import InvalidOption
 
-GOLDEN = Path(__file__).parent / "golden"
-UPDATE = os.environ.get("LLAMAFORGE_UPDATE_GOLDEN") == "1"
 CA = Path(__file__).parent / "data" / "test-ca.crt"
 
 VARIANTS: dict[str, BuildOptions] = {
     "cpu": BuildOptions(no_patches=True),
     "cuda-86": BuildOptions(cuda_architectures=("86",), no_patches=True),
     "cuda-86-89": BuildOptions(cuda_architectures=("86", "89"), no_patches=True),
+    "cuda-86-image": BuildOptions(cuda_architectures=("86",), no_patches=True, cuda_toolkit="image"),
     "cpu-ca": BuildOptions(no_patches=True, ca_bundle=CA),
 }
 
@@ -35,18 +34,11 @@ def _dockerfile(plan: BuildPlan) -> str:
     return plan.environment.image.dockerfile
 
 
-def _check_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if UPDATE:
-        path.write_text(text, encoding="utf-8")
-    assert path.read_text(encoding="utf-8") == text, f"{name} drifted; rerun with LLAMAFORGE_UPDATE_GOLDEN=1"
-
-
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_rendered_files_match_golden(variant: str) -> None:
     plan = _plan(variant)
-    _check_golden(f"{variant}.Dockerfile", _dockerfile(plan))
-    _check_golden(f"{variant}.build.sh", plan.script.text)
+    check_golden(f"{variant}.Dockerfile", _dockerfile(plan))
+    check_golden(f"{variant}.build.sh", plan.script.text)
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))

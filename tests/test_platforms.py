@@ -1,5 +1,5 @@
 """The platforms registry: linux plans its builder image, bash script and bin/ artifacts; windows and macos
-refuse with a message naming the platform and what to do instead."""
+plan host builds from their own templates."""
 
 from __future__ import annotations
 
@@ -51,11 +51,23 @@ def test_linux_plan_has_a_builder_image_a_bash_script_and_bin_artifacts() -> Non
 
 
 def test_linux_cuda_plan_needs_nvcc_on_a_host_and_the_cuda_image() -> None:
-    plan = plan_build(load_recipe("default"), BuildOptions(cuda_architectures=("86",), no_patches=True))
+    options = BuildOptions(cuda_architectures=("86",), no_patches=True, cuda_toolkit="image")
+    plan = plan_build(load_recipe("default"), options)
     assert [tool.name for tool in plan.environment.host_tools][-1] == "nvcc"
     assert plan.environment.image is not None
     assert plan.environment.image.tag.startswith("llamaforge-builder:cuda-")
+    assert plan.environment.image.base.tag.startswith("nvidia/cuda:")
     assert "LIBRARY_PATH=/usr/local/cuda/lib64/stubs" in plan.environment.image.dockerfile
+
+
+def test_linux_cuda_plan_defaults_to_the_wheel_toolkit_on_the_local_base() -> None:
+    plan = plan_build(load_recipe("default"), BuildOptions(cuda_architectures=("86",), no_patches=True))
+    image = plan.environment.image
+    assert image is not None and image.tag.startswith("llamaforge-builder:cuda-wheels-")
+    assert image.base.tag == "llamaforge/debian:bookworm", "no registry: the local Debian base"
+    assert "'cuda-toolkit[nvcc,nvvm,crt,cccl,cudart,culibos,cublas]==13.0.2'" in image.dockerfile
+    assert "nvidia-cuda-cuobjdump==13.2.51" in image.dockerfile
+    assert "cuobjdump --list-elf" in plan.script.text, "every CUDA build lists its device code"
 
 
 def test_linux_refuses_a_backend_without_a_template() -> None:
@@ -75,17 +87,14 @@ def test_linux_without_a_base_image_says_how_to_name_one() -> None:
     assert plan.environment.image is not None and plan.environment.image.base.tag == "debian:bookworm"
 
 
-@pytest.mark.parametrize(
-    ("platform", "next_step"), [("windows", "Visual Studio"), ("macos", "GGML_METAL=ON")]
-)
-def test_windows_and_macos_refuse_naming_the_platform_and_what_to_do(platform: str, next_step: str) -> None:
-    with pytest.raises(InvalidOption) as info:
-        plan_build(_recipe(platform), BuildOptions(no_patches=True))
-    assert f"platform {platform!r}" in info.value.message
-    assert "not built yet" in info.value.message
-    hint = info.value.hint or ""
-    assert 'platform = "linux"' in hint and next_step in hint
-    assert get_platform(platform).template_dir is None, "a refusing platform ships no templates"
+@pytest.mark.parametrize(("platform", "script"), [("windows", "build.ps1"), ("macos", "build.sh")])
+def test_a_recipe_for_windows_or_macos_plans_a_host_build_with_its_templates(
+    platform: str, script: str
+) -> None:
+    plan = plan_build(_recipe(platform), BuildOptions(no_patches=True))
+    assert plan.recipe.platform == platform and plan.script.name == script
+    assert plan.environment.image is None, "these platforms build on a host of their own"
+    assert get_platform(platform).template_dir == platform
 
 
 def test_default_build_key_inputs_are_unchanged() -> None:

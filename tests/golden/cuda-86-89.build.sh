@@ -64,6 +64,16 @@ for library in "${build_dir}"/bin/*.so*; do
   install -m 0755 "${library}" "${out_dir}/bin/${soname:-${library##*/}}"
 done
 
+echo "llamaforge: list device code"
+: > "${out_dir}/cuda-device-code.txt"
+for file in "${out_dir}"/bin/*; do
+  [ -L "${file}" ] && continue
+  listing="$(cuobjdump --list-elf "${file}" 2>/dev/null || true; cuobjdump --list-ptx "${file}" 2>/dev/null || true)"
+  if [ -n "${listing}" ]; then
+    printf '== bin/%s\n%s\n' "${file##*/}" "${listing}" >> "${out_dir}/cuda-device-code.txt"
+  fi
+done
+
 {
   printf '{\n'
   printf '  "cmake": "%s",\n' "$(cmake --version | head -n 1)"
@@ -72,7 +82,7 @@ done
   printf '  "cxx": "%s",\n' "$(c++ --version | head -n 1)"
   printf '  "nvcc": "%s",\n' "$(nvcc --version | tail -n 1)"
   printf '  "ccache": "%s",\n' "$(ccache --version | head -n 1)"
-  printf '  "packages": "%s"\n' "$(dpkg-query -W -f '${Package}=${Version} ' ca-certificates ccache cmake g++ ninja-build 2>/dev/null || true)"
+  printf '  "packages": "%s"\n' "$(dpkg-query -W -f '${Package}=${Version} ' ca-certificates ccache cmake g++ gcc libc6-dev make ninja-build python3-pip 2>/dev/null || true)"
   printf '}\n'
 } > "${out_dir}/toolchain.json"
 echo "llamaforge: done"

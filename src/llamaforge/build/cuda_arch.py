@@ -54,3 +54,21 @@ def parse_cuda_archs(value: str | list[str] | tuple[str, ...]) -> list[str]:
         if entry not in result:
             result.append(entry)
     return result
+
+
+# The oldest compute capability each CUDA major release still compiles for (CUDA 13 dropped Maxwell to Volta).
+OLDEST_ARCH: dict[int, int] = {12: 50, 13: 75}
+
+
+def check_toolkit_range(archs: list[str], major: int | None, toolkit: str) -> None:
+    """Refuse archs that CUDA ``major`` (the toolkit named ``toolkit``) cannot target; unknown majors pass."""
+    oldest = OLDEST_ARCH.get(major) if major is not None else None
+    if oldest is None:
+        return
+    below = [arch for arch in archs if int(re.sub(r"\D.*", "", arch)) < oldest]
+    if below:
+        raise InvalidOption(
+            f"CUDA {major} ({toolkit}) cannot target arch {', '.join(below)}: it builds {oldest} and newer",
+            hint=f"drop {', '.join(below)}, or use a CUDA 12 toolkit (--cuda-toolkit image with an nvidia/cuda:12.x "
+            "base image)",
+        )

@@ -69,6 +69,8 @@ def _options_json(options: BuildOptions) -> dict[str, Any]:
         "ca_bundle": str(options.ca_bundle) if options.ca_bundle else None,
         "cmake": [list(pair) for pair in options.cmake],
         "cpu": options.cpu,
+        "platform": options.platform,
+        "cuda_toolkit": options.cuda_toolkit,
     }
 
 
@@ -83,6 +85,8 @@ def options_from_json(data: dict[str, Any]) -> BuildOptions:
         ca_bundle=Path(data["ca_bundle"]) if data.get("ca_bundle") else None,
         cmake=tuple((str(k), str(v)) for k, v in data.get("cmake") or ()),
         cpu=data.get("cpu"),
+        platform=data.get("platform"),
+        cuda_toolkit=data.get("cuda_toolkit"),
     )
 
 
@@ -194,6 +198,11 @@ def _build_locked(
         out.mkdir()
         build_into(plan, executor, out, log_path, jobs=jobs, reporter=reporter, cancel=cancel)
         artifacts = _collect_artifacts(plan, out)
+        device_code = None
+        if plan.backend == "cuda":
+            from llamaforge.build.device_code import check_device_code
+
+            device_code = check_device_code(out, plan.cuda_architectures, str(log_path))
         for relative in artifacts:
             target = staging / relative
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -221,6 +230,7 @@ def _build_locked(
             "image": executor.describe_environment(plan, environment_id),
             "toolchain": toolchain,
             "artifacts": artifacts,
+            **({"cuda_device_code": device_code} if device_code is not None else {}),
             "source_date_epoch": plan.source_date_epoch,
             "started_at": started_at,
             "finished_at": _now(),

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from llamaforge.build.doctor import Status
-from llamaforge.build.recipes import Backend
+from llamaforge.build.matrix import MatrixRow
+from llamaforge.build.recipes import Backend, CudaToolkitKind, Platform
 from llamaforge.core.errors import InvalidOption, LlamaforgeError, NotReproducible, OperationFailed
 from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
 
@@ -30,6 +31,10 @@ class BuildParams(Params):
         None, description="cpu or cuda (default: the recipe's, or cuda with --arch)"
     )
     base_image: str | None = Field(None, description="Base image for the builder (overrides the recipe)")
+    cuda_toolkit: CudaToolkitKind | None = Field(
+        None, description="CUDA toolkit: wheels (NVIDIA's PyPI wheels on the local base, no registry) or image "
+        "(the recipe's nvidia/cuda image); default: the recipe's [cuda] toolkit",
+    )  # fmt: skip
     patches: str | None = path_field(None, description="Patch series directory (default: the recipe's)")
     no_patches: bool = Field(False, description="Build stock llama.cpp without the patch series")
     ca_bundle: str | None = path_field(
@@ -41,12 +46,34 @@ class BuildParams(Params):
         description="CPU level instead of the recipe's: variants, native, baseline, x86-64-v2/v3/v4, "
         "or an arm64 architecture such as armv8.2-a+dotprod",
     )
-    executor: str = Field("docker", description="Where to build: docker, or local (this host, no Docker)")
+    platform: Platform | None = Field(
+        None,
+        description="linux, windows (MSVC, on a Windows host) or macos (Metal, on a Mac); default: the recipe's",
+    )
+    executor: str = Field(
+        "docker", description="Where to build: docker, local (this host, no Docker) or ssh (a build host)"
+    )
+    build_host: str | None = Field(None, description="Build host for --executor ssh: user@host:port")
+    ssh_key: str | None = path_field(
+        None, description="Private key for the build host (default: the SSH agent)"
+    )
+    known_hosts: str | None = path_field(
+        None,
+        description="known_hosts file for the build host (read with ~/.ssh/known_hosts; new keys go here)",
+    )
+    accept_new_host_keys: bool = Field(
+        False,
+        description="Record the build host's key if it was never seen (a changed key is always refused)",
+    )
     jobs: int | None = Field(None, description="Parallel compile jobs (default: all cores)")
     force: bool = Field(False, description="Rebuild even when a cached build with the same key exists")
     dry_run: bool = Field(False, description="Only print the plan: rendered files, cmake args, cache key")
     check_reproducible: bool = Field(
         False, description="Rebuild in a fresh container with ccache off and compare every artifact's sha256"
+    )
+    matrix: str | None = path_field(
+        None,
+        description="Run every build of a matrix (recipes/matrices/NAME.toml or a path), one after another",
     )
     from_manifest: str | None = path_field(
         None, description="Repeat the build recorded in this manifest.json"
@@ -89,8 +116,24 @@ def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
         ca_bundle=ca_bundle.resolve() if ca_bundle else None,
         cmake=tuple(cmake),
         cpu=params.cpu,
+        platform=params.platform,
+        cuda_toolkit=params.cuda_toolkit,
     )
     return plan_build(load_recipe(params.recipe), options), options
+
+
+def _executor_settings(params: BuildParams) -> dict[str, str]:
+    """The ssh executor's settings from the build host options (which no other executor takes)."""
+    given = {"host": params.build_host, "key": params.ssh_key, "known_hosts": params.known_hosts,
+             "accept_new_host_keys": "true" if params.accept_new_host_keys else None}  # fmt: skip
+    settings = {name: value for name, value in given.items() if value}
+    if settings and params.executor != "ssh":
+        raise InvalidOption(
+            f"--build-host, --ssh-key, --known-hosts and --accept-new-host-keys are for --executor ssh, not "
+            f"--executor {params.executor}",
+            hint="add --executor ssh, or drop them",
+        )
+    return settings
 
 
 class PublishedBuild(Result):
@@ -121,6 +164,9 @@ class BuildOutput(Result):
     plan: dict[str, Any] | None = absent("The build plan: rendered files, cmake arguments, cache key")
     build: PublishedBuild | None = absent()
     reproducibility: ReproducibilityCheck | None = absent()
+    matrix: list[MatrixRow] | None = absent(
+        "One row per build of the matrix: key, platform, backend, archs, time, result"
+    )
 
 
 @operation(
@@ -132,13 +178,20 @@ class BuildOutput(Result):
     html="llamaforge.build.render:build_html",
 )
 def build_op(params: BuildParams, ctx: OperationContext) -> BuildOutput:
-    """Build llama.cpp from a pinned, patched source in Docker (or reuse the cached build)."""
+    """Build llama.cpp from a pinned, patched source in Docker or on a build host (or reuse the cached build);
+    with --matrix, every build of a matrix file, one after another."""
+    if params.matrix:
+        return _build_matrix(params, ctx)
+    return _build_one(params, ctx)
+
+
+def _build_one(params: BuildParams, ctx: OperationContext) -> BuildOutput:
     from llamaforge.build.execute import run_build
     from llamaforge.build.reproducible import check_reproducible
     from llamaforge.runners import make_executor
 
     plan, options = _plan_from_params(params)
-    executor = make_executor(params.executor)
+    executor = make_executor(params.executor, _executor_settings(params))
     if params.dry_run:
         data = plan.to_json()
         data["cache_key"] = None
@@ -171,6 +224,53 @@ def build_op(params: BuildParams, ctx: OperationContext) -> BuildOutput:
                 result=output, exit_code=NotReproducible.exit_code,
                 hint="the result lists the differing ELF sections and keeps each rebuilt copy to compare",
             )  # fmt: skip
+    return output
+
+
+def _build_matrix(params: BuildParams, ctx: OperationContext) -> BuildOutput:
+    from llamaforge.build.matrix import MatrixEntry, MatrixStopped, entry_arguments, load_matrix, run_matrix
+    from llamaforge.core.events import Event
+
+    if params.from_manifest or params.check_reproducible:
+        raise InvalidOption(
+            "--matrix runs the builds its file lists", hint="drop --from-manifest / --check-reproducible"
+        )
+    matrix = load_matrix(params.matrix or "")
+
+    def build_one(entry: MatrixEntry) -> dict[str, Any]:
+        shared = {"jobs": params.jobs, "force": params.force, "dry_run": params.dry_run}
+        output = _build_one(BuildParams.model_validate({**entry_arguments(matrix, entry), **shared}), ctx)
+        if output.plan is not None:
+            plan = output.plan
+            return {"result": "planned", "key": plan["cache_key"], "platform": plan["platform"],
+                    "backend": plan["backend"], "archs": plan["cuda_architectures"]}  # fmt: skip
+        assert output.build is not None
+        from llamaforge.build.store import load_manifest
+
+        manifest = load_manifest(output.build.key) or {}
+        return {"result": "cache hit" if output.build.cached else "built", "key": output.build.key,
+                "platform": manifest.get("recipe", {}).get("platform"), "backend": manifest.get("backend"),
+                "archs": manifest.get("cuda_architectures") or []}  # fmt: skip
+
+    def progress(message: str) -> None:
+        ctx.reporter(Event("stage", message, stage="matrix"))
+
+    try:
+        rows = run_matrix(matrix, build_one, progress=progress)
+    except MatrixStopped as stopped:
+        stopped_output = BuildOutput(dry_run=params.dry_run, matrix=stopped.rows)
+        raise OperationFailed(
+            f"matrix {matrix.name} was cancelled", result=stopped_output, exit_code=130,
+            hint="the table says which builds ran",
+        ) from None  # fmt: skip
+    output = BuildOutput(dry_run=params.dry_run, matrix=rows)
+    failed = [row for row in rows if row.result == "failed"]
+    if failed:
+        raise OperationFailed(
+            f"{len(failed)} of {len(rows)} builds of matrix {matrix.name} failed: "
+            + ", ".join(row.name for row in failed), result=output, exit_code=failed[0].exit_code,
+            hint="each failed row carries its error and next step; the other builds are published",
+        )  # fmt: skip
     return output
 
 

@@ -8,15 +8,17 @@ from __future__ import annotations
 import calendar
 import json
 import platform as platform_module
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from llamaforge import __version__
 from llamaforge.build.cpu_level import check_cpu_level, controlled_keys, cpu_architecture, cpu_cmake
-from llamaforge.build.cuda_arch import parse_cuda_archs
+from llamaforge.build.cuda_arch import check_toolkit_range, parse_cuda_archs
 from llamaforge.build.patches import PatchRef, read_series
-from llamaforge.build.recipes import Backend, BuildRecipe
+from llamaforge.build.recipes import Backend, BuildRecipe, CudaToolkitKind
+from llamaforge.build.recipes import Platform as PlatformName
 from llamaforge.core.errors import InvalidOption
 from llamaforge.platforms import BuildEnvironment, BuildScript, get_platform, sha256_text
 
@@ -36,6 +38,8 @@ class BuildOptions:
     ca_bundle: Path | None = None
     cmake: tuple[tuple[str, str], ...] = ()
     cpu: str | None = None  # a CPU level (llamaforge.build.cpu_level) instead of the recipe's
+    platform: PlatformName | None = None  # overrides the recipe's platform
+    cuda_toolkit: CudaToolkitKind | None = None  # overrides the recipe's [cuda] toolkit
 
 
 @dataclass(frozen=True)
@@ -131,12 +135,27 @@ def _cpu_level(level: str, options: BuildOptions) -> str:
     return level
 
 
+def _check_toolkit(recipe: BuildRecipe, options: BuildOptions, archs: list[str]) -> None:
+    """The archs against the CUDA toolkit the build will use (its major from the wheel release or the image tag)."""
+    if (options.cuda_toolkit or recipe.cuda.toolkit) == "wheels" and not options.base_image:
+        check_toolkit_range(archs, recipe.cuda.major, f"cuda-toolkit {recipe.cuda.release} wheels")
+        return
+    tag = options.base_image or (recipe.images["cuda"].tag if "cuda" in recipe.images else "")
+    found = re.search(r"cuda:(\d+)\.", tag)
+    check_toolkit_range(archs, int(found.group(1)) if found else None, tag)
+
+
 def plan_build(recipe: BuildRecipe, options: BuildOptions | None = None) -> BuildPlan:
     """Resolve ``recipe`` and ``options`` into a BuildPlan; the recipe's platform renders its environment and
     script."""
     options = options or BuildOptions()
-    backend: Backend = options.backend or ("cuda" if options.cuda_architectures else recipe.backend)
+    if options.platform and options.platform != recipe.platform:
+        recipe = recipe.model_copy(update={"platform": options.platform})
     platform = get_platform(recipe.platform)
+    preferred = platform.preferred_backend if options.platform else None
+    backend: Backend = options.backend or (
+        "cuda" if options.cuda_architectures else preferred or recipe.backend
+    )
     platform.check(recipe, backend)
     if options.cuda_architectures and backend != "cuda":
         raise InvalidOption("--arch only applies to CUDA builds", hint="drop --backend cpu, or drop --arch")
@@ -146,6 +165,9 @@ def plan_build(recipe: BuildRecipe, options: BuildOptions | None = None) -> Buil
         else tuple(recipe.cuda_architectures)
     )
 
+    if backend == "cuda":
+        _check_toolkit(recipe, options, list(archs))
+
     series = None if options.no_patches else (options.patches or recipe.patches)
     patches = tuple(read_series(series))
 
@@ -153,6 +175,7 @@ def plan_build(recipe: BuildRecipe, options: BuildOptions | None = None) -> Buil
     cmake: dict[str, str] = {"CMAKE_BUILD_TYPE": "Release"}
     cmake.update({key: _cmake_value(value) for key, value in recipe.cmake.items()})
     cmake.update(cpu_cmake(cpu))
+    cmake.update(platform.cmake(recipe, backend))
     cmake.update(dict(options.cmake))
     if backend == "cuda":
         cmake["GGML_CUDA"] = "ON"

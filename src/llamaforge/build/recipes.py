@@ -96,6 +96,29 @@ class ImageRef(_Strict):
     digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
 
 
+CudaToolkitKind = Literal["wheels", "image"]
+
+
+class CudaToolkit(_Strict):
+    """Where CUDA builds get their toolkit: NVIDIA's PyPI wheels on the local Debian base (no registry), or the
+    recipe's ``[images.cuda]`` image (``nvidia/cuda``, from a registry)."""
+
+    toolkit: CudaToolkitKind = "wheels"
+    release: str = Field(
+        "13.0.2", pattern=r"^\d+\.\d+\.\d+$",
+        description="cuda-toolkit meta-package release on PyPI; it pins nvcc, cudart and cuBLAS",
+    )  # fmt: skip
+    cuobjdump: str = Field(
+        "13.2.51", pattern=r"^\d+\.\d+\.\d+$",
+        description="nvidia-cuda-cuobjdump wheel (lists the device code of every CUDA build)",
+    )  # fmt: skip
+
+    @property
+    def major(self) -> int:
+        """The toolkit's CUDA major version."""
+        return int(self.release.split(".")[0])
+
+
 class BuildRecipe(_Strict):
     """Everything that decides a llama.cpp build."""
 
@@ -120,6 +143,7 @@ class BuildRecipe(_Strict):
     )
     cmake: dict[str, str | int | bool] = Field(default_factory=dict, description="Extra -D options")
     images: dict[Backend, ImageRef] = Field(default_factory=dict, description="Base image per backend")
+    cuda: CudaToolkit = Field(default_factory=CudaToolkit, description="The CUDA toolkit of cuda builds")
     smoke: SmokeTable = Field(
         default=None,
         description="Smoke thresholds for builds of this recipe: min_tg_tps, max_ttft_ms, non_empty_answer",

@@ -15,21 +15,27 @@ from llamaforge.fronts.render_cli import STATUS
 
 
 def build_cli(result: dict[str, Any], console: Console) -> None:
-    """``build`` for a person: the plan of a dry run, or the build and its artifacts."""
+    """``build`` for a person: the plan of a dry run, or the build and its artifacts; a matrix as one table."""
+    if result.get("matrix") is not None:
+        _matrix_cli(result["matrix"], console)
+        return
     if result["dry_run"]:
         plan = result["plan"]
         archs = ",".join(plan["cuda_architectures"]) or "-"
+        where = f"base={plan['base_image']['tag']}" if plan.get("base_image") else "on a build host"
         console.print(
-            f"[bold]plan[/bold] recipe={plan['recipe']} backend={plan['backend']} archs={archs} "
-            f"base={plan['base_image']['tag']}"
+            f"[bold]plan[/bold] recipe={plan['recipe']} platform={plan['platform']} backend={plan['backend']} "
+            f"archs={archs} {where}"
         )
         console.print(f"source: {json.dumps(plan['source'])}")
         console.print("patches: " + (", ".join(p["name"] for p in plan["patches"]) or "none"))
         console.print("cmake: " + " ".join(plan["cmake_args"]), highlight=False)
         console.print(f"plan digest: {plan['plan_digest']}")
         console.print(f"cache key: {plan['cache_key'] or '-'} ({plan['cache_key_note']})")
-        console.print(Syntax(plan["files"]["Dockerfile"], "docker", line_numbers=False))
-        console.print(Syntax(plan["files"]["build.sh"], "bash", line_numbers=False))
+        for name, text in plan["files"].items():
+            lexer = "docker" if name == "Dockerfile" else "powershell" if name.endswith(".ps1") else "bash"
+            console.print(f"[bold]{name}[/bold]")
+            console.print(Syntax(text, lexer, line_numbers=False))
         return
     build = result["build"]
     state = "[green]cache hit[/green]" if build["cached"] else "[green]built[/green]"
@@ -49,6 +55,21 @@ def build_cli(result: dict[str, Any], console: Console) -> None:
                 console.print(f"  {diff['path']}: sections {sections} differ: {diff['explanation']}")
                 if diff["kept"]:
                     console.print(f"    rebuilt copy kept at {diff['kept']}")
+
+
+def _matrix_cli(rows: list[dict[str, Any]], console: Console) -> None:
+    table = Table("build", "key", "platform", "backend", "archs", "time", "result")
+    for row in rows:
+        state = {"failed": "[red]failed[/red]", "not run": "[yellow]not run[/yellow]"}.get(row["result"], "")
+        table.add_row(row["name"], row["key"] or "-", row["platform"] or "-", row["backend"] or "-",
+                      ",".join(row["archs"]) or "-", f"{row['seconds']:.1f} s",
+                      state or f"[green]{row['result']}[/green]")  # fmt: skip
+    console.print(table)
+    for row in rows:
+        if row["error"]:
+            console.print(f"[red]{row['name']}[/red]: {row['error']}", highlight=False)
+            if row["hint"]:
+                console.print(f"  hint: {row['hint']}", highlight=False)
 
 
 def builds_list_cli(result: dict[str, Any], console: Console) -> None:
@@ -77,12 +98,19 @@ def recipes_list_cli(result: dict[str, Any], console: Console) -> None:
 
 
 def build_html(data: dict[str, Any]) -> str:
-    """``build`` in a notebook: the plan, or the build and its artifacts."""
+    """``build`` in a notebook: the plan, or the build and its artifacts; a matrix as one table."""
+    if data.get("matrix") is not None:
+        table = [(row["name"], row.get("key") or "-", row.get("platform") or "-", row.get("backend") or "-",
+                 ",".join(row.get("archs") or []) or "-", f"{row.get('seconds', 0):.1f} s", row["result"],
+                 row.get("error") or "") for row in data["matrix"]]  # fmt: skip
+        headers = ["build", "key", "platform", "backend", "archs", "time", "result", "error"]
+        return html.section("build matrix", html.table(headers, table))
     if data.get("dry_run"):
         plan = data["plan"]
         source = plan.get("source") or {}
         rows = [
             ("recipe", plan.get("recipe")),
+            ("platform", plan.get("platform")),
             ("backend", plan.get("backend")),
             ("CUDA archs", ",".join(plan.get("cuda_architectures") or []) or "-"),
             ("base image", (plan.get("base_image") or {}).get("tag")),

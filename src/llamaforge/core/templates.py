@@ -1,4 +1,5 @@
-"""Render llamaforge's Jinja templates: one ``render()``, StrictUndefined, every shell value quoted."""
+"""Render llamaforge's Jinja templates: one ``render()``, StrictUndefined, every shell value quoted (``q`` for
+POSIX shells, ``ps`` for PowerShell)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ from llamaforge.core.paths import data_dir
 
 def _shell_quote(value: object) -> str:
     return shlex.quote(str(value))
+
+
+def _powershell_quote(value: object) -> str:
+    # A single-quoted PowerShell string is literal; a quote inside it is written twice.
+    return "'" + str(value).replace("'", "''") + "'"
 
 
 def _dockerfile_json(value: object) -> str:
@@ -32,6 +38,7 @@ def _environment() -> jinja2.Environment:
     )
     env.filters["q"] = _shell_quote
     env.filters["json"] = _dockerfile_json
+    env.filters["ps"] = _powershell_quote
     return env
 
 

@@ -2,8 +2,9 @@
 
 A platform turns a recipe plus options into the build's environment (a builder image to make from a Dockerfile,
 and the tools a host must have), its build script with the interpreter that runs it, and its artifact names.
-Every platform is registered in ``PLATFORMS`` below; a new one (a Windows cross build, macOS over SSH) is a new
-module and one line there.
+Every platform is registered in ``_registry`` below; a new one is a new module and one line there. Linux builds
+run in Docker or on a Linux host; Windows (MSVC) and macOS (Metal) builds run on a host of their own, reached
+with the ssh executor (or natively, with the local executor on that system).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from llamaforge.build.recipes import Backend, BuildRecipe, ImageRef
 from llamaforge.build.recipes import Platform as PlatformName
@@ -94,9 +95,14 @@ class Platform(Protocol):
 
     name: PlatformName
     template_dir: str | None  # folder under templates/ with its templates (None: it has none yet)
+    preferred_backend: Backend | None  # the backend of a build moved here with --platform and no --backend
 
     def check(self, recipe: BuildRecipe, backend: Backend) -> None:
         """Raise InvalidOption, saying what to do instead, when this platform cannot build ``backend``."""
+        ...
+
+    def cmake(self, recipe: BuildRecipe, backend: Backend) -> dict[str, str]:
+        """CMake settings this platform needs for ``backend``, over the recipe's (the user's --cmake win)."""
         ...
 
     def build(
@@ -111,42 +117,13 @@ class Platform(Protocol):
         ...
 
 
-@dataclass
-class UnbuiltPlatform:
-    """A platform whose builds are not written yet: every plan is refused, saying what to do instead."""
-
-    name: PlatformName
-    next_step: str
-    template_dir: str | None = None
-
-    def check(self, recipe: BuildRecipe, backend: Backend) -> None:
-        """Always refuses: no builder exists for this platform yet."""
-        self._refuse(recipe)
-
-    def build(
-        self,
-        recipe: BuildRecipe,
-        backend: Backend,
-        options: BuildOptions,
-        cmake_args: tuple[str, ...],
-        source_date_epoch: int,
-    ) -> PlatformBuild:
-        """Always refuses: no builder exists for this platform yet."""
-        self._refuse(recipe)
-
-    def _refuse(self, recipe: BuildRecipe) -> NoReturn:
-        raise InvalidOption(
-            f"platform {self.name!r} (recipe {recipe.name!r}) is not built yet: llamaforge builds linux only",
-            hint=f'set platform = "linux" in the recipe to build for Linux; {self.next_step}',
-        )
-
-
 def _registry() -> dict[str, Platform]:
     from llamaforge.platforms.linux import LinuxPlatform
-    from llamaforge.platforms.macos import MACOS
-    from llamaforge.platforms.windows import WINDOWS
+    from llamaforge.platforms.macos import MacosPlatform
+    from llamaforge.platforms.windows import WindowsPlatform
 
-    return {platform.name: platform for platform in (LinuxPlatform(), WINDOWS, MACOS)}
+    platforms: tuple[Platform, ...] = (LinuxPlatform(), WindowsPlatform(), MacosPlatform())
+    return {platform.name: platform for platform in platforms}
 
 
 def get_platform(name: str) -> Platform:

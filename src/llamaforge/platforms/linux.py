@@ -30,6 +30,17 @@ BACKENDS: tuple[Backend, ...] = ("cpu", "cuda")
 PACKAGES: dict[str, list[str]] = {
     "cpu": ["ca-certificates", "ccache", "cmake", "g++", "gcc", "libc6-dev", "make", "ninja-build"],
     "cuda": ["ca-certificates", "ccache", "cmake", "g++", "ninja-build"],
+    "cuda-wheels": [
+        "ca-certificates",
+        "ccache",
+        "cmake",
+        "g++",
+        "gcc",
+        "libc6-dev",
+        "make",
+        "ninja-build",
+        "python3-pip",
+    ],
 }
 
 _TOOL_HINT = "install cmake, ninja-build and a C/C++ compiler, or use --executor docker"
@@ -45,14 +56,28 @@ CUDA_HOST_TOOLS: tuple[HostTool, ...] = (
 )
 
 
+def toolkit_kind(recipe: BuildRecipe, options: BuildOptions) -> str:
+    """Where a CUDA build's toolkit comes from: ``wheels`` or ``image`` (``--cuda-toolkit`` over the recipe)."""
+    return options.cuda_toolkit or recipe.cuda.toolkit
+
+
+def _flavour(recipe: BuildRecipe, backend: Backend, options: BuildOptions) -> str:
+    """The builder template: cpu, cuda (the nvidia/cuda image) or cuda-wheels (the local base + PyPI wheels)."""
+    if backend == "cuda" and toolkit_kind(recipe, options) == "wheels":
+        return "cuda-wheels"
+    return backend
+
+
 def _base_image(recipe: BuildRecipe, backend: Backend, options: BuildOptions) -> ImageRef:
     if options.base_image:
         return ImageRef(tag=options.base_image)
-    if backend in recipe.images:
-        return recipe.images[backend]
+    # The wheel toolkit goes onto the CPU base image (the local Debian one by default).
+    images = "cpu" if _flavour(recipe, backend, options) == "cuda-wheels" else backend
+    if images in recipe.images:
+        return recipe.images[images]
     raise InvalidOption(
         f"recipe {recipe.name!r} names no base image for backend {backend!r}",
-        hint=f"add [images.{backend}] to the recipe or pass --base-image",
+        hint=f"add [images.{images}] to the recipe or pass --base-image",
     )
 
 
@@ -61,6 +86,7 @@ class LinuxPlatform:
 
     name: PlatformName = "linux"
     template_dir: str | None = TEMPLATES
+    preferred_backend: Backend | None = None
 
     def check(self, recipe: BuildRecipe, backend: Backend) -> None:
         """Linux has builder templates for the cpu and cuda backends."""
@@ -69,6 +95,10 @@ class LinuxPlatform:
                 f"backend {backend!r} has no Linux builder template yet",
                 hint="use --backend cpu or --arch 86",
             )
+
+    def cmake(self, recipe: BuildRecipe, backend: Backend) -> dict[str, str]:
+        """Nothing beyond the recipe: its settings are written for Linux."""
+        return {}
 
     def build(
         self,
@@ -80,11 +110,15 @@ class LinuxPlatform:
     ) -> PlatformBuild:
         """Render the builder Dockerfile and the bash build script."""
         base = _base_image(recipe, backend, options)
+        flavour = _flavour(recipe, backend, options)
         dockerfile = render(
-            f"{TEMPLATES}/Dockerfile.{backend}.j2",
+            f"{TEMPLATES}/Dockerfile.{flavour}.j2",
             base_image=base.tag if base.digest is None else f"{base.tag.split(':')[0]}@{base.digest}",
-            packages=PACKAGES[backend],
+            packages=PACKAGES[flavour],
             ca_bundle=options.ca_bundle is not None,
+            release=recipe.cuda.release,
+            cuobjdump=recipe.cuda.cuobjdump,
+            major=recipe.cuda.major,
         )
         script = render(
             f"{TEMPLATES}/build.sh.j2",
@@ -93,11 +127,11 @@ class LinuxPlatform:
             cmake_args=cmake_args,
             targets=recipe.targets,
             source_date_epoch=source_date_epoch,
-            packages=PACKAGES[backend],
+            packages=PACKAGES[flavour],
         )
         material = json.dumps([dockerfile, base.model_dump(mode="json")], sort_keys=True)
         image = BuilderImage(
-            tag=f"llamaforge-builder:{backend}-{sha256_text(material)[:16]}",
+            tag=f"llamaforge-builder:{flavour}-{sha256_text(material)[:16]}",
             base=base,
             dockerfile=dockerfile,
             ca_bundle=options.ca_bundle,

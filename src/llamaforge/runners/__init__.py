@@ -1,7 +1,7 @@
 """Executors run a BuildPlan's script on prepared source: in Docker, or on this host.
 
 Callers pass an ``Executor`` instance (``make_executor`` makes one from a name and settings); a new target
-(an SSH build host) is a module with a factory registered in ``EXECUTORS``.
+(a cloud builder) is a module with a factory registered in ``EXECUTORS``.
 """
 
 from __future__ import annotations
@@ -109,10 +109,17 @@ def _local(settings: Mapping[str, str]) -> Executor:
     return LocalExecutor()
 
 
+def _ssh(settings: Mapping[str, str]) -> Executor:
+    from llamaforge.runners.ssh_build import SshBuildExecutor
+
+    return SshBuildExecutor.from_settings(settings)
+
+
 # Every executor, by the name users pick with --executor. Settings each one reads:
 #   docker: url (DOCKER_HOST form: unix://, tcp://HOST:2376, ssh://USER@HOST), tls_verify, cert_path
 #   local:  none
-EXECUTORS: dict[str, ExecutorFactory] = {"docker": _docker, "local": _local}
+#   ssh:    host (user@host:port), key, known_hosts, accept_new_host_keys, work_root
+EXECUTORS: dict[str, ExecutorFactory] = {"docker": _docker, "local": _local, "ssh": _ssh}
 
 
 def make_executor(name: str, settings: Mapping[str, str] | None = None) -> Executor:

@@ -30,7 +30,8 @@ def _builder_image(plan: BuildPlan) -> BuilderImage:
     if image is None:
         raise InvalidOption(
             f"platform {plan.recipe.platform!r} has no builder image: it builds on a host, not in Docker",
-            hint="pick a host executor, e.g. --executor local",
+            hint="build on a host of that platform: --executor ssh --build-host user@host:port (or --executor "
+            "local on that host itself)",
         )
     return image
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ from llamaforge.core.events import Reporter
 from llamaforge.core.paths import home
 from llamaforge.runners import RunRequest
 from llamaforge.runners.process import LOCAL, ProcessRunner
+
+_THIS_PLATFORM = {"linux": "linux", "darwin": "macos", "win32": "windows"}
 
 
 class LocalExecutor:
@@ -41,6 +44,12 @@ class LocalExecutor:
         return {"executor": self.name, "environment_id": environment_id}
 
     def _fingerprint(self, plan: BuildPlan) -> str:
+        here = _THIS_PLATFORM.get(sys.platform, sys.platform)
+        if plan.recipe.platform != here:
+            raise InvalidOption(
+                f"a {plan.recipe.platform} build cannot run on this {here} host",
+                hint=f"build on a {plan.recipe.platform} host: --executor ssh --build-host user@host:port",
+            )
         versions: list[str] = []
         for tool in plan.environment.host_tools:
             path = shutil.which(tool.name)

@@ -1,0 +1,143 @@
+"""Build matrices: ``recipes/matrices/NAME.toml`` lists builds (platform, backend and archs, each with its own
+executor), ``invoke build --matrix NAME`` runs them one after another. A failed entry is recorded with its error
+and the next one still runs; each finished build is published with its own manifest as any build is."""
+
+from __future__ import annotations
+
+import time
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from llamaforge.build.recipes import Backend, Platform, resolve_named_file
+from llamaforge.core.errors import Cancelled, LlamaforgeError, RecipeError
+from llamaforge.core.paths import data_dir
+from llamaforge.core.registry import Result
+from llamaforge.core.validation import recipe_error
+
+
+class MatrixEntry(BaseModel):
+    """One build of a matrix: the build options of ``invoke build`` that it sets."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="Name of the build in the summary")
+    recipe: str | None = Field(None, description="Build recipe (default: the matrix's recipe)")
+    platform: Platform | None = None
+    backend: Backend | None = None
+    arch: list[str] = Field(default_factory=list, description='CUDA archs, e.g. ["86", "89"]; implies CUDA')
+    patches: str | None = None
+    no_patches: bool = False
+    cmake: dict[str, str | int | bool] = Field(default_factory=dict, description="Extra CMake options")
+    executor: str = "docker"
+    build_host: str | None = None
+    ssh_key: str | None = None
+    known_hosts: str | None = None
+
+    @field_validator("arch", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [str(value)] if isinstance(value, str | int) else value
+
+
+class Matrix(BaseModel):
+    """A build matrix file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str = ""
+    recipe: str = Field("default", description="Recipe of every entry that names none")
+    builds: list[MatrixEntry] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Matrix:
+        names = [entry.name for entry in self.builds]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"build names given twice: {', '.join(twice)}")
+        return self
+
+
+class MatrixRow(Result):
+    """One entry's outcome."""
+
+    name: str
+    result: str = Field(description="built, cache hit, planned, failed or not run (cancelled before it)")
+    key: str | None = None
+    platform: str | None = None
+    backend: str | None = None
+    archs: list[str] = Field(default_factory=list)
+    seconds: float = 0.0
+    error: str | None = None
+    hint: str | None = None
+    exit_code: int = 0
+
+
+def matrix_dir() -> Path:
+    """Directory of the shipped build matrices."""
+    return data_dir("recipes") / "matrices"
+
+
+def load_matrix(name_or_path: str) -> Matrix:
+    """A matrix by name (``recipes/matrices/NAME.toml``) or path; unknown keys are named with "did you mean"."""
+    path = resolve_named_file(name_or_path, matrix_dir(), "build matrix")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as error:
+        raise RecipeError(f"build matrix {path} is not valid TOML: {error}", hint="fix the syntax") from None
+    try:
+        return Matrix.model_validate({**data, "name": path.stem})
+    except ValidationError as error:
+        raise recipe_error(error, what=f"build matrix {path}", root=Matrix,
+                           hint="each [[builds]] takes the options of `invoke build`") from None  # fmt: skip
+
+
+def entry_arguments(matrix: Matrix, entry: MatrixEntry) -> dict[str, Any]:
+    """The entry as ``build`` parameters (the matrix's recipe filled in)."""
+    return {
+        "recipe": entry.recipe or matrix.recipe, "platform": entry.platform, "backend": entry.backend,
+        "arch": ",".join(entry.arch) or None, "patches": entry.patches, "no_patches": entry.no_patches,
+        "cmake": [f"{key}={_cmake(value)}" for key, value in entry.cmake.items()], "executor": entry.executor,
+        "build_host": entry.build_host, "ssh_key": entry.ssh_key, "known_hosts": entry.known_hosts,
+    }  # fmt: skip
+
+
+def _cmake(value: str | int | bool) -> str:
+    return ("ON" if value else "OFF") if isinstance(value, bool) else str(value)
+
+
+def run_matrix(
+    matrix: Matrix, build_one: Callable[[MatrixEntry], dict[str, Any]], *, progress: Callable[[str], None]
+) -> list[MatrixRow]:
+    """Run ``build_one`` for every entry in order; a LlamaforgeError becomes a failed row and the next entry runs.
+    Cancellation (Ctrl-C) stops the matrix: the entries not reached are ``not run``."""
+    rows: list[MatrixRow] = []
+    for index, entry in enumerate(matrix.builds):
+        progress(f"[{index + 1}/{len(matrix.builds)}] {entry.name}")
+        started = time.monotonic()
+        try:
+            row = MatrixRow.model_validate({"name": entry.name, **build_one(entry)})
+        except Cancelled:
+            rows.append(MatrixRow(name=entry.name, result="not run", error="cancelled",
+                                  exit_code=Cancelled.exit_code))  # fmt: skip
+            rows.extend(MatrixRow(name=rest.name, result="not run") for rest in matrix.builds[index + 1 :])
+            raise MatrixStopped(rows) from None
+        except LlamaforgeError as error:
+            row = MatrixRow(name=entry.name, result="failed", error=error.message, hint=error.hint,
+                            exit_code=error.exit_code, platform=entry.platform, backend=entry.backend,
+                            archs=entry.arch)  # fmt: skip
+        row.seconds = round(time.monotonic() - started, 1)
+        rows.append(row)
+    return rows
+
+
+class MatrixStopped(Exception):
+    """The matrix was cancelled; ``rows`` says what ran."""
+
+    def __init__(self, rows: list[MatrixRow]) -> None:
+        super().__init__("cancelled")
+        self.rows = rows

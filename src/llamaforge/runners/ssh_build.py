@@ -1,0 +1,189 @@
+"""Build on a build host over SSH: a Linux box, a Mac (Metal), or a Windows machine whose OpenSSH server runs a
+POSIX shell (Git for Windows' bash as ``DefaultShell``) — the same transport for all three.
+
+The patched source travels as one tarball (sent with the SSH runner's sha256-verified, resumable transfer, and
+skipped when the host already has it), the plan's script runs with the platform's interpreter (``bash`` for
+Linux and macOS, PowerShell for Windows) and ``LLAMAFORGE_SRC/BUILD/OUT`` pointing into a work directory on the
+host, every output line streams into the build log, and ``out/`` comes back as a tarball that is unpacked into
+the build's staging directory. Host keys follow deploy's policy: unknown hosts and changed keys are refused
+unless new keys are accepted explicitly.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import posixpath
+import tarfile
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from llamaforge.build.plan import BuildPlan
+from llamaforge.core.errors import BuildFailed, InvalidOption
+from llamaforge.core.events import Event, Reporter
+from llamaforge.runners import RunRequest
+from llamaforge.runners.ssh import SshProcessRunner
+from llamaforge.runners.ssh_connection import SshHost
+from llamaforge.runners.transfer import file_sha256
+
+WORK_ROOT = ".cache/llamaforge"  # under the build user's home on the host
+SETTINGS = ("host", "key", "known_hosts", "accept_new_host_keys", "work_root")
+
+
+def _flag(settings: Mapping[str, str], name: str) -> bool:
+    value = settings.get(name, "").strip().lower()
+    if value not in ("", "0", "1", "false", "true", "no", "yes"):
+        raise InvalidOption(f"executor setting {name}={value!r} is not true/false", hint=f"{name}=true")
+    return value in ("1", "true", "yes")
+
+
+def _source_tarball(tree: Path, scratch: Path) -> Path:
+    """The tree as a reproducible gzip tarball (sorted names, no owners, fixed times) named by its sha256."""
+    staged = scratch / "source.tar.gz"
+
+    def clean(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uid = info.gid = 0
+        info.uname = info.gname = ""
+        info.mtime = 0
+        return info
+
+    with (
+        staged.open("wb") as raw,
+        gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=6) as zipped,
+        tarfile.open(fileobj=zipped, mode="w", format=tarfile.PAX_FORMAT) as archive,
+    ):
+        for path in sorted(tree.rglob("*")):
+            archive.add(path, arcname=path.relative_to(tree).as_posix(), recursive=False, filter=clean)
+    digest = file_sha256(staged)
+    named = scratch / f"source-{digest[:16]}.tar.gz"
+    staged.rename(named)
+    return named
+
+
+class SshBuildExecutor:
+    """Executor that runs the plan's script on a build host over SSH (see the module docstring)."""
+
+    name = "ssh"
+
+    def __init__(
+        self, host: SshHost, *, accept_new_host_keys: bool = False, work_root: str = WORK_ROOT
+    ) -> None:
+        self.host = host
+        self.work_root = work_root
+        self.runner = SshProcessRunner(host, accept_new_host_keys=accept_new_host_keys)
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, str]) -> SshBuildExecutor:
+        """The executor from ``--executor ssh`` settings: host (``user@host:port``, required), key,
+        known_hosts, accept_new_host_keys, work_root."""
+        from llamaforge.core.validation import suggest
+        from llamaforge.deploy.hosts import parse_host
+
+        unknown = sorted(set(settings) - set(SETTINGS))
+        if unknown:
+            raise InvalidOption(
+                f"unknown ssh executor setting {unknown[0]!r}",
+                hint=suggest(unknown[0], SETTINGS, end=" ") + "known: " + ", ".join(SETTINGS),
+            )
+        if not settings.get("host"):
+            raise InvalidOption(
+                "the ssh executor needs a build host", hint="pass --build-host user@host:port"
+            )
+        key = Path(settings["key"]).expanduser() if settings.get("key") else None
+        known = Path(settings["known_hosts"]).expanduser() if settings.get("known_hosts") else None
+        return cls(
+            parse_host(settings["host"], key_file=key, known_hosts=known),
+            accept_new_host_keys=_flag(settings, "accept_new_host_keys"),
+            work_root=settings.get("work_root") or WORK_ROOT,
+        )
+
+    def peek_environment_id(self, plan: BuildPlan) -> str | None:
+        """The host's toolchain fingerprint when it is reachable and has the plan's tools, else None."""
+        try:
+            return self._fingerprint(plan)
+        except InvalidOption:
+            return None
+
+    def prepare_environment(self, plan: BuildPlan, reporter: Reporter) -> str:
+        """Fingerprint of the host (its system and the plan's tool versions); a missing tool is an
+        InvalidOption naming the host and the tool (llamaforge does not install toolchains on hosts)."""
+        reporter(Event("stage", f"checking build host {self.host.address}", stage="environment"))
+        return self._fingerprint(plan)
+
+    def describe_environment(self, plan: BuildPlan, environment_id: str) -> dict[str, Any]:
+        """Executor, host and toolchain fingerprint for the manifest."""
+        return {"executor": self.name, "host": self.host.address, "environment_id": environment_id}
+
+    def _fingerprint(self, plan: BuildPlan) -> str:
+        lines = [self.runner.run(["uname", "-sm"], warn=True).stdout.strip()]
+        for tool in plan.environment.host_tools:
+            found = self.runner.run(["sh", "-c", 'command -v "$0"', tool.name], warn=True)
+            if not found.ok:
+                if tool.optional:
+                    continue
+                raise InvalidOption(
+                    f"build host {self.host.address} has no {tool.name!r} on PATH",
+                    hint=tool.hint or f"install {tool.name} on the build host",
+                )
+            version = self.runner.run([tool.name, "--version"], warn=True).stdout.splitlines()
+            lines.append(f"{tool.name}={version[0] if version else '?'}")
+        digest = hashlib.sha256("\n".join([self.host.address, *lines]).encode()).hexdigest()[:32]
+        return f"ssh:{digest}"
+
+    def _home(self) -> str:
+        return self.runner.run(["sh", "-c", 'printf %s "$HOME"']).stdout.strip()
+
+    def run(self, request: RunRequest) -> None:
+        """Send the source, run the script on the host, fetch ``out/`` back; the host's work directory for this
+        build is removed afterwards (the source tarball and ccache stay for the next build)."""
+        plan = request.plan
+        root = posixpath.join(self._home(), self.work_root)
+        work = posixpath.join(root, "work", plan.plan_digest[:16])
+        with tempfile.TemporaryDirectory(prefix="llamaforge-ssh-build-") as scratch_name:
+            scratch = Path(scratch_name)
+            request.log(f"llamaforge: sending source to {self.host.address}")
+            tarball = _source_tarball(request.source_tree, scratch)
+            remote_tarball = posixpath.join(root, "sources", tarball.name)
+            self.runner.put(tarball, remote_tarball, cancel=request.cancel)
+            self.runner.run(["rm", "-rf", "--", work])
+            self.runner.run(["mkdir", "-p", "--", f"{work}/src", f"{work}/build", f"{work}/out"])
+            self.runner.run(["tar", "-xzf", remote_tarball, "-C", f"{work}/src"], cancel=request.cancel)
+            script = posixpath.join(work, plan.script.name)
+            (scratch / plan.script.name).write_text(plan.script.text, encoding="utf-8", newline="\n")
+            self.runner.put(scratch / plan.script.name, script)
+            try:
+                self._run_script(request, work, script)
+                self.runner.run(["tar", "-cf", f"{work}/out.tar", "-C", f"{work}/out", "."])
+                self.runner.get(f"{work}/out.tar", scratch / "out.tar", cancel=request.cancel)
+            finally:
+                self.runner.run(["rm", "-rf", "--", work], warn=True)
+            with tarfile.open(scratch / "out.tar") as archive:
+                archive.extractall(request.out_dir, filter="data")
+
+    def _run_script(self, request: RunRequest, work: str, script: str) -> None:
+        environment = {
+            "LLAMAFORGE_SRC": f"{work}/src",
+            "LLAMAFORGE_BUILD": f"{work}/build",
+            "LLAMAFORGE_OUT": f"{work}/out",
+            "CCACHE_DIR": posixpath.join(posixpath.dirname(posixpath.dirname(work)), "ccache"),
+        }
+        if request.jobs:
+            environment["LLAMAFORGE_JOBS"] = str(request.jobs)
+        if not request.use_ccache:
+            environment["CCACHE_DISABLE"] = "1"
+        command = request.plan.script.command(script)
+        result = self.runner.run(command, env=environment, merge_stderr=True, on_line=request.log,
+                                 cancel=request.cancel, warn=True)  # fmt: skip
+        if result.exit_code != 0:
+            raise BuildFailed(
+                f"the build failed on {self.host.address} (exit code {result.exit_code})",
+                command=command, returncode=result.exit_code, tail=list(request.log.tail),
+                log_path=str(request.log.path),
+                hint="read the full log; the script names a missing toolchain itself (Visual Studio, CUDA, Xcode)",
+            )  # fmt: skip
+
+    def close(self) -> None:
+        """Close the SSH connection."""
+        self.runner.close()
