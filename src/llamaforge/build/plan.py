@@ -115,7 +115,7 @@ def _cmake_value(value: str | int | bool) -> str:
     return str(value)
 
 
-def _cpu_level(level: str, options: BuildOptions) -> str:
+def _cpu_level(level: str, options: BuildOptions, platform_name: str) -> str:
     try:
         check_cpu_level(level)
     except ValueError as error:
@@ -127,7 +127,8 @@ def _cpu_level(level: str, options: BuildOptions) -> str:
         )
     wanted = cpu_architecture(level)
     machine = platform_module.machine().lower().replace("arm64", "aarch64").replace("amd64", "x86_64")
-    if wanted and machine in ("x86_64", "aarch64") and wanted != machine:
+    # Builds for another system (a Mac or a Windows host over SSH) are not compared with this machine.
+    if platform_name == "linux" and wanted and machine in ("x86_64", "aarch64") and wanted != machine:
         raise InvalidOption(
             f"CPU level {level!r} is for {wanted}, but this machine builds for {machine}",
             hint="use cpu = variants (every level of this architecture) or one of its levels",
@@ -171,7 +172,7 @@ def plan_build(recipe: BuildRecipe, options: BuildOptions | None = None) -> Buil
     series = None if options.no_patches else (options.patches or recipe.patches)
     patches = tuple(read_series(series))
 
-    cpu = _cpu_level(options.cpu or recipe.cpu, options)
+    cpu = _cpu_level(options.cpu or recipe.cpu, options, recipe.platform)
     cmake: dict[str, str] = {"CMAKE_BUILD_TYPE": "Release"}
     cmake.update({key: _cmake_value(value) for key, value in recipe.cmake.items()})
     cmake.update(cpu_cmake(cpu))
