@@ -116,6 +116,23 @@ def _socket_image_id(url: str, tag: str) -> str | None:
     return str(json.loads(body)["Id"])
 
 
+def _engine_api() -> Any:
+    """docker's APIClient, except that the engine's own CA (DOCKER_CERT_PATH/ca.pem) verifies it: requests lets
+    REQUESTS_CA_BUNDLE, set on many machines behind a TLS proxy, replace it on every request."""
+    import docker
+
+    class EngineAPI(docker.APIClient):  # type: ignore[misc]
+        def merge_environment_settings(
+            self, url: Any, proxies: Any, stream: Any, verify: Any, cert: Any
+        ) -> Any:
+            settings = super().merge_environment_settings(url, proxies, stream, verify, cert)
+            if isinstance(self.verify, str) and verify is None:
+                settings["verify"] = self.verify
+            return settings
+
+    return EngineAPI
+
+
 def docker_client(config: EngineConfig | None = None) -> Any:
     """A connected ``docker.DockerClient`` for ``config`` (default: the environment's engine).
 
@@ -132,7 +149,9 @@ def docker_client(config: EngineConfig | None = None) -> Any:
     _check_socket(url)  # first: the SDK leaks the socket object of a failed unix connect
     client = None
     try:
-        client = docker.from_env(timeout=600, environment=environment)
+        api = _engine_api()(timeout=600, **docker.utils.kwargs_from_env(environment=environment))
+        client = docker.DockerClient.__new__(docker.DockerClient)  # DockerClient(...) would make its own API
+        client.api = api
         client.ping()
     except (docker.errors.DockerException, OSError) as error:
         if client is not None:
