@@ -27,7 +27,7 @@ def test_default_recipe_builds_every_variant_as_loadable_modules() -> None:
 
 def test_native_is_one_module_for_the_build_machine() -> None:
     args = _args("native")
-    assert {"-DGGML_NATIVE=ON", "-DGGML_CPU_ALL_VARIANTS=OFF", "-DGGML_BACKEND_DL=ON"} <= args
+    assert {"-DGGML_NATIVE=ON", "-DGGML_CPU_ALL_VARIANTS=OFF", "-DGGML_BACKEND_DL=OFF"} <= args
     assert not any(arg.startswith("-DGGML_AVX") for arg in args)
 
 

@@ -8,6 +8,9 @@ A recipe's ``cpu`` (or ``invoke build --cpu``) names one of:
   (armv8.0_1 … armv9.2_2).
 * ``native``: the build machine's own CPU (``GGML_NATIVE=ON``, ``-march=native``): fast there, may crash with
   "illegal instruction" on an older CPU.
+
+A one-level build links its one ggml-cpu into libggml (``GGML_BACKEND_DL=OFF``: ggml refuses ``GGML_NATIVE``
+with the backend loader on x86); the shared libraries and RPATH stay as in the variants build.
 * a named x86-64 level, ``x86-64-v2``, ``x86-64-v3`` (AVX2/FMA/F16C/BMI2) or ``x86-64-v4`` (AVX-512), made of
   ggml's ``GGML_<FEATURE>`` options;
 * an arm64 architecture for ``GGML_CPU_ARM_ARCH``, such as ``armv8.2-a+dotprod`` (any value starting with
@@ -44,7 +47,13 @@ LEVELS = (VARIANTS, NATIVE, BASELINE, *X86_LEVELS)
 
 # Every CMake option a CPU level decides: set by cpu_cmake, refused in [cmake] and --cmake.
 CONTROLLED = frozenset(
-    {"GGML_NATIVE", "GGML_CPU_ALL_VARIANTS", "GGML_CPU_ARM_ARCH", *(f"GGML_{name}" for name in X86_FEATURES)}
+    {
+        "GGML_NATIVE",
+        "GGML_CPU_ALL_VARIANTS",
+        "GGML_BACKEND_DL",
+        "GGML_CPU_ARM_ARCH",
+        *(f"GGML_{name}" for name in X86_FEATURES),
+    }
 )
 
 
@@ -79,7 +88,12 @@ def cpu_cmake(level: str) -> dict[str, str]:
         # The variants are modules ggml loads at run time: they need shared libraries and the backend loader.
         return {"GGML_NATIVE": "OFF", "GGML_CPU_ALL_VARIANTS": "ON", "GGML_BACKEND_DL": "ON",
                 "BUILD_SHARED_LIBS": "ON"}  # fmt: skip
-    options = {"GGML_CPU_ALL_VARIANTS": "OFF", "GGML_NATIVE": "ON" if level == NATIVE else "OFF"}
+    # One level links ggml-cpu into libggml (ggml refuses GGML_NATIVE with the backend loader on x86).
+    options = {
+        "GGML_CPU_ALL_VARIANTS": "OFF",
+        "GGML_BACKEND_DL": "OFF",
+        "GGML_NATIVE": "ON" if level == NATIVE else "OFF",
+    }
     if level.startswith("armv"):
         options["GGML_CPU_ARM_ARCH"] = level
     elif level != NATIVE:
