@@ -35,6 +35,7 @@ def test_x86_64_v3_sets_every_feature_explicitly() -> None:
     args = _args("x86-64-v3")
     on = {"SSE42", "AVX", "AVX2", "BMI2", "FMA", "F16C"}
     assert {f"-DGGML_{name}=ON" for name in on} <= args
+    assert "-DGGML_BACKEND_DL=ON" in args  # one module, loaded like the variants
     assert {
         "-DGGML_AVX512=OFF",
         "-DGGML_AVX_VNNI=OFF",
