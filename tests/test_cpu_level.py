@@ -47,7 +47,8 @@ def test_x86_64_v3_sets_every_feature_explicitly() -> None:
 def test_baseline_switches_every_extension_off() -> None:
     options = cpu_cmake("baseline")
     assert options["GGML_NATIVE"] == "OFF" and options["GGML_CPU_ALL_VARIANTS"] == "OFF"
-    assert all(value == "OFF" for key, value in options.items() if key not in ("GGML_NATIVE",))
+    assert options["GGML_BACKEND_DL"] == "ON"
+    assert all(value == "OFF" for key, value in options.items() if key != "GGML_BACKEND_DL")
 
 
 def test_arm_architecture_goes_to_ggml_cpu_arm_arch() -> None:
