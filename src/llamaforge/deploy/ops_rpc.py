@@ -179,6 +179,11 @@ def _prepare(params: RpcDeployParams, ctx: OperationContext) -> tuple[list[RpcWo
     releases = [prepare_release(worker_spec, params.layout(),
                                 RpcServerTarget(worker.address, worker.port, params.rpc_threads))
                 for worker in workers]  # fmt: skip
+    pairs = [
+        {"endpoint": worker.endpoint, "release": release.id}
+        for worker, release in zip(workers, releases, strict=True)
+    ]
+    head = replace(head, record={**head.record, "rpc_workers": pairs})  # what a rollback pairs the head with
     return workers, head, releases, plan
 
 
@@ -262,6 +267,10 @@ def deploy_rpc_status_op(params: RpcHostsParams, ctx: OperationContext) -> Topol
 class RpcRollbackParams(RpcHostsParams):
     """Parameters of ``deploy.rpc_rollback``."""
 
+    release: str | None = Field(
+        None, description="The head's release to go back to (default: its previous one)"
+    )
+
 
 @operation("deploy.rpc_rollback", RpcRollbackParams, read_only=False, destructive=True, long_running=True)
 def deploy_rpc_rollback_op(params: RpcRollbackParams, ctx: OperationContext) -> TopologyReport:
@@ -270,7 +279,7 @@ def deploy_rpc_rollback_op(params: RpcRollbackParams, ctx: OperationContext) -> 
 
     started = time.monotonic()
     with _members(params, params.workers()) as (head, members):
-        worker_reports, head_report = rollback_topology(head, members, {}, _options(params, ctx))
+        worker_reports, head_report = rollback_topology(head, members, params.release, _options(params, ctx))
     report = TopologyReport(name=params.name, head=head_report, workers=worker_reports, flags=[],
                             passed=topology_passed(worker_reports, head_report, rollback=True),
                             wall_s=elapsed(started))  # fmt: skip

@@ -161,20 +161,53 @@ def _restart_head(head: Member, options: RolloutOptions) -> HostReport:
     )
 
 
-def rollback_topology(head: Member, workers: Sequence[Member], to: dict[str, str | None],
+def paired_workers(head: Member, to: str | None) -> tuple[str | None, dict[str, str]]:
+    """The head's release to go back to (``to``, default its previous one) and the worker releases it was
+    deployed with (``release.json``'s ``rpc_workers``: endpoint -> release id)."""
+    from llamaforge.deploy.remote import release_facts
+
+    state = host_state(head.runner, head.release.layout)
+    wanted = to or state.previous()
+    if wanted is None or wanted not in state.releases:
+        return wanted, {}
+    record, _size = release_facts(head.runner, head.release.layout, wanted)
+    pairs = record.get("rpc_workers") or []
+    return wanted, {str(pair["endpoint"]): str(pair["release"]) for pair in pairs}
+
+
+def rollback_topology(head: Member, workers: Sequence[Member], to: str | None,
                       options: RolloutOptions) -> tuple[list[HostReport], HostReport]:  # fmt: skip
-    """Every worker back to its previous release (or ``to[host]``), then the head; the first failure stops."""
+    """The head's previous release (or ``to``) and, first, the worker releases it was deployed with; each is
+    gated, and the first failure stops the rest."""
+    try:
+        wanted, pairs = paired_workers(head, to)
+    except LlamaforgeError as error:
+        return [_untouched(member) for member in workers], HostReport(
+            host=head.runner.host.address,
+            status="unreachable",
+            release=None,
+            previous=None,
+            detail=error.render(),
+        )
+    if wanted is None:  # rollback_host says there is no earlier release
+        untouched = [_untouched(member) for member in workers]
+        return untouched, rollback_host(head.runner, head.release.layout, head.release.target, None, options)
     reports: list[HostReport] = []
     for member in workers:
         if reports and reports[-1].status not in ("rolled back", "unchanged"):
             reports.append(_untouched(member))
             continue
+        target_release = pairs.get(member.endpoint or "")
+        if target_release is None:
+            detail = f"the head's release {wanted} names no release for {member.endpoint}"
+            reports.append(HostReport(host=member.runner.host.address, status="failed", release=None,
+                                      previous=None, detail=detail))  # fmt: skip
+            continue
         reports.append(rollback_host(member.runner, member.release.layout, member.release.target,
-                                     to.get(member.runner.host.address), options))  # fmt: skip
+                                     target_release, options))  # fmt: skip
     if not all(report.status in ("rolled back", "unchanged") for report in reports):
         return reports, _untouched(head, "a worker did not roll back")
-    head_report = rollback_host(head.runner, head.release.layout, head.release.target,
-                                to.get(head.runner.host.address), options)  # fmt: skip
+    head_report = rollback_host(head.runner, head.release.layout, head.release.target, wanted, options)
     if head_report.status == "unchanged" and any(report.status == "rolled back" for report in reports):
         head_report = _restart_head(head, options)
     return reports, head_report
