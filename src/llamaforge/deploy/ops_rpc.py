@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import Field
 
 from llamaforge.core.errors import OperationFailed
-from llamaforge.core.registry import OperationContext, Params, operation, path_field
+from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
 from llamaforge.deploy.hosts import Access, open_runners
 from llamaforge.deploy.release import DEFAULT_PORT, DEFAULT_ROOT, KEEP_RELEASES, Layout
 from llamaforge.deploy.rpc import (
@@ -183,7 +183,8 @@ def _prepare(params: RpcDeployParams, ctx: OperationContext) -> tuple[list[RpcWo
         {"endpoint": worker.endpoint, "release": release.id}
         for worker, release in zip(workers, releases, strict=True)
     ]
-    head = replace(head, record={**head.record, "rpc_workers": pairs})  # what a rollback pairs the head with
+    # what a rollback pairs the head with, and what the plan expected on each device (smoke compares it)
+    head = replace(head, record={**head.record, "rpc_workers": pairs, "rpc_split": _split_rows(plan)})
     return workers, head, releases, plan
 
 
@@ -201,8 +202,16 @@ def _plan_flags(flags: tuple[str, ...], threads: int | None) -> Any:
 
 
 def _split_rows(plan: Any) -> list[dict[str, object]]:
-    return [{"device": share.name, "layers": share.layer_range, "output": share.output,
-             "bytes": share.memory.total, "fits": share.fits} for share in plan.devices]  # fmt: skip
+    rows: list[dict[str, object]] = [
+        {"device": share.name, "endpoint": share.endpoint, "layers": share.layer_range, "output": share.output,
+         "weights": share.memory.weights, "kv_cache": share.memory.kv_cache, "compute": share.memory.compute,
+         "bytes": share.memory.total, "fits": share.fits}
+        for share in plan.devices
+    ]  # fmt: skip
+    host = plan.head_host
+    rows.append({"device": "head", "endpoint": None, "layers": "-", "output": False, "weights": host.weights,
+                 "kv_cache": host.kv_cache, "compute": host.compute, "bytes": host.total, "fits": True})  # fmt: skip
+    return rows
 
 
 def _options(params: RpcHostsParams, ctx: OperationContext, **more: Any) -> Any:
@@ -286,3 +295,79 @@ def deploy_rpc_rollback_op(params: RpcRollbackParams, ctx: OperationContext) -> 
     if not report.passed:
         raise _failed("deploy.rpc_rollback", report)
     return report
+
+
+class RpcSmokeParams(RpcHostsParams):
+    """Parameters of ``deploy.rpc_smoke``."""
+
+    single_host: str | None = Field(None, description="A host serving the same model alone (user@host:port)")
+    single_name: str | None = Field(None, description="The single host's deployment name")
+    n_predict: int = Field(32, ge=1, description="Tokens each timed completion generates")
+    runs: int = Field(3, ge=1, le=20, description="Timed completions per server")
+
+
+class RpcSmokeReport(Result):
+    """The head's greedy tokens and tok/s beside a single host's, and each device's buffers: planned vs
+    allocated (llama.cpp's load log on the head)."""
+
+    name: str
+    head: dict[str, Any]
+    single: dict[str, Any] | None
+    same_tokens: bool | None = Field(description="The head's greedy tokens equal the single host's")
+    devices: list[dict[str, Any]] = Field(
+        description="Per device: planned and allocated weights, kv_cache and compute bytes"
+    )
+
+
+def _serve_figures(runner: Any, port: int, params: RpcSmokeParams) -> dict[str, Any]:
+    from llamaforge.runners.ssh_forward import forward_local
+    from llamaforge.smoke.through import figures_json, measure
+
+    with forward_local(runner, port) as local:
+        return figures_json(
+            measure(f"http://127.0.0.1:{local}", n_predict=params.n_predict, runs=params.runs)
+        )
+
+
+def _device_rows(planned: list[dict[str, Any]], allocated: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
+    by_endpoint = {
+        name.partition("[")[2].rstrip("]"): sizes for name, sizes in allocated.items() if "[" in name
+    }
+    rows = []
+    for row in planned:
+        got = (
+            allocated.get("head", {})
+            if row["device"] == "head"
+            else by_endpoint.get(str(row["endpoint"]), {})
+        )
+        kinds = ("weights", "kv_cache", "compute")
+        rows.append({"device": row["device"], "layers": row["layers"],
+                     **{f"planned_{kind}": row[kind] for kind in kinds},
+                     **{f"allocated_{kind}": got.get(kind, 0) for kind in kinds}})  # fmt: skip
+    return rows
+
+
+@operation("deploy.rpc_smoke", RpcSmokeParams, read_only=True)
+def deploy_rpc_smoke_op(params: RpcSmokeParams, ctx: OperationContext) -> RpcSmokeReport:
+    """Smoke a topology through its head: greedy tokens and tok/s beside a single host, buffers per device."""
+    from llamaforge.deploy.hosts import parse_host
+    from llamaforge.deploy.remote import host_state
+    from llamaforge.smoke.through import load_log_devices
+
+    with _members(params, params.workers()) as (head, _workers):
+        layout = head.release.layout
+        record = host_state(head.runner, layout).record or {}
+        figures = _serve_figures(head.runner, int(record.get("port", DEFAULT_PORT)), params)
+        allocated = load_log_devices(head.release.target.logs(head.runner, layout, lines=5000))
+    single = None
+    if params.single_host:
+        key, known = params._paths()
+        host = parse_host(params.single_host, key_file=key, known_hosts=known)
+        with open_runners([host], Access(params.accept_new_host_keys)) as (runner,):
+            other = host_state(runner, Layout(params.single_name or params.name, params.root)).record or {}
+            single = _serve_figures(runner, int(other.get("port", DEFAULT_PORT)), params)
+    return RpcSmokeReport(
+        name=params.name, head=figures, single=single,
+        same_tokens=figures["tokens"] == single["tokens"] if single else None,
+        devices=_device_rows(list(record.get("rpc_split") or []), allocated),
+    )  # fmt: skip
