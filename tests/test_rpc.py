@@ -135,3 +135,22 @@ def test_topology_operations_are_registered_with_their_kinds() -> None:
     assert ops["deploy.rpc"].destructive and ops["deploy.rpc_rollback"].destructive
     assert ops["deploy.rpc_status"].read_only and ops["deploy.rpc_plan"].read_only
     assert ops["models.split"].read_only
+
+
+def test_buffers_are_grouped_by_the_device_llamacpp_names() -> None:
+    from llamaforge.smoke.through import device_of, load_log_devices
+
+    log = [
+        "llama_model_loader: loaded meta data with 30 key-value pairs",
+        "load_tensors:   CPU_Mapped model buffer size =     4.00 MiB",
+        "load_tensors: RPC0[172.18.0.3:50052] model buffer size =     2.00 MiB",
+        "load_tensors: RPC0[172.18.0.4:50052] model buffer size =     3.00 MiB",
+        "llama_kv_cache: RPC0[172.18.0.3:50052] KV buffer size =     1.00 MiB",
+        "sched_reserve: RPC0[172.18.0.4:50052] compute buffer size =     0.50 MiB",
+        "sched_reserve:        CPU compute buffer size =     0.25 MiB",
+    ]
+    devices = load_log_devices(log)
+    assert devices["head"] == {"weights": 4 << 20, "compute": 1 << 18}
+    assert devices["RPC0[172.18.0.3:50052]"] == {"weights": 2 << 20, "kv_cache": 1 << 20}
+    assert devices["RPC0[172.18.0.4:50052]"] == {"weights": 3 << 20, "compute": 1 << 19}
+    assert device_of("CUDA0") == "CUDA0" and device_of("CPU_REPACK") == "head"
