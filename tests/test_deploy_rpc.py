@@ -120,8 +120,8 @@ def test_a_split_over_two_workers_serves_what_one_host_serves(
 
     # the same model alone on the head host (a deployment of its own, no --rpc)
     single = run("deploy", hosts=hosts["head"], ssh_key=hosts["ssh_key"], known_hosts=hosts["known_hosts"],
-                 name=f"{name}-single", build=topology["build"], model=str(split_model), port=port + 1, ctx=512, parallel=1,
-                 threads=1, gate_timeout_s=120)  # fmt: skip
+                 name=f"{name}-single", build=topology["build"], model=str(split_model), port=port + 1, ctx=512,
+                 parallel=1, threads=1, gate_timeout_s=120)  # fmt: skip
     assert single.passed
     assert completion(head, known, port + 1) == split_tokens
 
