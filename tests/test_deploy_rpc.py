@@ -98,10 +98,10 @@ def test_a_split_over_two_workers_serves_what_one_host_serves(
     head, workers = topology["head"], topology["workers"]
     base = {**hosts, "build": topology["build"], "model": str(split_model), "port": port, "ctx": 512,
             "worker_memory": "2GiB,2GiB", "gate_timeout_s": 120, "threads": 1}  # fmt: skip
-    plan = run("deploy.rpc_plan", **base)
+    plan = run("topology.plan", **base)
     assert [device.layer_range for device in plan.devices] == ["0-3", "4-5"] and plan.fits
     started = time.monotonic()
-    report = run("deploy.rpc", **base)
+    report = run("topology.deploy", **base)
     deploy_s = time.monotonic() - started
     assert isinstance(report, TopologyReport) and report.passed, report
     assert [item.status for item in [*report.workers, report.head]] == ["updated"] * 3
@@ -125,29 +125,29 @@ def test_a_split_over_two_workers_serves_what_one_host_serves(
     assert single.passed
     assert completion(head, known, port + 1) == split_tokens
 
-    status = run("deploy.rpc_status", **hosts)
+    status = run("topology.status", **hosts)
     assert isinstance(status, TopologyStatus) and status.healthy
     assert [(item.active, item.from_head, item.build_key) for item in status.workers] == [
         ("active", True, status.head.build_key)] * 2  # fmt: skip
 
-    smoke = run("deploy.rpc_smoke", **hosts, single_host=hosts["head"], single_name=f"{name}-single", runs=3)
+    smoke = run("topology.smoke", **hosts, single_host=hosts["head"], single_name=f"{name}-single", runs=3)
     assert smoke.same_tokens is True
     by_device = {row["device"]: row for row in smoke.devices}
     for worker in workers:
         row = by_device[f"RPC {worker.private_address}:{RPC_PORT}"]
         assert row["allocated_weights"] > 0 and row["allocated_kv_cache"] > 0
     print(
-        f"\ndeploy.rpc 1 head + 2 workers: {deploy_s:.1f} s; tg tok/s split {smoke.head['tg_tps']} vs single "
+        f"\ntopology.deploy 1 head + 2 workers: {deploy_s:.1f} s; tg tok/s split {smoke.head['tg_tps']} vs single "
         f"{smoke.single['tg_tps']}; pp tok/s split {smoke.head['pp_tps']} vs single {smoke.single['pp_tps']}"
     )
     for row in smoke.devices:
         print("  " + ", ".join(f"{key}={value}" for key, value in row.items()))
 
-    again = run("deploy.rpc", **base)
+    again = run("topology.deploy", **base)
     assert [item.status for item in [*again.workers, again.head]] == ["unchanged"] * 3
-    second = run("deploy.rpc", **{**base, "ctx": 1024})
+    second = run("topology.deploy", **{**base, "ctx": 1024})
     assert [item.status for item in second.workers] == ["unchanged"] * 2 and second.head.status == "updated"
-    back = run("deploy.rpc_rollback", **hosts, gate_timeout_s=120)
+    back = run("topology.rollback", **hosts, gate_timeout_s=120)
     assert back.passed and back.head.status == "rolled back" and back.head.release == report.head.release
     assert completion(head, known, port) == split_tokens
 
@@ -157,14 +157,14 @@ def test_a_stopped_worker_is_named_and_starting_it_recovers(
 ) -> None:
     hosts, known, port, name = topology["hosts"], topology["known"], topology["port"], topology["name"]
     head, workers = topology["head"], topology["workers"]
-    report = run("deploy.rpc", **hosts, build=topology["build"], model=str(split_model), port=port, ctx=512,
+    report = run("topology.deploy", **hosts, build=topology["build"], model=str(split_model), port=port, ctx=512,
                  worker_memory="2GiB,2GiB", gate_timeout_s=120, threads=1)  # fmt: skip
     assert report.passed
     before = completion(head, known, port)
     unit = f"llamaforge-{name}-rpc.service"
     on_host(workers[1], f"systemctl stop {unit}")  # the worker goes away while the head serves
     with pytest.raises(OperationFailed) as caught:
-        run("deploy.rpc_status", **hosts)
+        run("topology.status", **hosts)
     status = caught.value.result
     assert isinstance(status, TopologyStatus) and not status.healthy
     assert f"{workers[1].private_address}:{RPC_PORT}" in status.detail and "worker" in status.detail
@@ -181,7 +181,7 @@ def test_a_stopped_worker_is_named_and_starting_it_recovers(
         except (OSError, LlamaforgeError):
             time.sleep(2)
     assert tokens == before
-    assert run("deploy.rpc_status", **hosts).healthy
+    assert run("topology.status", **hosts).healthy
 
 
 def test_another_build_and_public_addresses_are_refused_before_anything_starts(
@@ -195,13 +195,13 @@ def test_another_build_and_public_addresses_are_refused_before_anything_starts(
             "worker_memory": "2GiB,2GiB"}  # fmt: skip
     if others:
         with pytest.raises(BuildMismatch) as caught:
-            run("deploy.rpc", **base, worker_build=others[0])
+            run("topology.deploy", **base, worker_build=others[0])
         assert others[0] in caught.value.message and topology["build"] in caught.value.message
     workers = topology["workers"]
     for addresses, words in ((f"8.8.8.8,{workers[1].private_address}", "public"),
                              (f"0.0.0.0,{workers[1].private_address}", "every network")):  # fmt: skip
         with pytest.raises(InvalidOption) as refused:
-            run("deploy.rpc", **{**base, "rpc_addresses": addresses})
+            run("topology.deploy", **{**base, "rpc_addresses": addresses})
         assert words in refused.value.message and hosts["rpc_workers"].split(",")[0] in refused.value.message
     for host in [topology["head"], *workers]:
         assert host.exec(["test", "-e", f"/opt/llamaforge/{name}"])[0] != 0  # nothing reached any host

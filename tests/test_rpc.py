@@ -132,8 +132,8 @@ def test_the_worker_unit_binds_its_address_and_keeps_a_cache() -> None:
 
 def test_topology_operations_are_registered_with_their_kinds() -> None:
     ops = operations()
-    assert ops["deploy.rpc"].destructive and ops["deploy.rpc_rollback"].destructive
-    assert ops["deploy.rpc_status"].read_only and ops["deploy.rpc_plan"].read_only
+    assert ops["topology.deploy"].destructive and ops["topology.rollback"].destructive
+    assert ops["topology.status"].read_only and ops["topology.plan"].read_only
     assert ops["models.split"].read_only
 
 

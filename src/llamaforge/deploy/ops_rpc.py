@@ -1,7 +1,7 @@
-"""Operations ``deploy.rpc``, ``deploy.rpc_plan``, ``deploy.rpc_status`` and ``deploy.rpc_rollback``: one
+"""Operations ``topology.deploy``, ``topology.plan``, ``topology.status`` and ``topology.rollback``: one
 model over a head and llama.cpp RPC workers (see :mod:`llamaforge.deploy.rpc`).
 
-``deploy.rpc`` and ``deploy.rpc_rollback`` change hosts (destructive); the plan and the status only read. Every
+``topology.deploy`` and ``topology.rollback`` change hosts (destructive); the plan and the status only read. Every
 input is checked before any host is reached: the workers' RPC addresses (private or loopback, never
 ``0.0.0.0``), the build (it has ``ggml-rpc-server``; head and workers the same), the split (it fits).
 """
@@ -31,8 +31,8 @@ from llamaforge.deploy.rpc import (
     topology_status,
 )
 from llamaforge.deploy.topology import RpcWorker, parse_head, parse_workers
+from llamaforge.serve.launcher import DEFAULT_RPC_PORT
 from llamaforge.serve.ops_split import SplitOutcome
-from llamaforge.serve.split import DEFAULT_RPC_PORT
 
 _DEPLOY_FAILED = 15  # DeployFailed's exit code (deploy.ops)
 
@@ -73,7 +73,7 @@ class RpcHostsParams(Params):
 
 
 class RpcDeployParams(RpcHostsParams):
-    """Parameters of ``deploy.rpc`` and ``deploy.rpc_plan``."""
+    """Parameters of ``topology.deploy`` and ``topology.plan``."""
 
     build: str = Field(
         description="Build key (or prefix) for the head and every worker (needs ggml-rpc-server)"
@@ -230,7 +230,7 @@ def _failed(what: str, report: TopologyReport) -> OperationFailed:
                            hint="the report says where each host was left and why")  # fmt: skip
 
 
-@operation("deploy.rpc", RpcDeployParams, read_only=False, destructive=True, long_running=True)
+@operation("topology.deploy", RpcDeployParams, read_only=False, destructive=True, long_running=True)
 def deploy_rpc_op(params: RpcDeployParams, ctx: OperationContext) -> TopologyReport:
     """Deploy one model over RPC workers and a head: workers first (RPC HELLO), then the head (health + completion)."""
     import time
@@ -247,7 +247,7 @@ def deploy_rpc_op(params: RpcDeployParams, ctx: OperationContext) -> TopologyRep
                             split=_split_rows(plan), passed=topology_passed(worker_reports, head_report),
                             wall_s=elapsed(started))  # fmt: skip
     if not report.passed:
-        raise _failed(f"deploy.rpc of {head_release.id}", report)
+        raise _failed(f"topology.deploy of {head_release.id}", report)
     return report
 
 
@@ -255,14 +255,14 @@ def _plan_result(plan: Any) -> SplitOutcome:
     return SplitOutcome.model_validate(plan.to_json())
 
 
-@operation("deploy.rpc_plan", RpcDeployParams, read_only=True)
+@operation("topology.plan", RpcDeployParams, read_only=True)
 def deploy_rpc_plan_op(params: RpcDeployParams, ctx: OperationContext) -> SplitOutcome:
     """The split plan of a topology deploy (blocks and memory per worker, the head's flags); nothing changes."""
     _workers, _head, _releases, plan = _prepare(params, ctx)
     return _plan_result(plan)
 
 
-@operation("deploy.rpc_status", RpcHostsParams, read_only=True)
+@operation("topology.status", RpcHostsParams, read_only=True)
 def deploy_rpc_status_op(params: RpcHostsParams, ctx: OperationContext) -> TopologyStatus:
     """The head (release, /health) and each worker (RPC server unit, build, reachable from the head)."""
     with _members(params, params.workers()) as (head, members):
@@ -274,14 +274,14 @@ def deploy_rpc_status_op(params: RpcHostsParams, ctx: OperationContext) -> Topol
 
 
 class RpcRollbackParams(RpcHostsParams):
-    """Parameters of ``deploy.rpc_rollback``."""
+    """Parameters of ``topology.rollback``."""
 
     release: str | None = Field(
         None, description="The head's release to go back to (default: its previous one)"
     )
 
 
-@operation("deploy.rpc_rollback", RpcRollbackParams, read_only=False, destructive=True, long_running=True)
+@operation("topology.rollback", RpcRollbackParams, read_only=False, destructive=True, long_running=True)
 def deploy_rpc_rollback_op(params: RpcRollbackParams, ctx: OperationContext) -> TopologyReport:
     """Put every worker, then the head, back on its previous release, each gated."""
     import time
@@ -293,12 +293,12 @@ def deploy_rpc_rollback_op(params: RpcRollbackParams, ctx: OperationContext) -> 
                             passed=topology_passed(worker_reports, head_report, rollback=True),
                             wall_s=elapsed(started))  # fmt: skip
     if not report.passed:
-        raise _failed("deploy.rpc_rollback", report)
+        raise _failed("topology.rollback", report)
     return report
 
 
 class RpcSmokeParams(RpcHostsParams):
-    """Parameters of ``deploy.rpc_smoke``."""
+    """Parameters of ``topology.smoke``."""
 
     single_host: str | None = Field(None, description="A host serving the same model alone (user@host:port)")
     single_name: str | None = Field(None, description="The single host's deployment name")
@@ -347,7 +347,7 @@ def _device_rows(planned: list[dict[str, Any]], allocated: dict[str, dict[str, i
     return rows
 
 
-@operation("deploy.rpc_smoke", RpcSmokeParams, read_only=True)
+@operation("topology.smoke", RpcSmokeParams, read_only=True)
 def deploy_rpc_smoke_op(params: RpcSmokeParams, ctx: OperationContext) -> RpcSmokeReport:
     """Smoke a topology through its head: greedy tokens and tok/s beside a single host, buffers per device."""
     from llamaforge.deploy.hosts import parse_host

@@ -43,7 +43,7 @@ class TopologyReport(Result):
 
 
 class WorkerStatus(Result):
-    """One worker in ``deploy.rpc_status``."""
+    """One worker in ``topology.status``."""
 
     host: str
     endpoint: str
@@ -56,7 +56,7 @@ class WorkerStatus(Result):
 
 
 class TopologyStatus(Result):
-    """``deploy.rpc_status``: the head, every worker, and which worker (if any) breaks the topology."""
+    """``topology.status``: the head, every worker, and which worker (if any) breaks the topology."""
 
     name: str
     head: HostStatusReport

@@ -57,7 +57,7 @@ class SplitOutcome(Result):
     tensor_split: list[float]
     devices: list[SplitDeviceReport]
     head_host: dict[str, int] = Field(description="The head's host memory (token_embd, CPU blocks, buffers)")
-    flags: list[str] = Field(description="The head's llama-server flags (deploy.rpc uses these)")
+    flags: list[str] = Field(description="The head's llama-server flags (topology.deploy uses these)")
     margin_bytes: int
     notes: list[str]
     fits: bool

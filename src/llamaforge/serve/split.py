@@ -42,10 +42,8 @@ from llamaforge.serve.fit import (
     _recurrent_layer_bytes,
     parse_size,
 )
-from llamaforge.serve.launcher import LlamaFlags
+from llamaforge.serve.launcher import DEFAULT_RPC_PORT, LlamaFlags
 from llamaforge.serve.shape import model_shape, weight_layout
-
-DEFAULT_RPC_PORT = 50052  # ggml-rpc-server's default port
 
 
 def _f32(value: float) -> float:

@@ -1,7 +1,7 @@
 """Smoke a deployed llama-server through its host's SSH connection: greedy tokens, llama-server's own tok/s, and
 which device holds which buffer (from the service's load log).
 
-Used for an RPC topology's head (``deploy.rpc_smoke``), next to a single-host deployment of the same model. The
+Used for an RPC topology's head (``topology.smoke``), next to a single-host deployment of the same model. The
 buffers are grouped by the device llama.cpp names in its log: ``CPU``/``CPU_Mapped`` on the head, ``RPC0[addr:
 port]`` for the first device of the RPC server at that address, ``CUDA0`` for a local GPU.
 """
