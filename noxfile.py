@@ -1,5 +1,5 @@
 """Nox sessions: `nox -s tests` (the README's test command), `lint`, `typecheck`, `smoke`, `bench_build`,
-`bench_smoke`."""
+`bench_smoke`, `cpu_speed`, `reproducible_variants`."""
 
 from __future__ import annotations
 
@@ -93,3 +93,23 @@ def bench_smoke(session: nox.Session) -> None:
     """Smoke harness overhead: smoke's tg tokens/s / raw llama-bench on the same binary and model."""
     session.install("-e", ".")
     session.run("python", "benchmarks/smoke_overhead.py", *session.posargs)
+
+
+@nox.session
+def cpu_speed(session: nox.Session) -> None:
+    """The default build (CPU variants) against a --cpu native build of the same source: llama-bench pp and tg
+    ratios (goal >= 0.97 of native), and each build's build time."""
+    session.install("-e", ".[test]")
+    sdist_dir = _sdist_dir(session)
+    session.run("python", "benchmarks/cpu_speed.py", *session.posargs,
+                env={"LLAMAFORGE_SOURCE_MIRROR": str(sdist_dir)})  # fmt: skip
+
+
+@nox.session
+def reproducible_variants(session: nox.Session) -> None:
+    """The bit-identical proof for the full default build, every CPU variant included: build it, rebuild it in a
+    fresh container with ccache off, compare every artifact (the suite proves it on a one-level build)."""
+    session.install("-e", ".[test]")
+    sdist_dir = _sdist_dir(session)
+    session.run("invoke", "build", "--check-reproducible", *session.posargs,
+                env={"LLAMAFORGE_SOURCE_MIRROR": str(sdist_dir)})  # fmt: skip

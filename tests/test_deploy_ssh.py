@@ -74,6 +74,46 @@ def test_release_id_follows_the_inputs() -> None:
     assert first not in ids and len(ids) == 6
 
 
+class LddRunner:
+    """Answers ``ldd`` as on the build machine: the build's own libraries through RPATH $ORIGIN, libgomp and
+    libstdc++ from the system."""
+
+    def __init__(self, bin_dir: Path) -> None:
+        self.bin_dir = bin_dir
+
+    def run(self, argv: list[str], **options: Any) -> Any:
+        from llamaforge.runners.process import ProcessResult
+
+        lines = [f"\tlibllama.so.0 => {self.bin_dir}/libllama.so.0 (0x1)",
+                 f"\tlibggml-base.so.0 => {self.bin_dir}/libggml-base.so.0 (0x1)",
+                 "\tlibgomp.so.1 => /usr/lib/x86_64-linux-gnu/libgomp.so.1 (0x1)",
+                 "\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x1)"]  # fmt: skip
+        return ProcessResult(argv=list(argv), exit_code=0, stdout="\n".join(lines), stderr="", duration_s=0.0)
+
+
+def test_release_keeps_the_builds_libraries_beside_the_binaries(tmp_path: Path) -> None:
+    """ggml looks for its backend modules in the executable's directory: bin/ travels whole; only the system
+    libraries a bare host may lack go to lib/ (the unit's LD_LIBRARY_PATH)."""
+    from llamaforge.deploy.release import release_files
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in (
+        "llama-server",
+        "libllama.so.0",
+        "libggml-base.so.0",
+        "libggml-cpu-haswell.so",
+        "libggml-cpu-x64.so",
+    ):
+        (bin_dir / name).write_bytes(b"\x7fELF")
+    spec = ReleaseSpec(build_key="k", build_dir=tmp_path, manifest_sha256="0" * 64, model=tmp_path / "m.gguf",
+                       model_sha256="0" * 64, model_size=0)  # fmt: skip
+    files = {inside: local for local, inside in release_files(spec, LddRunner(bin_dir))}  # type: ignore[arg-type]
+    assert {"bin/llama-server", "bin/libllama.so.0", "bin/libggml-cpu-haswell.so"} <= set(files)
+    assert sorted(inside for inside in files if inside.startswith("lib/")) == ["lib/libgomp.so.1"]
+    assert files["lib/libgomp.so.1"] == Path("/usr/lib/x86_64-linux-gnu/libgomp.so.1").resolve()
+
+
 def test_previous_release_comes_from_the_history() -> None:
     state = HostState("c", ("a", "b", "c"), ("a", "b", "c"), None)
     assert state.previous() == "b"

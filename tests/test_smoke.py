@@ -463,6 +463,12 @@ def test_smoke_end_to_end(stock_build: Path, tiny_qwen3: Path, smoke_env: dict[s
     assert 0.5 < at_one < 2.0  # the client's clock agrees with the server's own timings
     assert server["non_empty_answer"]["reply"].strip()
     assert data["roofline"]["efficiency"] > 0 and data["roofline"]["bandwidth_gbs"] > 0
+    # The default build loads the best CPU variant: nothing this host has is left unused.
+    cpu = data["cpu_features"]
+    assert cpu["build_cpu_level"] == "variants" and cpu["variant"] and cpu["source"] == "system_info", cpu
+    assert cpu["warning"] is None and cpu["unused"] == [], cpu
+    assert {"AVX2", "FMA", "F16C"} & set(cpu["host"]) <= set(cpu["used"]), cpu
+    assert data["roofline"]["cpu_diagnosis"].startswith("CPU features: the build uses every one")
     assert not _alive(server["pid"]), "llama-server outlived the smoke run"
     for name in ("report.json", "summary.md", "throughput.png", "latency.png", "server.log", "bench.json"):
         assert Path(data["files"][name]).is_file(), name
@@ -474,6 +480,28 @@ def test_smoke_end_to_end(stock_build: Path, tiny_qwen3: Path, smoke_env: dict[s
     assert compared.returncode == 0, compared.stderr[-3000:]
     rows = json.loads(compared.stdout)["rows"]
     assert rows and all(row["ratio"] == pytest.approx(1.0) for row in rows)
+
+
+@pytest.mark.docker
+@pytest.mark.llamacpp
+def test_smoke_warns_when_a_baseline_build_leaves_cpu_features_unused(
+    baseline_build: Path, tiny_qwen3: Path, lf_home: Path
+) -> None:
+    from llamaforge.smoke.cpu_features import host_cpu_flags
+
+    host = host_cpu_flags(Path("/proc/cpuinfo").read_text(encoding="utf-8"))
+    if "avx2" not in host:
+        pytest.skip("this host has no AVX2: a baseline build leaves nothing it has unused")
+    data = _run_op("smoke", build=str(baseline_build), model=str(tiny_qwen3), threads=1, repetitions=1,
+                   concurrency=[1], requests=1, max_tokens=4, pp=8, tg=4)  # fmt: skip
+    cpu = data["cpu_features"]
+    assert cpu["build_cpu_level"] == "baseline" and cpu["source"] == "system_info", cpu
+    assert {"AVX", "AVX2", "FMA", "F16C"} <= set(cpu["unused"]), cpu
+    assert "AVX2" in cpu["warning"] and "baseline" in cpu["cause"] and 'cpu = "variants"' in cpu["fix"]
+    roof = data["roofline"]
+    assert roof["estimated"] and roof["cpu_diagnosis"].startswith("warning: the build leaves")
+    summary = Path(data["files"]["summary.md"]).read_text(encoding="utf-8")
+    assert "## Roofline (estimated)" in summary and "warning: the build leaves" in summary
 
 
 @pytest.mark.docker
@@ -562,7 +590,8 @@ def test_smoke_bench_stage_runs_through_an_injected_runner(tmp_path: Path, lf_ho
     options = SmokeOptions(pp=16, tg=8, repetitions=2, threads=1, skip_server=True, bandwidth_gbs=10.0)
     thresholds, sources = resolve_thresholds([("cli", {"min_tg_tps": 1})])
     report = run_smoke(target, options, thresholds, sources, runner=runner)
-    (call,) = runner.calls
+    call, cpuinfo = runner.calls  # llama-bench, then the CPU flags of the host it ran on
+    assert cpuinfo["argv"] == ["cat", "/proc/cpuinfo"]
     assert call["argv"] == bench_command(build / "bin" / "llama-bench", model, pp=16, tg=8, repetitions=2,
                                          threads=1)  # fmt: skip
     assert call["timeout_s"] == options.bench_timeout_s and call["log_path"] == Path(

@@ -19,14 +19,21 @@ export CCACHE_COMPILERCHECK=content
 export CCACHE_NOHASHDIR=1
 prefix_map="-ffile-prefix-map=${src_dir}=. -ffile-prefix-map=${build_dir}=build"
 
+# $ORIGIN in the arguments is for the dynamic linker (RPATH), not for the shell.
+# shellcheck disable=SC2016
 cmake_args=(
   -G
   Ninja
-  -DBUILD_SHARED_LIBS=OFF
+  -DBUILD_SHARED_LIBS=ON
   -DCMAKE_BUILD_TYPE=Release
+  -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON
   '-DCMAKE_CUDA_ARCHITECTURES=86;89'
+  '-DCMAKE_INSTALL_RPATH=$ORIGIN'
+  -DGGML_BACKEND_DL=ON
+  -DGGML_CPU_ALL_VARIANTS=ON
   -DGGML_CUDA=ON
   -DGGML_NATIVE=OFF
+  -DGGML_RPC=ON
   -DLLAMA_BUILD_COMMIT=0c1e570
   -DLLAMA_BUILD_EXAMPLES=OFF
   -DLLAMA_BUILD_NUMBER=11312
@@ -40,12 +47,21 @@ cmake -S "${src_dir}" -B "${build_dir}" "${cmake_args[@]}" \
   "-DCMAKE_C_FLAGS=${prefix_map}" "-DCMAKE_CXX_FLAGS=${prefix_map}"
 
 echo "llamaforge: build"
-cmake --build "${build_dir}" --parallel "${jobs}" --target llama-server llama-bench llama-cli
+cmake --build "${build_dir}" --parallel "${jobs}" --target llama-server llama-bench llama-cli ggml-rpc-server
 
 echo "llamaforge: collect artifacts"
 mkdir -p "${out_dir}/bin"
-for target in llama-server llama-bench llama-cli; do
+for target in llama-server llama-bench llama-cli ggml-rpc-server; do
   install -m 0755 "${build_dir}/bin/${target}" "${out_dir}/bin/${target}"
+done
+# Shared libraries and the dynamically loaded backends sit beside the binaries: the binaries find them through
+# RPATH $ORIGIN, and ggml looks for its backend modules (libggml-cpu-<variant>.so) in the executable's
+# directory. Each library is copied once, under the name the dynamic loader asks for (its SONAME, such as
+# libllama.so.0); the link-time symlinks (libllama.so) are not needed to run, so no symlink travels.
+for library in "${build_dir}"/bin/*.so*; do
+  [[ -f "${library}" && ! -L "${library}" ]] || continue
+  soname="$(objdump -p "${library}" | awk '$1 == "SONAME" { print $2 }')"
+  install -m 0755 "${library}" "${out_dir}/bin/${soname:-${library##*/}}"
 done
 
 {

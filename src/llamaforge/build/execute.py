@@ -68,6 +68,7 @@ def _options_json(options: BuildOptions) -> dict[str, Any]:
         "no_patches": options.no_patches,
         "ca_bundle": str(options.ca_bundle) if options.ca_bundle else None,
         "cmake": [list(pair) for pair in options.cmake],
+        "cpu": options.cpu,
     }
 
 
@@ -81,6 +82,7 @@ def options_from_json(data: dict[str, Any]) -> BuildOptions:
         no_patches=bool(data.get("no_patches")),
         ca_bundle=Path(data["ca_bundle"]) if data.get("ca_bundle") else None,
         cmake=tuple((str(k), str(v)) for k, v in data.get("cmake") or ()),
+        cpu=data.get("cpu"),
     )
 
 
@@ -89,17 +91,32 @@ def recipe_from_manifest(manifest: dict[str, Any]) -> tuple[BuildRecipe, BuildOp
     return BuildRecipe.model_validate(manifest["recipe"]), options_from_json(manifest["options"])
 
 
+# Files the build script writes beside the artifacts: read into the manifest, not published as artifacts.
+_BUILD_RECORDS = ("toolchain.json",)
+
+
 def _collect_artifacts(plan: BuildPlan, out: Path) -> dict[str, dict[str, Any]]:
-    artifacts: dict[str, dict[str, Any]] = {}
+    """Every file the build left in ``out`` (the targets' binaries, and the shared libraries and backend modules
+    beside them) with its sha256 and size; each target's binary must be among them. Symlinks are refused: a
+    build script copies each library once, under the name the loader asks for."""
     for relative in plan.artifacts:
-        path = out / relative
-        if not path.is_file():
+        if not (out / relative).is_file():
             raise BuildFailed(
                 f"the build finished but {relative} is missing",
                 command=[plan.script.name], returncode=0, tail=[],
                 hint="check that every recipe target is an executable that lands in build/bin",
             )  # fmt: skip
-        artifacts[relative] = {"sha256": sha256_file(path), "size": path.stat().st_size}
+    artifacts: dict[str, dict[str, Any]] = {}
+    for path in sorted(out.rglob("*")):
+        relative = path.relative_to(out).as_posix()
+        if path.is_symlink():
+            raise BuildFailed(
+                f"the build left a symlink, {relative}, among its artifacts",
+                command=[plan.script.name], returncode=0, tail=[],
+                hint="the build script must copy the file the link points to under the link's name",
+            )  # fmt: skip
+        if path.is_file() and relative not in _BUILD_RECORDS:
+            artifacts[relative] = {"sha256": sha256_file(path), "size": path.stat().st_size}
     return artifacts
 
 
@@ -177,7 +194,7 @@ def _build_locked(
         out.mkdir()
         build_into(plan, executor, out, log_path, jobs=jobs, reporter=reporter, cancel=cancel)
         artifacts = _collect_artifacts(plan, out)
-        for relative in plan.artifacts:
+        for relative in artifacts:
             target = staging / relative
             target.parent.mkdir(parents=True, exist_ok=True)
             (out / relative).replace(target)
@@ -196,6 +213,7 @@ def _build_locked(
             "options": _options_json(options),
             "backend": plan.backend,
             "cuda_architectures": list(plan.cuda_architectures),
+            "cpu": plan.cpu,
             "source": plan.recipe.source.model_dump(mode="json"),
             "patches": [{"name": p.name, "sha256": p.sha256} for p in plan.patches],
             "cmake_args": list(plan.cmake_args),

@@ -36,6 +36,11 @@ class BuildParams(Params):
         None, description="Extra CA bundle for builds behind a TLS-intercepting proxy"
     )
     cmake: list[str] = Field(default_factory=list, description="Extra CMake option KEY=VALUE (repeatable)")
+    cpu: str | None = Field(
+        None,
+        description="CPU level instead of the recipe's: variants, native, baseline, x86-64-v2/v3/v4, "
+        "or an arm64 architecture such as armv8.2-a+dotprod",
+    )
     executor: str = Field("docker", description="Where to build: docker, or local (this host, no Docker)")
     jobs: int | None = Field(None, description="Parallel compile jobs (default: all cores)")
     force: bool = Field(False, description="Rebuild even when a cached build with the same key exists")
@@ -83,6 +88,7 @@ def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
         no_patches=params.no_patches,
         ca_bundle=ca_bundle.resolve() if ca_bundle else None,
         cmake=tuple(cmake),
+        cpu=params.cpu,
     )
     return plan_build(load_recipe(params.recipe), options), options
 

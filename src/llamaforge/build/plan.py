@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import calendar
 import json
+import platform as platform_module
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from llamaforge import __version__
+from llamaforge.build.cpu_level import check_cpu_level, controlled_keys, cpu_architecture, cpu_cmake
 from llamaforge.build.cuda_arch import parse_cuda_archs
 from llamaforge.build.patches import PatchRef, read_series
 from llamaforge.build.recipes import Backend, BuildRecipe
@@ -33,6 +35,7 @@ class BuildOptions:
     no_patches: bool = False
     ca_bundle: Path | None = None
     cmake: tuple[tuple[str, str], ...] = ()
+    cpu: str | None = None  # a CPU level (llamaforge.build.cpu_level) instead of the recipe's
 
 
 @dataclass(frozen=True)
@@ -43,11 +46,14 @@ class BuildPlan:
     backend: Backend
     cuda_architectures: tuple[str, ...]
     patches: tuple[PatchRef, ...]
+    cpu: str
     cmake_args: tuple[str, ...]
     targets: tuple[str, ...]
     environment: BuildEnvironment
     script: BuildScript
     source_date_epoch: int
+    # The artifacts every build of the plan must have (the targets' binaries); the manifest lists every file
+    # the build left, libraries and backend modules included.
     artifacts: tuple[str, ...] = field(default=())
 
     def key_inputs(self) -> dict[str, Any]:
@@ -82,6 +88,7 @@ class BuildPlan:
             "platform": self.recipe.platform,
             "backend": self.backend,
             "cuda_architectures": list(self.cuda_architectures),
+            "cpu": self.cpu,
             "source": self.recipe.source.model_dump(mode="json"),
             "patches": [{"name": p.name, "sha256": p.sha256} for p in self.patches],
             "base_image": image.base.model_dump(mode="json") if image else None,
@@ -104,6 +111,26 @@ def _cmake_value(value: str | int | bool) -> str:
     return str(value)
 
 
+def _cpu_level(level: str, options: BuildOptions) -> str:
+    try:
+        check_cpu_level(level)
+    except ValueError as error:
+        raise InvalidOption(f"--cpu: {error}", hint="e.g. --cpu native or --cpu x86-64-v3") from None
+    if decided := controlled_keys(options.cmake):
+        raise InvalidOption(
+            f"--cmake {', '.join(decided)}: the CPU level decides this option",
+            hint="use --cpu native, --cpu baseline, --cpu x86-64-v3 … instead",
+        )
+    wanted = cpu_architecture(level)
+    machine = platform_module.machine().lower().replace("arm64", "aarch64").replace("amd64", "x86_64")
+    if wanted and machine in ("x86_64", "aarch64") and wanted != machine:
+        raise InvalidOption(
+            f"CPU level {level!r} is for {wanted}, but this machine builds for {machine}",
+            hint="use cpu = variants (every level of this architecture) or one of its levels",
+        )
+    return level
+
+
 def plan_build(recipe: BuildRecipe, options: BuildOptions | None = None) -> BuildPlan:
     """Resolve ``recipe`` and ``options`` into a BuildPlan; the recipe's platform renders its environment and
     script."""
@@ -122,8 +149,10 @@ def plan_build(recipe: BuildRecipe, options: BuildOptions | None = None) -> Buil
     series = None if options.no_patches else (options.patches or recipe.patches)
     patches = tuple(read_series(series))
 
+    cpu = _cpu_level(options.cpu or recipe.cpu, options)
     cmake: dict[str, str] = {"CMAKE_BUILD_TYPE": "Release"}
     cmake.update({key: _cmake_value(value) for key, value in recipe.cmake.items()})
+    cmake.update(cpu_cmake(cpu))
     cmake.update(dict(options.cmake))
     if backend == "cuda":
         cmake["GGML_CUDA"] = "ON"
@@ -141,6 +170,7 @@ def plan_build(recipe: BuildRecipe, options: BuildOptions | None = None) -> Buil
         backend=backend,
         cuda_architectures=archs if backend == "cuda" else (),
         patches=patches,
+        cpu=cpu,
         cmake_args=cmake_args,
         targets=tuple(recipe.targets),
         environment=built.environment,

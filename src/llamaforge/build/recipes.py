@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from llamaforge.build.cpu_level import VARIANTS, check_cpu_level, controlled_keys
 from llamaforge.build.cuda_arch import parse_cuda_archs
 from llamaforge.core.errors import InvalidOption, RecipeError
 from llamaforge.core.paths import data_dir
@@ -112,6 +113,11 @@ class BuildRecipe(_Strict):
     targets: list[str] = Field(
         default_factory=lambda: ["llama-server", "llama-bench", "llama-cli"], min_length=1
     )
+    cpu: str = Field(
+        default=VARIANTS,
+        description="CPU level of ggml-cpu: variants (all, best one loaded at run time), native, baseline, "
+        "x86-64-v2, x86-64-v3, x86-64-v4, or an arm64 architecture such as armv8.2-a+dotprod",
+    )
     cmake: dict[str, str | int | bool] = Field(default_factory=dict, description="Extra -D options")
     images: dict[Backend, ImageRef] = Field(default_factory=dict, description="Base image per backend")
     smoke: SmokeTable = Field(
@@ -135,12 +141,22 @@ class BuildRecipe(_Strict):
                 raise ValueError(f"target {target!r} is not a CMake target name")
         return value
 
+    @field_validator("cpu")
+    @classmethod
+    def _valid_cpu(cls, value: str) -> str:
+        return check_cpu_level(value)
+
     @field_validator("cmake")
     @classmethod
     def _valid_cmake(cls, value: dict[str, str | int | bool]) -> dict[str, str | int | bool]:
         for key in value:
             if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
                 raise ValueError(f"cmake option {key!r} is not a CMake variable name")
+        if decided := controlled_keys(dict(value)):
+            raise ValueError(
+                f"{', '.join(decided)} is decided by the recipe's cpu level; remove it from [cmake] and set "
+                'cpu = "native", "baseline", "x86-64-v3" … instead'
+            )
         return value
 
 

@@ -158,6 +158,17 @@ def check_reproducible(
                 ArtifactDiff(relative, expected["sha256"], actual, expected["size"], rebuilt.stat().st_size,
                              offset, sections, explanation, str(kept))
             )  # fmt: skip
+        for path in sorted(scratch.rglob("*")):
+            relative = path.relative_to(scratch).as_posix()
+            if (
+                path.is_file()
+                and relative not in result.manifest["artifacts"]
+                and relative != "toolchain.json"
+            ):
+                different.append(
+                    ArtifactDiff(relative, "", sha256_file(path), 0, path.stat().st_size, None, (),
+                                 "the rebuild made a file the published build does not have", None)
+                )  # fmt: skip
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return ReproducibilityReport(

@@ -120,27 +120,28 @@ def release_record(
     return {"schema": 1, "id": rid, "target": target, **spec.identity(), "time": moment}
 
 
+def _is_library(path: Path) -> bool:
+    return path.name.endswith(".so") or ".so." in path.name
+
+
 def release_files(spec: ReleaseSpec, runner: ProcessRunner = LOCAL) -> list[tuple[Path, str]]:
-    """(local file, path inside the release) for the build's binaries and the shared libraries they need that
-    a bare host may lack (``lib/``; resolved with ``ldd`` here, where the build's Debian matches the hosts')."""
-    binaries = sorted(path for path in (spec.build_dir / "bin").iterdir() if path.is_file())
-    files = [
-        (path, f"bin/{path.name}")
-        for path in binaries
-        if not path.name.endswith(".so") and ".so." not in path.name
-    ]
-    libraries: dict[str, Path] = {
-        path.name: path for path in binaries if path.name.endswith(".so") or ".so." in path.name
-    }
+    """(local file, path inside the release) for the build's ``bin/``: its binaries and its own shared libraries
+    and backend modules stay together in ``bin/`` (the binaries find the libraries through RPATH $ORIGIN, and
+    ggml looks for backend modules in the executable's directory); the system libraries they need that a bare
+    host may lack go to ``lib/`` (resolved with ``ldd`` here, where the build's Debian matches the hosts')."""
+    own = sorted(path for path in (spec.build_dir / "bin").iterdir() if path.is_file())
+    files = [(path, f"bin/{path.name}") for path in own]
+    names = {path.name for path in own}
+    libraries: dict[str, Path] = {}
     if (spec.build_dir / "lib").is_dir():
         libraries.update(
-            {path.name: path for path in (spec.build_dir / "lib").iterdir() if ".so" in path.name}
+            {path.name: path for path in (spec.build_dir / "lib").iterdir() if _is_library(path)}
         )
-    for binary, _ in files:
+    for binary in own:
         result = runner.run(["ldd", str(binary)], warn=True)
         for line in result.stdout.splitlines():
             parts = line.split()
             found = len(parts) >= 3 and parts[1] == "=>" and parts[2].startswith("/")
-            if found and not _SYSTEM_LIBRARIES.match(parts[0]) and parts[0] not in libraries:
+            if found and not _SYSTEM_LIBRARIES.match(parts[0]) and parts[0] not in names | set(libraries):
                 libraries[parts[0]] = Path(parts[2]).resolve()
     return files + [(path, f"lib/{name}") for name, path in sorted(libraries.items())]

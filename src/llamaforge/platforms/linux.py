@@ -1,5 +1,6 @@
 """Linux: a Debian/Ubuntu builder image from ``templates/linux/Dockerfile.<backend>.j2`` and a bash script
-that runs unchanged in that image and on a Linux host; artifacts are ``bin/<target>``."""
+that runs unchanged in that image and on a Linux host; artifacts are ``bin/<target>``, and the shared libraries
+and backend modules the script copies beside them (found once the build has run)."""
 
 from __future__ import annotations
 

@@ -159,6 +159,11 @@ class SmokeReport(Result):
     )
     server: dict[str, Any] | None = Field(description="llama-server streaming, per concurrency level")
     roofline: dict[str, Any] | None = Field(description="Decode speed against the memory-bandwidth roof")
+    cpu_features: dict[str, Any] | None = Field(
+        None,
+        description="CPU features the build uses (system_info / loaded variant) against the host's "
+        "/proc/cpuinfo; warning, cause and fix when it leaves some unused",
+    )
     verdict: SmokeVerdict
     wall_s: float
     files: dict[str, str] = Field(description="report.json, summary.md, plots, logs: name -> path")

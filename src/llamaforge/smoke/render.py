@@ -43,6 +43,10 @@ def smoke_cli(result: dict[str, Any], console: Console) -> None:
                       f"{roof['bytes_per_token'] / 2**20:.1f} MiB/token)", highlight=False)  # fmt: skip
     elif roof.get("error"):
         console.print(f"roofline: not computed ({roof['error']})", highlight=False)
+    if roof.get("cpu_diagnosis"):
+        warned = (result.get("cpu_features") or {}).get("warning")
+        console.print(f"[yellow]{roof['cpu_diagnosis']}[/yellow]" if warned else roof["cpu_diagnosis"],
+                      highlight=False)  # fmt: skip
     table = Table("check", "status", "value", "threshold", "source")
     for check in verdict["checks"]:
         status = {"pass": "ok", "fail": "fail", "skipped": "warn"}[check["status"]]
@@ -131,6 +135,8 @@ def smoke_html(data: dict[str, Any]) -> str:
             f"<p>roofline (estimated): {roof['efficiency'] * 100:.1f} % of {roof.get('roof_tps', 0):.0f} t/s "
             f"({html.escape(roof.get('bandwidth_source', ''))})</p>"
         )
+    if roof.get("cpu_diagnosis"):
+        body += f"<p>{html.escape(roof['cpu_diagnosis'])}</p>"
     body += html.table(
         ["check", "status", "value", "threshold", "source"],
         [

@@ -109,6 +109,8 @@ def _roofline_lines(roof: Mapping[str, Any] | None) -> list[str]:
         + (f"{efficiency * 100:.1f} % of the memory roofline" if efficiency is not None else "-"),
     ]  # fmt: skip
     lines += [f"- note: {note}" for note in roof.get("notes", [])]
+    if roof.get("cpu_diagnosis"):
+        lines.append(f"- {roof['cpu_diagnosis']}")
     return lines
 
 

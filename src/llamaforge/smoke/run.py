@@ -37,6 +37,7 @@ from llamaforge.serve.bandwidth import bytes_per_token
 from llamaforge.serve.launcher import HOST, LlamaFlags, LlamaServer, ServerLaunch
 from llamaforge.smoke.answers import answer_verdict_checks, check_answers, golden_stage
 from llamaforge.smoke.bench import BenchRun, run_llama_bench
+from llamaforge.smoke.cpu_features import diagnose, diagnosis_line, read_host_flags
 from llamaforge.smoke.roofline import (
     Bandwidth,
     cpu_threads_default,
@@ -341,8 +342,9 @@ def _server_stage(
     reporter: Reporter, cancel: CancelToken, runner: ProcessRunner,
 ) -> dict[str, Any]:  # fmt: skip
     slots = max(options.concurrency)
+    # -lv 4: llama-server logs its system_info line (the CPU features in use) only at trace verbosity.
     flags = LlamaFlags(ctx=slots * options.ctx_per_slot, parallel=slots, threads=options.threads,
-                       threads_batch=options.threads)  # fmt: skip
+                       threads_batch=options.threads, log_verbosity=4)  # fmt: skip
     launch = ServerLaunch(
         binary=target.binary("llama-server"), model=target.model, flags=flags, log_path=run_dir / "server.log",
         port=options.port, load_timeout_s=options.load_timeout_s,
@@ -410,6 +412,18 @@ def _roofline_stage(
     return roofline(tg.avg_ts, bandwidth, token_bytes)
 
 
+def _cpu_features_stage(
+    target: SmokeTarget, run_dir: Path, reporter: Reporter, runner: ProcessRunner
+) -> dict[str, Any]:
+    logs = [path.read_text(encoding="utf-8", errors="replace") for path in
+            (run_dir / "server.log", run_dir / "bench.log") if path.is_file()]  # fmt: skip
+    diagnosis = diagnose(logs, read_host_flags(runner), target.manifest)
+    if diagnosis["warning"]:
+        reporter(Event("warning", f"{diagnosis['warning']}: {diagnosis['cause']}; fix: {diagnosis['fix']}",
+                       stage="cpu"))  # fmt: skip
+    return diagnosis
+
+
 def _host() -> dict[str, Any]:
     return {"platform": platform.platform(), "machine": platform.machine(), "cpus": cpu_threads_default(),
             "python": platform.python_version()}  # fmt: skip
@@ -444,7 +458,7 @@ def run_smoke(
         "model": {"path": str(target.model), "label": target.model_label, "size": target.model.stat().st_size},
         "options": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(options).items()},
         "thresholds": {**thresholds.model_dump(), "sources": dict(sources)},
-        "bench": None, "server": None, "roofline": None,
+        "bench": None, "server": None, "roofline": None, "cpu_features": None,
     }  # fmt: skip
     reporter(Event("info", f"smoke run {run_id} in {run_dir}", stage="smoke"))
     try:
@@ -461,7 +475,9 @@ def run_smoke(
             reporter(Event("stage", "llama-server: starting on 127.0.0.1", stage="server"))
             report["server"] = _server_stage(target, options, thresholds, run_dir, reporter, cancel, runner)
         cancel.raise_if_cancelled()
+        report["cpu_features"] = _cpu_features_stage(target, run_dir, reporter, runner)
         report["roofline"] = _roofline_stage(target, options, bench, reporter)
+        report["roofline"]["cpu_diagnosis"] = diagnosis_line(report["cpu_features"])
         report["verdict"] = evaluate(report, thresholds, sources)
     except (LlamaforgeError, KeyboardInterrupt) as error:
         report["error"] = error.render() if isinstance(error, LlamaforgeError) else "interrupted"

@@ -1,0 +1,112 @@
+"""CPU speed of the default build (every CPU variant, the best one loaded at run time) against a native build
+(``--cpu native``: ``GGML_NATIVE=ON``) of the same source: llama-bench pp and tg, goal >= 0.97 of native for both.
+
+Both builds come through `invoke build` (cache hits when they exist). The model is a random-weight qwen3 wide
+enough for the layers to matter (hidden 1024, 12 layers, F16, about 0.9 GB with its 151k-token embedding and
+output matrices), written once with the project's GGUF writer. Runs alternate between the builds (ABBA), so drift
+on a shared machine hits both alike; the ratios are of medians. Each build's manifest gives its build time and
+the log of its first llama-bench run names the CPU variant ggml loaded.
+
+Usage: python benchmarks/cpu_speed.py [--rounds 4] [--threads N] [--pp 128] [--tg 32] [--repetitions 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from llamaforge.core.paths import home
+from llamaforge.core.registry import OperationContext, operations, result_json
+from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
+from llamaforge.smoke.bench import bench_command
+from llamaforge.smoke.roofline import cpu_threads_default
+
+GOAL = 0.97
+WIDE = TinyModelSpec(arch="qwen3", n_layer=12, n_embd=1024, n_head=16, n_head_kv=8, head_dim=64, n_ff=3072)
+
+
+def wide_model() -> Path:
+    """The benchmark's qwen3 model (written once under home()/models/bench/)."""
+    from llamaforge.build.recipes import load_recipe
+    from llamaforge.build.source import fetch_source
+
+    path = home() / "models" / "bench" / "qwen3-h1024-l12-f16.gguf"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tree = fetch_source(load_recipe("default").source)
+        write_tiny_model(path, WIDE, tree / "models" / "ggml-vocab-qwen2.gguf")
+    return path
+
+
+def build(cpu: str | None) -> dict[str, Any]:
+    """`invoke build` of the default recipe (``cpu`` None: the recipe's level), the published build's manifest."""
+    op = operations()["build"]
+    params = {"recipe": "default", **({"cpu": cpu} if cpu else {})}
+    result = result_json(op.run(op.params.model_validate(params), OperationContext()))
+    path = Path(result["build"]["path"])
+    manifest: dict[str, Any] = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+    manifest["path"] = str(path)
+    return manifest
+
+
+def bench_once(command: list[str]) -> tuple[float, float, str]:
+    """pp and tg tokens/s of one llama-bench run, and its stderr."""
+    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    rows = json.loads(result.stdout)
+    pp = next(float(row["avg_ts"]) for row in rows if row["n_prompt"] and not row["n_gen"])
+    tg = next(float(row["avg_ts"]) for row in rows if row["n_gen"] and not row["n_prompt"])
+    return pp, tg, result.stderr
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=cpu_threads_default())
+    parser.add_argument("--pp", type=int, default=128)
+    parser.add_argument("--tg", type=int, default=32)
+    parser.add_argument("--repetitions", type=int, default=2)
+    args = parser.parse_args()
+
+    builds = {"default": build(None), "native": build("native")}
+    model = wide_model()
+    print(f"model {model} ({model.stat().st_size / 2**20:.0f} MiB): {WIDE}", flush=True)
+    commands = {
+        name: bench_command(Path(manifest["path"]) / "bin" / "llama-bench", model, pp=args.pp, tg=args.tg,
+                            repetitions=args.repetitions, threads=args.threads)
+        for name, manifest in builds.items()
+    }  # fmt: skip
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in builds}
+    loaded: dict[str, str] = {}
+    for round_ in range(1, args.rounds + 1):
+        order = list(builds) if round_ % 2 else list(reversed(builds))  # ABBA
+        for name in order:
+            pp, tg, stderr = bench_once(commands[name])
+            samples[name].append((pp, tg))
+            found = re.findall(r"loaded CPU backend from (\S+)", stderr)
+            loaded.setdefault(name, Path(found[-1]).name if found else "built in")
+            print(
+                f"round {round_} {name:8s} pp{args.pp} {pp:8.1f} t/s  tg{args.tg} {tg:7.2f} t/s", flush=True
+            )
+    medians = {
+        name: (statistics.median(s[0] for s in rows), statistics.median(s[1] for s in rows))
+        for name, rows in samples.items()
+    }
+    print(f"\nmedians over {args.rounds} rounds, {args.threads} thread(s):")
+    for name, manifest in builds.items():
+        pp, tg = medians[name]
+        print(f"  {name:8s} (cpu {manifest.get('cpu')}, {loaded[name]}, {len(manifest['artifacts'])} artifacts, "
+              f"build {manifest['key'][:12]} took {manifest['duration_s']:.0f} s): "
+              f"pp {pp:.1f} t/s, tg {tg:.2f} t/s")  # fmt: skip
+    for index, kind in enumerate(("pp", "tg")):
+        ratio = medians["default"][index] / medians["native"][index]
+        verdict = "meets" if ratio >= GOAL else "MISSES"
+        print(f"  {kind}: default / native = {ratio:.3f} ({verdict} the >= {GOAL} goal)")
+
+
+if __name__ == "__main__":
+    main()
