@@ -154,3 +154,12 @@ def test_buffers_are_grouped_by_the_device_llamacpp_names() -> None:
     assert devices["RPC0[172.18.0.3:50052]"] == {"weights": 2 << 20, "kv_cache": 1 << 20}
     assert devices["RPC0[172.18.0.4:50052]"] == {"weights": 3 << 20, "compute": 1 << 19}
     assert device_of("CUDA0") == "CUDA0" and device_of("CPU_REPACK") == "head"
+
+
+def test_the_heads_flags_are_the_plans() -> None:
+    from llamaforge.deploy.ops_rpc import _plan_flags
+
+    plan = plan_split(HEADER, TWO, Settings(ctx=512, parallel=2), tensor_split=[3, 1])
+    assert _plan_flags(plan.flags, None).args() == list(plan.flags)
+    assert _plan_flags(plan.flags, 2).args() == [*plan.flags[: plan.flags.index("-fit")], "-t", "2",
+                                                 *plan.flags[plan.flags.index("-fit") :]]  # fmt: skip
