@@ -163,3 +163,29 @@ def test_the_heads_flags_are_the_plans() -> None:
     assert _plan_flags(plan.flags, None).args() == list(plan.flags)
     assert _plan_flags(plan.flags, 2).args() == [*plan.flags[: plan.flags.index("-fit")], "-t", "2",
                                                  *plan.flags[plan.flags.index("-fit") :]]  # fmt: skip
+
+
+def test_a_topology_file_fills_the_options_and_typos_are_named(tmp_path: Path) -> None:
+    from llamaforge.core.errors import RecipeError
+    from llamaforge.deploy.ops_rpc import RpcDeployParams
+
+    good = tmp_path / "lab.toml"
+    good.write_text('[hosts]\nother = "inventory tables are left alone"\n[topology]\nhead = "lf@h1:22"\n'
+                    '[[topology.workers]]\nhost = "lf@h2:22"\nrpc_address = "10.0.0.2"\nmemory = "8GiB"\n'
+                    '[[topology.workers]]\nhost = "lf@h3:22"\nrpc_address = "10.0.0.3"\nmemory = "4GiB"\n',
+                    encoding="utf-8")  # fmt: skip
+    params = RpcDeployParams(topology=str(good), build="k")
+    assert (params.head, params.rpc_workers, params.rpc_addresses) == ("lf@h1:22", "lf@h2:22,lf@h3:22",
+                                                                      "10.0.0.2,10.0.0.3")  # fmt: skip
+    assert [w.memory_bytes for w in params.workers(params.worker_memory)] == [8 * GiB, 4 * GiB]
+    bad = tmp_path / "typo.toml"
+    bad.write_text('[topology]\nhead = "lf@h1:22"\n[[topology.workers]]\nhost = "lf@h2:22"\nrpc_adress = "10.0.0.2"\n',
+                   encoding="utf-8")  # fmt: skip
+    with pytest.raises(RecipeError) as caught:
+        RpcDeployParams(topology=str(bad), build="k")
+    assert str(bad) in caught.value.message and "rpc_adress" in caught.value.message
+    assert "rpc_address" in (caught.value.hint or "")
+    with pytest.raises(InvalidOption):
+        RpcDeployParams(topology=str(good), head="lf@h9:22", build="k")
+    with pytest.raises(InvalidOption):
+        RpcDeployParams(build="k").workers()

@@ -14,9 +14,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from llamaforge.core.errors import OperationFailed
+from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
 from llamaforge.deploy.hosts import Access, open_runners
 from llamaforge.deploy.release import DEFAULT_PORT, DEFAULT_ROOT, KEEP_RELEASES, Layout
@@ -40,14 +40,18 @@ _DEPLOY_FAILED = 15  # DeployFailed's exit code (deploy.ops)
 class RpcHostsParams(Params):
     """Where a topology lives: the head, the workers with their private RPC addresses, how to reach them."""
 
-    head: str = Field(description="The head host (runs llama-server --rpc) as user@host:port")
+    head: str = Field("", description="The head host (runs llama-server --rpc) as user@host:port")
     rpc_workers: str = Field(
-        description="The RPC workers as user@host:port, comma-separated, in device order"
+        "", description="The RPC workers as user@host:port, comma-separated, in device order"
     )
     rpc_addresses: str = Field(
-        description="Each worker's private address its RPC server binds (same order); public addresses and "
+        "", description="Each worker's private address its RPC server binds (same order); public addresses and "
         "0.0.0.0 are refused"
-    )
+    )  # fmt: skip
+    topology: str | None = path_field(
+        None, description="A TOML file whose [topology] table names the head and the workers (instead of --head, "
+        "--rpc-workers, --rpc-addresses)"
+    )  # fmt: skip
     rpc_port: int = Field(DEFAULT_RPC_PORT, ge=1, le=65535, description="The RPC servers' port")
     ssh_key: str | None = path_field(None, description="Private key file (default: the SSH agent)")
     known_hosts: str | None = path_field(None, description="The hosts' known_hosts file")
@@ -57,8 +61,31 @@ class RpcHostsParams(Params):
     rpc_threads: int | None = Field(None, ge=1, description="ggml-rpc-server -t (CPU workers)")
     gate_timeout_s: float | None = Field(None, gt=0, description="Seconds each gate may take")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _topology_file(cls, data: Any) -> Any:
+        """Fill the topology from ``--topology FILE``; naming it twice is refused."""
+        if not isinstance(data, dict) or not data.get("topology"):
+            return data
+        from llamaforge.deploy.topology_file import load_topology, topology_options
+
+        given = [name for name in ("head", "rpc_workers", "rpc_addresses") if data.get(name)]
+        if given:
+            raise InvalidOption(f"--topology and --{given[0].replace('_', '-')} both name the topology",
+                                hint="give the file or the options, not both")  # fmt: skip
+        options = topology_options(load_topology(Path(str(data["topology"]))))
+        filled = {
+            name: value for name, value in options.items() if value is not None and name in cls.model_fields
+        }
+        return {**data, **filled}
+
     def workers(self, memory: str | None = None) -> list[RpcWorker]:
         """The parsed workers (addresses checked)."""
+        if not (self.head and self.rpc_workers and self.rpc_addresses):
+            raise InvalidOption(
+                "the topology needs a head, RPC workers and their addresses",
+                hint="--head H --rpc-workers H2,H3 --rpc-addresses A2,A3, or --topology FILE",
+            )
         key, known = self._paths()
         return parse_workers(self.rpc_workers, self.rpc_addresses, port=self.rpc_port, memory=memory,
                              key_file=key, known_hosts=known)  # fmt: skip
