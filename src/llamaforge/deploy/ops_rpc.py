@@ -223,7 +223,7 @@ def _plan_flags(flags: tuple[str, ...], threads: int | None) -> Any:
     return LlamaFlags(
         n_gpu_layers=int(values["-ngl"]), ctx=int(values["-c"]), parallel=int(values["--parallel"]),
         cache_type_k=values["-ctk"], cache_type_v=values["-ctv"], flash_attn=values["-fa"],  # type: ignore[arg-type]
-        fit="off", threads=threads, rpc=tuple(values["--rpc"].split(",")),
+        fit="off", threads=threads, rpc=tuple(values["--rpc"].split(",")), log_verbosity=int(values["-lv"]),
         tensor_split=tuple(float(part) for part in values["-ts"].split(",")),
     )  # fmt: skip
 

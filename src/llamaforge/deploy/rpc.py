@@ -115,7 +115,7 @@ def deploy_topology(
         return reports[:-1], reports[-1]
     files = release_files(head.release.spec)
     worker_reports: list[HostReport] = []
-    for member, (_plan, state) in zip(workers, plans, strict=True):
+    for member, (_plan, state) in zip(workers, plans[:-1], strict=True):
         assert state is not None
         worker_reports.append(deploy_host(member.runner, member.release, state, files, options))
         if not _ok(worker_reports[-1]):

@@ -214,6 +214,7 @@ def plan_split(
         cache_type_k=settings.cache_type_k, cache_type_v=settings.cache_type_v,
         flash_attn="on" if settings.flash_attn else "off", fit="off", rpc=tuple(rpc) or None,
         tensor_split=proportions, kv_unified=True if settings.kv_unified else None, swa_full=settings.swa_full,
+        log_verbosity=4,  # llama-server logs its load (which device holds which buffer) from level 4 only
     )  # fmt: skip
     notes = [] if tensor_split is not None else ["split in proportion to each device's memory"]
     short = [share.name for share in shares if not share.fits]
