@@ -268,6 +268,11 @@ def test_path_fields_are_the_fields_declared_as_paths() -> None:
         "patches.edit": ("recipe", "series"), "patches.new": ("recipe", "series", "workspace"),
         "patches.refresh": ("recipe", "series", "to", "resume"), "recipes.list": (), "recipes.show": ("name",),
         "smoke": ("build", "model", "golden", "record_golden", "thresholds"), "smoke.compare": ("run_a", "run_b"),
+        "models.split": ("model",), "topology.deploy": ("topology", "ssh_key", "known_hosts", "model"),
+        "topology.plan": ("topology", "ssh_key", "known_hosts", "model"),
+        "topology.rollback": ("topology", "ssh_key", "known_hosts"),
+        "topology.status": ("topology", "ssh_key", "known_hosts"),
+        "topology.smoke": ("topology", "ssh_key", "known_hosts"),
     }  # fmt: skip
 
 

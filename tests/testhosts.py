@@ -5,6 +5,11 @@ image), authorizes one ed25519 key made by the test session for the user ``lf`` 
 deploy user has), and publishes port 22 only on 127.0.0.1 at a port the engine picks. The engine refuses
 ``--privileged``; ``SYS_ADMIN`` plus tmpfs on /run and a read-only /sys/fs/cgroup boots systemd. Containers carry
 the ``org.llamaforge.owned`` label and a name of their own, and are removed by id when the session ends.
+
+The published SSH port is on a bridge network the session creates (not the engine's default docker0); besides
+it the hosts share a second network of their own, created ``internal`` (no route out of it): each host's
+:attr:`TestHost.private_address` is its address there, the private address RPC workers bind. The tests never
+use it from this side; it carries host-to-host traffic only. Both networks are removed with the hosts.
 """
 
 from __future__ import annotations
@@ -105,6 +110,9 @@ class TestHost:
     container: Any
     port: int
     key_file: Path
+    private_address: str = ""  # on the hosts' internal network
+    network: Any = None  # that internal network
+    networks: tuple[Any, ...] = ()  # every network the hosts' session created (removed with them)
 
     def ssh_host(self, known_hosts: Path | None = None) -> SshHost:
         """How the SSH runner reaches this host as the test user."""
@@ -176,6 +184,11 @@ def start_hosts(
     """
     public_key = Path(f"{key_file}.pub").read_text(encoding="utf-8")
     hosts: list[TestHost] = []
+    labels = {LABEL: "1", "org.llamaforge.role": "testhost"}
+    # A bridge of their own for the published SSH port too: nothing depends on the engine's default docker0.
+    public = client.networks.create(f"llamaforge-testssh-{os.getpid()}", driver="bridge", labels=labels)
+    network = client.networks.create(f"llamaforge-testnet-{os.getpid()}", driver="bridge", internal=True,
+                                     labels=labels)  # fmt: skip
     try:
         for index in range(count):
             name = f"llamaforge-testhost-{os.getpid()}-{index}"
@@ -189,9 +202,11 @@ def start_hosts(
                 tmpfs={"/run": "", "/run/lock": ""},
                 volumes={"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "ro"}},
                 ports={"22/tcp": ("127.0.0.1", None)},
+                network=public.name,
                 detach=True,
             )
-            hosts.append(TestHost(name, container, 0, key_file))
+            hosts.append(TestHost(name, container, 0, key_file, network=network, networks=(public, network)))
+            network.connect(container)
             container.put_archive(f"/home/{USER}/.ssh", _authorized_keys_archive(public_key))
             container.start()
         for host in hosts:
@@ -199,18 +214,27 @@ def start_hosts(
             binding = host.container.attrs["NetworkSettings"]["Ports"]["22/tcp"][0]
             assert binding["HostIp"] == "127.0.0.1", binding
             host.port = int(binding["HostPort"])
+            host.private_address = host.container.attrs["NetworkSettings"]["Networks"][network.name][
+                "IPAddress"
+            ]
         for host in hosts:
             _wait_booted(host, boot_timeout_s)
     except BaseException:
         remove_hosts(hosts)
+        for created in (network, public):
+            with contextlib.suppress(Exception):
+                created.remove()
         raise
     return hosts
 
 
 def remove_hosts(hosts: Sequence[TestHost]) -> None:
-    """Remove the hosts' containers by id (those already gone are skipped)."""
+    """Remove the hosts' containers by id (those already gone are skipped), then their internal network."""
     import docker.errors
 
     for host in hosts:
         with contextlib.suppress(docker.errors.NotFound):
             host.container.remove(force=True)
+    for network in {id(net): net for host in hosts for net in host.networks}.values():
+        with contextlib.suppress(docker.errors.NotFound):
+            network.remove()

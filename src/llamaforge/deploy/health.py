@@ -108,3 +108,23 @@ def health_gate(
     if not passed:
         return GateOutcome(False, text, health_s, logs=target.logs(runner, layout))
     return GateOutcome(True, "/health 200 and a completion", health_s, completion=text)
+
+
+def gate_service(
+    runner: SshProcessRunner,
+    target: Target,
+    layout: Layout,
+    port: int,
+    *,
+    model_size: int,
+    checks: Sequence[AnswerCheck] = (),
+    timeout_s: float | None = None,
+    cancel: CancelToken | None = None,
+) -> GateOutcome:
+    """The target's own gate when it has one (an RPC worker answers no HTTP), else :func:`health_gate`."""
+    own = getattr(target, "gate", None)
+    if own is not None:
+        outcome: GateOutcome = own(runner, layout, timeout_s=timeout_s, cancel=cancel)
+        return outcome
+    return health_gate(runner, target, layout, port, model_size=model_size, checks=checks,
+                       timeout_s=timeout_s, cancel=cancel)  # fmt: skip

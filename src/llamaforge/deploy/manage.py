@@ -6,7 +6,7 @@ import time
 from collections.abc import Sequence
 
 from llamaforge.core.errors import LlamaforgeError
-from llamaforge.deploy.health import health_gate
+from llamaforge.deploy.health import gate_service
 from llamaforge.deploy.release import Layout
 from llamaforge.deploy.remote import host_state, release_facts, switch_current
 from llamaforge.deploy.report import DeployStatus, HostReport, HostStatusReport, RolloutReport
@@ -43,7 +43,7 @@ def rollback_host(runner: SshProcessRunner, layout: Layout, target: Target, to: 
     record, size = release_facts(runner, layout, wanted)
     switch_current(runner, layout, wanted, history)
     target.activate(runner, layout)
-    gate = health_gate(runner, target, layout, int(record["port"]), model_size=size,
+    gate = gate_service(runner, target, layout, int(record["port"]), model_size=size,
                        timeout_s=options.gate_timeout_s, cancel=options.cancel)  # fmt: skip
     if gate.passed:
         return HostReport(**base, status="rolled back", release=wanted, health_s=gate.health_s,

@@ -112,7 +112,7 @@ def upload_release(
     """Put release ``rid`` on the host unless it is already there; returns what was sent."""
     model_path = layout.model(spec.model_sha256)
     model_bytes = 0
-    if not _exists(runner, model_path):
+    if spec.model_sha256 and not _exists(runner, model_path):
         model_bytes = runner.put(spec.model, model_path, cancel=cancel).sent_bytes
     target = layout.release(rid)
     if _exists(runner, posixpath.join(target, RELEASE_JSON)):
@@ -125,7 +125,8 @@ def upload_release(
         sent += runner.put(local, posixpath.join(stage, relative), cancel=cancel).sent_bytes
     for name, text in service_files.items():
         _write(runner, posixpath.join(stage, name), text)
-    runner.run(["ln", "-sfn", model_path, posixpath.join(stage, MODEL_LINK)])
+    if spec.model_sha256:  # an RPC worker's release has no model: the head sends the tensors
+        runner.run(["ln", "-sfn", model_path, posixpath.join(stage, MODEL_LINK)])
     _write(runner, posixpath.join(stage, RELEASE_JSON), json.dumps(dict(record), indent=2) + "\n")
     runner.run(["sh", "-c", 'rm -rf "$2" && mv -T "$1" "$2"', "sh", stage, target])
     return Upload(sent, model_bytes)
@@ -161,5 +162,7 @@ def release_facts(runner: SshProcessRunner, layout: Layout, rid: str) -> tuple[d
     """Release ``rid``'s ``release.json`` and its model's size on the host."""
     directory = layout.release(rid)
     record = json.loads(runner.run(["cat", posixpath.join(directory, RELEASE_JSON)]).stdout)
+    if not record.get("model_sha256"):  # an RPC worker's release
+        return record, 0
     size = runner.run(["stat", "-L", "-c", "%s", posixpath.join(directory, MODEL_LINK)]).stdout.strip()
     return record, int(size)

@@ -18,7 +18,7 @@ from typing import Any
 
 from llamaforge.core.errors import LlamaforgeError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
-from llamaforge.deploy.health import GateOutcome, health_gate
+from llamaforge.deploy.health import GateOutcome, gate_service
 from llamaforge.deploy.release import (
     KEEP_RELEASES,
     Layout,
@@ -82,7 +82,9 @@ def plan_host(runner: SshProcessRunner, release: Release) -> tuple[HostPlan, Hos
     flags_after = spec.flags.args()
     try:
         state = host_state(runner, layout)
-        has_model = runner.run(["test", "-e", layout.model(spec.model_sha256)], warn=True).ok
+        has_model = (
+            not spec.model_sha256 or runner.run(["test", "-e", layout.model(spec.model_sha256)], warn=True).ok
+        )
     except LlamaforgeError as error:
         return HostPlan(host=runner.host.address, reachable=False, current=None, release=release.id,
                         action="upload", model_upload=True, model_bytes=spec.model_size, restart=True,
@@ -99,7 +101,7 @@ def plan_host(runner: SshProcessRunner, release: Release) -> tuple[HostPlan, Hos
 def _gate(
     runner: SshProcessRunner, release: Release, options: RolloutOptions, port: int, size: int
 ) -> GateOutcome:
-    return health_gate(runner, release.target, release.layout, port, model_size=size, checks=release.checks,
+    return gate_service(runner, release.target, release.layout, port, model_size=size, checks=release.checks,
                        timeout_s=options.gate_timeout_s, cancel=options.cancel)  # fmt: skip
 
 

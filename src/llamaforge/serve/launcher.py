@@ -23,6 +23,7 @@ from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.runners.process import LOCAL, ProcessHandle, ProcessRunner
 
 HOST = "127.0.0.1"  # loopback by default: nothing is exposed unless a caller asks
+DEFAULT_RPC_PORT = 50052  # ggml-rpc-server's default port (tools/rpc at b11312)
 PORT_ATTEMPTS = 5
 _BIND_FAILURE = "couldn't bind"
 _LOADED = "model loaded"
@@ -50,6 +51,8 @@ class LlamaFlags:
     swa_full: bool = False  # --swa-full: full-size caches for sliding-window layers
     log_verbosity: int | None = None  # -lv N
     verbose: bool = False  # -v: the whole load log
+    rpc: tuple[str, ...] | None = None  # --rpc host:port,... (ggml-rpc workers, in device order)
+    tensor_split: tuple[float, ...] | None = None  # -ts: one proportion per device
 
     def args(self) -> list[str]:
         """The flags, in a stable order."""
@@ -60,6 +63,10 @@ class LlamaFlags:
             ("-tb", self.threads_batch), ("-fit", self.fit), ("-lv", self.log_verbosity),
         )  # fmt: skip
         args = [part for flag, value in valued if value is not None for part in (flag, str(value))]
+        if self.rpc:
+            args += ["--rpc", ",".join(self.rpc)]
+        if self.tensor_split:
+            args += ["-ts", ",".join(f"{value:g}" for value in self.tensor_split)]
         if not self.warmup:
             args.append("--no-warmup")
         if self.kv_unified is not None:

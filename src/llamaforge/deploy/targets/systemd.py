@@ -37,7 +37,7 @@ def render_unit(spec: ReleaseSpec, layout: Layout, *, user: str = SERVICE_USER) 
                             hint="use paths and flag values without %")  # fmt: skip
     return render(
         "deploy/llama-server.service.j2", name=layout.name, unit=unit_name(layout), user=user,
-        current=layout.current, root=layout.root, argv=argv,
+        current=layout.current, root=layout.root, argv=argv, rpc=bool(spec.flags.rpc),
     )  # fmt: skip
 
 
@@ -45,6 +45,11 @@ class SystemdTarget:
     """llama-server as a systemd service (see the module docstring)."""
 
     name = "systemd"
+    unit_file = UNIT_FILE  # the unit's file name inside a release
+
+    def unit(self, layout: Layout) -> str:
+        """The unit's name on the host."""
+        return unit_name(layout)
 
     def service_files(self, spec: ReleaseSpec, layout: Layout) -> dict[str, str]:
         """The unit, as ``llama-server.service`` inside the release."""
@@ -63,22 +68,22 @@ class SystemdTarget:
 
     def activate(self, runner: SshProcessRunner, layout: Layout) -> None:
         """Install ``current``'s unit, reload systemd and restart the service."""
-        unit = unit_name(layout)
+        unit = self.unit(layout)
         script = (
             'install -m 0644 -o root -g root "$1" "$2" && systemctl daemon-reload && systemctl reset-failed "$3"'
             ' 2>/dev/null; systemctl enable --quiet "$3" && systemctl restart "$3"'
         )
-        source = posixpath.join(layout.current, UNIT_FILE)
+        source = posixpath.join(layout.current, self.unit_file)
         runner.run(["sudo", "-n", "sh", "-c", script, "sh", source, posixpath.join(UNIT_DIR, unit), unit],
                    what=f"restarting {unit} on {runner.host.host}")  # fmt: skip
 
     def stop(self, runner: SshProcessRunner, layout: Layout) -> None:
         """``systemctl stop`` the unit."""
-        runner.run(["sudo", "-n", "systemctl", "stop", unit_name(layout)], warn=True)
+        runner.run(["sudo", "-n", "systemctl", "stop", self.unit(layout)], warn=True)
 
     def state(self, runner: SshProcessRunner, layout: Layout) -> ServiceState:
         """``ActiveState`` and ``NRestarts`` from ``systemctl show``."""
-        shown = runner.run(["systemctl", "show", "-p", "ActiveState", "-p", "NRestarts", unit_name(layout)],
+        shown = runner.run(["systemctl", "show", "-p", "ActiveState", "-p", "NRestarts", self.unit(layout)],
                            warn=True).stdout  # fmt: skip
         values = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
         restarts = values.get("NRestarts", "0")
@@ -86,13 +91,13 @@ class SystemdTarget:
 
     def logs(self, runner: SshProcessRunner, layout: Layout, lines: int = 20) -> list[str]:
         """The unit's last journal lines."""
-        result = runner.run(["sudo", "-n", "journalctl", "-u", unit_name(layout), "-n", str(lines),
+        result = runner.run(["sudo", "-n", "journalctl", "-u", self.unit(layout), "-n", str(lines),
                              "--no-pager", "-o", "cat"], warn=True)  # fmt: skip
         return result.stdout.splitlines()
 
     def verify(self, runner: SshProcessRunner, layout: Layout) -> list[str]:
         """``systemd-analyze verify`` of the installed unit on the host: its complaints (empty when clean)."""
-        result = runner.run(["systemd-analyze", "verify", posixpath.join(UNIT_DIR, unit_name(layout))],
+        result = runner.run(["systemd-analyze", "verify", posixpath.join(UNIT_DIR, self.unit(layout))],
                             warn=True, merge_stderr=True)  # fmt: skip
         return (
             [line for line in result.stdout.splitlines() if line.strip()]

@@ -1,0 +1,89 @@
+"""Operation ``models.split`` (registered on import): a model planned over RPC workers and the head's GPUs."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from llamaforge.core.errors import DoesNotFit, OperationFailed
+from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
+
+
+class ModelSplitParams(Params):
+    """Parameters of ``models.split``."""
+
+    model: str = path_field(
+        description="GGUF file, or a model recipe whose file was fetched (`models.fetch`)"
+    )
+    devices: str = Field(
+        description="The devices in llama.cpp's order: RPC workers ADDR[:PORT]=SIZE first (in --rpc order), "
+        "then the head's GPUs as gpu=SIZE; e.g. 10.0.0.2:50052=24GiB,10.0.0.3=8GiB"
+    )
+    ctx: int = Field(description="Context (tokens) of each slot", ge=1)
+    parallel: int = Field(1, ge=1, description="Slots (concurrent sequences)")
+    cache_type: str = Field("f16", description="KV cache type for K and V")
+    ubatch: int = Field(512, ge=1, description="Physical batch size (-ub)")
+    flash_attn: Literal["on", "off"] = Field("on", description="Flash attention")
+    tensor_split: str | None = Field(
+        None, description="Proportions per device, comma-separated (default: in proportion to their memory)"
+    )
+    n_gpu_layers: int | None = Field(None, ge=0, description="-ngl (default: every block and the output)")
+    margin: str = Field("1GiB", description="Memory to keep free on each device")
+
+
+class SplitDeviceReport(Result):
+    """One device's share."""
+
+    name: str
+    endpoint: str | None
+    memory_bytes: int
+    layers: list[int]
+    layer_range: str
+    output: bool
+    memory: dict[str, int] = Field(
+        description="weights, kv_cache, recurrent_state, compute, output, total (bytes)"
+    )
+    fits: bool
+
+
+class SplitOutcome(Result):
+    """Which blocks each device holds, its memory, whether all fit, and the head's llama-server flags."""
+
+    model: str
+    arch: str
+    n_layer: int
+    n_gpu_layers: int
+    tensor_split: list[float]
+    devices: list[SplitDeviceReport]
+    head_host: dict[str, int] = Field(description="The head's host memory (token_embd, CPU blocks, buffers)")
+    flags: list[str] = Field(description="The head's llama-server flags (topology.deploy uses these)")
+    margin_bytes: int
+    notes: list[str]
+    fits: bool
+    command: str
+
+
+@operation("models.split", ModelSplitParams, read_only=True, positional=("model",))
+def models_split_op(params: ModelSplitParams, ctx: OperationContext) -> SplitOutcome:
+    """Plan a model across llama.cpp RPC workers (and the head's GPUs): blocks, memory per device, flags."""
+    from llamaforge.serve.fit import Settings, parse_size
+    from llamaforge.serve.ops_fit import resolve_model_file
+    from llamaforge.serve.split import parse_devices, parse_tensor_split, plan_split
+
+    settings = Settings(params.ctx, params.parallel, params.cache_type, params.cache_type, params.ubatch,
+                        params.flash_attn == "on")  # fmt: skip
+    plan = plan_split(
+        resolve_model_file(params.model), parse_devices(params.devices), settings,
+        tensor_split=parse_tensor_split(params.tensor_split) if params.tensor_split else None,
+        n_gpu_layers=params.n_gpu_layers, margin_bytes=parse_size(params.margin),
+    )  # fmt: skip
+    data: dict[str, Any] = plan.to_json()
+    outcome = SplitOutcome.model_validate(data)
+    if not plan.fits:
+        short = [device.name for device in plan.devices if not device.fits]
+        raise OperationFailed(
+            f"the split does not fit on {', '.join(short)}", result=outcome, exit_code=DoesNotFit.exit_code,
+            hint="add a worker, give --tensor-split to move blocks, lower --ctx or pick a smaller quant",
+        )  # fmt: skip
+    return outcome
