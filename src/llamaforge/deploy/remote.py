@@ -7,6 +7,9 @@ model is sent only when ``models/<sha256>.gguf`` is missing (the transfer module
 after its sha256 matched, so its presence means it is whole), and a new release starts as a copy of the
 current one's binaries and libraries, so the transfer skips every file that did not change.
 Pruning keeps the releases that were current most recently and removes the models no kept release links to.
+A release that listens beyond loopback carries its API key as ``api-key`` (mode 0600, owned by the service
+user, written through sudo from stdin): it reaches the host on no command line and is read back (for the
+health gate) the same way.
 """
 
 from __future__ import annotations
@@ -19,7 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from llamaforge.core.events import CancelToken
-from llamaforge.deploy.release import MODEL_LINK, RELEASE_JSON, Layout, ReleaseSpec
+from llamaforge.deploy.release import (
+    API_KEY_FILE,
+    MODEL_LINK,
+    RELEASE_JSON,
+    SERVICE_USER,
+    Layout,
+    ReleaseSpec,
+)
 from llamaforge.runners.ssh import SshProcessRunner
 
 _STATE = r"""
@@ -33,6 +43,10 @@ exit 0
 _SWITCH = r"""
 cd "$1" && ln -sfn "releases/$2" .current.tmp && mv -T .current.tmp current \
   && cat > .history.tmp && mv -T .history.tmp history
+"""
+
+_WRITE_KEY = r"""
+umask 077 && cat > "$1.tmp" && chown "$2:$2" "$1.tmp" && chmod 0600 "$1.tmp" && mv -T "$1.tmp" "$1"
 """
 
 _UNUSED_MODELS = r"""
@@ -107,9 +121,11 @@ def upload_release(
     service_files: Mapping[str, str],
     record: Mapping[str, Any],
     *,
+    api_key: str | None = None,
     cancel: CancelToken | None = None,
 ) -> Upload:
-    """Put release ``rid`` on the host unless it is already there; returns what was sent."""
+    """Put release ``rid`` on the host unless it is already there; returns what was sent. A release that
+    listens beyond loopback gets ``api_key`` as its key file."""
     model_path = layout.model(spec.model_sha256)
     model_bytes = 0
     if not _exists(runner, model_path):
@@ -126,6 +142,11 @@ def upload_release(
     for name, text in service_files.items():
         _write(runner, posixpath.join(stage, name), text)
     runner.run(["ln", "-sfn", model_path, posixpath.join(stage, MODEL_LINK)])
+    if spec.api_key:
+        if not api_key:
+            raise ValueError("a release listening beyond loopback needs its API key")
+        runner.run(["sudo", "-n", "sh", "-c", _WRITE_KEY, "sh", posixpath.join(stage, API_KEY_FILE), SERVICE_USER],
+                   stdin=api_key, what=f"writing the API key on {runner.host.host}")  # fmt: skip
     _write(runner, posixpath.join(stage, RELEASE_JSON), json.dumps(dict(record), indent=2) + "\n")
     runner.run(["sh", "-c", 'rm -rf "$2" && mv -T "$1" "$2"', "sh", stage, target])
     return Upload(sent, model_bytes)
@@ -163,3 +184,10 @@ def release_facts(runner: SshProcessRunner, layout: Layout, rid: str) -> tuple[d
     record = json.loads(runner.run(["cat", posixpath.join(directory, RELEASE_JSON)]).stdout)
     size = runner.run(["stat", "-L", "-c", "%s", posixpath.join(directory, MODEL_LINK)]).stdout.strip()
     return record, int(size)
+
+
+def read_api_key(runner: SshProcessRunner, layout: Layout, rid: str) -> str | None:
+    """Release ``rid``'s API key, read through sudo over SSH (None when the release has none)."""
+    path = posixpath.join(layout.release(rid), API_KEY_FILE)
+    result = runner.run(["sudo", "-n", "cat", path], warn=True)
+    return (result.stdout.strip() or None) if result.ok else None
