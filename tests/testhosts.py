@@ -214,3 +214,14 @@ def remove_hosts(hosts: Sequence[TestHost]) -> None:
     for host in hosts:
         with contextlib.suppress(docker.errors.NotFound):
             host.container.remove(force=True)
+
+
+def restart_host(host: TestHost, boot_timeout_s: float = 120.0) -> None:
+    """Start a stopped host again (its host keys and files stay), read the port the engine published it on
+    this time, and wait until it has booted."""
+    host.container.reload()
+    if host.container.status != "running":
+        host.container.start()
+    host.container.reload()
+    host.port = int(host.container.attrs["NetworkSettings"]["Ports"]["22/tcp"][0]["HostPort"])
+    _wait_booted(host, boot_timeout_s)

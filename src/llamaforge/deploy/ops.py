@@ -88,7 +88,8 @@ class DeployParams(HostsParams):
     ctx: int | None = Field(None, ge=1, description="llama-server -c (total context)")
     threads: int | None = Field(None, ge=1, description="llama-server -t")
     parallel: int | None = Field(None, ge=1, description="llama-server --parallel (slots)")
-    n_gpu_layers: int | None = Field(None, ge=0, description="llama-server -ngl")
+    n_gpu_layers: int | None = Field(None, ge=0, description="llama-server -ngl (default: from the fit plan)")
+    cache_type: str | None = Field(None, description="KV cache type of K and V (-ctk/-ctv), e.g. q8_0")
     listen: str = Field(
         LOOPBACK, description="Address llama-server binds on the hosts; beyond loopback an API key is generated "
         "per deploy, kept on each host (mode 0600, the service user's) and passed with --api-key-file"
@@ -137,7 +138,8 @@ def _releases(params: DeployParams, hosts: list[DeployHost], ctx: OperationConte
     directory = build_dir(str(manifest["key"]))
     model, checks = _model(params, ctx)
     given = LlamaFlags(ctx=params.ctx, threads=params.threads, parallel=params.parallel,
-                       n_gpu_layers=params.n_gpu_layers)  # fmt: skip
+                       n_gpu_layers=params.n_gpu_layers, cache_type_k=params.cache_type,
+                       cache_type_v=params.cache_type)  # fmt: skip
     spec = ReleaseSpec(
         build_key=str(manifest["key"]), build_dir=directory, manifest_sha256=file_sha256(directory / "manifest.json"),
         model=model, model_sha256=file_sha256(model), model_size=model.stat().st_size, flags=given, port=params.port,
@@ -184,7 +186,14 @@ def _failed(what: str, report: RolloutReport) -> OperationFailed:
                            hint="the report says where each host was left and why")  # fmt: skip
 
 
-@operation("deploy", DeployParams, read_only=False, destructive=True, long_running=True)
+@operation(
+    "deploy",
+    DeployParams,
+    read_only=False,
+    destructive=True,
+    long_running=True,
+    cli="llamaforge.deploy.render:rollout_cli",
+)
 def deploy_op(params: DeployParams, ctx: OperationContext) -> RolloutReport:
     """Deploy a build and a model to hosts as a release: canary, batches, health gate, rollback on failure."""
     hosts = params.host_list()
@@ -197,7 +206,7 @@ def deploy_op(params: DeployParams, ctx: OperationContext) -> RolloutReport:
     return report
 
 
-@operation("deploy.plan", DeployParams, read_only=True)
+@operation("deploy.plan", DeployParams, read_only=True, cli="llamaforge.deploy.render:plan_cli")
 def deploy_plan_op(params: DeployParams, ctx: OperationContext) -> DeployPlan:
     """What a deploy would change on each host (upload, model, flags, restart); nothing runs."""
     hosts = params.host_list()
@@ -209,7 +218,7 @@ def deploy_plan_op(params: DeployParams, ctx: OperationContext) -> DeployPlan:
                       hosts=plans)  # fmt: skip
 
 
-@operation("deploy.status", HostsParams, read_only=True)
+@operation("deploy.status", HostsParams, read_only=True, cli="llamaforge.deploy.render:status_cli")
 def deploy_status_op(params: HostsParams, ctx: OperationContext) -> DeployStatus:
     """Per host: current release, service state, health, build key, model sha256 and flags."""
     from llamaforge.deploy.manage import status
@@ -224,7 +233,14 @@ class RollbackParams(HostsParams):
     release: str | None = Field(None, description="Release id to go back to (default: the previous one)")
 
 
-@operation("deploy.rollback", RollbackParams, read_only=False, destructive=True, long_running=True)
+@operation(
+    "deploy.rollback",
+    RollbackParams,
+    read_only=False,
+    destructive=True,
+    long_running=True,
+    cli="llamaforge.deploy.render:rollout_cli",
+)
 def deploy_rollback_op(params: RollbackParams, ctx: OperationContext) -> RolloutReport:
     """Put every host back on its previous release (or --release ID), health-gated, one host at a time."""
     from llamaforge.deploy.manage import rollback

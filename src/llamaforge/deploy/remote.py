@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llamaforge.core.errors import LlamaforgeError
 from llamaforge.core.events import CancelToken
 from llamaforge.deploy.release import (
     API_KEY_FILE,
@@ -104,6 +105,38 @@ class Upload:
     model_bytes: int
 
 
+class HostDiskFull(LlamaforgeError):
+    """A host lacks the disk space a release needs; nothing was sent and nothing switched."""
+
+    exit_code = 15
+
+
+FREE_MARGIN = 16 << 20  # bytes left free beyond what a release needs: logs, the service's own files
+
+
+def check_free_space(runner: SshProcessRunner, needs: Mapping[str, int]) -> None:
+    """Refuse (HostDiskFull) when the file systems of ``needs``' directories lack the bytes asked for there
+    (directories on one file system add up), plus :data:`FREE_MARGIN`."""
+    wanted = {path: size for path, size in needs.items() if size > 0}
+    if not wanted:
+        return
+    rows = runner.run(["df", "-B1", "--output=target,avail", *wanted]).stdout.splitlines()[1:]
+    totals: dict[str, list[Any]] = {}
+    for (path, size), row in zip(wanted.items(), rows, strict=True):
+        mount, avail = row.split()
+        entry = totals.setdefault(mount, [int(avail), 0, []])
+        entry[1] += size
+        entry[2].append(path)
+    for _mount, (avail, size, paths) in totals.items():
+        if size + FREE_MARGIN > avail:
+            raise HostDiskFull(
+                f"{runner.host.address}: {' and '.join(paths)} has {avail / 2**20:.1f} MiB free, the release needs "
+                f"{size / 2**20:.1f} MiB (+{FREE_MARGIN >> 20} MiB kept free)",
+                hint="free space on the host (or deploy with --keep 1 to prune old releases) and deploy again; "
+                "nothing was sent or switched there",
+            )
+
+
 def _exists(runner: SshProcessRunner, path: str) -> bool:
     return runner.run(["test", "-e", path], warn=True).ok
 
@@ -127,11 +160,17 @@ def upload_release(
     """Put release ``rid`` on the host unless it is already there; returns what was sent. A release that
     listens beyond loopback gets ``api_key`` as its key file."""
     model_path = layout.model(spec.model_sha256)
-    model_bytes = 0
-    if not _exists(runner, model_path):
-        model_bytes = runner.put(spec.model, model_path, cancel=cancel).sent_bytes
     target = layout.release(rid)
-    if _exists(runner, posixpath.join(target, RELEASE_JSON)):
+    has_model = _exists(runner, model_path)
+    has_release = _exists(runner, posixpath.join(target, RELEASE_JSON))
+    release_bytes = 0 if has_release else sum(local.stat().st_size for local, _ in files)
+    check_free_space(
+        runner, {layout.models: 0 if has_model else spec.model_size, layout.releases: release_bytes}
+    )
+    model_bytes = 0
+    if not has_model:
+        model_bytes = runner.put(spec.model, model_path, cancel=cancel).sent_bytes
+    if has_release:
         return Upload(model_bytes, model_bytes)
     stage = posixpath.join(layout.releases, f".{rid}.tmp")
     seed = 'rm -rf "$1" && mkdir -p "$1" && { [ -d "$2/bin" ] && cp -a "$2/bin" "$2/lib" "$1/" 2>/dev/null; true; }'

@@ -128,9 +128,20 @@ def _gate(runner: SshProcessRunner, release: Release, options: RolloutOptions, r
                        api_key=key, listen=str(record.get("listen", "127.0.0.1")))  # fmt: skip
 
 
-def _lost(error: BaseException) -> bool:
-    """True when ``error`` is the SSH connection failing (a refused host key is no lost connection)."""
-    return isinstance(error, SshError) and not isinstance(error, HostKeyUnknown | HostKeyChanged)
+def _lost(runner: SshProcessRunner, error: BaseException) -> bool:
+    """True when ``error`` is the SSH connection failing (a refused host key is no lost connection); an error
+    from elsewhere (SFTP's, paramiko's) counts when the host no longer answers a command."""
+    if isinstance(error, HostKeyUnknown | HostKeyChanged | Cancelled):
+        return False
+    if isinstance(error, SshError):
+        return True
+    if isinstance(error, LlamaforgeError):
+        return False
+    try:
+        runner.run(["true"], timeout_s=15)
+    except Exception:  # noqa: BLE001 - any failure to run a command means the host is gone
+        return True
+    return False
 
 
 def _restore(runner: SshProcessRunner, release: Release, state: HostState, failed: GateOutcome,
@@ -195,7 +206,7 @@ def deploy_host(runner: SshProcessRunner, release: Release, state: HostState, fi
     except Exception as error:  # noqa: BLE001 - whatever went wrong on this host ends in its report
         message = error.render() if isinstance(error, LlamaforgeError) else f"{type(error).__name__}: {error}"
         moved = {"sent_bytes": sent, "model_bytes": model}
-        if _lost(error):
+        if _lost(runner, error):
             where = f"it runs {release.id} or {state.current}" if switched else f"still on {state.current}"
             step(f"unreachable: {message}")
             return HostReport(**base, **moved, status="unreachable", release=None if switched else state.current,
