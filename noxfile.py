@@ -93,3 +93,11 @@ def bench_smoke(session: nox.Session) -> None:
     """Smoke harness overhead: smoke's tg tokens/s / raw llama-bench on the same binary and model."""
     session.install("-e", ".")
     session.run("python", "benchmarks/smoke_overhead.py", *session.posargs)
+
+
+@nox.session
+def bench_deploy(session: nox.Session) -> None:
+    """Deploy benchmarks D1-D3 on three test hosts: changed-release rollout / scp + restart, the already-current
+    no-op, model bytes sent for a flag change. Needs Docker, a CPU build and LLAMAFORGE_TEST_VOCAB."""
+    session.install("-e", ".[test]")
+    session.run("python", "benchmarks/deploy_bench.py", *session.posargs)

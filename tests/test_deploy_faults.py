@@ -137,7 +137,7 @@ def test_an_inventory_deploy_listening_beyond_loopback_keeps_its_key_secret(
     with pytest.raises(InvalidOption, match="needs an API key"):
         deploy("deploy.plan", **wide, api_key=False)
     with pytest.raises(InvalidOption) as unknown:
-        deploy("deploy.plan", **wide, hosts="h1,h7")
+        deploy("deploy.plan", **wide, hosts="h1,h11")
     assert "did you mean 'h1'" in (unknown.value.hint or "")
     plan = deploy("deploy.plan", **wide)
     assert isinstance(plan, DeployPlan)
