@@ -138,3 +138,39 @@ def test_the_fit_plan_sets_each_gpu_hosts_flags_and_refuses_what_does_not_fit(ti
         fit_for_gpu(tiny_model, "rtx4060", LlamaFlags(ctx=2**26, n_gpu_layers=3), host="gpu1")
     forced = fit_for_gpu(tiny_model, "rtx4060", LlamaFlags(ctx=2**28), host="gpu1", force=True)
     assert forced.flags == LlamaFlags(ctx=2**28) and "--force" in forced.summary[0]
+
+
+def test_the_cli_tables_show_every_host_and_never_a_key() -> None:
+    from rich.console import Console
+
+    from llamaforge.deploy.render import plan_cli, rollout_cli, status_cli
+
+    console = Console(record=True, width=200)
+    key_file = "/opt/llamaforge/lab/releases/r1/api-key"
+    hosts = [
+        {
+            "host": "lf@a:22",
+            "status": "updated",
+            "release": "r1",
+            "sent_bytes": 2**20,
+            "api_key_file": key_file,
+        },
+        {"host": "lf@b:22", "status": "interrupted", "release": "r0", "detail": "interrupted"},
+    ]
+    head = {"name": "lab", "target": "systemd"}
+    rollout_cli(
+        {**head, "release": None, "passed": False, "interrupted": True, "wall_s": 3.2, "hosts": hosts},
+        console,
+    )
+    planned = [
+        {"host": "lf@a:22", "reachable": True, "current": "r0", "release": "r1", "action": "upload",
+         "model_upload": False, "flags_after": ["-ngl", "3"], "listen": "0.0.0.0", "fit": ["all layers on the GPU"]},
+        {"host": "lf@b:22", "reachable": False, "release": "r1", "detail": "connection refused"},
+    ]  # fmt: skip
+    plan_cli({**head, "hosts": planned}, console)
+    up = {"host": "lf@a:22", "reachable": True, "current": "r1", "active": "active", "healthy": True}
+    status_cli({**head, "hosts": [up]}, console)
+    text = console.export_text()
+    for expected in ("lf@a:22", "interrupted", "r1/api-key", "-ngl 3", "all layers on the GPU", "connection refused",
+                     "active", "interrupted in 3.2 s"):  # fmt: skip
+        assert expected in text, expected
