@@ -4,8 +4,9 @@ Every step leaves the host on a whole release: a release is uploaded into ``rele
 into place only when complete (``release.json`` last); ``current`` is switched by a new symlink renamed over
 the old one (``mv -T``, one ``rename(2)``); ``history`` is rewritten to a temporary file and renamed too. The
 model is sent only when ``models/<sha256>.gguf`` is missing (the transfer module renames it into place only
-after its sha256 matched, so its presence means it is whole), and a new release starts as a copy of the
-current one's binaries and libraries, so the transfer skips every file that did not change.
+after its sha256 matched, so its presence means it is whole), and a new release starts as hard links to the
+current one's binaries and libraries, so the transfer skips every file that did not change (a changed file is
+sent to a ``.part`` and renamed over its link: the older release keeps its own).
 Pruning keeps the releases that were current most recently and removes the models no kept release links to.
 A release that listens beyond loopback carries its API key as ``api-key`` (mode 0600, owned by the service
 user, written through sudo from stdin): it reaches the host on no command line and is read back (for the
@@ -173,7 +174,7 @@ def upload_release(
     if has_release:
         return Upload(model_bytes, model_bytes)
     stage = posixpath.join(layout.releases, f".{rid}.tmp")
-    seed = 'rm -rf "$1" && mkdir -p "$1" && { [ -d "$2/bin" ] && cp -a "$2/bin" "$2/lib" "$1/" 2>/dev/null; true; }'
+    seed = 'rm -rf "$1" && mkdir -p "$1" && { [ -d "$2/bin" ] && cp -al "$2/bin" "$2/lib" "$1/" 2>/dev/null; true; }'
     runner.run(["sh", "-c", seed, "sh", stage, layout.current])
     sent = model_bytes
     for local, relative in files:
