@@ -138,3 +138,10 @@ def reproducible_variants(session: nox.Session) -> None:
     sdist_dir = _sdist_dir(session)
     session.run("invoke", "build", "--check-reproducible", *session.posargs,
                 env={"LLAMAFORGE_SOURCE_MIRROR": str(sdist_dir)})  # fmt: skip
+
+
+def bench_deploy(session: nox.Session) -> None:
+    """Deploy benchmarks D1-D3 on three test hosts: changed-release rollout / scp + restart, the already-current
+    no-op, model bytes sent for a flag change. Needs Docker, a CPU build and LLAMAFORGE_TEST_VOCAB."""
+    session.install("-e", ".[test]")
+    session.run("python", "benchmarks/deploy_bench.py", *session.posargs)

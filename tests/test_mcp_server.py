@@ -260,8 +260,10 @@ def test_path_fields_are_the_fields_declared_as_paths() -> None:
     assert declared == {
         "build": ("recipe", "patches", "ca_bundle", "ssh_key", "known_hosts", "matrix", "from_manifest"),
         "builds.list": (), "builds.show": (),
-        "deploy": ("ssh_key", "known_hosts", "model"), "deploy.plan": ("ssh_key", "known_hosts", "model"),
-        "deploy.rollback": ("ssh_key", "known_hosts"), "deploy.status": ("ssh_key", "known_hosts"),
+        "deploy": ("inventory", "ssh_key", "known_hosts", "model"),
+        "deploy.plan": ("inventory", "ssh_key", "known_hosts", "model"),
+        "deploy.rollback": ("inventory", "ssh_key", "known_hosts"),
+        "deploy.status": ("inventory", "ssh_key", "known_hosts"),
         "doctor": (), "images.bootstrap": (), "models.fetch": ("model",), "models.fit": ("model", "plot"),
         "models.inspect": ("target",), "models.lock": ("recipe",), "models.remap": ("src", "dst", "rules"),
         "models.verify": ("target", "recipe", "load_check"), "patches.check": ("recipe", "series"),

@@ -238,3 +238,14 @@ def remove_hosts(hosts: Sequence[TestHost]) -> None:
     for network in {id(net): net for host in hosts for net in host.networks}.values():
         with contextlib.suppress(docker.errors.NotFound):
             network.remove()
+
+
+def restart_host(host: TestHost, boot_timeout_s: float = 120.0) -> None:
+    """Start a stopped host again (its host keys and files stay), read the port the engine published it on
+    this time, and wait until it has booted."""
+    host.container.reload()
+    if host.container.status != "running":
+        host.container.start()
+    host.container.reload()
+    host.port = int(host.container.attrs["NetworkSettings"]["Ports"]["22/tcp"][0]["HostPort"])
+    _wait_booted(host, boot_timeout_s)

@@ -8,6 +8,9 @@
 * :mod:`~llamaforge.deploy.targets` — how a release runs as a service (the ``Target`` protocol; systemd first).
 * :mod:`~llamaforge.deploy.health` — the health gate: ``/health`` then a real completion, through the SSH
   connection on the host's loopback.
-* :mod:`~llamaforge.deploy.rollout` — plan, the per-host rolling loop (canary, batches, rollback of a failed
-  host), status and rollback; :mod:`~llamaforge.deploy.ops` registers them as operations.
+* :mod:`~llamaforge.deploy.rollout` — plan, the per-host rolling loop (canary, batches, ``--max-fail``, rollback
+  of a failed host, Ctrl-C/SIGTERM and lost hosts), status and rollback; :mod:`~llamaforge.deploy.ops` registers
+  them as operations, :mod:`~llamaforge.deploy.render` prints their results.
+* :mod:`~llamaforge.deploy.inventory` — host inventories (``recipes/hosts/*.toml``), and
+  :mod:`~llamaforge.deploy.fitplan` — each host's llama-server flags from the fit plan for its GPU.
 """

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from llamaforge.core.events import CancelToken
-from llamaforge.deploy.release import Layout
+from llamaforge.deploy.release import LOOPBACK, Layout, is_loopback
 from llamaforge.deploy.targets import Target
 from llamaforge.models.recipes import AnswerCheck
 from llamaforge.runners.ssh import SshProcessRunner
@@ -37,6 +37,12 @@ def gate_timeout_s(model_size: int) -> float:
     return min(GATE_CAP_S, GATE_BASE_S + GATE_PER_GIB_S * model_size / 2**30)
 
 
+def gate_address(listen: str) -> str:
+    """Where the gate reaches a server that binds ``listen``: its loopback, unless it binds one other address."""
+    wildcard = listen in ("0.0.0.0", "::")  # noqa: S104 - reading the bound address, binding nothing
+    return LOOPBACK if wildcard or is_loopback(listen) else listen
+
+
 @dataclass(frozen=True)
 class GateOutcome:
     """The gate's verdict on one host."""
@@ -48,10 +54,10 @@ class GateOutcome:
     logs: list[str] = field(default_factory=list)
 
 
-def _completion(base_url: str, checks: Sequence[AnswerCheck]) -> tuple[bool, str]:
+def _completion(base_url: str, checks: Sequence[AnswerCheck], api_key: str | None) -> tuple[bool, str]:
     try:
         if checks:
-            outcomes = check_answers(base_url, checks)
+            outcomes = check_answers(base_url, checks, api_key=api_key)
             failed = [outcome for outcome in outcomes if not outcome.passed]
             if failed:
                 first = failed[0]
@@ -60,7 +66,9 @@ def _completion(base_url: str, checks: Sequence[AnswerCheck]) -> tuple[bool, str
                     f"answer to {first.prompt!r}: {first.error or repr(first.reply)}, expected {first.expected}",
                 )
             return True, " | ".join(outcome.reply for outcome in outcomes)
-        tokens = greedy_completion(base_url, GoldenRequest(n_predict=COMPLETION_TOKENS, n_probs=1))
+        tokens = greedy_completion(
+            base_url, GoldenRequest(n_predict=COMPLETION_TOKENS, n_probs=1), api_key=api_key
+        )
     except OSError as error:
         return False, f"completion failed: {error}"
     if len(tokens) != COMPLETION_TOKENS:
@@ -78,12 +86,15 @@ def health_gate(
     checks: Sequence[AnswerCheck] = (),
     timeout_s: float | None = None,
     cancel: CancelToken | None = None,
+    api_key: str | None = None,
+    listen: str = LOOPBACK,
 ) -> GateOutcome:
-    """Wait for the service's ``/health`` on the host's ``127.0.0.1:port``, then ask for a completion."""
+    """Wait for the service's ``/health`` on the host's ``127.0.0.1:port`` (or on ``listen`` when it binds one
+    address), then ask for a completion, sending ``api_key`` when the server wants one (``/health`` needs none)."""
     cancel = cancel or CancelToken()
     limit = timeout_s if timeout_s is not None else gate_timeout_s(model_size)
     started = time.monotonic()
-    with forward_local(runner, port) as local_port:
+    with forward_local(runner, port, gate_address(listen)) as local_port:
         status = 0
         while True:
             cancel.raise_if_cancelled()
@@ -104,7 +115,7 @@ def health_gate(
                 )
             time.sleep(0.5)
         health_s = time.monotonic() - started
-        passed, text = _completion(f"http://127.0.0.1:{local_port}", checks)
+        passed, text = _completion(f"http://127.0.0.1:{local_port}", checks, api_key)
     if not passed:
         return GateOutcome(False, text, health_s, logs=target.logs(runner, layout))
     return GateOutcome(True, "/health 200 and a completion", health_s, completion=text)
@@ -120,11 +131,13 @@ def gate_service(
     checks: Sequence[AnswerCheck] = (),
     timeout_s: float | None = None,
     cancel: CancelToken | None = None,
+    api_key: str | None = None,
+    listen: str = LOOPBACK,
 ) -> GateOutcome:
     """The target's own gate when it has one (an RPC worker answers no HTTP), else :func:`health_gate`."""
     own = getattr(target, "gate", None)
     if own is not None:
         outcome: GateOutcome = own(runner, layout, timeout_s=timeout_s, cancel=cancel)
         return outcome
-    return health_gate(runner, target, layout, port, model_size=model_size, checks=checks,
-                       timeout_s=timeout_s, cancel=cancel)  # fmt: skip
+    return health_gate(runner, target, layout, port, model_size=model_size, checks=checks, timeout_s=timeout_s,
+                       cancel=cancel, api_key=api_key, listen=listen)  # fmt: skip

@@ -1,10 +1,11 @@
-"""The hosts of a deploy: ``user@host:port,...`` parsed into :class:`SshHost`, one SSH runner each."""
+"""The hosts of a deploy: ``user@host:port,...`` parsed into :class:`SshHost` (or an inventory's hosts, see
+:mod:`~llamaforge.deploy.inventory`) as :class:`DeployHost`, one SSH runner each."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from llamaforge.core.errors import InvalidOption
@@ -41,6 +42,21 @@ def parse_hosts(spec: str | Sequence[str], *, key_file: Path | None = None,
     if duplicates:
         raise InvalidOption(f"hosts given twice: {', '.join(duplicates)}", hint="name each host once")
     return hosts
+
+
+@dataclass(frozen=True)
+class DeployHost:
+    """One host of a deploy: how to reach it, its name in reports, its GPU (for the fit plan) and labels."""
+
+    ssh: SshHost
+    name: str
+    gpu: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def deploy_hosts(hosts: Sequence[SshHost]) -> list[DeployHost]:
+    """``--hosts`` given as addresses: each named by its address, no GPU known."""
+    return [DeployHost(ssh=host, name=host.address) for host in hosts]
 
 
 @dataclass(frozen=True)

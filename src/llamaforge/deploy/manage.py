@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 from llamaforge.core.errors import LlamaforgeError
 from llamaforge.deploy.health import gate_service
-from llamaforge.deploy.release import Layout
-from llamaforge.deploy.remote import host_state, release_facts, switch_current
+from llamaforge.deploy.release import LOOPBACK, Layout
+from llamaforge.deploy.remote import host_state, read_api_key, release_facts, switch_current
 from llamaforge.deploy.report import DeployStatus, HostReport, HostStatusReport, RolloutReport
 from llamaforge.deploy.rollout import RolloutOptions
 from llamaforge.deploy.targets import Target
@@ -43,8 +43,10 @@ def rollback_host(runner: SshProcessRunner, layout: Layout, target: Target, to: 
     record, size = release_facts(runner, layout, wanted)
     switch_current(runner, layout, wanted, history)
     target.activate(runner, layout)
+    key = read_api_key(runner, layout, wanted) if record.get("api_key_file") else None
     gate = gate_service(runner, target, layout, int(record["port"]), model_size=size,
-                       timeout_s=options.gate_timeout_s, cancel=options.cancel)  # fmt: skip
+                        timeout_s=options.gate_timeout_s, cancel=options.cancel, api_key=key,
+                        listen=str(record.get("listen", LOOPBACK)))  # fmt: skip
     if gate.passed:
         return HostReport(**base, status="rolled back", release=wanted, health_s=gate.health_s,
                           completion=gate.completion, detail=gate.detail)  # fmt: skip

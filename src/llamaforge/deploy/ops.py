@@ -7,15 +7,16 @@ but healthy raises :class:`OperationFailed` with the full per-host report.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field
 
-from llamaforge.core.errors import LlamaforgeError, OperationFailed
+from llamaforge.core.errors import Cancelled, InvalidOption, LlamaforgeError, OperationFailed
 from llamaforge.core.registry import OperationContext, Params, operation, path_field
-from llamaforge.deploy.hosts import Access, open_runners, parse_hosts
-from llamaforge.deploy.release import DEFAULT_PORT, DEFAULT_ROOT, KEEP_RELEASES, Layout, ReleaseSpec
+from llamaforge.deploy.hosts import Access, DeployHost, deploy_hosts, open_runners, parse_hosts
+from llamaforge.deploy.release import DEFAULT_PORT, DEFAULT_ROOT, KEEP_RELEASES, LOOPBACK, Layout, ReleaseSpec
 from llamaforge.deploy.report import DeployPlan, DeployStatus, RolloutReport
 from llamaforge.deploy.rollout import Release, RolloutOptions, plan_host, prepare_release, rollout
 from llamaforge.deploy.targets import get_target
@@ -32,7 +33,14 @@ class DeployFailed(LlamaforgeError):
 class HostsParams(Params):
     """Where a deployment lives: hosts, how to reach them, its name, root and target."""
 
-    hosts: str = Field(description="Hosts as user@host:port, comma-separated, in rollout order")
+    hosts: str | None = Field(
+        None, description="Hosts as user@host:port, comma-separated, in rollout order; with --inventory, the "
+        "names of the inventory's hosts to deploy to (default: all of them)"
+    )  # fmt: skip
+    inventory: str | None = path_field(
+        None, description="Host inventory: recipes/hosts/NAME.toml by name, or a path (hosts in rollout order, "
+        "users, ports, keys, its own known_hosts, each host's GPU for the fit plan)"
+    )  # fmt: skip
     ssh_key: str | None = path_field(None, description="Private key file (default: the SSH agent)")
     known_hosts: str | None = path_field(
         None, description="The hosts' known_hosts file (read with ~/.ssh/known_hosts; new keys go here)"
@@ -51,10 +59,17 @@ class HostsParams(Params):
         """How every host is reached."""
         return Access(accept_new_host_keys=self.accept_new_host_keys)
 
-    def host_list(self) -> list[Any]:
-        """The parsed hosts."""
-        return parse_hosts(self.hosts, key_file=Path(self.ssh_key).expanduser() if self.ssh_key else None,
-                           known_hosts=Path(self.known_hosts).expanduser() if self.known_hosts else None)  # fmt: skip
+    def host_list(self) -> list[DeployHost]:
+        """The hosts: the inventory's (those named in --hosts) or the parsed --hosts."""
+        key_file = Path(self.ssh_key).expanduser() if self.ssh_key else None
+        known = Path(self.known_hosts).expanduser() if self.known_hosts else None
+        if self.inventory:
+            from llamaforge.deploy.inventory import inventory_hosts
+
+            return inventory_hosts(self.inventory, self.hosts, key_file=key_file, known_hosts=known)
+        if not self.hosts:
+            raise InvalidOption("no hosts given", hint="--hosts user@host:port,… or --inventory NAME|PATH")
+        return deploy_hosts(parse_hosts(self.hosts, key_file=key_file, known_hosts=known))
 
     def layout(self) -> Layout:
         """The deployment's layout on the hosts."""
@@ -73,9 +88,24 @@ class DeployParams(HostsParams):
     ctx: int | None = Field(None, ge=1, description="llama-server -c (total context)")
     threads: int | None = Field(None, ge=1, description="llama-server -t")
     parallel: int | None = Field(None, ge=1, description="llama-server --parallel (slots)")
-    n_gpu_layers: int | None = Field(None, ge=0, description="llama-server -ngl")
+    n_gpu_layers: int | None = Field(None, ge=0, description="llama-server -ngl (default: from the fit plan)")
+    cache_type: str | None = Field(None, description="KV cache type of K and V (-ctk/-ctv), e.g. q8_0")
+    listen: str = Field(
+        LOOPBACK, description="Address llama-server binds on the hosts; beyond loopback an API key is generated "
+        "per deploy, kept on each host (mode 0600, the service user's) and passed with --api-key-file"
+    )  # fmt: skip
+    api_key: bool = Field(
+        True, description="With --listen beyond loopback, the API key (--no-api-key is refused)"
+    )
+    force: bool = Field(
+        False, description="Deploy even where the fit plan says the model does not fit the GPU"
+    )
     canary: int = Field(1, ge=0, description="Hosts deployed and gated first, before any batch")
     batch: int = Field(1, ge=1, description="Hosts deployed together after the canary")
+    max_fail: float = Field(
+        0, ge=0, le=100, description="Go on after a batch unless MORE than this percent of its hosts failed "
+        "(Ansible's max_fail_percentage; 0: stop at the first failure)"
+    )  # fmt: skip
     keep: int = Field(KEEP_RELEASES, ge=1, description="Releases kept on each host")
 
 
@@ -94,20 +124,45 @@ def _model(params: DeployParams, ctx: OperationContext) -> tuple[Path, tuple[Ans
     return fetched.path, tuple(load_model_recipe(params.model).answers)
 
 
-def _release(params: DeployParams, ctx: OperationContext) -> Release:
+def _releases(params: DeployParams, hosts: list[DeployHost], ctx: OperationContext) -> list[Release]:
+    """One release per host: the same one unless the fit plan gives hosts with other GPUs other flags."""
+    import secrets
+
     from llamaforge.build.store import build_dir, find_build
+    from llamaforge.deploy.fitplan import fit_for_gpu
+    from llamaforge.deploy.release import listen_address
     from llamaforge.runners.transfer import file_sha256
 
+    listen = listen_address(params.listen, api_key=params.api_key)
     manifest = find_build(params.build)
     directory = build_dir(str(manifest["key"]))
     model, checks = _model(params, ctx)
-    flags = LlamaFlags(ctx=params.ctx, threads=params.threads, parallel=params.parallel,
-                       n_gpu_layers=params.n_gpu_layers)  # fmt: skip
+    given = LlamaFlags(ctx=params.ctx, threads=params.threads, parallel=params.parallel,
+                       n_gpu_layers=params.n_gpu_layers, cache_type_k=params.cache_type,
+                       cache_type_v=params.cache_type)  # fmt: skip
     spec = ReleaseSpec(
         build_key=str(manifest["key"]), build_dir=directory, manifest_sha256=file_sha256(directory / "manifest.json"),
-        model=model, model_sha256=file_sha256(model), model_size=model.stat().st_size, flags=flags, port=params.port,
+        model=model, model_sha256=file_sha256(model), model_size=model.stat().st_size, flags=given, port=params.port,
+        listen=listen,
     )  # fmt: skip
-    return prepare_release(spec, params.layout(), get_target(params.target), checks)
+    key = secrets.token_urlsafe(32) if spec.api_key else None
+    by_gpu: dict[str | None, Release] = {}
+    for host in hosts:
+        if host.gpu not in by_gpu:
+            fit = fit_for_gpu(model, host.gpu, given, host=host.name, force=params.force)
+            by_gpu[host.gpu] = prepare_release(
+                replace(spec, flags=fit.flags),
+                params.layout(),
+                get_target(params.target),
+                checks,
+                api_key=key,
+                fit=fit.summary,
+            )
+    return [by_gpu[host.gpu] for host in hosts]
+
+
+def _ssh(hosts: list[DeployHost]) -> list[Any]:
+    return [host.ssh for host in hosts]
 
 
 def _options(params: HostsParams, ctx: OperationContext, **more: Any) -> RolloutOptions:
@@ -117,41 +172,58 @@ def _options(params: HostsParams, ctx: OperationContext, **more: Any) -> Rollout
 
 
 def _failed(what: str, report: RolloutReport) -> OperationFailed:
-    bad = [f"{host.host} {host.status}" for host in report.hosts if host.status not in ("updated", "unchanged",
-                                                                                         "rolled back")]  # fmt: skip
+    if report.interrupted:
+        where = ", ".join(
+            f"{host.host} {host.status} on {host.release or 'unknown'}" for host in report.hosts
+        )
+        return OperationFailed(f"{what} was interrupted: {where}", result=report, exit_code=Cancelled.exit_code,
+                               hint="every host runs a whole release; deploy again to finish")  # fmt: skip
+    bad = [
+        f"{host.host} {host.status}" for host in report.hosts if host.status not in ("updated", "unchanged")
+    ]
     return OperationFailed(f"{what} did not finish on every host: " + ", ".join(bad), result=report,
                            exit_code=DeployFailed.exit_code,
                            hint="the report says where each host was left and why")  # fmt: skip
 
 
-@operation("deploy", DeployParams, read_only=False, destructive=True, long_running=True)
+@operation(
+    "deploy",
+    DeployParams,
+    read_only=False,
+    destructive=True,
+    long_running=True,
+    cli="llamaforge.deploy.render:rollout_cli",
+)
 def deploy_op(params: DeployParams, ctx: OperationContext) -> RolloutReport:
     """Deploy a build and a model to hosts as a release: canary, batches, health gate, rollback on failure."""
-    release = _release(params, ctx)
-    with open_runners(params.host_list(), params.access()) as runners:
-        report = rollout(runners, release, _options(params, ctx, canary=params.canary, batch=params.batch,
-                                                    keep=params.keep))  # fmt: skip
+    hosts = params.host_list()
+    releases = _releases(params, hosts, ctx)
+    with open_runners(_ssh(hosts), params.access()) as runners:
+        report = rollout(runners, releases, _options(params, ctx, canary=params.canary, batch=params.batch,
+                                                     max_fail_percent=params.max_fail, keep=params.keep))  # fmt: skip
     if not report.passed:
-        raise _failed(f"deploy of {release.id}", report)
+        raise _failed(f"deploy of {report.release or 'the releases'}", report)
     return report
 
 
-@operation("deploy.plan", DeployParams, read_only=True)
+@operation("deploy.plan", DeployParams, read_only=True, cli="llamaforge.deploy.render:plan_cli")
 def deploy_plan_op(params: DeployParams, ctx: OperationContext) -> DeployPlan:
     """What a deploy would change on each host (upload, model, flags, restart); nothing runs."""
-    release = _release(params, ctx)
-    with open_runners(params.host_list(), params.access()) as runners:
-        plans = [plan_host(runner, release)[0] for runner in runners]
-    return DeployPlan(release=release.id, target=release.target.name, name=release.layout.name,
-                      record=release.record, hosts=plans)  # fmt: skip
+    hosts = params.host_list()
+    releases = _releases(params, hosts, ctx)
+    with open_runners(_ssh(hosts), params.access()) as runners:
+        plans = [plan_host(runner, release)[0] for runner, release in zip(runners, releases, strict=True)]
+    first = releases[0]
+    return DeployPlan(release=first.id, target=first.target.name, name=first.layout.name, record=first.record,
+                      hosts=plans)  # fmt: skip
 
 
-@operation("deploy.status", HostsParams, read_only=True)
+@operation("deploy.status", HostsParams, read_only=True, cli="llamaforge.deploy.render:status_cli")
 def deploy_status_op(params: HostsParams, ctx: OperationContext) -> DeployStatus:
     """Per host: current release, service state, health, build key, model sha256 and flags."""
     from llamaforge.deploy.manage import status
 
-    with open_runners(params.host_list(), params.access()) as runners:
+    with open_runners(_ssh(params.host_list()), params.access()) as runners:
         return status(runners, params.layout(), get_target(params.target))
 
 
@@ -161,12 +233,19 @@ class RollbackParams(HostsParams):
     release: str | None = Field(None, description="Release id to go back to (default: the previous one)")
 
 
-@operation("deploy.rollback", RollbackParams, read_only=False, destructive=True, long_running=True)
+@operation(
+    "deploy.rollback",
+    RollbackParams,
+    read_only=False,
+    destructive=True,
+    long_running=True,
+    cli="llamaforge.deploy.render:rollout_cli",
+)
 def deploy_rollback_op(params: RollbackParams, ctx: OperationContext) -> RolloutReport:
     """Put every host back on its previous release (or --release ID), health-gated, one host at a time."""
     from llamaforge.deploy.manage import rollback
 
-    with open_runners(params.host_list(), params.access()) as runners:
+    with open_runners(_ssh(params.host_list()), params.access()) as runners:
         report = rollback(
             runners, params.layout(), get_target(params.target), params.release, _options(params, ctx)
         )

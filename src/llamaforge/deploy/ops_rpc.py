@@ -173,7 +173,7 @@ def _worker_memory(params: RpcDeployParams, workers: list[RpcWorker]) -> list[Rp
 def _prepare(params: RpcDeployParams, ctx: OperationContext) -> tuple[list[RpcWorker], Any, list[Any], Any]:
     """Checks, the split plan and the releases of head and workers; no host changes."""
     from llamaforge.build.store import build_dir, find_build
-    from llamaforge.deploy.ops import DeployParams, _release
+    from llamaforge.deploy.ops import DeployParams, _releases
     from llamaforge.deploy.rollout import prepare_release
     from llamaforge.deploy.targets import get_target
     from llamaforge.deploy.targets.rpc import RpcServerTarget
@@ -188,8 +188,9 @@ def _prepare(params: RpcDeployParams, ctx: OperationContext) -> tuple[list[RpcWo
     check_rpc_build(head_key, build_dir(head_key))
     parse_head(params.head, workers)
     workers = _worker_memory(params, workers)
-    head = _release(DeployParams(hosts=params.head, build=head_key, model=params.model, port=params.port,
-                                 name=params.name, root=params.root), ctx)  # fmt: skip
+    head_params = DeployParams(hosts=params.head, build=head_key, model=params.model, port=params.port,
+                               name=params.name, root=params.root)  # fmt: skip
+    head = _releases(head_params, head_params.host_list(), ctx)[0]
     devices = [
         SplitDevice(f"RPC {worker.endpoint}", worker.memory_bytes or 0, worker.endpoint) for worker in workers
     ]

@@ -9,6 +9,7 @@ does nothing. The time is recorded in ``release.json`` but is no part of the id.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import posixpath
 import re
@@ -28,6 +29,8 @@ KEEP_RELEASES = 5
 SERVICE_USER = "llamaforge"
 RELEASE_JSON = "release.json"
 MODEL_LINK = "model.gguf"
+API_KEY_FILE = "api-key"  # in the release, mode 0600, owned by the service user; never in release.json
+LOOPBACK = "127.0.0.1"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
 # Libraries every glibc system has; anything else the binaries need travels with the release.
 _SYSTEM_LIBRARIES = re.compile(r"^(ld-linux.*|libc|libm|libdl|libpthread|librt|libresolv|linux-vdso)\.so")
@@ -92,18 +95,51 @@ class ReleaseSpec:
     model_size: int
     flags: LlamaFlags = field(default_factory=LlamaFlags)
     port: int = DEFAULT_PORT
+    listen: str = LOOPBACK
+
+    @property
+    def api_key(self) -> bool:
+        """Whether the release carries an API key: it does whenever llama-server listens beyond loopback."""
+        return not is_loopback(self.listen)
 
     def server_argv(self, layout: Layout) -> list[str]:
-        """llama-server's command line on the host: from ``current/``, on 127.0.0.1 only."""
+        """llama-server's command line on the host: from ``current/``, on ``listen`` (127.0.0.1 by default);
+        beyond loopback with ``--api-key-file`` (the key itself is never on a command line)."""
         current = Path(layout.current)
-        return server_argv(current / "bin" / "llama-server", current / MODEL_LINK, self.flags, port=self.port)
+        argv = server_argv(current / "bin" / "llama-server", current / MODEL_LINK, self.flags, port=self.port,
+                           host=self.listen)  # fmt: skip
+        return [*argv, "--api-key-file", str(current / API_KEY_FILE)] if self.api_key else argv
 
     def identity(self) -> dict[str, Any]:
         """What decides the release id (with the rendered service files)."""
         return {
             "build_key": self.build_key, "manifest_sha256": self.manifest_sha256,
             "model_sha256": self.model_sha256, "flags": self.flags.args(), "port": self.port,
+            "listen": self.listen, "api_key_file": API_KEY_FILE if self.api_key else None,
         }  # fmt: skip
+
+
+def is_loopback(address: str) -> bool:
+    """True for a loopback address (127.0.0.0/8, ::1) or ``localhost``."""
+    return address == "localhost" or ipaddress.ip_address(address).is_loopback
+
+
+def listen_address(text: str, *, api_key: bool) -> str:
+    """``--listen`` checked: an IP address; beyond loopback only with an API key (InvalidOption otherwise)."""
+    try:
+        address = str(ipaddress.ip_address(text.strip().strip("[]")))
+    except ValueError:
+        if text.strip() != "localhost":
+            hint = "give the address llama-server binds, e.g. 0.0.0.0 or 10.0.0.5"
+            raise InvalidOption(f"--listen {text!r} is not an IP address", hint=hint) from None
+        address = "localhost"
+    if not is_loopback(address) and not api_key:
+        raise InvalidOption(
+            f"--listen {address} exposes llama-server beyond the hosts' loopback, which needs an API key",
+            hint="drop --no-api-key (a key is generated per deploy and stored on each host with mode 0600, "
+            "passed with --api-key-file) or listen on 127.0.0.1",
+        )
+    return address
 
 
 def release_id(spec: ReleaseSpec, service_files: Mapping[str, str]) -> str:

@@ -4,9 +4,13 @@ Every step leaves the host on a whole release: a release is uploaded into ``rele
 into place only when complete (``release.json`` last); ``current`` is switched by a new symlink renamed over
 the old one (``mv -T``, one ``rename(2)``); ``history`` is rewritten to a temporary file and renamed too. The
 model is sent only when ``models/<sha256>.gguf`` is missing (the transfer module renames it into place only
-after its sha256 matched, so its presence means it is whole), and a new release starts as a copy of the
-current one's binaries and libraries, so the transfer skips every file that did not change.
+after its sha256 matched, so its presence means it is whole), and a new release starts as hard links to the
+current one's binaries and libraries, so the transfer skips every file that did not change (a changed file is
+sent to a ``.part`` and renamed over its link: the older release keeps its own).
 Pruning keeps the releases that were current most recently and removes the models no kept release links to.
+A release that listens beyond loopback carries its API key as ``api-key`` (mode 0600, owned by the service
+user, written through sudo from stdin): it reaches the host on no command line and is read back (for the
+health gate) the same way.
 """
 
 from __future__ import annotations
@@ -18,8 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llamaforge.core.errors import LlamaforgeError
 from llamaforge.core.events import CancelToken
-from llamaforge.deploy.release import MODEL_LINK, RELEASE_JSON, Layout, ReleaseSpec
+from llamaforge.deploy.release import (
+    API_KEY_FILE,
+    MODEL_LINK,
+    RELEASE_JSON,
+    SERVICE_USER,
+    Layout,
+    ReleaseSpec,
+)
 from llamaforge.runners.ssh import SshProcessRunner
 
 _STATE = r"""
@@ -33,6 +45,10 @@ exit 0
 _SWITCH = r"""
 cd "$1" && ln -sfn "releases/$2" .current.tmp && mv -T .current.tmp current \
   && cat > .history.tmp && mv -T .history.tmp history
+"""
+
+_WRITE_KEY = r"""
+umask 077 && cat > "$1.tmp" && chown "$2:$2" "$1.tmp" && chmod 0600 "$1.tmp" && mv -T "$1.tmp" "$1"
 """
 
 _UNUSED_MODELS = r"""
@@ -90,6 +106,38 @@ class Upload:
     model_bytes: int
 
 
+class HostDiskFull(LlamaforgeError):
+    """A host lacks the disk space a release needs; nothing was sent and nothing switched."""
+
+    exit_code = 15
+
+
+FREE_MARGIN = 16 << 20  # bytes left free beyond what a release needs: logs, the service's own files
+
+
+def check_free_space(runner: SshProcessRunner, needs: Mapping[str, int]) -> None:
+    """Refuse (HostDiskFull) when the file systems of ``needs``' directories lack the bytes asked for there
+    (directories on one file system add up), plus :data:`FREE_MARGIN`."""
+    wanted = {path: size for path, size in needs.items() if size > 0}
+    if not wanted:
+        return
+    rows = runner.run(["df", "-B1", "--output=target,avail", *wanted]).stdout.splitlines()[1:]
+    totals: dict[str, list[Any]] = {}
+    for (path, size), row in zip(wanted.items(), rows, strict=True):
+        mount, avail = row.split()
+        entry = totals.setdefault(mount, [int(avail), 0, []])
+        entry[1] += size
+        entry[2].append(path)
+    for _mount, (avail, size, paths) in totals.items():
+        if size + FREE_MARGIN > avail:
+            raise HostDiskFull(
+                f"{runner.host.address}: {' and '.join(paths)} has {avail / 2**20:.1f} MiB free, the release needs "
+                f"{size / 2**20:.1f} MiB (+{FREE_MARGIN >> 20} MiB kept free)",
+                hint="free space on the host (or deploy with --keep 1 to prune old releases) and deploy again; "
+                "nothing was sent or switched there",
+            )
+
+
 def _exists(runner: SshProcessRunner, path: str) -> bool:
     return runner.run(["test", "-e", path], warn=True).ok
 
@@ -107,26 +155,40 @@ def upload_release(
     service_files: Mapping[str, str],
     record: Mapping[str, Any],
     *,
+    api_key: str | None = None,
     cancel: CancelToken | None = None,
 ) -> Upload:
-    """Put release ``rid`` on the host unless it is already there; returns what was sent."""
+    """Put release ``rid`` on the host unless it is already there; returns what was sent. A release that
+    listens beyond loopback gets ``api_key`` as its key file."""
     model_path = layout.model(spec.model_sha256)
-    model_bytes = 0
-    if spec.model_sha256 and not _exists(runner, model_path):
-        model_bytes = runner.put(spec.model, model_path, cancel=cancel).sent_bytes
     target = layout.release(rid)
-    if _exists(runner, posixpath.join(target, RELEASE_JSON)):
+    # An RPC worker's release has no model: the head sends the tensors.
+    has_model = not spec.model_sha256 or _exists(runner, model_path)
+    has_release = _exists(runner, posixpath.join(target, RELEASE_JSON))
+    release_bytes = 0 if has_release else sum(local.stat().st_size for local, _ in files)
+    check_free_space(
+        runner, {layout.models: 0 if has_model else spec.model_size, layout.releases: release_bytes}
+    )
+    model_bytes = 0
+    if not has_model:
+        model_bytes = runner.put(spec.model, model_path, cancel=cancel).sent_bytes
+    if has_release:
         return Upload(model_bytes, model_bytes)
     stage = posixpath.join(layout.releases, f".{rid}.tmp")
-    seed = 'rm -rf "$1" && mkdir -p "$1" && { [ -d "$2/bin" ] && cp -a "$2/bin" "$2/lib" "$1/" 2>/dev/null; true; }'
+    seed = 'rm -rf "$1" && mkdir -p "$1" && { [ -d "$2/bin" ] && cp -al "$2/bin" "$2/lib" "$1/" 2>/dev/null; true; }'
     runner.run(["sh", "-c", seed, "sh", stage, layout.current])
     sent = model_bytes
     for local, relative in files:
         sent += runner.put(local, posixpath.join(stage, relative), cancel=cancel).sent_bytes
     for name, text in service_files.items():
         _write(runner, posixpath.join(stage, name), text)
-    if spec.model_sha256:  # an RPC worker's release has no model: the head sends the tensors
+    if spec.model_sha256:
         runner.run(["ln", "-sfn", model_path, posixpath.join(stage, MODEL_LINK)])
+    if spec.api_key:
+        if not api_key:
+            raise ValueError("a release listening beyond loopback needs its API key")
+        runner.run(["sudo", "-n", "sh", "-c", _WRITE_KEY, "sh", posixpath.join(stage, API_KEY_FILE), SERVICE_USER],
+                   stdin=api_key, what=f"writing the API key on {runner.host.host}")  # fmt: skip
     _write(runner, posixpath.join(stage, RELEASE_JSON), json.dumps(dict(record), indent=2) + "\n")
     runner.run(["sh", "-c", 'rm -rf "$2" && mv -T "$1" "$2"', "sh", stage, target])
     return Upload(sent, model_bytes)
@@ -166,3 +228,10 @@ def release_facts(runner: SshProcessRunner, layout: Layout, rid: str) -> tuple[d
         return record, 0
     size = runner.run(["stat", "-L", "-c", "%s", posixpath.join(directory, MODEL_LINK)]).stdout.strip()
     return record, int(size)
+
+
+def read_api_key(runner: SshProcessRunner, layout: Layout, rid: str) -> str | None:
+    """Release ``rid``'s API key, read through sudo over SSH (None when the release has none)."""
+    path = posixpath.join(layout.release(rid), API_KEY_FILE)
+    result = runner.run(["sudo", "-n", "cat", path], warn=True)
+    return (result.stdout.strip() or None) if result.ok else None

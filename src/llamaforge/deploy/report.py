@@ -8,7 +8,9 @@ from pydantic import Field
 
 from llamaforge.core.registry import Result
 
-HostStatus = Literal["updated", "unchanged", "rolled back", "failed", "untouched", "unreachable"]
+HostStatus = Literal[
+    "updated", "unchanged", "rolled back", "failed", "untouched", "unreachable", "interrupted"
+]
 
 
 class HostReport(Result):
@@ -18,7 +20,8 @@ class HostReport(Result):
     status: HostStatus = Field(
         description="updated (new release, gate passed), unchanged (it was already current), rolled back "
         "(gate failed, previous release restored), failed (left as the detail says), untouched (not reached), "
-        "unreachable (SSH refused or failed: nothing changed)"
+        "unreachable (SSH refused or the connection was lost), interrupted (Ctrl-C or SIGTERM: left on the "
+        "whole release named in `release`)"
     )
     release: str | None = Field(description="The release current on the host afterwards")
     previous: str | None = Field(description="The release current before")
@@ -30,6 +33,10 @@ class HostReport(Result):
     logs: list[str] = Field(
         default_factory=list, description="The service's last log lines when a gate failed"
     )
+    api_key_file: str | None = Field(
+        None, description="Where the host keeps the API key of a server listening beyond loopback (read it "
+        "there with sudo; the key itself is never reported)"
+    )  # fmt: skip
 
 
 class RolloutReport(Result):
@@ -39,6 +46,7 @@ class RolloutReport(Result):
     target: str
     name: str
     passed: bool
+    interrupted: bool = Field(False, description="Ctrl-C or SIGTERM stopped it (see each host's release)")
     hosts: list[HostReport]
     wall_s: float
 
@@ -58,6 +66,11 @@ class HostPlan(Result):
     restart: bool
     flags_before: list[str] | None
     flags_after: list[str]
+    listen: str = Field("127.0.0.1", description="The address llama-server binds")
+    api_key: bool = Field(False, description="Whether the release carries an API key (beyond loopback)")
+    fit: list[str] = Field(
+        default_factory=list, description="The fit plan for the host's GPU, when it has one"
+    )
     detail: str = ""
 
 

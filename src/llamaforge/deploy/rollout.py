@@ -5,33 +5,50 @@ stops the rollout with nothing changed anywhere. Then the canary hosts go first,
 batch in parallel, one runner each); a host whose gate fails is put back on its previous release (``current``
 switched back, the service restarted and gated again), the rollout stops, and hosts not reached stay
 untouched. Fabric's groups are not used: they run every host even after one failed.
+
+``max_fail_percent`` works like Ansible's ``max_fail_percentage``: the rollout goes on after a batch unless
+the share of its hosts that failed (rolled back, failed, unreachable) EXCEEDS it (0: any failure stops it).
+A host whose connection is lost mid-rollout is reported unreachable (``current`` is switched by one rename, so
+it runs one whole release). Ctrl-C or SIGTERM (the cancel token) stops the rollout: a host still uploading
+stays on its release, a host already switched is put back on its previous one and gated again, and every host
+not reached stays untouched; each one's report says which release it was left on (status ``interrupted``).
+Each host's steps are reported as events (``deploy`` stage) for the fronts' job views.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llamaforge.core.errors import LlamaforgeError
+from llamaforge.core.errors import Cancelled, LlamaforgeError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.deploy.health import GateOutcome, gate_service
 from llamaforge.deploy.release import (
     KEEP_RELEASES,
+    LOOPBACK,
     Layout,
     ReleaseSpec,
     release_files,
     release_id,
     release_record,
 )
-from llamaforge.deploy.remote import HostState, host_state, prune_releases, switch_current, upload_release
+from llamaforge.deploy.remote import (
+    HostState,
+    host_state,
+    prune_releases,
+    read_api_key,
+    switch_current,
+    upload_release,
+)
 from llamaforge.deploy.report import HostPlan, HostReport, RolloutReport
 from llamaforge.deploy.targets import Target
 from llamaforge.models.recipes import AnswerCheck
 from llamaforge.runners.ssh import SshProcessRunner
+from llamaforge.runners.ssh_connection import HostKeyChanged, HostKeyUnknown, SshError
 
 
 @dataclass(frozen=True)
@@ -45,15 +62,20 @@ class Release:
     service_files: dict[str, str]
     record: dict[str, Any]
     checks: tuple[AnswerCheck, ...] = ()
+    api_key: str | None = field(default=None, repr=False, compare=False)  # written on the host, never shown
+    fit: tuple[str, ...] = ()  # the fit plan's summary for the host's GPU, when it has one
 
 
 def prepare_release(
-    spec: ReleaseSpec, layout: Layout, target: Target, checks: Sequence[AnswerCheck] = ()
-) -> Release:
-    """Render the release's service files and derive its id (no host needed)."""
+    spec: ReleaseSpec, layout: Layout, target: Target, checks: Sequence[AnswerCheck] = (), *,
+    api_key: str | None = None, fit: Sequence[str] = (),
+) -> Release:  # fmt: skip
+    """Render the release's service files and derive its id (no host needed); ``api_key`` is the key a
+    release listening beyond loopback gets (no part of its id or ``release.json``)."""
     files = target.service_files(spec, layout)
     rid = release_id(spec, files)
-    return Release(spec, layout, target, rid, files, release_record(spec, rid, target.name), tuple(checks))
+    return Release(spec, layout, target, rid, files, release_record(spec, rid, target.name), tuple(checks),
+                   api_key, tuple(fit))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -62,6 +84,7 @@ class RolloutOptions:
 
     canary: int = 1
     batch: int = 1
+    max_fail_percent: float = 0.0
     keep: int = KEEP_RELEASES
     gate_timeout_s: float | None = None
     reporter: Reporter = null_reporter
@@ -94,15 +117,34 @@ def plan_host(runner: SshProcessRunner, release: Release) -> tuple[HostPlan, Hos
     return HostPlan(
         host=runner.host.address, reachable=True, current=state.current, release=release.id, action=action,
         model_upload=not has_model, model_bytes=0 if has_model else spec.model_size, restart=action != "none",
-        flags_before=before, flags_after=flags_after,
+        flags_before=before, flags_after=flags_after, listen=spec.listen, api_key=spec.api_key,
+        fit=list(release.fit),
     ), state  # fmt: skip
 
 
-def _gate(
-    runner: SshProcessRunner, release: Release, options: RolloutOptions, port: int, size: int
-) -> GateOutcome:
-    return gate_service(runner, release.target, release.layout, port, model_size=size, checks=release.checks,
-                       timeout_s=options.gate_timeout_s, cancel=options.cancel)  # fmt: skip
+def _gate(runner: SshProcessRunner, release: Release, options: RolloutOptions, rid: str,
+          record: dict[str, Any], size: int, cancel: CancelToken | None = None) -> GateOutcome:  # fmt: skip
+    """Gate release ``rid`` (``record``: its release.json), with the key it carries when it has one."""
+    key = read_api_key(runner, release.layout, rid) if record.get("api_key_file") else None
+    return gate_service(runner, release.target, release.layout, int(record["port"]), model_size=size,
+                        checks=release.checks, timeout_s=options.gate_timeout_s, cancel=cancel or options.cancel,
+                        api_key=key, listen=str(record.get("listen", LOOPBACK)))  # fmt: skip
+
+
+def _lost(runner: SshProcessRunner, error: BaseException) -> bool:
+    """True when ``error`` is the SSH connection failing (a refused host key is no lost connection); an error
+    from elsewhere (SFTP's, paramiko's) counts when the host no longer answers a command."""
+    if isinstance(error, HostKeyUnknown | HostKeyChanged | Cancelled):
+        return False
+    if isinstance(error, SshError):
+        return True
+    if isinstance(error, LlamaforgeError):
+        return False
+    try:
+        runner.run(["true"], timeout_s=15)
+    except Exception:  # noqa: BLE001 - any failure to run a command means the host is gone
+        return True
+    return False
 
 
 def _restore(runner: SshProcessRunner, release: Release, state: HostState, failed: GateOutcome,
@@ -125,10 +167,9 @@ def _restore(runner: SshProcessRunner, release: Release, state: HostState, faile
     )
     switch_current(runner, layout, state.current, history)
     target.activate(runner, layout)
-    record = state.record or {}
-    again = _gate(
-        runner, release, options, int(record.get("port", release.spec.port)), release.spec.model_size
-    )
+    record = state.record or {"port": release.spec.port}
+    # gated to its end even after Ctrl-C: the report must say whether the host it leaves is healthy
+    again = _gate(runner, release, options, state.current, record, release.spec.model_size, CancelToken())
     status = "rolled back" if again.passed else "failed"
     detail = f"{failed.detail}; back on {state.current}: " + (
         "healthy" if again.passed else f"NOT healthy: {again.detail}"
@@ -144,50 +185,111 @@ def deploy_host(runner: SshProcessRunner, release: Release, state: HostState, fi
     if state.current == release.id:
         return HostReport(**base, status="unchanged", release=release.id, detail="already current")
     layout, target = release.layout, release.target
-    options.reporter(Event("stage", f"{runner.host.address}: deploying {release.id}", stage="deploy"))
+    address = runner.host.address
+
+    def step(what: str) -> None:
+        options.reporter(Event("stage", f"{address}: {what}", stage="deploy"))
+
+    step(f"deploying {release.id}")
     switched, sent, model = False, 0, 0
     try:
+        options.cancel.raise_if_cancelled()
         target.prepare(runner, layout)
+        step("uploading" if release.id not in state.releases else "release already on the host")
         upload = upload_release(runner, layout, release.spec, release.id, files, release.service_files,
-                                release.record, cancel=options.cancel)  # fmt: skip
+                                release.record, api_key=release.api_key, cancel=options.cancel)  # fmt: skip
         sent, model = upload.sent_bytes, upload.model_bytes
+        options.cancel.raise_if_cancelled()
         history = [*state.history, release.id]
         switch_current(runner, layout, release.id, history)
         switched = True
+        step(f"switched to {release.id}; restarting and gating")
         target.activate(runner, layout)
-        gate = _gate(runner, release, options, release.spec.port, release.spec.model_size)
+        gate = _gate(runner, release, options, release.id, release.record, release.spec.model_size)
     except Exception as error:  # noqa: BLE001 - whatever went wrong on this host ends in its report
         message = error.render() if isinstance(error, LlamaforgeError) else f"{type(error).__name__}: {error}"
+        moved = {"sent_bytes": sent, "model_bytes": model}
+        if _lost(runner, error):
+            where = f"it runs {release.id} or {state.current}" if switched else f"still on {state.current}"
+            step(f"unreachable: {message}")
+            return HostReport(**base, **moved, status="unreachable", release=None if switched else state.current,
+                              detail=f"connection lost: {message}; {where}")  # fmt: skip
+        if isinstance(error, Cancelled) and not switched:
+            step(f"interrupted; still on {state.current}")
+            return HostReport(**base, **moved, status="interrupted", release=state.current,
+                              detail=f"interrupted before the switch; still on {state.current}")  # fmt: skip
         if not switched:
-            return HostReport(**base, status="failed", release=state.current, sent_bytes=sent, model_bytes=model,
+            step(f"failed: {message}")
+            return HostReport(**base, **moved, status="failed", release=state.current,
                               detail=f"{message}; still on {state.current}")  # fmt: skip
-        gate = GateOutcome(False, message)
+        gate = GateOutcome(False, "interrupted" if isinstance(error, Cancelled) else message)
     report = {**base, "sent_bytes": sent, "model_bytes": model}
     if not gate.passed:
-        return _restore(runner, release, state, gate, options, report)
+        step(f"gate failed ({gate.detail}); restoring {state.current}")
+        restored = _restore(runner, release, state, gate, options, report)
+        if options.cancel.cancelled and restored.status == "rolled back":
+            restored = restored.model_copy(update={"status": "interrupted"})
+        step(f"{restored.status}: on {restored.release}")
+        return restored
     prune_releases(runner, layout, host_state(runner, layout), options.keep)
+    step(f"updated: {release.id} healthy")
     return HostReport(**report, status="updated", release=release.id, health_s=gate.health_s,
-                      completion=gate.completion, detail=gate.detail)  # fmt: skip
+                      completion=gate.completion, detail=gate.detail, api_key_file=_key_path(release))  # fmt: skip
+
+
+def _key_path(release: Release) -> str | None:
+    from llamaforge.deploy.release import API_KEY_FILE
+
+    return f"{release.layout.release(release.id)}/{API_KEY_FILE}" if release.spec.api_key else None
 
 
 def _passed(report: HostReport) -> bool:
     return report.status in ("updated", "unchanged")
 
 
-def rollout(runners: Sequence[SshProcessRunner], release: Release, options: RolloutOptions) -> RolloutReport:
-    """Deploy ``release`` to every host in order (see the module docstring)."""
+def too_many_failed(reports: Sequence[HostReport], max_fail_percent: float) -> bool:
+    """Ansible's ``max_fail_percentage`` for one batch: True when the share of its hosts that did not pass
+    EXCEEDS ``max_fail_percent`` (so 0 stops at the first failure and 100 never stops)."""
+    failed = sum(not _passed(report) for report in reports)
+    return bool(reports) and 100.0 * failed / len(reports) > max_fail_percent
+
+
+def _run_batch(runners: Sequence[SshProcessRunner], releases: Sequence[Release],
+               plans: Sequence[tuple[HostPlan, HostState | None]], files: dict[str, list[tuple[Path, str]]],
+               group: Sequence[int], options: RolloutOptions) -> dict[int, HostReport]:  # fmt: skip
+    """Deploy one batch, its hosts in parallel; Ctrl-C here cancels it and waits for every host to settle."""
+    with ThreadPoolExecutor(max_workers=len(group)) as pool:
+        futures: dict[int, Future[HostReport]] = {
+            index: pool.submit(deploy_host, runners[index], releases[index], plans[index][1],  # type: ignore[arg-type]
+                               files[releases[index].id], options)
+            for index in group
+        }  # fmt: skip
+        try:
+            wait(list(futures.values()))
+        except KeyboardInterrupt:
+            options.cancel.cancel()  # each host stops at a whole release; wait for them to get there
+            wait(list(futures.values()))
+    return {index: future.result() for index, future in futures.items()}
+
+
+def rollout(runners: Sequence[SshProcessRunner], release: Release | Sequence[Release],
+            options: RolloutOptions) -> RolloutReport:  # fmt: skip
+    """Deploy ``release`` (or one release per host, e.g. flags fitted to each host's GPU) to every host in
+    order (see the module docstring)."""
     started = time.monotonic()
-    plans = [plan_host(runner, release) for runner in runners]
+    releases = [release] * len(runners) if isinstance(release, Release) else list(release)
+    plans = [plan_host(runner, item) for runner, item in zip(runners, releases, strict=True)]
     reports: list[HostReport | None] = [None] * len(runners)
     if all(state is not None for _plan, state in plans):
-        files = release_files(release.spec) if any(plan.action == "upload" for plan, _ in plans) else []
+        uploads = {
+            item.id for item, (plan, _state) in zip(releases, plans, strict=True) if plan.action == "upload"
+        }
+        files = {item.id: release_files(item.spec) if item.id in uploads else [] for item in releases}
         for group in batches(len(runners), options.canary, options.batch):
-            with ThreadPoolExecutor(max_workers=len(group)) as pool:
-                done = pool.map(lambda index: deploy_host(runners[index], release, plans[index][1],  # type: ignore[arg-type]
-                                                          files, options), group)  # fmt: skip
-                for index, report in zip(group, done, strict=True):
-                    reports[index] = report
-            if not all(_passed(reports[index]) for index in group):  # type: ignore[arg-type]
+            done = _run_batch(runners, releases, plans, files, group, options)
+            for index, report in done.items():
+                reports[index] = report
+            if options.cancel.cancelled or too_many_failed(list(done.values()), options.max_fail_percent):
                 break
     final = [
         report if report is not None
@@ -196,6 +298,8 @@ def rollout(runners: Sequence[SshProcessRunner], release: Release, options: Roll
         else HostReport(host=plan.host, status="untouched", release=plan.current, previous=plan.current)
         for report, (plan, _state) in zip(reports, plans, strict=True)
     ]  # fmt: skip
-    return RolloutReport(release=release.id, target=release.target.name, name=release.layout.name,
-                         passed=all(_passed(report) for report in final), hosts=final,
+    ids = {item.id for item in releases}
+    return RolloutReport(release=ids.pop() if len(ids) == 1 else None, target=releases[0].target.name,
+                         name=releases[0].layout.name, passed=all(_passed(report) for report in final),
+                         interrupted=options.cancel.cancelled, hosts=final,
                          wall_s=round(time.monotonic() - started, 3))  # fmt: skip

@@ -136,6 +136,10 @@ def _cancel_on_sigterm(cancel: CancelToken) -> Iterator[None]:
     previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield
+    except OperationFailed as error:
+        if terminated.is_set():  # its result says where the work stopped (a rollout's hosts): keep it
+            error.exit_code = Terminated.exit_code
+        raise
     except Exception as error:
         if terminated.is_set():
             raise Terminated(

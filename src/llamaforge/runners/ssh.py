@@ -50,6 +50,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PID_MARK = "llamaforge-pid "
 _PID_LINE = f'printf "{_PID_MARK}%s\\n" "$$" >&2'
 _KILL_WAIT_S = 10.0  # how long a killed command may take to end before the runner stops waiting for it
+SESSION_OPEN_TIMEOUT_S = 60.0  # how long the server may take to confirm a new session channel
 _READ_ENV = 'IFS= read -r n && eval "$(dd bs=1 count="$n" 2>/dev/null)"'
 
 
@@ -191,7 +192,7 @@ class SshProcessRunner:
     def kill(self, pid: int, signal_name: str = "KILL") -> None:
         """Send ``signal_name`` to the remote process group ``pid`` (the process when it has no group)."""
         with contextlib.suppress(Exception):
-            channel = self.connection.create_session()
+            channel = self.connection.transport.open_session(timeout=SESSION_OPEN_TIMEOUT_S)
             channel.exec_command(f"kill -{signal_name} -- -{pid} 2>/dev/null || kill -{signal_name} {pid}")
             channel.recv_exit_status()
             channel.close()
@@ -203,7 +204,9 @@ class SshProcessRunner:
 
         payload = (_env_script(env) if env else b"") + (stdin or "").encode()
         try:
-            channel = self.connection.create_session()
+            # paramiko waits forever for a channel the server never confirms (seen on a loaded host with
+            # several threads on one transport); a bounded wait turns that into an SshError naming the host
+            channel = self.connection.transport.open_session(timeout=SESSION_OPEN_TIMEOUT_S)
             channel.exec_command(
                 remote_command(command, env=bool(env), cwd=None if cwd is None else str(cwd), merge=merge)
             )

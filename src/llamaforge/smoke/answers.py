@@ -57,12 +57,16 @@ class GoldenRequest:
         }
 
 
-def _post(base_url: str, path: str, body: Mapping[str, Any], timeout: float) -> dict[str, Any]:
+def _post(
+    base_url: str, path: str, body: Mapping[str, Any], timeout: float, api_key: str | None = None
+) -> dict[str, Any]:
     url = urllib.parse.urlsplit(base_url)
     connection = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=timeout)
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
     try:
-        connection.request("POST", path, body=json.dumps(body).encode(),
-                           headers={"Content-Type": "application/json"})  # fmt: skip
+        connection.request("POST", path, body=json.dumps(body).encode(), headers=headers)
         response = connection.getresponse()
         payload = response.read()
         if response.status != 200:
@@ -86,24 +90,25 @@ class AnswerOutcome:
     error: str | None = None
 
 
-def ask(base_url: str, prompt: str, *, max_tokens: int, timeout: float) -> str:
-    """The reply of one greedy, non-streaming chat completion (thinking off, so the reply is the answer)."""
+def ask(base_url: str, prompt: str, *, max_tokens: int, timeout: float, api_key: str | None = None) -> str:
+    """The reply of one greedy, non-streaming chat completion (thinking off, so the reply is the answer);
+    ``api_key`` is sent as a bearer token when the server wants one."""
     data = _post(base_url, "/v1/chat/completions", {
         "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0.0,
         "seed": GoldenRequest.seed, "chat_template_kwargs": {"enable_thinking": False},
-    }, timeout)  # fmt: skip
+    }, timeout, api_key)  # fmt: skip
     message = (data.get("choices") or [{}])[0].get("message") or {}
     return str(message.get("content") or "")
 
 
 def check_answers(
-    base_url: str, checks: Sequence[AnswerCheck], *, timeout: float = 120.0
+    base_url: str, checks: Sequence[AnswerCheck], *, timeout: float = 120.0, api_key: str | None = None
 ) -> list[AnswerOutcome]:
     """Ask every check's prompt on the server at ``base_url``; each outcome says whether its reply matched."""
     outcomes = []
     for check in checks:
         try:
-            reply = ask(base_url, check.prompt, max_tokens=check.max_tokens, timeout=timeout)
+            reply = ask(base_url, check.prompt, max_tokens=check.max_tokens, timeout=timeout, api_key=api_key)
         except (OSError, http.client.HTTPException, json.JSONDecodeError) as error:
             failure = f"{type(error).__name__}: {error}"
             outcomes.append(AnswerOutcome(check.prompt, check.expectation, "", False, failure))
@@ -113,10 +118,10 @@ def check_answers(
 
 
 def greedy_completion(
-    base_url: str, request: GoldenRequest, *, timeout: float = 120.0
+    base_url: str, request: GoldenRequest, *, timeout: float = 120.0, api_key: str | None = None
 ) -> list[dict[str, Any]]:
     """Per generated token: ``id``, ``token``, ``logprob`` and ``top`` (the top-n ``id``/``token``/``logprob``)."""
-    data = _post(base_url, "/completion", request.body(), timeout)
+    data = _post(base_url, "/completion", request.body(), timeout, api_key)
     return [
         {"id": entry["id"], "token": entry["token"], "logprob": entry["logprob"],
          "top": [{"id": top["id"], "token": top["token"], "logprob": top["logprob"]}

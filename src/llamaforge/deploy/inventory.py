@@ -1,0 +1,159 @@
+"""Host inventories: ``recipes/hosts/NAME.toml`` (or any path) lists a fleet's hosts in rollout order.
+
+An inventory is a typed, frozen model like the other recipes (unknown keys are refused naming the file and the
+field, with "did you mean …?"; the JSON schema is checked in as ``recipes/schema/host-inventory.schema.json``).
+Top-level ``user``, ``port`` and ``key_file`` are defaults every ``[[hosts]]`` entry may override; the
+inventory's own ``known_hosts`` file (relative paths are relative to the inventory) is read beside the user's
+``~/.ssh/known_hosts`` and receives the keys ``--accept-new-host-keys`` records. Each host may name its GPU
+(a key of ``recipes/gpus.toml``), which the deploy's fit plan sizes llama-server's flags for, and free-form
+``labels``. More per-host fields (an ``rpc_address``) or a ``[topology]`` table are one field each here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from llamaforge.core.errors import InvalidOption, RecipeError
+from llamaforge.core.paths import data_dir
+from llamaforge.core.validation import recipe_error, suggest
+from llamaforge.deploy.hosts import DeployHost
+from llamaforge.runners.ssh_connection import SshHost
+
+_HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InventoryHost(_Strict):
+    """One host of an inventory."""
+
+    name: str = Field(description="The host's name in --hosts selections and in reports")
+    address: str = Field(description="DNS name or IP address sshd listens on")
+    user: str | None = Field(None, description="SSH user (default: the inventory's user)")
+    port: int | None = Field(None, ge=1, le=65535, description="SSH port (default: the inventory's port)")
+    key_file: str | None = Field(
+        None, description="Private key file (default: the inventory's, else the agent)"
+    )
+    gpu: str | None = Field(
+        None, description="The host's GPU, a name from recipes/gpus.toml; the fit plan sizes flags for it"
+    )
+    labels: dict[str, str] = Field(default_factory=dict, description="Free-form labels (rack, zone, …)")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if not _HOST_NAME.match(value):
+            raise ValueError("use letters, digits, '.', '_' and '-' (at most 63)")
+        return value
+
+    @field_validator("gpu")
+    @classmethod
+    def _gpu(cls, value: str | None) -> str | None:
+        if value is not None:
+            from llamaforge.serve.gpus import find_gpu
+
+            try:
+                find_gpu(value)
+            except InvalidOption as error:
+                raise ValueError(f"{error.message}; {error.hint}") from None
+        return value
+
+
+class Inventory(_Strict):
+    """A fleet: defaults, the inventory's known_hosts file, and its hosts in rollout order."""
+
+    name: str = Field(description="The inventory's name (the file's stem)")
+    user: str | None = Field(None, description="SSH user of every host that names none")
+    port: int = Field(22, ge=1, le=65535, description="SSH port of every host that names none")
+    key_file: str | None = Field(None, description="Private key file of every host that names none")
+    known_hosts: str | None = Field(
+        None,
+        description="The fleet's known_hosts file (relative to the inventory); new keys are recorded here",
+    )
+    hosts: list[InventoryHost] = Field(min_length=1, description="The hosts, in rollout order")
+
+    @model_validator(mode="after")
+    def _unique(self) -> Inventory:
+        names = [host.name for host in self.hosts]
+        twice = sorted({name for name in names if names.count(name) > 1})
+        if twice:
+            raise ValueError(f"host names given twice: {', '.join(twice)}")
+        return self
+
+
+def inventory_dir() -> Path:
+    """Where named inventories live: ``recipes/hosts/``."""
+    return data_dir("recipes") / "hosts"
+
+
+def _resolve(name_or_path: str) -> Path:
+    from llamaforge.build.recipes import resolve_named_file
+
+    return resolve_named_file(name_or_path, inventory_dir(), "host inventory")
+
+
+def load_inventory(name_or_path: str) -> tuple[Inventory, Path]:
+    """The inventory ``recipes/hosts/NAME.toml`` or at a path, and the file it came from."""
+    path = _resolve(name_or_path)
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as error:
+        raise RecipeError(
+            f"host inventory {path} is not valid TOML: {error}", hint="fix the syntax"
+        ) from None
+    except OSError as error:
+        raise RecipeError(f"cannot read host inventory {path}: {error.strerror}") from None
+    try:
+        return Inventory.model_validate({**data, "name": path.stem}), path
+    except ValidationError as error:
+        raise recipe_error(error, what=f"host inventory {path}", root=Inventory,
+                           hint="see recipes/schema/host-inventory.schema.json for the fields") from None  # fmt: skip
+
+
+def _path(text: str | None, base: Path) -> Path | None:
+    if text is None:
+        return None
+    path = Path(text).expanduser()
+    return path if path.is_absolute() else base / path
+
+
+def inventory_hosts(
+    name_or_path: str, select: str | Sequence[str] | None = None, *, key_file: Path | None = None,
+    known_hosts: Path | None = None,
+) -> list[DeployHost]:  # fmt: skip
+    """The inventory's hosts in its order (only those named in ``select``, comma-separated, when given); an
+    unknown name gets "did you mean"; ``key_file`` / ``known_hosts`` replace the inventory's when given."""
+    inventory, path = load_inventory(name_or_path)
+    chosen = inventory.hosts
+    if select:
+        wanted = [part.strip() for item in ([select] if isinstance(select, str) else select)
+                  for part in item.split(",") if part.strip()]  # fmt: skip
+        names = [host.name for host in inventory.hosts]
+        for name in wanted:
+            if name not in names:
+                raise InvalidOption(
+                    f"host {name!r} is not in the inventory {path}",
+                    hint=suggest(name, names, end=" ") + "its hosts: " + ", ".join(names),
+                )
+        chosen = [host for host in inventory.hosts if host.name in wanted]
+    base = path.parent
+    fleet_known = known_hosts or _path(inventory.known_hosts, base)
+    hosts = []
+    for host in chosen:
+        ssh = SshHost(host.address, host.port or inventory.port, host.user or inventory.user,
+                      key_file or _path(host.key_file or inventory.key_file, base), fleet_known)  # fmt: skip
+        hosts.append(DeployHost(ssh=ssh, name=host.name, gpu=host.gpu, labels=dict(host.labels)))
+    return hosts
+
+
+def inventory_json_schema() -> str:
+    """The JSON schema of host inventories, as checked in under ``recipes/schema/``."""
+    return json.dumps(Inventory.model_json_schema(), indent=2, sort_keys=True) + "\n"

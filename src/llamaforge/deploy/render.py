@@ -1,0 +1,80 @@
+"""The deploy results for a person: one table row per host (``--json`` keeps the whole result)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+_COLOURS = {"updated": "green", "unchanged": "green", "rolled back": "yellow", "interrupted": "yellow",
+            "untouched": "dim", "failed": "red", "unreachable": "red"}  # fmt: skip
+
+
+def _table(title: str, columns: list[str], rows: list[list[str]]) -> Any:
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", highlight=False)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _mib(value: Any) -> str:
+    return f"{int(value or 0) / 2**20:.1f}"
+
+
+def rollout_cli(result: dict[str, Any], console: Console) -> None:
+    """``deploy`` and ``deploy.rollback``: each host's outcome, the release it is on and why."""
+    rows = []
+    for host in result.get("hosts", []):
+        status = str(host.get("status"))
+        coloured = f"[{_COLOURS.get(status, 'white')}]{status}[/]"
+        rows.append([str(host.get("host")), coloured, str(host.get("release") or "-"),
+                     _mib(host.get("sent_bytes")), str(host.get("detail") or "")])  # fmt: skip
+    title = f"{result.get('name')} ({result.get('target')}): release {result.get('release') or 'per host'}"
+    console.print(_table(title, ["host", "status", "release", "sent MiB", "detail"], rows))
+    for host in result.get("hosts", []):
+        if host.get("api_key_file"):
+            console.print(
+                f"{host['host']}: API key in {host['api_key_file']} (readable by root)", highlight=False
+            )
+    verdict = "interrupted" if result.get("interrupted") else "passed" if result.get("passed") else "FAILED"
+    console.print(f"{verdict} in {float(result.get('wall_s') or 0):.1f} s", highlight=False)
+
+
+def plan_cli(result: dict[str, Any], console: Console) -> None:
+    """``deploy.plan``: what would change on each host, with the flags the fit plan chose."""
+    rows = []
+    for host in result.get("hosts", []):
+        model = f"send {_mib(host.get('model_bytes'))} MiB" if host.get("model_upload") else "on the host"
+        action = (
+            str(host.get("action")) if host.get("reachable") else f"[red]unreachable[/] {host.get('detail')}"
+        )
+        flags = " ".join(host.get("flags_after") or []) or "(defaults)"
+        rows.append([str(host.get("host")), str(host.get("current") or "-"), str(host.get("release")), action,
+                     model, flags, str(host.get("listen"))])  # fmt: skip
+    title = f"{result.get('name')} ({result.get('target')}): plan"
+    console.print(_table(title, ["host", "current", "release", "action", "model", "flags", "listen"], rows))
+    for host in result.get("hosts", []):
+        for line in host.get("fit") or []:
+            console.print(f"{host['host']}: {line}", highlight=False)
+
+
+def status_cli(result: dict[str, Any], console: Console) -> None:
+    """``deploy.status``: per host its release, service state, health, build, model and flags."""
+    rows = []
+    for host in result.get("hosts", []):
+        if not host.get("reachable"):
+            rows.append(
+                [str(host.get("host")), "[red]unreachable[/]", "", "", "", "", str(host.get("detail"))]
+            )
+            continue
+        healthy = {True: "[green]yes[/]", False: "[red]no[/]", None: "-"}[host.get("healthy")]
+        rows.append([str(host.get("host")), str(host.get("current") or "-"), str(host.get("active")), healthy,
+                     str(host.get("build_key") or "-")[:12], str(host.get("model_sha256") or "-")[:12],
+                     " ".join(host.get("flags") or [])])  # fmt: skip
+    title = f"{result.get('name')} ({result.get('target')}): status"
+    console.print(_table(title, ["host", "current", "service", "healthy", "build", "model", "flags"], rows))

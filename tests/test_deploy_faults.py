@@ -1,0 +1,289 @@
+"""Deploy faults and safety on the real systemd + sshd test hosts (tests/testhosts.py).
+
+One deployment of this module's own (its name and port) is put on the three hosts once, on the suite's CPU build
+and the tiny model ("good"); every test starts from it and puts every host back on it, so the order of the tests
+does not matter. What each fault leaves on the hosts is read out of band (docker exec), not from the report.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import REPO
+from llamaforge.core.errors import InvalidOption, OperationFailed
+from llamaforge.core.events import CancelToken, Event
+from llamaforge.core.registry import OperationContext, operations, result_json
+from llamaforge.deploy.report import DeployPlan, RolloutReport
+from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
+from llamaforge.runners.ssh_forward import forward_local
+from llamaforge.runners.transfer import CHUNK
+from test_deploy_ssh import complete_through_ssh, listening, on_host, runner, sha256_of, tiny_model
+from testhosts import USER, TestHost, restart_host
+
+__all__ = ["tiny_model"]  # the fixture, shared with test_deploy_ssh
+
+pytestmark = [pytest.mark.docker, pytest.mark.llamacpp]
+
+
+def deploy(operation: str = "deploy", *, cancel: CancelToken | None = None, on_event: Any = None,
+           **arguments: Any) -> Any:  # fmt: skip
+    """Run a deploy operation in this process, as the fronts do."""
+    op = operations()[operation]
+    context = OperationContext(reporter=on_event or (lambda event: None), cancel=cancel or CancelToken())
+    return op.run(op.params(**arguments), context)
+
+
+def failed(operation: str = "deploy", **arguments: Any) -> RolloutReport:
+    """The report of a deploy operation that must fail."""
+    with pytest.raises(OperationFailed) as caught:
+        deploy(operation, **arguments)
+    assert isinstance(caught.value.result, RolloutReport)
+    return caught.value.result
+
+
+class Site:
+    """The module's deployment: access to the hosts (rebuilt after a host restarts on another port)."""
+
+    def __init__(self, hosts: list[TestHost], home: Path, build: str, model: Path) -> None:
+        self.hosts, self.home, self.build, self.model = hosts, home, build, model
+        self.name = f"faults{os.getpid() % 10000}"
+        self.port = 20000 + os.getpid() % 2000
+        self.root = f"/opt/llamaforge/{self.name}"
+        self.good = ""
+
+    @property
+    def known(self) -> Path:
+        path = self.home / "known_hosts"
+        path.write_text("".join(f"{line}\n" for host in self.hosts for line in host.host_key_lines()),
+                        encoding="utf-8")  # fmt: skip
+        return path
+
+    def access(self) -> dict[str, Any]:
+        return {"hosts": ",".join(f"{USER}@127.0.0.1:{host.port}" for host in self.hosts),
+                "ssh_key": str(self.hosts[0].key_file), "known_hosts": str(self.known), "name": self.name}  # fmt: skip
+
+    def params(self, **more: Any) -> dict[str, Any]:
+        return {**self.access(), "build": self.build, "model": str(self.model), "port": self.port,
+                "gate_timeout_s": 120, **more}  # fmt: skip
+
+    def address(self, index: int) -> str:
+        return f"{USER}@127.0.0.1:{self.hosts[index].port}"
+
+    def current(self, index: int) -> str:
+        return on_host(self.hosts[index], f"readlink {self.root}/current").removeprefix("releases/")
+
+    def restore(self) -> None:
+        """Every host back on the good release, serving."""
+        report = deploy(**self.params(batch=2))
+        assert report.release == self.good and report.passed, report
+        for index in range(len(self.hosts)):
+            assert self.current(index) == self.good
+
+
+@pytest.fixture(scope="module")
+def site(test_hosts: list[TestHost], patched_build: Path, build_env: dict[str, str], tiny_model: Path,
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:  # fmt: skip
+    home = tmp_path_factory.mktemp("deploy-faults-home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HOME", str(home))  # never this machine's ~/.ssh/known_hosts
+        patch.setenv("LLAMAFORGE_HOME", build_env["LLAMAFORGE_HOME"])
+        site = Site(test_hosts, home, patched_build.name, tiny_model)
+        first = deploy(**site.params(batch=2))
+        assert first.passed, first
+        site.good = first.release
+        yield site
+        for host in test_hosts:
+            host.exec(["systemctl", "stop", f"llamaforge-{site.name}.service"])
+
+
+def other_model(directory: Path, n_layer: int) -> Path:
+    vocab = Path(os.environ["LLAMAFORGE_TEST_VOCAB"])
+    return write_tiny_model(directory / f"tiny-{n_layer}.gguf", TinyModelSpec(arch="qwen3", n_layer=n_layer),
+                            vocab).path  # fmt: skip
+
+
+def post(local_port: int, path: str, body: dict[str, Any], key: str | None = None) -> int:
+    connection = http.client.HTTPConnection("127.0.0.1", local_port, timeout=60)
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    try:
+        connection.request("POST", path, body=json.dumps(body).encode(), headers=headers)
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+def test_an_inventory_deploy_listening_beyond_loopback_keeps_its_key_secret(
+    site: Site, tmp_path: Path
+) -> None:
+    gpus = ['gpu = "rtx4060"\n', "", ""]  # the first host has a GPU: its flags come from the fit plan
+    hosts = "\n".join(f'[[hosts]]\nname = "h{index}"\naddress = "127.0.0.1"\nport = {host.port}\n{gpus[index]}'
+                      for index, host in enumerate(site.hosts))  # fmt: skip
+    (tmp_path / "fleet_known_hosts").write_text(site.known.read_text(encoding="utf-8"), encoding="utf-8")
+    inventory = tmp_path / "lab.toml"
+    inventory.write_text(f'user = "{USER}"\nkey_file = "{site.hosts[0].key_file}"\n'
+                         f'known_hosts = "fleet_known_hosts"\n{hosts}', encoding="utf-8")  # fmt: skip
+    wide = {"inventory": str(inventory), "name": site.name, "build": site.build, "model": str(site.model),
+            "port": site.port, "gate_timeout_s": 120, "listen": "0.0.0.0"}  # fmt: skip
+    with pytest.raises(InvalidOption, match="needs an API key"):
+        deploy("deploy.plan", **wide, api_key=False)
+    with pytest.raises(InvalidOption) as unknown:
+        deploy("deploy.plan", **wide, hosts="h1,h11")
+    assert "did you mean 'h1'" in (unknown.value.hint or "")
+    plan = deploy("deploy.plan", **wide)
+    assert isinstance(plan, DeployPlan)
+    assert plan.hosts[0].flags_after[:4] == ["-ngl", "3", "-c", "4096"] and plan.hosts[0].fit  # the GPU host
+    assert [item.flags_after for item in plan.hosts[1:]] == [[], []] and not plan.hosts[1].fit
+    assert all(item.api_key and item.listen == "0.0.0.0" for item in plan.hosts)
+
+    report = deploy(**wide, batch=2)
+    assert report.passed and report.release is None, report  # the GPU host got a release of its own
+    assert len({item.release for item in report.hosts}) == 2
+    text = json.dumps(result_json(report)) + json.dumps(result_json(plan))
+    unit = f"/etc/systemd/system/llamaforge-{site.name}.service"
+    for index, (host, item) in enumerate(zip(site.hosts, report.hosts, strict=True)):
+        assert item.api_key_file == f"{site.root}/releases/{item.release}/api-key"
+        assert on_host(host, f"stat -c '%a %U %G' {item.api_key_file}") == "600 llamaforge llamaforge"
+        assert host.exec(["cat", item.api_key_file], user=USER)[0] != 0  # the deploy user cannot read it
+        key = on_host(host, f"cat {item.api_key_file}")
+        assert len(key) >= 32
+        for where in (f"cat {unit} {site.root}/current/release.json", "ps -eo args",
+                      f"journalctl -u llamaforge-{site.name} --no-pager -o cat"):  # fmt: skip
+            assert key not in on_host(host, where), where
+        assert key not in text
+        assert "--api-key-file" in on_host(host, f"cat {unit}")
+        assert listening(host, site.port) == ["00000000"]  # 0.0.0.0
+        with runner(host, site.known) as opened, forward_local(opened, site.port) as local:
+            body = {"prompt": "hi", "n_predict": 2}
+            assert post(local, "/completion", body) == 401, index  # no key: refused
+            assert post(local, "/completion", body, key="wrong-key") == 401
+            assert post(local, "/completion", body, key=key) == 200
+    status = deploy("deploy.status", inventory=str(inventory), name=site.name)
+    assert [item.healthy for item in status.hosts] == [True] * 3
+    site.restore()
+    assert listening(site.hosts[0], site.port) == ["0100007F"]  # back on loopback only
+
+
+def test_a_full_disk_switches_nothing_and_max_fail_lets_the_next_batch_go_on(
+    site: Site, tmp_path: Path
+) -> None:
+    model = other_model(tmp_path, 3)
+    full = site.hosts[1]
+    on_host(full, f"mount -t tmpfs -o size=1m tmpfs {site.root}/models")
+    try:
+        stopped = failed(**site.params(model=str(model), canary=0, batch=2))
+        assert [item.status for item in stopped.hosts] == ["updated", "failed", "untouched"], stopped
+        detail = stopped.hosts[1].detail
+        assert site.address(1) in detail and "MiB free" in detail and "nothing was sent" in detail
+        assert site.current(1) == site.good and site.current(2) == site.good
+        assert on_host(full, f"ls {site.root}/models") == ""  # nothing was sent there either
+        goes_on = failed(**site.params(model=str(model), canary=0, batch=2, max_fail=50))
+        assert [item.status for item in goes_on.hosts] == ["unchanged", "failed", "updated"], goes_on
+        assert site.current(1) == site.good and site.current(2) == goes_on.hosts[2].release
+    finally:
+        full.exec(["umount", f"{site.root}/models"])
+    site.restore()
+
+
+def test_a_flag_llama_server_rejects_fails_the_gate_and_the_canary_is_rolled_back(site: Site) -> None:
+    report = failed(**site.params(cache_type="q9_9"))
+    assert [item.status for item in report.hosts] == ["rolled back", "untouched", "untouched"], report
+    canary = report.hosts[0]
+    assert canary.release == site.good and "restarted" in canary.detail and "healthy" in canary.detail
+    assert any("cache type" in line.lower() for line in canary.logs), canary.logs
+    assert [site.current(index) for index in range(3)] == [site.good] * 3
+    assert len(complete_through_ssh(site.hosts[0], site.known, site.port)) == 6
+
+
+def test_a_host_stopped_before_its_batch_is_unreachable_and_the_rest_untouched(site: Site) -> None:
+    victim = site.hosts[1]
+
+    def stop_after_canary(event: Event) -> None:
+        if event.message.startswith(f"{site.address(0)}: updated"):
+            victim.container.stop(timeout=5)
+
+    params = site.params(ctx=1024)
+    try:
+        report = failed(**params, on_event=stop_after_canary)
+        assert [item.status for item in report.hosts] == ["updated", "unreachable", "untouched"], report
+        assert site.address(1) in report.hosts[1].detail or "connection" in report.hosts[1].detail
+        assert report.hosts[1].release == site.good  # it went down before anything changed on it
+        assert site.current(0) == report.hosts[0].release != site.good and site.current(2) == site.good
+    finally:
+        restart_host(victim)
+    assert site.current(1) == site.good  # the enabled service came back with the host
+    site.restore()
+    assert len(complete_through_ssh(victim, site.known, site.port)) == 6
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_mid_rollout_leaves_each_host_on_a_whole_release(site: Site, signum: int, code: int) -> None:
+    params = site.params(ctx=2048 if signum == signal.SIGINT else 3072, canary=1, batch=1)
+    argv = [sys.executable, "-m", "invoke", "deploy", "--json"]
+    argv += [f"--{key.replace('_', '-')}={value}" for key, value in params.items()]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    with subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as process:  # fmt: skip
+        assert process.stderr is not None and process.stdout is not None
+        seen = []
+        for line in process.stderr:
+            seen.append(line)
+            if f"{site.address(1)}: switched" in line:  # the second host runs the new release, ungated
+                process.send_signal(signum)
+                break
+        else:
+            pytest.fail("the rollout ended before the second host switched:\n" + "".join(seen[-20:]))
+        out, rest = process.communicate(timeout=180)
+    assert process.returncode == code, "".join(seen) + rest
+    report = RolloutReport.model_validate(json.loads(out))
+    assert report.interrupted and "interrupted" in rest
+    assert [item.status for item in report.hosts] == ["updated", "interrupted", "untouched"], report
+    new = report.hosts[0].release
+    assert new != site.good and report.hosts[1].release == site.good and report.hosts[2].release == site.good
+    for index, item in enumerate(report.hosts):  # the report says where each host is, and it is there
+        assert site.current(index) == item.release
+        assert on_host(site.hosts[index], f"systemctl is-active llamaforge-{site.name}") == "active"
+    assert len(complete_through_ssh(site.hosts[1], site.known, site.port)) == 6
+    site.restore()
+
+
+class CancelAtChunk(CancelToken):
+    """Ctrl-C as the model's third chunk is about to be sent: the rollout's first check, then one per chunk."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.checks, self.at = 0, at
+
+    def raise_if_cancelled(self) -> None:
+        self.checks += 1
+        if self.checks == self.at:
+            self.cancel()
+        super().raise_if_cancelled()
+
+
+def test_an_upload_interrupted_mid_model_resumes_from_its_part(site: Site, tmp_path: Path) -> None:
+    model = other_model(tmp_path, 4)
+    size, sha = model.stat().st_size, sha256_of(model)
+    assert size > 3 * CHUNK
+    with pytest.raises(OperationFailed) as caught:
+        deploy(**site.params(model=str(model)), cancel=CancelAtChunk(4))
+    report = caught.value.result
+    assert caught.value.exit_code == 130 and isinstance(report, RolloutReport)
+    assert [item.status for item in report.hosts] == ["interrupted", "untouched", "untouched"], report
+    part = f"{site.root}/models/{sha}.gguf.part"
+    assert on_host(site.hosts[0], f"stat -c %s {part}") == str(2 * CHUNK)
+    assert site.current(0) == site.good
+    resumed = deploy(**site.params(model=str(model), batch=2))
+    assert resumed.passed
+    assert [item.model_bytes for item in resumed.hosts] == [size - 2 * CHUNK, size, size]
+    assert on_host(site.hosts[0], f"sha256sum {site.root}/models/{sha}.gguf").split()[0] == sha
+    site.restore()
