@@ -167,9 +167,8 @@ def plan_runtime_image(
         "deploy/Dockerfile.runtime.j2", key=manifest["key"], base=base, packages=sorted(packages), uid=UID,
         prefix=PREFIX, port=PORT, missing_ok=allowed, labels=labels,
     )  # fmt: skip
-    plan = RuntimePlan(runtime_tag(str(manifest["key"])), base, everything, tuple(sorted(packages)),
+    return RuntimePlan(runtime_tag(str(manifest["key"])), base, everything, tuple(sorted(packages)),
                        tuple(name for _, name in copied), labels, dockerfile)  # fmt: skip
-    return plan
 
 
 @dataclass(frozen=True)
@@ -219,5 +218,7 @@ def ensure_runtime_image(
         # The plan digest is known only once the Dockerfile is rendered, so its label is the last line.
         text = plan.dockerfile + f"LABEL {json.dumps(LABEL_PLAN)}={json.dumps(plan.digest)}\n"
         (context / "Dockerfile").write_text(text, encoding="utf-8")
-        built = build_image(context, plan.tag, on_line=lambda line: reporter(Event("log", line, stage="image")))
+        built = build_image(
+            context, plan.tag, on_line=lambda line: reporter(Event("log", line, stage="image"))
+        )
     return RuntimeImageResult(plan.tag, built, False, plan, image_labels(plan.tag))
