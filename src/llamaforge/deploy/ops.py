@@ -22,6 +22,8 @@ from llamaforge.deploy.targets import get_target
 from llamaforge.models.recipes import AnswerCheck
 from llamaforge.serve.launcher import LlamaFlags
 
+SWARM = "swarm"  # not a host target: the service lives on a Docker Swarm (llamaforge.deploy.swarm)
+
 
 class DeployFailed(LlamaforgeError):
     """A rollout or rollback left a host failed, rolled back or unreachable."""
@@ -32,7 +34,9 @@ class DeployFailed(LlamaforgeError):
 class HostsParams(Params):
     """Where a deployment lives: hosts, how to reach them, its name, root and target."""
 
-    hosts: str = Field(description="Hosts as user@host:port, comma-separated, in rollout order")
+    hosts: str = Field(
+        "", description="Hosts as user@host:port, comma-separated, in rollout order (not for swarm)"
+    )
     ssh_key: str | None = path_field(None, description="Private key file (default: the SSH agent)")
     known_hosts: str | None = path_field(
         None, description="The hosts' known_hosts file (read with ~/.ssh/known_hosts; new keys go here)"
@@ -42,7 +46,10 @@ class HostsParams(Params):
     )
     name: str = Field("default", description="Deployment name: the service llamaforge-NAME, root ROOT/NAME")
     root: str = Field(DEFAULT_ROOT, description="Directory on the hosts that holds the deployments")
-    target: str = Field("systemd", description="How the release runs on the hosts: systemd")
+    target: str = Field(
+        "systemd", description="How the release runs: systemd (on the hosts), or swarm (a service on this engine's "
+        "Docker Swarm, no hosts)"
+    )  # fmt: skip
     gate_timeout_s: float | None = Field(
         None, gt=0, description="Seconds /health may take (default: scaled to the model size, capped)"
     )
@@ -77,6 +84,13 @@ class DeployParams(HostsParams):
     canary: int = Field(1, ge=0, description="Hosts deployed and gated first, before any batch")
     batch: int = Field(1, ge=1, description="Hosts deployed together after the canary")
     keep: int = Field(KEEP_RELEASES, ge=1, description="Releases kept on each host")
+    replicas: int = Field(
+        1, ge=1, description="--target swarm: tasks of the service (--batch: replaced at a time)"
+    )
+    publish: int | None = Field(
+        None, ge=1, le=65535, description="--target swarm: publish the port on EVERY interface of every node "
+        "(Swarm cannot bind one address; default: nothing published)"
+    )  # fmt: skip
 
 
 def _model(params: DeployParams, ctx: OperationContext) -> tuple[Path, tuple[AnswerCheck, ...]]:
@@ -94,7 +108,8 @@ def _model(params: DeployParams, ctx: OperationContext) -> tuple[Path, tuple[Ans
     return fetched.path, tuple(load_model_recipe(params.model).answers)
 
 
-def _release(params: DeployParams, ctx: OperationContext) -> Release:
+def release_spec(params: DeployParams, ctx: OperationContext) -> tuple[ReleaseSpec, tuple[AnswerCheck, ...]]:
+    """The release's inputs from the parameters (build, model, flags, port) and the model's answer checks."""
     from llamaforge.build.store import build_dir, find_build
     from llamaforge.runners.transfer import file_sha256
 
@@ -107,6 +122,11 @@ def _release(params: DeployParams, ctx: OperationContext) -> Release:
         build_key=str(manifest["key"]), build_dir=directory, manifest_sha256=file_sha256(directory / "manifest.json"),
         model=model, model_sha256=file_sha256(model), model_size=model.stat().st_size, flags=flags, port=params.port,
     )  # fmt: skip
+    return spec, checks
+
+
+def _release(params: DeployParams, ctx: OperationContext) -> Release:
+    spec, checks = release_spec(params, ctx)
     return prepare_release(spec, params.layout(), get_target(params.target), checks)
 
 
@@ -127,6 +147,10 @@ def _failed(what: str, report: RolloutReport) -> OperationFailed:
 @operation("deploy", DeployParams, read_only=False, destructive=True, long_running=True)
 def deploy_op(params: DeployParams, ctx: OperationContext) -> RolloutReport:
     """Deploy a build and a model to hosts as a release: canary, batches, health gate, rollback on failure."""
+    if params.target == SWARM:
+        from llamaforge.deploy.swarm_ops import swarm_deploy
+
+        return swarm_deploy(params, ctx)
     release = _release(params, ctx)
     with open_runners(params.host_list(), params.access()) as runners:
         report = rollout(runners, release, _options(params, ctx, canary=params.canary, batch=params.batch,
@@ -151,6 +175,10 @@ def deploy_status_op(params: HostsParams, ctx: OperationContext) -> DeployStatus
     """Per host: current release, service state, health, build key, model sha256 and flags."""
     from llamaforge.deploy.manage import status
 
+    if params.target == SWARM:
+        from llamaforge.deploy.swarm_ops import swarm_status
+
+        return swarm_status(params)
     with open_runners(params.host_list(), params.access()) as runners:
         return status(runners, params.layout(), get_target(params.target))
 
@@ -166,6 +194,10 @@ def deploy_rollback_op(params: RollbackParams, ctx: OperationContext) -> Rollout
     """Put every host back on its previous release (or --release ID), health-gated, one host at a time."""
     from llamaforge.deploy.manage import rollback
 
+    if params.target == SWARM:
+        from llamaforge.deploy.swarm_ops import swarm_rollback
+
+        return swarm_rollback(params, ctx)
     with open_runners(params.host_list(), params.access()) as runners:
         report = rollback(
             runners, params.layout(), get_target(params.target), params.release, _options(params, ctx)
