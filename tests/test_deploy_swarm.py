@@ -89,9 +89,11 @@ def test_swarm_takes_no_hosts_and_rolls_back_to_the_previous_spec_only() -> None
 
 @pytest.fixture(scope="session")
 def swarm(docker_engine: Any) -> Iterator[Any]:
-    """This engine as a swarm: initialised on 127.0.0.1 only when it is in none, and left only then."""
+    """This engine as a swarm: initialised on 127.0.0.1 only when it is in none, and left only then (with the
+    docker_gwbridge network the init made)."""
     state = docker_engine.info()["Swarm"]["LocalNodeState"]
     initialised = state == "inactive"
+    bridge_before = bool(docker_engine.networks.list(names=["docker_gwbridge"]))
     if initialised:
         docker_engine.swarm.init(advertise_addr="127.0.0.1", listen_addr="127.0.0.1:2377")
     elif state != "active":
@@ -99,6 +101,9 @@ def swarm(docker_engine: Any) -> Iterator[Any]:
     yield docker_engine
     if initialised:
         docker_engine.swarm.leave(force=True)
+        if not bridge_before:
+            for network in docker_engine.networks.list(names=["docker_gwbridge"]):
+                network.remove()
 
 
 @pytest.fixture
