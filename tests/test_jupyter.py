@@ -203,7 +203,7 @@ def test_each_operation_names_its_renderers_which_sit_beside_it() -> None:
     with_html = {name for name, op in operations().items() if op.render_html}
     shown = {"build", "builds.list", "doctor", "recipes.list", "models.fetch", "models.inspect", "models.verify",
              "models.fit", "smoke", "smoke.compare"}  # fmt: skip
-    assert with_cli == shown | {"models.lock"} and with_html == shown | {"builds.show"}
+    assert with_cli == shown | {"models.lock", "deploy.render"} and with_html == shown | {"builds.show"}
     for op in operations().values():
         for renderer in (op.render_cli, op.render_html):
             if renderer is not None:  # same domain package as the operation: llamaforge.<domain>.render
