@@ -261,6 +261,7 @@ def test_path_fields_are_the_fields_declared_as_paths() -> None:
         "build": ("recipe", "patches", "ca_bundle", "from_manifest"), "builds.list": (), "builds.show": (),
         "deploy": ("ssh_key", "known_hosts", "model"), "deploy.plan": ("ssh_key", "known_hosts", "model"),
         "deploy.rollback": ("ssh_key", "known_hosts"), "deploy.status": ("ssh_key", "known_hosts"),
+        "deploy.render": ("model",), "images.runtime": (),
         "doctor": (), "images.bootstrap": (), "models.fetch": ("model",), "models.fit": ("model", "plot"),
         "models.inspect": ("target",), "models.lock": ("recipe",), "models.remap": ("src", "dst", "rules"),
         "models.verify": ("target", "recipe", "load_check"), "patches.check": ("recipe", "series"),
