@@ -80,6 +80,8 @@ def test_the_service_sets_every_update_and_rollback_field_and_a_health_check_siz
 def test_swarm_takes_no_hosts_and_rolls_back_to_the_previous_spec_only() -> None:
     with pytest.raises(InvalidOption, match="not to hosts"):
         run("deploy.status", target="swarm", hosts="lf@127.0.0.1:2201")
+    with pytest.raises(InvalidOption, match="Swarm plans and rolls its own"):
+        run("deploy.plan", target="swarm", build="x")
     with pytest.raises(InvalidOption, match="previous spec only"):
         run("deploy.rollback", target="swarm", release="abc")
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import Field
 
-from llamaforge.core.errors import LlamaforgeError, OperationFailed
+from llamaforge.core.errors import InvalidOption, LlamaforgeError, OperationFailed
 from llamaforge.core.registry import OperationContext, Params, operation, path_field
 from llamaforge.deploy.hosts import Access, open_runners, parse_hosts
 from llamaforge.deploy.release import DEFAULT_PORT, DEFAULT_ROOT, KEEP_RELEASES, Layout, ReleaseSpec
@@ -163,6 +163,9 @@ def deploy_op(params: DeployParams, ctx: OperationContext) -> RolloutReport:
 @operation("deploy.plan", DeployParams, read_only=True)
 def deploy_plan_op(params: DeployParams, ctx: OperationContext) -> DeployPlan:
     """What a deploy would change on each host (upload, model, flags, restart); nothing runs."""
+    if params.target == SWARM:
+        raise InvalidOption("deploy.plan covers SSH hosts; Swarm plans and rolls its own updates",
+                            hint="`invoke deploy.status --target swarm` shows the service and its replicas")  # fmt: skip
     release = _release(params, ctx)
     with open_runners(params.host_list(), params.access()) as runners:
         plans = [plan_host(runner, release)[0] for runner in runners]
