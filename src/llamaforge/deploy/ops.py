@@ -165,7 +165,7 @@ def deploy_plan_op(params: DeployParams, ctx: OperationContext) -> DeployPlan:
     """What a deploy would change on each host (upload, model, flags, restart); nothing runs."""
     if params.target == SWARM:
         raise InvalidOption("deploy.plan covers SSH hosts; Swarm plans and rolls its own updates",
-                            hint="`invoke deploy.status --target swarm` shows the service and its replicas")  # fmt: skip
+                            hint="`invoke deploy.status --target swarm` shows the service and replicas")  # fmt: skip
     release = _release(params, ctx)
     with open_runners(params.host_list(), params.access()) as runners:
         plans = [plan_host(runner, release)[0] for runner in runners]
