@@ -11,11 +11,20 @@ from llamaforge.core.registry import OperationContext, Params, Result, operation
 class RuntimeImageParams(Params):
     """Parameters of ``images.runtime``."""
 
-    build: str = Field(description="Build key (or unique prefix) from the build store")
+    build: str = Field(
+        description="Build key (or unique prefix) from the build store; the image is llamaforge/llama-server:KEY. "
+        "Run it with the model read-only at /models/model.gguf and the port on loopback: docker run "
+        "-p 127.0.0.1:8080:8080 -v $PWD/m.gguf:/models/model.gguf:ro IMAGE [llama-server flags]"
+    )  # fmt: skip
     base: str | None = Field(
-        None, description="Base image on the local engine (default: the one the build was made on)"
+        None,
+        description="Base image on the local engine (default: the one the build was made on); a RUN ldd "
+        "step checks every library resolves on it",
     )
-    force: bool = Field(False, description="Build the image again even when the engine has it")
+    force: bool = Field(
+        False,
+        description="Build again even when the engine has the image from the same plan (a cache hit otherwise)",
+    )
 
 
 class RuntimeImage(Result):
@@ -33,7 +42,7 @@ class RuntimeImage(Result):
 
 @operation("images.runtime", RuntimeImageParams, read_only=False, long_running=True)
 def images_runtime_op(params: RuntimeImageParams, ctx: OperationContext) -> RuntimeImage:
-    """Make the runtime image of a build on the local engine: llama-server, its libraries, provenance labels.
+    """Make a build's runtime image on the local engine (no registry): bin/ + lib/, non-root, HEALTHCHECK, labels.
 
     The image is the base image (no registry) plus the Debian packages the build's binaries need (found with
     ldd, e.g. libgomp1) and curl, every file of the build's bin/ and lib/ under /opt/llamaforge, a non-root

@@ -141,7 +141,11 @@ def task_reports(service: dict[str, Any], *, query: bool = True) -> list[SwarmTa
             failed_tasks=sum(1 for task in history if task.get("Status", {}).get("State") in ("failed", "rejected")),
         )  # fmt: skip
         container = status.get("ContainerStatus", {}).get("ContainerID")
-        if query and report.state == "running" and container and newest.get("NodeID") == node:
+        if query and report.state == "running" and newest.get("NodeID") != node:
+            report.detail = (
+                "runs on another node: not asked (llamaforge reaches this engine's containers only)"
+            )
+        elif query and report.state == "running" and container:
             code, _ = swarm_api.exec_in_container(
                 container, ["curl", "-fsS", "-m", "5", f"http://127.0.0.1:{port}/health"]
             )
