@@ -17,7 +17,7 @@ from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.registry import OperationContext, operations
 from llamaforge.deploy.release import ReleaseSpec
 from llamaforge.deploy.report import DeployStatus, RolloutReport, SwarmReport
-from llamaforge.deploy.swarm import LABEL_RELEASE, monitor_window_s, service_name, swarm_release
+from llamaforge.deploy.swarm import LABEL_RELEASE, monitor_window_s, service_name, slot_tasks, swarm_release
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.runners.swarm import service_arguments
 from llamaforge.serve.launcher import LlamaFlags
@@ -75,6 +75,24 @@ def test_the_service_sets_every_update_and_rollback_field_and_a_health_check_siz
     assert swarm_release(spec(flags=LlamaFlags(ctx=512)), "web", "img", replicas=1).id != release.id
     with pytest.raises(InvalidOption):
         swarm_release(spec(), "web", "img", replicas=0)
+
+
+def test_each_slot_is_the_task_swarm_wants_running_even_when_a_failed_one_is_newer() -> None:
+    def task(ident: str, slot: int, created: str, desired: str, state: str) -> dict[str, Any]:
+        return {
+            "ID": ident,
+            "Slot": slot,
+            "CreatedAt": created,
+            "DesiredState": desired,
+            "Status": {"State": state},
+        }
+
+    old = task("old", 2, "2026-12-01T10:00:00Z", "running", "running")
+    failed = task("new", 2, "2026-12-01T10:05:00Z", "shutdown", "failed")  # a start-first update's task
+    chosen = slot_tasks([failed, task("one", 1, "2026-12-01T10:00:00Z", "running", "running"), old])
+    assert list(chosen) == [1, 2] and chosen[2] == (old, [old, failed])
+    gone = task("gone", 3, "2026-12-01T10:06:00Z", "shutdown", "shutdown")
+    assert slot_tasks([failed, gone])[3][0] is gone and slot_tasks([failed])[2][0] is failed
 
 
 def test_swarm_takes_no_hosts_and_rolls_back_to_the_previous_spec_only() -> None:

@@ -196,7 +196,7 @@ def ensure_runtime_image(
     the same plan, built otherwise."""
     from llamaforge.build.images import DEFAULT_TAG
     from llamaforge.build.store import build_dir, find_build
-    from llamaforge.runners.engine import build_image, image_id, image_labels
+    from llamaforge.runners.engine import build_image, image_id, image_labels, remove_unused_image
 
     manifest = find_build(build_key)
     base = base or str(manifest.get("image", {}).get("base_tag") or DEFAULT_TAG)
@@ -223,4 +223,6 @@ def ensure_runtime_image(
         built = build_image(
             context, plan.tag, on_line=lambda line: reporter(Event("log", line, stage="image"))
         )
+    if existing is not None and existing != built:
+        remove_unused_image(existing)  # the tag moved: the image it named is left untagged, unless in use
     return RuntimeImageResult(plan.tag, built, False, plan, image_labels(plan.tag))

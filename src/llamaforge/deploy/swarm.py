@@ -115,6 +115,23 @@ def _completion_in(container_id: str, port: int) -> tuple[bool, str]:
     return True, str(answer.get("content", ""))
 
 
+def slot_tasks(tasks: list[dict[str, Any]]) -> dict[int, tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """By replica slot: the task that stands for it and the slot's whole history (oldest first).
+
+    The task that stands for a slot is the newest one Swarm wants running, else the newest: a start-first update
+    that failed leaves its new task newer than the old one that kept running.
+    """
+    by_slot: dict[int, list[dict[str, Any]]] = {}
+    for task in tasks:
+        by_slot.setdefault(int(task.get("Slot", 0)), []).append(task)
+    chosen = {}
+    for slot, history in sorted(by_slot.items()):
+        history.sort(key=lambda task: str(task.get("CreatedAt", "")))
+        wanted = [task for task in history if task.get("DesiredState") == "running"]
+        chosen[slot] = ((wanted or history)[-1], history)
+    return chosen
+
+
 def task_reports(service: dict[str, Any], *, query: bool = True) -> list[SwarmTask]:
     """One entry per replica slot: its newest task's state, and (``query``) /health and a completion asked
     inside its container when it runs on this engine's node."""
@@ -122,16 +139,8 @@ def task_reports(service: dict[str, Any], *, query: bool = True) -> list[SwarmTa
     node = swarm_api.local_node_id()
     port = int(dict(item.split("=", 1) for item in service["Spec"]["TaskTemplate"]["ContainerSpec"].get("Env", []))
                .get("LLAMA_ARG_PORT", "8080"))  # fmt: skip
-    by_slot: dict[int, list[dict[str, Any]]] = {}
-    for task in tasks:
-        by_slot.setdefault(int(task.get("Slot", 0)), []).append(task)
     reports = []
-    for slot, history in sorted(by_slot.items()):
-        history.sort(key=lambda task: str(task.get("CreatedAt", "")))
-        # The task Swarm wants running, else the newest: a start-first update that failed leaves its new task
-        # newer than the old one that kept running.
-        wanted = [task for task in history if task.get("DesiredState") == "running"]
-        newest = (wanted or history)[-1]
+    for slot, (newest, history) in slot_tasks(tasks).items():
         status = newest.get("Status", {})
         labels = newest["Spec"]["ContainerSpec"].get("Labels") or {}
         report = SwarmTask(

@@ -182,6 +182,17 @@ def image_labels(tag: str, config: EngineConfig | None = None) -> dict[str, str]
     return dict(image_config(tag, config).get("Labels") or {})
 
 
+def remove_unused_image(image: str, config: EngineConfig | None = None) -> bool:
+    """Remove the local image ``image`` (an id) unless a container uses it; whether it was removed."""
+    import docker.errors
+
+    try:
+        docker_client(config).images.remove(image)
+    except docker.errors.APIError:  # in use (a container, a service's task) or gone already: keep it
+        return False
+    return True
+
+
 def registry_digest(tag: str, config: EngineConfig | None = None) -> str:
     """The digest a registry reports for ``tag`` (asks the registry through the engine)."""
     import docker.errors
