@@ -108,6 +108,9 @@ class SwarmTask(Result):
     desired: str = Field(description="The state Swarm wants for the task (running, shutdown)")
     release: str | None = Field(description="The release the task runs")
     failed_tasks: int = Field(0, description="Tasks of this slot Swarm keeps in state failed or rejected")
+    last_failure: str = Field(
+        "", description="Why the slot's newest failed or rejected task ended (Swarm's words)"
+    )
     healthy: bool | None = Field(
         None, description="/health and a completion answered inside the task's container (None: not asked)"
     )

@@ -132,6 +132,14 @@ def slot_tasks(tasks: list[dict[str, Any]]) -> dict[int, tuple[dict[str, Any], l
     return chosen
 
 
+def _failure(task: dict[str, Any]) -> str:
+    status = task.get("Status", {})
+    container = status.get("ContainerStatus", {})
+    exit_code = container.get("ExitCode")
+    return " ".join(part for part in (str(status.get("Err") or status.get("Message") or ""),
+                                      f"(exit {exit_code})" if exit_code else "") if part)  # fmt: skip
+
+
 def task_reports(service: dict[str, Any], *, query: bool = True) -> list[SwarmTask]:
     """One entry per replica slot: its newest task's state, and (``query``) /health and a completion asked
     inside its container when it runs on this engine's node."""
@@ -142,12 +150,13 @@ def task_reports(service: dict[str, Any], *, query: bool = True) -> list[SwarmTa
     reports = []
     for slot, (newest, history) in slot_tasks(tasks).items():
         status = newest.get("Status", {})
+        failures = [task for task in history if task.get("Status", {}).get("State") in ("failed", "rejected")]
         labels = newest["Spec"]["ContainerSpec"].get("Labels") or {}
         report = SwarmTask(
             slot=slot, task=str(newest["ID"])[:12], node=str(newest.get("NodeID", ""))[:12],
             state=str(status.get("State", "")), desired=str(newest.get("DesiredState", "")),
             release=labels.get(LABEL_RELEASE), detail=str(status.get("Err") or status.get("Message") or ""),
-            failed_tasks=sum(1 for task in history if task.get("Status", {}).get("State") in ("failed", "rejected")),
+            failed_tasks=len(failures), last_failure=_failure(failures[-1]) if failures else "",
         )  # fmt: skip
         container = status.get("ContainerStatus", {}).get("ContainerID")
         if query and report.state == "running" and newest.get("NodeID") != node:

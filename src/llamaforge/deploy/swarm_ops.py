@@ -36,8 +36,9 @@ def _failed(what: str, report: RolloutReport) -> OperationFailed:
         "Swarm rolled the update back by itself" if swarm.rolled_back else f"update {swarm.update_state}"
     )
     return OperationFailed(
-        f"{what}: {swarm.healthy} of {swarm.replicas} replicas healthy on {swarm.requested}; {verdict}"
-        + (f" ({swarm.update_message})" if swarm.update_message else ""),
+        f"{what}: {verdict}" + (f" ({swarm.update_message})" if swarm.update_message else "")
+        + f"; the service runs {swarm.release}, {swarm.healthy} of {swarm.replicas} replicas answering"
+        + "".join(f"; slot {task.slot}: {task.last_failure}" for task in swarm.tasks if task.last_failure),
         result=report, exit_code=DeployFailed.exit_code,
         hint="the report lists every replica's task; `docker service ps " + swarm.service + "` shows the history",
     )  # fmt: skip

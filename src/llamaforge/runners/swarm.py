@@ -82,7 +82,9 @@ def service_arguments(definition: ServiceDefinition) -> dict[str, Any]:
     container = types.ContainerSpec(
         image=definition.image, args=list(definition.args), labels=dict(definition.labels),
         env=[f"{key}={value}" for key, value in sorted(definition.env.items())],
-        mounts=[types.Mount(target, source, type="bind", read_only=True) for source, target in definition.mounts],
+        mounts=[*(types.Mount(target, source, type="bind", read_only=True) for source, target in definition.mounts),
+                types.Mount("/tmp", None, type="tmpfs")],
+        read_only=True, cap_drop=["ALL"],  # the image's user needs no capability and writes only /tmp
         healthcheck=types.Healthcheck(
             test=["CMD-SHELL", probe.command], interval=_ns(probe.interval_s), timeout=_ns(probe.timeout_s),
             retries=probe.retries, start_period=_ns(probe.start_period_s),
