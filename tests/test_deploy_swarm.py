@@ -19,7 +19,7 @@ from llamaforge.deploy.release import ReleaseSpec
 from llamaforge.deploy.report import DeployStatus, RolloutReport, SwarmReport
 from llamaforge.deploy.swarm import LABEL_RELEASE, monitor_window_s, service_name, slot_tasks, swarm_release
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
-from llamaforge.runners.swarm import service_arguments
+from llamaforge.runners.swarm import remove_service, service_arguments
 from llamaforge.serve.launcher import LlamaFlags
 
 
@@ -64,6 +64,7 @@ def test_the_service_sets_every_update_and_rollback_field_and_a_health_check_siz
         container["Labels"][LABEL_RELEASE] == release.id and arguments["mode"]["replicated"]["Replicas"] == 3
     )
     assert arguments["endpoint_spec"].get("Ports") in (None, [])  # nothing published unless asked
+    assert arguments["task_template"]["Networks"] == [{"Target": "llamaforge-web"}]  # its own overlay network
     assert "Resources" not in arguments["task_template"] or not arguments["task_template"]["Resources"]
 
     gpu = swarm_release(spec(), "web", "img", replicas=2, gpus=1, publish=9000).definition
@@ -142,8 +143,8 @@ def deployment(swarm: Any, patched_build: Path, build_env: dict[str, str], tmp_p
     broken.write_bytes(b"GGUF" + os.urandom(4092))
     name = f"sw{os.getpid() % 100000}"
     yield {"name": name, "build": patched_build.name, "model": str(model), "broken": str(broken)}
-    for service in swarm.services.list(filters={"name": service_name(name)}):
-        service.remove()
+    remove_service(service_name(name))
+    assert not swarm.networks.list(names=[service_name(name)])
 
 
 def answering(report: SwarmReport, release: str, replicas: int) -> None:

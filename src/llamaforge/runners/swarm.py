@@ -60,6 +60,7 @@ class ServiceDefinition:
     rollback: UpdatePolicy
     generic_resources: dict[str, int] = field(default_factory=dict)  # e.g. {"NVIDIA-GPU": 1} per task
     publish: tuple[tuple[int, int], ...] = ()  # (published, target) through the ingress routing mesh
+    network: str = ""  # the service's own overlay network (default: named like the service)
     restart_delay_s: float = 5.0
 
 
@@ -96,7 +97,9 @@ def service_arguments(definition: ServiceDefinition) -> dict[str, Any]:
     )
     ports = {published: (target, "tcp", "ingress") for published, target in definition.publish}
     return {
-        "task_template": types.TaskTemplate(container, resources=resources, restart_policy=restart),
+        "task_template": types.TaskTemplate(
+            container, resources=resources, restart_policy=restart, networks=[network_name(definition)]
+        ),
         "name": definition.name,
         "labels": dict(definition.labels),
         "mode": types.ServiceMode("replicated", replicas=definition.replicas),
@@ -104,6 +107,17 @@ def service_arguments(definition: ServiceDefinition) -> dict[str, Any]:
         "rollback_config": _policy(types.RollbackConfig, definition.rollback),
         "endpoint_spec": types.EndpointSpec(mode="vip", ports=ports),
     }
+
+
+def network_name(definition: ServiceDefinition) -> str:
+    """The overlay network the service's tasks are on: theirs alone, not the engine's default bridge."""
+    return definition.network or definition.name
+
+
+def _ensure_network(client: Any, name: str) -> None:
+    if not client.networks.list(names=[name]):
+        _api(client.networks.create, f"creating network {name}", name, driver="overlay", attachable=False,
+             labels={"org.llamaforge.service": name})  # fmt: skip
 
 
 def _client(config: EngineConfig | None) -> Any:
@@ -136,6 +150,7 @@ def find_service(name: str, config: EngineConfig | None = None) -> dict[str, Any
 def create_service(definition: ServiceDefinition, config: EngineConfig | None = None) -> str:
     """Create the service; returns its id."""
     client = _client(config)
+    _ensure_network(client, network_name(definition))
     created = _api(
         client.api.create_service, f"creating service {definition.name}", **service_arguments(definition)
     )
@@ -147,6 +162,7 @@ def update_service(
 ) -> None:
     """Replace the service's spec with ``definition``'s (Swarm rolls the tasks by its update policy)."""
     client = _client(config)
+    _ensure_network(client, network_name(definition))
     _api(client.api.update_service, f"updating service {definition.name}", current["ID"],
          current["Version"]["Index"], **service_arguments(definition))  # fmt: skip
 
@@ -162,13 +178,29 @@ def rollback_service(current: dict[str, Any], config: EngineConfig | None = None
     _api(api._raise_for_status, "rolling the service back", response)
 
 
-def remove_service(name: str, config: EngineConfig | None = None) -> bool:
-    """Remove the service ``name``; False when there was none."""
+def remove_service(name: str, config: EngineConfig | None = None, *, wait_s: float = 30.0) -> bool:
+    """Remove the service ``name`` and its network (once its tasks have left it); False when there was none."""
+    import time
+
+    import docker.errors
+
     current = find_service(name, config)
-    if current is None:
-        return False
-    _api(docker_client(config).api.remove_service, f"removing service {name}", current["ID"])
-    return True
+    client = docker_client(config)
+    if current is not None:
+        _api(client.api.remove_service, f"removing service {name}", current["ID"])
+    deadline = time.monotonic() + wait_s
+    for network in client.networks.list(names=[name], filters={"label": "org.llamaforge.service"}):
+        while True:
+            try:
+                network.remove()
+                break
+            except docker.errors.APIError:  # tasks still attached: they stop within seconds
+                if time.monotonic() > deadline:
+                    raise SwarmError(
+                        f"network {name} is still in use", hint=f"docker network rm {name}"
+                    ) from None
+                time.sleep(1.0)
+    return current is not None
 
 
 def service_tasks(service_id: str, config: EngineConfig | None = None) -> list[dict[str, Any]]:
