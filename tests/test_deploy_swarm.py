@@ -144,7 +144,7 @@ def deployment(swarm: Any, patched_build: Path, build_env: dict[str, str], tmp_p
     name = f"sw{os.getpid() % 100000}"
     yield {"name": name, "build": patched_build.name, "model": str(model), "broken": str(broken)}
     remove_service(service_name(name))
-    assert not swarm.networks.list(names=[service_name(name)])
+    assert service_name(name) not in [network.name for network in swarm.networks.list()]
 
 
 def answering(report: SwarmReport, release: str, replicas: int) -> None:

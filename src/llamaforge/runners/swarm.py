@@ -180,6 +180,7 @@ def rollback_service(current: dict[str, Any], config: EngineConfig | None = None
 
 def remove_service(name: str, config: EngineConfig | None = None, *, wait_s: float = 30.0) -> bool:
     """Remove the service ``name`` and its network (once its tasks have left it); False when there was none."""
+    import contextlib
     import time
 
     import docker.errors
@@ -188,18 +189,20 @@ def remove_service(name: str, config: EngineConfig | None = None, *, wait_s: flo
     client = docker_client(config)
     if current is not None:
         _api(client.api.remove_service, f"removing service {name}", current["ID"])
+    # A removed service's tasks leave its network within seconds; until then the engine keeps (or still lists) it.
     deadline = time.monotonic() + wait_s
-    for network in client.networks.list(names=[name], filters={"label": "org.llamaforge.service"}):
-        while True:
-            try:
+
+    def listed() -> list[Any]:  # the name filter matches parts of names: keep the exact one
+        found = client.networks.list(names=[name], filters={"label": "org.llamaforge.service"})
+        return [network for network in found if network.name == name]
+
+    while networks := listed():
+        for network in networks:
+            with contextlib.suppress(docker.errors.APIError):
                 network.remove()
-                break
-            except docker.errors.APIError:  # tasks still attached: they stop within seconds
-                if time.monotonic() > deadline:
-                    raise SwarmError(
-                        f"network {name} is still in use", hint=f"docker network rm {name}"
-                    ) from None
-                time.sleep(1.0)
+        if time.monotonic() > deadline:
+            raise SwarmError(f"network {name} is still in use", hint=f"docker network rm {name}")
+        time.sleep(1.0)
     return current is not None
 
 
