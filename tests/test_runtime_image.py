@@ -100,18 +100,25 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def started(docker_engine: Any) -> Iterator[list[Any]]:
-    """Containers the test starts, removed afterwards."""
+def started(docker_engine: Any) -> Iterator[tuple[list[Any], str]]:
+    """Containers the test starts and a bridge network of its own (not the engine's default one), both removed
+    afterwards."""
+    network = docker_engine.networks.create(f"lf-runtime-{os.getpid()}", driver="bridge")
     containers: list[Any] = []
-    yield containers
+    yield containers, network.name
     for container in containers:
         container.remove(force=True)
+    network.remove()
 
 
 @pytest.mark.docker
 @pytest.mark.llamacpp
 def test_runtime_image_of_the_suite_build_serves_the_tiny_model(
-    patched_build: Path, build_env: dict[str, str], docker_engine: Any, tiny_model: Path, started: list[Any]
+    patched_build: Path,
+    build_env: dict[str, str],
+    docker_engine: Any,
+    tiny_model: Path,
+    started: tuple[list[Any], str],
 ) -> None:
     from helpers import invoke_json
 
@@ -137,11 +144,12 @@ def test_runtime_image_of_the_suite_build_serves_the_tiny_model(
     assert attrs["Config"]["User"] == f"{UID}:{UID}"
     assert "/health" in " ".join(attrs["Config"]["Healthcheck"]["Test"])
 
+    containers, network = started
     container = docker_engine.containers.run(
-        made["tag"], detach=True, ports={"8080/tcp": ("127.0.0.1", None)},
+        made["tag"], detach=True, ports={"8080/tcp": ("127.0.0.1", None)}, network=network,
         volumes={str(tiny_model): {"bind": "/models/model.gguf", "mode": "ro"}},
     )  # fmt: skip
-    started.append(container)
+    containers.append(container)
     container.reload()
     binding = container.attrs["NetworkSettings"]["Ports"]["8080/tcp"][0]
     assert binding["HostIp"] == "127.0.0.1"
