@@ -204,7 +204,9 @@ def test_each_operation_names_its_renderers_which_sit_beside_it() -> None:
     shown = {"build", "builds.list", "doctor", "recipes.list", "models.fetch", "models.inspect", "models.verify",
              "models.fit", "smoke", "smoke.compare"}  # fmt: skip
     deploy_tables = {"deploy", "deploy.plan", "deploy.status", "deploy.rollback"}  # CLI tables only
-    assert with_cli == shown | {"models.lock"} | deploy_tables and with_html == shown | {"builds.show"}
+    assert with_cli == shown | {"models.lock", "deploy.render"} | deploy_tables and with_html == shown | {
+        "builds.show"
+    }
     for op in operations().values():
         for renderer in (op.render_cli, op.render_html):
             if renderer is not None:  # same domain package as the operation: llamaforge.<domain>.render

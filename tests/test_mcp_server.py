@@ -264,6 +264,7 @@ def test_path_fields_are_the_fields_declared_as_paths() -> None:
         "deploy.plan": ("inventory", "ssh_key", "known_hosts", "model"),
         "deploy.rollback": ("inventory", "ssh_key", "known_hosts"),
         "deploy.status": ("inventory", "ssh_key", "known_hosts"),
+        "deploy.render": ("model",), "images.runtime": (),
         "doctor": (), "images.bootstrap": (), "models.fetch": ("model",), "models.fit": ("model", "plot"),
         "models.inspect": ("target",), "models.lock": ("recipe",), "models.remap": ("src", "dst", "rules"),
         "models.verify": ("target", "recipe", "load_check"), "patches.check": ("recipe", "series"),

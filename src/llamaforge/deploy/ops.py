@@ -23,6 +23,8 @@ from llamaforge.deploy.targets import get_target
 from llamaforge.models.recipes import AnswerCheck
 from llamaforge.serve.launcher import LlamaFlags
 
+SWARM = "swarm"  # not a host target: the service lives on a Docker Swarm (llamaforge.deploy.swarm)
+
 
 class DeployFailed(LlamaforgeError):
     """A rollout or rollback left a host failed, rolled back or unreachable."""
@@ -34,8 +36,8 @@ class HostsParams(Params):
     """Where a deployment lives: hosts, how to reach them, its name, root and target."""
 
     hosts: str | None = Field(
-        None, description="Hosts as user@host:port, comma-separated, in rollout order; with --inventory, the "
-        "names of the inventory's hosts to deploy to (default: all of them)"
+        None, description="Hosts as user@host:port, comma-separated, in rollout order (not for swarm); with "
+        "--inventory, the names of the inventory's hosts to deploy to (default: all of them)"
     )  # fmt: skip
     inventory: str | None = path_field(
         None, description="Host inventory: recipes/hosts/NAME.toml by name, or a path (hosts in rollout order, "
@@ -50,7 +52,10 @@ class HostsParams(Params):
     )
     name: str = Field("default", description="Deployment name: the service llamaforge-NAME, root ROOT/NAME")
     root: str = Field(DEFAULT_ROOT, description="Directory on the hosts that holds the deployments")
-    target: str = Field("systemd", description="How the release runs on the hosts: systemd")
+    target: str = Field(
+        "systemd", description="How the release runs: systemd (on the hosts), or swarm (a service on this engine's "
+        "Docker Swarm, no hosts)"
+    )  # fmt: skip
     gate_timeout_s: float | None = Field(
         None, gt=0, description="Seconds /health may take (default: scaled to the model size, capped)"
     )
@@ -107,6 +112,13 @@ class DeployParams(HostsParams):
         "(Ansible's max_fail_percentage; 0: stop at the first failure)"
     )  # fmt: skip
     keep: int = Field(KEEP_RELEASES, ge=1, description="Releases kept on each host")
+    replicas: int = Field(
+        1, ge=1, description="--target swarm: tasks of the service (--batch: replaced at a time)"
+    )
+    publish: int | None = Field(
+        None, ge=1, le=65535, description="--target swarm: publish the port on EVERY interface of every node "
+        "(Swarm cannot bind one address; default: nothing published)"
+    )  # fmt: skip
 
 
 def _model(params: DeployParams, ctx: OperationContext) -> tuple[Path, tuple[AnswerCheck, ...]]:
@@ -124,12 +136,10 @@ def _model(params: DeployParams, ctx: OperationContext) -> tuple[Path, tuple[Ans
     return fetched.path, tuple(load_model_recipe(params.model).answers)
 
 
-def _releases(params: DeployParams, hosts: list[DeployHost], ctx: OperationContext) -> list[Release]:
-    """One release per host: the same one unless the fit plan gives hosts with other GPUs other flags."""
-    import secrets
-
+def release_spec(params: DeployParams, ctx: OperationContext) -> tuple[ReleaseSpec, tuple[AnswerCheck, ...]]:
+    """The release's inputs from the parameters (build, model, flags, port, listen) and the model's answer
+    checks."""
     from llamaforge.build.store import build_dir, find_build
-    from llamaforge.deploy.fitplan import fit_for_gpu
     from llamaforge.deploy.release import listen_address
     from llamaforge.runners.transfer import file_sha256
 
@@ -145,11 +155,21 @@ def _releases(params: DeployParams, hosts: list[DeployHost], ctx: OperationConte
         model=model, model_sha256=file_sha256(model), model_size=model.stat().st_size, flags=given, port=params.port,
         listen=listen,
     )  # fmt: skip
+    return spec, checks
+
+
+def _releases(params: DeployParams, hosts: list[DeployHost], ctx: OperationContext) -> list[Release]:
+    """One release per host: the same one unless the fit plan gives hosts with other GPUs other flags."""
+    import secrets
+
+    from llamaforge.deploy.fitplan import fit_for_gpu
+
+    spec, checks = release_spec(params, ctx)
     key = secrets.token_urlsafe(32) if spec.api_key else None
     by_gpu: dict[str | None, Release] = {}
     for host in hosts:
         if host.gpu not in by_gpu:
-            fit = fit_for_gpu(model, host.gpu, given, host=host.name, force=params.force)
+            fit = fit_for_gpu(spec.model, host.gpu, spec.flags, host=host.name, force=params.force)
             by_gpu[host.gpu] = prepare_release(
                 replace(spec, flags=fit.flags),
                 params.layout(),
@@ -196,6 +216,10 @@ def _failed(what: str, report: RolloutReport) -> OperationFailed:
 )
 def deploy_op(params: DeployParams, ctx: OperationContext) -> RolloutReport:
     """Deploy a build and a model to hosts as a release: canary, batches, health gate, rollback on failure."""
+    if params.target == SWARM:
+        from llamaforge.deploy.swarm_ops import swarm_deploy
+
+        return swarm_deploy(params, ctx)
     hosts = params.host_list()
     releases = _releases(params, hosts, ctx)
     with open_runners(_ssh(hosts), params.access()) as runners:
@@ -209,6 +233,9 @@ def deploy_op(params: DeployParams, ctx: OperationContext) -> RolloutReport:
 @operation("deploy.plan", DeployParams, read_only=True, cli="llamaforge.deploy.render:plan_cli")
 def deploy_plan_op(params: DeployParams, ctx: OperationContext) -> DeployPlan:
     """What a deploy would change on each host (upload, model, flags, restart); nothing runs."""
+    if params.target == SWARM:
+        raise InvalidOption("deploy.plan covers SSH hosts; Swarm plans and rolls its own updates",
+                            hint="`invoke deploy.status --target swarm` shows the service and replicas")  # fmt: skip
     hosts = params.host_list()
     releases = _releases(params, hosts, ctx)
     with open_runners(_ssh(hosts), params.access()) as runners:
@@ -223,6 +250,10 @@ def deploy_status_op(params: HostsParams, ctx: OperationContext) -> DeployStatus
     """Per host: current release, service state, health, build key, model sha256 and flags."""
     from llamaforge.deploy.manage import status
 
+    if params.target == SWARM:
+        from llamaforge.deploy.swarm_ops import swarm_status
+
+        return swarm_status(params)
     with open_runners(_ssh(params.host_list()), params.access()) as runners:
         return status(runners, params.layout(), get_target(params.target))
 
@@ -245,6 +276,10 @@ def deploy_rollback_op(params: RollbackParams, ctx: OperationContext) -> Rollout
     """Put every host back on its previous release (or --release ID), health-gated, one host at a time."""
     from llamaforge.deploy.manage import rollback
 
+    if params.target == SWARM:
+        from llamaforge.deploy.swarm_ops import swarm_rollback
+
+        return swarm_rollback(params, ctx)
     with open_runners(_ssh(params.host_list()), params.access()) as runners:
         report = rollback(
             runners, params.layout(), get_target(params.target), params.release, _options(params, ctx)

@@ -26,8 +26,26 @@ def _mib(value: Any) -> str:
     return f"{int(value or 0) / 2**20:.1f}"
 
 
+def _swarm(swarm: dict[str, Any], console: Console) -> None:
+    """A Swarm service: Swarm's update verdict and one row per replica slot."""
+    rows = [[str(task.get("slot")), str(task.get("task")), str(task.get("node")), str(task.get("state")),
+             str(task.get("release") or "-"), {True: "yes", False: "[red]no[/]"}.get(task.get("healthy"), "-"),
+             str(task.get("last_failure") or "")] for task in swarm.get("tasks") or []]  # fmt: skip
+    update = swarm.get("update_state") or "never updated"
+    title = f"swarm service {swarm.get('service')}: release {swarm.get('release') or '-'}, update {update}"
+    console.print(
+        _table(title, ["slot", "task", "node", "state", "release", "healthy", "last failure"], rows)
+    )
+    if swarm.get("update_message"):
+        console.print(f"Swarm: {swarm['update_message']}", highlight=False)
+
+
 def rollout_cli(result: dict[str, Any], console: Console) -> None:
     """``deploy`` and ``deploy.rollback``: each host's outcome, the release it is on and why."""
+    if result.get("swarm"):
+        _swarm(result["swarm"], console)
+        console.print("passed" if result.get("passed") else "FAILED", highlight=False)
+        return
     rows = []
     for host in result.get("hosts", []):
         status = str(host.get("status"))
@@ -65,6 +83,9 @@ def plan_cli(result: dict[str, Any], console: Console) -> None:
 
 def status_cli(result: dict[str, Any], console: Console) -> None:
     """``deploy.status``: per host its release, service state, health, build, model and flags."""
+    if result.get("swarm"):
+        _swarm(result["swarm"], console)
+        return
     rows = []
     for host in result.get("hosts", []):
         if not host.get("reachable"):
@@ -78,3 +99,13 @@ def status_cli(result: dict[str, Any], console: Console) -> None:
                      " ".join(host.get("flags") or [])])  # fmt: skip
     title = f"{result.get('name')} ({result.get('target')}): status"
     console.print(_table(title, ["host", "current", "service", "healthy", "build", "model", "flags"], rows))
+
+
+def manifests_cli(result: dict[str, Any], console: Console) -> None:
+    """``deploy.render``: the file's text as it is (so ``> compose.yaml`` works); several files each after a
+    ``# ---- NAME`` line."""
+    files: dict[str, str] = result["files"]
+    for name, text in files.items():
+        if len(files) > 1:
+            console.out(f"# ---- {name}", highlight=False)
+        console.out(text, end="", highlight=False)

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from llamaforge.core.registry import Result
+from llamaforge.core.registry import Result, absent
 
 HostStatus = Literal[
     "updated", "unchanged", "rolled back", "failed", "untouched", "unreachable", "interrupted"
@@ -49,6 +49,9 @@ class RolloutReport(Result):
     interrupted: bool = Field(False, description="Ctrl-C or SIGTERM stopped it (see each host's release)")
     hosts: list[HostReport]
     wall_s: float
+    swarm: SwarmReport | None = absent(
+        "--target swarm: the service, Swarm's update verdict and every replica"
+    )
 
 
 class HostPlan(Result):
@@ -105,3 +108,47 @@ class DeployStatus(Result):
     target: str
     name: str
     hosts: list[HostStatusReport]
+    swarm: SwarmReport | None = absent("--target swarm: the service and every replica")
+
+
+class SwarmTask(Result):
+    """One replica slot of a Swarm service: its newest task, and what it answered."""
+
+    slot: int
+    task: str = Field(description="The newest task's id (short)")
+    node: str
+    state: str = Field(description="Swarm's task state: running, starting, failed, shutdown, …")
+    desired: str = Field(description="The state Swarm wants for the task (running, shutdown)")
+    release: str | None = Field(description="The release the task runs")
+    failed_tasks: int = Field(0, description="Tasks of this slot Swarm keeps in state failed or rejected")
+    last_failure: str = Field(
+        "", description="Why the slot's newest failed or rejected task ended (Swarm's words)"
+    )
+    healthy: bool | None = Field(
+        None, description="/health and a completion answered inside the task's container (None: not asked)"
+    )
+    completion: str | None = None
+    detail: str = ""
+
+
+class SwarmReport(Result):
+    """A Swarm service after a deploy, a rollback or for ``deploy.status``: Swarm's update verdict and every
+    replica."""
+
+    service: str
+    exists: bool = True
+    service_id: str | None = None
+    release: str | None = Field(None, description="The release the service's spec runs now")
+    requested: str | None = Field(None, description="The release that was asked for")
+    previous: str | None = Field(None, description="The release before")
+    replicas: int = 0
+    healthy: int = Field(0, description="Replicas on the service's release that answered")
+    update_state: str | None = Field(
+        None, description="Swarm's UpdateStatus.State: completed, rollback_completed (Swarm rolled back by "
+        "itself), paused, …; None for a service never updated"
+    )  # fmt: skip
+    update_message: str | None = None
+    rolled_back: bool = False
+    passed: bool = False
+    tasks: list[SwarmTask] = Field(default_factory=list)
+    wall_s: float = 0.0

@@ -190,6 +190,28 @@ def image_repo_digest(tag: str, config: EngineConfig | None = None) -> str | Non
     return next(iter(attrs.get("RepoDigests") or []), None)
 
 
+def image_config(tag: str, config: EngineConfig | None = None) -> dict[str, Any]:
+    """The local image ``tag``'s config as the engine reports it (Labels, User, Healthcheck, Entrypoint, …)."""
+    attrs = docker_client(config).images.get(tag).attrs
+    return dict(attrs.get("Config") or {})
+
+
+def image_labels(tag: str, config: EngineConfig | None = None) -> dict[str, str]:
+    """The labels of the local image ``tag``, read from the engine."""
+    return dict(image_config(tag, config).get("Labels") or {})
+
+
+def remove_unused_image(image: str, config: EngineConfig | None = None) -> bool:
+    """Remove the local image ``image`` (an id) unless a container uses it; whether it was removed."""
+    import docker.errors
+
+    try:
+        docker_client(config).images.remove(image)
+    except docker.errors.APIError:  # in use (a container, a service's task) or gone already: keep it
+        return False
+    return True
+
+
 def registry_digest(tag: str, config: EngineConfig | None = None) -> str:
     """The digest a registry reports for ``tag`` (asks the registry through the engine)."""
     import docker.errors

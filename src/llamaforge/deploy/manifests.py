@@ -1,0 +1,116 @@
+"""Manifests for teams that deploy with other tools: compose, Kubernetes and the systemd unit, rendered from
+``templates/deploy/`` (pure: nothing runs, nothing is written).
+
+All three run the build's runtime image (``invoke images.runtime``) or its binaries the same way as llamaforge's
+own targets: llama-server as a non-root user with the model read-only, a health check on ``/health`` whose
+start period is the health gate's wait for the model's size, and nothing open beyond loopback by default
+(compose publishes on 127.0.0.1; Kubernetes makes a ClusterIP Service). CUDA builds ask for one whole GPU per
+replica: compose reserves it under ``deploy.resources.reservations.devices``, Kubernetes limits
+``nvidia.com/gpu`` and replaces pods with ``strategy: Recreate``. The systemd unit is the systemd target's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from llamaforge.build.runtime_image import HEALTHCHECK, MODEL_PATH, UID
+from llamaforge.core.errors import InvalidOption
+from llamaforge.core.templates import render
+from llamaforge.deploy.health import gate_timeout_s
+
+if TYPE_CHECKING:
+    from llamaforge.deploy.release import Layout, ReleaseSpec
+
+MANIFEST_TARGETS = ("compose", "kubernetes", "systemd")
+PROBE_PERIOD_S = 5
+# The init container's script: $1 the model recipe, $2 its sha256. llamaforge's fetch checks the file against
+# the recipe's lock; the copy in the claim is checked again, and a claim that has it already is not refetched.
+FETCH_SCRIPT = """set -eu
+target="/models/$2.gguf"
+if [ ! -f "$target" ]; then
+  path=$(llamaforge models.fetch --model "$1" --json \\
+    | python3 -c 'import json, sys; print(json.load(sys.stdin)["path"])')
+  cp "$path" "$target.part"
+  mv "$target.part" "$target"
+fi
+echo "$2  $target" | sha256sum -c -
+"""
+
+
+@dataclass(frozen=True)
+class ManifestInputs:
+    """What a manifest needs: the release's inputs plus where it runs."""
+
+    name: str
+    image: str
+    backend: str
+    replicas: int = 1
+    listen: str = "127.0.0.1"
+    model_claim: str | None = None
+    init_image: str | None = None
+    model_recipe: str | None = None
+
+    @property
+    def gpus(self) -> int:
+        """Whole GPUs per replica: one for a CUDA build."""
+        return 1 if self.backend == "cuda" else 0
+
+
+def _common(spec: ReleaseSpec, inputs: ManifestInputs) -> dict[str, object]:
+    return {
+        "name": inputs.name, "image": inputs.image, "build_key": spec.build_key, "model_sha256": spec.model_sha256,
+        "port": spec.port, "args": ["--no-webui", *spec.flags.args()], "gpus": inputs.gpus, "uid": UID,
+        "start_period_s": gate_timeout_s(spec.model_size),
+        "labels": {"org.llamaforge.build.key": spec.build_key, "org.llamaforge.model.sha256": spec.model_sha256},
+    }  # fmt: skip
+
+
+def render_compose(spec: ReleaseSpec, inputs: ManifestInputs) -> str:
+    """``compose.yaml``: the model file bind-mounted read-only, the port published on ``inputs.listen``."""
+    # Compose interpolates $VAR itself: $$ leaves the health check's variable to the container's shell.
+    return render(
+        "deploy/compose.yaml.j2", **_common(spec, inputs), listen=inputs.listen, model=str(spec.model),
+        model_target=MODEL_PATH, healthcheck=HEALTHCHECK.replace("$", "$$"), user=f"{UID}:{UID}",
+    )  # fmt: skip
+
+
+def render_kubernetes(spec: ReleaseSpec, inputs: ManifestInputs) -> str:
+    """A Service and a Deployment; the model is ``<sha256>.gguf`` on a PersistentVolumeClaim, put there by an
+    init container that fetches the model recipe with llamaforge when ``inputs.init_image`` is given."""
+    if inputs.init_image and not inputs.model_recipe:
+        raise InvalidOption(
+            "the init container fetches a model recipe, and the model is a file",
+            hint="give --model RECIPE, or leave out --init-image and put the file on the claim",
+        )
+    common = _common(spec, inputs)
+    start = float(str(common["start_period_s"]))
+    return render(
+        "deploy/kubernetes.yaml.j2", **common, replicas=inputs.replicas,
+        model_claim=inputs.model_claim or f"llamaforge-{inputs.name}-models",
+        model_target=f"/models/{spec.model_sha256}.gguf", init_image=inputs.init_image,
+        model_recipe=inputs.model_recipe or "", fetch_script=FETCH_SCRIPT, probe_period_s=PROBE_PERIOD_S,
+        startup_failures=math.ceil(start / PROBE_PERIOD_S),
+    )  # fmt: skip
+
+
+def render_manifests(
+    target: str, spec: ReleaseSpec, inputs: ManifestInputs, layout: Layout
+) -> dict[str, str]:
+    """The files of ``target`` by name."""
+    if target == "compose":
+        return {"compose.yaml": render_compose(spec, inputs)}
+    if target == "kubernetes":
+        return {f"llamaforge-{inputs.name}.yaml": render_kubernetes(spec, inputs)}
+    if target == "systemd":
+        from llamaforge.deploy.targets.systemd import render_unit, unit_name
+
+        return {unit_name(layout): render_unit(spec, layout)}
+    from llamaforge.core.validation import suggest
+
+    known = ", ".join(MANIFEST_TARGETS)
+    raise InvalidOption(
+        f"deploy.render has no target {target!r}",
+        hint=suggest(target, MANIFEST_TARGETS, end=" ") + "known: " + known,
+    )

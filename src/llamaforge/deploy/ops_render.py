@@ -1,0 +1,80 @@
+"""Operation ``deploy.render``: compose, Kubernetes or systemd manifests for a build and a model (read-only;
+see :mod:`llamaforge.deploy.manifests`)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
+from llamaforge.deploy.release import DEFAULT_PORT, DEFAULT_ROOT
+
+
+class RenderParams(Params):
+    """Parameters of ``deploy.render``."""
+
+    target: str = Field(description="compose, kubernetes or systemd")
+    build: str = Field(description="Build key (or unique prefix) from the build store")
+    model: str | None = path_field(
+        None, description="Model recipe name or .toml, or a GGUF file (default: the tiny qwen3 smoke model)"
+    )
+    name: str = Field("default", description="Deployment name: the service/unit llamaforge-NAME")
+    port: int = Field(DEFAULT_PORT, ge=1, le=65535, description="llama-server's port")
+    ctx: int | None = Field(None, ge=1, description="llama-server -c (total context)")
+    threads: int | None = Field(None, ge=1, description="llama-server -t")
+    parallel: int | None = Field(None, ge=1, description="llama-server --parallel (slots)")
+    n_gpu_layers: int | None = Field(None, ge=0, description="llama-server -ngl")
+    listen: str = Field("127.0.0.1", description="compose: the host address the port is published on")
+    replicas: int = Field(1, ge=1, description="kubernetes: the Deployment's replicas")
+    model_claim: str | None = Field(
+        None,
+        description="kubernetes: the PersistentVolumeClaim holding <sha256>.gguf (default llamaforge-NAME-models)",
+    )
+    init_image: str | None = Field(
+        None, description="kubernetes: an image with llamaforge; its init container fetches --model RECIPE into "
+        "the claim and checks its sha256"
+    )  # fmt: skip
+    root: str = Field(
+        DEFAULT_ROOT, description="systemd: the directory on the hosts that holds the deployments"
+    )
+
+
+class RenderedManifests(Result):
+    """The rendered files, by name; nothing was written or started."""
+
+    target: str
+    image: str = Field(
+        description="The runtime image the manifests run (`invoke images.runtime --build KEY`)"
+    )
+    files: dict[str, str]
+
+
+@operation("deploy.render", RenderParams, read_only=True, cli="llamaforge.deploy.render:manifests_cli")
+def deploy_render_op(params: RenderParams, ctx: OperationContext) -> RenderedManifests:
+    """Render compose, Kubernetes or systemd manifests for a build and a model; nothing runs.
+
+    compose: the runtime image, the model bind-mounted read-only, a healthcheck, the port published on
+    127.0.0.1 (--listen), a GPU reservation for CUDA builds. kubernetes: a ClusterIP Service and a Deployment
+    with startup, readiness and liveness probes on /health (the startup probe sized to the model), the model
+    from a PersistentVolumeClaim (optionally fetched by an init container), nvidia.com/gpu limits and
+    strategy Recreate for CUDA builds. systemd: the systemd target's hardened unit.
+    """
+    from llamaforge.build.runtime_image import runtime_tag
+    from llamaforge.build.store import find_build
+    from llamaforge.deploy.manifests import ManifestInputs, render_manifests
+    from llamaforge.deploy.ops import DeployParams, release_spec
+    from llamaforge.deploy.release import Layout
+
+    spec, _ = release_spec(
+        DeployParams(build=params.build, model=params.model, port=params.port, ctx=params.ctx,
+                     threads=params.threads, parallel=params.parallel, n_gpu_layers=params.n_gpu_layers),
+        ctx,
+    )  # fmt: skip
+    manifest = find_build(spec.build_key)
+    recipe = params.model if params.model is not None and not spec.model.samefile(params.model) else None
+    inputs = ManifestInputs(
+        name=params.name, image=runtime_tag(spec.build_key), backend=str(manifest.get("backend", "")),
+        replicas=params.replicas, listen=params.listen, model_claim=params.model_claim,
+        init_image=params.init_image, model_recipe=recipe,
+    )  # fmt: skip
+    files = render_manifests(params.target, spec, inputs, Layout(params.name, params.root))
+    return RenderedManifests(target=params.target, image=inputs.image, files=files)

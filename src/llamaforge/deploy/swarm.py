@@ -1,0 +1,307 @@
+"""The Swarm target: a release as a replicated Docker Swarm service made from the build's runtime image.
+
+Swarm does the rolling itself: tasks are replaced ``parallelism`` at a time, each watched for a monitor window
+that covers the health check's start period plus ``interval * retries`` (a task that turns unhealthy after the
+window would not count as a failed update), and a failed update rolls back on its own (failure_action
+rollback). llamaforge then waits for the update's end state and reports it (``rollback_completed`` when Swarm
+rolled back) with every task's state, and asks each running task on this engine for ``/health`` and a greedy
+completion from inside its container, so nothing needs to listen beyond the container.
+
+Swarm cannot publish a port on one address only (its published ports listen on every interface of every node),
+so by default nothing is published; ``publish`` opts in. The model is a read-only bind mount of the file, which
+must be at the same path on every node (one node here). CUDA builds ask for one ``NVIDIA-GPU`` generic
+resource per task (nodes advertise theirs with dockerd's ``--node-generic-resource``) and replace tasks
+stop-first, since each needs a whole GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from llamaforge.build.runtime_image import HEALTHCHECK, MODEL_PATH
+from llamaforge.core.errors import InvalidOption
+from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
+from llamaforge.deploy.health import gate_timeout_s
+from llamaforge.deploy.release import ReleaseSpec, release_id
+from llamaforge.deploy.report import SwarmReport, SwarmTask
+from llamaforge.runners import swarm as swarm_api
+from llamaforge.runners.swarm import HealthProbe, ServiceDefinition, UpdatePolicy
+from llamaforge.smoke.answers import GoldenRequest
+
+LABEL_RELEASE = "org.llamaforge.release"
+LABEL_MODEL = "org.llamaforge.model.sha256"
+PROBE_INTERVAL_S = 5.0
+PROBE_TIMEOUT_S = 5.0
+PROBE_RETRIES = 3
+UPDATE_DELAY_S = 2.0
+COMPLETION_TOKENS = 8
+_ENDED = ("completed", "rollback_completed", "paused", "rollback_paused")
+
+
+def service_name(name: str) -> str:
+    """The Swarm service of deployment ``name``."""
+    return f"llamaforge-{name}"
+
+
+@dataclass(frozen=True)
+class SwarmRelease:
+    """A release for Swarm: its id, the service definition, and the model size (for the waits)."""
+
+    id: str
+    definition: ServiceDefinition
+
+
+def monitor_window_s(probe: HealthProbe) -> float:
+    """How long Swarm watches each new task: the start period plus ``interval * retries`` and one interval
+    more, so a task that never turns healthy is a failed update and not a late surprise."""
+    return probe.start_period_s + probe.interval_s * (probe.retries + 1)
+
+
+def swarm_release(
+    spec: ReleaseSpec,
+    name: str,
+    image: str,
+    *,
+    replicas: int,
+    parallelism: int = 1,
+    gpus: int = 0,
+    publish: int | None = None,
+    start_period_s: float | None = None,
+) -> SwarmRelease:
+    """The service definition of ``spec`` as deployment ``name`` from the runtime image ``image``."""
+    if replicas < 1:
+        raise InvalidOption("replicas must be at least 1", hint="--replicas 1 or more")
+    probe = HealthProbe(HEALTHCHECK, PROBE_INTERVAL_S, PROBE_TIMEOUT_S, PROBE_RETRIES,
+                        start_period_s if start_period_s is not None else gate_timeout_s(spec.model_size))  # fmt: skip
+    monitor = monitor_window_s(probe)
+    order = "stop-first" if gpus else "start-first"  # a whole-GPU task cannot start beside its old one
+    update = UpdatePolicy(parallelism, UPDATE_DELAY_S, "rollback", monitor, 0.0, order)
+    rollback = UpdatePolicy(parallelism, UPDATE_DELAY_S, "pause", monitor, 0.0, order)
+    env = {"LLAMA_ARG_HOST": "0.0.0.0", "LLAMA_ARG_PORT": str(spec.port), "LLAMA_ARG_MODEL": MODEL_PATH}  # noqa: S104 - inside the task's own network namespace
+    args = ("--no-webui", *spec.flags.args())
+    identity = {"image": image, "args": args, "env": env, "gpus": gpus, "publish": publish,
+                "health": probe.__dict__, "update": update.__dict__}  # fmt: skip
+    rid = release_id(spec, {"swarm-service.json": json.dumps(identity, sort_keys=True)})
+    labels = {LABEL_RELEASE: rid, LABEL_MODEL: spec.model_sha256, "org.llamaforge.build.key": spec.build_key}
+    definition = ServiceDefinition(
+        name=service_name(name), image=image, args=args, env=env, labels=labels, replicas=replicas,
+        mounts=((str(spec.model), MODEL_PATH),), health=probe, update=update, rollback=rollback,
+        generic_resources={"NVIDIA-GPU": gpus} if gpus else {},
+        publish=((publish, spec.port),) if publish else (),
+    )  # fmt: skip
+    return SwarmRelease(rid, definition)
+
+
+def _completion_in(container_id: str, port: int) -> tuple[bool, str]:
+    body = json.dumps(GoldenRequest(n_predict=COMPLETION_TOKENS, n_probs=1).body())
+    code, output = swarm_api.exec_in_container(
+        container_id, ["curl", "-fsS", "-m", "60", "-d", body, f"http://127.0.0.1:{port}/completion"]
+    )
+    if code != 0:
+        return False, f"completion failed: {output.strip()[-200:]}"
+    try:
+        answer = json.loads(output)
+    except json.JSONDecodeError:
+        return False, f"completion was not JSON: {output[:200]!r}"
+    if answer.get("tokens_predicted") != COMPLETION_TOKENS:
+        return (
+            False,
+            f"the completion returned {answer.get('tokens_predicted')} tokens, not {COMPLETION_TOKENS}",
+        )
+    return True, str(answer.get("content", ""))
+
+
+def slot_tasks(tasks: list[dict[str, Any]]) -> dict[int, tuple[dict[str, Any], list[dict[str, Any]]]]:
+    """By replica slot: the task that stands for it and the slot's whole history (oldest first).
+
+    The task that stands for a slot is the newest one Swarm wants running, else the newest: a start-first update
+    that failed leaves its new task newer than the old one that kept running.
+    """
+    by_slot: dict[int, list[dict[str, Any]]] = {}
+    for task in tasks:
+        by_slot.setdefault(int(task.get("Slot", 0)), []).append(task)
+    chosen = {}
+    for slot, history in sorted(by_slot.items()):
+        history.sort(key=lambda task: str(task.get("CreatedAt", "")))
+        wanted = [task for task in history if task.get("DesiredState") == "running"]
+        chosen[slot] = ((wanted or history)[-1], history)
+    return chosen
+
+
+def _failure(task: dict[str, Any]) -> str:
+    status = task.get("Status", {})
+    container = status.get("ContainerStatus", {})
+    exit_code = container.get("ExitCode")
+    return " ".join(part for part in (str(status.get("Err") or status.get("Message") or ""),
+                                      f"(exit {exit_code})" if exit_code else "") if part)  # fmt: skip
+
+
+def task_reports(service: dict[str, Any], *, query: bool = True) -> list[SwarmTask]:
+    """One entry per replica slot: its newest task's state, and (``query``) /health and a completion asked
+    inside its container when it runs on this engine's node."""
+    tasks = swarm_api.service_tasks(service["ID"])
+    node = swarm_api.local_node_id()
+    port = int(dict(item.split("=", 1) for item in service["Spec"]["TaskTemplate"]["ContainerSpec"].get("Env", []))
+               .get("LLAMA_ARG_PORT", "8080"))  # fmt: skip
+    reports = []
+    for slot, (newest, history) in slot_tasks(tasks).items():
+        status = newest.get("Status", {})
+        failures = [task for task in history if task.get("Status", {}).get("State") in ("failed", "rejected")]
+        labels = newest["Spec"]["ContainerSpec"].get("Labels") or {}
+        report = SwarmTask(
+            slot=slot, task=str(newest["ID"])[:12], node=str(newest.get("NodeID", ""))[:12],
+            state=str(status.get("State", "")), desired=str(newest.get("DesiredState", "")),
+            release=labels.get(LABEL_RELEASE), detail=str(status.get("Err") or status.get("Message") or ""),
+            failed_tasks=len(failures), last_failure=_failure(failures[-1]) if failures else "",
+        )  # fmt: skip
+        container = status.get("ContainerStatus", {}).get("ContainerID")
+        if query and report.state == "running" and newest.get("NodeID") != node:
+            report.detail = (
+                "runs on another node: not asked (llamaforge reaches this engine's containers only)"
+            )
+        elif query and report.state == "running" and container:
+            code, _ = swarm_api.exec_in_container(
+                container, ["curl", "-fsS", "-m", "5", f"http://127.0.0.1:{port}/health"]
+            )
+            report.healthy = code == 0
+            if report.healthy:
+                passed, text = _completion_in(container, port)
+                report.completion = text if passed else None
+                report.detail = "" if passed else text
+                report.healthy = passed
+        reports.append(report)
+    return reports
+
+
+def _wait(condition: Callable[[], bool], limit_s: float, cancel: CancelToken) -> bool:
+    deadline = time.monotonic() + limit_s
+    while not condition():
+        cancel.raise_if_cancelled()
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1.0)
+    return True
+
+
+def _running(service_id: str, replicas: int, release: str | None) -> bool:
+    tasks = swarm_api.service_tasks(service_id)
+    ready = [
+        task for task in tasks
+        if task.get("DesiredState") == "running" and task.get("Status", {}).get("State") == "running"
+        and release in (None, (task["Spec"]["ContainerSpec"].get("Labels") or {}).get(LABEL_RELEASE))
+    ]  # fmt: skip
+    return len(ready) == replicas
+
+
+def _update_status(name: str) -> dict[str, Any]:
+    service = swarm_api.find_service(name) or {}
+    return dict(service.get("UpdateStatus") or {})
+
+
+def _settle(name: str, before: dict[str, Any], limit_s: float, cancel: CancelToken) -> dict[str, Any]:
+    """Wait for the update (or rollback) that follows ``before`` to end; its UpdateStatus."""
+
+    def ended() -> bool:
+        status = _update_status(name)
+        return status != before and status.get("State") in _ENDED
+
+    _wait(ended, limit_s, cancel)
+    return _update_status(name)
+
+
+def _limit(definition: ServiceDefinition) -> float:
+    """Seconds an update (then a rollback) may take: every batch's start period, monitor window and delay."""
+    batches = -(-definition.replicas // max(1, definition.update.parallelism))
+    per_batch = definition.health.start_period_s + definition.update.monitor_s + definition.update.delay_s
+    return 2 * batches * per_batch + 60
+
+
+def report(name: str, requested: str | None, previous: str | None, wall_start: float,
+           update: dict[str, Any] | None = None) -> SwarmReport:  # fmt: skip
+    """The service's state now: release, update state and every replica's task."""
+    service = swarm_api.find_service(service_name(name))
+    if service is None:
+        return SwarmReport(service=service_name(name), exists=False, requested=requested, previous=previous,
+                           wall_s=time.monotonic() - wall_start)  # fmt: skip
+    update = update if update is not None else dict(service.get("UpdateStatus") or {})
+    tasks = task_reports(service)
+    replicas = int(service["Spec"].get("Mode", {}).get("Replicated", {}).get("Replicas", 0))
+    current = (service["Spec"].get("Labels") or {}).get(LABEL_RELEASE)
+    healthy = sum(1 for task in tasks if task.healthy and task.release == current)
+    return SwarmReport(
+        service=service_name(name), exists=True, service_id=str(service["ID"])[:12], release=current,
+        requested=requested, previous=previous, replicas=replicas, healthy=healthy,
+        update_state=update.get("State"), update_message=update.get("Message"),
+        rolled_back=update.get("State") in ("rollback_completed", "rollback_paused"),
+        passed=healthy == replicas and (requested is None or current == requested), tasks=tasks,
+        wall_s=time.monotonic() - wall_start,
+    )  # fmt: skip
+
+
+def deploy_service(release: SwarmRelease, deployment: str, *, reporter: Reporter = null_reporter,
+                   cancel: CancelToken | None = None) -> SwarmReport:  # fmt: skip
+    """Create the service, or update it to ``release`` (nothing when it already runs it with as many replicas),
+    wait for Swarm's verdict and report it."""
+    cancel = cancel or CancelToken()
+    started = time.monotonic()
+    definition = release.definition
+    current = swarm_api.find_service(definition.name)
+    previous = None if current is None else (current["Spec"].get("Labels") or {}).get(LABEL_RELEASE)
+    replicas = (
+        None if current is None else current["Spec"].get("Mode", {}).get("Replicated", {}).get("Replicas")
+    )
+    if current is None:
+        reporter(
+            Event(
+                "stage", f"creating service {definition.name} ({definition.replicas} replicas)", stage="swarm"
+            )
+        )
+        service_id = swarm_api.create_service(definition)
+    elif previous == release.id and replicas == definition.replicas:
+        return report(deployment, release.id, previous, started)
+    else:
+        reporter(
+            Event("stage", f"updating service {definition.name}: {previous} -> {release.id}", stage="swarm")
+        )
+        before = dict(current.get("UpdateStatus") or {})
+        swarm_api.update_service(definition, current)
+        service_id = str(current["ID"])
+        update = _settle(definition.name, before, _limit(definition), cancel)
+        reporter(Event("stage", f"update {update.get('State')}: {update.get('Message', '')}", stage="swarm"))
+        if update.get("State") != "completed":
+            _wait(lambda: _running(service_id, definition.replicas, previous), _limit(definition), cancel)
+            return report(deployment, release.id, previous, started, update)
+    _wait(lambda: _running(service_id, definition.replicas, release.id), _limit(definition), cancel)
+    return report(deployment, release.id, previous, started)
+
+
+def rollback_service(deployment: str, *, reporter: Reporter = null_reporter,
+                     cancel: CancelToken | None = None) -> SwarmReport:  # fmt: skip
+    """Swarm's rollback of the service to its previous spec; waits for it and reports."""
+    from llamaforge.runners.swarm import SwarmError
+
+    cancel = cancel or CancelToken()
+    started = time.monotonic()
+    name = service_name(deployment)
+    current = swarm_api.find_service(name)
+    if current is None:
+        raise SwarmError(
+            f"there is no service {name} on this swarm", hint="`invoke deploy --target swarm` makes it"
+        )
+    if not current.get("PreviousSpec"):
+        raise SwarmError(f"service {name} has no previous spec to roll back to", hint="it was never updated")
+    previous = (current["Spec"].get("Labels") or {}).get(LABEL_RELEASE)
+    target = (current["PreviousSpec"].get("Labels") or {}).get(LABEL_RELEASE)
+    reporter(Event("stage", f"rolling {name} back: {previous} -> {target}", stage="swarm"))
+    before = dict(current.get("UpdateStatus") or {})
+    swarm_api.rollback_service(current)
+    replicas = int(current["PreviousSpec"].get("Mode", {}).get("Replicated", {}).get("Replicas", 1))
+    probe = current["PreviousSpec"]["TaskTemplate"]["ContainerSpec"].get("Healthcheck", {})
+    limit = 2 * replicas * (probe.get("StartPeriod", 0) / 1e9 + 60) + 60
+    update = _settle(name, before, limit, cancel)
+    _wait(lambda: _running(str(current["ID"]), replicas, target), limit, cancel)
+    return report(deployment, target, previous, started, update)
