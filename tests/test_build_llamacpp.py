@@ -206,9 +206,10 @@ def test_conflicting_patch_fails_naming_patch_and_hunk(
 def test_rebuild_without_ccache_is_bit_identical(baseline_build: Path, build_env: dict[str, str]) -> None:
     """`invoke build --check-reproducible`: a fresh container, ccache off, every artifact's sha256 compared.
 
-    The suite proves it on the one-level build of the same recipe (the same shared libraries, RPATH, module
-    layout and compile flags as the variants build, with one CPU module instead of 14), so the ccache-off
-    rebuild costs what the single-CPU build did; `nox -s reproducible_variants` proves the full variants build."""
+    The suite proves it on the one-level build of the same recipe: the same shared libraries, SONAME copies,
+    RPATH, backend loader and compile flags as the variants build, one CPU module instead of 14, so the
+    ccache-off rebuild costs what the single-CPU build did; `nox -s reproducible_variants` proves the full
+    variants build."""
     result = invoke_json(
         "build", "--backend", "cpu", "--cpu", "baseline", "--check-reproducible", env=build_env
     )

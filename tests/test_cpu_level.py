@@ -27,7 +27,7 @@ def test_default_recipe_builds_every_variant_as_loadable_modules() -> None:
 
 def test_native_is_one_module_for_the_build_machine() -> None:
     args = _args("native")
-    assert {"-DGGML_NATIVE=ON", "-DGGML_CPU_ALL_VARIANTS=OFF", "-DGGML_BACKEND_DL=ON"} <= args
+    assert {"-DGGML_NATIVE=ON", "-DGGML_CPU_ALL_VARIANTS=OFF", "-DGGML_BACKEND_DL=OFF"} <= args
     assert not any(arg.startswith("-DGGML_AVX") for arg in args)
 
 
@@ -35,6 +35,7 @@ def test_x86_64_v3_sets_every_feature_explicitly() -> None:
     args = _args("x86-64-v3")
     on = {"SSE42", "AVX", "AVX2", "BMI2", "FMA", "F16C"}
     assert {f"-DGGML_{name}=ON" for name in on} <= args
+    assert "-DGGML_BACKEND_DL=ON" in args  # one module, loaded like the variants
     assert {
         "-DGGML_AVX512=OFF",
         "-DGGML_AVX_VNNI=OFF",
@@ -46,7 +47,8 @@ def test_x86_64_v3_sets_every_feature_explicitly() -> None:
 def test_baseline_switches_every_extension_off() -> None:
     options = cpu_cmake("baseline")
     assert options["GGML_NATIVE"] == "OFF" and options["GGML_CPU_ALL_VARIANTS"] == "OFF"
-    assert all(value == "OFF" for key, value in options.items() if key not in ("GGML_NATIVE",))
+    assert options["GGML_BACKEND_DL"] == "ON"
+    assert all(value == "OFF" for key, value in options.items() if key != "GGML_BACKEND_DL")
 
 
 def test_arm_architecture_goes_to_ggml_cpu_arm_arch() -> None:

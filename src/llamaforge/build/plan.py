@@ -55,6 +55,7 @@ class BuildPlan:
     # The artifacts every build of the plan must have (the targets' binaries); the manifest lists every file
     # the build left, libraries and backend modules included.
     artifacts: tuple[str, ...] = field(default=())
+    source_unread: tuple[str, ...] = field(default=())  # not copied into a build container
 
     def key_inputs(self) -> dict[str, Any]:
         """Every input of the build except the environment id (known only once the environment exists)."""
@@ -67,6 +68,7 @@ class BuildPlan:
             "cmake_args": list(self.cmake_args),
             "targets": list(self.targets),
             "build_script_sha256": sha256_text(self.script.text),
+            **({"source_unread": list(self.source_unread)} if self.source_unread else {}),
             **self.environment.key_inputs(),
         }
 
@@ -98,6 +100,7 @@ class BuildPlan:
             "cmake_args": list(self.cmake_args),
             "targets": list(self.targets),
             "artifacts": list(self.artifacts),
+            "source_unread": list(self.source_unread),
             "source_date_epoch": self.source_date_epoch,
             "plan_digest": self.plan_digest,
             "files": {**files, self.script.name: self.script.text},
@@ -177,4 +180,5 @@ def plan_build(recipe: BuildRecipe, options: BuildOptions | None = None) -> Buil
         script=built.script,
         source_date_epoch=epoch,
         artifacts=built.artifacts,
+        source_unread=built.source_unread,
     )

@@ -87,6 +87,8 @@ class PlatformBuild:
     environment: BuildEnvironment
     script: BuildScript
     artifacts: tuple[str, ...] = field(default=())
+    # Paths of the source tree the build never reads: a container executor does not copy them in.
+    source_unread: tuple[str, ...] = field(default=())
 
 
 class Platform(Protocol):

@@ -109,11 +109,17 @@ class Container:
         code = api.exec_inspect(exec_id).get("ExitCode")
         return 137 if code is None else int(code)
 
-    def copy_into(self, source: Path, destination: str) -> None:
-        """Copy a host file or directory to ``destination`` (a directory path) in the container."""
+    def copy_into(self, source: Path, destination: str, *, skip: tuple[str, ...] = ()) -> None:
+        """Copy a host file or directory to ``destination`` (a directory path) in the container, leaving out the
+        entries ``skip`` names (paths relative to ``source``)."""
+        left_out = {f"{source.name}/{relative.strip('/')}" for relative in skip}
+
+        def keep(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
+            return None if member.name in left_out else member
+
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as tar:
-            tar.add(source, arcname=source.name)
+            tar.add(source, arcname=source.name, filter=keep)
         buffer.seek(0)
         self.call(["mkdir", "-p", destination])
         self._container.put_archive(destination, buffer)

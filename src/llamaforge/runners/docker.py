@@ -105,7 +105,7 @@ class DockerExecutor:
                     script.write_text(plan.script.text, encoding="utf-8")
                     box.copy_into(script, "/llamaforge")
                 request.log.reporter(Event("stage", "copying source into the container", stage="build"))
-                box.copy_into(request.source_tree, "/")
+                box.copy_into(request.source_tree, "/", skip=plan.source_unread)
                 if request.source_tree.name != "src":
                     box.call(["mv", f"/{request.source_tree.name}", "/src"])
                 command = plan.script.command(f"/llamaforge/{plan.script.name}")
