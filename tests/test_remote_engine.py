@@ -1,8 +1,12 @@
 """The docker executor on a remote engine, the way users point it at one: DOCKER_HOST=tcp://HOST:2376 with
 DOCKER_TLS_VERIFY and DOCKER_CERT_PATH. The remote engine is a second dockerd started here (its own data root,
-no bridge network, a CA and server/client certificates made with openssl for this test), listening only on
+its own bridge, a CA and server/client certificates made with openssl for this test), listening only on
 127.0.0.1 with TLS verification; it gets the base and builder images by `docker save | docker load`, never from a
-registry. The mini project is built there for real and its artifacts come back."""
+registry. The mini project is built there for real and its artifacts come back.
+
+The second dockerd shares this machine's network namespace, so it gets a bridge of its own (made here, removed
+after): dockerd with ``--bridge none`` deletes the host's ``docker0``, which would cut the first engine's
+containers off the network."""
 
 from __future__ import annotations
 
@@ -61,12 +65,17 @@ def remote_engine(docker_engine: object, base_image: str) -> Iterator[dict[str, 
     root = Path(tempfile.mkdtemp(prefix="lf-engine-"))
     server, client = _certificates(root)
     port = _free_port()
+    had_docker0 = Path("/sys/class/net/docker0").exists()
+    bridge = f"lfbr{port}"
+    subprocess.run(["ip", "link", "add", "name", bridge, "type", "bridge"], check=True)
+    subprocess.run(["ip", "addr", "add", "10.213.0.1/24", "dev", bridge], check=True)
     log = (root / "dockerd.log").open("w")
     daemon = subprocess.Popen(
         ["dockerd", "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
          "--pidfile", str(root / "dockerd.pid"), "-H", f"tcp://127.0.0.1:{port}", "--tlsverify",
          "--tlscacert", str(server / "ca.pem"), "--tlscert", str(server / "cert.pem"),
-         "--tlskey", str(server / "key.pem"), "--bridge", "none", "--iptables=false", "--ip6tables=false"],
+         "--tlskey", str(server / "key.pem"), "--bridge", bridge, "--iptables=false", "--ip6tables=false",
+         "--ip-masq=false"],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     env = {**os.environ, "DOCKER_HOST": f"tcp://127.0.0.1:{port}", "DOCKER_TLS_VERIFY": "1",
@@ -87,7 +96,11 @@ def remote_engine(docker_engine: object, base_image: str) -> Iterator[dict[str, 
             daemon.kill()
             daemon.wait()
         log.close()
+        subprocess.run(["ip", "link", "delete", bridge], check=False)
         shutil.rmtree(root, ignore_errors=True)
+    assert Path("/sys/class/net/docker0").exists() or not had_docker0, (
+        "the first engine's docker0 must survive"
+    )
 
 
 def _copy_image(tag: str, env: dict[str, str]) -> None:
