@@ -424,7 +424,7 @@ BAD_RULES = [
         None,
     ),
     ('[metadata]\ndelete = ["bad key!"]\n', r"'bad key!' is not a metadata key", None),
-    ("[metadata\n", r"are not valid TOML", None),
+    ("[metadata\n", r"is not valid TOML", None),
 ]
 
 

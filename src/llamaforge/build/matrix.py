@@ -5,7 +5,6 @@ and the next one still runs; each finished build is published with its own manif
 from __future__ import annotations
 
 import time
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,10 +12,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from llamaforge.build.recipes import Backend, Platform, resolve_named_file
-from llamaforge.core.errors import Cancelled, LlamaforgeError, RecipeError
+from llamaforge.core.errors import Cancelled, LlamaforgeError
 from llamaforge.core.paths import data_dir
 from llamaforge.core.registry import Result
-from llamaforge.core.validation import recipe_error
+from llamaforge.core.validation import read_toml, recipe_error
 
 
 class MatrixEntry(BaseModel):
@@ -85,10 +84,7 @@ def matrix_dir() -> Path:
 def load_matrix(name_or_path: str) -> Matrix:
     """A matrix by name (``recipes/matrices/NAME.toml``) or path; unknown keys are named with "did you mean"."""
     path = resolve_named_file(name_or_path, matrix_dir(), "build matrix")
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as error:
-        raise RecipeError(f"build matrix {path} is not valid TOML: {error}", hint="fix the syntax") from None
+    data = read_toml(path, "build matrix")
     try:
         return Matrix.model_validate({**data, "name": path.stem})
     except ValidationError as error:

@@ -9,7 +9,6 @@ import datetime
 import json
 import os
 import re
-import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -19,7 +18,7 @@ from llamaforge.build.cpu_level import VARIANTS, check_cpu_level, controlled_key
 from llamaforge.build.cuda_arch import parse_cuda_archs
 from llamaforge.core.errors import InvalidOption, RecipeError
 from llamaforge.core.paths import data_dir
-from llamaforge.core.validation import recipe_error, suggest
+from llamaforge.core.validation import read_toml, recipe_error, suggest
 
 Backend = Literal["cpu", "cuda", "vulkan", "metal"]
 Platform = Literal["linux", "windows", "macos"]
@@ -238,13 +237,7 @@ def parse_recipe(data: dict[str, Any], *, name: str, origin: Path) -> BuildRecip
 def load_recipe(name_or_path: str) -> BuildRecipe:
     """Load a build recipe by name (``recipes/builds/NAME.toml``) or by path."""
     path = resolve_named_file(name_or_path, recipe_dir(), "build recipe")
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as error:
-        raise RecipeError(f"recipe {path} is not valid TOML: {error}", hint="fix the syntax") from None
-    except OSError as error:
-        raise RecipeError(f"cannot read recipe {path}: {error.strerror}") from None
-    return parse_recipe(data, name=path.stem, origin=path)
+    return parse_recipe(read_toml(path, "recipe"), name=path.stem, origin=path)
 
 
 def recipe_json_schema() -> str:

@@ -11,9 +11,11 @@
 from __future__ import annotations
 
 import difflib
+import tomllib
 import types
 import typing
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -132,3 +134,15 @@ def recipe_error(
         else:
             problems.append(f"{dotted}: {_message(item)}")
     return RecipeError(f"invalid {what}:\n  " + "\n  ".join(problems), hint=" ".join(hints) or hint)
+
+
+def read_toml(path: Path, what: str) -> dict[str, Any]:
+    """The TOML document in ``path`` (a ``what``: "build recipe", "host inventory" …); RecipeError naming the
+    file when it cannot be read or is not TOML."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as error:
+        raise RecipeError(f"{what} {path} is not valid TOML: {error}", hint="fix the syntax") from None
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise RecipeError(f"cannot read {what} {path}: {reason}") from None

@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import json
 import re
-import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from llamaforge.core.errors import InvalidOption, RecipeError
+from llamaforge.core.errors import InvalidOption
 from llamaforge.core.paths import data_dir
-from llamaforge.core.validation import recipe_error, suggest
+from llamaforge.core.validation import read_toml, recipe_error, suggest
 from llamaforge.deploy.hosts import DeployHost
 from llamaforge.runners.ssh_connection import SshHost
 
@@ -103,14 +102,7 @@ def _resolve(name_or_path: str) -> Path:
 def load_inventory(name_or_path: str) -> tuple[Inventory, Path]:
     """The inventory ``recipes/hosts/NAME.toml`` or at a path, and the file it came from."""
     path = _resolve(name_or_path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as error:
-        raise RecipeError(
-            f"host inventory {path} is not valid TOML: {error}", hint="fix the syntax"
-        ) from None
-    except OSError as error:
-        raise RecipeError(f"cannot read host inventory {path}: {error.strerror}") from None
+    data = read_toml(path, "host inventory")
     try:
         return Inventory.model_validate({**data, "name": path.stem}), path
     except ValidationError as error:

@@ -7,16 +7,13 @@ Revision and sha256 stay empty until ``models.lock`` resolves them against a rea
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from llamaforge.build.recipes import SmokeTable, resolve_named_file
-from llamaforge.core.errors import RecipeError
 from llamaforge.core.paths import data_dir
-from llamaforge.core.validation import recipe_error
+from llamaforge.core.validation import read_toml, recipe_error
 
 SOURCE_SCHEMES = ("hf://", "ms://", "https://", "http://", "file://")
 
@@ -143,10 +140,7 @@ def list_model_recipes() -> list[str]:
 def load_model_recipe(name_or_path: str) -> ModelRecipe:
     """Load a model recipe by name (``recipes/models/NAME.toml``) or path."""
     path = resolve_named_file(name_or_path, model_recipe_dir(), "model recipe")
-    try:
-        data: dict[str, Any] = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as error:
-        raise RecipeError(f"model recipe {path} is not valid TOML: {error}") from None
+    data = read_toml(path, "model recipe")
     try:
         return ModelRecipe.model_validate({**data, "name": path.stem})
     except ValidationError as error:

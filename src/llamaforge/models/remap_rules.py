@@ -14,7 +14,6 @@ import json
 import math
 import re
 import struct
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, Literal, get_args
@@ -35,9 +34,8 @@ from pydantic import (
 )
 
 from llamaforge.build.recipes import resolve_named_file
-from llamaforge.core.errors import RecipeError
 from llamaforge.core.paths import data_dir
-from llamaforge.core.validation import recipe_error, suggest
+from llamaforge.core.validation import read_toml, recipe_error, suggest
 
 __all__ = [
     "ARCH_KEY",
@@ -315,13 +313,7 @@ def parse_rules(data: Mapping[str, Any], *, name: str, origin: str | Path) -> Re
 def load_rules(name_or_path: str | Path) -> RemapRules:
     """Load remap rules by name (``recipes/remaps/NAME.toml``) or by path."""
     path = _resolve_rules(name_or_path)
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as error:
-        raise RecipeError(f"remap rules {path} are not valid TOML: {error}", hint="fix the syntax") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise RecipeError(f"cannot read remap rules {path}: {error}") from None
-    return parse_rules(data, name=path.stem, origin=path)
+    return parse_rules(read_toml(path, "remap rules file"), name=path.stem, origin=path)
 
 
 def rules_json_schema() -> str:

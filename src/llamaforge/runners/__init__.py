@@ -7,7 +7,7 @@ Callers pass an ``Executor`` instance (``make_executor`` makes one from a name a
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -18,6 +18,8 @@ from llamaforge.core.events import CancelToken, Event, Reporter
 if TYPE_CHECKING:
     # Only for annotations: build modules import runners.process, so runners must not import build at load.
     from llamaforge.build.plan import BuildPlan
+    from llamaforge.platforms import HostTool
+    from llamaforge.runners.process import ProcessRunner
 
 TAIL_LINES = 40
 
@@ -86,6 +88,23 @@ class Executor(Protocol):
     def run(self, request: RunRequest) -> None:
         """Run the plan's script; artifacts land in ``request.out_dir``. Raises BuildFailed / Cancelled."""
         ...
+
+
+def tool_versions(runner: ProcessRunner, tools: Sequence[HostTool], where: str) -> list[str]:
+    """``NAME=<first line of NAME --version>`` for each of ``tools`` on ``runner``'s host (a host executor's
+    toolchain fingerprint); a missing required tool is an InvalidOption naming ``where`` and the tool."""
+    versions: list[str] = []
+    for tool in tools:
+        found = runner.run(["sh", "-c", 'command -v "$0"', tool.name], warn=True)
+        if not found.ok:
+            if tool.optional:
+                continue
+            raise InvalidOption(
+                f"{where} has no {tool.name!r} on PATH", hint=tool.hint or f"install {tool.name}"
+            )
+        first = runner.run([found.stdout.strip(), "--version"], warn=True).stdout.splitlines()
+        versions.append(f"{tool.name}={first[0] if first else '?'}")
+    return versions
 
 
 ExecutorFactory = Callable[[Mapping[str, str]], Executor]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -13,7 +12,7 @@ from llamaforge.build.plan import BuildPlan
 from llamaforge.core.errors import BuildFailed, InvalidOption
 from llamaforge.core.events import Reporter
 from llamaforge.core.paths import home
-from llamaforge.runners import RunRequest
+from llamaforge.runners import RunRequest, tool_versions
 from llamaforge.runners.process import LOCAL, ProcessRunner
 
 _THIS_PLATFORM = {"linux": "linux", "darwin": "macos", "win32": "windows"}
@@ -50,15 +49,7 @@ class LocalExecutor:
                 f"a {plan.recipe.platform} build cannot run on this {here} host",
                 hint=f"build on a {plan.recipe.platform} host: --executor ssh --build-host user@host:port",
             )
-        versions: list[str] = []
-        for tool in plan.environment.host_tools:
-            path = shutil.which(tool.name)
-            if path is None:
-                if tool.optional:
-                    continue
-                raise InvalidOption(f"the local executor needs {tool.name!r} on PATH", hint=tool.hint or None)
-            first = self.runner.run([path, "--version"], warn=True).stdout.splitlines()
-            versions.append(f"{tool.name}={first[0] if first else '?'}")
+        versions = tool_versions(self.runner, plan.environment.host_tools, "this host")
         return "local:" + hashlib.sha256("\n".join(versions).encode()).hexdigest()[:32]
 
     def run(self, request: RunRequest) -> None:

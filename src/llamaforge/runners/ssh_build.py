@@ -23,7 +23,7 @@ from typing import Any
 from llamaforge.build.plan import BuildPlan
 from llamaforge.core.errors import BuildFailed, InvalidOption
 from llamaforge.core.events import Event, Reporter
-from llamaforge.runners import RunRequest
+from llamaforge.runners import RunRequest, tool_versions
 from llamaforge.runners.ssh import SshProcessRunner
 from llamaforge.runners.ssh_connection import SshHost
 from llamaforge.runners.transfer import file_sha256
@@ -118,17 +118,7 @@ class SshBuildExecutor:
 
     def _fingerprint(self, plan: BuildPlan) -> str:
         lines = [self.runner.run(["uname", "-sm"], warn=True).stdout.strip()]
-        for tool in plan.environment.host_tools:
-            found = self.runner.run(["sh", "-c", 'command -v "$0"', tool.name], warn=True)
-            if not found.ok:
-                if tool.optional:
-                    continue
-                raise InvalidOption(
-                    f"build host {self.host.address} has no {tool.name!r} on PATH",
-                    hint=tool.hint or f"install {tool.name} on the build host",
-                )
-            version = self.runner.run([tool.name, "--version"], warn=True).stdout.splitlines()
-            lines.append(f"{tool.name}={version[0] if version else '?'}")
+        lines += tool_versions(self.runner, plan.environment.host_tools, f"build host {self.host.address}")
         digest = hashlib.sha256("\n".join([self.host.address, *lines]).encode()).hexdigest()[:32]
         return f"ssh:{digest}"
 
