@@ -9,7 +9,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 
 need=()
-for tool in dockerd:docker.io debootstrap:debootstrap git:git cmake:cmake ninja:ninja-build ccache:ccache cc:gcc; do
+for tool in dockerd:docker.io debootstrap:debootstrap git:git cmake:cmake ninja:ninja-build ccache:ccache cc:gcc \
+    ip:iproute2 openssl:openssl systemd-analyze:systemd; do
     command -v "${tool%%:*}" >/dev/null 2>&1 || need+=("${tool#*:}")
 done
 if [ "${#need[@]}" -gt 0 ]; then
