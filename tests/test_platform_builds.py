@@ -126,15 +126,26 @@ for target in {targets}; do
     > "$LLAMAFORGE_OUT/bin/$target{suffix}"
 done
 printf '{{"cmake": "cmake version 3.31.6", "host": "%s"}}\n' "$(uname -s)" > "$LLAMAFORGE_OUT/toolchain.json"
+{listing}
 echo "llamaforge: done"
+"""
+LISTING_86 = r"""listing="$LLAMAFORGE_OUT/cuda-device-code.txt"
+printf '== bin/llama-cli.exe\nELF file    1: fill.cu.1.sm_86.cubin\n' > "$listing"
+printf 'PTX file    1: fill.cu.1.sm_86.ptx\n' >> "$listing"
 """
 FAIL = """echo "error C2065: 'THREAD_POWER_THROTTLING_STATE': undeclared identifier" >&2; exit 2"""
 
 
 def _stand_in(plan: BuildPlan, expect: str, suffix: str, *, fail: bool = False) -> BuildPlan:
     """The plan with only its interpreter replaced by the stand-in (the script text is the real one)."""
+    # A CUDA build's script lists its device code with cuobjdump; the stand-in writes what it would for --arch 86.
+    listing = LISTING_86 if plan.backend == "cuda" else ""
     program = STAND_IN.format(
-        expect=expect, suffix=suffix, targets=" ".join(plan.targets), fail=FAIL if fail else ""
+        expect=expect,
+        suffix=suffix,
+        targets=" ".join(plan.targets),
+        fail=FAIL if fail else "",
+        listing=listing,
     )
     return dataclasses.replace(
         plan, script=dataclasses.replace(plan.script, interpreter=("bash", "-c", program, "stand-in"))
@@ -188,6 +199,8 @@ def test_build_round_trip_over_ssh(
     )
     assert manifest["image"]["executor"] == "ssh" and manifest["image"]["host"].endswith(f":{host.port}")
     assert manifest["recipe"]["platform"] == platform
+    if arch:  # the device-code check ran on what came back
+        assert manifest["cuda_device_code"]["bin/llama-cli.exe"] == {"sass": ["sm_86"], "ptx": ["sm_86"]}
     assert any(message.startswith("[2/2]") for message in events), events
     code, left = host.exec(["sh", "-c", "ls -A /home/lf/.cache/llamaforge/work"])
     assert code == 0 and left.strip() == "", "the host's work directory is removed after the build"

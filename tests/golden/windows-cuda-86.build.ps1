@@ -88,6 +88,14 @@ foreach ($pattern in 'cudart64_*.dll', 'cublas64_*.dll', 'cublasLt64_*.dll') {
   if ($found.Count -eq 0) { Fail "the CUDA toolkit has no $pattern in $cudaBin" }
   $found | Copy-Item -Destination $bin
 }
+# The device code of every artifact (llamaforge checks it against --arch before it publishes the build).
+Write-Output 'llamaforge: list device code'
+$listing = Join-Path $out 'cuda-device-code.txt'
+Set-Content -Encoding ascii -Path $listing -Value @()
+foreach ($file in Get-ChildItem $bin -File) {
+  $lines = @(& cuobjdump --list-elf $file.FullName 2>$null) + @(& cuobjdump --list-ptx $file.FullName 2>$null)
+  if ($lines.Count -gt 0) { Add-Content -Encoding ascii -Path $listing -Value (@("== bin/$($file.Name)") + $lines) }
+}
 
 $toolchain = [ordered]@{
   'cmake' = (& cmake --version | Select-Object -First 1)

@@ -11,6 +11,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from llamaforge import __version__
+from llamaforge.build.device_code import LISTING as DEVICE_CODE_LISTING
 from llamaforge.build.patches import apply_series
 from llamaforge.build.plan import BuildOptions, BuildPlan
 from llamaforge.build.recipes import BuildRecipe
@@ -96,7 +97,7 @@ def recipe_from_manifest(manifest: dict[str, Any]) -> tuple[BuildRecipe, BuildOp
 
 
 # Files the build script writes beside the artifacts: read into the manifest, not published as artifacts.
-_BUILD_RECORDS = ("toolchain.json",)
+_BUILD_RECORDS = ("toolchain.json", DEVICE_CODE_LISTING)  # records of the build, not artifacts
 
 
 def _collect_artifacts(plan: BuildPlan, out: Path) -> dict[str, dict[str, Any]]:
