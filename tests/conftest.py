@@ -124,6 +124,19 @@ TEST_HOST_COUNT = 3
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight qwen3 GGUF with llama.cpp's real qwen2 vocabulary (LLAMAFORGE_TEST_VOCAB), written once
+    per session for the tests that serve a model (deploy, runtime image)."""
+    from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
+
+    vocab = os.environ.get("LLAMAFORGE_TEST_VOCAB", "")
+    if not Path(vocab).is_file():
+        pytest.skip("set LLAMAFORGE_TEST_VOCAB to llama.cpp's models/ggml-vocab-qwen2.gguf")
+    path = tmp_path_factory.mktemp("tiny-qwen3") / "tiny-qwen3.gguf"
+    return write_tiny_model(path, TinyModelSpec(arch="qwen3"), Path(vocab)).path
+
+
+@pytest.fixture(scope="session")
 def ssh_client_key(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The session's ed25519 key pair (private key path; ``.pub`` beside it), authorized on every test host."""
     from testhosts import make_client_key

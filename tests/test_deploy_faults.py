@@ -27,10 +27,8 @@ from llamaforge.deploy.report import DeployPlan, RolloutReport
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.runners.ssh_forward import forward_local
 from llamaforge.runners.transfer import CHUNK
-from test_deploy_ssh import complete_through_ssh, listening, on_host, runner, sha256_of, tiny_model
+from test_deploy_ssh import complete_through_ssh, listening, on_host, runner, sha256_of
 from testhosts import USER, TestHost, restart_host
-
-__all__ = ["tiny_model"]  # the fixture, shared with test_deploy_ssh
 
 pytestmark = [pytest.mark.docker, pytest.mark.llamacpp]
 
@@ -91,13 +89,13 @@ class Site:
 
 
 @pytest.fixture(scope="module")
-def site(test_hosts: list[TestHost], patched_build: Path, build_env: dict[str, str], tiny_model: Path,
+def site(test_hosts: list[TestHost], patched_build: Path, build_env: dict[str, str], tiny_qwen3: Path,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:  # fmt: skip
     home = tmp_path_factory.mktemp("deploy-faults-home")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HOME", str(home))  # never this machine's ~/.ssh/known_hosts
         patch.setenv("LLAMAFORGE_HOME", build_env["LLAMAFORGE_HOME"])
-        site = Site(test_hosts, home, patched_build.name, tiny_model)
+        site = Site(test_hosts, home, patched_build.name, tiny_qwen3)
         first = deploy(**site.params(batch=2))
         assert first.passed, first
         site.good = first.release

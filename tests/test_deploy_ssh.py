@@ -28,7 +28,6 @@ from llamaforge.deploy.report import DeployPlan, DeployStatus, RolloutReport
 from llamaforge.deploy.rollout import batches
 from llamaforge.deploy.targets import get_target
 from llamaforge.deploy.targets.systemd import SystemdTarget, render_unit
-from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.runners.ssh import SshProcessRunner
 from llamaforge.runners.ssh_forward import forward_local
 from llamaforge.serve.launcher import LlamaFlags
@@ -155,15 +154,6 @@ def test_deploy_and_rollback_are_destructive_plan_and_status_read_only() -> None
 # On the test hosts
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    vocab = os.environ.get("LLAMAFORGE_TEST_VOCAB", "")
-    if not Path(vocab).is_file():
-        pytest.skip("set LLAMAFORGE_TEST_VOCAB to llama.cpp's models/ggml-vocab-qwen2.gguf")
-    path = tmp_path_factory.mktemp("deploy-model") / "tiny-qwen3.gguf"
-    return write_tiny_model(path, TinyModelSpec(arch="qwen3"), Path(vocab)).path
-
-
 @pytest.fixture
 def fleet(test_hosts: list[TestHost], patched_build: Path, build_env: dict[str, str], tmp_path: Path,
           monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:  # fmt: skip
@@ -218,11 +208,11 @@ def on_host(host: TestHost, command: str) -> str:
 @pytest.mark.docker
 @pytest.mark.llamacpp
 def test_deploy_query_redeploy_second_release_and_rollback(
-    fleet: dict[str, Any], test_hosts: list[TestHost], tiny_model: Path
+    fleet: dict[str, Any], test_hosts: list[TestHost], tiny_qwen3: Path
 ) -> None:
     access, port, known, name = fleet["access"], fleet["port"], fleet["known"], fleet["name"]
     root = f"/opt/llamaforge/{name}"
-    base = {**access, "build": fleet["build"], "model": str(tiny_model), "port": port, "gate_timeout_s": 120}
+    base = {**access, "build": fleet["build"], "model": str(tiny_qwen3), "port": port, "gate_timeout_s": 120}
     plan = run("deploy.plan", **base)
     assert isinstance(plan, DeployPlan)
     assert [item.action for item in plan.hosts] == ["upload"] * 3 and all(
@@ -234,7 +224,7 @@ def test_deploy_query_redeploy_second_release_and_rollback(
     first_s = time.monotonic() - started
     assert isinstance(first, RolloutReport) and first.passed, first
     assert [item.status for item in first.hosts] == ["updated"] * 3
-    assert all(item.model_bytes == tiny_model.stat().st_size for item in first.hosts)
+    assert all(item.model_bytes == tiny_qwen3.stat().st_size for item in first.hosts)
     for host in test_hosts:
         assert len(complete_through_ssh(host, known, port)) == 6
         assert on_host(host, f"readlink {root}/current") == f"releases/{first.release}"
@@ -285,15 +275,15 @@ def test_deploy_query_redeploy_second_release_and_rollback(
 @pytest.mark.docker
 @pytest.mark.llamacpp
 def test_a_release_that_fails_its_gate_is_rolled_back_on_the_canary_only(
-    fleet: dict[str, Any], test_hosts: list[TestHost], tiny_model: Path, tmp_path: Path
+    fleet: dict[str, Any], test_hosts: list[TestHost], tiny_qwen3: Path, tmp_path: Path
 ) -> None:
     access, port, known, name = fleet["access"], fleet["port"], fleet["known"], fleet["name"]
     root = f"/opt/llamaforge/{name}"
     base = {**access, "build": fleet["build"], "port": port, "gate_timeout_s": 120}
-    good = run("deploy", **base, model=str(tiny_model), batch=2)
+    good = run("deploy", **base, model=str(tiny_qwen3), batch=2)
     assert good.passed
     broken = tmp_path / "truncated.gguf"
-    broken.write_bytes(tiny_model.read_bytes()[: tiny_model.stat().st_size // 2])
+    broken.write_bytes(tiny_qwen3.read_bytes()[: tiny_qwen3.stat().st_size // 2])
     with pytest.raises(OperationFailed) as caught:
         run("deploy", **base, model=str(broken), batch=2)
     report = caught.value.result
@@ -307,22 +297,22 @@ def test_a_release_that_fails_its_gate_is_rolled_back_on_the_canary_only(
         assert len(complete_through_ssh(host, known, port)) == 6
     assert on_host(test_hosts[1], f"ls {root}/releases") == good.release  # nothing reached it
     assert len(on_host(test_hosts[0], f"ls {root}/models").split()) == 2
-    pruned = run("deploy", **base, model=str(tiny_model), ctx=2048, keep=1, batch=2)
+    pruned = run("deploy", **base, model=str(tiny_qwen3), ctx=2048, keep=1, batch=2)
     assert pruned.passed
     for host in test_hosts:  # the releases beyond keep=1 and the broken model they linked to are gone
         assert on_host(host, f"ls {root}/releases") == pruned.release
-        assert on_host(host, f"ls {root}/models").split() == [f"{sha256_of(tiny_model)}.gguf"]
+        assert on_host(host, f"ls {root}/models").split() == [f"{sha256_of(tiny_qwen3)}.gguf"]
 
 
 @pytest.mark.docker
 @pytest.mark.llamacpp
 def test_an_unknown_host_key_or_a_closed_port_is_refused_before_anything_changes(
-    fleet: dict[str, Any], test_hosts: list[TestHost], tiny_model: Path, tmp_path: Path
+    fleet: dict[str, Any], test_hosts: list[TestHost], tiny_qwen3: Path, tmp_path: Path
 ) -> None:
     access, name = fleet["access"], fleet["name"]
     partial = tmp_path / "partial_known_hosts"
     partial.write_text("".join(f"{line}\n" for line in test_hosts[0].host_key_lines()), encoding="utf-8")
-    params = {**access, "known_hosts": str(partial), "build": fleet["build"], "model": str(tiny_model),
+    params = {**access, "known_hosts": str(partial), "build": fleet["build"], "model": str(tiny_qwen3),
               "port": fleet["port"]}  # fmt: skip
     with pytest.raises(OperationFailed) as caught:
         run("deploy", **params)

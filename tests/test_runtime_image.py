@@ -17,7 +17,6 @@ import pytest
 
 from llamaforge.build.runtime_image import LABEL_KEY, LABEL_PLAN, UID, plan_runtime_image, runtime_tag
 from llamaforge.core.errors import ImageError
-from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.runners.process import ProcessResult
 from llamaforge.serve.launcher import request_json
 from llamaforge.smoke.answers import GoldenRequest, greedy_completion
@@ -90,15 +89,6 @@ def test_the_plan_installs_owned_libraries_copies_the_rest_and_refuses_missing_o
 # On the local engine
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    vocab = os.environ.get("LLAMAFORGE_TEST_VOCAB", "")
-    if not Path(vocab).is_file():
-        pytest.skip("set LLAMAFORGE_TEST_VOCAB to llama.cpp's models/ggml-vocab-qwen2.gguf")
-    path = tmp_path_factory.mktemp("runtime-model") / "tiny-qwen3.gguf"
-    return write_tiny_model(path, TinyModelSpec(arch="qwen3"), Path(vocab)).path
-
-
 @pytest.fixture
 def started(docker_engine: Any) -> Iterator[tuple[list[Any], str]]:
     """Containers the test starts and a bridge network of its own (not the engine's default one), both removed
@@ -117,7 +107,7 @@ def test_runtime_image_of_the_suite_build_serves_the_tiny_model(
     patched_build: Path,
     build_env: dict[str, str],
     docker_engine: Any,
-    tiny_model: Path,
+    tiny_qwen3: Path,
     started: tuple[list[Any], str],
 ) -> None:
     from helpers import invoke_json
@@ -147,7 +137,7 @@ def test_runtime_image_of_the_suite_build_serves_the_tiny_model(
     containers, network = started
     container = docker_engine.containers.run(
         made["tag"], detach=True, ports={"8080/tcp": ("127.0.0.1", None)}, network=network,
-        volumes={str(tiny_model): {"bind": "/models/model.gguf", "mode": "ro"}},
+        volumes={str(tiny_qwen3): {"bind": "/models/model.gguf", "mode": "ro"}},
     )  # fmt: skip
     containers.append(container)
     container.reload()
