@@ -5,6 +5,7 @@ load only when an operation or a renderer that uses them runs. Checked on module
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,26 +21,50 @@ HEAVY = (
 )  # fmt: skip
 
 
-def loaded_after(code: str) -> set[str]:
-    """The module names a fresh interpreter holds after running ``code`` in the repository root."""
+def loaded_after(code: str, home: Path | None = None) -> set[str]:
+    """The module names a fresh interpreter holds after running ``code`` in the repository root (with
+    ``LLAMAFORGE_HOME=home`` when given)."""
     script = f"{code}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))"
+    env = {**os.environ, **({"LLAMAFORGE_HOME": str(home)} if home else {})}
     done = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, check=True
     )
     return set(json.loads(done.stdout.splitlines()[-1]))
+
+
+def operation_modules(modules: set[str]) -> set[str]:
+    return {
+        name for name in modules if name.startswith("llamaforge.") and name.rsplit(".", 1)[-1][:3] == "ops"
+    }
 
 
 def heavy_in(modules: set[str]) -> list[str]:
     return sorted(name for name in HEAVY if name in modules)
 
 
-def test_importing_tasks_loads_no_heavy_library() -> None:
-    modules = loaded_after("import tasks")
-    assert heavy_in(modules) == []
-    # Every operation is registered (the fronts list them all) ...
-    assert {"llamaforge.build.ops", "llamaforge.smoke.ops", "llamaforge.serve.ops_fit"} <= modules
+def test_importing_tasks_loads_no_heavy_library(tmp_path: Path) -> None:
+    # The first run has no index yet: it imports every operation to make it ...
+    first = loaded_after("import tasks", tmp_path)
+    assert heavy_in(first) == []
+    assert {"llamaforge.build.ops", "llamaforge.smoke.ops", "llamaforge.serve.ops_fit"} <= first
     # ... but no renderer module is imported until a result is shown.
-    assert not {name for name in modules if name.startswith("llamaforge.") and name.endswith(".render")}
+    assert not {name for name in first if name.startswith("llamaforge.") and name.endswith(".render")}
+    # Later runs read the index and import no operation at all.
+    later = loaded_after("import tasks", tmp_path)
+    assert heavy_in(later) == []
+    assert operation_modules(later) == set()
+    assert "llamaforge.fronts.cli_index" in later
+
+
+def test_running_one_task_imports_only_its_operation(tmp_path: Path) -> None:
+    loaded_after("import tasks", tmp_path)  # makes the index
+    modules = loaded_after(
+        "import tasks\n"
+        "from llamaforge.fronts.cli_index import operation_index\n"
+        "assert operation_index()['build'].load().name == 'build'",
+        tmp_path,
+    )
+    assert operation_modules(modules) == {"llamaforge.build.ops"}
 
 
 def test_the_cache_hit_path_loads_no_heavy_library() -> None:

@@ -20,8 +20,9 @@ from rich.console import Console
 from llamaforge import __version__
 from llamaforge.core.errors import Cancelled, InvalidOption, LlamaforgeError, OperationFailed, Terminated
 from llamaforge.core.events import CancelToken, Event
-from llamaforge.core.registry import Operation, OperationContext, operations, result_json
+from llamaforge.core.registry import Operation, OperationContext, result_json
 from llamaforge.core.validation import describe_errors
+from llamaforge.fronts.cli_index import OperationSpec, operation_index
 from llamaforge.fronts.render_cli import render_human
 
 if TYPE_CHECKING:
@@ -150,22 +151,17 @@ def _cancel_on_sigterm(cancel: CancelToken) -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _task_for(op: Operation) -> Any:
+def _task_for(spec: OperationSpec) -> Any:
     from invoke.exceptions import Exit
     from invoke.tasks import Task
 
     parameters = [inspect.Parameter("c", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     help_text: dict[str, str] = {}
-    iterable: list[str] = []
-    for name, field in op.params.model_fields.items():
-        default = None if field.is_required() else field.get_default(call_default_factory=True)
-        if isinstance(default, list):
-            iterable.append(name)
-            default = None
-        if name in op.positional:
-            default = inspect.Parameter.empty
-        parameters.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default))
-        help_text[name] = field.description or ""
+    iterable = [flag.name for flag in spec.flags if flag.iterable]
+    for flag in spec.flags:
+        default = inspect.Parameter.empty if flag.name in spec.positional else flag.default
+        parameters.append(inspect.Parameter(flag.name, inspect.Parameter.KEYWORD_ONLY, default=default))
+        help_text[flag.name] = flag.help
     parameters.append(inspect.Parameter("json", inspect.Parameter.KEYWORD_ONLY, default=False))
     parameters.append(inspect.Parameter("verbose", inspect.Parameter.KEYWORD_ONLY, default=False))
     help_text["json"] = "Print the result as JSON on stdout (events go to stderr)"
@@ -177,28 +173,30 @@ def _task_for(op: Operation) -> Any:
         arguments = dict(kwargs)
         for name in iterable:
             arguments[name] = arguments.get(name) or []
-        code = run_operation(op, arguments, as_json=as_json, verbose=verbose)
+        code = run_operation(spec.load(), arguments, as_json=as_json, verbose=verbose)
         if code:
             raise Exit(code=code)
 
     body.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
-    body.__doc__ = op.summary
-    body.__name__ = op.name.rsplit(".", 1)[-1].replace("-", "_")
-    return Task(body, name=op.name.rsplit(".", 1)[-1], help=help_text, iterable=iterable, auto_shortflags=False,
-                positional=list(op.positional))  # fmt: skip
+    body.__doc__ = spec.summary
+    body.__name__ = spec.name.rsplit(".", 1)[-1].replace("-", "_")
+    return Task(body, name=spec.name.rsplit(".", 1)[-1], help=help_text, iterable=iterable, auto_shortflags=False,
+                positional=list(spec.positional))  # fmt: skip
 
 
 def namespace() -> Any:
-    """An Invoke Collection with one task per registered operation (``builds.list`` -> collection ``builds``)."""
+    """An Invoke Collection with one task per registered operation (``builds.list`` -> collection ``builds``).
+    It is made from the operation index: a run imports only the operation it runs."""
     from invoke.collection import Collection
 
     root = Collection()
     groups: dict[str, Any] = {}
-    for name, op in sorted(operations().items()):
+    index = operation_index()
+    for name, spec in index.items():
         group, _, _leaf = name.rpartition(".")
-        task = _task_for(op)
+        task = _task_for(spec)
         # An operation named like a group (``smoke`` next to ``smoke.compare``) is that group's default task.
-        is_default = not group and any(other.startswith(name + ".") for other in operations())
+        is_default = not group and any(other.startswith(name + ".") for other in index)
         group = name if is_default else group
         if group:
             if group not in groups:

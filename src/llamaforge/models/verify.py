@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 from llamaforge import __version__
 from llamaforge.core.errors import InvalidOption, ModelError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
-from llamaforge.core.paths import home
+from llamaforge.core.paths import home, write_text_atomic
 from llamaforge.runners.process import LOCAL, ProcessRunner
 
 # The readers are imported by the checks that use them: every front imports this module (for Status).
@@ -484,17 +483,13 @@ def _cache_load(identity: Mapping[str, int]) -> dict[str, Any] | None:
 
 def _cache_store(identity: Mapping[str, int], sha256: str, analysis: dict[str, Any]) -> None:
     target = _cache_path(identity)
-    target.parent.mkdir(parents=True, exist_ok=True)
     entry = {
         "version": VERIFY_CACHE_VERSION,
         "identity": dict(identity),
         "sha256": sha256,
         "analysis": analysis,
     }
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".entry-", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        json.dump(entry, handle, sort_keys=True)
-    Path(tmp).replace(target)
+    write_text_atomic(target, json.dumps(entry, sort_keys=True))
 
 
 def analyse_header(header: GGUFHeader) -> dict[str, Any]:

@@ -1,0 +1,118 @@
+"""The command line's index of operations: what Invoke needs to parse a command line (names, summaries, flags,
+defaults, help), so that a run imports only the operation it runs instead of all of them.
+
+The index is made from the registry (which imports every operation module) and kept as a small JSON file under
+``home()/cache/``, named by a fingerprint of llamaforge's version and the path, size and mtime of every module in
+the package: editing or upgrading any module makes a new index. A missing, unreadable or unwritable cache only
+costs the full import.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from llamaforge import __version__
+from llamaforge.core.paths import home, write_text_atomic
+from llamaforge.core.registry import REGISTRY, Operation, operations
+
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]
+Default = None | bool | int | float | str
+
+
+@dataclass(frozen=True)
+class FlagSpec:
+    """One parameter as a command-line flag: its default (None for required and list parameters)."""
+
+    name: str
+    default: Default
+    help: str
+    iterable: bool = False  # a list parameter: the flag may be given several times
+
+
+@dataclass(frozen=True)
+class OperationSpec:
+    """What the command line knows of an operation before importing it."""
+
+    name: str
+    module: str
+    summary: str
+    positional: tuple[str, ...]
+    flags: tuple[FlagSpec, ...]
+
+    def load(self) -> Operation:
+        """The operation itself: imports its module only (all of them if the index is stale)."""
+        importlib.import_module(self.module)
+        return REGISTRY.get(self.name) or operations()[self.name]
+
+
+def spec_of(op: Operation) -> OperationSpec:
+    """The index entry of ``op``, read from its parameter model."""
+    flags = []
+    for name, field in op.params.model_fields.items():
+        default = None if field.is_required() else field.get_default(call_default_factory=True)
+        iterable = isinstance(default, list)
+        if iterable:
+            default = None
+        if not isinstance(default, Default):
+            raise TypeError(
+                f"operation {op.name}: parameter {name} has a default the CLI cannot hold: {default!r}"
+            )
+        flags.append(FlagSpec(name, default, field.description or "", iterable))
+    return OperationSpec(op.name, op.run.__module__, op.summary, op.positional, tuple(flags))
+
+
+def fingerprint() -> str:
+    """Names the index of this installation: llamaforge's version and every module file's path, size and
+    mtime."""
+    digest = hashlib.sha256(__version__.encode())
+    for module in sorted(_PACKAGE_DIR.rglob("*.py")):
+        stat = module.stat()
+        digest.update(f"{module}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:24]
+
+
+def index_path() -> Path:
+    """Where this installation's index is cached."""
+    return home() / "cache" / f"cli-index-{fingerprint()}.json"
+
+
+def operation_index() -> dict[str, OperationSpec]:
+    """Every operation's index entry by name: from the cache when it is current, else from the registry (and
+    then cached)."""
+    path = index_path()
+    try:
+        return _decode(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # not cached yet, or unreadable: made again below
+    index = {name: spec_of(op) for name, op in sorted(operations().items())}
+    _write(path, json.dumps({name: asdict(spec) for name, spec in index.items()}, sort_keys=True))
+    return index
+
+
+def _decode(data: dict[str, Any]) -> dict[str, OperationSpec]:
+    return {
+        name: OperationSpec(
+            entry["name"],
+            entry["module"],
+            entry["summary"],
+            tuple(entry["positional"]),
+            tuple(FlagSpec(**flag) for flag in entry["flags"]),
+        )
+        for name, entry in data.items()
+    }
+
+
+def _write(path: Path, text: str) -> None:
+    """Write the index whole and drop the indexes of earlier installations; a read-only home is no error."""
+    try:
+        write_text_atomic(path, text)
+        for stale in path.parent.glob("cli-index-*.json"):
+            if stale != path:
+                stale.unlink(missing_ok=True)
+    except OSError:
+        return

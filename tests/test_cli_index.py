@@ -1,0 +1,62 @@
+"""The command line's operation index: made from the registry, cached, remade when the package changes or the
+cache is damaged, and the namespace built from it is the one the registry describes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llamaforge.core.registry import operations
+from llamaforge.fronts import cli_index
+from llamaforge.fronts.cli import namespace
+from llamaforge.fronts.cli_index import operation_index, spec_of
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("LLAMAFORGE_HOME", str(tmp_path))
+    return tmp_path
+
+
+def test_the_cached_index_is_the_registrys(home: Path) -> None:
+    made = operation_index()
+    cached = cli_index.index_path()
+    assert cached.parent == home / "cache" and cached.is_file()
+    assert operation_index() == made == {name: spec_of(op) for name, op in sorted(operations().items())}
+    build = made["build"]
+    assert build.module == "llamaforge.build.ops"
+    flags = {flag.name: flag for flag in build.flags}
+    assert flags["backend"].default is None and flags["cmake"].iterable
+    assert build.load() is operations()["build"]
+
+
+def test_a_changed_package_or_a_damaged_cache_makes_a_new_index(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    operation_index()
+    old = cli_index.index_path()
+    old.write_text('{"build": {"name": "build"}}', encoding="utf-8")  # damaged: fields missing
+    assert operation_index()["build"] == spec_of(operations()["build"])
+    assert json.loads(old.read_text(encoding="utf-8"))["build"]["module"] == "llamaforge.build.ops"
+
+    monkeypatch.setattr(cli_index, "fingerprint", lambda: "an-edited-package")
+    operation_index()
+    assert [path.name for path in (home / "cache").iterdir()] == ["cli-index-an-edited-package.json"]
+
+
+def test_a_read_only_home_still_gives_the_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("", encoding="utf-8")
+    monkeypatch.setenv("LLAMAFORGE_HOME", str(blocked / "home"))  # under a file: nothing can be written
+    assert set(operation_index()) == set(operations())
+
+
+def test_the_namespace_has_every_operations_flags(home: Path) -> None:
+    root = namespace()
+    for name, op in operations().items():
+        task = root[name]
+        arguments = {argument.name for argument in task.get_arguments()}
+        assert set(op.params.model_fields) | {"json", "verbose"} == arguments, name
+        assert task.__doc__ == op.summary
