@@ -114,13 +114,22 @@ def main() -> None:
               f"build {manifest['key'][:12]} took {manifest['duration_s']:.0f} s): "
               f"pp {pp:.1f} t/s, tg {tg:.2f} t/s")  # fmt: skip
     reference = list(builds)[1]
+    # Three views of the same runs on a shared machine: ratio of medians; median of each round's pair (the two
+    # runs of a round are adjacent, so they share the machine's load); ratio of the best runs (the least
+    # disturbed by other load).
     for index, kind in enumerate(("pp", "tg")):
         ratio = medians["default"][index] / medians[reference][index]
-        verdict = (
-            ("meets" if ratio >= GOAL else "MISSES") + f" the >= {GOAL} goal" if reference == "native" else ""
+        paired = statistics.median(
+            ours[index] / theirs[index] for ours, theirs in zip(samples["default"], samples[reference], strict=True)
         )
-        print(f"  {kind}: default / {reference} = {ratio:.3f} {verdict}")
-
+        best = max(s[index] for s in samples["default"]) / max(s[index] for s in samples[reference])
+        verdict = (
+            ("meets" if min(ratio, paired) >= GOAL else "MISSES") + f" the >= {GOAL} goal"
+            if reference == "native"
+            else ""
+        )
+        print(f"  {kind}: default / {reference} = {ratio:.3f} (paired rounds {paired:.3f}, best runs {best:.3f}) "
+              f"{verdict}")  # fmt: skip
 
 if __name__ == "__main__":
     main()
