@@ -120,7 +120,8 @@ def main() -> None:
     for index, kind in enumerate(("pp", "tg")):
         ratio = medians["default"][index] / medians[reference][index]
         paired = statistics.median(
-            ours[index] / theirs[index] for ours, theirs in zip(samples["default"], samples[reference], strict=True)
+            ours[index] / theirs[index]
+            for ours, theirs in zip(samples["default"], samples[reference], strict=True)
         )
         best = max(s[index] for s in samples["default"]) / max(s[index] for s in samples[reference])
         verdict = (
@@ -130,6 +131,7 @@ def main() -> None:
         )
         print(f"  {kind}: default / {reference} = {ratio:.3f} (paired rounds {paired:.3f}, best runs {best:.3f}) "
               f"{verdict}")  # fmt: skip
+
 
 if __name__ == "__main__":
     main()
