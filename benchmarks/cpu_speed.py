@@ -129,9 +129,7 @@ def main() -> None:
         )
         best = max(s[index] for s in samples["default"]) / max(s[index] for s in samples[reference])
         verdict = (
-            ("meets" if ratio >= GOAL else "MISSES") + f" the >= {GOAL} goal"
-            if reference == "native"
-            else ""
+            ("meets" if ratio >= GOAL else "MISSES") + f" the >= {GOAL} goal" if reference == "native" else ""
         )
         print(f"  {kind}: default / {reference} = {ratio:.3f} (paired rounds {paired:.3f}, best runs {best:.3f}) "
               f"{verdict}")  # fmt: skip

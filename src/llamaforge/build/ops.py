@@ -187,7 +187,6 @@ def build_op(params: BuildParams, ctx: OperationContext) -> BuildOutput:
 
 def _build_one(params: BuildParams, ctx: OperationContext) -> BuildOutput:
     from llamaforge.build.execute import run_build
-    from llamaforge.build.reproducible import check_reproducible
     from llamaforge.runners import make_executor
 
     plan, options = _plan_from_params(params)
@@ -213,6 +212,8 @@ def _build_one(params: BuildParams, ctx: OperationContext) -> BuildOutput:
     )  # fmt: skip
     output = BuildOutput(dry_run=False, build=PublishedBuild.model_validate(result.to_json()))
     if params.check_reproducible:
+        from llamaforge.build.reproducible import check_reproducible
+
         report = check_reproducible(
             result, plan, executor=executor, jobs=params.jobs, reporter=ctx.reporter, cancel=ctx.cancel
         )

@@ -11,13 +11,9 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import ssl
 import sys
-import tarfile
 import tempfile
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
@@ -71,6 +67,10 @@ def _verify(path: Path, expected: str, origin: str, cancel: CancelToken | None) 
 
 
 def _download(url: str, target: Path, reporter: Reporter, cancel: CancelToken | None) -> None:
+    import ssl  # here, not at the top: a cached source (every cache hit) never downloads
+    import urllib.error
+    import urllib.request
+
     context = ssl.create_default_context(cafile=os.environ.get("SSL_CERT_FILE") or None)
     try:
         with urllib.request.urlopen(url, timeout=60, context=context) as response:  # noqa: S310 - https/file only
@@ -150,6 +150,8 @@ def _fetch_archive_file(
 
 
 def _extract(archive: Path, subdir: str, target: Path, cancel: CancelToken | None) -> None:
+    import tarfile  # only when a source is unpacked, never on a cache hit
+
     prefix = PurePosixPath(subdir) if subdir else None
     try:
         with tarfile.open(archive) as tar:
