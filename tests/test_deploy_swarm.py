@@ -159,8 +159,9 @@ def test_two_replicas_a_rollback_and_a_failed_update_that_swarm_rolls_back(
     deployment: dict[str, Any], swarm: Any
 ) -> None:
     common = {"target": "swarm", "name": deployment["name"], "build": deployment["build"], "replicas": 2,
-              "gate_timeout_s": 60}  # fmt: skip
-    # gate_timeout_s is the health check's start period: the tiny model loads in 1-15 s on this loaded machine
+              "gate_timeout_s": 30}  # fmt: skip
+    # gate_timeout_s is the health check's start period (and so most of each update's monitor window): the tiny
+    # model loads in 1-15 s on a loaded 2-core machine
     first = run("deploy", **common, model=deployment["model"])
     assert isinstance(first, RolloutReport) and first.passed and first.swarm is not None
     assert first.swarm.update_state is None and first.swarm.previous is None
