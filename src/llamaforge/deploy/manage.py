@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from llamaforge.core.errors import LlamaforgeError
 from llamaforge.deploy.health import gate_service
 from llamaforge.deploy.release import LOOPBACK, Layout
-from llamaforge.deploy.remote import host_state, read_api_key, release_facts, switch_current
+from llamaforge.deploy.remote import host_state, read_api_key, release_facts, switch_and_activate
 from llamaforge.deploy.report import DeployStatus, HostReport, HostStatusReport, RolloutReport
 from llamaforge.deploy.rollout import RolloutOptions
 from llamaforge.deploy.targets import Target
@@ -41,8 +41,7 @@ def rollback_host(runner: SshProcessRunner, layout: Layout, target: Target, to: 
         history.pop()
     history = history or [wanted]
     record, size = release_facts(runner, layout, wanted)
-    switch_current(runner, layout, wanted, history)
-    target.activate(runner, layout)
+    switch_and_activate(runner, layout, target, wanted, history)
     key = read_api_key(runner, layout, wanted) if record.get("api_key_file") else None
     gate = gate_service(runner, target, layout, int(record["port"]), model_size=size,
                         timeout_s=options.gate_timeout_s, cancel=options.cancel, api_key=key,
@@ -51,8 +50,7 @@ def rollback_host(runner: SshProcessRunner, layout: Layout, target: Target, to: 
         return HostReport(**base, status="rolled back", release=wanted, health_s=gate.health_s,
                           completion=gate.completion, detail=gate.detail)  # fmt: skip
     if state.current is not None:
-        switch_current(runner, layout, state.current, state.history)
-        target.activate(runner, layout)
+        switch_and_activate(runner, layout, target, state.current, state.history)
     return HostReport(**base, status="failed", release=state.current, logs=gate.logs,
                       detail=f"{wanted} failed its gate ({gate.detail}); back on {state.current}")  # fmt: skip
 

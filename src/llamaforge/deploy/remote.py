@@ -20,7 +20,7 @@ import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llamaforge.core.errors import LlamaforgeError
 from llamaforge.core.events import CancelToken
@@ -33,6 +33,9 @@ from llamaforge.deploy.release import (
     ReleaseSpec,
 )
 from llamaforge.runners.ssh import SshProcessRunner
+
+if TYPE_CHECKING:
+    from llamaforge.deploy.targets import Target
 
 _STATE = r"""
 cd "$1" 2>/dev/null || exit 0
@@ -194,9 +197,22 @@ def upload_release(
     return Upload(sent, model_bytes)
 
 
-def switch_current(runner: SshProcessRunner, layout: Layout, rid: str, history: Sequence[str]) -> None:
-    """Point ``current`` at release ``rid`` atomically and record ``history`` (its last entry is ``rid``)."""
-    runner.run(["sh", "-c", _SWITCH, "sh", layout.root, rid], stdin="".join(f"{item}\n" for item in history))
+# The switch and the service's restart as ONE command on the host: it either never arrives (the host stays on
+# its release) or runs to its end there, even when the connection drops half-way (hangups and a closed output
+# are ignored), so a lost connection never leaves ``current`` on one release and the service on another.
+_SWITCH_AND_ACTIVATE = f'trap "" HUP PIPE\n{_SWITCH.strip()} && shift 2 && exec "$@"'
+
+
+def switch_and_activate(runner: SshProcessRunner, layout: Layout, target: Target, rid: str,
+                        history: Sequence[str]) -> None:  # fmt: skip
+    """Point ``current`` at release ``rid`` atomically (a new symlink renamed over it), record ``history`` (its
+    last entry is ``rid``), then run the target's activation (install the service files of ``current``,
+    restart): one command, which the host finishes even if the connection is lost."""
+    runner.run(
+        ["sh", "-c", _SWITCH_AND_ACTIVATE, "sh", layout.root, rid, *target.activation(layout)],
+        stdin="".join(f"{item}\n" for item in history),
+        what=f"switching {runner.host.host} to {rid}",
+    )
 
 
 def releases_to_prune(state: HostState, keep: int) -> list[str]:

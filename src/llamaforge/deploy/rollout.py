@@ -41,7 +41,7 @@ from llamaforge.deploy.remote import (
     host_state,
     prune_releases,
     read_api_key,
-    switch_current,
+    switch_and_activate,
     upload_release,
 )
 from llamaforge.deploy.report import HostPlan, HostReport, RolloutReport
@@ -147,6 +147,28 @@ def _lost(runner: SshProcessRunner, error: BaseException) -> bool:
     return False
 
 
+RECHECK_TIMEOUT_S = 10.0  # how long a host that lost its connection gets to answer once more
+
+
+def _where_after_loss(runner: SshProcessRunner, release: Release, state: HostState,
+                      switched: bool) -> tuple[str | None, str]:  # fmt: skip
+    """The release a host that lost its connection is on (None when it does not answer again) and a sentence
+    that says so: one new connection, given :data:`RECHECK_TIMEOUT_S`, reads ``current`` and the service."""
+    if not switched:
+        return state.current, f"still on {state.current} (nothing was switched)"
+    runner.close()
+    again = SshProcessRunner(runner.host, accept_new_host_keys=False, user_known_hosts=runner.user_known_hosts,
+                             connect_timeout_s=RECHECK_TIMEOUT_S)  # fmt: skip
+    try:
+        with again:
+            now = host_state(again, release.layout)
+            service = release.target.state(again, release.layout)
+    except Exception:  # noqa: BLE001 - whatever the reason, the host is not answering
+        return None, (f"it runs one whole release, {release.id} or {state.current} (switch and restart are one "
+                      "command on the host); it did not answer again, `invoke deploy.status` says which")  # fmt: skip
+    return now.current, f"it answered again: on {now.current}, service {service.active}, not gated"
+
+
 def _restore(runner: SshProcessRunner, release: Release, state: HostState, failed: GateOutcome,
              options: RolloutOptions, report: dict[str, Any]) -> HostReport:  # fmt: skip
     """Put the host back on the release that was current before ``release`` and gate it again."""
@@ -165,8 +187,7 @@ def _restore(runner: SshProcessRunner, release: Release, state: HostState, faile
         if state.history and state.history[-1] == state.current
         else [*state.history, state.current]
     )
-    switch_current(runner, layout, state.current, history)
-    target.activate(runner, layout)
+    switch_and_activate(runner, layout, target, state.current, history)
     record = state.record or {"port": release.spec.port}
     # gated to its end even after Ctrl-C: the report must say whether the host it leaves is healthy
     again = _gate(runner, release, options, state.current, record, release.spec.model_size, CancelToken())
@@ -200,19 +221,18 @@ def deploy_host(runner: SshProcessRunner, release: Release, state: HostState, fi
                                 release.record, api_key=release.api_key, cancel=options.cancel)  # fmt: skip
         sent, model = upload.sent_bytes, upload.model_bytes
         options.cancel.raise_if_cancelled()
-        history = [*state.history, release.id]
-        switch_current(runner, layout, release.id, history)
-        switched = True
-        step(f"switched to {release.id}; restarting and gating")
-        target.activate(runner, layout)
+        step(f"switching to {release.id} and restarting")
+        switched = True  # from here the host may run either release until it says which
+        switch_and_activate(runner, layout, target, release.id, [*state.history, release.id])
+        step(f"switched to {release.id}; gating")
         gate = _gate(runner, release, options, release.id, release.record, release.spec.model_size)
     except Exception as error:  # noqa: BLE001 - whatever went wrong on this host ends in its report
         message = error.render() if isinstance(error, LlamaforgeError) else f"{type(error).__name__}: {error}"
         moved = {"sent_bytes": sent, "model_bytes": model}
         if _lost(runner, error):
-            where = f"it runs {release.id} or {state.current}" if switched else f"still on {state.current}"
-            step(f"unreachable: {message}")
-            return HostReport(**base, **moved, status="unreachable", release=None if switched else state.current,
+            on, where = _where_after_loss(runner, release, state, switched)
+            step(f"unreachable: {message}; {where}")
+            return HostReport(**base, **moved, status="unreachable", release=on,
                               detail=f"connection lost: {message}; {where}")  # fmt: skip
         if isinstance(error, Cancelled) and not switched:
             step(f"interrupted; still on {state.current}")
