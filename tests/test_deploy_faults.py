@@ -345,3 +345,40 @@ def test_a_connection_lost_mid_rollout_leaves_the_host_on_one_whole_release(
     status = deploy("deploy.status", **site.access())
     assert status.hosts[1].current == on and status.hosts[1].healthy
     site.restore()
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_mid_rollback_leaves_each_host_on_a_whole_release(
+    site: Site, signum: int, code: int
+) -> None:
+    newer = deploy(**site.params(ctx=3584 if signum == signal.SIGINT else 3840, batch=2))
+    assert newer.passed and newer.release != site.good
+    argv = [sys.executable, "-m", "invoke", "deploy.rollback", "--json", f"--release={site.good}"]
+    argv += [f"--{key.replace('_', '-')}={value}" for key, value in site.access().items()]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    with subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as process:  # fmt: skip
+        assert process.stderr is not None and process.stdout is not None
+        seen = []
+        for line in process.stderr:
+            seen.append(line)
+            if f"{site.address(1)}: switched to" in line:  # the second host is back on good, ungated
+                process.send_signal(signum)
+                break
+        else:
+            pytest.fail("the rollback ended before the second host switched:\n" + "".join(seen[-20:]))
+        out, rest = process.communicate(timeout=120)
+    assert process.returncode == code, "".join(seen) + rest
+    report = RolloutReport.model_validate(json.loads(out))
+    assert report.interrupted and "interrupted" in rest
+    assert [item.status for item in report.hosts] == ["rolled back", "interrupted", "untouched"], report
+    assert [item.release for item in report.hosts] == [site.good, site.good, newer.release]
+    assert "not gated" in report.hosts[1].detail
+    for index, item in enumerate(report.hosts):  # the report says where each host is, and it is there
+        assert site.current(index) == item.release
+        assert _service_settled(site.hosts[index], site.name) == "active"
+    deadline = time.monotonic() + 60  # the second host was restarted but not gated: it may still be loading
+    while not deploy("deploy.status", **site.access()).hosts[1].healthy and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert len(complete_through_ssh(site.hosts[1], site.known, site.port)) == 6
+    site.restore()

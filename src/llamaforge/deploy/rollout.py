@@ -18,9 +18,10 @@ Each host's steps are reported as events (``deploy`` stage) for the fronts' job 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -150,22 +151,24 @@ def _lost(runner: SshProcessRunner, error: BaseException) -> bool:
 RECHECK_TIMEOUT_S = 10.0  # how long a host that lost its connection gets to answer once more
 
 
-def _where_after_loss(runner: SshProcessRunner, release: Release, state: HostState,
-                      switched: bool) -> tuple[str | None, str]:  # fmt: skip
-    """The release a host that lost its connection is on (None when it does not answer again) and a sentence
-    that says so: one new connection, given :data:`RECHECK_TIMEOUT_S`, reads ``current`` and the service."""
+def where_after_loss(runner: SshProcessRunner, layout: Layout, target: Target, releases: tuple[str | None, str],
+                     switched: bool) -> tuple[str | None, str]:  # fmt: skip
+    """Where a host that lost its connection while going from ``releases[0]`` to ``releases[1]`` was left:
+    the release it is on (None when it does not answer again) and a sentence that says so; one new
+    connection, given :data:`RECHECK_TIMEOUT_S`, reads ``current`` and the service."""
+    before, after = releases
     if not switched:
-        return state.current, f"still on {state.current} (nothing was switched)"
+        return before, f"still on {before} (nothing was switched)"
     runner.close()
     again = SshProcessRunner(runner.host, accept_new_host_keys=False, user_known_hosts=runner.user_known_hosts,
                              connect_timeout_s=RECHECK_TIMEOUT_S)  # fmt: skip
     try:
         with again:
-            now = host_state(again, release.layout)
-            service = release.target.state(again, release.layout)
+            now = host_state(again, layout)
+            service = target.state(again, layout)
     except Exception:  # noqa: BLE001 - whatever the reason, the host is not answering
-        return None, (f"it runs one whole release, {release.id} or {state.current} (switch and restart are one "
-                      "command on the host); it did not answer again, `invoke deploy.status` says which")  # fmt: skip
+        return None, (f"it runs one whole release, {after} or {before} (switch and restart are one command on "
+                      "the host); it did not answer again, `invoke deploy.status` says which")  # fmt: skip
     return now.current, f"it answered again: on {now.current}, service {service.active}, not gated"
 
 
@@ -230,7 +233,7 @@ def deploy_host(runner: SshProcessRunner, release: Release, state: HostState, fi
         message = error.render() if isinstance(error, LlamaforgeError) else f"{type(error).__name__}: {error}"
         moved = {"sent_bytes": sent, "model_bytes": model}
         if _lost(runner, error):
-            on, where = _where_after_loss(runner, release, state, switched)
+            on, where = where_after_loss(runner, layout, target, (state.current, release.id), switched)
             step(f"unreachable: {message}; {where}")
             return HostReport(**base, **moved, status="unreachable", release=on,
                               detail=f"connection lost: {message}; {where}")  # fmt: skip
@@ -274,22 +277,30 @@ def too_many_failed(reports: Sequence[HostReport], max_fail_percent: float) -> b
     return bool(reports) and 100.0 * failed / len(reports) > max_fail_percent
 
 
-def _run_batch(runners: Sequence[SshProcessRunner], releases: Sequence[Release],
-               plans: Sequence[tuple[HostPlan, HostState | None]], files: dict[str, list[tuple[Path, str]]],
-               group: Sequence[int], options: RolloutOptions) -> dict[int, HostReport]:  # fmt: skip
-    """Deploy one batch, its hosts in parallel; Ctrl-C here cancels it and waits for every host to settle."""
-    with ThreadPoolExecutor(max_workers=len(group)) as pool:
-        futures: dict[int, Future[HostReport]] = {
-            index: pool.submit(deploy_host, runners[index], releases[index], plans[index][1],  # type: ignore[arg-type]
-                               files[releases[index].id], options)
-            for index in group
-        }  # fmt: skip
+def settle(calls: Mapping[int, Callable[[], HostReport]], cancel: CancelToken) -> dict[int, HostReport]:
+    """Run ``calls`` in parallel, one thread each, to their reports; Ctrl-C here cancels them and waits for
+    every one to settle (each stops on a whole release and reports it). The work runs beside the main thread
+    so Ctrl-C's KeyboardInterrupt lands here and never inside a command on a host."""
+    with ThreadPoolExecutor(max_workers=max(len(calls), 1)) as pool:
+        futures: dict[int, Future[HostReport]] = {index: pool.submit(call) for index, call in calls.items()}
         try:
             wait(list(futures.values()))
         except KeyboardInterrupt:
-            options.cancel.cancel()  # each host stops at a whole release; wait for them to get there
+            cancel.cancel()  # each host stops at a whole release; wait for them to get there
             wait(list(futures.values()))
     return {index: future.result() for index, future in futures.items()}
+
+
+def _run_batch(runners: Sequence[SshProcessRunner], releases: Sequence[Release],
+               plans: Sequence[tuple[HostPlan, HostState | None]], files: dict[str, list[tuple[Path, str]]],
+               group: Sequence[int], options: RolloutOptions) -> dict[int, HostReport]:  # fmt: skip
+    """Deploy one batch, its hosts in parallel (:func:`settle`)."""
+    calls: dict[int, Callable[[], HostReport]] = {
+        index: partial(deploy_host, runners[index], releases[index], plans[index][1],  # type: ignore[arg-type]
+                       files[releases[index].id], options)
+        for index in group
+    }  # fmt: skip
+    return settle(calls, options.cancel)
 
 
 def rollout(runners: Sequence[SshProcessRunner], release: Release | Sequence[Release],

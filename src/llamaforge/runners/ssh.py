@@ -201,7 +201,9 @@ class SshProcessRunner:
     def connection_alive(self) -> bool:
         """Whether the connection opened last is still up (False when none is open)."""
         connection = self._connection
-        return connection is not None and connection.transport is not None and connection.transport.is_active()
+        return (
+            connection is not None and connection.transport is not None and connection.transport.is_active()
+        )
 
     def kill(self, pid: int, signal_name: str = "KILL") -> None:
         """Send ``signal_name`` to the remote process group ``pid`` (the process when it has no group)."""
