@@ -33,6 +33,7 @@ from llamaforge.deploy.release import (
     ReleaseSpec,
 )
 from llamaforge.runners.ssh import SshProcessRunner
+from llamaforge.runners.transfer import file_sha256
 
 if TYPE_CHECKING:
     from llamaforge.deploy.targets import Target
@@ -181,8 +182,12 @@ def upload_release(
     seed = 'rm -rf "$1" && mkdir -p "$1" && { [ -d "$2/bin" ] && cp -al "$2/bin" "$2/lib" "$1/" 2>/dev/null; true; }'
     runner.run(["sh", "-c", seed, "sh", stage, layout.current])
     sent = model_bytes
+    # the files the seed already holds are read in one command, not one per file
+    there = runner.sha256s([posixpath.join(stage, relative) for _local, relative in files])
     for local, relative in files:
-        sent += runner.put(local, posixpath.join(stage, relative), cancel=cancel).sent_bytes
+        remote = posixpath.join(stage, relative)
+        if there.get(remote) != file_sha256(local):
+            sent += runner.put(local, remote, cancel=cancel).sent_bytes
     for name, text in service_files.items():
         _write(runner, posixpath.join(stage, name), text)
     if spec.model_sha256:

@@ -148,6 +148,7 @@ def _lost(runner: SshProcessRunner, error: BaseException) -> bool:
     return False
 
 
+PLAN_THREADS = 16  # hosts connected to and read at once before a rollout
 RECHECK_TIMEOUT_S = 10.0  # how long a host that lost its connection gets to answer once more
 
 
@@ -309,7 +310,8 @@ def rollout(runners: Sequence[SshProcessRunner], release: Release | Sequence[Rel
     order (see the module docstring)."""
     started = time.monotonic()
     releases = [release] * len(runners) if isinstance(release, Release) else list(release)
-    plans = [plan_host(runner, item) for runner, item in zip(runners, releases, strict=True)]
+    with ThreadPoolExecutor(max_workers=min(max(len(runners), 1), PLAN_THREADS)) as pool:  # connect and read
+        plans = list(pool.map(plan_host, runners, releases))
     reports: list[HostReport | None] = [None] * len(runners)
     if all(state is not None for _plan, state in plans):
         uploads = {

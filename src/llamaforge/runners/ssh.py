@@ -371,6 +371,16 @@ class SshProcessRunner:
             return None
         return result.stdout.split(maxsplit=1)[0]
 
+    def sha256s(self, paths: Sequence[str]) -> dict[str, str]:
+        """The sha256 of each of the host's files ``paths`` that exists, by path, from one ``sha256sum``."""
+        script = 'for f; do [ -f "$f" ] && sha256sum -- "$f"; done; true'
+        output = self.run(["sh", "-c", script, "sh", *paths]).stdout if paths else ""
+        digests = {}
+        for line in output.splitlines():
+            digest, _, path = line.partition("  ")
+            digests[path] = digest
+        return digests
+
     def put(self, local: Path, remote: str, *, cancel: CancelToken | None = None) -> TransferResult:
         """Send ``local`` to the host's ``remote`` path (see :class:`~llamaforge.runners.transfer.Transfer`)."""
         return self.transfer.put(local, remote, cancel=cancel)
