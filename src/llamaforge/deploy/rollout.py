@@ -8,8 +8,11 @@ untouched. Fabric's groups are not used: they run every host even after one fail
 
 ``max_fail_percent`` works like Ansible's ``max_fail_percentage``: the rollout goes on after a batch unless
 the share of its hosts that failed (rolled back, failed, unreachable) EXCEEDS it (0: any failure stops it).
-A host whose connection is lost mid-rollout is reported unreachable (``current`` is switched by one rename, so
-it runs one whole release). Ctrl-C or SIGTERM (the cancel token) stops the rollout: a host still uploading
+A host whose connection is lost mid-rollout (noticed within seconds: the runner's SSH keepalive) is reported
+unreachable and counts as failed: the switch of ``current`` (one rename) and the service's restart are one
+command on the host, which either never arrived or ran to its end there, so it runs one whole release; one
+new connection then reads which (the report names both candidates when the host does not answer).
+Ctrl-C or SIGTERM (the cancel token) stops the rollout: a host still uploading
 stays on its release, a host already switched is put back on its previous one and gated again, and every host
 not reached stays untouched; each one's report says which release it was left on (status ``interrupted``).
 Each host's steps are reported as events (``deploy`` stage) for the fronts' job views.
