@@ -13,6 +13,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +25,10 @@ from helpers import REPO
 from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.events import CancelToken, Event
 from llamaforge.core.registry import OperationContext, operations, result_json
+from llamaforge.deploy import rollout as rollout_module
 from llamaforge.deploy.report import DeployPlan, RolloutReport
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
+from llamaforge.runners import ssh_connection
 from llamaforge.runners.ssh_forward import forward_local
 from llamaforge.runners.transfer import CHUNK
 from test_deploy_ssh import complete_through_ssh, listening, on_host, runner, sha256_of
@@ -284,4 +288,97 @@ def test_an_upload_interrupted_mid_model_resumes_from_its_part(site: Site, tmp_p
     assert resumed.passed
     assert [item.model_bytes for item in resumed.hosts] == [size - 2 * CHUNK, size, size]
     assert on_host(site.hosts[0], f"sha256sum {site.root}/models/{sha}.gguf").split()[0] == sha
+    site.restore()
+
+
+def _service_settled(host: TestHost, name: str, timeout_s: float = 60.0) -> str:
+    """The host's service state once it is no longer starting (read out of band)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        _code, state = host.exec(["systemctl", "is-active", f"llamaforge-{name}"])
+        if state.strip() not in ("activating", "reloading") or time.monotonic() > deadline:
+            return state.strip()
+        time.sleep(0.5)
+
+
+@pytest.mark.parametrize("during", ["switch", "gate"])
+def test_a_connection_lost_mid_rollout_leaves_the_host_on_one_whole_release(
+    site: Site, monkeypatch: pytest.MonkeyPatch, during: str
+) -> None:
+    # sshd frozen on the second host (every sshd process, SIGSTOP): its connection stops answering, as in a
+    # network partition, while the host itself goes on; the keepalive probe notices within seconds
+    monkeypatch.setattr(ssh_connection, "ALIVE_INTERVAL_S", 1.0)
+    monkeypatch.setattr(ssh_connection, "ALIVE_COUNT", 4)
+    monkeypatch.setattr(rollout_module, "RECHECK_TIMEOUT_S", 3.0)
+    victim, address = site.hosts[1], site.address(1)
+    freeze = ["pkill", "-STOP", "-x", "sshd"]
+    frozen = threading.Event()
+
+    def on_event(event: Event) -> None:
+        if frozen.is_set():
+            return
+        if during == "switch" and event.message.startswith(f"{address}: switching to"):
+            frozen.set()  # while the switch-and-restart command is on its way or running there
+            threading.Timer(0.3, victim.exec, args=(freeze,)).start()
+        elif during == "gate" and event.message.startswith(f"{address}: switched to"):
+            frozen.set()
+            victim.exec(freeze)
+
+    try:
+        report = failed(**site.params(ctx=1536 if during == "switch" else 2560), on_event=on_event)
+    finally:
+        time.sleep(0.5)  # the timer's freeze has run
+        victim.exec(["pkill", "-CONT", "-x", "sshd"])
+    assert [item.status for item in report.hosts] == ["updated", "unreachable", "untouched"], report
+    new, lost = report.hosts[0].release, report.hosts[1]
+    assert new is not None and new != site.good
+    assert "connection lost" in lost.detail and lost.release is None  # frozen: it did not answer again
+    assert new in lost.detail and site.good in lost.detail  # it says which two releases it may be on
+    assert site.current(2) == site.good and site.current(0) == new
+    # back: one whole release, the unit installed from that release, its service active and answering
+    assert _service_settled(victim, site.name) == "active"
+    on = site.current(1)
+    assert on == new if during == "gate" else on in (new, site.good)
+    unit = f"/etc/systemd/system/llamaforge-{site.name}.service"
+    on_host(victim, f"cmp {unit} {site.root}/releases/{on}/llama-server.service")
+    assert len(complete_through_ssh(victim, site.known, site.port)) == 6
+    status = deploy("deploy.status", **site.access())
+    assert status.hosts[1].current == on and status.hosts[1].healthy
+    site.restore()
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_mid_rollback_leaves_each_host_on_a_whole_release(
+    site: Site, signum: int, code: int
+) -> None:
+    newer = deploy(**site.params(ctx=3584 if signum == signal.SIGINT else 3840, batch=2))
+    assert newer.passed and newer.release != site.good
+    argv = [sys.executable, "-m", "invoke", "deploy.rollback", "--json", f"--release={site.good}"]
+    argv += [f"--{key.replace('_', '-')}={value}" for key, value in site.access().items()]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
+    with subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as process:  # fmt: skip
+        assert process.stderr is not None and process.stdout is not None
+        seen = []
+        for line in process.stderr:
+            seen.append(line)
+            if f"{site.address(1)}: switched to" in line:  # the second host is back on good, ungated
+                process.send_signal(signum)
+                break
+        else:
+            pytest.fail("the rollback ended before the second host switched:\n" + "".join(seen[-20:]))
+        out, rest = process.communicate(timeout=120)
+    assert process.returncode == code, "".join(seen) + rest
+    report = RolloutReport.model_validate(json.loads(out))
+    assert report.interrupted and "interrupted" in rest
+    assert [item.status for item in report.hosts] == ["rolled back", "interrupted", "untouched"], report
+    assert [item.release for item in report.hosts] == [site.good, site.good, newer.release]
+    assert "not gated" in report.hosts[1].detail
+    for index, item in enumerate(report.hosts):  # the report says where each host is, and it is there
+        assert site.current(index) == item.release
+        assert _service_settled(site.hosts[index], site.name) == "active"
+    deadline = time.monotonic() + 60  # the second host was restarted but not gated: it may still be loading
+    while not deploy("deploy.status", **site.access()).hosts[1].healthy and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert len(complete_through_ssh(site.hosts[1], site.known, site.port)) == 6
     site.restore()

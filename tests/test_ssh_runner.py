@@ -72,6 +72,43 @@ def test_remote_command_quotes_argv_and_carries_no_env_value() -> None:
     )
 
 
+class SilentTransport:
+    """A transport whose server answers the keepalive requests until ``answering`` is cleared (then never)."""
+
+    def __init__(self) -> None:
+        self.answering = threading.Event()
+        self.answering.set()
+        self.closed = threading.Event()
+        self.probes = 0
+
+    def is_active(self) -> bool:
+        return not self.closed.is_set()
+
+    def global_request(self, kind: str, wait: bool = True) -> None:
+        assert kind == "keepalive@openssh.com" and wait
+        self.probes += 1
+        while not self.answering.is_set() and not self.closed.is_set():
+            time.sleep(0.01)
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def test_keepalive_closes_a_transport_after_its_server_stops_answering() -> None:
+    from llamaforge.runners.ssh_connection import keep_alive
+
+    transport = SilentTransport()
+    watcher = keep_alive(transport, interval_s=0.05, count=3)
+    time.sleep(0.5)
+    assert not transport.closed.is_set() and transport.probes >= 3  # answered: left open
+    transport.answering.clear()
+    stopped = time.monotonic()
+    assert transport.closed.wait(5)
+    assert 0.1 <= time.monotonic() - stopped < 2  # three unanswered probes, not the first
+    watcher.join(2)
+    assert not watcher.is_alive()
+
+
 def test_host_names_follow_openssh() -> None:
     assert SshHost("gpu1").known_hosts_name == "gpu1"
     assert SshHost("127.0.0.1", 2222, "lf").known_hosts_name == "[127.0.0.1]:2222"

@@ -30,6 +30,10 @@ GATE_BASE_S = 30.0
 GATE_PER_GIB_S = 30.0  # loading reads the file once: ~30 s a GiB leaves room for a slow disk
 GATE_CAP_S = 900.0
 COMPLETION_TOKENS = 8
+# A small model answers within a second or two of its restart: poll often then, and calmly after that.
+POLL_FIRST_S = 0.1
+POLL_FAST_FOR_S = 5.0
+POLL_S = 0.5
 
 
 def gate_timeout_s(model_size: int) -> float:
@@ -113,7 +117,8 @@ def health_gate(
                 return GateOutcome(
                     False, detail, time.monotonic() - started, logs=target.logs(runner, layout)
                 )
-            time.sleep(0.5)
+            waited = time.monotonic() - started
+            time.sleep(POLL_FIRST_S if waited < POLL_FAST_FOR_S else POLL_S)
         health_s = time.monotonic() - started
         passed, text = _completion(f"http://127.0.0.1:{local_port}", checks, api_key)
     if not passed:

@@ -4,29 +4,33 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from functools import partial
 
-from llamaforge.core.errors import LlamaforgeError
+from llamaforge.core.errors import Cancelled, LlamaforgeError
+from llamaforge.core.events import Event
 from llamaforge.deploy.health import gate_service
 from llamaforge.deploy.release import LOOPBACK, Layout
-from llamaforge.deploy.remote import host_state, read_api_key, release_facts, switch_current
+from llamaforge.deploy.remote import HostState, host_state, read_api_key, release_facts, switch_and_activate
 from llamaforge.deploy.report import DeployStatus, HostReport, HostStatusReport, RolloutReport
-from llamaforge.deploy.rollout import RolloutOptions
+from llamaforge.deploy.rollout import RolloutOptions, settle, where_after_loss
 from llamaforge.deploy.targets import Target
 from llamaforge.runners.ssh import SshProcessRunner
+from llamaforge.runners.ssh_connection import SshError
 from llamaforge.runners.ssh_forward import forward_local
 from llamaforge.serve.launcher import request_json
 
 
-def rollback_host(runner: SshProcessRunner, layout: Layout, target: Target, to: str | None,
-                  options: RolloutOptions) -> HostReport:  # fmt: skip
-    """Switch the host to release ``to`` (default: the previous one), restart and gate it; a failed gate
-    switches it back to where it was."""
+def _read(runner: SshProcessRunner, layout: Layout) -> HostState | HostReport:
+    """The host's state, or its ``unreachable`` report."""
     try:
-        state = host_state(runner, layout)
+        return host_state(runner, layout)
     except LlamaforgeError as error:
         return HostReport(host=runner.host.address, status="unreachable", release=None, previous=None,
                           detail=error.render())  # fmt: skip
-    base = {"host": runner.host.address, "previous": state.current}
+
+
+def _wanted(state: HostState, to: str | None, base: dict[str, str | None]) -> str | HostReport:
+    """The release to go back to, or the report of a host that has none (or already runs it)."""
     wanted = to or state.previous()
     if wanted is None or wanted not in state.releases:
         known = ", ".join(state.releases) or "none"
@@ -36,41 +40,84 @@ def rollback_host(runner: SshProcessRunner, layout: Layout, target: Target, to: 
         )
     if wanted == state.current:
         return HostReport(**base, status="unchanged", release=wanted, detail="already current")
+    return wanted
+
+
+def rollback_host(runner: SshProcessRunner, layout: Layout, target: Target, to: str | None,
+                  options: RolloutOptions, state: HostState | None = None) -> HostReport:  # fmt: skip
+    """Switch the host to release ``to`` (default: the previous one), restart and gate it; a failed gate
+    switches it back to where it was. Ctrl-C or SIGTERM (``options.cancel``) before the switch leaves it on its
+    release; after it, on the release it was rolled back to (a release it ran before, restarted, not gated);
+    either way ``interrupted``. A lost connection is ``unreachable``, with the release when it is known."""
+    read = state or _read(runner, layout)
+    if isinstance(read, HostReport):
+        return read
+    state = read
+    base = {"host": runner.host.address, "previous": state.current}
+    wanted = _wanted(state, to, base)
+    if isinstance(wanted, HostReport):
+        return wanted
     history = list(state.history)
     while history and history[-1] != wanted:
         history.pop()
     history = history or [wanted]
-    record, size = release_facts(runner, layout, wanted)
-    switch_current(runner, layout, wanted, history)
-    target.activate(runner, layout)
-    key = read_api_key(runner, layout, wanted) if record.get("api_key_file") else None
-    gate = gate_service(runner, target, layout, int(record["port"]), model_size=size,
-                        timeout_s=options.gate_timeout_s, cancel=options.cancel, api_key=key,
-                        listen=str(record.get("listen", LOOPBACK)))  # fmt: skip
+    switched = False
+
+    def step(what: str) -> None:
+        options.reporter(Event("stage", f"{runner.host.address}: {what}", stage="deploy"))
+
+    try:
+        options.cancel.raise_if_cancelled()
+        record, size = release_facts(runner, layout, wanted)
+        options.cancel.raise_if_cancelled()
+        step(f"switching back to {wanted} and restarting")
+        switched = True
+        switch_and_activate(runner, layout, target, wanted, history)  # not cancelled half-way: one command
+        step(f"switched to {wanted}; gating")
+        key = read_api_key(runner, layout, wanted) if record.get("api_key_file") else None
+        gate = gate_service(runner, target, layout, int(record["port"]), model_size=size,
+                            timeout_s=options.gate_timeout_s, cancel=options.cancel, api_key=key,
+                            listen=str(record.get("listen", LOOPBACK)))  # fmt: skip
+    except Cancelled:
+        on = wanted if switched else state.current
+        what = f"on {wanted}, restarted, not gated" if switched else f"still on {state.current}"
+        step(f"interrupted: {what}")
+        return HostReport(**base, status="interrupted", release=on, detail=f"interrupted: {what}")
+    except SshError as error:
+        on, where = where_after_loss(runner, layout, target, (state.current, wanted), switched)
+        return HostReport(**base, status="unreachable", release=on,
+                          detail=f"connection lost: {error.render()}; {where}")  # fmt: skip
     if gate.passed:
         return HostReport(**base, status="rolled back", release=wanted, health_s=gate.health_s,
                           completion=gate.completion, detail=gate.detail)  # fmt: skip
     if state.current is not None:
-        switch_current(runner, layout, state.current, state.history)
-        target.activate(runner, layout)
+        switch_and_activate(runner, layout, target, state.current, state.history)
     return HostReport(**base, status="failed", release=state.current, logs=gate.logs,
                       detail=f"{wanted} failed its gate ({gate.detail}); back on {state.current}")  # fmt: skip
 
 
 def rollback(runners: Sequence[SshProcessRunner], layout: Layout, target: Target, to: str | None,
              options: RolloutOptions) -> RolloutReport:  # fmt: skip
-    """Roll every host back, one at a time; the first failure stops it and the rest stay untouched."""
+    """Roll every host back, one at a time (each host read first, so the report names every host's release);
+    the first failure, or Ctrl-C / SIGTERM, stops it and the rest stay untouched."""
     started = time.monotonic()
+    states = [_read(runner, layout) for runner in runners]
     reports: list[HostReport] = []
-    for runner in runners:
-        if reports and reports[-1].status not in ("rolled back", "unchanged"):
-            reports.append(
-                HostReport(host=runner.host.address, status="untouched", release=None, previous=None)
-            )
-            continue
-        reports.append(rollback_host(runner, layout, target, to, options))
+    for runner, state in zip(runners, states, strict=True):
+        stopped = options.cancel.cancelled or (
+            reports and reports[-1].status not in ("rolled back", "unchanged")
+        )
+        if stopped and isinstance(state, HostState):
+            reports.append(HostReport(host=runner.host.address, status="untouched", release=state.current,
+                                      previous=state.current))  # fmt: skip
+        elif isinstance(state, HostReport):  # unreachable
+            reports.append(state)
+        else:
+            call = partial(rollback_host, runner, layout, target, to, options, state)
+            reports.append(settle({0: call}, options.cancel)[0])
     passed = all(report.status in ("rolled back", "unchanged") for report in reports)
-    return RolloutReport(release=to, target=target.name, name=layout.name, passed=passed, hosts=reports,
+    return RolloutReport(release=to, target=target.name, name=layout.name, passed=passed,
+                         interrupted=options.cancel.cancelled, hosts=reports,
                          wall_s=round(time.monotonic() - started, 3))  # fmt: skip
 
 

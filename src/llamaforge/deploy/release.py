@@ -173,11 +173,11 @@ def release_files(spec: ReleaseSpec, runner: ProcessRunner = LOCAL) -> list[tupl
         libraries.update(
             {path.name: path for path in (spec.build_dir / "lib").iterdir() if _is_library(path)}
         )
-    for binary in own:
-        result = runner.run(["ldd", str(binary)], warn=True)
-        for line in result.stdout.splitlines():
-            parts = line.split()
-            found = len(parts) >= 3 and parts[1] == "=>" and parts[2].startswith("/")
-            if found and not _SYSTEM_LIBRARIES.match(parts[0]) and parts[0] not in names | set(libraries):
-                libraries[parts[0]] = Path(parts[2]).resolve()
+    # one ldd for every file (it prints each one's libraries under its name): a process per file cost a second
+    result = runner.run(["ldd", *(str(binary) for binary in own)], warn=True) if own else None
+    for line in result.stdout.splitlines() if result else []:
+        parts = line.split()
+        found = len(parts) >= 3 and parts[1] == "=>" and parts[2].startswith("/")
+        if found and not _SYSTEM_LIBRARIES.match(parts[0]) and parts[0] not in names | set(libraries):
+            libraries[parts[0]] = Path(parts[2]).resolve()
     return files + [(path, f"lib/{name}") for name, path in sorted(libraries.items())]

@@ -20,7 +20,7 @@ import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llamaforge.core.errors import LlamaforgeError
 from llamaforge.core.events import CancelToken
@@ -33,6 +33,10 @@ from llamaforge.deploy.release import (
     ReleaseSpec,
 )
 from llamaforge.runners.ssh import SshProcessRunner
+from llamaforge.runners.transfer import file_sha256
+
+if TYPE_CHECKING:
+    from llamaforge.deploy.targets import Target
 
 _STATE = r"""
 cd "$1" 2>/dev/null || exit 0
@@ -178,8 +182,12 @@ def upload_release(
     seed = 'rm -rf "$1" && mkdir -p "$1" && { [ -d "$2/bin" ] && cp -al "$2/bin" "$2/lib" "$1/" 2>/dev/null; true; }'
     runner.run(["sh", "-c", seed, "sh", stage, layout.current])
     sent = model_bytes
+    # the files the seed already holds are read in one command, not one per file
+    there = runner.sha256s([posixpath.join(stage, relative) for _local, relative in files])
     for local, relative in files:
-        sent += runner.put(local, posixpath.join(stage, relative), cancel=cancel).sent_bytes
+        remote = posixpath.join(stage, relative)
+        if there.get(remote) != file_sha256(local):
+            sent += runner.put(local, remote, cancel=cancel).sent_bytes
     for name, text in service_files.items():
         _write(runner, posixpath.join(stage, name), text)
     if spec.model_sha256:
@@ -194,9 +202,22 @@ def upload_release(
     return Upload(sent, model_bytes)
 
 
-def switch_current(runner: SshProcessRunner, layout: Layout, rid: str, history: Sequence[str]) -> None:
-    """Point ``current`` at release ``rid`` atomically and record ``history`` (its last entry is ``rid``)."""
-    runner.run(["sh", "-c", _SWITCH, "sh", layout.root, rid], stdin="".join(f"{item}\n" for item in history))
+# The switch and the service's restart as ONE command on the host: it either never arrives (the host stays on
+# its release) or runs to its end there, even when the connection drops half-way (hangups and a closed output
+# are ignored), so a lost connection never leaves ``current`` on one release and the service on another.
+_SWITCH_AND_ACTIVATE = f'trap "" HUP PIPE\n{_SWITCH.strip()} && shift 2 && exec "$@"'
+
+
+def switch_and_activate(runner: SshProcessRunner, layout: Layout, target: Target, rid: str,
+                        history: Sequence[str]) -> None:  # fmt: skip
+    """Point ``current`` at release ``rid`` atomically (a new symlink renamed over it), record ``history`` (its
+    last entry is ``rid``), then run the target's activation (install the service files of ``current``,
+    restart): one command, which the host finishes even if the connection is lost."""
+    runner.run(
+        ["sh", "-c", _SWITCH_AND_ACTIVATE, "sh", layout.root, rid, *target.activation(layout)],
+        stdin="".join(f"{item}\n" for item in history),
+        what=f"switching {runner.host.host} to {rid}",
+    )
 
 
 def releases_to_prune(state: HostState, keep: int) -> list[str]:

@@ -23,7 +23,9 @@ class HostReport(Result):
         "unreachable (SSH refused or the connection was lost), interrupted (Ctrl-C or SIGTERM: left on the "
         "whole release named in `release`)"
     )
-    release: str | None = Field(description="The release current on the host afterwards")
+    release: str | None = Field(
+        description="The release current on the host afterwards (None: unknown, the host did not answer)"
+    )
     previous: str | None = Field(description="The release current before")
     sent_bytes: int = 0
     model_bytes: int = Field(0, description="Of sent_bytes, the model's (0 when the host already had it)")

@@ -8,8 +8,11 @@ untouched. Fabric's groups are not used: they run every host even after one fail
 
 ``max_fail_percent`` works like Ansible's ``max_fail_percentage``: the rollout goes on after a batch unless
 the share of its hosts that failed (rolled back, failed, unreachable) EXCEEDS it (0: any failure stops it).
-A host whose connection is lost mid-rollout is reported unreachable (``current`` is switched by one rename, so
-it runs one whole release). Ctrl-C or SIGTERM (the cancel token) stops the rollout: a host still uploading
+A host whose connection is lost mid-rollout (noticed within seconds: the runner's SSH keepalive) is reported
+unreachable and counts as failed: the switch of ``current`` (one rename) and the service's restart are one
+command on the host, which either never arrived or ran to its end there, so it runs one whole release; one
+new connection then reads which (the report names both candidates when the host does not answer).
+Ctrl-C or SIGTERM (the cancel token) stops the rollout: a host still uploading
 stays on its release, a host already switched is put back on its previous one and gated again, and every host
 not reached stays untouched; each one's report says which release it was left on (status ``interrupted``).
 Each host's steps are reported as events (``deploy`` stage) for the fronts' job views.
@@ -18,9 +21,10 @@ Each host's steps are reported as events (``deploy`` stage) for the fronts' job 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +45,7 @@ from llamaforge.deploy.remote import (
     host_state,
     prune_releases,
     read_api_key,
-    switch_current,
+    switch_and_activate,
     upload_release,
 )
 from llamaforge.deploy.report import HostPlan, HostReport, RolloutReport
@@ -147,6 +151,31 @@ def _lost(runner: SshProcessRunner, error: BaseException) -> bool:
     return False
 
 
+PLAN_THREADS = 16  # hosts connected to and read at once before a rollout
+RECHECK_TIMEOUT_S = 10.0  # how long a host that lost its connection gets to answer once more
+
+
+def where_after_loss(runner: SshProcessRunner, layout: Layout, target: Target, releases: tuple[str | None, str],
+                     switched: bool) -> tuple[str | None, str]:  # fmt: skip
+    """Where a host that lost its connection while going from ``releases[0]`` to ``releases[1]`` was left:
+    the release it is on (None when it does not answer again) and a sentence that says so; one new
+    connection, given :data:`RECHECK_TIMEOUT_S`, reads ``current`` and the service."""
+    before, after = releases
+    if not switched:
+        return before, f"still on {before} (nothing was switched)"
+    runner.close()
+    again = SshProcessRunner(runner.host, accept_new_host_keys=False, user_known_hosts=runner.user_known_hosts,
+                             connect_timeout_s=RECHECK_TIMEOUT_S)  # fmt: skip
+    try:
+        with again:
+            now = host_state(again, layout)
+            service = target.state(again, layout)
+    except Exception:  # noqa: BLE001 - whatever the reason, the host is not answering
+        return None, (f"it runs one whole release, {after} or {before} (switch and restart are one command on "
+                      "the host); it did not answer again, `invoke deploy.status` says which")  # fmt: skip
+    return now.current, f"it answered again: on {now.current}, service {service.active}, not gated"
+
+
 def _restore(runner: SshProcessRunner, release: Release, state: HostState, failed: GateOutcome,
              options: RolloutOptions, report: dict[str, Any]) -> HostReport:  # fmt: skip
     """Put the host back on the release that was current before ``release`` and gate it again."""
@@ -165,8 +194,7 @@ def _restore(runner: SshProcessRunner, release: Release, state: HostState, faile
         if state.history and state.history[-1] == state.current
         else [*state.history, state.current]
     )
-    switch_current(runner, layout, state.current, history)
-    target.activate(runner, layout)
+    switch_and_activate(runner, layout, target, state.current, history)
     record = state.record or {"port": release.spec.port}
     # gated to its end even after Ctrl-C: the report must say whether the host it leaves is healthy
     again = _gate(runner, release, options, state.current, record, release.spec.model_size, CancelToken())
@@ -200,19 +228,18 @@ def deploy_host(runner: SshProcessRunner, release: Release, state: HostState, fi
                                 release.record, api_key=release.api_key, cancel=options.cancel)  # fmt: skip
         sent, model = upload.sent_bytes, upload.model_bytes
         options.cancel.raise_if_cancelled()
-        history = [*state.history, release.id]
-        switch_current(runner, layout, release.id, history)
-        switched = True
-        step(f"switched to {release.id}; restarting and gating")
-        target.activate(runner, layout)
+        step(f"switching to {release.id} and restarting")
+        switched = True  # from here the host may run either release until it says which
+        switch_and_activate(runner, layout, target, release.id, [*state.history, release.id])
+        step(f"switched to {release.id}; gating")
         gate = _gate(runner, release, options, release.id, release.record, release.spec.model_size)
     except Exception as error:  # noqa: BLE001 - whatever went wrong on this host ends in its report
         message = error.render() if isinstance(error, LlamaforgeError) else f"{type(error).__name__}: {error}"
         moved = {"sent_bytes": sent, "model_bytes": model}
         if _lost(runner, error):
-            where = f"it runs {release.id} or {state.current}" if switched else f"still on {state.current}"
-            step(f"unreachable: {message}")
-            return HostReport(**base, **moved, status="unreachable", release=None if switched else state.current,
+            on, where = where_after_loss(runner, layout, target, (state.current, release.id), switched)
+            step(f"unreachable: {message}; {where}")
+            return HostReport(**base, **moved, status="unreachable", release=on,
                               detail=f"connection lost: {message}; {where}")  # fmt: skip
         if isinstance(error, Cancelled) and not switched:
             step(f"interrupted; still on {state.current}")
@@ -254,22 +281,30 @@ def too_many_failed(reports: Sequence[HostReport], max_fail_percent: float) -> b
     return bool(reports) and 100.0 * failed / len(reports) > max_fail_percent
 
 
-def _run_batch(runners: Sequence[SshProcessRunner], releases: Sequence[Release],
-               plans: Sequence[tuple[HostPlan, HostState | None]], files: dict[str, list[tuple[Path, str]]],
-               group: Sequence[int], options: RolloutOptions) -> dict[int, HostReport]:  # fmt: skip
-    """Deploy one batch, its hosts in parallel; Ctrl-C here cancels it and waits for every host to settle."""
-    with ThreadPoolExecutor(max_workers=len(group)) as pool:
-        futures: dict[int, Future[HostReport]] = {
-            index: pool.submit(deploy_host, runners[index], releases[index], plans[index][1],  # type: ignore[arg-type]
-                               files[releases[index].id], options)
-            for index in group
-        }  # fmt: skip
+def settle(calls: Mapping[int, Callable[[], HostReport]], cancel: CancelToken) -> dict[int, HostReport]:
+    """Run ``calls`` in parallel, one thread each, to their reports; Ctrl-C here cancels them and waits for
+    every one to settle (each stops on a whole release and reports it). The work runs beside the main thread
+    so Ctrl-C's KeyboardInterrupt lands here and never inside a command on a host."""
+    with ThreadPoolExecutor(max_workers=max(len(calls), 1)) as pool:
+        futures: dict[int, Future[HostReport]] = {index: pool.submit(call) for index, call in calls.items()}
         try:
             wait(list(futures.values()))
         except KeyboardInterrupt:
-            options.cancel.cancel()  # each host stops at a whole release; wait for them to get there
+            cancel.cancel()  # each host stops at a whole release; wait for them to get there
             wait(list(futures.values()))
     return {index: future.result() for index, future in futures.items()}
+
+
+def _run_batch(runners: Sequence[SshProcessRunner], releases: Sequence[Release],
+               plans: Sequence[tuple[HostPlan, HostState | None]], files: dict[str, list[tuple[Path, str]]],
+               group: Sequence[int], options: RolloutOptions) -> dict[int, HostReport]:  # fmt: skip
+    """Deploy one batch, its hosts in parallel (:func:`settle`)."""
+    calls: dict[int, Callable[[], HostReport]] = {
+        index: partial(deploy_host, runners[index], releases[index], plans[index][1],  # type: ignore[arg-type]
+                       files[releases[index].id], options)
+        for index in group
+    }  # fmt: skip
+    return settle(calls, options.cancel)
 
 
 def rollout(runners: Sequence[SshProcessRunner], release: Release | Sequence[Release],
@@ -278,7 +313,8 @@ def rollout(runners: Sequence[SshProcessRunner], release: Release | Sequence[Rel
     order (see the module docstring)."""
     started = time.monotonic()
     releases = [release] * len(runners) if isinstance(release, Release) else list(release)
-    plans = [plan_host(runner, item) for runner, item in zip(runners, releases, strict=True)]
+    with ThreadPoolExecutor(max_workers=min(max(len(runners), 1), PLAN_THREADS)) as pool:  # connect and read
+        plans = list(pool.map(plan_host, runners, releases))
     reports: list[HostReport | None] = [None] * len(runners)
     if all(state is not None for _plan, state in plans):
         uploads = {

@@ -42,7 +42,13 @@ from llamaforge.runners.process import (
     _secrets,
     finished_run,
 )
-from llamaforge.runners.ssh_connection import DEFAULT_KNOWN_HOSTS, SshError, SshHost, open_connection
+from llamaforge.runners.ssh_connection import (
+    DEFAULT_KNOWN_HOSTS,
+    SshError,
+    SshHost,
+    keep_alive,
+    open_connection,
+)
 from llamaforge.runners.transfer import Transfer, TransferResult
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -187,7 +193,17 @@ class SshProcessRunner:
                 self._connection = open_connection(
                     self.host, self.accept_new_host_keys, self.user_known_hosts, self.connect_timeout_s
                 )
+                keep_alive(
+                    self._connection.transport
+                )  # a host that stops answering ends as a lost connection
             return self._connection
+
+    def connection_alive(self) -> bool:
+        """Whether the connection opened last is still up (False when none is open)."""
+        connection = self._connection
+        return (
+            connection is not None and connection.transport is not None and connection.transport.is_active()
+        )
 
     def kill(self, pid: int, signal_name: str = "KILL") -> None:
         """Send ``signal_name`` to the remote process group ``pid`` (the process when it has no group)."""
@@ -231,6 +247,10 @@ class SshProcessRunner:
                 return channel, int(line[len(_PID_MARK) :]), stderr
             before.append(line.rstrip("\n"))
         code = channel.recv_exit_status()
+        if not self.connection_alive():
+            self.close()
+            raise SshError(f"the connection to {self.host.address} was lost while {command[0]} started",
+                           hint="check the host and its network, then run it again")  # fmt: skip
         raise ToolFailed(
             f"{self.host.address} could not start {command[0]}", command=command, returncode=code,
             tail=before[-TAIL_LINES:], hint="check that the user's login shell on the host is a POSIX shell",
@@ -300,8 +320,7 @@ class SshProcessRunner:
                 log.close()
         cancel.raise_if_cancelled()
         code = int(channel.recv_exit_status()) if channel.exit_status_ready() else -1
-        transport = self._connection.transport if self._connection is not None else None
-        if code == -1 and not timed_out and (transport is None or not transport.is_active()):
+        if code == -1 and not timed_out and not self.connection_alive():
             self.close()
             raise SshError(
                 f"the connection to {self.host.address} was lost while {command[0]} ran; it may still be "
@@ -351,6 +370,16 @@ class SshProcessRunner:
         if not result.ok:
             return None
         return result.stdout.split(maxsplit=1)[0]
+
+    def sha256s(self, paths: Sequence[str]) -> dict[str, str]:
+        """The sha256 of each of the host's files ``paths`` that exists, by path, from one ``sha256sum``."""
+        script = 'for f; do [ -f "$f" ] && sha256sum -- "$f"; done; true'
+        output = self.run(["sh", "-c", script, "sh", *paths]).stdout if paths else ""
+        digests = {}
+        for line in output.splitlines():
+            digest, _, path = line.partition("  ")
+            digests[path] = digest
+        return digests
 
     def put(self, local: Path, remote: str, *, cancel: CancelToken | None = None) -> TransferResult:
         """Send ``local`` to the host's ``remote`` path (see :class:`~llamaforge.runners.transfer.Transfer`)."""

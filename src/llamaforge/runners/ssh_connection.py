@@ -8,10 +8,19 @@ that differs from a recorded one is refused naming both fingerprints, whatever t
 is OpenSSH's ``StrictHostKeyChecking=accept-new``: a never-seen host's key is recorded, a changed one is not.
 Authentication is by key only (a key file or the agent); a password is never taken, even from Fabric's
 configuration files.
+
+A connection whose peer stops answering (a network partition, a frozen host) leaves paramiko waiting forever:
+TCP keeps an unanswered connection open for many minutes, and through a port proxy never gives up at all.
+:func:`keep_alive` is OpenSSH's ``ServerAliveInterval``/``ServerAliveCountMax``: a request the server must answer
+every few seconds, and the transport closed after several go unanswered, so every command waiting on it ends
+with a lost connection instead of hanging. ``connect_timeout_s`` bounds the SSH banner and authentication too,
+not only the TCP connect (a host whose sshd is frozen accepts TCP and never speaks).
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +64,8 @@ class SshHost:
 
 
 DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
+ALIVE_INTERVAL_S = 5.0  # OpenSSH's ServerAliveInterval: how often the server must answer
+ALIVE_COUNT = 3  # ServerAliveCountMax: unanswered in a row before the connection counts as lost
 
 
 def _keygen_hint(host: SshHost) -> str:
@@ -105,7 +116,12 @@ def open_connection(
     import paramiko
     from fabric import Connection
 
-    connect_kwargs: dict[str, Any] = {"allow_agent": True, "look_for_keys": host.key_file is None}
+    connect_kwargs: dict[str, Any] = {
+        "allow_agent": True,
+        "look_for_keys": host.key_file is None,
+        "banner_timeout": connect_timeout_s,
+        "auth_timeout": connect_timeout_s,
+    }
     if host.key_file is not None:
         connect_kwargs["key_filename"] = [str(host.key_file)]
     connection = Connection(
@@ -163,3 +179,37 @@ def open_connection(
             "inventory",
         ) from None
     return connection
+
+
+def keep_alive(transport: Any, interval_s: float | None = None, count: int | None = None) -> threading.Thread:
+    """Ask the server for an answer (``keepalive@openssh.com``, which it answers with a failure) every
+    ``interval_s``; after ``count`` unanswered in a row, close ``transport`` (each channel on it ends as closed).
+    Runs in a daemon thread until the transport closes; returns the thread."""
+    interval = ALIVE_INTERVAL_S if interval_s is None else interval_s
+    limit = ALIVE_COUNT if count is None else count
+
+    def probe(answered: threading.Event) -> None:
+        with contextlib.suppress(Exception):
+            # returns on the server's answer, or when the transport closed (then nothing answered)
+            transport.global_request("keepalive@openssh.com", wait=True)
+            if transport.is_active():
+                answered.set()
+
+    def watch() -> None:
+        missed = 0
+        while transport.is_active():
+            answered = threading.Event()
+            threading.Thread(target=probe, args=(answered,), name="llamaforge-ssh-probe", daemon=True).start()
+            if answered.wait(interval):
+                missed = 0
+                threading.Event().wait(interval)
+                continue
+            missed += 1
+            if missed >= limit:
+                with contextlib.suppress(Exception):
+                    transport.close()
+                return
+
+    thread = threading.Thread(target=watch, name="llamaforge-ssh-alive", daemon=True)
+    thread.start()
+    return thread

@@ -48,7 +48,8 @@ def _pump(local: socket.socket, channel: Any, stop: threading.Event) -> None:
 def forward_local(runner: SshProcessRunner, remote_port: int, remote_host: str = _LOOPBACK) -> Iterator[int]:
     """Forward a free port on this side's 127.0.0.1 to ``remote_host:remote_port`` as seen from the host (its
     loopback by default); yields the local port. Every forwarded connection ends when the block does."""
-    transport = runner.connection.transport
+    from llamaforge.runners.ssh import SESSION_OPEN_TIMEOUT_S
+
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind((_LOOPBACK, 0))
     listener.listen(8)
@@ -65,7 +66,10 @@ def forward_local(runner: SshProcessRunner, remote_port: int, remote_host: str =
             except OSError:
                 return
             try:
-                channel = transport.open_channel("direct-tcpip", (remote_host, remote_port), origin)
+                # the runner's connection as it is now: after a lost one, the one it opened again
+                channel = runner.connection.transport.open_channel(
+                    "direct-tcpip", (remote_host, remote_port), origin, timeout=SESSION_OPEN_TIMEOUT_S
+                )
             except Exception:  # noqa: BLE001 - refused on the host (nothing listens yet): drop this one
                 local.close()
                 continue

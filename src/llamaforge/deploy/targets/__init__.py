@@ -38,6 +38,11 @@ class Target(Protocol):
         """Install the service files of ``current`` and (re)start the service."""
         ...
 
+    def activation(self, layout: Layout) -> list[str]:
+        """The host command :meth:`activate` runs (run after the switch in the same command, so a lost
+        connection cannot separate them)."""
+        ...
+
     def stop(self, runner: SshProcessRunner, layout: Layout) -> None:
         """Stop the service (it stays installed)."""
         ...

@@ -66,16 +66,19 @@ class SystemdTarget:
         runner.run(["sudo", "-n", "sh", "-c", script, "sh", SERVICE_USER, deployer, layout.root],
                    what=f"preparing {layout.root} on {runner.host.host}")  # fmt: skip
 
-    def activate(self, runner: SshProcessRunner, layout: Layout) -> None:
-        """Install ``current``'s unit, reload systemd and restart the service."""
+    def activation(self, layout: Layout) -> list[str]:
+        """Install ``current``'s unit, reload systemd and restart the service (as root, through sudo)."""
         unit = self.unit(layout)
         script = (
             'install -m 0644 -o root -g root "$1" "$2" && systemctl daemon-reload && systemctl reset-failed "$3"'
             ' 2>/dev/null; systemctl enable --quiet "$3" && systemctl restart "$3"'
         )
         source = posixpath.join(layout.current, self.unit_file)
-        runner.run(["sudo", "-n", "sh", "-c", script, "sh", source, posixpath.join(UNIT_DIR, unit), unit],
-                   what=f"restarting {unit} on {runner.host.host}")  # fmt: skip
+        return ["sudo", "-n", "sh", "-c", script, "sh", source, posixpath.join(UNIT_DIR, unit), unit]
+
+    def activate(self, runner: SshProcessRunner, layout: Layout) -> None:
+        """Run :meth:`activation` on the host."""
+        runner.run(self.activation(layout), what=f"restarting {self.unit(layout)} on {runner.host.host}")
 
     def stop(self, runner: SshProcessRunner, layout: Layout) -> None:
         """``systemctl stop`` the unit."""
