@@ -17,7 +17,10 @@ and sizes its buffers:
   ``--swa-full``, and their own attention mask.
 * **recurrent state** for DeltaNet layers: ``(d_conv - 1) * (d_inner + 2 * n_group * d_state)`` (conv) plus
   ``d_state * d_inner`` (state) F32 values per layer and sequence (``llama_memory_recurrent``).
-* **compute buffer**: what ggml-alloc reserves for the worst-case graph (``n_ubatch`` tokens). The attention
+* **compute buffer**: what ggml-alloc reserves for the worst-case graph (``n_ubatch`` tokens). For the archs of
+  :data:`~llamaforge.serve.compute_graph.GRAPH_ARCHS` (qwen3, gemma2, gemma3) the graph is rebuilt and replayed
+  through ggml-alloc's best-fit allocator (:mod:`llamaforge.serve.compute_graph`: the holes count). For the
+  others: the attention
   mask (``n_ctx_seq * n_ubatch``, F16 with flash attention, F32 without) and, without flash attention, the
   ``n_head * n_ctx_seq * n_ubatch`` F32 score matrix are exact; the activations of one layer are a per-token
   model (the largest of an attention, FFN, MoE and DeltaNet phase) fitted to the buffers stock llama.cpp
@@ -49,6 +52,7 @@ from llamaforge.core.validation import suggest
 from llamaforge.gguf.header import GGML_TYPES, GGUFHeader, TensorInfo, read_header
 from llamaforge.runners.process import LOCAL, ProcessRunner
 from llamaforge.serve.bandwidth import Placement, bytes_per_token
+from llamaforge.serve.compute_graph import GRAPH_ARCHS, GraphSettings, simulate_compute
 from llamaforge.serve.gpus import find_gpu
 from llamaforge.serve.launcher import LlamaFlags, LlamaServer, ServerLaunch, Switch
 from llamaforge.serve.loadlog import LoadLog, parse_load_log
@@ -256,6 +260,21 @@ def _mask_bytes(shape: ModelShape, settings: Settings) -> int:
     return cells * settings.n_tokens * (2 if settings.flash_attn else 4)
 
 
+def _graph_compute(
+    shape: ModelShape, layers: Iterable[int], settings: Settings, *, with_output: bool
+) -> int | None:
+    """The compute buffer replayed through ggml-alloc (:mod:`~llamaforge.serve.compute_graph`) for the archs
+    whose graph it follows; None for the others (the fitted per-token model applies)."""
+    if shape.arch not in GRAPH_ARCHS:
+        return None
+    graph = GraphSettings(
+        n_tokens=settings.n_tokens, n_outputs=min(settings.parallel, settings.n_tokens),
+        full_cells=settings.n_ctx_seq, swa_cells=settings.swa_cells(shape.n_swa),
+        flash_attn=settings.flash_attn,
+    )  # fmt: skip
+    return simulate_compute(shape, list(layers), graph, with_output=with_output)
+
+
 def _logits_phase(shape: ModelShape, settings: Settings) -> int:
     return shape.n_vocab * settings.parallel * 4 + settings.n_tokens * shape.n_embd * 4
 
@@ -310,11 +329,17 @@ def estimate_memory(
     mask, logits = _mask_bytes(shape, settings), _logits_phase(shape, settings)
     output_buffer = shape.n_vocab * settings.parallel * 4  # logits of one output per slot, host memory
     if not on_gpu_layers and not output_on_gpu:  # CPU only
-        host_compute = max(mask + _layer_peak(shape, range(shape.n_layer), settings), logits)
+        host_compute = _graph_compute(shape, range(shape.n_layer), settings, with_output=True)
+        if host_compute is None:
+            host_compute = max(mask + _layer_peak(shape, range(shape.n_layer), settings), logits)
         host = DeviceMemory(weights["host"], kv["host"], state["host"], host_compute, output_buffer)
         return DeviceMemory(), host
-    gpu_compute = max(
-        mask + _layer_peak(shape, sorted(on_gpu_layers), settings), logits if output_on_gpu else 0
+    trunk_on_gpu = sorted(il for il in on_gpu_layers if il < shape.n_layer)
+    gpu_graph = _graph_compute(shape, trunk_on_gpu, settings, with_output=output_on_gpu)
+    gpu_compute = (
+        gpu_graph
+        if gpu_graph is not None
+        else max(mask + _layer_peak(shape, sorted(on_gpu_layers), settings), logits if output_on_gpu else 0)
     )
     if settings.n_tokens >= _OP_OFFLOAD_MIN_BATCH:
         gpu_compute += offloaded_weight
