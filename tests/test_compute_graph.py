@@ -10,7 +10,9 @@ from llamaforge.serve.compute_graph import GraphSettings, _Allocator, _Node, _re
 from llamaforge.serve.fit import MiB, Settings, synthetic_header
 from llamaforge.serve.shape import model_shape
 
-QWEN3_WIDE = TinyModelSpec(arch="qwen3", n_layer=2, n_embd=1024, n_head=16, n_head_kv=8, head_dim=128, n_ff=3072)
+QWEN3_WIDE = TinyModelSpec(
+    arch="qwen3", n_layer=2, n_embd=1024, n_head=16, n_head_kv=8, head_dim=128, n_ff=3072
+)
 
 
 def test_best_fit_takes_the_smallest_hole_and_grows_only_when_none_fits() -> None:
