@@ -36,6 +36,9 @@ from typing import Any
 from llamaforge.core.paths import home
 from llamaforge.gguf.header import read_header
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
+from llamaforge.gguf.tiny_any import AnyTinySpec, write_any_tiny_model
+from llamaforge.gguf.tiny_mla import TinyMLASpec
+from llamaforge.gguf.tiny_shared_kv import TinySharedKVSpec
 from llamaforge.serve import fit
 from llamaforge.serve.fit import (
     MiB,
@@ -49,7 +52,7 @@ from llamaforge.serve.ops_fit import summarize
 from llamaforge.serve.shape import ModelShape, model_shape
 
 HYBRID = {"full_attention_interval": 4, "ssm_state_size": 64, "ssm_group_count": 4, "ssm_time_step_rank": 8}
-MODELS = {
+MODELS: dict[str, tuple[AnyTinySpec, str]] = {
     "qwen3": (TinyModelSpec(arch="qwen3", n_layer=4), "qwen2"),
     "qwen35": (TinyModelSpec(arch="qwen35", n_layer=8, **HYBRID), "qwen35"),  # type: ignore[arg-type]
     "qwen3moe": (TinyModelSpec(arch="qwen3moe", n_layer=4, n_expert=8, n_expert_used=2), "qwen2"),
@@ -91,6 +94,10 @@ MODELS = {
         ),
         "qwen2",
     ),
+    # MLA: one latent K row (kv_lora_rank + RoPE dims) per cell and layer, no V
+    "deepseek2-mla": (TinyMLASpec(), "qwen2"),
+    # last two layers reuse the caches of layers 2 (sliding) and 3 (full); sliding layers have smaller heads
+    "gemma4-shared": (TinySharedKVSpec(), "qwen2"),
 }
 SETTINGS = [
     Settings(ctx=512),
@@ -158,11 +165,13 @@ def compare(
     rows = []
     for name in names:
         spec, vocab = MODELS[name]
-        model = write_tiny_model(scratch / f"{name}.gguf", spec, vocab_dir / f"ggml-vocab-{vocab}.gguf").path
+        model = write_any_tiny_model(
+            scratch / f"{name}.gguf", spec, vocab_dir / f"ggml-vocab-{vocab}.gguf"
+        ).path
         header = read_header(model)
         shape = model_shape(header)
         for settings in settings_list + (SWA_SETTINGS if shape.swa else []):
-            if settings.cache_type_k != "f16" and shape.head_dim_k % 32:
+            if settings.cache_type_k != "f16" and (shape.head_dim_k % 32 or shape.head_dim_k_swa % 32):
                 continue  # llama.cpp refuses a quantized cache whose block does not divide the head size
             _gpu, planned = estimate_memory(shape, header.tensors, settings, n_gpu_layers=0)
             reported = fit.measure_with_llamacpp(server, model, settings)

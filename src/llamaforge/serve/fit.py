@@ -280,10 +280,17 @@ def _logits_phase(shape: ModelShape, settings: Settings) -> int:
 
 
 def _kv_layer_bytes(shape: ModelShape, settings: Settings, il: int) -> int:
+    """Layer ``il``'s KV cache: 0 when it reuses another layer's; K only with MLA; without flash attention
+    (V stored transposed) every V row as wide as the widest (``n_embd_v_gqa_max``)."""
+    if not shape.has_kv(il):
+        return 0
     per_stream = settings.swa_cells(shape.n_swa) if shape.is_swa(il) else settings.n_ctx_seq
     cells = per_stream * settings.n_stream
-    k = row_bytes(settings.cache_type_k, shape.n_head_kv * shape.head_dim_k)
-    v = row_bytes(settings.cache_type_v, shape.n_head_kv * shape.head_dim_v)
+    k_width, v_width = shape.kv_widths(il)
+    if v_width and not settings.flash_attn:
+        v_width = max(shape.kv_widths(layer)[1] for layer in range(shape.n_layer))
+    k = row_bytes(settings.cache_type_k, k_width)
+    v = row_bytes(settings.cache_type_v, v_width) if v_width else 0
     return (k + v) * cells
 
 
