@@ -51,6 +51,9 @@ from llamaforge.serve.fit_chart import save_fit_chart
 from llamaforge.serve.ops_fit import summarize
 from llamaforge.serve.shape import ModelShape, model_shape
 
+sys.path.insert(0, str(Path(__file__).parent))
+from fit_projection import projection_row, summarize_projection
+
 HYBRID = {"full_attention_interval": 4, "ssm_state_size": 64, "ssm_group_count": 4, "ssm_time_step_rank": 8}
 MODELS: dict[str, tuple[AnyTinySpec, str]] = {
     "qwen3": (TinyModelSpec(arch="qwen3", n_layer=4), "qwen2"),
@@ -174,8 +177,9 @@ def compare(
             if settings.cache_type_k != "f16" and (shape.head_dim_k % 32 or shape.head_dim_k_swa % 32):
                 continue  # llama.cpp refuses a quantized cache whose block does not divide the head size
             _gpu, planned = estimate_memory(shape, header.tensors, settings, n_gpu_layers=0)
-            reported = fit.measure_with_llamacpp(server, model, settings)
+            reported = fit.measure_with_llamacpp(server, model, settings, fit_projection=True)
             row: dict[str, Any] = {"model": name, "settings": label(settings)}
+            row["projection"] = projection_row(planned, reported)
             if shape.swa:  # both caches' cells, planned and printed
                 swa_cache = reported.swa_kv_cache
                 row["swa_cells"] = {"estimate": settings.swa_cells(shape.n_swa),
@@ -189,6 +193,10 @@ def compare(
                      f"{row[c]['error_pct']:+5.1f}%" for c in CATEGORIES]  # fmt: skip
             if "swa_cells" in row:
                 cells.append(f"swa cells {row['swa_cells']['estimate']}/{row['swa_cells']['llamacpp']}")
+            if row["projection"]:
+                total = row["projection"]["total"]
+                cells.append(f"total ours/--fit/real {total['ours_mib']:.2f}/{total['llamacpp_projection_mib']}/"
+                             f"{total['real_mib']:.2f} ({row['projection']['closer']})")  # fmt: skip
             print(f"{name:12s} {row['settings']:20s} " + "  ".join(cells), flush=True)
     return rows
 
@@ -399,6 +407,7 @@ def main() -> None:
             sys.exit(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
         rows = compare(args.server, args.vocab_dir, Path(scratch), QUICK if args.quick else SETTINGS, names)
         summary = summarize_rows(rows)
+        summary["llamacpp_projection"] = summarize_projection(rows)
         sweep = None
         if args.random_shapes:
             sweep = random_shape_sweep(args.server, Path(scratch), args.random_shapes, args.refit, args.seed)

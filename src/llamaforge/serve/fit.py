@@ -654,13 +654,17 @@ def measure_with_llamacpp(
     timeout_s: float = 120.0,
     threads: int = 1,
     runner: ProcessRunner = LOCAL,
+    fit_projection: bool = False,
 ) -> LoadLog:
     """Load ``model`` in ``llama_server`` with ``settings`` and return the buffers it reports (CPU builds
-    report everything as host buffers). The server is stopped as soon as it serves the model."""
+    report everything as host buffers). The server is stopped as soon as it serves the model. With
+    ``fit_projection`` llama.cpp's ``--fit`` runs first and its projection is in the result
+    (:attr:`~llamaforge.serve.loadlog.LoadLog.projection`; it changes nothing when the model fits)."""
     flags = LlamaFlags(
         ctx=settings.ctx * settings.parallel, parallel=settings.parallel, cache_type_k=settings.cache_type_k,
         cache_type_v=settings.cache_type_v, flash_attn="on" if settings.flash_attn else "off",
-        ubatch=settings.ubatch, batch=max(_N_BATCH, settings.ubatch), threads=threads, fit="off", warmup=False,
+        ubatch=settings.ubatch, batch=max(_N_BATCH, settings.ubatch), threads=threads,
+        fit="on" if fit_projection else "off", warmup=False,
         kv_unified=settings.kv_unified, swa_full=settings.swa_full, log_verbosity=4,
     )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="llamaforge-fit-") as scratch:
