@@ -3,6 +3,8 @@ stock llama.cpp b11312 printed for the same shapes (CPU build, ``~llama_context:
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from llamaforge.gguf.tiny import TinyModelSpec
@@ -36,14 +38,17 @@ def test_holes_the_attention_leaves_grow_the_buffer() -> None:
 
 
 @pytest.mark.parametrize(
-    ("settings", "printed_mib"),
+    ("n_layer", "settings", "printed_mib"),
     [
-        (Settings(ctx=512), 22.5117),  # FA on: the FFN outgrows the attention's holes by one n_embd row
-        (Settings(ctx=8192, ubatch=256), 15.01),
+        (2, Settings(ctx=512), 22.5117),  # FA on: the FFN outgrows the attention's holes by one n_embd row
+        (2, Settings(ctx=8192, ubatch=256), 15.01),
+        (4, Settings(ctx=512), 26.51),  # three layers and more: one query block more (measured)
+        (8, Settings(ctx=512), 26.51),
     ],
 )
-def test_dense_graph_matches_llamacpp(settings: Settings, printed_mib: float) -> None:
-    shape = model_shape(synthetic_header(QWEN3_WIDE, n_vocab=151936, weight_type="F16"))
+def test_dense_graph_matches_llamacpp(n_layer: int, settings: Settings, printed_mib: float) -> None:
+    spec = dataclasses.replace(QWEN3_WIDE, n_layer=n_layer)
+    shape = model_shape(synthetic_header(spec, n_vocab=151936, weight_type="F16"))
     graph = GraphSettings(settings.n_tokens, 1, settings.n_ctx_seq, 0, settings.flash_attn)
     simulated = simulate_compute(shape, range(shape.n_layer), graph, with_output=True) / MiB
     assert simulated == pytest.approx(printed_mib, abs=0.005)

@@ -238,4 +238,10 @@ def simulate_compute(
             _Node("out_norm_mul", e * rows, ("out_norm",), True),
             _Node("logits", shape.n_vocab * rows * f32, ("out_norm_mul",), output=True),
         ]
-    return _replay(inputs, nodes, alignment)
+    extra = 0
+    if shape.arch not in _GEMMA and len(ordered) >= 3:
+        # Measured, not traced: from three layers on, b11312's qwen3 buffer is one query block (n_head x head_dim
+        # x n_tokens F32) larger than this replay of the node list llama.cpp prints (GGML_SCHED_DEBUG=2), at 3,
+        # 4 and 8 layers alike; two-layer graphs match exactly.
+        extra = shape.n_head * shape.head_dim_k * t * f32
+    return _replay(inputs, nodes, alignment) + extra

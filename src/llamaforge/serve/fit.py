@@ -14,7 +14,10 @@ and sizes its buffers:
   llama-server's default without ``--parallel``: 4 slots). Sliding-window layers (gemma2/3, cohere2, olmo2,
   gpt-oss; :data:`~llamaforge.serve.shape.SWA_ARCHS`) have their own cache (``llama_kv_cache_iswa``) of
   ``pad(min(n_ctx_seq, n_swa * (n_seq if unified else 1) + n_ubatch), 256)`` cells per stream, full-size with
-  ``--swa-full``, and their own attention mask.
+  ``--swa-full``, and their own attention mask. Layers past ``n_layer_kv_from_start`` (gemma3n, gemma4:
+  :data:`~llamaforge.serve.shape.SHARED_KV_ARCHS`) reuse an earlier layer's cache and hold none; MLA models
+  (deepseek2) cache one latent K row (``key_length``) per cell and no V, with flash attention or without;
+  without flash attention every V row is as wide as the widest layer's (``n_embd_v_gqa_max``).
 * **recurrent state** for DeltaNet layers: ``(d_conv - 1) * (d_inner + 2 * n_group * d_state)`` (conv) plus
   ``d_state * d_inner`` (state) F32 values per layer and sequence (``llama_memory_recurrent``).
 * **compute buffer**: what ggml-alloc reserves for the worst-case graph (``n_ubatch`` tokens). For the archs of
@@ -562,6 +565,15 @@ def plan_fit(
             f"sliding-window model: {swa_layers} of {len(shape.attention_layers)} attention layers keep "
             f"{settings.swa_cells(shape.n_swa)} KV cells per stream (window {shape.n_swa})"
             + (" (--swa-full: full size)" if swa_full else "")
+        )
+    if shape.n_layer_kv >= 0:
+        notes.append(
+            f"{shape.n_layer - shape.n_layer_kv} of {shape.n_layer} layers reuse an earlier layer's KV cache "
+            "(no cache of their own)"
+        )
+    if shape.mla:
+        notes.append(
+            f"MLA: the KV cache holds one latent K row of {shape.kv_widths(0)[0]} values per cell and layer, no V"
         )
     read = bytes_per_token(header, kv_depth=ctx, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
                            placement=Placement(ngl, ncmoe))  # fmt: skip
