@@ -6,9 +6,9 @@ Tolerances of the integration test (CPU build: every buffer is host memory):
   match to llama.cpp's printing precision (two decimals of MiB, i.e. +-0.005 MiB) plus 0.5 %;
 * compute buffer: for qwen3, gemma2 and gemma3 the graph is replayed through ggml-alloc's allocator
   (serve/compute_graph.py); for the others the attention mask (and without flash attention the score matrix)
-  is exact, the per-layer activations are a fitted model (on random shapes out of sample: rms 7.7 %, worst 26 % of the whole buffer
-  at context 512; see benchmarks/fit_accuracy.py); for these shapes the total must be within 10 %, and within
-  5 % (the project's goal) once the context-sized part dominates (context >= 4096).
+  is exact, the per-layer activations are a fitted model (on random shapes out of sample: rms 7.7 %, worst
+  26 % of the whole buffer at context 512; see benchmarks/fit_accuracy.py); for these shapes the total must be
+  within 10 %, and within 5 % (the project's goal) once the context-sized part dominates (context >= 4096).
 
 Sliding-window models (gemma2, gemma3) are loaded at two contexts and two slot counts, with a unified cache and
 with --swa-full: both KV caches' cells and layers must be llama.cpp's, every buffer within 5 %.

@@ -435,12 +435,23 @@ def _check_settings(settings: Settings) -> None:
 
 
 def _check_cache_blocks(shape: ModelShape, settings: Settings) -> None:
-    # llama_init_from_model refuses a quantized cache whose block does not divide the head size
-    for which, type_name, head_dim in (
-        ("K", settings.cache_type_k, shape.head_dim_k), ("V", settings.cache_type_v, shape.head_dim_v)
-    ):  # fmt: skip
+    # llama_init_from_model refuses a quantized cache whose block does not divide a layer's head size (the
+    # sliding-window layers' own sizes included)
+    k_dims = {
+        shape.head_dim_k,
+        shape.head_dim_k_swa if shape.swa and shape.head_dim_k_swa else shape.head_dim_k,
+    }
+    v_dims = {
+        shape.head_dim_v,
+        shape.head_dim_v_swa if shape.swa and shape.head_dim_v_swa else shape.head_dim_v,
+    }
+    for which, type_name, dims in (
+        ("K", settings.cache_type_k, k_dims),
+        ("V", settings.cache_type_v, v_dims),
+    ):
         block = next(t for t in GGML_TYPES.values() if t.name.lower() == type_name).block_size
-        if head_dim % block:
+        head_dim = next((d for d in sorted(dims) if d % block), 0)
+        if head_dim:
             raise InvalidOption(
                 f"{which} cache type {type_name} (blocks of {block}) does not divide the head size {head_dim}",
                 hint="llama.cpp refuses it; use f16 or bf16 for this model",
