@@ -268,14 +268,15 @@ def _graph_compute(
 ) -> int | None:
     """The compute buffer replayed through ggml-alloc (:mod:`~llamaforge.serve.compute_graph`) for the archs
     whose graph it follows; None for the others (the fitted per-token model applies)."""
-    if shape.arch not in GRAPH_ARCHS:
+    layers = list(layers)
+    if shape.arch not in GRAPH_ARCHS or not layers:  # no trunk layer here: the formula below (mask, logits)
         return None
     graph = GraphSettings(
         n_tokens=settings.n_tokens, n_outputs=min(settings.parallel, settings.n_tokens),
         full_cells=settings.n_ctx_seq, swa_cells=settings.swa_cells(shape.n_swa),
         flash_attn=settings.flash_attn,
     )  # fmt: skip
-    return simulate_compute(shape, list(layers), graph, with_output=with_output)
+    return simulate_compute(shape, layers, graph, with_output=with_output)
 
 
 def _logits_phase(shape: ModelShape, settings: Settings) -> int:
