@@ -28,6 +28,7 @@ from llamaforge.core.registry import OperationContext, operations, result_json
 from llamaforge.gguf.header import read_header
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.serve import fit
+from llamaforge.serve.compute_graph import GRAPH_ARCHS
 from llamaforge.serve.fit import (
     DoesNotFit,
     GiB,
@@ -449,8 +450,8 @@ def test_plan_matches_llamacpp_buffers(
     reported = fit.measure_with_llamacpp(stock_build / "bin" / "llama-server", model, settings)
     for category in CATEGORIES:
         estimate, actual = getattr(planned, category), reported.total(category)
-        if category == "compute":
-            tolerance = (0.05 if settings.ctx >= 4096 else 0.10) * actual
+        if category == "compute":  # the replayed graphs are held to the goal at every context
+            tolerance = (0.05 if settings.ctx >= 4096 or arch in GRAPH_ARCHS else 0.10) * actual
         else:
             tolerance = 0.005 * actual + 0.005 * MiB  # llama.cpp prints MiB with two decimals
         assert abs(estimate - actual) <= tolerance, (category, estimate / MiB, actual / MiB)
