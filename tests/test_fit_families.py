@@ -4,8 +4,9 @@ layers), plus llama.cpp's ``--fit`` projection.
 
 Unit tests read the tiny models' headers and check the planner's per-layer KV against the formulas llama.cpp
 b11312 uses; the llama.cpp-tier tests load the same models in a stock llama-server and compare every buffer (KV,
-weights and output exactly to its printing precision, compute within 10 %: these archs' compute buffer comes
-from the fitted per-token model) and check that llama.cpp's own projection is read from the log.
+weights and output exactly to its printing precision, compute within 5 %: the MLA graph is replayed through
+ggml-alloc's allocator, gemma4's comes from the fitted per-token model) and check that llama.cpp's own
+projection is read from the log.
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ def test_families_match_llamacpp(
     )
     for category in CATEGORIES:
         estimate, actual = getattr(planned, category), reported.total(category)
-        tolerance = (0.10 if category == "compute" else 0.005) * actual + 0.005 * MiB
+        tolerance = (0.05 if category == "compute" else 0.005) * actual + 0.005 * MiB
         assert abs(estimate - actual) <= tolerance, (category, estimate / MiB, actual / MiB)
     assert reported.kv_cache is not None
     if name == "shared":  # the reused layers are in neither cache

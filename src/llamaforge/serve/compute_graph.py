@@ -9,8 +9,8 @@ live activations *plus the holes* they leave: on a model whose FFN is three time
 the FFN's gate, up and GLU outputs do not fit in the blocks the attention freed and the buffer grows by
 them (a model of live bytes alone is off by up to 9 % there).
 
-This module rebuilds that sequence for the archs whose graph it follows (``src/models/{qwen3,gemma2,gemma3}.cpp``
-and ``llm_graph_context::build_attn``): the inputs (tokens, positions, the masks and the cache row indices:
+This module rebuilds that sequence for the archs whose graph it follows (``src/models/{qwen3,gemma2,gemma3}.cpp``,
+``deepseek2.cpp`` with MLA and dense layers, and ``llm_graph_context::build_attn``): the inputs (tokens, positions, the masks and the cache row indices:
 one per cache, the V indices per element without flash attention), every layer's activations, the last
 layer reduced to the output rows (``inp_out_ids``), the output norm and the logits of one output per slot,
 and replays it through the same best-fit allocator. Weights and the KV cache live in their own buffers
@@ -23,14 +23,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from llamaforge.serve.shape import ModelShape
+from llamaforge.serve.shape import ModelShape, row_bytes
 
 __all__ = ["GRAPH_ARCHS", "GraphSettings", "simulate_compute"]
 
 #: Archs whose graph :func:`simulate_compute` replays (their per-layer op order read from b11312's builders).
-GRAPH_ARCHS: Final = frozenset({"qwen3", "gemma2", "gemma3"})
+GRAPH_ARCHS: Final = frozenset(
+    {"qwen3", "gemma2", "gemma3", "deepseek2"}
+)  # deepseek2: MLA, dense layers only
 _GEMMA: Final = frozenset({"gemma2", "gemma3"})
 _QK_NORM: Final = frozenset({"qwen3", "gemma3"})
+_EMBD_INPUT: Final = _GEMMA | {"deepseek2"}
 _ALIGNMENT: Final = 32  # the CPU buffer type's (TENSOR_ALIGNMENT); GPU buffers align to 128-256 bytes
 
 
@@ -43,6 +46,7 @@ class GraphSettings:
     full_cells: int
     swa_cells: int
     flash_attn: bool
+    cache_type_k: str = "f16"
 
 
 @dataclass
@@ -122,15 +126,14 @@ def _replay(inputs: Sequence[tuple[str, int]], nodes: Sequence[_Node], alignment
     return allocator.max_size
 
 
-def _layer(shape: ModelShape, il: int, x: str, g: GraphSettings, last: bool) -> tuple[list[_Node], str]:
-    """One layer's nodes (F32 activations) on input ``x``; returns them and the layer output's name."""
+def _attention(shape: ModelShape, il: int, p: str, g: GraphSettings) -> list[_Node]:
+    """Q, K, V projections, the cache writes and the attention of a standard layer (``build_attn``)."""
     t, f32 = g.n_tokens, 4
-    e, q = shape.n_embd * f32, shape.n_head * shape.head_dim_k * f32
+    q = shape.n_head * shape.head_dim_k * f32
     k, v = shape.n_head_kv * shape.head_dim_k * f32, shape.n_head_kv * shape.head_dim_v * f32
     out_v = shape.n_head * shape.head_dim_v * f32
     gemma, qk_norm = shape.arch in _GEMMA, shape.arch in _QK_NORM
-    p = f"{il}."
-    nodes = [_Node(p + "norm", e * t, (x,), inplace=True), _Node(p + "attn_norm", e * t, (p + "norm",), True)]
+    nodes: list[_Node] = []
     qkv = [("q", q), ("v", v), ("k", k)] if not gemma else [("q", q), ("k", k), ("v", v)]
     for which, width in qkv:
         nodes.append(_Node(p + which, width * t, (p + "attn_norm",)))
@@ -156,6 +159,51 @@ def _layer(shape: ModelShape, il: int, x: str, g: GraphSettings, last: bool) -> 
             _Node(p + "kqv", out_v * t, (p + "kq_soft_max",)),
             _Node(p + "attn", out_v * t, (p + "kqv",)),  # cont of the permuted result
         ]
+    return nodes
+
+
+def _mla_attention(shape: ModelShape, p: str, g: GraphSettings) -> list[_Node]:
+    """MLA attention (``src/models/deepseek2.cpp`` with ``is_mla``): the query's no-RoPE part absorbed into the
+    latent, one latent K row cached, V a view of it, decompressed after the attention by ``attn_v_b``."""
+    t, f32 = g.n_tokens, 4
+    kv, rope = shape.head_dim_v, shape.head_dim_k - shape.head_dim_v  # value_length: the latent rank
+    heads = shape.n_head
+    nodes = [
+        _Node(p + "q", heads * shape.head_dim_k_mla * f32 * t, (p + "attn_norm",)),
+        _Node(p + "q_absorbed", heads * kv * f32 * t, (p + "q",)),
+        _Node(p + "q_pe", heads * rope * f32 * t, (p + "q",)),  # RoPE on a view of q: not in place
+        _Node(p + "q_cat", heads * (kv + rope) * f32 * t, (p + "q_absorbed", p + "q_pe")),
+        _Node(p + "kv_cmpr_pe", (kv + rope) * f32 * t, (p + "attn_norm",)),
+        _Node(p + "kv_norm", kv * f32 * t, (p + "kv_cmpr_pe",)),  # RMS norm of a view: not in place
+        _Node(p + "kv_norm_mul", kv * f32 * t, (p + "kv_norm",), True),
+        _Node(p + "k_pe", rope * f32 * t, (p + "kv_cmpr_pe",)),
+        _Node(p + "k_cat", (kv + rope) * f32 * t, (p + "kv_norm_mul", p + "k_pe")),
+        _Node(p + "set_k", 0, (p + "k_cat", "k_idxs_full")),
+    ]
+    if g.flash_attn:
+        nodes.append(_Node(p + "latent", heads * kv * f32 * t, (p + "q_cat", "mask_full")))
+    else:  # V: a contiguous copy of the latent part of the cached rows
+        kq = heads * g.full_cells * t * f32
+        nodes += [
+            _Node(p + "v_cont", row_bytes(g.cache_type_k, kv) * g.full_cells, ()),
+            _Node(p + "kq", kq, (p + "q_cat",)),
+            _Node(p + "kq_soft_max", kq, (p + "kq", "mask_full"), True),
+            _Node(p + "latent", heads * kv * f32 * t, (p + "v_cont", p + "kq_soft_max")),
+        ]
+    out_v = heads * shape.head_dim_v_mla * f32 * t
+    return [*nodes, _Node(p + "v_b", out_v, (p + "latent",)), _Node(p + "attn", out_v, (p + "v_b",))]
+
+
+def _layer(shape: ModelShape, il: int, x: str, g: GraphSettings, last: bool) -> tuple[list[_Node], str]:
+    """One layer's nodes (F32 activations) on input ``x``; returns them and the layer output's name."""
+    t, f32 = g.n_tokens, 4
+    e, gemma = shape.n_embd * f32, shape.arch in _GEMMA
+    p = f"{il}."
+    nodes = [_Node(p + "norm", e * t, (x,), inplace=True), _Node(p + "attn_norm", e * t, (p + "norm",), True)]
+    if shape.mla:
+        nodes += _mla_attention(shape, p, g)
+    else:
+        nodes += _attention(shape, il, p, g)
     nodes.append(_Node(p + "attn_out", e * t, (p + "attn",)))
     cur, residual = p + "attn_out", x
     if last:  # only the output rows go on (inp_out_ids)
@@ -208,19 +256,16 @@ def simulate_compute(
     mask_item = 2 if g.flash_attn else 4
     e = shape.n_embd * f32
     inputs = [("tokens", t * 4), ("pos", t * 4)]
-    if (
-        shape.arch in _GEMMA
-    ):  # measured: the embeddings input of the unused branch (ggml_build_forward_select,
-        inputs.insert(
-            1, ("inp_embd", e * t)
-        )  # llm_graph_context::build_inp_embd) stays; qwen3's buffer shows none
+    if shape.arch in _EMBD_INPUT:
+        # measured: the embeddings input of the unused branch (ggml_build_forward_select in
+        # llm_graph_context::build_inp_embd) stays allocated; qwen3's buffer shows none
+        inputs.insert(1, ("inp_embd", e * t))
     for cache in sorted(caches):
         cells = g.swa_cells if cache == "swa" else g.full_cells
-        inputs += [
-            (f"k_idxs_{cache}", t * 8),
-            (f"v_idxs_{cache}", v_idxs),
-            (f"mask_{cache}", cells * t * mask_item),
-        ]
+        inputs.append((f"k_idxs_{cache}", t * 8))
+        if not shape.mla:  # MLA: no V cache, no V indices
+            inputs.append((f"v_idxs_{cache}", v_idxs))
+        inputs.append((f"mask_{cache}", cells * t * mask_item))
     inputs.append(("out_ids", g.n_outputs * 4))
     nodes = [_Node("embd", e * t, ("tokens",))]
     x = "embd"
@@ -239,7 +284,7 @@ def simulate_compute(
             _Node("logits", shape.n_vocab * rows * f32, ("out_norm_mul",), output=True),
         ]
     extra = 0
-    if shape.arch not in _GEMMA and len(ordered) >= 3:
+    if shape.arch == "qwen3" and len(ordered) >= 3:
         # Measured, not traced: from three layers on, b11312's qwen3 buffer is one query block (n_head x head_dim
         # x n_tokens F32) larger than this replay of the node list llama.cpp prints (GGML_SCHED_DEBUG=2), at 3,
         # 4 and 8 layers alike; two-layer graphs match exactly.

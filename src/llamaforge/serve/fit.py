@@ -21,7 +21,7 @@ and sizes its buffers:
 * **recurrent state** for DeltaNet layers: ``(d_conv - 1) * (d_inner + 2 * n_group * d_state)`` (conv) plus
   ``d_state * d_inner`` (state) F32 values per layer and sequence (``llama_memory_recurrent``).
 * **compute buffer**: what ggml-alloc reserves for the worst-case graph (``n_ubatch`` tokens). For the archs of
-  :data:`~llamaforge.serve.compute_graph.GRAPH_ARCHS` (qwen3, gemma2, gemma3) the graph is rebuilt and replayed
+  :data:`~llamaforge.serve.compute_graph.GRAPH_ARCHS` (qwen3, gemma2, gemma3, dense MLA deepseek2) the graph is rebuilt and replayed
   through ggml-alloc's best-fit allocator (:mod:`llamaforge.serve.compute_graph`: the holes count). For the
   others: the attention
   mask (``n_ctx_seq * n_ubatch``, F16 with flash attention, F32 without) and, without flash attention, the
@@ -269,12 +269,17 @@ def _graph_compute(
     """The compute buffer replayed through ggml-alloc (:mod:`~llamaforge.serve.compute_graph`) for the archs
     whose graph it follows; None for the others (the fitted per-token model applies)."""
     layers = list(layers)
-    if shape.arch not in GRAPH_ARCHS or not layers:  # no trunk layer here: the formula below (mask, logits)
-        return None
+    if (
+        shape.arch not in GRAPH_ARCHS
+        or not layers
+        or shape.is_moe
+        or (shape.arch == "deepseek2" and not shape.mla)
+    ):
+        return None  # not a replayed graph, or no trunk layer here: the formulas below
     graph = GraphSettings(
         n_tokens=settings.n_tokens, n_outputs=min(settings.parallel, settings.n_tokens),
         full_cells=settings.n_ctx_seq, swa_cells=settings.swa_cells(shape.n_swa),
-        flash_attn=settings.flash_attn,
+        flash_attn=settings.flash_attn, cache_type_k=settings.cache_type_k,
     )  # fmt: skip
     return simulate_compute(shape, layers, graph, with_output=with_output)
 

@@ -90,6 +90,8 @@ class ModelShape:
     kv_heads: tuple[int, ...] = ()  # per-layer KV heads when the header lists them (empty: n_head_kv)
     n_layer_kv: int = -1  # layers 0..n_layer_kv-1 hold a KV cache, the others reuse one (-1: all hold one)
     mla: bool = False  # compressed (MLA) attention: K rows only
+    head_dim_k_mla: int = 0  # MLA per-head sizes: qk_nope + RoPE dims, and the value head
+    head_dim_v_mla: int = 0
 
     def has_kv(self, il: int) -> bool:
         """True when trunk layer ``il`` holds a KV cache of its own (``llama_hparams::has_kv``)."""
@@ -194,6 +196,7 @@ def model_shape(header: GGUFHeader) -> ModelShape:
         swa=swa, n_swa=n_swa, head_dim_k_swa=_int(key("attention.key_length_swa")),
         head_dim_v_swa=_int(key("attention.value_length_swa")), kv_heads=kv_heads, n_layer_kv=n_layer_kv,
         mla=arch in MLA_ARCHS and _int(key("attention.key_length_mla")) > 0,
+        head_dim_k_mla=_int(key("attention.key_length_mla")), head_dim_v_mla=_int(key("attention.value_length_mla")),
     )  # fmt: skip
 
 
