@@ -10,11 +10,13 @@ the FFN's gate, up and GLU outputs do not fit in the blocks the attention freed 
 them (a model of live bytes alone is off by up to 9 % there).
 
 This module rebuilds that sequence for the archs whose graph it follows (``src/models/{qwen3,gemma2,gemma3}.cpp``,
-``deepseek2.cpp`` with MLA and dense layers, and ``llm_graph_context::build_attn``): the inputs (tokens, positions, the masks and the cache row indices:
-one per cache, the V indices per element without flash attention), every layer's activations, the last
-layer reduced to the output rows (``inp_out_ids``), the output norm and the logits of one output per slot,
-and replays it through the same best-fit allocator. Weights and the KV cache live in their own buffers
-and are left out.
+``deepseek2.cpp`` with MLA and dense layers, and ``llm_graph_context::build_attn``): the inputs (tokens,
+positions, the masks and the cache row indices: one per cache, the V indices per element without flash
+attention), every layer's activations, the last layer reduced to the output rows (``inp_out_ids``), the output
+norm and the logits of one output per slot, and replays it through the same best-fit allocator. Weights and
+the KV cache live in their own buffers and are left out. Two residuals are measured rather than traced (see
+:func:`simulate_compute`): the embeddings input that gemma and deepseek2 graphs keep, and one query block more
+that qwen3 graphs of three layers or more reserve.
 """
 
 from __future__ import annotations

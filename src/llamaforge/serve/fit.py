@@ -21,9 +21,9 @@ and sizes its buffers:
 * **recurrent state** for DeltaNet layers: ``(d_conv - 1) * (d_inner + 2 * n_group * d_state)`` (conv) plus
   ``d_state * d_inner`` (state) F32 values per layer and sequence (``llama_memory_recurrent``).
 * **compute buffer**: what ggml-alloc reserves for the worst-case graph (``n_ubatch`` tokens). For the archs of
-  :data:`~llamaforge.serve.compute_graph.GRAPH_ARCHS` (qwen3, gemma2, gemma3, dense MLA deepseek2) the graph is rebuilt and replayed
-  through ggml-alloc's best-fit allocator (:mod:`llamaforge.serve.compute_graph`: the holes count). For the
-  others: the attention
+  :data:`~llamaforge.serve.compute_graph.GRAPH_ARCHS` (qwen3, gemma2, gemma3, dense MLA deepseek2) the graph is
+  rebuilt and replayed through ggml-alloc's best-fit allocator (:mod:`llamaforge.serve.compute_graph`: the
+  holes count). For the others: the attention
   mask (``n_ctx_seq * n_ubatch``, F16 with flash attention, F32 without) and, without flash attention, the
   ``n_head * n_ctx_seq * n_ubatch`` F32 score matrix are exact; the activations of one layer are a per-token
   model (the largest of an attention, FFN, MoE and DeltaNet phase) fitted to the buffers stock llama.cpp
