@@ -4,12 +4,16 @@ stock llama.cpp b11312 printed for the same shapes (CPU build, ``~llama_context:
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 
 import pytest
 
+from llamaforge.gguf.header import read_header
 from llamaforge.gguf.tiny import TinyModelSpec
+from llamaforge.gguf.tiny_mla import TinyMLASpec, write_tiny_mla_model
 from llamaforge.serve.compute_graph import GraphSettings, _Allocator, _Node, _replay, simulate_compute
-from llamaforge.serve.fit import MiB, Settings, synthetic_header
+from llamaforge.serve.fit import MiB, Settings, estimate_memory, synthetic_header
 from llamaforge.serve.shape import model_shape
 
 QWEN3_WIDE = TinyModelSpec(
@@ -52,3 +56,36 @@ def test_dense_graph_matches_llamacpp(n_layer: int, settings: Settings, printed_
     graph = GraphSettings(settings.n_tokens, 1, settings.n_ctx_seq, 0, settings.flash_attn)
     simulated = simulate_compute(shape, range(shape.n_layer), graph, with_output=True) / MiB
     assert simulated == pytest.approx(printed_mib, abs=0.005)
+
+
+@pytest.fixture(scope="module")
+def mla_models(tmp_path_factory: pytest.TempPathFactory) -> dict[TinyMLASpec, Path]:
+    """Each MLA spec written once, with the real qwen2 tokenizer (151 936 tokens), as llama.cpp loaded it."""
+    vocab = os.environ.get("LLAMAFORGE_TEST_VOCAB")
+    if not vocab:
+        pytest.skip("LLAMAFORGE_TEST_VOCAB is unset: point it at llama.cpp's models/ggml-vocab-qwen2.gguf")
+    out = tmp_path_factory.mktemp("mla")
+    specs = (TinyMLASpec(), TinyMLASpec(n_layer=4, n_embd=256, n_ff=1024))
+    return {
+        spec: write_tiny_mla_model(out / f"mla-{i}.gguf", spec, Path(vocab)).path
+        for i, spec in enumerate(specs)
+    }
+
+
+@pytest.mark.parametrize(
+    ("spec", "settings", "printed_mib"),
+    [
+        (TinyMLASpec(), Settings(ctx=512), 2.51),
+        (TinyMLASpec(), Settings(ctx=1024, flash_attn=False), 12.01),
+        (TinyMLASpec(n_layer=4, n_embd=256, n_ff=1024), Settings(ctx=1024), 8.76),
+        (TinyMLASpec(n_layer=4, n_embd=256, n_ff=1024), Settings(ctx=1024, flash_attn=False), 13.13),
+    ],
+)
+def test_mla_graph_matches_llamacpp(
+    mla_models: dict[TinyMLASpec, Path], spec: TinyMLASpec, settings: Settings, printed_mib: float
+) -> None:
+    # the compute buffers b11312 printed for these models
+    header = read_header(mla_models[spec])
+    shape = model_shape(header)
+    planned = estimate_memory(shape, header.tensors, settings, n_gpu_layers=0)[1].compute / MiB
+    assert planned == pytest.approx(printed_mib, abs=0.01)
