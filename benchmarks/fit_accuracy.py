@@ -36,6 +36,9 @@ from typing import Any
 from llamaforge.core.paths import home
 from llamaforge.gguf.header import read_header
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
+from llamaforge.gguf.tiny_any import AnyTinySpec, write_any_tiny_model
+from llamaforge.gguf.tiny_mla import TinyMLASpec
+from llamaforge.gguf.tiny_shared_kv import TinySharedKVSpec
 from llamaforge.serve import fit
 from llamaforge.serve.fit import (
     MiB,
@@ -48,8 +51,11 @@ from llamaforge.serve.fit_chart import save_fit_chart
 from llamaforge.serve.ops_fit import summarize
 from llamaforge.serve.shape import ModelShape, model_shape
 
+sys.path.insert(0, str(Path(__file__).parent))
+from fit_projection import projection_row, summarize_projection
+
 HYBRID = {"full_attention_interval": 4, "ssm_state_size": 64, "ssm_group_count": 4, "ssm_time_step_rank": 8}
-MODELS = {
+MODELS: dict[str, tuple[AnyTinySpec, str]] = {
     "qwen3": (TinyModelSpec(arch="qwen3", n_layer=4), "qwen2"),
     "qwen35": (TinyModelSpec(arch="qwen35", n_layer=8, **HYBRID), "qwen35"),  # type: ignore[arg-type]
     "qwen3moe": (TinyModelSpec(arch="qwen3moe", n_layer=4, n_expert=8, n_expert_used=2), "qwen2"),
@@ -91,6 +97,10 @@ MODELS = {
         ),
         "qwen2",
     ),
+    # MLA: one latent K row (kv_lora_rank + RoPE dims) per cell and layer, no V
+    "deepseek2-mla": (TinyMLASpec(), "qwen2"),
+    # last two layers reuse the caches of layers 2 (sliding) and 3 (full); sliding layers have smaller heads
+    "gemma4-shared": (TinySharedKVSpec(), "qwen2"),
 }
 SETTINGS = [
     Settings(ctx=512),
@@ -158,15 +168,18 @@ def compare(
     rows = []
     for name in names:
         spec, vocab = MODELS[name]
-        model = write_tiny_model(scratch / f"{name}.gguf", spec, vocab_dir / f"ggml-vocab-{vocab}.gguf").path
+        model = write_any_tiny_model(
+            scratch / f"{name}.gguf", spec, vocab_dir / f"ggml-vocab-{vocab}.gguf"
+        ).path
         header = read_header(model)
         shape = model_shape(header)
         for settings in settings_list + (SWA_SETTINGS if shape.swa else []):
-            if settings.cache_type_k != "f16" and shape.head_dim_k % 32:
+            if settings.cache_type_k != "f16" and (shape.head_dim_k % 32 or shape.head_dim_k_swa % 32):
                 continue  # llama.cpp refuses a quantized cache whose block does not divide the head size
             _gpu, planned = estimate_memory(shape, header.tensors, settings, n_gpu_layers=0)
-            reported = fit.measure_with_llamacpp(server, model, settings)
+            reported = fit.measure_with_llamacpp(server, model, settings, fit_projection=True)
             row: dict[str, Any] = {"model": name, "settings": label(settings)}
+            row["projection"] = projection_row(planned, reported)
             if shape.swa:  # both caches' cells, planned and printed
                 swa_cache = reported.swa_kv_cache
                 row["swa_cells"] = {"estimate": settings.swa_cells(shape.n_swa),
@@ -180,6 +193,10 @@ def compare(
                      f"{row[c]['error_pct']:+5.1f}%" for c in CATEGORIES]  # fmt: skip
             if "swa_cells" in row:
                 cells.append(f"swa cells {row['swa_cells']['estimate']}/{row['swa_cells']['llamacpp']}")
+            if row["projection"]:
+                total = row["projection"]["total"]
+                cells.append(f"total ours/--fit/real {total['ours_mib']:.2f}/{total['llamacpp_projection_mib']}/"
+                             f"{total['real_mib']:.2f} ({row['projection']['closer']})")  # fmt: skip
             print(f"{name:12s} {row['settings']:20s} " + "  ".join(cells), flush=True)
     return rows
 
@@ -390,6 +407,7 @@ def main() -> None:
             sys.exit(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
         rows = compare(args.server, args.vocab_dir, Path(scratch), QUICK if args.quick else SETTINGS, names)
         summary = summarize_rows(rows)
+        summary["llamacpp_projection"] = summarize_projection(rows)
         sweep = None
         if args.random_shapes:
             sweep = random_shape_sweep(args.server, Path(scratch), args.random_shapes, args.refit, args.seed)

@@ -4,10 +4,11 @@ loads tiny dense, hybrid and MoE models in stock llama.cpp and compares the buff
 Tolerances of the integration test (CPU build: every buffer is host memory):
 * weights, KV cache, recurrent state, output buffer: the planner uses llama.cpp's own formulas, so they must
   match to llama.cpp's printing precision (two decimals of MiB, i.e. +-0.005 MiB) plus 0.5 %;
-* compute buffer: the attention mask (and without flash attention the score matrix) is exact, the per-layer
-  activations are a fitted model (on random shapes out of sample: rms 7.7 %, worst 26 % of the whole buffer
-  at context 512; see benchmarks/fit_accuracy.py); for these shapes the total must be within 10 %, and within
-  5 % (the project's goal) once the context-sized part dominates (context >= 4096).
+* compute buffer: for qwen3, gemma2 and gemma3 the graph is replayed through ggml-alloc's allocator
+  (serve/compute_graph.py); for the others the attention mask (and without flash attention the score matrix)
+  is exact, the per-layer activations are a fitted model (on random shapes out of sample: rms 7.7 %, worst
+  26 % of the whole buffer at context 512; see benchmarks/fit_accuracy.py); for these shapes the total must be
+  within 10 %, and within 5 % (the project's goal) once the context-sized part dominates (context >= 4096).
 
 Sliding-window models (gemma2, gemma3) are loaded at two contexts and two slot counts, with a unified cache and
 with --swa-full: both KV caches' cells and layers must be llama.cpp's, every buffer within 5 %.
@@ -27,6 +28,7 @@ from llamaforge.core.registry import OperationContext, operations, result_json
 from llamaforge.gguf.header import read_header
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.serve import fit
+from llamaforge.serve.compute_graph import GRAPH_ARCHS
 from llamaforge.serve.fit import (
     DoesNotFit,
     GiB,
@@ -448,8 +450,8 @@ def test_plan_matches_llamacpp_buffers(
     reported = fit.measure_with_llamacpp(stock_build / "bin" / "llama-server", model, settings)
     for category in CATEGORIES:
         estimate, actual = getattr(planned, category), reported.total(category)
-        if category == "compute":
-            tolerance = (0.05 if settings.ctx >= 4096 else 0.10) * actual
+        if category == "compute":  # the replayed graphs are held to the goal at every context
+            tolerance = (0.05 if settings.ctx >= 4096 or arch in GRAPH_ARCHS else 0.10) * actual
         else:
             tolerance = 0.005 * actual + 0.005 * MiB  # llama.cpp prints MiB with two decimals
         assert abs(estimate - actual) <= tolerance, (category, estimate / MiB, actual / MiB)

@@ -42,11 +42,12 @@ lists none), so they support the ``canonical`` and ``hf`` styles only.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import os
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal, get_args
@@ -63,9 +64,12 @@ __all__ = [
     "TinyModelInfo",
     "TinyModelSpec",
     "canonical_to_styled",
+    "load_tokenizer",
+    "noise_array",
     "omitted_tensors",
     "tensor_data",
     "tensor_plan",
+    "write_gguf_file",
     "write_tiny_model",
 ]
 
@@ -628,15 +632,23 @@ def tensor_data(spec: TinyModelSpec, entry: TensorPlanEntry) -> npt.NDArray[Any]
     ``1 + noise``, ``ssm_a`` is ``-(1 + noise)`` (a decaying DeltaNet state), everything else
     ``noise``, with noise ~ N(0, WEIGHT_SCALE^2).
     """
-    digest = hashlib.sha256(entry.canonical.encode("utf-8")).digest()
-    seq = np.random.SeedSequence([spec.seed, int.from_bytes(digest[:8], "little")])
+    return noise_array(spec.seed, entry.canonical, entry.shape, entry.dtype, negative=entry.kind in _NEGATIVE)
+
+
+def noise_array(
+    seed: int, canonical: str, shape: tuple[int, ...], dtype: np.dtype[Any], *, negative: bool = False
+) -> npt.NDArray[Any]:
+    """``noise`` (``1 + noise`` for 1-D tensors, negated with ``negative``) from an RNG seeded by ``seed`` and
+    the tensor's canonical name: the weights of every tiny-model writer."""
+    digest = hashlib.sha256(canonical.encode("utf-8")).digest()
+    seq = np.random.SeedSequence([seed, int.from_bytes(digest[:8], "little")])
     rng = np.random.default_rng(seq)
-    values = rng.standard_normal(entry.shape, dtype=np.float32) * np.float32(WEIGHT_SCALE)
-    if len(entry.shape) == 1:
+    values = rng.standard_normal(shape, dtype=np.float32) * np.float32(WEIGHT_SCALE)
+    if len(shape) == 1:
         values += np.float32(1.0)
-    if entry.kind in _NEGATIVE:
+    if negative:
         values = -values
-    return np.ascontiguousarray(values.astype(entry.dtype))
+    return np.ascontiguousarray(values.astype(dtype))
 
 
 # ----------------------------------------------------------------------- tokenizer
@@ -648,6 +660,11 @@ class _KV:
     value: Any
     vtype: gguf.GGUFValueType
     sub_type: gguf.GGUFValueType | None
+
+
+def load_tokenizer(vocab_gguf: Path) -> tuple[tuple[_KV, ...], int]:
+    """The ``tokenizer.*`` keys of a tokenizer-only GGUF and its vocabulary size (cached per file)."""
+    return _load_tokenizer(vocab_gguf)
 
 
 def _load_tokenizer(vocab_gguf: Path) -> tuple[tuple[_KV, ...], int]:
@@ -699,31 +716,49 @@ def write_tiny_model(path: Path, spec: TinyModelSpec, vocab_gguf: Path) -> TinyM
     same directory and renamed over ``path`` atomically.  Equal specs and vocab files give
     byte-identical output.
     """
-    path = Path(path)
     tokenizer_kvs, n_vocab = _load_tokenizer(Path(vocab_gguf))
     plan = tensor_plan(spec, n_vocab)
     support = _ARCHS[spec.arch]
+    info = write_gguf_file(
+        Path(path), spec.arch, spec.default_name, spec.dtype, lambda w: support.write_hparams(w, spec),
+        tokenizer_kvs, ((item.name, tensor_data(spec, item)) for item in plan),
+    )  # fmt: skip
+    return dataclasses.replace(info, tensor_count=len(plan), name_style=spec.name_style, n_vocab=n_vocab)
 
+
+def write_gguf_file(
+    path: Path,
+    arch: str,
+    name: str,
+    dtype: DType,
+    write_hparams: Callable[[gguf.GGUFWriter], None],
+    tokenizer_kvs: Iterable[_KV],
+    tensors: Iterable[tuple[str, npt.NDArray[Any]]],
+) -> TinyModelInfo:
+    """Write a tiny model's GGUF (general keys, the arch's keys, the tokenizer, the tensors) to a temporary file
+    beside ``path`` and rename it over ``path`` atomically; shared by every tiny-model writer."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     tmp = Path(tmp_name)
+    names: list[str] = []
     try:
-        writer = gguf.GGUFWriter(tmp, spec.arch)
+        writer = gguf.GGUFWriter(tmp, arch)
         try:
             writer.add_type(gguf.GGUFType.MODEL)
-            writer.add_name(spec.default_name)
+            writer.add_name(name)
             writer.add_description(
                 "tiny random-weight test model written by llamaforge.gguf.tiny; not trained"
             )
             writer.add_file_type(
-                gguf.LlamaFileType.MOSTLY_F16 if spec.dtype == "f16" else gguf.LlamaFileType.ALL_F32
+                gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.ALL_F32
             )
-            support.write_hparams(writer, spec)
+            write_hparams(writer)
             for kv in tokenizer_kvs:
                 writer.add_key_value(kv.key, kv.value, kv.vtype, sub_type=kv.sub_type)
-            for item in plan:
-                writer.add_tensor(item.name, tensor_data(spec, item))
+            for tensor_name, data in tensors:
+                writer.add_tensor(tensor_name, data)
+                names.append(tensor_name)
             writer.write_header_to_file()
             writer.write_kv_data_to_file()
             writer.write_tensors_to_file()
@@ -736,14 +771,7 @@ def write_tiny_model(path: Path, spec: TinyModelSpec, vocab_gguf: Path) -> TinyM
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-
     return TinyModelInfo(
-        path=path,
-        sha256=_file_sha256(path),
-        size=path.stat().st_size,
-        tensor_count=len(plan),
-        arch=spec.arch,
-        name_style=spec.name_style,
-        n_vocab=n_vocab,
-        tensor_names=tuple(item.name for item in plan),
-    )
+        path=path, sha256=_file_sha256(path), size=path.stat().st_size, tensor_count=len(names), arch=arch,
+        name_style="canonical", n_vocab=0, tensor_names=tuple(names),
+    )  # fmt: skip

@@ -7,7 +7,8 @@ Token generation is memory-bound, so ``tokens/s <= bandwidth / bytes read per to
 * one row of ``token_embd`` (the lookup) when the output layer has its own matrix;
 * ``expert_used_count / expert_count`` of each expert tensor (uniform routing);
 * the K and V cache of every attention layer **at a stated depth** ``kv_depth`` (the tokens already in the
-  sequence; the cache types as configured), at most the window for a sliding-window layer;
+  sequence; the cache types as configured), at most the window for a sliding-window layer; K rows only with
+  MLA (V is a view of them); a layer that reuses another layer's cache reads that cache again;
 * the state of every recurrent (DeltaNet) layer, read and written.
 
 The depth is the caller's: the fit planner uses the slot's full context (``--ctx``: the ceiling at the end of
@@ -87,17 +88,18 @@ def bytes_per_token(
     on_gpu, output_on_gpu = gpu_layers(shape, placement.n_gpu_layers) if placement else (set(), False)
     n_cpu_moe = placement.n_cpu_moe if placement else 0
     share = shape.n_expert_used / shape.n_expert if shape.n_expert else 1.0
-    kv_cell = row_bytes(cache_type_k, shape.n_head_kv * shape.head_dim_k) + row_bytes(
-        cache_type_v, shape.n_head_kv * shape.head_dim_v
-    )
-    kv_layer = kv_depth * kv_cell
-    swa_layer = min(kv_depth, shape.n_swa) * kv_cell  # a sliding-window layer attends its window only
+
+    def kv_read(il: int) -> float:  # K and V rows this layer attends (MLA: K only; a window at most)
+        k_width, v_width = shape.kv_widths(il)
+        cell = row_bytes(cache_type_k, k_width) + (row_bytes(cache_type_v, v_width) if v_width else 0)
+        return (min(kv_depth, shape.n_swa) if shape.is_swa(il) else kv_depth) * cell
+
     state_layer = (shape.conv_state_values + shape.ssm_state_values) * 4 * 2  # F32, read and written
     parts = {"dense": 0.0, "experts": 0.0, "kv": 0.0, "state": 0.0}
     gpu = 0.0
     for il in range(shape.n_layer):
         experts = layout.experts[il] * share
-        memory = state_layer if shape.recurrent[il] else (swa_layer if shape.is_swa(il) else kv_layer)
+        memory = state_layer if shape.recurrent[il] else kv_read(il)
         parts["dense"] += layout.dense[il]
         parts["experts"] += experts
         parts["state" if shape.recurrent[il] else "kv"] += memory

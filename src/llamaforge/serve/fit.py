@@ -14,10 +14,16 @@ and sizes its buffers:
   llama-server's default without ``--parallel``: 4 slots). Sliding-window layers (gemma2/3, cohere2, olmo2,
   gpt-oss; :data:`~llamaforge.serve.shape.SWA_ARCHS`) have their own cache (``llama_kv_cache_iswa``) of
   ``pad(min(n_ctx_seq, n_swa * (n_seq if unified else 1) + n_ubatch), 256)`` cells per stream, full-size with
-  ``--swa-full``, and their own attention mask.
+  ``--swa-full``, and their own attention mask. Layers past ``n_layer_kv_from_start`` (gemma3n, gemma4:
+  :data:`~llamaforge.serve.shape.SHARED_KV_ARCHS`) reuse an earlier layer's cache and hold none; MLA models
+  (deepseek2) cache one latent K row (``key_length``) per cell and no V, with flash attention or without;
+  without flash attention every V row is as wide as the widest layer's (``n_embd_v_gqa_max``).
 * **recurrent state** for DeltaNet layers: ``(d_conv - 1) * (d_inner + 2 * n_group * d_state)`` (conv) plus
   ``d_state * d_inner`` (state) F32 values per layer and sequence (``llama_memory_recurrent``).
-* **compute buffer**: what ggml-alloc reserves for the worst-case graph (``n_ubatch`` tokens). The attention
+* **compute buffer**: what ggml-alloc reserves for the worst-case graph (``n_ubatch`` tokens). For the archs of
+  :data:`~llamaforge.serve.compute_graph.GRAPH_ARCHS` (qwen3, gemma2, gemma3, dense MLA deepseek2) the graph is
+  rebuilt and replayed through ggml-alloc's best-fit allocator (:mod:`llamaforge.serve.compute_graph`: the
+  holes count). For the others: the attention
   mask (``n_ctx_seq * n_ubatch``, F16 with flash attention, F32 without) and, without flash attention, the
   ``n_head * n_ctx_seq * n_ubatch`` F32 score matrix are exact; the activations of one layer are a per-token
   model (the largest of an attention, FFN, MoE and DeltaNet phase) fitted to the buffers stock llama.cpp
@@ -49,6 +55,7 @@ from llamaforge.core.validation import suggest
 from llamaforge.gguf.header import GGML_TYPES, GGUFHeader, TensorInfo, read_header
 from llamaforge.runners.process import LOCAL, ProcessRunner
 from llamaforge.serve.bandwidth import Placement, bytes_per_token
+from llamaforge.serve.compute_graph import GRAPH_ARCHS, GraphSettings, simulate_compute
 from llamaforge.serve.gpus import find_gpu
 from llamaforge.serve.launcher import LlamaFlags, LlamaServer, ServerLaunch, Switch
 from llamaforge.serve.loadlog import LoadLog, parse_load_log
@@ -256,15 +263,43 @@ def _mask_bytes(shape: ModelShape, settings: Settings) -> int:
     return cells * settings.n_tokens * (2 if settings.flash_attn else 4)
 
 
+def _graph_compute(
+    shape: ModelShape, layers: Iterable[int], settings: Settings, *, with_output: bool
+) -> int | None:
+    """The compute buffer replayed through ggml-alloc (:mod:`~llamaforge.serve.compute_graph`) for the archs
+    whose graph it follows; None for the others (the fitted per-token model applies)."""
+    layers = list(layers)
+    if (
+        shape.arch not in GRAPH_ARCHS
+        or not layers
+        or shape.is_moe
+        or (shape.arch == "deepseek2" and not shape.mla)
+    ):
+        return None  # not a replayed graph, or no trunk layer here: the formulas below
+    graph = GraphSettings(
+        n_tokens=settings.n_tokens, n_outputs=min(settings.parallel, settings.n_tokens),
+        full_cells=settings.n_ctx_seq, swa_cells=settings.swa_cells(shape.n_swa),
+        flash_attn=settings.flash_attn, cache_type_k=settings.cache_type_k,
+    )  # fmt: skip
+    return simulate_compute(shape, layers, graph, with_output=with_output)
+
+
 def _logits_phase(shape: ModelShape, settings: Settings) -> int:
     return shape.n_vocab * settings.parallel * 4 + settings.n_tokens * shape.n_embd * 4
 
 
 def _kv_layer_bytes(shape: ModelShape, settings: Settings, il: int) -> int:
+    """Layer ``il``'s KV cache: 0 when it reuses another layer's; K only with MLA; without flash attention
+    (V stored transposed) every V row as wide as the widest (``n_embd_v_gqa_max``)."""
+    if not shape.has_kv(il):
+        return 0
     per_stream = settings.swa_cells(shape.n_swa) if shape.is_swa(il) else settings.n_ctx_seq
     cells = per_stream * settings.n_stream
-    k = row_bytes(settings.cache_type_k, shape.n_head_kv * shape.head_dim_k)
-    v = row_bytes(settings.cache_type_v, shape.n_head_kv * shape.head_dim_v)
+    k_width, v_width = shape.kv_widths(il)
+    if v_width and not settings.flash_attn:
+        v_width = max(shape.kv_widths(layer)[1] for layer in range(shape.n_layer))
+    k = row_bytes(settings.cache_type_k, k_width)
+    v = row_bytes(settings.cache_type_v, v_width) if v_width else 0
     return (k + v) * cells
 
 
@@ -310,11 +345,17 @@ def estimate_memory(
     mask, logits = _mask_bytes(shape, settings), _logits_phase(shape, settings)
     output_buffer = shape.n_vocab * settings.parallel * 4  # logits of one output per slot, host memory
     if not on_gpu_layers and not output_on_gpu:  # CPU only
-        host_compute = max(mask + _layer_peak(shape, range(shape.n_layer), settings), logits)
+        host_compute = _graph_compute(shape, range(shape.n_layer), settings, with_output=True)
+        if host_compute is None:
+            host_compute = max(mask + _layer_peak(shape, range(shape.n_layer), settings), logits)
         host = DeviceMemory(weights["host"], kv["host"], state["host"], host_compute, output_buffer)
         return DeviceMemory(), host
-    gpu_compute = max(
-        mask + _layer_peak(shape, sorted(on_gpu_layers), settings), logits if output_on_gpu else 0
+    trunk_on_gpu = sorted(il for il in on_gpu_layers if il < shape.n_layer)
+    gpu_graph = _graph_compute(shape, trunk_on_gpu, settings, with_output=output_on_gpu)
+    gpu_compute = (
+        gpu_graph
+        if gpu_graph is not None
+        else max(mask + _layer_peak(shape, sorted(on_gpu_layers), settings), logits if output_on_gpu else 0)
     )
     if settings.n_tokens >= _OP_OFFLOAD_MIN_BATCH:
         gpu_compute += offloaded_weight
@@ -400,12 +441,23 @@ def _check_settings(settings: Settings) -> None:
 
 
 def _check_cache_blocks(shape: ModelShape, settings: Settings) -> None:
-    # llama_init_from_model refuses a quantized cache whose block does not divide the head size
-    for which, type_name, head_dim in (
-        ("K", settings.cache_type_k, shape.head_dim_k), ("V", settings.cache_type_v, shape.head_dim_v)
-    ):  # fmt: skip
+    # llama_init_from_model refuses a quantized cache whose block does not divide a layer's head size (the
+    # sliding-window layers' own sizes included)
+    k_dims = {
+        shape.head_dim_k,
+        shape.head_dim_k_swa if shape.swa and shape.head_dim_k_swa else shape.head_dim_k,
+    }
+    v_dims = {
+        shape.head_dim_v,
+        shape.head_dim_v_swa if shape.swa and shape.head_dim_v_swa else shape.head_dim_v,
+    }
+    for which, type_name, dims in (
+        ("K", settings.cache_type_k, k_dims),
+        ("V", settings.cache_type_v, v_dims),
+    ):
         block = next(t for t in GGML_TYPES.values() if t.name.lower() == type_name).block_size
-        if head_dim % block:
+        head_dim = next((d for d in sorted(dims) if d % block), 0)
+        if head_dim:
             raise InvalidOption(
                 f"{which} cache type {type_name} (blocks of {block}) does not divide the head size {head_dim}",
                 hint="llama.cpp refuses it; use f16 or bf16 for this model",
@@ -531,6 +583,15 @@ def plan_fit(
             f"{settings.swa_cells(shape.n_swa)} KV cells per stream (window {shape.n_swa})"
             + (" (--swa-full: full size)" if swa_full else "")
         )
+    if shape.n_layer_kv >= 0:
+        notes.append(
+            f"{shape.n_layer - shape.n_layer_kv} of {shape.n_layer} layers reuse an earlier layer's KV cache "
+            "(no cache of their own)"
+        )
+    if shape.mla:
+        notes.append(
+            f"MLA: the KV cache holds one latent K row of {shape.kv_widths(0)[0]} values per cell and layer, no V"
+        )
     read = bytes_per_token(header, kv_depth=ctx, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
                            placement=Placement(ngl, ncmoe))  # fmt: skip
     gpu_bytes, host_bytes = read.gpu, read.host
@@ -622,13 +683,17 @@ def measure_with_llamacpp(
     timeout_s: float = 120.0,
     threads: int = 1,
     runner: ProcessRunner = LOCAL,
+    fit_projection: bool = False,
 ) -> LoadLog:
     """Load ``model`` in ``llama_server`` with ``settings`` and return the buffers it reports (CPU builds
-    report everything as host buffers). The server is stopped as soon as it serves the model."""
+    report everything as host buffers). The server is stopped as soon as it serves the model. With
+    ``fit_projection`` llama.cpp's ``--fit`` runs first and its projection is in the result
+    (:attr:`~llamaforge.serve.loadlog.LoadLog.projection`; it changes nothing when the model fits)."""
     flags = LlamaFlags(
         ctx=settings.ctx * settings.parallel, parallel=settings.parallel, cache_type_k=settings.cache_type_k,
         cache_type_v=settings.cache_type_v, flash_attn="on" if settings.flash_attn else "off",
-        ubatch=settings.ubatch, batch=max(_N_BATCH, settings.ubatch), threads=threads, fit="off", warmup=False,
+        ubatch=settings.ubatch, batch=max(_N_BATCH, settings.ubatch), threads=threads,
+        fit="on" if fit_projection else "off", warmup=False,
         kv_unified=settings.kv_unified, swa_full=settings.swa_full, log_verbosity=4,
     )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="llamaforge-fit-") as scratch:

@@ -15,6 +15,11 @@ A model with sliding-window layers gets two KV caches (``llama_kv_cache_iswa``):
 ``size`` lines of the full-attention cache, then those of the sliding-window one after ``creating     SWA KV
 cache``; the buffers of both count as ``kv_cache``, their sizes are :attr:`LoadLog.kv_cache` and
 :attr:`LoadLog.swa_kv_cache`.
+
+With ``--fit on`` (b11312's ``common_params_fit_impl``) llama.cpp first sizes the load without allocating and
+prints its projection, in whole MiB, before loading: one ``common_memory_breakdown_print`` row per device
+(``self = model + context + compute``; context is the KV cache and recurrent state, the output buffer is not
+counted) and ``projected to use N MiB of host|device memory``: :attr:`LoadLog.projection`.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ _CACHE_LINES: Final = (
 )
 _SWA_CACHE_START: Final = re.compile(r"llama_kv_cache_iswa: creating\s+SWA KV cache")
 _MODEL_PARAMS: Final = re.compile(r"model params\s*=\s*(.+)$")
+_BREAKDOWN_ROW: Final = re.compile(r"common_memory_breakdown_print: \|\s+- (.+?)\s+\|(.*)\|\s*$")
+_PROJECTED: Final = re.compile(r"common_params_fit_impl: projected to use (\d+) MiB of (host|device) memory")
 # llama.cpp's fit pass reads the file once without allocating; every load starts with this line.
 _LOAD_START: Final = "llama_model_loader: loaded meta data"
 
@@ -56,6 +63,25 @@ class CacheSize:
 
 
 @dataclass(frozen=True)
+class ProjectedMemory:
+    """llama.cpp's ``--fit`` projection for one device (whole MiB, as it prints them)."""
+
+    self_mib: int  # model + context + compute, summed in bytes before rounding down
+    model_mib: int
+    context_mib: int
+    compute_mib: int
+
+
+@dataclass(frozen=True)
+class Projection:
+    """What ``--fit`` projected before loading: per device (``Host``, ``CUDA0 (…)``) and the total it compared."""
+
+    devices: dict[str, ProjectedMemory]
+    total_mib: int
+    memory: str  # "host" (no GPU) or "device"
+
+
+@dataclass(frozen=True)
 class LoadLog:
     """The last load in a llama.cpp log: ``buffers[kind][buffer type]`` in bytes (printed as MiB, 2 decimals)."""
 
@@ -64,6 +90,7 @@ class LoadLog:
     recurrent_state: CacheSize | None = None
     model_params: str | None = None
     swa_kv_cache: CacheSize | None = None
+    projection: Projection | None = None
 
     def total(self, kind: BufferKind) -> int:
         """Bytes of ``kind`` over all buffer types (0 when llama.cpp printed none)."""
@@ -83,7 +110,22 @@ def parse_load_log(lines: Iterable[str]) -> LoadLog:
     caches: dict[str, CacheSize] = {}
     params: str | None = None
     in_swa = False
+    rows: dict[str, ProjectedMemory] = {}
+    projection: Projection | None = None
     for line in lines:
+        if projection is None:  # the fit pass comes before the load; later breakdowns are the real ones
+            row = _BREAKDOWN_ROW.search(line)
+            if row:
+                numbers = [int(n) for n in re.findall(r"\d+", row.group(2))]
+                if len(numbers) in (
+                    4,
+                    7,
+                ):  # host: self = model + context + compute; devices: total, free first
+                    own, model, context, compute = numbers[2:6] if len(numbers) == 7 else numbers
+                    rows[row.group(1).strip()] = ProjectedMemory(own, model, context, compute)
+            projected = _PROJECTED.search(line)
+            if projected:
+                projection = Projection(rows, int(projected.group(1)), projected.group(2))
         if _LOAD_START in line:
             buffers, caches, params, in_swa = {}, {}, None, False
         if _SWA_CACHE_START.search(line):
@@ -104,5 +146,10 @@ def parse_load_log(lines: Iterable[str]) -> LoadLog:
         if match:
             params = match.group(1).strip()
     return LoadLog(
-        buffers, caches.get("kv_cache"), caches.get("recurrent_state"), params, caches.get("swa_kv_cache")
+        buffers,
+        caches.get("kv_cache"),
+        caches.get("recurrent_state"),
+        params,
+        caches.get("swa_kv_cache"),
+        projection,
     )

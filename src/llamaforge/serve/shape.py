@@ -16,6 +16,8 @@ from llamaforge.gguf.header import GGML_TYPES, GGUFHeader, TensorInfo
 
 __all__ = [
     "HYBRID_ARCHS",
+    "MLA_ARCHS",
+    "SHARED_KV_ARCHS",
     "SWA_ARCHS",
     "ModelShape",
     "WeightLayout",
@@ -40,7 +42,19 @@ SWA_ARCHS: Final[dict[str, tuple[int, bool, int | None]]] = {
     "cohere2": (4, False, None),
     "olmo2": (4, False, None),
     "gpt-oss": (2, False, None),
+    "gemma3n": (5, False, None),
+    "gemma4": (0, False, None),  # the pattern is a required per-layer list (sliding_window_pattern)
 }
+#: Archs whose last layers reuse the KV cache of an earlier one (``n_layer_kv_from_start`` in b11312's
+#: ``llama_hparams::has_kv``): gemma3n's first 20 layers hold a cache; gemma4's all but the last
+#: ``{arch}.attention.shared_kv_layers``. A layer past them attends the cache of the last layer of its own kind.
+SHARED_KV_ARCHS: Final = frozenset({"gemma3n", "gemma4"})
+#: Archs with MLA (compressed) attention when the header has ``attention.key_length_mla``: the cache holds one
+#: K row of ``key_length`` (kv_lora_rank + the RoPE dims) per cell and no V (V is a view of K), with and
+#: without flash attention (``llama_kv_cache``: ``has_v = !is_mla``). Other b11312 archs read the MLA keys too
+#: (deepseek32 and glm-dsa add an indexer cache, kimi-linear is hybrid, bailingmoe3, dots3note, glm5-next, hy_v4,
+#: kimi-k3): not modelled, their KV is planned as for full attention.
+MLA_ARCHS: Final = frozenset({"deepseek2"})
 _EXPERT_RE: Final = re.compile(r"\.ffn_(up|down|gate|gate_up)_(ch|)exps")
 _BLOCK_RE: Final = re.compile(r"^blk\.(\d+)\.")
 
@@ -71,6 +85,25 @@ class ModelShape:
     ssm_inner_size: int = 0
     swa: tuple[bool, ...] = ()  # per trunk layer: sliding-window attention (empty: none)
     n_swa: int = 0  # the window, in tokens
+    head_dim_k_swa: int = 0  # head sizes of the sliding-window layers (0: as the full layers)
+    head_dim_v_swa: int = 0
+    kv_heads: tuple[int, ...] = ()  # per-layer KV heads when the header lists them (empty: n_head_kv)
+    n_layer_kv: int = -1  # layers 0..n_layer_kv-1 hold a KV cache, the others reuse one (-1: all hold one)
+    mla: bool = False  # compressed (MLA) attention: K rows only
+    head_dim_k_mla: int = 0  # MLA per-head sizes: qk_nope + RoPE dims, and the value head
+    head_dim_v_mla: int = 0
+
+    def has_kv(self, il: int) -> bool:
+        """True when trunk layer ``il`` holds a KV cache of its own (``llama_hparams::has_kv``)."""
+        return self.n_layer_kv < 0 or il < self.n_layer_kv
+
+    def kv_widths(self, il: int) -> tuple[int, int]:
+        """Values per cell of layer ``il``'s K and V rows (V is 0 with MLA)."""
+        heads = self.kv_heads[il] if il < len(self.kv_heads) else self.n_head_kv
+        swa = self.is_swa(il)
+        k = (self.head_dim_k_swa if swa and self.head_dim_k_swa else self.head_dim_k) * heads
+        v = (self.head_dim_v_swa if swa and self.head_dim_v_swa else self.head_dim_v) * heads
+        return k, 0 if self.mla else v
 
     def is_swa(self, il: int) -> bool:
         """True when trunk layer ``il`` attends through a sliding window (its KV cache is window-sized)."""
@@ -144,6 +177,13 @@ def model_shape(header: GGUFHeader) -> ModelShape:
             recurrent = [(il + 1) % interval != 0 for il in range(n_layer)]
     head_dim_k = _int(key("attention.key_length"), n_embd // n_head)
     swa, n_swa = _sliding_window(arch, n_layer, key)
+    heads_kv = key("attention.head_count_kv")
+    kv_heads = tuple(int(v) for v in heads_kv[:n_layer]) if isinstance(heads_kv, list | tuple) else ()
+    n_layer_kv = -1
+    if arch == "gemma3n":
+        n_layer_kv = 20
+    elif arch == "gemma4":
+        n_layer_kv = n_layer_all - _int(key("attention.shared_kv_layers"))
     return ModelShape(
         arch=arch, n_layer_all=n_layer_all, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
         n_head_kv=_int(key("attention.head_count_kv"), n_head), head_dim_k=head_dim_k,
@@ -153,7 +193,10 @@ def model_shape(header: GGUFHeader) -> ModelShape:
         n_ff_shexp=_int(key("expert_shared_feed_forward_length")), recurrent=tuple(recurrent),
         ssm_conv_kernel=_int(key("ssm.conv_kernel")), ssm_state_size=_int(key("ssm.state_size")),
         ssm_group_count=_int(key("ssm.group_count")), ssm_inner_size=_int(key("ssm.inner_size")),
-        swa=swa, n_swa=n_swa,
+        swa=swa, n_swa=n_swa, head_dim_k_swa=_int(key("attention.key_length_swa")),
+        head_dim_v_swa=_int(key("attention.value_length_swa")), kv_heads=kv_heads, n_layer_kv=n_layer_kv,
+        mla=arch in MLA_ARCHS and _int(key("attention.key_length_mla")) > 0,
+        head_dim_k_mla=_int(key("attention.key_length_mla")), head_dim_v_mla=_int(key("attention.value_length_mla")),
     )  # fmt: skip
 
 
