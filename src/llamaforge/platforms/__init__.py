@@ -90,6 +90,7 @@ class PlatformBuild:
     artifacts: tuple[str, ...] = field(default=())
     # Paths of the source tree the build never reads: a container executor does not copy them in.
     source_unread: tuple[str, ...] = field(default=())
+    toolchain: str | None = None  # a platform with several (windows: mingw, msvc) names the one it used
 
 
 class Platform(Protocol):
