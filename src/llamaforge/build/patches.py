@@ -63,13 +63,13 @@ def _parse_line(listing: Path, number: int, text: str) -> tuple[str, tuple[str, 
     name, listed = found.group("name"), found.group("platforms")
     if listed is None:
         return name, ()
-    platforms = tuple(item.strip() for item in listed.split(","))
+    platforms = tuple(item.strip() for item in listed.split(",") if item.strip())
     known = platform_names()
     unknown = [item for item in platforms if item not in known]
     if unknown or not platforms:
+        what = f"unknown platform(s) {', '.join(map(repr, unknown))}" if unknown else "no platform in [...]"
         raise PatchError(
-            f"{listing}:{number}: patch {name!r} names unknown platform(s) "
-            f"{', '.join(repr(item) for item in unknown) or 'none'}",
+            f"{listing}:{number}: patch {name!r} names {what}",
             patch=name,
             hint="the platforms in [...] are one or more of " + ", ".join(known) + ", separated by commas",
         )
