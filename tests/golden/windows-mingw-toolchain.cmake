@@ -18,7 +18,7 @@ set(CMAKE_CXX_FLAGS_INIT "-D_WIN32_WINNT=0x0A00 -DWINVER=0x0A00")
 
 # libgcc, libstdc++ and winpthread linked in, so no .exe or .dll needs a mingw runtime DLL; PE headers without a
 # link time stamp, so a rebuild gives the same bytes.
-set(_llamaforge_link "-static-libgcc -static-libstdc++ -static -Wl,--no-insert-timestamp")
+set(_llamaforge_link "-static-libgcc -static-libstdc++ -static -Wl,--exclude-libs,ALL -Wl,--no-insert-timestamp")
 set(CMAKE_EXE_LINKER_FLAGS_INIT "${_llamaforge_link}")
 set(CMAKE_SHARED_LINKER_FLAGS_INIT "${_llamaforge_link}")
 set(CMAKE_MODULE_LINKER_FLAGS_INIT "${_llamaforge_link}")

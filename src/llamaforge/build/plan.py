@@ -183,7 +183,7 @@ def plan_build(recipe: BuildRecipe, options: BuildOptions | None = None) -> Buil
     cmake: dict[str, str] = {"CMAKE_BUILD_TYPE": "Release"}
     cmake.update({key: _cmake_value(value) for key, value in recipe.cmake.items()})
     cmake.update(cpu_cmake(cpu))
-    cmake.update(platform.cmake(recipe, backend))
+    cmake.update(platform.cmake(recipe, backend, options))
     cmake.update(dict(options.cmake))
     if backend == "cuda":
         cmake["GGML_CUDA"] = "ON"

@@ -104,7 +104,7 @@ class Platform(Protocol):
         """Raise InvalidOption, saying what to do instead, when this platform cannot build ``backend``."""
         ...
 
-    def cmake(self, recipe: BuildRecipe, backend: Backend) -> dict[str, str]:
+    def cmake(self, recipe: BuildRecipe, backend: Backend, options: BuildOptions) -> dict[str, str]:
         """CMake settings this platform needs for ``backend``, over the recipe's (the user's --cmake win)."""
         ...
 

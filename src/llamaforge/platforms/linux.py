@@ -106,7 +106,7 @@ class LinuxPlatform:
                 hint="use --backend cpu or --arch 86",
             )
 
-    def cmake(self, recipe: BuildRecipe, backend: Backend) -> dict[str, str]:
+    def cmake(self, recipe: BuildRecipe, backend: Backend, options: BuildOptions) -> dict[str, str]:
         """Nothing beyond the recipe: its settings are written for Linux."""
         return {}
 

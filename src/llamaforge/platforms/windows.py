@@ -34,7 +34,12 @@ POWERSHELL = ("powershell.exe", "-NoProfile", "-NonInteractive", "-ExecutionPoli
 TRIPLET = "x86_64-w64-mingw32"
 # Windows 10: cpp-httplib (llama-server) refuses less; SetThreadInformation and PrefetchVirtualMemory need 0x0602.
 WIN32_WINNT = "0x0A00"
-MINGW_LINK_FLAGS = ("-static-libgcc", "-static-libstdc++", "-static", "-Wl,--no-insert-timestamp")
+# --exclude-libs: the static runtime's symbols (libgcc's _Unwind_Resume …) stay out of each DLL's exports, or
+# the next DLL that links against it finds them twice.
+MINGW_LINK_FLAGS = (
+    "-static-libgcc", "-static-libstdc++", "-static", "-Wl,--exclude-libs,ALL", "-Wl,--no-insert-timestamp",
+)  # fmt: skip
+MINGW_CMAKE = {"GGML_OPENMP": "OFF"}
 # Installed into the mingw builder image, and listed with their versions in each build's toolchain.json.
 MINGW_PACKAGES = [
     "binutils-mingw-w64-x86-64", "ca-certificates", "ccache", "cmake", "g++-mingw-w64-x86-64-posix",
@@ -89,10 +94,10 @@ class WindowsPlatform:
                 hint="for Windows use --backend cpu or --arch 86 (CUDA); Metal builds need --platform macos",
             )
 
-    def cmake(self, recipe: BuildRecipe, backend: Backend) -> dict[str, str]:
-        """Nothing beyond the recipe (MSVC's default runtime, /MD, is what upstream's releases use; the mingw
-        toolchain file carries what the cross build needs)."""
-        return {}
+    def cmake(self, recipe: BuildRecipe, backend: Backend, options: BuildOptions) -> dict[str, str]:
+        """MSVC: nothing beyond the recipe (its default runtime, /MD, is what upstream's releases use). mingw:
+        OpenMP off, since ggml-cpu would import libgomp-1.dll (ggml's own thread pool runs instead)."""
+        return MINGW_CMAKE if (options.toolchain or "mingw") == "mingw" else {}
 
     def build(
         self,
