@@ -92,7 +92,9 @@ def test_impossible_combinations_name_the_valid_ones(platform: str, backend: str
 @pytest.mark.parametrize("platform", ["windows", "macos"])
 def test_host_platforms_are_refused_by_docker_and_by_a_linux_local_executor(platform: str) -> None:
     toolchain = "msvc" if platform == "windows" else None
-    plan = plan_build(load_recipe("default"), BuildOptions(platform=platform, toolchain=toolchain, no_patches=True))  # type: ignore[arg-type]
+    plan = plan_build(
+        load_recipe("default"), BuildOptions(platform=platform, toolchain=toolchain, no_patches=True)
+    )  # type: ignore[arg-type]
     with pytest.raises(InvalidOption, match="no builder image") as docker:
         make_executor("docker").peek_environment_id(plan)
     assert "--executor ssh --build-host" in (docker.value.hint or "")

@@ -50,7 +50,13 @@ def test_mingw_plan_renders_golden_dockerfile_and_script() -> None:
     check_golden("windows-mingw.Dockerfile", plan.environment.image.dockerfile)
     check_golden("windows-mingw.build.sh", plan.script.text)
     assert mingw_toolchain_file() in plan.script.text, "the script writes the toolchain file it is keyed with"
-    for package in ("g++-mingw-w64-x86-64-posix", "gcc-mingw-w64-x86-64-posix", "cmake", "ninja-build", "ccache"):
+    for package in (
+        "g++-mingw-w64-x86-64-posix",
+        "gcc-mingw-w64-x86-64-posix",
+        "cmake",
+        "ninja-build",
+        "ccache",
+    ):
         assert package in plan.environment.image.dockerfile
     assert plan.artifacts == tuple(f"bin/{target}.exe" for target in load_recipe("default").targets)
     assert "-DGGML_BACKEND_DL=ON" in plan.cmake_args and "-DGGML_SSE42=ON" in plan.cmake_args

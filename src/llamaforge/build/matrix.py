@@ -26,7 +26,9 @@ class MatrixEntry(BaseModel):
     name: str = Field(description="Name of the build in the summary")
     recipe: str | None = Field(None, description="Build recipe (default: the matrix's recipe)")
     platform: Platform | None = None
-    toolchain: WindowsToolchain | None = Field(None, description="Windows: mingw or msvc (default: the executor's)")
+    toolchain: WindowsToolchain | None = Field(
+        None, description="Windows: mingw or msvc (default: the executor's)"
+    )
     backend: Backend | None = None
     arch: list[str] = Field(default_factory=list, description='CUDA archs, e.g. ["86", "89"]; implies CUDA')
     patches: str | None = None

@@ -40,7 +40,9 @@ class BuildOptions:
     cpu: str | None = None  # a CPU level (llamaforge.build.cpu_level) instead of the recipe's
     platform: PlatformName | None = None  # overrides the recipe's platform
     cuda_toolkit: CudaToolkitKind | None = None  # overrides the recipe's [cuda] toolkit
-    toolchain: WindowsToolchain | None = None  # windows: mingw (Docker, the default here) or msvc (a Windows host)
+    toolchain: WindowsToolchain | None = (
+        None  # windows: mingw (Docker, the default here) or msvc (a Windows host)
+    )
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,9 @@ def elf_sections(data: bytes) -> dict[str, bytes]:
     return sections
 
 
-PE_HEADERS = "(PE headers)"  # the headers before the first section: the link time stamp and checksum live there
+PE_HEADERS = (
+    "(PE headers)"  # the headers before the first section: the link time stamp and checksum live there
+)
 
 
 def pe_sections(data: bytes) -> dict[str, bytes]:
@@ -110,7 +112,9 @@ def pe_sections(data: bytes) -> dict[str, bytes]:
 
 def differing_sections(a: bytes, b: bytes) -> list[str]:
     """Names of ELF or PE sections whose bytes differ (or exist in one file only), in file order."""
-    left, right = (elf_sections(a), elf_sections(b)) if a[:4] == b"\x7fELF" else (pe_sections(a), pe_sections(b))
+    left, right = (
+        (elf_sections(a), elf_sections(b)) if a[:4] == b"\x7fELF" else (pe_sections(a), pe_sections(b))
+    )
     names = list(left) + [name for name in right if name not in left]
     return [name for name in names if name and left.get(name) != right.get(name)]
 
