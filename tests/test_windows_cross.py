@@ -94,6 +94,11 @@ def test_the_executor_picks_the_toolchain(executor: str, expected: str) -> None:
     assert (plan.environment.image is not None) == (expected == "mingw")
 
 
+def test_a_dry_run_shows_the_msvc_plan_without_a_build_host() -> None:
+    plan, _ = _plan_from_params(BuildParams(platform="windows", toolchain="msvc", arch="86", dry_run=True))
+    assert plan.toolchain == "msvc" and plan.script.name == "build.ps1" and plan.backend == "cuda"
+
+
 @pytest.mark.parametrize(
     ("arguments", "message", "hint"),
     [

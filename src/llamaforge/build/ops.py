@@ -142,7 +142,8 @@ def _toolchain(params: BuildParams, platform: str) -> WindowsToolchain | None:
             )
         return None
     toolchain = params.toolchain or default_toolchain(params.executor)
-    check_toolchain(toolchain, params.executor)
+    if not params.dry_run:  # a dry run shows the plan of either toolchain without its build host
+        check_toolchain(toolchain, params.executor)
     return toolchain
 
 
