@@ -185,3 +185,37 @@ def test_the_shipped_windows_patch_is_tagged_and_reported_like_any_other_when_it
     assert info.value.patch == WINDOWS_PATCH and info.value.file == "ggml/src/ggml-cpu/ggml-cpu.c"
     assert info.value.hunk == 1 and "hunk #1" in info.value.message
     assert not tree.exists()
+
+
+# --- PE files in the reproducibility check -------------------------------------------------------------------
+
+
+def _pe(stamp: int, text: bytes, rdata: bytes) -> bytes:
+    """A minimal PE file: DOS stub pointing at the PE header, COFF header, two sections, their bytes."""
+    import struct
+
+    header = 0x40
+    table = header + 24
+    first = table + 2 * 40
+    data = bytearray(b"MZ" + b"\0" * (header - 2))
+    struct.pack_into("<I", data, 0x3C, header)
+    data += b"PE\0\0" + struct.pack("<HHIIIHH", 0x8664, 2, stamp, 0, 0, 0, 0x2022)
+    for index, (name, body) in enumerate(((b".text", text), (b".rdata", rdata))):
+        offset = first + index * 16
+        data += name.ljust(8, b"\0") + struct.pack("<IIIIIIHHI", len(body), 0x1000 * (index + 1), len(body),
+                                                   offset, 0, 0, 0, 0, 0)  # fmt: skip
+    for body in (text, rdata):
+        data += body.ljust(16, b"\0")
+    return bytes(data)
+
+
+def test_pe_sections_name_what_differs_in_a_rebuilt_exe() -> None:
+    from llamaforge.build.reproducible import PE_HEADERS, differing_sections, pe_sections
+
+    original = _pe(0, b"code", b"strings")
+    assert list(pe_sections(original)) == [PE_HEADERS, ".text", ".rdata"]
+    assert pe_sections(original)[".text"].rstrip(b"\0") == b"code"
+    assert differing_sections(original, _pe(0, b"code", b"strings")) == []
+    assert differing_sections(original, _pe(1790812800, b"code", b"strings")) == [PE_HEADERS]
+    assert differing_sections(original, _pe(0, b"code", b"strongs")) == [".rdata"]
+    assert pe_sections(b"\x7fELF not a PE") == {}
