@@ -107,8 +107,8 @@ def test_llama_cli_version_runs_under_wine(
         docker_engine, wine_image, ["wine", "llama-cli.exe", "--version"], mingw_build["path"]
     )
     assert code == 0, output
-    assert "version: 11312 (0c1e570)" in output, output
-    assert "for Windows x86_64" in output or "mingw" in output.lower(), output
+    assert "build 11312, commit 0c1e570" in output, output
+    assert "for Windows x86_64" in output, output  # CMAKE_SYSTEM_NAME / _PROCESSOR of the toolchain file
 
 
 def test_llama_bench_runs_the_tiny_model_under_wine(

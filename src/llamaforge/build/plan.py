@@ -40,9 +40,7 @@ class BuildOptions:
     cpu: str | None = None  # a CPU level (llamaforge.build.cpu_level) instead of the recipe's
     platform: PlatformName | None = None  # overrides the recipe's platform
     cuda_toolkit: CudaToolkitKind | None = None  # overrides the recipe's [cuda] toolkit
-    toolchain: WindowsToolchain | None = (
-        None  # windows: mingw (Docker, the default here) or msvc (a Windows host)
-    )
+    toolchain: WindowsToolchain | None = None  # windows: mingw (Docker; the default) or msvc (a host)
 
 
 @dataclass(frozen=True)

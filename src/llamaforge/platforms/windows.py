@@ -21,14 +21,13 @@ from llamaforge.build.recipes import Platform as PlatformName
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.templates import render
 from llamaforge.platforms import BuildEnvironment, BuilderImage, BuildScript, PlatformBuild, sha256_text
-from llamaforge.platforms.linux import base_image, pinned
+from llamaforge.platforms.linux import SOURCE_UNREAD, base_image, pinned
 
 if TYPE_CHECKING:
     from llamaforge.build.plan import BuildOptions
 
 TEMPLATES = "windows"  # templates/windows/
 BACKENDS: tuple[Backend, ...] = ("cpu", "cuda")
-TOOLCHAINS: tuple[WindowsToolchain, ...] = ("mingw", "msvc")
 POWERSHELL = ("powershell.exe", "-NoProfile", "-NonInteractive", "-ExecutionPolicy", "Bypass", "-File")
 
 TRIPLET = "x86_64-w64-mingw32"
@@ -45,8 +44,6 @@ MINGW_PACKAGES = [
     "binutils-mingw-w64-x86-64", "ca-certificates", "ccache", "cmake", "g++-mingw-w64-x86-64-posix",
     "gcc-mingw-w64-x86-64-posix", "make", "mingw-w64-x86-64-dev", "ninja-build",
 ]  # fmt: skip
-# As on Linux: parts of the llama.cpp tree the build never reads stay out of the builder container.
-SOURCE_UNREAD = ("models", "docs", "media")
 
 
 def default_toolchain(executor: str) -> WindowsToolchain:
