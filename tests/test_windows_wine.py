@@ -24,7 +24,9 @@ pytestmark = [pytest.mark.docker, pytest.mark.llamacpp]
 # times); the DLLs are the ones this build makes.
 BUILD_ARGS = ("build", "--platform", "windows", "--cpu", "x86-64-v2")
 EXES = ("llama-server.exe", "llama-bench.exe", "llama-cli.exe", "ggml-rpc-server.exe")
-DLLS = ("ggml.dll", "ggml-base.dll", "ggml-cpu.dll", "ggml-rpc.dll", "llama.dll")
+# ggml drops the lib prefix on Windows; llama's own libraries keep it.
+DLLS = ("ggml.dll", "ggml-base.dll", "ggml-cpu.dll", "ggml-rpc.dll", "libllama.dll", "libllama-common.dll",
+        "libmtmd.dll", "libllama-server-impl.dll", "libllama-bench-impl.dll", "libllama-cli-impl.dll")  # fmt: skip
 MODEL = "/models/tiny-qwen3.gguf"
 
 
@@ -91,7 +93,7 @@ def test_no_artifact_imports_a_mingw_runtime_dll(mingw_build: dict[str, Any], do
                         mingw_build["path"])  # fmt: skip
     assert code == 0, output
     imports = {tuple(line.split()) for line in output.splitlines() if line.strip()}
-    assert ("llama-server.exe", "llama.dll") in imports and ("ggml.dll", "ggml-base.dll") in imports
+    assert ("libllama.dll", "ggml.dll") in imports and ("ggml.dll", "ggml-base.dll") in imports
     own = {Path(relative).name.lower() for relative in mingw_build["manifest"]["artifacts"]}
     foreign = {dll for _, dll in imports if dll.lower() not in own}
     assert not {
