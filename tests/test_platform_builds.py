@@ -231,7 +231,7 @@ def test_a_failing_remote_build_names_the_host_and_keeps_the_tail(
     from test_ssh_runner import trusted
 
     host = test_hosts[0]
-    options = BuildOptions(platform="windows")
+    options = BuildOptions(platform="windows", toolchain="msvc")
     plan = _mini_plan(tmp_path, options, "Enter-VsDevShell", ".exe", fail=True)
     with pytest.raises(BuildFailed) as info:
         run_build(plan, options, executor=_executor(host, trusted(host, tmp_path)))
