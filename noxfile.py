@@ -1,5 +1,5 @@
 """Nox sessions: `nox -s tests` (the README's test command), `lint`, `typecheck`, `smoke`, `bench_build`,
-`bench_smoke`, `cpu_speed`, `reproducible_variants`."""
+`bench_smoke`, `cpu_speed`, `reproducible_variants`, `reproducible_windows`."""
 
 from __future__ import annotations
 
@@ -138,6 +138,16 @@ def reproducible_variants(session: nox.Session) -> None:
     sdist_dir = _sdist_dir(session)
     session.run("invoke", "build", "--check-reproducible", *session.posargs,
                 env={"LLAMAFORGE_SOURCE_MIRROR": str(sdist_dir)})  # fmt: skip
+
+
+@nox.session
+def reproducible_windows(session: nox.Session) -> None:
+    """The bit-identical proof for the Windows cross build (mingw-w64 in Docker, the suite's one CPU level): build,
+    rebuild in a fresh container with ccache off, compare every .exe and .dll (a second cold build: not in CI)."""
+    session.install("-e", ".[test]")
+    sdist_dir = _sdist_dir(session)
+    session.run("invoke", "build", "--platform", "windows", "--cpu", "x86-64-v2", "--check-reproducible",
+                *session.posargs, env={"LLAMAFORGE_SOURCE_MIRROR": str(sdist_dir)})  # fmt: skip
 
 
 def bench_deploy(session: nox.Session) -> None:

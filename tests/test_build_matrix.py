@@ -122,7 +122,7 @@ def test_a_matrix_of_three_builds_runs_and_one_failure_loses_none(
     assert rows["cpu"]["result"] == "cache hit" and rows["cpu"]["key"] == patched_build.name
     assert rows["cpu-stock"]["result"] == "cache hit" and rows["cpu-stock"]["key"] == stock_build.name
     failed = rows["windows-in-docker"]
-    assert failed["result"] == "failed" and "no builder image" in failed["error"]
+    assert failed["result"] == "failed" and "CUDA builds for Windows need MSVC" in failed["error"]
     assert "--executor ssh --build-host" in failed["hint"]
     for row in (rows["cpu"], rows["cpu-stock"]):
         assert (Path(build_env["LLAMAFORGE_HOME"]) / "builds" / row["key"] / "manifest.json").is_file()

@@ -27,9 +27,9 @@ from llamaforge.runners.ssh_connection import HostKeyUnknown
 from testhosts import TestHost
 
 VARIANTS: dict[str, BuildOptions] = {
-    "windows-cpu.build.ps1": BuildOptions(platform="windows", no_patches=True),
+    "windows-cpu.build.ps1": BuildOptions(platform="windows", toolchain="msvc", no_patches=True),
     "windows-cuda-86.build.ps1": BuildOptions(
-        platform="windows", cuda_architectures=("86",), no_patches=True
+        platform="windows", toolchain="msvc", cuda_architectures=("86",), no_patches=True
     ),
     "macos-metal.build.sh": BuildOptions(platform="macos", no_patches=True),
 }
@@ -38,7 +38,7 @@ VARIANTS: dict[str, BuildOptions] = {
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_rendered_scripts_match_golden(name: str) -> None:
     plan = plan_build(load_recipe("default"), VARIANTS[name])
-    assert plan.environment.image is None, "Windows and macOS build on a host, never in Docker"
+    assert plan.environment.image is None, "MSVC and macOS builds run on a host, never in Docker"
     check_golden(name, plan.script.text)
 
 
@@ -91,7 +91,10 @@ def test_impossible_combinations_name_the_valid_ones(platform: str, backend: str
 
 @pytest.mark.parametrize("platform", ["windows", "macos"])
 def test_host_platforms_are_refused_by_docker_and_by_a_linux_local_executor(platform: str) -> None:
-    plan = plan_build(load_recipe("default"), BuildOptions(platform=platform, no_patches=True))  # type: ignore[arg-type]
+    toolchain = "msvc" if platform == "windows" else None
+    plan = plan_build(
+        load_recipe("default"), BuildOptions(platform=platform, toolchain=toolchain, no_patches=True)
+    )  # type: ignore[arg-type]
     with pytest.raises(InvalidOption, match="no builder image") as docker:
         make_executor("docker").peek_environment_id(plan)
     assert "--executor ssh --build-host" in (docker.value.hint or "")
@@ -183,7 +186,8 @@ def test_build_round_trip_over_ssh(
     from test_ssh_runner import trusted
 
     host = test_hosts[0]
-    options = BuildOptions(platform=platform, cuda_architectures=(arch,) if arch else ())  # type: ignore[arg-type]
+    toolchain = "msvc" if platform == "windows" else None
+    options = BuildOptions(platform=platform, toolchain=toolchain, cuda_architectures=(arch,) if arch else ())  # type: ignore[arg-type]
     plan = _mini_plan(tmp_path, options, expect, suffix)
     events: list[str] = []
     result = run_build(plan, options, executor=_executor(host, trusted(host, tmp_path)),
@@ -227,7 +231,7 @@ def test_a_failing_remote_build_names_the_host_and_keeps_the_tail(
     from test_ssh_runner import trusted
 
     host = test_hosts[0]
-    options = BuildOptions(platform="windows")
+    options = BuildOptions(platform="windows", toolchain="msvc")
     plan = _mini_plan(tmp_path, options, "Enter-VsDevShell", ".exe", fail=True)
     with pytest.raises(BuildFailed) as info:
         run_build(plan, options, executor=_executor(host, trusted(host, tmp_path)))

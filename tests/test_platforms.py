@@ -91,7 +91,8 @@ def test_linux_without_a_base_image_says_how_to_name_one() -> None:
 def test_a_recipe_for_windows_or_macos_plans_a_host_build_with_its_templates(
     platform: str, script: str
 ) -> None:
-    plan = plan_build(_recipe(platform), BuildOptions(no_patches=True))
+    toolchain = "msvc" if platform == "windows" else None  # mingw, the docker default, builds in Docker
+    plan = plan_build(_recipe(platform), BuildOptions(no_patches=True, toolchain=toolchain))
     assert plan.recipe.platform == platform and plan.script.name == script
     assert plan.environment.image is None, "these platforms build on a host of their own"
     assert get_platform(platform).template_dir == platform

@@ -72,6 +72,7 @@ def _options_json(options: BuildOptions) -> dict[str, Any]:
         "cpu": options.cpu,
         "platform": options.platform,
         "cuda_toolkit": options.cuda_toolkit,
+        "toolchain": options.toolchain,
     }
 
 
@@ -88,6 +89,7 @@ def options_from_json(data: dict[str, Any]) -> BuildOptions:
         cpu=data.get("cpu"),
         platform=data.get("platform"),
         cuda_toolkit=data.get("cuda_toolkit"),
+        toolchain=data.get("toolchain"),
     )
 
 
@@ -222,6 +224,7 @@ def _build_locked(
             "recipe": plan.recipe.model_dump(mode="json"),
             "options": _options_json(options),
             "backend": plan.backend,
+            **({"platform_toolchain": plan.toolchain} if plan.toolchain else {}),
             "cuda_architectures": list(plan.cuda_architectures),
             "cpu": plan.cpu,
             "source": plan.recipe.source.model_dump(mode="json"),

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from llamaforge.build.recipes import Backend, Platform, resolve_named_file
+from llamaforge.build.recipes import Backend, Platform, WindowsToolchain, resolve_named_file
 from llamaforge.core.errors import Cancelled, LlamaforgeError
 from llamaforge.core.paths import data_dir
 from llamaforge.core.registry import Result
@@ -26,6 +26,9 @@ class MatrixEntry(BaseModel):
     name: str = Field(description="Name of the build in the summary")
     recipe: str | None = Field(None, description="Build recipe (default: the matrix's recipe)")
     platform: Platform | None = None
+    toolchain: WindowsToolchain | None = Field(
+        None, description="Windows: mingw or msvc (default: the executor's)"
+    )
     backend: Backend | None = None
     arch: list[str] = Field(default_factory=list, description='CUDA archs, e.g. ["86", "89"]; implies CUDA')
     patches: str | None = None
@@ -95,7 +98,8 @@ def load_matrix(name_or_path: str) -> Matrix:
 def entry_arguments(matrix: Matrix, entry: MatrixEntry) -> dict[str, Any]:
     """The entry as ``build`` parameters (the matrix's recipe filled in)."""
     return {
-        "recipe": entry.recipe or matrix.recipe, "platform": entry.platform, "backend": entry.backend,
+        "recipe": entry.recipe or matrix.recipe, "platform": entry.platform, "toolchain": entry.toolchain,
+        "backend": entry.backend,
         "arch": ",".join(entry.arch) or None, "patches": entry.patches, "no_patches": entry.no_patches,
         "cmake": [f"{key}={_cmake(value)}" for key, value in entry.cmake.items()], "executor": entry.executor,
         "build_host": entry.build_host, "ssh_key": entry.ssh_key, "known_hosts": entry.known_hosts,

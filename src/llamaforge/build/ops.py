@@ -10,7 +10,7 @@ from pydantic import Field
 
 from llamaforge.build.doctor import Status
 from llamaforge.build.matrix import MatrixRow
-from llamaforge.build.recipes import Backend, CudaToolkitKind, Platform
+from llamaforge.build.recipes import Backend, CudaToolkitKind, Platform, WindowsToolchain
 from llamaforge.core.errors import InvalidOption, LlamaforgeError, NotReproducible, OperationFailed
 from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
 
@@ -48,8 +48,13 @@ class BuildParams(Params):
     )
     platform: Platform | None = Field(
         None,
-        description="linux, windows (MSVC, on a Windows host) or macos (Metal, on a Mac); default: the recipe's",
+        description="linux, windows (mingw in Docker, or MSVC on a Windows host) or macos (Metal, on a Mac); "
+        "default: the recipe's",
     )
+    toolchain: WindowsToolchain | None = Field(
+        None, description="Windows toolchain: mingw (cross build in Docker) or msvc (a Windows build host); "
+        "default: mingw with --executor docker, msvc with ssh or local",
+    )  # fmt: skip
     executor: str = Field(
         "docker", description="Where to build: docker, local (this host, no Docker) or ssh (a build host)"
     )
@@ -107,6 +112,7 @@ def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
         raise InvalidOption(
             f"CA bundle {ca_bundle} does not exist", hint="e.g. /etc/ssl/certs/ca-certificates.crt"
         )
+    recipe = load_recipe(params.recipe)
     options = BuildOptions(
         backend=params.backend,
         cuda_architectures=tuple(parse_cuda_archs(params.arch)) if params.arch else (),
@@ -118,8 +124,27 @@ def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
         cpu=params.cpu,
         platform=params.platform,
         cuda_toolkit=params.cuda_toolkit,
+        toolchain=_toolchain(params, params.platform or recipe.platform),
     )
-    return plan_build(load_recipe(params.recipe), options), options
+    return plan_build(recipe, options), options
+
+
+def _toolchain(params: BuildParams, platform: str) -> WindowsToolchain | None:
+    """The Windows toolchain: --toolchain, else the executor's (mingw in Docker, MSVC on a host), checked
+    against the executor; other platforms have one toolchain and refuse the option."""
+    from llamaforge.platforms.windows import check_toolchain, default_toolchain
+
+    if platform != "windows":
+        if params.toolchain:
+            raise InvalidOption(
+                f"--toolchain is for Windows builds, not --platform {platform}",
+                hint="add --platform windows, or drop --toolchain",
+            )
+        return None
+    toolchain = params.toolchain or default_toolchain(params.executor)
+    if not params.dry_run:  # a dry run shows the plan of either toolchain without its build host
+        check_toolchain(toolchain, params.executor)
+    return toolchain
 
 
 def _executor_settings(params: BuildParams) -> dict[str, str]:

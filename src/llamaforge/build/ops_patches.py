@@ -38,6 +38,9 @@ class PatchState(Result):
     sha256: str
     files: list[str]
     hunks: int
+    platforms: list[str] = Field(
+        default_factory=list, description="The platforms the patch is for (empty: every platform)"
+    )
 
 
 class SeriesCheck(Result):

@@ -1,5 +1,8 @@
 """The patch queue: ``patches/<series>/series`` lists ``*.patch`` files applied in order to a fresh copy.
 
+A line may end in the platforms its patch is for, in brackets (``0002-fix.patch [windows]`` or
+``[windows, macos]``); a build for another platform leaves that patch out (and its key does not change).
+
 A patch that does not apply fails naming the patch file, the file it touches and the hunk; the partly patched
 copy is removed, so no half-patched tree is ever left behind. The source cache is never modified.
 """
@@ -19,11 +22,17 @@ from llamaforge.runners.process import LOCAL, ProcessRunner
 
 @dataclass(frozen=True)
 class PatchRef:
-    """One patch of a series, identified by file name and content hash."""
+    """One patch of a series, identified by file name and content hash; ``platforms`` are those it applies to
+    (empty: every platform)."""
 
     name: str
     path: Path
     sha256: str
+    platforms: tuple[str, ...] = ()
+
+    def applies_to(self, platform: str) -> bool:
+        """True when the patch belongs to a build for ``platform``."""
+        return not self.platforms or platform in self.platforms
 
 
 def series_dir(series: str | Path) -> Path:
@@ -34,8 +43,42 @@ def series_dir(series: str | Path) -> Path:
     return data_dir("patches") / series
 
 
-def read_series(series: str | Path | None) -> list[PatchRef]:
-    """The patches of ``series`` in order (empty for ``None`` or a series with no ``series`` file entries)."""
+# A series line: the patch file, optionally followed by the platforms it is for in brackets, and a comment:
+#   0002-ggml-cpu-mingw-power-throttling.patch  [windows]   # why
+_LINE = re.compile(r"^(?P<name>[^\s\[\]]+)(?:\s+\[(?P<platforms>[^\]]*)\])?$")
+
+
+def _parse_line(listing: Path, number: int, text: str) -> tuple[str, tuple[str, ...]]:
+    """The patch name and platforms of one series line (comment and blanks stripped)."""
+    from llamaforge.platforms import platform_names
+
+    found = _LINE.match(text)
+    if found is None:
+        raise PatchError(
+            f"{listing}:{number}: {text!r} is not a series line",
+            patch=text,
+            hint="write one patch per line: NAME.patch, optionally followed by [platform, ...] "
+            "(e.g. 0002-fix.patch [windows])",
+        )
+    name, listed = found.group("name"), found.group("platforms")
+    if listed is None:
+        return name, ()
+    platforms = tuple(item.strip() for item in listed.split(",") if item.strip())
+    known = platform_names()
+    unknown = [item for item in platforms if item not in known]
+    if unknown or not platforms:
+        what = f"unknown platform(s) {', '.join(map(repr, unknown))}" if unknown else "no platform in [...]"
+        raise PatchError(
+            f"{listing}:{number}: patch {name!r} names {what}",
+            patch=name,
+            hint="the platforms in [...] are one or more of " + ", ".join(known) + ", separated by commas",
+        )
+    return name, platforms
+
+
+def read_series(series: str | Path | None, platform: str | None = None) -> list[PatchRef]:
+    """The patches of ``series`` in order (empty for ``None`` or a series with no ``series`` file entries);
+    with ``platform``, only those that apply to it (every line is checked either way)."""
     if series is None:
         return []
     directory = series_dir(series)
@@ -46,9 +89,10 @@ def read_series(series: str | Path | None) -> list[PatchRef]:
         return []
     refs: list[PatchRef] = []
     for number, raw in enumerate(listing.read_text(encoding="utf-8").splitlines(), start=1):
-        name = raw.split("#", 1)[0].strip()
-        if not name:
+        text = raw.split("#", 1)[0].strip()
+        if not text:
             continue
+        name, platforms = _parse_line(listing, number, text)
         path = directory / name
         if not path.is_file():
             raise PatchError(
@@ -56,7 +100,10 @@ def read_series(series: str | Path | None) -> list[PatchRef]:
                 patch=name,
                 hint=f"add {path} or remove the line from the series file",
             )
-        refs.append(PatchRef(name=name, path=path, sha256=hashlib.sha256(path.read_bytes()).hexdigest()))
+        ref = PatchRef(name=name, path=path, sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+                       platforms=platforms)  # fmt: skip
+        if platform is None or ref.applies_to(platform):
+            refs.append(ref)
     return refs
 
 

@@ -47,6 +47,7 @@ class PatchStatus:
     sha256: str
     files: tuple[str, ...]
     hunks: int
+    platforms: tuple[str, ...] = ()  # the series line's [platforms]; empty: every platform
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,8 @@ def _patch_stats(patch: PatchRef) -> tuple[tuple[str, ...], int]:
 def check_series(
     series: str | Path | None, tree: Path, reporter: Reporter = null_reporter, runner: ProcessRunner = LOCAL
 ) -> list[PatchStatus]:
-    """Apply ``series`` in order to a scratch copy of ``tree``; raise PatchError naming the first failure."""
+    """Apply ``series`` in order to a scratch copy of ``tree`` (every platform's patches: each must apply on top
+    of those before it); raise PatchError naming the first failure."""
     patches = read_series(series)
     with make_workspace(tree) as scratch:
         for index, patch in enumerate(patches, start=1):
@@ -109,7 +111,7 @@ def check_series(
                 )
             )
             apply_series([patch], scratch, runner)
-    return [PatchStatus(p.name, p.sha256, *_patch_stats(p)) for p in patches]
+    return [PatchStatus(p.name, p.sha256, *_patch_stats(p), platforms=p.platforms) for p in patches]
 
 
 def _copy_tree(source: Path, target: Path) -> None:

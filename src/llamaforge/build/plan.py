@@ -17,7 +17,7 @@ from llamaforge import __version__
 from llamaforge.build.cpu_level import check_cpu_level, controlled_keys, cpu_architecture, cpu_cmake
 from llamaforge.build.cuda_arch import check_toolkit_range, parse_cuda_archs
 from llamaforge.build.patches import PatchRef, read_series
-from llamaforge.build.recipes import Backend, BuildRecipe, CudaToolkitKind
+from llamaforge.build.recipes import Backend, BuildRecipe, CudaToolkitKind, WindowsToolchain
 from llamaforge.build.recipes import Platform as PlatformName
 from llamaforge.core.errors import InvalidOption
 from llamaforge.platforms import BuildEnvironment, BuildScript, get_platform, sha256_text
@@ -40,6 +40,7 @@ class BuildOptions:
     cpu: str | None = None  # a CPU level (llamaforge.build.cpu_level) instead of the recipe's
     platform: PlatformName | None = None  # overrides the recipe's platform
     cuda_toolkit: CudaToolkitKind | None = None  # overrides the recipe's [cuda] toolkit
+    toolchain: WindowsToolchain | None = None  # windows: mingw (Docker; the default) or msvc (a host)
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class BuildPlan:
     # the build left, libraries and backend modules included.
     artifacts: tuple[str, ...] = field(default=())
     source_unread: tuple[str, ...] = field(default=())  # not copied into a build container
+    toolchain: str | None = None  # set where a platform has several (windows: mingw or msvc)
 
     def key_inputs(self) -> dict[str, Any]:
         """Every input of the build except the environment id (known only once the environment exists)."""
@@ -73,6 +75,7 @@ class BuildPlan:
             "targets": list(self.targets),
             "build_script_sha256": sha256_text(self.script.text),
             **({"source_unread": list(self.source_unread)} if self.source_unread else {}),
+            **({"toolchain": self.toolchain} if self.toolchain else {}),
             **self.environment.key_inputs(),
         }
 
@@ -92,6 +95,7 @@ class BuildPlan:
         return {
             "recipe": self.recipe.name,
             "platform": self.recipe.platform,
+            "toolchain": self.toolchain,
             "backend": self.backend,
             "cuda_architectures": list(self.cuda_architectures),
             "cpu": self.cpu,
@@ -173,13 +177,13 @@ def plan_build(recipe: BuildRecipe, options: BuildOptions | None = None) -> Buil
         _check_toolkit(recipe, options, list(archs))
 
     series = None if options.no_patches else (options.patches or recipe.patches)
-    patches = tuple(read_series(series))
+    patches = tuple(read_series(series, platform=recipe.platform))
 
     cpu = _cpu_level(options.cpu or recipe.cpu, options, recipe.platform)
     cmake: dict[str, str] = {"CMAKE_BUILD_TYPE": "Release"}
     cmake.update({key: _cmake_value(value) for key, value in recipe.cmake.items()})
     cmake.update(cpu_cmake(cpu))
-    cmake.update(platform.cmake(recipe, backend))
+    cmake.update(platform.cmake(recipe, backend, options))
     cmake.update(dict(options.cmake))
     if backend == "cuda":
         cmake["GGML_CUDA"] = "ON"
@@ -205,4 +209,5 @@ def plan_build(recipe: BuildRecipe, options: BuildOptions | None = None) -> Buil
         source_date_epoch=epoch,
         artifacts=built.artifacts,
         source_unread=built.source_unread,
+        toolchain=built.toolchain,
     )

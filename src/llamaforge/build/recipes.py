@@ -96,6 +96,7 @@ class ImageRef(_Strict):
 
 
 CudaToolkitKind = Literal["wheels", "image"]
+WindowsToolchain = Literal["mingw", "msvc"]
 
 
 class CudaToolkit(_Strict):

@@ -23,9 +23,10 @@ def build_cli(result: dict[str, Any], console: Console) -> None:
         plan = result["plan"]
         archs = ",".join(plan["cuda_architectures"]) or "-"
         where = f"base={plan['base_image']['tag']}" if plan.get("base_image") else "on a build host"
+        toolchain = f" toolchain={plan['toolchain']}" if plan.get("toolchain") else ""
         console.print(
-            f"[bold]plan[/bold] recipe={plan['recipe']} platform={plan['platform']} backend={plan['backend']} "
-            f"archs={archs} {where}"
+            f"[bold]plan[/bold] recipe={plan['recipe']} platform={plan['platform']}{toolchain} "
+            f"backend={plan['backend']} archs={archs} {where}"
         )
         console.print(f"source: {json.dumps(plan['source'])}")
         console.print("patches: " + (", ".join(p["name"] for p in plan["patches"]) or "none"))
@@ -111,6 +112,7 @@ def build_html(data: dict[str, Any]) -> str:
         rows = [
             ("recipe", plan.get("recipe")),
             ("platform", plan.get("platform")),
+            *([("toolchain", plan["toolchain"])] if plan.get("toolchain") else []),
             ("backend", plan.get("backend")),
             ("CUDA archs", ",".join(plan.get("cuda_architectures") or []) or "-"),
             ("base image", (plan.get("base_image") or {}).get("tag")),

@@ -80,9 +80,41 @@ def elf_sections(data: bytes) -> dict[str, bytes]:
     return sections
 
 
+PE_HEADERS = (
+    "(PE headers)"  # the headers before the first section: the link time stamp and checksum live there
+)
+
+
+def pe_sections(data: bytes) -> dict[str, bytes]:
+    """Section name -> file bytes of a PE file (.exe, .dll), the headers as ``(PE headers)``; empty dict if it is
+    not one."""
+    if data[:2] != b"MZ" or len(data) < 0x40:
+        return {}
+    pe = struct.unpack_from("<I", data, 0x3C)[0]
+    if data[pe : pe + 4] != b"PE\0\0" or pe + 24 > len(data):
+        return {}
+    count = struct.unpack_from("<H", data, pe + 6)[0]
+    optional_size = struct.unpack_from("<H", data, pe + 20)[0]
+    table = pe + 24 + optional_size
+    if table + count * 40 > len(data):
+        return {}
+    sections: dict[str, bytes] = {}
+    first = len(data)
+    for index in range(count):
+        entry = table + index * 40
+        name = data[entry : entry + 8].rstrip(b"\0").decode(errors="replace")
+        size, offset = struct.unpack_from("<II", data, entry + 16)
+        sections[name] = data[offset : offset + size]
+        if size:
+            first = min(first, offset)
+    return {PE_HEADERS: data[:first], **sections}
+
+
 def differing_sections(a: bytes, b: bytes) -> list[str]:
-    """Names of ELF sections whose bytes differ (or exist in one file only), in file order."""
-    left, right = elf_sections(a), elf_sections(b)
+    """Names of ELF or PE sections whose bytes differ (or exist in one file only), in file order."""
+    left, right = (
+        (elf_sections(a), elf_sections(b)) if a[:4] == b"\x7fELF" else (pe_sections(a), pe_sections(b))
+    )
     names = list(left) + [name for name in right if name not in left]
     return [name for name in names if name and left.get(name) != right.get(name)]
 
@@ -103,6 +135,10 @@ _EXPLANATIONS = {
     ".data": "initialised data differs: typically embedded strings such as build info",
     ".debug_info": "debug info differs: usually absolute paths not covered by -ffile-prefix-map",
     ".comment": "compiler identification strings differ",
+    PE_HEADERS: "the PE headers differ: usually the link time stamp (-Wl,--no-insert-timestamp leaves it 0) or the "
+    "checksum",
+    ".rdata": "constant data differs: typically embedded paths, __DATE__/__TIME__ or a build-info string",
+    ".edata": "the export table differs (its time stamp, or the exported names)",
 }
 
 

@@ -90,6 +90,7 @@ class PlatformBuild:
     artifacts: tuple[str, ...] = field(default=())
     # Paths of the source tree the build never reads: a container executor does not copy them in.
     source_unread: tuple[str, ...] = field(default=())
+    toolchain: str | None = None  # a platform with several (windows: mingw, msvc) names the one it used
 
 
 class Platform(Protocol):
@@ -103,7 +104,7 @@ class Platform(Protocol):
         """Raise InvalidOption, saying what to do instead, when this platform cannot build ``backend``."""
         ...
 
-    def cmake(self, recipe: BuildRecipe, backend: Backend) -> dict[str, str]:
+    def cmake(self, recipe: BuildRecipe, backend: Backend, options: BuildOptions) -> dict[str, str]:
         """CMake settings this platform needs for ``backend``, over the recipe's (the user's --cmake win)."""
         ...
 

@@ -72,7 +72,8 @@ def _flavour(recipe: BuildRecipe, backend: Backend, options: BuildOptions) -> st
     return backend
 
 
-def _base_image(recipe: BuildRecipe, backend: Backend, options: BuildOptions) -> ImageRef:
+def base_image(recipe: BuildRecipe, backend: Backend, options: BuildOptions) -> ImageRef:
+    """The base image of a builder: ``--base-image``, else the recipe's ``[images.<backend>]``."""
     if options.base_image:
         return ImageRef(tag=options.base_image)
     # The wheel toolkit goes onto the CPU base image (the local Debian one by default).
@@ -83,6 +84,11 @@ def _base_image(recipe: BuildRecipe, backend: Backend, options: BuildOptions) ->
         f"recipe {recipe.name!r} names no base image for backend {backend!r}",
         hint=f"add [images.{images}] to the recipe or pass --base-image",
     )
+
+
+def pinned(base: ImageRef) -> str:
+    """The FROM reference of ``base``: by digest when the recipe pins one."""
+    return base.tag if base.digest is None else f"{base.tag.split(':')[0]}@{base.digest}"
 
 
 class LinuxPlatform:
@@ -100,7 +106,7 @@ class LinuxPlatform:
                 hint="use --backend cpu or --arch 86",
             )
 
-    def cmake(self, recipe: BuildRecipe, backend: Backend) -> dict[str, str]:
+    def cmake(self, recipe: BuildRecipe, backend: Backend, options: BuildOptions) -> dict[str, str]:
         """Nothing beyond the recipe: its settings are written for Linux."""
         return {}
 
@@ -113,11 +119,11 @@ class LinuxPlatform:
         source_date_epoch: int,
     ) -> PlatformBuild:
         """Render the builder Dockerfile and the bash build script."""
-        base = _base_image(recipe, backend, options)
+        base = base_image(recipe, backend, options)
         flavour = _flavour(recipe, backend, options)
         dockerfile = render(
             f"{TEMPLATES}/Dockerfile.{flavour}.j2",
-            base_image=base.tag if base.digest is None else f"{base.tag.split(':')[0]}@{base.digest}",
+            base_image=pinned(base),
             packages=PACKAGES[flavour],
             ca_bundle=options.ca_bundle is not None,
             release=recipe.cuda.release,

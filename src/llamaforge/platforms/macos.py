@@ -43,7 +43,7 @@ class MacosPlatform:
                 "--platform linux or windows",
             )
 
-    def cmake(self, recipe: BuildRecipe, backend: Backend) -> dict[str, str]:
+    def cmake(self, recipe: BuildRecipe, backend: Backend, options: BuildOptions) -> dict[str, str]:
         """arm64, Metal on or off, the embedded Metal library, RPATH @loader_path; one CPU backend (ggml has no
         CPU variants on Darwin), linked in."""
         return {

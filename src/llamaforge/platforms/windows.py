@@ -1,18 +1,27 @@
-"""Windows: MSVC (+ CUDA) builds on a Windows build host, from a PowerShell script rendered from
-``templates/windows/build.ps1.j2``; artifacts are ``bin/<target>.exe`` with ggml's DLLs (and, for CUDA, the CUDA
-runtime DLLs) beside them, the way upstream's Windows releases ship. The host is reached with the ssh executor
-(Windows' OpenSSH server with a POSIX ``DefaultShell``, e.g. Git for Windows' bash) or the local executor on
-Windows itself; nothing here runs in Docker."""
+"""Windows: two toolchains.
+
+* ``mingw`` (the docker executor's): cross-compiled in a Debian builder image with mingw-w64's posix-threads
+  compilers, a CMake toolchain file from ``templates/windows/mingw-toolchain.cmake.j2`` written by the bash
+  script ``templates/windows/build-mingw.sh.j2``; CPU only. The runtime (libgcc, libstdc++, winpthread) is linked
+  in, so no mingw DLL ships.
+* ``msvc`` (a Windows host's): MSVC (+ CUDA) builds on a Windows build host, from a PowerShell script rendered from
+  ``templates/windows/build.ps1.j2``, reached with the ssh executor (Windows' OpenSSH server with a POSIX
+  ``DefaultShell``, e.g. Git for Windows' bash) or the local executor on Windows itself.
+
+Artifacts are ``bin/<target>.exe`` with ggml's DLLs (and, for CUDA, the CUDA runtime DLLs) beside them, the way
+upstream's Windows releases ship."""
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
-from llamaforge.build.recipes import Backend, BuildRecipe
+from llamaforge.build.recipes import Backend, BuildRecipe, WindowsToolchain
 from llamaforge.build.recipes import Platform as PlatformName
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.templates import render
-from llamaforge.platforms import BuildEnvironment, BuildScript, PlatformBuild
+from llamaforge.platforms import BuildEnvironment, BuilderImage, BuildScript, PlatformBuild, sha256_text
+from llamaforge.platforms.linux import SOURCE_UNREAD, base_image, pinned
 
 if TYPE_CHECKING:
     from llamaforge.build.plan import BuildOptions
@@ -21,25 +30,71 @@ TEMPLATES = "windows"  # templates/windows/
 BACKENDS: tuple[Backend, ...] = ("cpu", "cuda")
 POWERSHELL = ("powershell.exe", "-NoProfile", "-NonInteractive", "-ExecutionPolicy", "Bypass", "-File")
 
+TRIPLET = "x86_64-w64-mingw32"
+# Windows 10: cpp-httplib (llama-server) refuses less; SetThreadInformation and PrefetchVirtualMemory need 0x0602.
+WIN32_WINNT = "0x0A00"
+# --exclude-libs: the static runtime's symbols (libgcc's _Unwind_Resume …) stay out of each DLL's exports, or
+# the next DLL that links against it finds them twice.
+MINGW_LINK_FLAGS = (
+    "-static-libgcc", "-static-libstdc++", "-static", "-Wl,--exclude-libs,ALL", "-Wl,--no-insert-timestamp",
+)  # fmt: skip
+MINGW_CMAKE = {"GGML_OPENMP": "OFF"}
+# Installed into the mingw builder image, and listed with their versions in each build's toolchain.json.
+MINGW_PACKAGES = [
+    "binutils-mingw-w64-x86-64", "ca-certificates", "ccache", "cmake", "g++-mingw-w64-x86-64-posix",
+    "gcc-mingw-w64-x86-64-posix", "make", "mingw-w64-x86-64-dev", "ninja-build",
+]  # fmt: skip
+
+
+def default_toolchain(executor: str) -> WindowsToolchain:
+    """The toolchain of a Windows build with no ``--toolchain``: mingw in Docker, MSVC on a build host."""
+    return "mingw" if executor == "docker" else "msvc"
+
+
+def check_toolchain(toolchain: WindowsToolchain, executor: str) -> None:
+    """Refuse a toolchain the executor cannot run: mingw builds in Docker, MSVC on a Windows host."""
+    if toolchain == "mingw" and executor != "docker":
+        raise InvalidOption(
+            f"the mingw toolchain cross-compiles in Docker, not with --executor {executor}",
+            hint="use --executor docker for mingw, or --toolchain msvc for a Windows build host",
+        )
+    if toolchain == "msvc" and executor == "docker":
+        raise InvalidOption(
+            "the msvc toolchain builds on a Windows host, not in Docker",
+            hint="use --toolchain mingw (a cross build in Docker), or --executor ssh --build-host user@host:port",
+        )
+
+
+def mingw_toolchain_file() -> str:
+    """The CMake toolchain file of the mingw cross build."""
+    return render(
+        f"{TEMPLATES}/mingw-toolchain.cmake.j2",
+        triplet=TRIPLET,
+        win32_winnt=WIN32_WINNT,
+        win32_winnt_name="Windows 10",
+        link_flags=MINGW_LINK_FLAGS,
+    )
+
 
 class WindowsPlatform:
-    """Windows builds with MSVC (CPU, or CUDA with ``--arch``) on a Windows host."""
+    """Windows builds: cross-compiled with mingw-w64 in Docker, or with MSVC (CPU or CUDA) on a Windows host."""
 
     name: PlatformName = "windows"
     template_dir: str | None = TEMPLATES
     preferred_backend: Backend | None = None
 
     def check(self, recipe: BuildRecipe, backend: Backend) -> None:
-        """Windows builds the cpu and cuda backends with MSVC."""
+        """Windows builds the cpu and cuda backends (CUDA with MSVC only; see ``build``)."""
         if backend not in BACKENDS:
             raise InvalidOption(
                 f"backend {backend!r} cannot be built for Windows",
                 hint="for Windows use --backend cpu or --arch 86 (CUDA); Metal builds need --platform macos",
             )
 
-    def cmake(self, recipe: BuildRecipe, backend: Backend) -> dict[str, str]:
-        """Nothing beyond the recipe (MSVC's default runtime, /MD, is what upstream's releases use)."""
-        return {}
+    def cmake(self, recipe: BuildRecipe, backend: Backend, options: BuildOptions) -> dict[str, str]:
+        """MSVC: nothing beyond the recipe (its default runtime, /MD, is what upstream's releases use). mingw:
+        OpenMP off, since ggml-cpu would import libgomp-1.dll (ggml's own thread pool runs instead)."""
+        return MINGW_CMAKE if (options.toolchain or "mingw") == "mingw" else {}
 
     def build(
         self,
@@ -49,19 +104,60 @@ class WindowsPlatform:
         cmake_args: tuple[str, ...],
         source_date_epoch: int,
     ) -> PlatformBuild:
-        """Render the PowerShell build script; the environment is the build host (no builder image)."""
+        """The mingw builder image and bash script, or the MSVC PowerShell script (the build host is its
+        environment)."""
+        toolchain = options.toolchain or "mingw"
+        artifacts = tuple(f"bin/{target}.exe" for target in recipe.targets)
+        if toolchain == "msvc":
+            script = render(
+                f"{TEMPLATES}/build.ps1.j2",
+                recipe_name=recipe.name,
+                backend=backend,
+                cmake_args=cmake_args,
+                targets=recipe.targets,
+                source_date_epoch=source_date_epoch,
+            )
+            return PlatformBuild(
+                # The script checks Visual Studio, cmake, ninja and CUDA inside the VS developer shell itself:
+                # outside it they are not on PATH.
+                environment=BuildEnvironment(image=None, host_tools=()),
+                script=BuildScript(name="build.ps1", text=script, interpreter=POWERSHELL),
+                artifacts=artifacts,
+                toolchain=toolchain,
+            )
+        if backend == "cuda":
+            raise InvalidOption(
+                "CUDA builds for Windows need MSVC on a Windows build host; the mingw cross build is CPU only",
+                hint="use --toolchain msvc --executor ssh --build-host user@host:port, or --backend cpu for mingw",
+            )
+        base = base_image(recipe, "cpu", options)
+        dockerfile = render(
+            f"{TEMPLATES}/Dockerfile.mingw.j2",
+            base_image=pinned(base),
+            packages=MINGW_PACKAGES,
+            ca_bundle=options.ca_bundle is not None,
+        )
         script = render(
-            f"{TEMPLATES}/build.ps1.j2",
+            f"{TEMPLATES}/build-mingw.sh.j2",
             recipe_name=recipe.name,
-            backend=backend,
             cmake_args=cmake_args,
             targets=recipe.targets,
             source_date_epoch=source_date_epoch,
+            packages=MINGW_PACKAGES,
+            toolchain=mingw_toolchain_file(),
+            triplet=TRIPLET,
+        )
+        material = json.dumps([dockerfile, base.model_dump(mode="json")], sort_keys=True)
+        image = BuilderImage(
+            tag=f"llamaforge-builder:mingw-{sha256_text(material)[:16]}",
+            base=base,
+            dockerfile=dockerfile,
+            ca_bundle=options.ca_bundle,
         )
         return PlatformBuild(
-            # The script checks Visual Studio, cmake, ninja and CUDA inside the VS developer shell itself:
-            # outside it they are not on PATH.
-            environment=BuildEnvironment(image=None, host_tools=()),
-            script=BuildScript(name="build.ps1", text=script, interpreter=POWERSHELL),
-            artifacts=tuple(f"bin/{target}.exe" for target in recipe.targets),
+            environment=BuildEnvironment(image=image),
+            script=BuildScript(name="build.sh", text=script, interpreter=("bash",)),
+            artifacts=artifacts,
+            source_unread=SOURCE_UNREAD,
+            toolchain=toolchain,
         )
