@@ -150,6 +150,7 @@ def reproducible_windows(session: nox.Session) -> None:
                 *session.posargs, env={"LLAMAFORGE_SOURCE_MIRROR": str(sdist_dir)})  # fmt: skip
 
 
+@nox.session
 def bench_deploy(session: nox.Session) -> None:
     """Deploy benchmarks D1-D3 on three test hosts: changed-release rollout / scp + restart, the already-current
     no-op, model bytes sent for a flag change. Needs Docker, a CPU build and LLAMAFORGE_TEST_VOCAB."""
