@@ -4,6 +4,7 @@ llama.cpp sdist. With LLAMAFORGE_TEST_STRICT=1 (CI) a missing prerequisite fails
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,6 +15,11 @@ if TYPE_CHECKING:
     from testhosts import TestHost
 
 STRICT = os.environ.get("LLAMAFORGE_TEST_STRICT") == "1"
+
+# A suite started in the background by a shell without job control (`cmd &` in a script) inherits SIGINT
+# ignored, and so would every llamaforge it starts: the Ctrl-C tests would then test nothing. Take SIGINT back.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def require(condition: bool, reason: str) -> None:
