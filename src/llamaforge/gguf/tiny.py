@@ -64,12 +64,12 @@ __all__ = [
     "TinyModelInfo",
     "TinyModelSpec",
     "canonical_to_styled",
-    "load_tokenizer",
     "noise_array",
     "omitted_tensors",
     "tensor_data",
     "tensor_plan",
     "write_gguf_file",
+    "write_noise_model",
     "write_tiny_model",
 ]
 
@@ -662,11 +662,6 @@ class _KV:
     sub_type: gguf.GGUFValueType | None
 
 
-def load_tokenizer(vocab_gguf: Path) -> tuple[tuple[_KV, ...], int]:
-    """The ``tokenizer.*`` keys of a tokenizer-only GGUF and its vocabulary size (cached per file)."""
-    return _load_tokenizer(vocab_gguf)
-
-
 def _load_tokenizer(vocab_gguf: Path) -> tuple[tuple[_KV, ...], int]:
     st = vocab_gguf.stat()
     return _load_tokenizer_cached(str(vocab_gguf.resolve()), st.st_mtime_ns, st.st_size)
@@ -775,3 +770,30 @@ def write_gguf_file(
         path=path, sha256=_file_sha256(path), size=path.stat().st_size, tensor_count=len(names), arch=arch,
         name_style="canonical", n_vocab=0, tensor_names=tuple(names),
     )  # fmt: skip
+
+
+Shapes = Callable[[int], Iterable[tuple[str, tuple[int, ...]]]]
+
+
+def write_noise_model(
+    path: Path,
+    arch: str,
+    name: str,
+    dtype: DType,
+    seed: int,
+    write_hparams: Callable[[gguf.GGUFWriter], None],
+    shapes: Shapes,
+    vocab_gguf: Path,
+) -> TinyModelInfo:
+    """Write a model whose tensors are ``shapes(n_vocab)`` (name and numpy shape, in file order) filled with
+    :func:`noise_array` (F32 for 1-D tensors, ``dtype`` for the rest), with the tokenizer of ``vocab_gguf``:
+    the writers of the families laid out by hand (``tiny_mla``, ``tiny_shared_kv``)."""
+    tokenizer_kvs, n_vocab = _load_tokenizer(Path(vocab_gguf))
+    matrix: np.dtype[Any] = np.dtype(np.float16 if dtype == "f16" else np.float32)
+    vector: np.dtype[Any] = np.dtype(np.float32)
+    tensors = (
+        (tensor, noise_array(seed, tensor, shape, vector if len(shape) == 1 else matrix))
+        for tensor, shape in shapes(n_vocab)
+    )
+    info = write_gguf_file(Path(path), arch, name, dtype, write_hparams, tokenizer_kvs, tensors)
+    return dataclasses.replace(info, n_vocab=n_vocab)

@@ -11,16 +11,12 @@ into ``attn_k_b`` / ``attn_v_b`` (``src/models/deepseek2.cpp``: ``is_mla``). Eve
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import gguf
-import numpy as np
-import numpy.typing as npt
 
-from llamaforge.gguf.tiny import DType, TinyModelInfo, load_tokenizer, noise_array, write_gguf_file
+from llamaforge.gguf.tiny import DType, TinyModelInfo, write_noise_model
 
 __all__ = ["TinyMLASpec", "write_tiny_mla_model"]
 
@@ -89,10 +85,8 @@ def _hparams(w: gguf.GGUFWriter, s: TinyMLASpec) -> None:
     w.add_expert_shared_count(0)
 
 
-def _tensors(s: TinyMLASpec, n_vocab: int) -> Iterator[tuple[str, npt.NDArray[Any]]]:
-    """(name, array) in file order; numpy shapes are ggml's ``ne`` reversed."""
-    f16: np.dtype[Any] = np.dtype(np.float16 if s.dtype == "f16" else np.float32)
-    f32: np.dtype[Any] = np.dtype(np.float32)
+def _shapes(s: TinyMLASpec, n_vocab: int) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) in file order; numpy shapes are ggml's ``ne`` reversed."""
     k_mla = s.qk_nope_dim + s.rope_dim
     shapes: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (n_vocab, s.n_embd))]
     for il in range(s.n_layer):
@@ -111,15 +105,12 @@ def _tensors(s: TinyMLASpec, n_vocab: int) -> Iterator[tuple[str, npt.NDArray[An
             (p + "ffn_down.weight", (s.n_embd, s.n_ff)),
         ]
     shapes += [("output_norm.weight", (s.n_embd,)), ("output.weight", (n_vocab, s.n_embd))]
-    for name, shape in shapes:
-        yield name, noise_array(s.seed, name, shape, f32 if len(shape) == 1 else f16)
+    return shapes
 
 
 def write_tiny_mla_model(path: Path, spec: TinyMLASpec, vocab_gguf: Path) -> TinyModelInfo:
     """Write the tiny MLA model ``spec`` to ``path`` with the tokenizer of ``vocab_gguf`` (atomically)."""
-    tokenizer_kvs, n_vocab = load_tokenizer(Path(vocab_gguf))
-    info = write_gguf_file(
-        Path(path), _ARCH, spec.default_name, spec.dtype, lambda w: _hparams(w, spec), tokenizer_kvs,
-        _tensors(spec, n_vocab),
+    return write_noise_model(
+        Path(path), _ARCH, spec.default_name, spec.dtype, spec.seed, lambda w: _hparams(w, spec),
+        lambda n_vocab: _shapes(spec, n_vocab), vocab_gguf,
     )  # fmt: skip
-    return TinyModelInfo(**{**info.__dict__, "n_vocab": n_vocab})

@@ -11,16 +11,12 @@ output is tied to ``token_embd``; no per-layer embeddings (``embedding_length_pe
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import gguf
-import numpy as np
-import numpy.typing as npt
 
-from llamaforge.gguf.tiny import DType, TinyModelInfo, load_tokenizer, noise_array, write_gguf_file
+from llamaforge.gguf.tiny import DType, TinyModelInfo, write_noise_model
 
 __all__ = ["TinySharedKVSpec", "write_tiny_shared_kv_model"]
 
@@ -104,10 +100,8 @@ def _hparams(w: gguf.GGUFWriter, s: TinySharedKVSpec) -> None:
     w.add_final_logit_softcapping(30.0)
 
 
-def _tensors(s: TinySharedKVSpec, n_vocab: int) -> Iterator[tuple[str, npt.NDArray[Any]]]:
-    """(name, array) in file order; numpy shapes are ggml's ``ne`` reversed."""
-    f16: np.dtype[Any] = np.dtype(np.float16 if s.dtype == "f16" else np.float32)
-    f32: np.dtype[Any] = np.dtype(np.float32)
+def _shapes(s: TinySharedKVSpec, n_vocab: int) -> list[tuple[str, tuple[int, ...]]]:
+    """(name, shape) in file order; numpy shapes are ggml's ``ne`` reversed."""
     shapes: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (n_vocab, s.n_embd))]
     shapes.append(("rope_freqs.weight", (s.head_dim // 2,)))  # proportional RoPE of the full layers
     for il, sliding in enumerate(s.swa_pattern):
@@ -129,15 +123,12 @@ def _tensors(s: TinySharedKVSpec, n_vocab: int) -> Iterator[tuple[str, npt.NDArr
             (p + "post_ffw_norm.weight", (s.n_embd,)),
         ]
     shapes.append(("output_norm.weight", (s.n_embd,)))
-    for name, shape in shapes:
-        yield name, noise_array(s.seed, name, shape, f32 if len(shape) == 1 else f16)
+    return shapes
 
 
 def write_tiny_shared_kv_model(path: Path, spec: TinySharedKVSpec, vocab_gguf: Path) -> TinyModelInfo:
     """Write the tiny Gemma 4 model ``spec`` to ``path`` with the tokenizer of ``vocab_gguf`` (atomically)."""
-    tokenizer_kvs, n_vocab = load_tokenizer(Path(vocab_gguf))
-    info = write_gguf_file(
-        Path(path), _ARCH, spec.default_name, spec.dtype, lambda w: _hparams(w, spec), tokenizer_kvs,
-        _tensors(spec, n_vocab),
+    return write_noise_model(
+        Path(path), _ARCH, spec.default_name, spec.dtype, spec.seed, lambda w: _hparams(w, spec),
+        lambda n_vocab: _shapes(spec, n_vocab), vocab_gguf,
     )  # fmt: skip
-    return TinyModelInfo(**{**info.__dict__, "n_vocab": n_vocab})
