@@ -227,11 +227,13 @@ def test_a_host_stopped_before_its_batch_is_unreachable_and_the_rest_untouched(s
     assert len(complete_through_ssh(victim, site.known, site.port)) == 6
 
 
-@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_mid_rollout_leaves_each_host_on_a_whole_release(site: Site, signum: int, code: int) -> None:
-    params = site.params(ctx=2048 if signum == signal.SIGINT else 3072, canary=1, batch=1)
-    argv = [sys.executable, "-m", "invoke", "deploy", "--json"]
-    argv += [f"--{key.replace('_', '-')}={value}" for key, value in params.items()]
+def signal_invoke(
+    command: list[str], options: dict[str, Any], marker: str, signum: int, what: str, timeout: int
+) -> tuple[int, str, str, str]:
+    """Run ``invoke COMMAND --json --OPTION=VALUE…`` from this checkout, send ``signum`` once a stderr line
+    contains ``marker``; its exit code, stdout, stderr up to the signal and stderr after it."""
+    argv = [sys.executable, "-m", "invoke", command[0], "--json", *command[1:]]
+    argv += [f"--{key.replace('_', '-')}={value}" for key, value in options.items()]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
     with subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True) as process:  # fmt: skip
@@ -239,13 +241,23 @@ def test_a_signal_mid_rollout_leaves_each_host_on_a_whole_release(site: Site, si
         seen = []
         for line in process.stderr:
             seen.append(line)
-            if f"{site.address(1)}: switched" in line:  # the second host runs the new release, ungated
+            if marker in line:
                 process.send_signal(signum)
                 break
         else:
-            pytest.fail("the rollout ended before the second host switched:\n" + "".join(seen[-20:]))
-        out, rest = process.communicate(timeout=180)
-    assert process.returncode == code, "".join(seen) + rest
+            pytest.fail(f"the {what} ended before the second host switched:\n" + "".join(seen[-20:]))
+        out, rest = process.communicate(timeout=timeout)
+    return process.returncode, out, "".join(seen), rest
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_mid_rollout_leaves_each_host_on_a_whole_release(site: Site, signum: int, code: int) -> None:
+    params = site.params(ctx=2048 if signum == signal.SIGINT else 3072, canary=1, batch=1)
+    code_seen, out, seen, rest = signal_invoke(
+        ["deploy"], params, f"{site.address(1)}: switched", signum, "rollout", 180
+    )
+    # the second host runs the new release, ungated, when the signal comes
+    assert code_seen == code, seen + rest
     report = RolloutReport.model_validate(json.loads(out))
     assert report.interrupted and "interrupted" in rest
     assert [item.status for item in report.hosts] == ["updated", "interrupted", "untouched"], report
@@ -353,22 +365,15 @@ def test_a_signal_mid_rollback_leaves_each_host_on_a_whole_release(
 ) -> None:
     newer = deploy(**site.params(ctx=3584 if signum == signal.SIGINT else 3840, batch=2))
     assert newer.passed and newer.release != site.good
-    argv = [sys.executable, "-m", "invoke", "deploy.rollback", "--json", f"--release={site.good}"]
-    argv += [f"--{key.replace('_', '-')}={value}" for key, value in site.access().items()]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
-    with subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True) as process:  # fmt: skip
-        assert process.stderr is not None and process.stdout is not None
-        seen = []
-        for line in process.stderr:
-            seen.append(line)
-            if f"{site.address(1)}: switched to" in line:  # the second host is back on good, ungated
-                process.send_signal(signum)
-                break
-        else:
-            pytest.fail("the rollback ended before the second host switched:\n" + "".join(seen[-20:]))
-        out, rest = process.communicate(timeout=120)
-    assert process.returncode == code, "".join(seen) + rest
+    code_seen, out, seen, rest = signal_invoke(
+        ["deploy.rollback", f"--release={site.good}"],
+        site.access(),
+        f"{site.address(1)}: switched to",
+        signum,
+        "rollback",
+        120,
+    )  # the second host is back on good, ungated, when the signal comes
+    assert code_seen == code, seen + rest
     report = RolloutReport.model_validate(json.loads(out))
     assert report.interrupted and "interrupted" in rest
     assert [item.status for item in report.hosts] == ["rolled back", "interrupted", "untouched"], report
