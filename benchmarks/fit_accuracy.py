@@ -48,8 +48,9 @@ from llamaforge.serve.fit import (
     synthetic_header,
 )
 from llamaforge.serve.fit_chart import save_fit_chart
+from llamaforge.serve.measure import measure_with_llamacpp
 from llamaforge.serve.ops_fit import summarize
-from llamaforge.serve.shape import ModelShape, model_shape
+from llamaforge.serve.shape import HYBRID_ARCHS, ModelShape, model_shape
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fit_projection import projection_row, summarize_projection
@@ -177,7 +178,7 @@ def compare(
             if settings.cache_type_k != "f16" and (shape.head_dim_k % 32 or shape.head_dim_k_swa % 32):
                 continue  # llama.cpp refuses a quantized cache whose block does not divide the head size
             _gpu, planned = estimate_memory(shape, header.tensors, settings, n_gpu_layers=0)
-            reported = fit.measure_with_llamacpp(server, model, settings, fit_projection=True)
+            reported = measure_with_llamacpp(server, model, settings, fit_projection=True)
             row: dict[str, Any] = {"model": name, "settings": label(settings)}
             row["projection"] = projection_row(planned, reported)
             if shape.swa:  # both caches' cells, planned and printed
@@ -268,7 +269,7 @@ def random_spec(rng: random.Random, arch: str) -> TinyModelSpec:
 
 def features(shape: ModelShape) -> dict[str, float]:
     """The per-token quantities of llamaforge.serve.fit's activation model."""
-    q = shape.n_head * shape.head_dim_k * (2 if shape.arch in fit.HYBRID_ARCHS else 1)
+    q = shape.n_head * shape.head_dim_k * (2 if shape.arch in HYBRID_ARCHS else 1)
     conv = 2 * shape.ssm_group_count * shape.ssm_state_size + shape.ssm_inner_size
     return {
         "E": shape.n_embd, "Q": q, "K": shape.n_head_kv * shape.head_dim_k, "F": shape.n_ff,
@@ -310,7 +311,7 @@ def random_shape_sweep(server: Path, scratch: Path, count: int, refit: bool, see
         header = read_header(model)
         shape = model_shape(header)
         estimate = estimate_memory(shape, header.tensors, settings, n_gpu_layers=0)[1].compute
-        actual = fit.measure_with_llamacpp(server, model, settings).total("compute")
+        actual = measure_with_llamacpp(server, model, settings).total("compute")
         per_token = (actual - settings.n_ctx_seq * settings.n_tokens * 2) / (settings.n_tokens * 4)
         samples.append((shape, estimate, actual, per_token))
     errors = [100 * (e - a) / a for _s, e, a, _y in samples]

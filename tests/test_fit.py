@@ -27,7 +27,6 @@ from llamaforge.core.errors import InvalidOption, RecipeError
 from llamaforge.core.registry import OperationContext, operations, result_json
 from llamaforge.gguf.header import read_header
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
-from llamaforge.serve import fit
 from llamaforge.serve.compute_graph import GRAPH_ARCHS
 from llamaforge.serve.fit import (
     DoesNotFit,
@@ -41,6 +40,7 @@ from llamaforge.serve.fit import (
 )
 from llamaforge.serve.gpus import find_gpu, load_gpus
 from llamaforge.serve.loadlog import CacheSize, parse_load_log
+from llamaforge.serve.measure import measure_with_llamacpp
 from llamaforge.serve.shape import is_expert_tensor, model_shape
 
 MINI_VOCAB = 1000
@@ -447,7 +447,7 @@ def test_plan_matches_llamacpp_buffers(
     model = real_vocab_models[arch]
     header = read_header(model)
     _gpu, planned = estimate_memory(model_shape(header), header.tensors, settings, n_gpu_layers=0)
-    reported = fit.measure_with_llamacpp(stock_build / "bin" / "llama-server", model, settings)
+    reported = measure_with_llamacpp(stock_build / "bin" / "llama-server", model, settings)
     for category in CATEGORIES:
         estimate, actual = getattr(planned, category), reported.total(category)
         if category == "compute":  # the replayed graphs are held to the goal at every context
@@ -482,7 +482,7 @@ def test_sliding_window_plan_matches_llamacpp(
     header = read_header(model)
     shape = model_shape(header)
     _gpu, planned = estimate_memory(shape, header.tensors, settings, n_gpu_layers=0)
-    reported = fit.measure_with_llamacpp(stock_build / "bin" / "llama-server", model, settings)
+    reported = measure_with_llamacpp(stock_build / "bin" / "llama-server", model, settings)
     assert reported.kv_cache is not None and reported.swa_kv_cache is not None
     sliding = sum(shape.swa)
     assert reported.kv_cache.cells == settings.n_ctx_seq
@@ -505,6 +505,6 @@ def test_models_fit_on_sliding_window_model_matches_llamacpp_kv(
     result = _run(model=str(model), gpu="rtx3090", ctx=8192, parallel=3, kv_unified=kv_unified)
     planned = result["gpu_memory"]["kv_cache"] + result["host_memory"]["kv_cache"]
     settings = Settings(ctx=8192, parallel=3, kv_unified=kv_unified)
-    reported = fit.measure_with_llamacpp(stock_build / "bin" / "llama-server", model, settings)
+    reported = measure_with_llamacpp(stock_build / "bin" / "llama-server", model, settings)
     assert abs(planned - reported.total("kv_cache")) <= 0.05 * reported.total("kv_cache")
     assert any("sliding-window model" in note for note in result["notes"])

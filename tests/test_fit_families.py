@@ -19,10 +19,10 @@ from llamaforge.gguf.header import read_header
 from llamaforge.gguf.tiny_any import AnyTinySpec, write_any_tiny_model
 from llamaforge.gguf.tiny_mla import TinyMLASpec
 from llamaforge.gguf.tiny_shared_kv import TinySharedKVSpec
-from llamaforge.serve import fit
 from llamaforge.serve.bandwidth import bytes_per_token
 from llamaforge.serve.fit import MiB, Settings, estimate_memory
 from llamaforge.serve.loadlog import parse_load_log
+from llamaforge.serve.measure import measure_with_llamacpp
 from llamaforge.serve.shape import model_shape
 from test_fit import mini_vocab  # noqa: F401  (the module's tokenizer fixture)
 
@@ -120,7 +120,7 @@ def test_families_match_llamacpp(
     header = read_header(model)
     shape = model_shape(header)
     _gpu, planned = estimate_memory(shape, header.tensors, settings, n_gpu_layers=0)
-    reported = fit.measure_with_llamacpp(
+    reported = measure_with_llamacpp(
         stock_build / "bin" / "llama-server", model, settings, fit_projection=True
     )
     for category in CATEGORIES:

@@ -27,22 +27,19 @@ from typing import Any
 
 from llamaforge.core.errors import InvalidOption
 from llamaforge.gguf.header import GGUFHeader
-from llamaforge.serve.fit import (
-    DEFAULT_MARGIN,
+from llamaforge.serve.fit import DEFAULT_MARGIN, check_cache_blocks, check_settings, load_model_header
+from llamaforge.serve.launcher import DEFAULT_RPC_PORT, LlamaFlags
+from llamaforge.serve.memory import (
     DeviceMemory,
     GiB,
     Settings,
-    _check_cache_blocks,
-    _check_settings,
-    _kv_layer_bytes,
-    _layer_peak,
-    _load,
-    _logits_phase,
-    _mask_bytes,
-    _recurrent_layer_bytes,
+    kv_layer_bytes,
+    layer_peak,
+    logits_bytes,
+    mask_bytes,
     parse_size,
+    recurrent_layer_bytes,
 )
-from llamaforge.serve.launcher import DEFAULT_RPC_PORT, LlamaFlags
 from llamaforge.serve.shape import model_shape, weight_layout
 
 
@@ -163,10 +160,10 @@ def plan_split(
             f"--tensor-split has {len(tensor_split)} values for {len(devices)} devices",
             hint="one proportion per device: the RPC workers in order, then the head's GPUs",
         )
-    _check_settings(settings)
-    name, header = _load(model)
+    check_settings(settings)
+    name, header = load_model_header(model)
     shape = model_shape(header)
-    _check_cache_blocks(shape, settings)
+    check_cache_blocks(shape, settings)
     layout = weight_layout(shape, header.tensors)
     n_layer = shape.n_layer_all
     ngl = n_layer + 1 if n_gpu_layers is None else min(n_gpu_layers, n_layer + 1)
@@ -179,29 +176,29 @@ def plan_split(
         if where is not None:
             per_device[where].append(il)
     output_at = placement[n_layer]
-    mask, logits = _mask_bytes(shape, settings), _logits_phase(shape, settings)
-    rs_layer = _recurrent_layer_bytes(shape, settings)
+    mask, logits = mask_bytes(shape, settings), logits_bytes(shape, settings)
+    rs_layer = recurrent_layer_bytes(shape, settings)
     shares = []
     for index, device in enumerate(devices):
         layers = per_device[index]
         weight = sum(layout.dense[il] + layout.experts[il] for il in layers)
-        kv = sum(_kv_layer_bytes(shape, settings, il) for il in layers if not shape.recurrent[il])
+        kv = sum(kv_layer_bytes(shape, settings, il) for il in layers if not shape.recurrent[il])
         state = rs_layer * sum(1 for il in layers if shape.recurrent[il])
         holds_output = output_at == index
         if holds_output:
             weight += layout.output + layout.other + (layout.token_embd if layout.tied else 0)
         compute = 0
         if layers or holds_output:
-            compute = max(mask + _layer_peak(shape, layers, settings), logits if holds_output else 0)
+            compute = max(mask + layer_peak(shape, layers, settings), logits if holds_output else 0)
         memory = DeviceMemory(weight, kv, state, compute)
         fits = memory.total + margin_bytes <= device.memory_bytes
         shares.append(DeviceShare(device.name, device.endpoint, device.memory_bytes, tuple(layers),
                                   holds_output, memory, fits))  # fmt: skip
     cpu_layers = [il for il, where in enumerate(placement[:n_layer]) if where is None]
     host_weights = layout.token_embd + sum(layout.dense[il] + layout.experts[il] for il in cpu_layers)
-    host_kv = sum(_kv_layer_bytes(shape, settings, il) for il in cpu_layers if not shape.recurrent[il])
+    host_kv = sum(kv_layer_bytes(shape, settings, il) for il in cpu_layers if not shape.recurrent[il])
     host_state = rs_layer * sum(1 for il in cpu_layers if shape.recurrent[il])
-    host_compute = mask + settings.n_tokens * shape.n_embd * 4 + _layer_peak(shape, cpu_layers, settings)
+    host_compute = mask + settings.n_tokens * shape.n_embd * 4 + layer_peak(shape, cpu_layers, settings)
     if output_at is None:
         host_weights += layout.output + layout.other
         host_compute = max(host_compute, logits)
