@@ -43,18 +43,24 @@ lists none), so they support the ``canonical`` and ``hf`` styles only.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
-import os
-import tempfile
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal, get_args
+from typing import Any, Final, get_args
 
 import gguf
 import numpy as np
 import numpy.typing as npt
+
+from llamaforge.gguf.tiny_file import (
+    DType,
+    TinyModelInfo,
+    load_tokenizer,
+    noise_array,
+    write_gguf_file,
+    write_noise_model,
+)
+from llamaforge.gguf.tiny_names import NameStyle, canonical_to_styled, model_arch
 
 __all__ = [
     "SUPPORTED_ARCHS",
@@ -73,16 +79,9 @@ __all__ = [
     "write_tiny_model",
 ]
 
-DType = Literal["f16", "f32"]
-NameStyle = Literal["canonical", "hf", "meta"]
 
 _DTYPES: Final[tuple[str, ...]] = get_args(DType)
 _NAME_STYLES: Final[tuple[str, ...]] = get_args(NameStyle)
-
-#: Standard deviation of the random matrices (keeps activations small and finite).
-WEIGHT_SCALE: Final[float] = 0.02
-
-_HASH_CHUNK: Final[int] = 1 << 20
 
 
 # --------------------------------------------------------------------------- spec
@@ -193,7 +192,7 @@ class TinyModelSpec:
     @property
     def model_arch(self) -> gguf.MODEL_ARCH:
         """The ``gguf.MODEL_ARCH`` member for :attr:`arch`."""
-        return _model_arch(self.arch)
+        return model_arch(self.arch)
 
     @property
     def default_name(self) -> str:
@@ -215,20 +214,6 @@ class TensorPlanEntry:
     kind: gguf.MODEL_TENSOR
     shape: tuple[int, ...]
     dtype: np.dtype[Any]
-
-
-@dataclass(frozen=True)
-class TinyModelInfo:
-    """What :func:`write_tiny_model` wrote."""
-
-    path: Path
-    sha256: str
-    size: int
-    tensor_count: int
-    arch: str
-    name_style: NameStyle
-    n_vocab: int
-    tensor_names: tuple[str, ...] = field(default=(), repr=False)
 
 
 # ------------------------------------------------------------------ architectures
@@ -427,159 +412,12 @@ _HYBRID_ARCHS: Final[frozenset[str]] = frozenset({"qwen35", "qwen35moe"})
 SUPPORTED_ARCHS: Final[tuple[str, ...]] = tuple(_ARCHS)
 
 
-def _model_arch(arch: str) -> gguf.MODEL_ARCH:
-    for member, name in gguf.MODEL_ARCH_NAMES.items():
-        if name == arch:
-            return member
-    raise ValueError(f"the gguf package does not know arch {arch!r}")
-
-
 def omitted_tensors(arch: str) -> frozenset[gguf.MODEL_TENSOR]:
     """Tensors ``gguf.MODEL_TENSORS[arch]`` lists that tiny models deliberately omit.
 
     These are optional in llama.cpp for the arch (``rope_freqs`` for qwen3, for example).
     """
-    return frozenset(t for t in gguf.MODEL_TENSORS[_model_arch(arch)] if t in _OPTIONAL)
-
-
-# --------------------------------------------------------------------- name styles
-
-# Preferred source names per style, as ``gguf.TensorNameMap`` spells them (without the
-# ``.weight`` suffix, ``{bid}`` for the block).  A preference is used only when the map
-# lists it as an alias of the canonical tensor, so each chosen name is guaranteed to map
-# back; a tensor with no listed preference gets the first alias the map gives that has the
-# style's prefix.  The hf list follows transformers' Qwen3 / Qwen3-MoE module names
-# (experts stacked into one tensor, as llama.cpp stores them); the meta list follows the
-# original LLaMA / Mixtral checkpoints.
-_PREFERRED: Final[Mapping[str, tuple[str, ...]]] = {
-    "hf": (
-        "model.embed_tokens",
-        "model.norm",
-        "lm_head",
-        "model.layers.{bid}.input_layernorm",
-        "model.layers.{bid}.post_attention_layernorm",
-        "model.layers.{bid}.self_attn.q_proj",
-        "model.layers.{bid}.self_attn.k_proj",
-        "model.layers.{bid}.self_attn.v_proj",
-        "model.layers.{bid}.self_attn.o_proj",
-        "model.layers.{bid}.self_attn.q_norm",
-        "model.layers.{bid}.self_attn.k_norm",
-        "model.layers.{bid}.mlp.gate_proj",
-        "model.layers.{bid}.mlp.up_proj",
-        "model.layers.{bid}.mlp.down_proj",
-        "model.layers.{bid}.mlp.gate",
-        "model.layers.{bid}.mlp.experts.gate_proj",
-        "model.layers.{bid}.mlp.experts.up_proj",
-        "model.layers.{bid}.mlp.experts.down_proj",
-        # Qwen3.5 (Gated DeltaNet) module names
-        "model.layers.{bid}.linear_attn.in_proj_z",
-        "model.layers.{bid}.linear_attn.A_log",
-        "model.layers.{bid}.linear_attn.conv1d",
-        "model.layers.{bid}.linear_attn.dt_proj",
-        "model.layers.{bid}.linear_attn.norm",
-        "model.layers.{bid}.linear_attn.in_proj_a",
-        "model.layers.{bid}.linear_attn.in_proj_b",
-        "model.layers.{bid}.linear_attn.out_proj",
-        "model.layers.{bid}.mlp.shared_expert_gate",
-        "model.layers.{bid}.mlp.shared_expert.gate_proj",
-        "model.layers.{bid}.mlp.shared_expert.up_proj",
-        "model.layers.{bid}.mlp.shared_expert.down_proj",
-        # Gemma 2 norms
-        "model.layers.{bid}.pre_feedforward_layernorm",
-        "model.layers.{bid}.post_feedforward_layernorm",
-    ),
-    "meta": (
-        "tok_embeddings",
-        "norm",
-        "output",
-        "layers.{bid}.attention_norm",
-        "layers.{bid}.ffn_norm",
-        "layers.{bid}.attention.wq",
-        "layers.{bid}.attention.wk",
-        "layers.{bid}.attention.wv",
-        "layers.{bid}.attention.wo",
-        "layers.{bid}.feed_forward.w1",
-        "layers.{bid}.feed_forward.w2",
-        "layers.{bid}.feed_forward.w3",
-        "layers.{bid}.feed_forward.gate",
-        "layers.{bid}.feed_forward.experts.w1",
-        "layers.{bid}.feed_forward.experts.w2",
-        "layers.{bid}.feed_forward.experts.w3",
-    ),
-}
-
-
-def _style_prefix_ok(style: str, alias: str, bid: int | None) -> bool:
-    if style == "hf":
-        if bid is not None:
-            return alias.startswith(f"model.layers.{bid}.")
-        return alias.startswith(("model.", "lm_head"))
-    # meta
-    if bid is not None:
-        return alias.startswith(f"layers.{bid}.")
-    return not alias.startswith(("model.", "transformer.", "lm_head"))
-
-
-@functools.lru_cache(maxsize=16)
-def _name_map(arch: str, n_layer: int) -> gguf.TensorNameMap:
-    return gguf.TensorNameMap(_model_arch(arch), n_layer)
-
-
-@functools.lru_cache(maxsize=16)
-def _aliases(arch: str, n_layer: int) -> Mapping[str, tuple[str, ...]]:
-    inverse: dict[str, list[str]] = {}
-    for alias, (_kind, canonical) in _name_map(arch, n_layer).mapping.items():
-        inverse.setdefault(canonical, []).append(alias)
-    return {k: tuple(v) for k, v in inverse.items()}
-
-
-def _split_weight(name: str) -> tuple[str, str]:
-    for suffix in (".weight", ".bias"):
-        if name.endswith(suffix):
-            return name[: -len(suffix)], suffix
-    return name, ""
-
-
-def _block_id(base: str) -> int | None:
-    parts = base.split(".")
-    if len(parts) >= 2 and parts[0] == "blk" and parts[1].isdigit():
-        return int(parts[1])
-    return None
-
-
-def canonical_to_styled(canonical: str, arch: str, n_layer: int, style: NameStyle) -> str:
-    """Translate llama.cpp's tensor name into ``style`` (``canonical``, ``hf``, ``meta``).
-
-    The answer is an alias that ``gguf.TensorNameMap(arch, n_layer)`` maps back to
-    ``canonical``; :class:`ValueError` if the map holds none for the style.
-    """
-    if style == "canonical":
-        return canonical
-    if style not in _PREFERRED:
-        raise ValueError(f"unknown name style {style!r}")
-    base, suffix = _split_weight(canonical)
-    candidates = _aliases(arch, n_layer).get(base, ())
-    bid = _block_id(base)
-    chosen: str | None = None
-    for template in _PREFERRED[style]:
-        alias = template.format(bid=bid) if bid is not None else template
-        if "{bid}" in template and bid is None:
-            continue
-        if alias in candidates:
-            chosen = alias
-            break
-    if chosen is None:
-        for alias in candidates:
-            if alias != base and _style_prefix_ok(style, alias, bid):
-                chosen = alias
-                break
-    if chosen is None:
-        raise ValueError(f"gguf.TensorNameMap has no {style} alias for {canonical!r} ({arch})")
-    styled = chosen + suffix
-    back = _name_map(arch, n_layer).get_name(styled, try_suffixes=(".weight", ".bias"))
-    if back != canonical:  # pragma: no cover - guards against gguf map changes
-        raise ValueError(f"{styled!r} maps to {back!r}, not {canonical!r}")
-    return styled
+    return frozenset(t for t in gguf.MODEL_TENSORS[model_arch(arch)] if t in _OPTIONAL)
 
 
 # ------------------------------------------------------------------------- weights
@@ -635,73 +473,6 @@ def tensor_data(spec: TinyModelSpec, entry: TensorPlanEntry) -> npt.NDArray[Any]
     return noise_array(spec.seed, entry.canonical, entry.shape, entry.dtype, negative=entry.kind in _NEGATIVE)
 
 
-def noise_array(
-    seed: int, canonical: str, shape: tuple[int, ...], dtype: np.dtype[Any], *, negative: bool = False
-) -> npt.NDArray[Any]:
-    """``noise`` (``1 + noise`` for 1-D tensors, negated with ``negative``) from an RNG seeded by ``seed`` and
-    the tensor's canonical name: the weights of every tiny-model writer."""
-    digest = hashlib.sha256(canonical.encode("utf-8")).digest()
-    seq = np.random.SeedSequence([seed, int.from_bytes(digest[:8], "little")])
-    rng = np.random.default_rng(seq)
-    values = rng.standard_normal(shape, dtype=np.float32) * np.float32(WEIGHT_SCALE)
-    if len(shape) == 1:
-        values += np.float32(1.0)
-    if negative:
-        values = -values
-    return np.ascontiguousarray(values.astype(dtype))
-
-
-# ----------------------------------------------------------------------- tokenizer
-
-
-@dataclass(frozen=True)
-class _KV:
-    key: str
-    value: Any
-    vtype: gguf.GGUFValueType
-    sub_type: gguf.GGUFValueType | None
-
-
-def _load_tokenizer(vocab_gguf: Path) -> tuple[tuple[_KV, ...], int]:
-    st = vocab_gguf.stat()
-    return _load_tokenizer_cached(str(vocab_gguf.resolve()), st.st_mtime_ns, st.st_size)
-
-
-@functools.lru_cache(maxsize=4)
-def _load_tokenizer_cached(path: str, _mtime_ns: int, _size: int) -> tuple[tuple[_KV, ...], int]:
-    reader = gguf.GGUFReader(path)
-    kvs: list[_KV] = []
-    n_vocab = 0
-    for key, fld in reader.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        vtype = fld.types[0]
-        sub_type: gguf.GGUFValueType | None = None
-        value: Any = fld.contents()
-        if vtype == gguf.GGUFValueType.ARRAY:
-            sub_type = fld.types[-1]
-            if len(fld.types) != 2:
-                raise ValueError(f"{path}: nested array {key!r} is not supported")
-            value = tuple(value)
-        kvs.append(_KV(key=key, value=value, vtype=vtype, sub_type=sub_type))
-        if key == "tokenizer.ggml.tokens":
-            n_vocab = len(value)
-    if n_vocab == 0:
-        raise ValueError(f"{path}: no tokenizer.ggml.tokens array; not a tokenizer GGUF?")
-    return tuple(kvs), n_vocab
-
-
-# -------------------------------------------------------------------------- writer
-
-
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(_HASH_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def write_tiny_model(path: Path, spec: TinyModelSpec, vocab_gguf: Path) -> TinyModelInfo:
     """Write the tiny model ``spec`` to ``path`` with the tokenizer of ``vocab_gguf``.
 
@@ -711,7 +482,7 @@ def write_tiny_model(path: Path, spec: TinyModelSpec, vocab_gguf: Path) -> TinyM
     same directory and renamed over ``path`` atomically.  Equal specs and vocab files give
     byte-identical output.
     """
-    tokenizer_kvs, n_vocab = _load_tokenizer(Path(vocab_gguf))
+    tokenizer_kvs, n_vocab = load_tokenizer(Path(vocab_gguf))
     plan = tensor_plan(spec, n_vocab)
     support = _ARCHS[spec.arch]
     info = write_gguf_file(
@@ -719,81 +490,3 @@ def write_tiny_model(path: Path, spec: TinyModelSpec, vocab_gguf: Path) -> TinyM
         tokenizer_kvs, ((item.name, tensor_data(spec, item)) for item in plan),
     )  # fmt: skip
     return dataclasses.replace(info, tensor_count=len(plan), name_style=spec.name_style, n_vocab=n_vocab)
-
-
-def write_gguf_file(
-    path: Path,
-    arch: str,
-    name: str,
-    dtype: DType,
-    write_hparams: Callable[[gguf.GGUFWriter], None],
-    tokenizer_kvs: Iterable[_KV],
-    tensors: Iterable[tuple[str, npt.NDArray[Any]]],
-) -> TinyModelInfo:
-    """Write a tiny model's GGUF (general keys, the arch's keys, the tokenizer, the tensors) to a temporary file
-    beside ``path`` and rename it over ``path`` atomically; shared by every tiny-model writer."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(tmp_name)
-    names: list[str] = []
-    try:
-        writer = gguf.GGUFWriter(tmp, arch)
-        try:
-            writer.add_type(gguf.GGUFType.MODEL)
-            writer.add_name(name)
-            writer.add_description(
-                "tiny random-weight test model written by llamaforge.gguf.tiny; not trained"
-            )
-            writer.add_file_type(
-                gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.ALL_F32
-            )
-            write_hparams(writer)
-            for kv in tokenizer_kvs:
-                writer.add_key_value(kv.key, kv.value, kv.vtype, sub_type=kv.sub_type)
-            for tensor_name, data in tensors:
-                writer.add_tensor(tensor_name, data)
-                names.append(tensor_name)
-            writer.write_header_to_file()
-            writer.write_kv_data_to_file()
-            writer.write_tensors_to_file()
-        finally:
-            writer.close()
-        with tmp.open("rb+") as fh:
-            os.fsync(fh.fileno())
-        tmp.chmod(0o644)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return TinyModelInfo(
-        path=path, sha256=_file_sha256(path), size=path.stat().st_size, tensor_count=len(names), arch=arch,
-        name_style="canonical", n_vocab=0, tensor_names=tuple(names),
-    )  # fmt: skip
-
-
-Shapes = Callable[[int], Iterable[tuple[str, tuple[int, ...]]]]
-
-
-def write_noise_model(
-    path: Path,
-    arch: str,
-    name: str,
-    dtype: DType,
-    seed: int,
-    write_hparams: Callable[[gguf.GGUFWriter], None],
-    shapes: Shapes,
-    vocab_gguf: Path,
-) -> TinyModelInfo:
-    """Write a model whose tensors are ``shapes(n_vocab)`` (name and numpy shape, in file order) filled with
-    :func:`noise_array` (F32 for 1-D tensors, ``dtype`` for the rest), with the tokenizer of ``vocab_gguf``:
-    the writers of the families laid out by hand (``tiny_mla``, ``tiny_shared_kv``)."""
-    tokenizer_kvs, n_vocab = _load_tokenizer(Path(vocab_gguf))
-    matrix: np.dtype[Any] = np.dtype(np.float16 if dtype == "f16" else np.float32)
-    vector: np.dtype[Any] = np.dtype(np.float32)
-    tensors = (
-        (tensor, noise_array(seed, tensor, shape, vector if len(shape) == 1 else matrix))
-        for tensor, shape in shapes(n_vocab)
-    )
-    info = write_gguf_file(Path(path), arch, name, dtype, write_hparams, tokenizer_kvs, tensors)
-    return dataclasses.replace(info, n_vocab=n_vocab)
