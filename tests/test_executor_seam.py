@@ -5,6 +5,7 @@ fetch and patch series, real store publish and manifest, and the reproducibility
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,3 +176,48 @@ def test_an_unreachable_engine_url_is_a_clear_error_naming_it(tmp_path: Path) ->
     with pytest.raises(DockerUnavailable) as info:
         executor.peek_environment_id(plan)
     assert url in info.value.message and "cannot reach the Docker engine" in info.value.message
+
+
+def test_ccache_runs_in_depend_mode_and_still_sees_a_changed_header(tmp_path: Path) -> None:
+    """Every executor passes `RunRequest.script_environment()` to the build script. With it, a real ccache
+    caches without a second preprocessor run (depend mode: the `-MD` list is the dependency record), serves an
+    unchanged unit from the cache, and recompiles when a header the unit includes changes; the reproducibility
+    rebuild's environment turns ccache off."""
+    import shutil
+    import subprocess
+
+    from conftest import require
+
+    require(bool(shutil.which("ccache") and shutil.which("cc")), "ccache and cc are needed")
+    plan, _options = _plan(tmp_path, ["llama-cli"])
+    request = RunRequest(plan, tmp_path, tmp_path / "out", None, None, jobs=2)  # type: ignore[arg-type]
+    assert request.script_environment() == {"LLAMAFORGE_JOBS": "2", "CCACHE_DEPEND": "1"}
+    rebuild = RunRequest(plan, tmp_path, tmp_path / "out", None, None, use_ccache=False)  # type: ignore[arg-type]
+    assert rebuild.script_environment() == {"CCACHE_DISABLE": "1"}
+
+    unit = tmp_path / "unit"
+    unit.mkdir()
+    (unit / "a.c").write_text('#include "value.h"\nint value(void) { return VALUE; }\n', encoding="utf-8")
+    env = {**os.environ, **request.script_environment(), "CCACHE_DIR": str(tmp_path / "ccache")}
+    env.pop("CCACHE_DISABLE", None)
+
+    def compile_with(value: int) -> str:
+        (unit / "value.h").write_text(f"#define VALUE {value}\n", encoding="utf-8")
+        command = ["ccache", "cc", "-O1", "-c", "a.c", "-MD", "-MF", "a.d", "-o", "a.o"]
+        subprocess.run(command, cwd=unit, env=env, check=True)
+        return subprocess.run(
+            ["objdump", "-d", "a.o"], cwd=unit, capture_output=True, text=True, check=True
+        ).stdout
+
+    def stats() -> dict[str, int]:
+        shown = subprocess.run(
+            ["ccache", "--print-stats"], env=env, capture_output=True, text=True, check=True
+        )
+        return {key: int(count) for key, count in (line.split("\t") for line in shown.stdout.splitlines())}
+
+    first = compile_with(41)
+    assert stats()["cache_miss"] == 1 and stats()["preprocessed_cache_miss"] == 0, "depend mode: no cpp run"
+    assert compile_with(41) == first and stats()["direct_cache_hit"] == 1
+    changed = compile_with(42)
+    assert "$0x2a" in changed and "$0x29" in first, "a changed header must recompile, not hit"
+    assert stats()["cache_miss"] == 2

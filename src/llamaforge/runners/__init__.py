@@ -66,6 +66,17 @@ class RunRequest:
     use_ccache: bool = True
     jobs: int | None = None
 
+    def script_environment(self) -> dict[str, str]:
+        """What every executor sets for the build script besides its paths: the job count when one is given, and
+        ccache's mode. ccache is off for a reproducibility rebuild; otherwise it runs in depend mode, which hashes
+        the compiler's own ``-MD`` dependency list instead of running the preprocessor a second time, so a miss
+        (every unit of a cold build) costs little more than the compile. Neither changes an output (the
+        reproducibility check compares a ccache build with a build without it), so neither is part of the build
+        key; ccache falls back to its preprocessor mode by itself for a compiler without ``-MD``."""
+        environment = {"LLAMAFORGE_JOBS": str(self.jobs)} if self.jobs else {}
+        environment.update({"CCACHE_DEPEND": "1"} if self.use_ccache else {"CCACHE_DISABLE": "1"})
+        return environment
+
 
 class Executor(Protocol):
     """Runs a plan's build script somewhere: prepares the plan's environment, then runs the script in it."""

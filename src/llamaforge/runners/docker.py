@@ -94,9 +94,7 @@ class DockerExecutor:
         """Run the build script in a fresh container and copy ``/out`` back to ``request.out_dir``."""
         plan = request.plan
         image = _builder_image(plan)
-        environment = {"LLAMAFORGE_JOBS": str(request.jobs)} if request.jobs else {}
-        if not request.use_ccache:
-            environment["CCACHE_DISABLE"] = "1"
+        environment = request.script_environment()
         volumes = {ccache_volume(): {"bind": "/ccache", "mode": "rw"}} if request.use_ccache else {}
         with Container(self._client, image.tag, volumes=volumes, environment=environment) as box:
             remove = request.cancel.on_cancel(box.remove)

@@ -63,11 +63,8 @@ class LocalExecutor:
                 "LLAMAFORGE_BUILD": str(Path(scratch) / "build"),
                 "LLAMAFORGE_OUT": str(request.out_dir),
                 "CCACHE_DIR": str(home() / "ccache"),
+                **request.script_environment(),
             }
-            if request.jobs:
-                environment["LLAMAFORGE_JOBS"] = str(request.jobs)
-            if not request.use_ccache:
-                environment["CCACHE_DISABLE"] = "1"
             command = request.plan.script.command(str(script))
             result = self.runner.run(
                 command,

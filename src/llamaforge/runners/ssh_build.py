@@ -158,11 +158,8 @@ class SshBuildExecutor:
             "LLAMAFORGE_BUILD": f"{work}/build",
             "LLAMAFORGE_OUT": f"{work}/out",
             "CCACHE_DIR": posixpath.join(posixpath.dirname(posixpath.dirname(work)), "ccache"),
+            **request.script_environment(),
         }
-        if request.jobs:
-            environment["LLAMAFORGE_JOBS"] = str(request.jobs)
-        if not request.use_ccache:
-            environment["CCACHE_DISABLE"] = "1"
         command = request.plan.script.command(script)
         result = self.runner.run(command, env=environment, merge_stderr=True, on_line=request.log,
                                  cancel=request.cancel, warn=True)  # fmt: skip
