@@ -7,6 +7,10 @@ P3: rebuild after changing one patch (warm ccache) / the cold build.
 Needs Docker, the base image (`invoke images.bootstrap`) and the llama.cpp sdist in LLAMAFORGE_SOURCE_MIRROR.
 Usage: python benchmarks/build_bench.py   (about 20 minutes on 2 cores)
 
+P1 alone, in ABBA order (raw, cold, cold, raw: a fresh store and an empty ccache volume for each cold build) so
+a drift of the machine's load hits both sides alike; --cpu LEVEL builds one CPU level instead of the recipe's:
+    python benchmarks/build_bench.py --p1 [--cpu x86-64-v3]
+
 P2 alone, on a store that already holds the build (LLAMAFORGE_HOME), optionally against another checkout of
 llamaforge, alternating runs so both sides see the same machine:
     python benchmarks/build_bench.py --p2 [--runs 7] [--baseline DIR] [-- BUILD OPTIONS ...]
@@ -25,6 +29,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,6 +88,58 @@ def hit_series(
     return times
 
 
+def raw_cmake(plan: Any, source: Path, env: dict[str, str]) -> float:
+    """Seconds of plain `cmake -G Ninja` + `cmake --build` of the plan's targets in its builder image (the source
+    mounted read-only, no ccache)."""
+    assert plan.environment.image is not None
+    raw_args = " ".join(f"'{arg}'" for arg in plan.cmake_args)
+    targets = " ".join(plan.targets)
+    raw_script = (
+        f"cmake -S /src -B /tmp/b {raw_args} -DGGML_CCACHE=OFF >/dev/null"
+        f" && cmake --build /tmp/b --target {targets} >/dev/null"
+    )
+    print("P1 raw cmake -G Ninja in the builder image ...", flush=True)
+    command = ["docker", "run", "--rm", "--network", "none", "-v", f"{source}:/src:ro", plan.environment.image.tag,
+               "bash", "-c", raw_script]  # fmt: skip
+    raw, _ = timed(command, env)
+    return raw
+
+
+def p1_only(cpu: str | None) -> None:
+    """P1 in ABBA order: raw, cold, cold, raw; each cold build in a fresh store with an empty ccache volume."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from llamaforge.build.plan import BuildOptions, plan_build
+    from llamaforge.build.recipes import load_recipe
+    from llamaforge.build.source import fetch_source
+    from llamaforge.runners.docker import DockerExecutor
+
+    recipe = load_recipe("default")
+    source = fetch_source(recipe.source)
+    plan = plan_build(recipe, BuildOptions(cpu=cpu))
+    DockerExecutor().prepare_environment(plan, lambda event: None)  # the builder image, not timed
+    options = ["--cpu", cpu] if cpu else []
+    raws, colds = [], []
+    for side in ("raw", "cold", "cold", "raw"):
+        if side == "raw":
+            raws.append(raw_cmake(plan, source, dict(os.environ)))
+            print(f"   raw: {raws[-1]:.1f} s", flush=True)
+            continue
+        home = Path(tempfile.mkdtemp(prefix="lf-bench-home-"))
+        volume = f"llamaforge-bench-ccache-{uuid.uuid4().hex[:8]}"
+        env = {**os.environ, "LLAMAFORGE_HOME": str(home), "LLAMAFORGE_CCACHE_VOLUME": volume}
+        print("P1 cold invoke build (fresh store, empty ccache volume) ...", flush=True)
+        try:
+            cold, _ = timed([sys.executable, "-m", "invoke", "build", *options, "--json"], env)
+        finally:
+            subprocess.run(["docker", "volume", "rm", "-f", volume], capture_output=True)
+        colds.append(cold)
+        print(f"   invoke build: {cold:.1f} s", flush=True)
+    ratio = sum(colds) / sum(raws)
+    print(f"P1 cold invoke build / raw cmake ({plan.cpu}, {len(plan.targets)} targets) = {sum(colds):.1f} s / "
+          f"{sum(raws):.1f} s = {ratio:.3f}  (runs: raw {[round(v, 1) for v in raws]}, cold "
+          f"{[round(v, 1) for v in colds]}; goal <= 1.05)")  # fmt: skip
+
+
 def p2_only(arguments: argparse.Namespace) -> None:
     """P2 alone on the store in LLAMAFORGE_HOME: median cache-hit time, beside a baseline checkout if given."""
     trees = {"this tree": ROOT}
@@ -100,12 +157,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--p1", action="store_true", help="only P1, ABBA: raw, cold, cold, raw")
+    parser.add_argument("--cpu", help="--p1: build this CPU level (e.g. x86-64-v3) instead of the recipe's")
     parser.add_argument("--p2", action="store_true", help="only P2, on the build store in LLAMAFORGE_HOME")
     parser.add_argument("--runs", type=int, default=7, help="cache hits per tree (--p2)")
     parser.add_argument("--baseline", type=Path, help="another llamaforge checkout to time beside this one")
     parser.add_argument("options", nargs="*", help="`invoke build` options, after --")
     arguments = parser.parse_args()
-    if arguments.p2:
+    if arguments.p1:
+        p1_only(arguments.cpu)
+    elif arguments.p2:
         p2_only(arguments)
     else:
         full_run()
@@ -133,31 +194,7 @@ def full_run() -> None:
     # Builder image first (not timed), so neither side of P1 pays for it.
     DockerExecutor().prepare_environment(plan, lambda event: None)
 
-    assert plan.environment.image is not None
-    builder_tag = plan.environment.image.tag
-    raw_args = " ".join(f"'{arg}'" for arg in plan.cmake_args)
-    targets = " ".join(plan.targets)
-    raw_script = (
-        f"cmake -S /src -B /tmp/b {raw_args} -DGGML_CCACHE=OFF >/dev/null"
-        f" && cmake --build /tmp/b --target {targets} >/dev/null"
-    )
-    print("P1 raw cmake -G Ninja in the builder image ...", flush=True)
-    raw, _ = timed(
-        [
-            "docker",
-            "run",
-            "--rm",
-            "--network",
-            "none",
-            "-v",
-            f"{source}:/src:ro",
-            builder_tag,
-            "bash",
-            "-c",
-            raw_script,
-        ],
-        env,
-    )
+    raw = raw_cmake(plan, source, env)
     print(f"   raw: {raw:.1f} s", flush=True)
     print("P1 cold invoke build (empty ccache volume) ...", flush=True)
     cold, out = timed([*invoke, "build", "--patches", str(series_a), "--json"], env)
