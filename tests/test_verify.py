@@ -31,8 +31,10 @@ from llamaforge.gguf.header import ArraySummary, GGUFFormatError, HeaderLimits, 
 from llamaforge.gguf.sources import BytesSource
 from llamaforge.gguf.tiny import TensorPlanEntry, TinyModelSpec, write_tiny_model
 from llamaforge.models import verify
+from llamaforge.models.chat_template import audit_chat_template
 from llamaforge.models.recipes import ModelExpectations, ModelRecipe
-from llamaforge.models.verify import audit_chat_template, verify_model
+from llamaforge.models.tensor_set import check_tensor_set
+from llamaforge.models.verify import verify_model
 from llamaforge.serve.loadlog import CacheSize, parse_load_log
 
 VOCAB = 300
@@ -749,14 +751,14 @@ def test_mtp_blocks_and_unknown_archs(tmp_path: Path) -> None:
         "blk.0.nextn.eh_proj.weight",
         "blk.1.nextn.eh_proj.weight",
     ]
-    _missing, unknown, _findings = verify.check_tensor_set(
+    _missing, unknown, _findings = check_tensor_set(
         header("qwen35", names, block_count=2, nextn_predict_layers=1)
     )
     assert unknown == ["blk.0.nextn.eh_proj.weight"]  # block 1 is the MTP block, block 0 is not
-    missing, unknown, findings = verify.check_tensor_set(
+    missing, unknown, findings = check_tensor_set(
         header("llama", [*names[:2], "blk.0.attn_q.weight"], block_count=2)
     )
     assert (missing, unknown) == ([], [])  # no per-layer rules for llama: names only, no guessing
     assert [f.status for f in findings] == ["ok"]
-    _missing, unknown, findings = verify.check_tensor_set(header("gpt-nope", names[:2]))
+    _missing, unknown, findings = check_tensor_set(header("gpt-nope", names[:2]))
     assert findings[0].status == "fail" and "not known" in findings[0].message

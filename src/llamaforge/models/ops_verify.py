@@ -10,7 +10,7 @@ from pydantic import Field
 
 from llamaforge.core.errors import InvalidOption, ModelError, OperationFailed
 from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
-from llamaforge.models.verify import Status
+from llamaforge.models.findings import Status
 
 
 class ModelVerifyParams(Params):

@@ -16,37 +16,29 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final
 
 from llamaforge import __version__
 from llamaforge.core.errors import InvalidOption, ModelError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.paths import home, write_text_atomic
+from llamaforge.models.chat_template import check_templates
+from llamaforge.models.findings import Finding, Status
+from llamaforge.models.tensor_set import check_tensor_set
 from llamaforge.runners.process import LOCAL, ProcessRunner
 
-# The readers are imported by the checks that use them: every front imports this module (for Status).
+# The readers are imported by the checks that use them.
 if TYPE_CHECKING:
     from llamaforge.gguf.header import GGUFHeader
     from llamaforge.models.recipes import ModelRecipe
 
-Status = Literal["ok", "warn", "fail", "skipped"]
 CHECKS: Final = ("header", "sha256", "structure", "tensors", "expectations", "template", "load")
 # Bump when the analysis changes, so old cache entries are not trusted.
 VERIFY_CACHE_VERSION: Final = 1
 _HASH_BUFFER: Final = 8 << 20
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One result of a check: ``subject`` names the tensor, key or field concerned."""
-
-    check: str
-    status: Status
-    subject: str
-    message: str
 
 
 @dataclass
@@ -99,140 +91,6 @@ class VerifyReport:
         }
 
 
-# --------------------------------------------------------------------------------------------- tensors
-
-_Alternatives = tuple[tuple[str, ...], ...]  # a requirement: any one alternative, all of its kinds
-
-
-def _need(*kinds: str) -> tuple[_Alternatives, ...]:
-    return tuple(((kind,),) for kind in kinds)
-
-
-_QKV: Final[_Alternatives] = (("ATTN_QKV",), ("ATTN_Q", "ATTN_K", "ATTN_V"))
-_GATE_UP_EXPS: Final[_Alternatives] = (("FFN_GATE_UP_EXP",), ("FFN_GATE_EXP", "FFN_UP_EXP"))
-_QWEN3_ATTN: Final = (_QKV, *_need("ATTN_OUT", "ATTN_Q_NORM", "ATTN_K_NORM"))
-_DENSE_FFN: Final = _need("FFN_GATE", "FFN_DOWN", "FFN_UP")
-_SHARED_MOE: Final = (*_need("FFN_GATE_INP", "FFN_DOWN_EXP"), _GATE_UP_EXPS,
-                      *_need("FFN_GATE_INP_SHEXP", "FFN_GATE_SHEXP", "FFN_UP_SHEXP", "FFN_DOWN_SHEXP"))  # fmt: skip
-_DELTANET: Final = _need("SSM_CONV1D", "SSM_DT", "SSM_A", "SSM_NORM", "SSM_OUT")
-
-
-@dataclass(frozen=True)
-class _ArchRules:
-    """Tensors llama.cpp b11312 requires (models/<arch>.cpp), per kind of layer."""
-
-    every: tuple[_Alternatives, ...]
-    attention: tuple[_Alternatives, ...] = ()
-    recurrent: tuple[_Alternatives, ...] = ()
-
-
-# Global tensors required everywhere: output is optional (tied embeddings), rope_freqs too.
-_GLOBAL_REQUIRED: Final = ("TOKEN_EMBD", "OUTPUT_NORM")
-_ARCH_RULES: Final[Mapping[str, _ArchRules]] = {
-    "qwen2": _ArchRules(every=(*_need("ATTN_NORM", "ATTN_OUT", "FFN_NORM"), _QKV, *_DENSE_FFN)),
-    "qwen3": _ArchRules(every=(*_need("ATTN_NORM", "FFN_NORM"), *_QWEN3_ATTN, *_DENSE_FFN)),
-    "qwen3moe": _ArchRules(every=(*_need("ATTN_NORM", "FFN_NORM", "FFN_GATE_INP"), *_QWEN3_ATTN,
-                                  *_need("FFN_GATE_EXP", "FFN_DOWN_EXP", "FFN_UP_EXP"))),
-    "qwen35": _ArchRules(every=(*_need("ATTN_NORM", "ATTN_POST_NORM"), *_DENSE_FFN), attention=_QWEN3_ATTN,
-                         recurrent=(*_DELTANET, *_need("SSM_BETA", "SSM_ALPHA"))),
-    "qwen35moe": _ArchRules(every=(*_need("ATTN_NORM", "ATTN_POST_NORM"), *_SHARED_MOE), attention=_QWEN3_ATTN,
-                            recurrent=(*_DELTANET, *_need("SSM_BETA", "SSM_ALPHA"))),
-    "qwen3next": _ArchRules(every=(*_need("ATTN_NORM", "ATTN_POST_NORM"), *_SHARED_MOE), attention=_QWEN3_ATTN,
-                            recurrent=(*_DELTANET, *_need("SSM_BETA_ALPHA"),
-                                       (("SSM_IN",), ("ATTN_QKV", "ATTN_GATE")))),
-    # src/models/gemma2.cpp, gemma3.cpp at b11312: post-norms after attention and FFN (gguf calls blk.N.ffn_norm
-    # FFN_PRE_NORM for these archs); gemma3 adds Q/K norms.
-    "gemma2": _ArchRules(every=(*_need("ATTN_NORM", "ATTN_OUT", "ATTN_POST_NORM", "FFN_PRE_NORM", "FFN_POST_NORM"),
-                                _QKV, *_DENSE_FFN)),
-    "gemma3": _ArchRules(every=(*_need("ATTN_NORM", "ATTN_POST_NORM", "FFN_PRE_NORM", "FFN_POST_NORM"),
-                                *_QWEN3_ATTN, *_DENSE_FFN)),
-}  # fmt: skip
-_SUFFIX: Final[Mapping[str, str]] = {"SSM_A": "", "SSM_DT": ".bias"}
-_NEXTN: Final = ("NEXTN_EH_PROJ", "NEXTN_EMBED_TOKENS", "NEXTN_ENORM", "NEXTN_HNORM",
-                 "NEXTN_SHARED_HEAD_HEAD", "NEXTN_SHARED_HEAD_NORM")  # fmt: skip
-
-
-def _tensor_name(kind: str, bid: int | None) -> str:
-    import gguf
-
-    template = str(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR[kind]])
-    return (template.format(bid=bid) if bid is not None else template) + _SUFFIX.get(kind, ".weight")
-
-
-def check_tensor_set(header: GGUFHeader) -> tuple[list[str], list[str], list[Finding]]:
-    """``(missing, unknown, findings)`` for the file's tensors against ``gguf.MODEL_TENSORS`` of its arch.
-
-    Unknown: names no tensor kind of the arch produces (or blocks past ``block_count``). Missing: tensors
-    llama.cpp requires, per layer kind (attention or recurrent for hybrid archs); optional ones (``output``
-    with tied embeddings, ``rope_freqs``, biases, MTP blocks) never count as missing.
-    """
-    import gguf
-
-    from llamaforge.models.inspect import layer_kinds
-
-    arch = header.architecture or ""
-    model_arch = next((m for m, name in gguf.MODEL_ARCH_NAMES.items() if name == arch), None)
-    if model_arch is None:
-        return [], [], [Finding("tensors", "fail", "general.architecture",
-                                f"architecture {arch!r} is not known to gguf 0.19.0 / llama.cpp")]  # fmt: skip
-    kinds = layer_kinds(header)
-    templates: dict[str, str] = {}  # "blk.{bid}.attn_q" / "output" -> kind name
-    for tensor_kind in [*gguf.MODEL_TENSORS[model_arch], *(gguf.MODEL_TENSOR[k] for k in _NEXTN)]:
-        templates[str(gguf.TENSOR_NAMES[tensor_kind])] = tensor_kind.name
-    present: dict[int | None, set[str]] = {}
-    unknown: list[str] = []
-    for tensor in header.tensors:
-        found = _classify(tensor.name, templates, len(kinds))
-        if found is not None and found[0] in _NEXTN and (found[1] is None or kinds[found[1]] != "mtp"):
-            found = None  # nextn.* tensors live in the MTP blocks only
-        if found is None:
-            unknown.append(tensor.name)
-        else:
-            present.setdefault(found[1], set()).add(found[0])
-    missing = [_tensor_name(kind, None) for kind in _GLOBAL_REQUIRED if kind not in present.get(None, set())]
-    rules = _ARCH_RULES.get(arch)
-    findings: list[Finding] = []
-    if rules is None:
-        # Without llama.cpp's per-layer rules (dense/MoE and attention/recurrent patterns vary by arch), a
-        # guess would raise false alarms: only names and the global tensors are checked.
-        findings.append(Finding("tensors", "ok", arch, f"no per-layer rules for {arch}: checked tensor names "
-                                "and the global tensors only"))  # fmt: skip
-    else:
-        for bid, kind in enumerate(kinds):
-            if kind == "mtp":
-                continue
-            layer_rules = rules.every + (rules.attention if kind == "attention" else rules.recurrent)
-            missing += _missing_in_layer(layer_rules, present.get(bid, set()), bid)
-    findings += [Finding("tensors", "fail", name, f"unknown tensor {name} for {arch}") for name in unknown]
-    findings += [Finding("tensors", "fail", name, f"missing tensor {name}") for name in missing]
-    return missing, unknown, findings
-
-
-def _classify(name: str, templates: Mapping[str, str], n_layer: int) -> tuple[str, int | None] | None:
-    match = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
-    bid = int(match.group(1)) if match else None
-    if bid is not None and (bid >= n_layer or match is None or match.group(1) != str(bid)):
-        return None
-    base = f"blk.{{bid}}.{match.group(2)}" if match else name
-    for suffix in ("", ".weight", ".bias"):
-        if suffix and not base.endswith(suffix):
-            continue
-        kind = templates.get(base.removesuffix(suffix) if suffix else base)
-        if kind is not None:
-            return kind, bid
-    return None
-
-
-def _missing_in_layer(rules: Iterable[_Alternatives], present: set[str], bid: int) -> list[str]:
-    missing: list[str] = []
-    for alternatives in rules:
-        if any(all(kind in present for kind in option) for option in alternatives):
-            continue
-        closest = max(alternatives, key=lambda option: (sum(k in present for k in option), len(option)))
-        missing += [_tensor_name(kind, bid) for kind in closest if kind not in present]
-    return missing
-
-
 # -------------------------------------------------------------------------------------------- structure
 
 
@@ -264,123 +122,6 @@ def check_structure(header: GGUFHeader) -> list[Finding]:
             if rows != n_vocab:
                 message = f"{tensor.name} has {rows} rows but the vocabulary {n_vocab} tokens"
                 findings.append(Finding("structure", "fail", tensor.name, message))
-    return findings
-
-
-# -------------------------------------------------------------------------------------- chat template
-
-# Names and attributes a chat template never needs but template-injection payloads reach for.
-_DANGEROUS_NAMES: Final = frozenset({
-    "os", "sys", "subprocess", "builtins", "__builtins__", "import", "__import__", "importlib", "eval", "exec",
-    "compile", "open", "getattr", "setattr", "delattr", "globals", "locals", "vars", "config", "request",
-    "self", "lipsum", "cycler", "joiner", "url_for", "get_flashed_messages", "session", "g", "application",
-})  # fmt: skip
-# Python introspection only: never a chat message's field, as an attribute or as an item.
-_INTROSPECTION: Final = frozenset({
-    "mro", "func_globals", "func_code", "f_globals", "f_locals", "f_back", "f_builtins", "gi_frame", "gi_code",
-    "cr_frame", "cr_code", "ag_frame", "ag_code", "co_code", "tb_frame", "tb_next", "im_func", "im_self",
-    "im_class", "import_module", "load_module", "jinja_env",
-})  # fmt: skip
-_DANGEROUS_ATTRS: Final = _INTROSPECTION | frozenset({
-    "os", "popen", "system", "environ", "modules", "eval", "exec", "compile", "open", "builtins", "globals",
-    "locals", "getattr", "setattr", "subclasses", "spawn", "check_output", "environment",
-})  # fmt: skip
-_DUNDER: Final = re.compile(r"__\w+__")
-# "{0.__class__}", "{x[key]}": str.format walking objects
-_FORMAT_TRAVERSAL: Final = re.compile(r"\{[^{}]*[.\[]")
-
-
-def _generation_tag() -> type[Any]:
-    """HF's ``{% generation %}…{% endgeneration %}`` (assistant masks), so templates using it parse."""
-    from jinja2 import nodes
-    from jinja2.ext import Extension
-    from jinja2.parser import Parser
-
-    class GenerationTag(Extension):
-        tags = {"generation"}  # noqa: RUF012 - jinja2's Extension API
-
-        def parse(self, parser: Parser) -> nodes.Node:
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-            return nodes.Scope(body, lineno=lineno)
-
-    return GenerationTag
-
-
-def audit_chat_template(source: str) -> tuple[bool, list[str]]:
-    """``(parses, flags)``: parse ``source`` in a sandboxed Jinja environment (never rendering it) and flag
-    every name, attribute, filter, string or tag a chat template never needs (``__class__``, ``mro``,
-    ``cycler``, ``os``, ``|attr``, ``{% import %}``, format strings walking attributes, …)."""
-    from jinja2 import TemplateSyntaxError, nodes
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    env = ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols", _generation_tag()])
-    try:
-        tree = env.parse(source)
-    except TemplateSyntaxError as error:
-        return False, [f"does not parse with Jinja2: {error.message} (line {error.lineno})"]
-    flags: list[tuple[int, str]] = []
-
-    def flag(node: nodes.Node, message: str) -> None:
-        flags.append((node.lineno, f"{message} (line {node.lineno})"))
-
-    local_names = {n.name for n in tree.find_all(nodes.Name) if n.ctx in ("store", "param")}
-    local_names |= {m.name for m in tree.find_all(nodes.Macro)}
-    for name_node in tree.find_all(nodes.Name):
-        if (
-            name_node.ctx == "load"
-            and name_node.name in _DANGEROUS_NAMES
-            and name_node.name not in local_names
-        ):
-            flag(name_node, f"uses the name {name_node.name!r}")
-    for attr in tree.find_all(nodes.Getattr):
-        if attr.attr.startswith("_") or attr.attr in _DANGEROUS_ATTRS:
-            flag(attr, f"reaches for the attribute {attr.attr!r}")
-        elif attr.attr in ("format", "format_map"):
-            receiver = attr.node.value if isinstance(attr.node, nodes.Const) else None
-            if not isinstance(receiver, str) or _FORMAT_TRAVERSAL.search(receiver):
-                flag(attr, f"calls .{attr.attr} on a string that is not a constant or walks attributes")
-    for item in tree.find_all(nodes.Getitem):
-        key = item.arg.value if isinstance(item.arg, nodes.Const) else None
-        if isinstance(key, str) and (key.startswith("_") or key in _INTROSPECTION):
-            flag(item, f"reaches for the item {key!r}")
-    for const in tree.find_all(nodes.Const):
-        if isinstance(const.value, str) and _DUNDER.search(const.value):
-            flag(const, f"holds the dunder string {const.value[:40]!r}")
-    for concat in tree.find_all((nodes.Concat, nodes.Add)):
-        try:
-            folded = concat.as_const(nodes.EvalContext(env))
-        except Exception:  # noqa: BLE001, S112 - not constant: nothing to fold
-            continue
-        if isinstance(folded, str) and _DUNDER.search(folded):
-            flag(concat, f"builds the dunder string {folded[:40]!r}")
-    for filter_node in tree.find_all(nodes.Filter):
-        if filter_node.name == "attr":
-            flag(filter_node, "uses the |attr filter")
-    for tag in tree.find_all((nodes.Import, nodes.FromImport, nodes.Include, nodes.Extends)):
-        flag(tag, f"uses {{% {type(tag).__name__.lower()} %}}, which reaches outside the template")
-    return True, [message for _line, message in sorted(set(flags))]
-
-
-def check_templates(metadata: Mapping[str, Any]) -> list[Finding]:
-    """Audit ``tokenizer.chat_template`` and its named variants (``tokenizer.chat_template.tool_use``…)."""
-    from llamaforge.gguf.header import LongString
-
-    findings: list[Finding] = []
-    for key, value in metadata.items():
-        if not key.startswith("tokenizer.chat_template"):
-            continue
-        if isinstance(value, LongString):
-            findings.append(
-                Finding("template", "fail", key, f"{value.length}-byte template is too long to audit")
-            )
-            continue
-        if not isinstance(value, str):
-            findings.append(Finding("template", "fail", key, "chat template is not a string"))
-            continue
-        parses, flags = audit_chat_template(value)
-        status: Status = "fail" if parses else "warn"
-        findings += [Finding("template", status, key, message) for message in flags]
     return findings
 
 
