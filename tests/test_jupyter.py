@@ -20,13 +20,13 @@ from llamaforge.core.registry import operations
 from llamaforge.fronts.jupyter import (
     BackgroundJob,
     HelpText,
-    HTMLProgress,
     NotebookError,
     OperationResult,
     build_parser,
     resolve_operation,
     run,
 )
+from llamaforge.fronts.jupyter_progress import HTMLProgress
 from llamaforge.fronts.render_html import render_html
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.serve.fit_chart import fit_chart_png
@@ -271,7 +271,7 @@ def test_python_api(lf_home: Path) -> None:
 
 def test_widget_progress_when_ipywidgets_is_installed(shell: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("ipywidgets")  # optional: without it notebooks get the HTML progress above
-    from llamaforge.fronts.jupyter import WidgetProgress, progress_view
+    from llamaforge.fronts.jupyter_progress import WidgetProgress, progress_view
 
     monkeypatch.setattr(shell, "kernel", object(), raising=False)
     view = progress_view("build")
