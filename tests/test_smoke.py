@@ -40,19 +40,17 @@ from llamaforge.smoke.report import (
     write_run_files,
 )
 from llamaforge.smoke.roofline import Bandwidth, gpu_bandwidth, probe_cpu_bandwidth, roofline
-from llamaforge.smoke.run import (
-    SmokeOptions,
-    SmokeTarget,
+from llamaforge.smoke.run import SmokeOptions, SmokeTarget, run_smoke
+from llamaforge.smoke.server import ChatRequest, LevelRun, RequestSample
+from llamaforge.smoke.verdict import (
     SmokeThresholds,
     distribution,
     evaluate,
     parse_threshold_items,
     percentile,
     resolve_thresholds,
-    run_smoke,
     summarize_level,
 )
-from llamaforge.smoke.server import ChatRequest, LevelRun, RequestSample
 
 DATA = Path(__file__).parent / "data" / "smoke"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

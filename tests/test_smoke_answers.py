@@ -29,7 +29,8 @@ from llamaforge.smoke.answers import (
     first_difference,
     load_golden,
 )
-from llamaforge.smoke.run import SmokeOptions, evaluate, resolve_thresholds
+from llamaforge.smoke.run import SmokeOptions
+from llamaforge.smoke.verdict import evaluate, resolve_thresholds
 
 if str(REPO) not in sys.path:  # `mcp_server/` sits at the top of the checkout, next to tasks.py
     sys.path.insert(0, str(REPO))

@@ -180,14 +180,8 @@ class SmokeReport(Result):
 )
 def smoke_op(params: SmokeParams, ctx: OperationContext) -> SmokeReport:
     """Smoke a build with a model: llama-bench + streaming llama-server, thresholds, report and plots."""
-    from llamaforge.smoke.run import (
-        SmokeOptions,
-        SmokeTarget,
-        parse_threshold_items,
-        resolve_thresholds,
-        result_view,
-        run_smoke,
-    )
+    from llamaforge.smoke.run import SmokeOptions, SmokeTarget, result_view, run_smoke
+    from llamaforge.smoke.verdict import parse_threshold_items, resolve_thresholds
 
     options = SmokeOptions(
         pp=params.pp, tg=params.tg, repetitions=params.repetitions, threads=params.threads,
