@@ -3,6 +3,9 @@
 D1: a changed-release rollout (new flags: release files seeded and checked by sha256, unit, switch, restart,
     health gate) ÷ the same release files sent with plain `scp` plus a `systemctl restart`, same hosts, same
     order (one host, then the other two); rounds interleaved so machine drift hits both sides (goal <= 1.2).
+    Also printed: the same ÷ scp + restart + waiting until `/health` answers 200 on each host (polled over
+    ssh with bash's /dev/tcp), what an operator who checks the service is up pays; our gate adds a real
+    completion on top.
 D2: deploying the release that is already current (a no-op): wall time, median (goal <= 2 s).
 D3: model bytes sent when only the flags change (goal 0).
 
@@ -30,7 +33,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from llamaforge.build.images import DEFAULT_TAG  # noqa: E402
 from llamaforge.build.store import list_builds  # noqa: E402
 from llamaforge.core.registry import OperationContext, operations  # noqa: E402
-from llamaforge.deploy.release import ReleaseSpec, release_files  # noqa: E402
+from llamaforge.deploy.release import DEFAULT_PORT, ReleaseSpec, release_files  # noqa: E402
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model  # noqa: E402
 from llamaforge.runners.engine import docker_client  # noqa: E402
 from testhosts import USER, ensure_image, make_client_key, remove_hosts, start_hosts  # noqa: E402
@@ -43,8 +46,19 @@ def deploy(**arguments: Any) -> Any:
     return op.run(op.params(**arguments), OperationContext())
 
 
-def scp_and_restart(hosts: list[Any], key: Path, known: Path, files: list[tuple[Path, str]]) -> float:
-    """The plain way: scp the release's files to each host, then restart the unit; one host, then two."""
+# Polls llama-server's /health on the host's loopback until it answers 200 (60 s at most), with bash alone.
+WAIT_HEALTHY = (
+    "for _ in $(seq 600); do if { exec 3<>/dev/tcp/127.0.0.1/{port}; } 2>/dev/null; then "
+    "printf 'GET /health HTTP/1.0\\r\\n\\r\\n' >&3; read -r line <&3; exec 3>&-; "
+    "case $line in *' 200 '*) exit 0;; esac; fi; sleep 0.1; done; exit 1"
+)
+
+
+def scp_and_restart(
+    hosts: list[Any], key: Path, known: Path, files: list[tuple[Path, str]], *, wait_port: int | None = None
+) -> float:
+    """The plain way: scp the release's files to each host, then restart the unit; one host, then two. With
+    ``wait_port``, each host's step ends only when its /health answers 200."""
     options = ["-i", str(key), "-o", f"UserKnownHostsFile={known}", "-o", "StrictHostKeyChecking=yes",
                "-o", "BatchMode=yes"]  # fmt: skip
     target = f"/home/{USER}/{NAME}-scp"
@@ -67,6 +81,10 @@ def scp_and_restart(hosts: list[Any], key: Path, known: Path, files: list[tuple[
                 ]
                 steps.append(shlex.join(scp))
         steps.append(f"{ssh} 'sudo systemctl restart llamaforge-{NAME}.service'")
+        if wait_port is not None:
+            steps.append(
+                f"{ssh} {shlex.quote(shlex.join(['bash', '-c', WAIT_HEALTHY.format(port=wait_port)]))}"
+            )
         return subprocess.Popen(["sh", "-c", " && ".join(steps)])
 
     for group in ([hosts[0]], hosts[1:]):
@@ -103,13 +121,14 @@ def main() -> None:
         from llamaforge.build.store import build_dir
 
         files = release_files(ReleaseSpec(build, build_dir(build), "", model, "", 0))
-        ours, plain, model_bytes = [], [], 0
+        ours, plain, waited, model_bytes = [], [], [], 0
         for index in range(args.rounds):
             started = time.monotonic()
             changed = deploy(**base, ctx=1024 + 256 * index)
             ours.append(time.monotonic() - started)
             model_bytes += sum(host.model_bytes for host in changed.hosts)
             plain.append(scp_and_restart(hosts, key, known, files))
+            waited.append(scp_and_restart(hosts, key, known, files, wait_port=DEFAULT_PORT))
         deploy(**base, ctx=1024 + 256 * (args.rounds - 1))  # the last release current again, healthy
         noop = []
         for _ in range(5):
@@ -125,6 +144,9 @@ def main() -> None:
     print(f"D1 changed release: llamaforge {statistics.median(ours):.2f} s (runs {[round(v, 2) for v in ours]}) / "
           f"scp + restart {statistics.median(plain):.2f} s (runs {[round(v, 2) for v in plain]}) = {ratio:.2f}"
           f" (goal <= 1.2)")  # fmt: skip
+    healthy = statistics.median(ours) / statistics.median(waited)
+    print(f"D1 beside scp + restart + waiting for /health 200: {statistics.median(waited):.2f} s (runs "
+          f"{[round(v, 2) for v in waited]}) = {healthy:.2f}")  # fmt: skip
     print(f"D2 already-current no-op: median {statistics.median(noop):.2f} s (runs {[round(v, 2) for v in noop]})"
           " (goal <= 2 s)")  # fmt: skip
     print(f"D3 model bytes sent over {args.rounds} flag-only rollouts: {model_bytes} (goal 0)")
