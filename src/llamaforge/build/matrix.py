@@ -17,11 +17,15 @@ from llamaforge.core.paths import data_dir
 from llamaforge.core.registry import Result
 from llamaforge.core.validation import read_toml, recipe_error
 
+# Built when a matrix is first loaded: ``build`` imports this module for its result model, and a single build
+# (a cache hit) never reads a matrix.
+_MATRIX_CONFIG = ConfigDict(extra="forbid", defer_build=True)
+
 
 class MatrixEntry(BaseModel):
     """One build of a matrix: the build options of ``invoke build`` that it sets."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _MATRIX_CONFIG
 
     name: str = Field(description="Name of the build in the summary")
     recipe: str | None = Field(None, description="Build recipe (default: the matrix's recipe)")
@@ -48,7 +52,7 @@ class MatrixEntry(BaseModel):
 class Matrix(BaseModel):
     """A build matrix file."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _MATRIX_CONFIG
 
     name: str
     description: str = ""

@@ -132,8 +132,6 @@ def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
 def _toolchain(params: BuildParams, platform: str) -> WindowsToolchain | None:
     """The Windows toolchain: --toolchain, else the executor's (mingw in Docker, MSVC on a host), checked
     against the executor; other platforms have one toolchain and refuse the option."""
-    from llamaforge.platforms.windows import check_toolchain, default_toolchain
-
     if platform != "windows":
         if params.toolchain:
             raise InvalidOption(
@@ -141,6 +139,8 @@ def _toolchain(params: BuildParams, platform: str) -> WindowsToolchain | None:
                 hint="add --platform windows, or drop --toolchain",
             )
         return None
+    from llamaforge.platforms.windows import check_toolchain, default_toolchain
+
     toolchain = params.toolchain or default_toolchain(params.executor)
     if not params.dry_run:  # a dry run shows the plan of either toolchain without its build host
         check_toolchain(toolchain, params.executor)
