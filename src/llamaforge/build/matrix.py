@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from llamaforge.build.recipes import Backend, Platform, WindowsToolchain, resolve_named_file
 from llamaforge.core.errors import Cancelled, LlamaforgeError
 from llamaforge.core.paths import data_dir
-from llamaforge.core.registry import Result
+from llamaforge.core.registry import Result, empty_list
 from llamaforge.core.validation import read_toml, recipe_error
 
 # Built when a matrix is first loaded: ``build`` imports this module for its result model, and a single build
@@ -76,7 +76,7 @@ class MatrixRow(Result):
     key: str | None = None
     platform: str | None = None
     backend: str | None = None
-    archs: list[str] = Field(default_factory=list)
+    archs: list[str] = Field(default_factory=empty_list)
     seconds: float = 0.0
     error: str | None = None
     hint: str | None = None

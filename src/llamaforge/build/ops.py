@@ -12,7 +12,15 @@ from llamaforge.build.doctor import Status
 from llamaforge.build.matrix import MatrixRow
 from llamaforge.build.recipes import Backend, CudaToolkitKind, Platform, WindowsToolchain
 from llamaforge.core.errors import InvalidOption, LlamaforgeError, NotReproducible, OperationFailed
-from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
+from llamaforge.core.registry import (
+    OperationContext,
+    Params,
+    Result,
+    absent,
+    empty_list,
+    operation,
+    path_field,
+)
 
 if TYPE_CHECKING:
     from llamaforge.build.plan import BuildOptions, BuildPlan
@@ -40,7 +48,9 @@ class BuildParams(Params):
     ca_bundle: str | None = path_field(
         None, description="Extra CA bundle for builds behind a TLS-intercepting proxy"
     )
-    cmake: list[str] = Field(default_factory=list, description="Extra CMake option KEY=VALUE (repeatable)")
+    cmake: list[str] = Field(
+        default_factory=empty_list, description="Extra CMake option KEY=VALUE (repeatable)"
+    )
     cpu: str | None = Field(
         None,
         description="CPU level instead of the recipe's: variants, native, baseline, x86-64-v2/v3/v4, "

@@ -10,6 +10,7 @@ no Jinja at all. Deploy files are never cached: their contexts may hold what mus
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -91,20 +92,28 @@ def _render_digest(template: str, context: dict[str, Any]) -> str | None:
         plain = _tagged(context)
     except TypeError:
         return None
-    digest = hashlib.sha256(f"{_RENDER_CACHE_FORMAT}\n{sys.version}\n{template}\n".encode())
+    digest = hashlib.sha256(f"{_code_digest()}\n{template}\n".encode())
     digest.update(json.dumps(plain, sort_keys=True).encode())
-    digest.update(Path(__file__).read_bytes())  # the filters and the environment's settings
-    for package in ("jinja2", "markupsafe"):  # their installed versions, read without importing them
-        spec = importlib.util.find_spec(package)
-        for module in sorted(Path(spec.origin).parent.glob("*.py")) if spec and spec.origin else ():
-            stat = module.stat()
-            digest.update(f"{module}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
     root = data_dir("templates")
     for path in sorted(root.rglob("*")):
         if path.is_file():  # every template: one may include or import another
             digest.update(f"\n{path.relative_to(root).as_posix()}\n".encode())
             digest.update(path.read_bytes())
     return digest.hexdigest()[:32]
+
+
+@functools.cache
+def _code_digest() -> str:
+    """The code that renders, once per process: this module (the filters, the environment's settings), Jinja's
+    and MarkupSafe's installed files (read without importing them) and the Python version (``shlex``)."""
+    digest = hashlib.sha256(f"{_RENDER_CACHE_FORMAT}\n{sys.version}\n".encode())
+    digest.update(Path(__file__).read_bytes())
+    for package in ("jinja2", "markupsafe"):
+        spec = importlib.util.find_spec(package)
+        for module in sorted(Path(spec.origin).parent.glob("*.py")) if spec and spec.origin else ():
+            stat = module.stat()
+            digest.update(f"{module}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
 
 
 def _tagged(value: Any) -> Any:
