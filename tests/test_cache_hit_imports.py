@@ -67,10 +67,12 @@ def test_running_one_task_imports_only_its_operation(tmp_path: Path) -> None:
     assert operation_modules(modules) == {"llamaforge.build.ops"}
 
 
-def test_the_cache_hit_path_loads_no_heavy_library() -> None:
+def test_the_cache_hit_path_loads_no_heavy_library(tmp_path: Path) -> None:
     """Everything a cache hit runs before it asks the engine for the builder image id: the plan, the
-    executor, the build-and-store modules."""
-    modules = loaded_after(
+    executor, the build-and-store modules. The first plan renders the build files with Jinja; later ones
+    read them from the cache and import no Jinja (nor the Windows platform's toolchain check for a Linux
+    build)."""
+    code = (
         "import tasks\n"
         "from llamaforge.build.ops import BuildParams, _plan_from_params\n"
         "from llamaforge.build import execute, store\n"
@@ -78,8 +80,27 @@ def test_the_cache_hit_path_loads_no_heavy_library() -> None:
         "_plan_from_params(BuildParams(backend='cpu'))\n"
         "make_executor('docker', {})\n"
     )
-    assert {"llamaforge.build.execute", "llamaforge.runners.docker", "jinja2"} <= modules
+    first = loaded_after(code, tmp_path)
+    assert {"llamaforge.build.execute", "llamaforge.runners.docker", "jinja2"} <= first
+    modules = loaded_after(code, tmp_path)
+    assert {"llamaforge.build.execute", "llamaforge.runners.docker"} <= modules
     assert heavy_in(modules) == []
+    assert not {"jinja2", "markupsafe"} & modules
+
+
+def test_a_hit_through_invoke_writes_bytecode_unless_python_is_told_not_to(tmp_path: Path) -> None:
+    """Invoke turns bytecode writing off before it imports tasks.py; tasks.py gives the decision back to
+    Python's own switch, so a checkout's modules are compiled once, not on every run."""
+    probe = "import sys\nsys.dont_write_bytecode = True  # as invoke leaves it\nimport tasks\n"
+    probe += "print(sys.dont_write_bytecode)"
+    for env, expected in (({}, "False"), ({"PYTHONDONTWRITEBYTECODE": "1"}, "True")):
+        base = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
+        base["LLAMAFORGE_HOME"] = str(tmp_path)
+        done = subprocess.run(
+            [sys.executable, "-c", probe], cwd=ROOT, env={**base, **env}, capture_output=True, text=True,
+            check=True,
+        )  # fmt: skip
+        assert done.stdout.splitlines()[-1] == expected, env
 
 
 def test_a_renderer_is_imported_when_a_result_is_shown() -> None:
