@@ -70,8 +70,7 @@ def test_running_one_task_imports_only_its_operation(tmp_path: Path) -> None:
 def test_the_cache_hit_path_loads_no_heavy_library(tmp_path: Path) -> None:
     """Everything a cache hit runs before it asks the engine for the builder image id: the plan, the
     executor, the build-and-store modules. The first plan renders the build files with Jinja; later ones
-    read them from the cache and import no Jinja (nor the Windows platform's toolchain check for a Linux
-    build)."""
+    read them from the cache and import no Jinja."""
     code = (
         "import tasks\n"
         "from llamaforge.build.ops import BuildParams, _plan_from_params\n"
@@ -86,6 +85,8 @@ def test_the_cache_hit_path_loads_no_heavy_library(tmp_path: Path) -> None:
     assert {"llamaforge.build.execute", "llamaforge.runners.docker"} <= modules
     assert heavy_in(modules) == []
     assert not {"jinja2", "markupsafe"} & modules
+    # The operations around a build (builds.*, doctor, recipes.*) and what they use stay out of it.
+    assert not {"llamaforge.build.ops_store", "llamaforge.build.doctor", "llamaforge.build.images"} & modules
 
 
 def test_a_hit_through_invoke_writes_bytecode_unless_python_is_told_not_to(tmp_path: Path) -> None:
