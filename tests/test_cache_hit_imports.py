@@ -104,6 +104,33 @@ def test_a_hit_through_invoke_writes_bytecode_unless_python_is_told_not_to(tmp_p
         assert done.stdout.splitlines()[-1] == expected, env
 
 
+def test_a_result_shown_to_a_person_imports_only_its_operation(tmp_path: Path) -> None:
+    """Without --json the CLI prints the operation's own renderer, found on the operation it ran: no lookup in
+    the registry (which would import every operation), and a cache hit's table needs no pygments."""
+    loaded_after("import tasks", tmp_path)  # makes the index
+    shown = loaded_after(
+        "import tasks\n"
+        "from llamaforge.fronts.cli import run_operation\n"
+        "from llamaforge.fronts.cli_index import operation_index\n"
+        "assert run_operation(operation_index()['recipes.list'].load(), {}, as_json=False, verbose=False) == 0",
+        tmp_path,
+    )
+    assert operation_modules(shown) == {"llamaforge.build.ops_store"}
+    hit = {"dry_run": False, "build": {"key": "k", "path": "p", "cached": True, "seconds": 0.1,
+                                       "artifacts": {"bin/llama-cli": {"size": 1, "sha256": "0" * 64}}}}  # fmt: skip
+    shown = loaded_after(
+        "import io, tasks\n"
+        "from rich.console import Console\n"
+        "from llamaforge.fronts.cli_index import operation_index\n"
+        "from llamaforge.fronts.render_cli import render_result\n"
+        f"render_result(operation_index()['build'].load(), {hit!r}, Console(file=io.StringIO()))",
+        tmp_path,
+    )
+    assert operation_modules(shown) == {"llamaforge.build.ops"}
+    assert "llamaforge.build.render" in shown
+    assert not {"rich.syntax", "pygments"} & shown
+
+
 def test_a_renderer_is_imported_when_a_result_is_shown() -> None:
     modules = loaded_after(
         "from llamaforge.core.registry import operations\nassert operations()['build'].render_cli is not None"
