@@ -14,6 +14,8 @@ a drift of the machine's load hits both sides alike; --cpu LEVEL builds one CPU 
 P2 alone, on a store that already holds the build (LLAMAFORGE_HOME), optionally against another checkout of
 llamaforge, alternating runs so both sides see the same machine:
     python benchmarks/build_bench.py --p2 [--runs 7] [--baseline DIR] [-- BUILD OPTIONS ...]
+Both trees compile their modules on every run where no bytecode can be kept (PYTHONDONTWRITEBYTECODE, or a
+checkout from before tasks.py let Python write it under Invoke): `python -m compileall -q DIR/src` evens that.
 """
 
 from __future__ import annotations
@@ -75,14 +77,17 @@ def hit_series(
 ) -> dict[str, tuple[list[float], list[float]]]:
     """Wall and CPU times of cache-hit `invoke build --json` runs, one per tree in turn, each with that tree first
     on PYTHONPATH (the source and tasks.py) and run from it, as a user runs `invoke` in a checkout. The CPU time
-    (user + system) is the steadier figure on a shared machine."""
+    (user + system) is the steadier figure on a shared machine. One untimed run per tree first: it leaves what a
+    tree keeps between runs (its CLI index, its rendered build files) in the store, as any earlier run would."""
     times: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in trees}
-    for _ in range(runs):
+    for round_ in range(runs + 1):
         for name, tree in trees.items():
             env = {**os.environ, "PYTHONPATH": f"{tree / 'src'}{os.pathsep}{tree}"}
             cpu = child_cpu()
             elapsed, out = timed([sys.executable, "-m", "invoke", "build", *options, "--json"], env, cwd=tree)
             assert json.loads(out)["build"]["cached"], f"{name}: expected a cache hit"
+            if round_ == 0:
+                continue  # the untimed run
             times[name][0].append(elapsed)
             times[name][1].append(child_cpu() - cpu)
     return times

@@ -67,10 +67,11 @@ def test_running_one_task_imports_only_its_operation(tmp_path: Path) -> None:
     assert operation_modules(modules) == {"llamaforge.build.ops"}
 
 
-def test_the_cache_hit_path_loads_no_heavy_library() -> None:
+def test_the_cache_hit_path_loads_no_heavy_library(tmp_path: Path) -> None:
     """Everything a cache hit runs before it asks the engine for the builder image id: the plan, the
-    executor, the build-and-store modules."""
-    modules = loaded_after(
+    executor, the build-and-store modules. The first plan renders the build files with Jinja; later ones
+    read them from the cache and import no Jinja."""
+    code = (
         "import tasks\n"
         "from llamaforge.build.ops import BuildParams, _plan_from_params\n"
         "from llamaforge.build import execute, store\n"
@@ -78,8 +79,56 @@ def test_the_cache_hit_path_loads_no_heavy_library() -> None:
         "_plan_from_params(BuildParams(backend='cpu'))\n"
         "make_executor('docker', {})\n"
     )
-    assert {"llamaforge.build.execute", "llamaforge.runners.docker", "jinja2"} <= modules
+    first = loaded_after(code, tmp_path)
+    assert {"llamaforge.build.execute", "llamaforge.runners.docker", "jinja2"} <= first
+    modules = loaded_after(code, tmp_path)
+    assert {"llamaforge.build.execute", "llamaforge.runners.docker"} <= modules
     assert heavy_in(modules) == []
+    assert not {"jinja2", "markupsafe"} & modules
+    # The operations around a build (builds.*, doctor, recipes.*) and what they use stay out of it.
+    assert not {"llamaforge.build.ops_store", "llamaforge.build.doctor", "llamaforge.build.images"} & modules
+
+
+def test_a_hit_through_invoke_writes_bytecode_unless_python_is_told_not_to(tmp_path: Path) -> None:
+    """Invoke turns bytecode writing off before it imports tasks.py; tasks.py gives the decision back to
+    Python's own switch, so a checkout's modules are compiled once, not on every run."""
+    probe = "import sys\nsys.dont_write_bytecode = True  # as invoke leaves it\nimport tasks\n"
+    probe += "print(sys.dont_write_bytecode)"
+    for env, expected in (({}, "False"), ({"PYTHONDONTWRITEBYTECODE": "1"}, "True")):
+        base = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
+        base["LLAMAFORGE_HOME"] = str(tmp_path)
+        done = subprocess.run(
+            [sys.executable, "-c", probe], cwd=ROOT, env={**base, **env}, capture_output=True, text=True,
+            check=True,
+        )  # fmt: skip
+        assert done.stdout.splitlines()[-1] == expected, env
+
+
+def test_a_result_shown_to_a_person_imports_only_its_operation(tmp_path: Path) -> None:
+    """Without --json the CLI prints the operation's own renderer, found on the operation it ran: no lookup in
+    the registry (which would import every operation), and a cache hit's table needs no pygments."""
+    loaded_after("import tasks", tmp_path)  # makes the index
+    shown = loaded_after(
+        "import tasks\n"
+        "from llamaforge.fronts.cli import run_operation\n"
+        "from llamaforge.fronts.cli_index import operation_index\n"
+        "assert run_operation(operation_index()['recipes.list'].load(), {}, as_json=False, verbose=False) == 0",
+        tmp_path,
+    )
+    assert operation_modules(shown) == {"llamaforge.build.ops_store"}
+    hit = {"dry_run": False, "build": {"key": "k", "path": "p", "cached": True, "seconds": 0.1,
+                                       "artifacts": {"bin/llama-cli": {"size": 1, "sha256": "0" * 64}}}}  # fmt: skip
+    shown = loaded_after(
+        "import io, tasks\n"
+        "from rich.console import Console\n"
+        "from llamaforge.fronts.cli_index import operation_index\n"
+        "from llamaforge.fronts.render_cli import render_result\n"
+        f"render_result(operation_index()['build'].load(), {hit!r}, Console(file=io.StringIO()))",
+        tmp_path,
+    )
+    assert operation_modules(shown) == {"llamaforge.build.ops"}
+    assert "llamaforge.build.render" in shown
+    assert not {"rich.syntax", "pygments"} & shown
 
 
 def test_a_renderer_is_imported_when_a_result_is_shown() -> None:

@@ -4,6 +4,7 @@ cache is damaged, and the namespace built from it is the one the registry descri
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,30 @@ def test_a_changed_package_or_a_damaged_cache_makes_a_new_index(
 
     monkeypatch.setattr(cli_index, "fingerprint", lambda: "an-edited-package")
     operation_index()
-    assert [path.name for path in (home / "cache").iterdir()] == ["cli-index-an-edited-package.json"]
+    assert sorted(path.name for path in (home / "cache").iterdir()) == sorted(
+        ["cli-index-an-edited-package.json", old.name]
+    )
+
+
+def test_installations_sharing_a_home_keep_their_indexes(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two checkouts run in turn on one home each read their own index (none deletes the other's); past
+    ``_KEEP`` indexes the oldest go, never the one just written."""
+    made: list[Path] = []
+    for number in range(cli_index._KEEP + 3):
+        monkeypatch.setattr(cli_index, "fingerprint", lambda number=number: f"installation-{number}")
+        operation_index()
+        made.append(cli_index.index_path())
+        os.utime(made[-1], ns=(number * 10**9, number * 10**9))  # written in this order
+    kept = sorted((home / "cache").glob("cli-index-*.json"))
+    assert kept == sorted(made[-cli_index._KEEP :])
+
+    first, second = made[-2], made[-1]
+    writes: list[Path] = []
+    monkeypatch.setattr(cli_index, "_write", lambda path, text: writes.append(path))
+    for path in (first, second, first, second):
+        monkeypatch.setattr(cli_index, "index_path", lambda path=path: path)
+        assert operation_index()["build"] == spec_of(operations()["build"])
+    assert writes == []  # every run read its own index
 
 
 def test_a_read_only_home_still_gives_the_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

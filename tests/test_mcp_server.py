@@ -248,8 +248,9 @@ async def test_user_error_is_a_tool_error_with_its_hint() -> None:
 
 
 def test_path_fields_are_the_fields_declared_as_paths() -> None:
-    from llamaforge.build.ops import BuildParams, RecipeParams
+    from llamaforge.build.ops import BuildParams
     from llamaforge.build.ops_patches import PatchNewParams, PatchRefreshParams
+    from llamaforge.build.ops_store import RecipeParams
 
     assert {"recipe", "patches", "ca_bundle", "from_manifest"} <= set(path_fields(BuildParams))
     assert not {"arch", "backend", "base_image", "cmake", "executor"} & set(path_fields(BuildParams))

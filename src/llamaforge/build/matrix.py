@@ -14,14 +14,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from llamaforge.build.recipes import Backend, Platform, WindowsToolchain, resolve_named_file
 from llamaforge.core.errors import Cancelled, LlamaforgeError
 from llamaforge.core.paths import data_dir
-from llamaforge.core.registry import Result
+from llamaforge.core.registry import Result, empty_list
 from llamaforge.core.validation import read_toml, recipe_error
+
+# Built when a matrix is first loaded: ``build`` imports this module for its result model, and a single build
+# (a cache hit) never reads a matrix.
+_MATRIX_CONFIG = ConfigDict(extra="forbid", defer_build=True)
 
 
 class MatrixEntry(BaseModel):
     """One build of a matrix: the build options of ``invoke build`` that it sets."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _MATRIX_CONFIG
 
     name: str = Field(description="Name of the build in the summary")
     recipe: str | None = Field(None, description="Build recipe (default: the matrix's recipe)")
@@ -48,7 +52,7 @@ class MatrixEntry(BaseModel):
 class Matrix(BaseModel):
     """A build matrix file."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = _MATRIX_CONFIG
 
     name: str
     description: str = ""
@@ -72,7 +76,7 @@ class MatrixRow(Result):
     key: str | None = None
     platform: str | None = None
     backend: str | None = None
-    archs: list[str] = Field(default_factory=list)
+    archs: list[str] = Field(default_factory=empty_list)
     seconds: float = 0.0
     error: str | None = None
     hint: str | None = None

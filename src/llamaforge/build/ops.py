@@ -1,5 +1,6 @@
-"""Build operations: ``build``, ``builds.*``, ``doctor``, ``images.bootstrap`` and ``recipes.*`` (registered with
-the operation registry on import), with their result models."""
+"""The ``build`` operation (registered with the operation registry on import), with its parameter and result
+models; the operations around it (``builds.*``, ``doctor``, ``images.bootstrap``, ``recipes.*``) are in
+``build.ops_store``."""
 
 from __future__ import annotations
 
@@ -8,11 +9,18 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
-from llamaforge.build.doctor import Status
 from llamaforge.build.matrix import MatrixRow
 from llamaforge.build.recipes import Backend, CudaToolkitKind, Platform, WindowsToolchain
 from llamaforge.core.errors import InvalidOption, LlamaforgeError, NotReproducible, OperationFailed
-from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
+from llamaforge.core.registry import (
+    OperationContext,
+    Params,
+    Result,
+    absent,
+    empty_list,
+    operation,
+    path_field,
+)
 
 if TYPE_CHECKING:
     from llamaforge.build.plan import BuildOptions, BuildPlan
@@ -40,7 +48,9 @@ class BuildParams(Params):
     ca_bundle: str | None = path_field(
         None, description="Extra CA bundle for builds behind a TLS-intercepting proxy"
     )
-    cmake: list[str] = Field(default_factory=list, description="Extra CMake option KEY=VALUE (repeatable)")
+    cmake: list[str] = Field(
+        default_factory=empty_list, description="Extra CMake option KEY=VALUE (repeatable)"
+    )
     cpu: str | None = Field(
         None,
         description="CPU level instead of the recipe's: variants, native, baseline, x86-64-v2/v3/v4, "
@@ -132,8 +142,6 @@ def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
 def _toolchain(params: BuildParams, platform: str) -> WindowsToolchain | None:
     """The Windows toolchain: --toolchain, else the executor's (mingw in Docker, MSVC on a host), checked
     against the executor; other platforms have one toolchain and refuse the option."""
-    from llamaforge.platforms.windows import check_toolchain, default_toolchain
-
     if platform != "windows":
         if params.toolchain:
             raise InvalidOption(
@@ -141,6 +149,8 @@ def _toolchain(params: BuildParams, platform: str) -> WindowsToolchain | None:
                 hint="add --platform windows, or drop --toolchain",
             )
         return None
+    from llamaforge.platforms.windows import check_toolchain, default_toolchain
+
     toolchain = params.toolchain or default_toolchain(params.executor)
     if not params.dry_run:  # a dry run shows the plan of either toolchain without its build host
         check_toolchain(toolchain, params.executor)
@@ -298,209 +308,3 @@ def _build_matrix(params: BuildParams, ctx: OperationContext) -> BuildOutput:
             hint="each failed row carries its error and next step; the other builds are published",
         )  # fmt: skip
     return output
-
-
-class NoParams(Params):
-    """No parameters."""
-
-
-class KeyParams(Params):
-    """A build key (or a unique prefix of one)."""
-
-    key: str = Field(description="Build key or a unique prefix of it")
-
-
-class BuildEntry(Result):
-    """One published build, as ``builds.list`` shows it."""
-
-    key: str
-    recipe: str
-    backend: str
-    cuda_architectures: list[str]
-    patches: list[str]
-    finished_at: str
-    executor: str
-
-
-class BuildList(Result):
-    """Published builds, newest first."""
-
-    builds: list[BuildEntry]
-
-
-@operation(
-    "builds.list",
-    NoParams,
-    read_only=True,
-    cli="llamaforge.build.render:builds_list_cli",
-    html="llamaforge.build.render:builds_list_html",
-)
-def builds_list_op(params: NoParams, ctx: OperationContext) -> BuildList:
-    """List published builds, newest first."""
-    from llamaforge.build.store import list_builds
-
-    builds = [
-        {
-            "key": item["key"],
-            "recipe": item["recipe"]["name"],
-            "backend": item["backend"],
-            "cuda_architectures": item.get("cuda_architectures", []),
-            "patches": [patch["name"] for patch in item["patches"]],
-            "finished_at": item["finished_at"],
-            "executor": item["image"]["executor"],
-        }
-        for item in list_builds()
-    ]
-    return BuildList.model_validate({"builds": builds})
-
-
-class BuildShown(Result):
-    """A build's directory and its provenance manifest."""
-
-    path: str
-    manifest: dict[str, Any] = Field(
-        description="manifest.json: recipe, source, patches, image, artifacts, …"
-    )
-
-
-@operation(
-    "builds.show",
-    KeyParams,
-    read_only=True,
-    positional=("key",),
-    html="llamaforge.build.render:builds_show_html",
-)
-def builds_show_op(params: KeyParams, ctx: OperationContext) -> BuildShown:
-    """Show a build's provenance manifest."""
-    from llamaforge.build.store import build_dir, find_build
-
-    manifest = find_build(params.key)
-    return BuildShown(path=str(build_dir(manifest["key"])), manifest=manifest)
-
-
-class DoctorCheck(Result):
-    """One readiness check and what to do when it is not ok."""
-
-    name: str
-    status: Status
-    detail: str
-    hint: str
-
-
-class DoctorReport(Result):
-    """Every readiness check; ``ok`` is false (and ``doctor`` fails) when one of them failed."""
-
-    ok: bool
-    checks: list[DoctorCheck]
-    exit_code: int
-
-
-@operation(
-    "doctor",
-    NoParams,
-    read_only=True,
-    cli="llamaforge.build.render:doctor_cli",
-    html="llamaforge.build.render:doctor_html",
-)
-def doctor_op(params: NoParams, ctx: OperationContext) -> DoctorReport:
-    """Check that this machine can build: Docker, base image, disk, CA bundle, toolchains."""
-    from llamaforge.build.doctor import run_doctor
-
-    checks = run_doctor()
-    ok = all(check.status != "fail" for check in checks)
-    data = DoctorReport.model_validate(
-        {"ok": ok, "checks": [check.__dict__ for check in checks], "exit_code": 0 if ok else 1}
-    )
-    if not ok:
-        failed = [check.name for check in checks if check.status == "fail"]
-        raise OperationFailed(
-            f"this machine cannot build yet: {', '.join(failed)} failed",
-            result=data, exit_code=1, hint="each failing check names its next step",
-        )  # fmt: skip
-    return data
-
-
-class BootstrapParams(Params):
-    """Parameters of ``images.bootstrap``."""
-
-    tag: str = Field("llamaforge/debian:bookworm", description="Tag of the image to create")
-    suite: str = Field("bookworm", description="Debian suite")
-    mirror: str | None = Field(None, description="Debian mirror (default: the one this machine's apt uses)")
-    force: bool = Field(False, description="Recreate the image even if it exists")
-
-
-class BootstrappedImage(Result):
-    """The imported base image (or the existing one, reused)."""
-
-    tag: str
-    image_id: str
-    mirror: str
-    suite: str
-    reused: bool
-
-
-@operation("images.bootstrap", BootstrapParams, read_only=False, long_running=True)
-def images_bootstrap_op(params: BootstrapParams, ctx: OperationContext) -> BootstrappedImage:
-    """Make a local Debian base image with debootstrap + docker import (no registry needed)."""
-    from llamaforge.build.images import bootstrap_image
-
-    result = bootstrap_image(
-        params.tag, suite=params.suite, mirror=params.mirror, force=params.force,
-        reporter=ctx.reporter, cancel=ctx.cancel,
-    )  # fmt: skip
-    return BootstrappedImage.model_validate(result.__dict__)
-
-
-class RecipeEntry(Result):
-    """One shipped build recipe."""
-
-    name: str
-    description: str
-    backend: str
-    source: str = Field(description="Kind of source: git, archive or pypi-sdist")
-
-
-class RecipeList(Result):
-    """The shipped build recipes."""
-
-    recipes: list[RecipeEntry]
-
-
-@operation(
-    "recipes.list",
-    NoParams,
-    read_only=True,
-    cli="llamaforge.build.render:recipes_list_cli",
-    html="llamaforge.build.render:recipes_list_html",
-)
-def recipes_list_op(params: NoParams, ctx: OperationContext) -> RecipeList:
-    """List the shipped build recipes."""
-    from llamaforge.build.recipes import list_recipes, load_recipe
-
-    return RecipeList.model_validate({
-        "recipes": [
-            {"name": name, "description": (recipe := load_recipe(name)).description, "backend": recipe.backend,
-             "source": recipe.source.kind}
-            for name in list_recipes()
-        ]
-    })  # fmt: skip
-
-
-class RecipeParams(Params):
-    """A recipe name or path."""
-
-    name: str = path_field(description="Recipe name or path to a .toml file")
-
-
-class RecipeShown(Result):
-    """A build recipe after validation, defaults filled in."""
-
-    recipe: dict[str, Any] = Field(description="The recipe, as recipes/builds/schema.json describes it")
-
-
-@operation("recipes.show", RecipeParams, read_only=True, positional=("name",))
-def recipes_show_op(params: RecipeParams, ctx: OperationContext) -> RecipeShown:
-    """Show a build recipe after validation (with defaults filled in)."""
-    from llamaforge.build.recipes import load_recipe
-
-    return RecipeShown(recipe=load_recipe(params.name).model_dump(mode="json"))

@@ -7,7 +7,6 @@ import json
 from typing import Any
 
 from rich.console import Console
-from rich.syntax import Syntax
 from rich.table import Table
 
 from llamaforge.fronts import render_html as html
@@ -33,6 +32,8 @@ def build_cli(result: dict[str, Any], console: Console) -> None:
         console.print("cmake: " + " ".join(plan["cmake_args"]), highlight=False)
         console.print(f"plan digest: {plan['plan_digest']}")
         console.print(f"cache key: {plan['cache_key'] or '-'} ({plan['cache_key_note']})")
+        from rich.syntax import Syntax  # pygments: only a dry run shows files, a cache hit never
+
         for name, text in plan["files"].items():
             lexer = "docker" if name == "Dockerfile" else "powershell" if name.endswith(".ps1") else "bash"
             console.print(f"[bold]{name}[/bold]")

@@ -69,6 +69,12 @@ class Result(BaseModel):
     model_config = _MODEL_CONFIG
 
 
+def empty_list() -> list[Any]:
+    """A new empty list: the ``default_factory`` of list fields that a cache hit builds. pydantic reads the
+    signature of every factory, and ``list``'s is text that costs a process the tokenizer's regex (~15 ms)."""
+    return []
+
+
 def _is_none(value: object) -> bool:
     return value is None
 

@@ -1,14 +1,32 @@
 """Render llamaforge's Jinja templates: one ``render()``, StrictUndefined, every shell value quoted (``q`` for
-POSIX shells, ``ps`` for PowerShell)."""
+POSIX shells, ``ps`` for PowerShell).
+
+``render_cached()`` is ``render()`` for the build files (builder Dockerfiles, build scripts), whose text a build
+plan needs on every run, a cache hit included: the text is kept under ``home()/cache/rendered/``, named by a
+digest of everything rendering reads (every template file's content, this module's source, Jinja's installed
+files, the Python version, the template name and the context), so any edit renders again and a cache hit needs
+no Jinja at all. Deploy files are never cached: their contexts may hold what must not be written to disk.
+"""
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib.util
+import json
 import shlex
-from typing import Any
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import jinja2
+from llamaforge.core.paths import data_dir, home, write_text_atomic
 
-from llamaforge.core.paths import data_dir
+if TYPE_CHECKING:
+    import jinja2
+
+# Bump when the meaning of a cached text changes in a way the digest does not see.
+_RENDER_CACHE_FORMAT = 1
+_RENDER_CACHE_KEEP = 64  # texts kept; the oldest go when one more is written
 
 
 def _shell_quote(value: object) -> str:
@@ -22,12 +40,12 @@ def _powershell_quote(value: object) -> str:
 
 def _dockerfile_json(value: object) -> str:
     # Exec-form instructions take a JSON array; json.dumps gives the exact quoting Docker expects.
-    import json
-
     return json.dumps(value)
 
 
 def _environment() -> jinja2.Environment:
+    import jinja2  # only when a template is rendered: a cached build file needs no Jinja
+
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(data_dir("templates"))),
         undefined=jinja2.StrictUndefined,
@@ -45,3 +63,76 @@ def _environment() -> jinja2.Environment:
 def render(template: str, **context: Any) -> str:
     """Render ``templates/<template>`` with ``context``; a missing variable is an error, never empty text."""
     return _environment().get_template(template).render(**context)
+
+
+def render_cached(template: str, **context: Any) -> str:
+    """``render(template, **context)``, kept in the cache under a digest of everything rendering reads. A
+    context that is not plain data (str, int, float, bool, None, lists, tuples, dicts) is rendered each time;
+    an unreadable or unwritable cache only costs the rendering."""
+    digest = _render_digest(template, context)
+    if digest is None:
+        return render(template, **context)
+    path = home() / "cache" / "rendered" / f"{digest}.txt"
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        pass  # not rendered yet, or unreadable: rendered below
+    text = render(template, **context)
+    try:
+        write_text_atomic(path, text)
+        _prune(path.parent)
+    except OSError:
+        pass  # a read-only home: the text is still right, only not kept
+    return text
+
+
+def _render_digest(template: str, context: dict[str, Any]) -> str | None:
+    """A digest of everything ``render`` reads, or None when the context cannot be written down exactly."""
+    try:
+        plain = _tagged(context)
+    except TypeError:
+        return None
+    digest = hashlib.sha256(f"{_code_digest()}\n{template}\n".encode())
+    digest.update(json.dumps(plain, sort_keys=True).encode())
+    root = data_dir("templates")
+    for path in sorted(root.rglob("*")):
+        if path.is_file():  # every template: one may include or import another
+            digest.update(f"\n{path.relative_to(root).as_posix()}\n".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:32]
+
+
+@functools.cache
+def _code_digest() -> str:
+    """The code that renders, once per process: this module (the filters, the environment's settings), Jinja's
+    and MarkupSafe's installed files (read without importing them) and the Python version (``shlex``)."""
+    digest = hashlib.sha256(f"{_RENDER_CACHE_FORMAT}\n{sys.version}\n".encode())
+    digest.update(Path(__file__).read_bytes())
+    for package in ("jinja2", "markupsafe"):
+        spec = importlib.util.find_spec(package)
+        for module in sorted(Path(spec.origin).parent.glob("*.py")) if spec and spec.origin else ():
+            stat = module.stat()
+            digest.update(f"{module}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def _tagged(value: Any) -> Any:
+    """``value`` as JSON data that keeps its exact Python type (a tuple and a list render differently, an enum
+    member is no plain string) and the order of its dicts (a loop over one renders in that order)."""
+    kind = type(value)
+    if value is None or kind in (bool, str):
+        return value
+    if kind in (int, float):
+        return {"t": kind.__name__, "v": repr(value)}
+    if kind in (list, tuple):
+        return {"t": kind.__name__, "v": [_tagged(item) for item in value]}
+    if kind is dict:
+        return {"t": "dict", "v": [[_tagged(key), _tagged(item)] for key, item in value.items()]}
+    raise TypeError(f"not plain data: {kind.__name__}")
+
+
+def _prune(directory: Path) -> None:
+    """Keep the newest ``_RENDER_CACHE_KEEP`` texts."""
+    texts = sorted(directory.glob("*.txt"), key=lambda path: path.stat().st_mtime_ns, reverse=True)
+    for old in texts[_RENDER_CACHE_KEEP:]:
+        old.unlink(missing_ok=True)

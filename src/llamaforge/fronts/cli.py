@@ -23,7 +23,7 @@ from llamaforge.core.events import CancelToken, Event
 from llamaforge.core.registry import Operation, OperationContext, result_json
 from llamaforge.core.validation import describe_errors
 from llamaforge.fronts.cli_index import OperationSpec, operation_index
-from llamaforge.fronts.render_cli import render_human
+from llamaforge.fronts.render_cli import render_result
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -112,7 +112,7 @@ def run_operation(op: Operation, arguments: dict[str, Any], *, as_json: bool, ve
     if as_json:
         sys.stdout.write(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
     else:
-        render_human(op.name, result, Console())
+        render_result(op, result, Console())
     if failure is not None:
         err.print("[red]failed:[/red] ", end="")
         err.print(failure.render(), highlight=False, markup=False)

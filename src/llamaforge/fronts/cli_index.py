@@ -3,8 +3,8 @@ defaults, help), so that a run imports only the operation it runs instead of all
 
 The index is made from the registry (which imports every operation module) and kept as a small JSON file under
 ``home()/cache/``, named by a fingerprint of llamaforge's version and the path, size and mtime of every module in
-the package: editing or upgrading any module makes a new index. A missing, unreadable or unwritable cache only
-costs the full import.
+the package: editing or upgrading any module makes a new index, and the indexes of other installations that share
+the home stay. A missing, unreadable or unwritable cache only costs the full import.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from llamaforge.core.registry import REGISTRY, Operation, operations
 
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]
 Default = None | bool | int | float | str
+_KEEP = 8  # indexes kept in one home: the installations that share it, and a few edits of one of them
 
 
 @dataclass(frozen=True)
@@ -108,10 +109,15 @@ def _decode(data: dict[str, Any]) -> dict[str, OperationSpec]:
 
 
 def _write(path: Path, text: str) -> None:
-    """Write the index whole and drop the indexes of earlier installations; a read-only home is no error."""
+    """Write the index whole and keep only the ``_KEEP`` newest indexes; a read-only home is no error. Several
+    installations (checkouts, virtual environments) may share one home: each keeps its own index, so running
+    them in turn does not make every run import every operation again."""
     try:
         write_text_atomic(path, text)
-        for stale in path.parent.glob("cli-index-*.json"):
+        indexes = sorted(
+            path.parent.glob("cli-index-*.json"), key=lambda index: index.stat().st_mtime_ns, reverse=True
+        )
+        for stale in indexes[_KEEP:]:
             if stale != path:
                 stale.unlink(missing_ok=True)
     except OSError:

@@ -4,9 +4,12 @@ operation, e.g. :mod:`llamaforge.build.render`); one without prints pretty JSON.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from llamaforge.core.registry import Operation
 
 # A check's status in colour, shared by the renderers of every operation that has checks.
 STATUS = {"ok": "[green]ok[/green]", "warn": "[yellow]warn[/yellow]", "fail": "[red]fail[/red]"}
@@ -16,7 +19,12 @@ def render_human(name: str, result: dict[str, Any], console: Console) -> None:
     """Print ``result`` of operation ``name`` for a person (pretty JSON when it has no renderer)."""
     from llamaforge.core.registry import operations
 
-    op = operations().get(name)
+    render_result(operations().get(name), result, console)
+
+
+def render_result(op: Operation | None, result: dict[str, Any], console: Console) -> None:
+    """Print ``result`` of ``op`` for a person (pretty JSON when it has no renderer). The CLI holds the
+    operation it ran: looking it up by name would import every other operation's module."""
     if op is not None and op.render_cli is not None:
         op.render_cli(result, console)
     else:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from llamaforge.build.recipes import Backend, BuildRecipe, ImageRef
 from llamaforge.build.recipes import Platform as PlatformName
 from llamaforge.core.errors import InvalidOption
-from llamaforge.core.templates import render
+from llamaforge.core.templates import render_cached
 from llamaforge.platforms import (
     BuildEnvironment,
     BuilderImage,
@@ -121,7 +121,7 @@ class LinuxPlatform:
         """Render the builder Dockerfile and the bash build script."""
         base = base_image(recipe, backend, options)
         flavour = _flavour(recipe, backend, options)
-        dockerfile = render(
+        dockerfile = render_cached(
             f"{TEMPLATES}/Dockerfile.{flavour}.j2",
             base_image=pinned(base),
             packages=PACKAGES[flavour],
@@ -130,7 +130,7 @@ class LinuxPlatform:
             cuobjdump=recipe.cuda.cuobjdump,
             major=recipe.cuda.major,
         )
-        script = render(
+        script = render_cached(
             f"{TEMPLATES}/build.sh.j2",
             recipe_name=recipe.name,
             backend=backend,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from llamaforge.build.recipes import Backend, BuildRecipe
 from llamaforge.build.recipes import Platform as PlatformName
 from llamaforge.core.errors import InvalidOption
-from llamaforge.core.templates import render
+from llamaforge.core.templates import render_cached
 from llamaforge.platforms import BuildEnvironment, BuildScript, HostTool, PlatformBuild
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class MacosPlatform:
         source_date_epoch: int,
     ) -> PlatformBuild:
         """Render the bash build script; the environment is the Mac (no builder image)."""
-        script = render(
+        script = render_cached(
             f"{TEMPLATES}/build.sh.j2",
             recipe_name=recipe.name,
             backend=backend,

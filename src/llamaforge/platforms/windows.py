@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from llamaforge.build.recipes import Backend, BuildRecipe, WindowsToolchain
 from llamaforge.build.recipes import Platform as PlatformName
 from llamaforge.core.errors import InvalidOption
-from llamaforge.core.templates import render
+from llamaforge.core.templates import render_cached
 from llamaforge.platforms import BuildEnvironment, BuilderImage, BuildScript, PlatformBuild, sha256_text
 from llamaforge.platforms.linux import SOURCE_UNREAD, base_image, pinned
 
@@ -67,7 +67,7 @@ def check_toolchain(toolchain: WindowsToolchain, executor: str) -> None:
 
 def mingw_toolchain_file() -> str:
     """The CMake toolchain file of the mingw cross build."""
-    return render(
+    return render_cached(
         f"{TEMPLATES}/mingw-toolchain.cmake.j2",
         triplet=TRIPLET,
         win32_winnt=WIN32_WINNT,
@@ -109,7 +109,7 @@ class WindowsPlatform:
         toolchain = options.toolchain or "mingw"
         artifacts = tuple(f"bin/{target}.exe" for target in recipe.targets)
         if toolchain == "msvc":
-            script = render(
+            script = render_cached(
                 f"{TEMPLATES}/build.ps1.j2",
                 recipe_name=recipe.name,
                 backend=backend,
@@ -131,13 +131,13 @@ class WindowsPlatform:
                 hint="use --toolchain msvc --executor ssh --build-host user@host:port, or --backend cpu for mingw",
             )
         base = base_image(recipe, "cpu", options)
-        dockerfile = render(
+        dockerfile = render_cached(
             f"{TEMPLATES}/Dockerfile.mingw.j2",
             base_image=pinned(base),
             packages=MINGW_PACKAGES,
             ca_bundle=options.ca_bundle is not None,
         )
-        script = render(
+        script = render_cached(
             f"{TEMPLATES}/build-mingw.sh.j2",
             recipe_name=recipe.name,
             cmake_args=cmake_args,
