@@ -234,6 +234,24 @@ def import_image(archive: Path, tag: str, config: EngineConfig | None = None) ->
     return str(client.images.get(tag).id)
 
 
+def save_image(image: str, archive: Path, config: EngineConfig | None = None) -> int:
+    """``docker save`` the local image ``image`` (an id or tag) to ``archive``, whole or not at all (written to
+    ``archive.part`` and renamed); returns its size in bytes."""
+    import docker.errors
+
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    part = archive.with_name(archive.name + ".part")
+    try:
+        with part.open("wb") as out:
+            for chunk in docker_client(config).images.get(image).save(named=True):
+                out.write(chunk)
+    except docker.errors.APIError as error:
+        part.unlink(missing_ok=True)
+        raise ImageError(f"the Docker engine could not save image {image}: {error}") from None
+    part.replace(archive)
+    return archive.stat().st_size
+
+
 def build_image(
     context: Path,
     tag: str,
