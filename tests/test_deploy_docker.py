@@ -22,7 +22,12 @@ from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.deploy.release import Layout, ReleaseSpec, release_id
 from llamaforge.deploy.report import DeployPlan, DeployStatus, RolloutReport
 from llamaforge.deploy.targets import get_target
-from llamaforge.deploy.targets.docker import ContainerImage, DockerTarget, render_container, state_from_inspect
+from llamaforge.deploy.targets.docker import (
+    ContainerImage,
+    DockerTarget,
+    render_container,
+    state_from_inspect,
+)
 from llamaforge.serve.launcher import LlamaFlags
 from test_deploy_ssh import complete_through_ssh, listening, on_host, run
 from testhosts import USER, TestHost
@@ -182,9 +187,11 @@ def test_docker_deploy_query_redeploy_and_rollback(
     assert [item.status for item in first.hosts] == ["updated"] * 2
     size = tiny_qwen3.stat().st_size
     # each host's engine lacked the image (unless an earlier test of this module loaded it there)
-    assert all(item.model_bytes == size and item.sent_bytes >= size + item.image_bytes for item in first.hosts)
+    assert all(
+        item.model_bytes == size and item.sent_bytes >= size + item.image_bytes for item in first.hosts
+    )
     root = f"/opt/llamaforge/{name}"
-    uid = on_host(hosts[0], "id -u llamaforge")
+    user = on_host(hosts[0], "echo $(id -u llamaforge):$(id -g llamaforge)")
     for host in hosts:
         assert len(complete_through_ssh(host, known, port)) == 6
         assert on_host(host, f"readlink {root}/current") == f"releases/{first.release}"
@@ -192,8 +199,10 @@ def test_docker_deploy_query_redeploy_and_rollback(
         shown = container(host, name)
         assert shown["HostConfig"]["NetworkMode"] == "host" and shown["HostConfig"]["ReadonlyRootfs"]
         assert shown["HostConfig"]["RestartPolicy"]["Name"] == "unless-stopped"
-        assert shown["Config"]["User"] == f"{uid}:{uid}" and uid != "0"
-        assert shown["Image"] == on_host(host, f"docker image inspect --format '{{{{.Id}}}}' {shown['Image']}")
+        assert shown["Config"]["User"] == user and not user.startswith("0:")
+        assert shown["Image"] == on_host(
+            host, f"docker image inspect --format '{{{{.Id}}}}' {shown['Image']}"
+        )
         assert {(mount["Destination"], mount["RW"]) for mount in shown["Mounts"]} == {
             ("/release", False), ("/models/model.gguf", False)}  # fmt: skip
         assert listening(host, port) == ["0100007F"]  # the host's 127.0.0.1 only

@@ -9,7 +9,8 @@ the ``org.llamaforge.owned`` label and a name of their own, and are removed by i
 The ``docker`` flavour adds the Debian ``docker.io`` package: each such host runs a Docker engine of its own
 (dockerd as the package's systemd unit), so a container the docker target starts there sees that host's
 filesystem and loopback, not this machine's. Without ``--privileged`` it needs ``SYS_ADMIN`` and ``NET_ADMIN``,
-seccomp and AppArmor unconfined, a writable /sys/fs/cgroup and a volume of its own on /var/lib/docker; dockerd
+``SYS_PTRACE`` (a health check execs into a container whose process runs as another uid: runc's setns needs it,
+as root on a real host has it), seccomp and AppArmor unconfined, a writable /sys/fs/cgroup and a volume of its own on /var/lib/docker; dockerd
 runs with the vfs storage driver, no iptables and no bridge (``daemon.json``), so the containers it starts use
 ``--network host``. Only these hosts get those flags; the volume goes with the container.
 
@@ -222,7 +223,7 @@ def _flavour_options(flavour: str) -> dict[str, Any]:
             "volumes": {"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "ro"}},
         }
     return {
-        "cap_add": ["SYS_ADMIN", "NET_ADMIN"],
+        "cap_add": ["SYS_ADMIN", "NET_ADMIN", "SYS_PTRACE"],
         "security_opt": ["seccomp=unconfined", "apparmor=unconfined"],
         "volumes": {"/sys/fs/cgroup": {"bind": "/sys/fs/cgroup", "mode": "rw"}},
         "mounts": [Mount("/var/lib/docker", None, type="volume")],  # anonymous: removed with the container
