@@ -11,7 +11,7 @@ The ``docker`` flavour adds the Debian ``docker.io`` package: each such host run
 filesystem and loopback, not this machine's. Without ``--privileged`` it needs ``SYS_ADMIN`` and ``NET_ADMIN``,
 ``SYS_PTRACE`` (a health check execs into a container whose process runs as another uid: runc's setns needs it,
 as root on a real host has it), seccomp and AppArmor unconfined, a writable /sys/fs/cgroup and a volume of its own on /var/lib/docker; dockerd
-runs with the vfs storage driver, no iptables and no bridge (``daemon.json``), so the containers it starts use
+runs with overlay2 on that volume, no iptables and no bridge (``daemon.json``), so the containers it starts use
 ``--network host``. Only these hosts get those flags; the volume goes with the container.
 
 The published SSH port is on a bridge network the session creates (not the engine's default docker0); besides
@@ -67,9 +67,14 @@ ExecStartPre=/usr/sbin/sshd -t
 
 
 # The docker flavour: the systemd host plus Debian's docker.io, its dockerd without iptables, masquerading or a
-# bridge (nothing of it reaches this machine's network namespace), on vfs (no overlay inside a container).
-DOCKER_DAEMON_JSON = """\
-{"storage-driver": "vfs", "iptables": false, "ip-masq": false, "bridge": "none"}
+# bridge (nothing of it reaches this machine's network namespace). Storage: overlay2 works on the host's
+# /var/lib/docker volume (the outer engine's own file system, not an overlay); vfs works everywhere but copies
+# the whole image for every container and layer. Measured here with the 335 MB runtime image: docker load
+# 37 s and docker run 5-22 s on vfs, 11-18 s and under 1 s on overlay2; the live docker deploy file took 6m54s
+# on vfs. Where overlay2 cannot work, put "vfs" here.
+STORAGE_DRIVER = "overlay2"
+DOCKER_DAEMON_JSON = f"""\
+{{"storage-driver": "{STORAGE_DRIVER}", "iptables": false, "ip-masq": false, "bridge": "none"}}
 """
 DOCKER_LAYER = """\
 RUN apt-get update \\
