@@ -8,11 +8,12 @@ the ``org.llamaforge.owned`` label and a name of their own, and are removed by i
 
 The ``docker`` flavour adds the Debian ``docker.io`` package: each such host runs a Docker engine of its own
 (dockerd as the package's systemd unit), so a container the docker target starts there sees that host's
-filesystem and loopback, not this machine's. Without ``--privileged`` it needs ``SYS_ADMIN`` and ``NET_ADMIN``,
-``SYS_PTRACE`` (a health check execs into a container whose process runs as another uid: runc's setns needs it,
-as root on a real host has it), seccomp and AppArmor unconfined, a writable /sys/fs/cgroup and a volume of its own on /var/lib/docker; dockerd
-runs with overlay2 on that volume, no iptables and no bridge (``daemon.json``), so the containers it starts use
-``--network host``. Only these hosts get those flags; the volume goes with the container.
+filesystem and loopback, not this machine's. Without ``--privileged`` it needs ``SYS_ADMIN``, ``NET_ADMIN`` and
+``SYS_PTRACE`` (a health check execs into a container whose process runs as another uid, and runc's setns needs
+it, as root on a real host has it), seccomp and AppArmor unconfined, a writable /sys/fs/cgroup and a volume of
+its own on /var/lib/docker; dockerd runs with overlay2 on that volume, no iptables and no bridge
+(``daemon.json``), so the containers it starts use ``--network host``. Only these hosts get those flags; the
+volume goes with the container.
 
 The published SSH port is on a bridge network the session creates (not the engine's default docker0); besides
 it the hosts share a second network of their own, created ``internal`` (no route out of it): each host's

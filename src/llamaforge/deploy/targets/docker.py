@@ -20,6 +20,7 @@ sends no image bytes (and, as for every target, no model bytes).
 from __future__ import annotations
 
 import posixpath
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,6 +41,7 @@ RELEASE_MOUNT = "/release"  # the release inside the container (its api-key)
 HEALTH_INTERVAL_S = 5
 HEALTH_TIMEOUT_S = 5
 HEALTH_RETRIES = 3
+_SAVING = threading.Lock()
 
 
 class DockerMissing(LlamaforgeError):
@@ -127,8 +129,9 @@ def saved_image(image: ContainerImage) -> Path:
     from llamaforge.runners.engine import save_image
 
     archive = home() / "images" / f"{image.id.removeprefix('sha256:')}.tar"
-    if not archive.is_file():
-        save_image(image.id, archive)
+    with _SAVING:  # the hosts of a batch ask at once: one of them saves
+        if not archive.is_file():
+            save_image(image.id, archive)
     return archive
 
 
