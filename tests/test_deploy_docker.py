@@ -28,8 +28,10 @@ from llamaforge.deploy.targets.docker import (
     render_container,
     state_from_inspect,
 )
+from llamaforge.runners.ssh_forward import forward_local
 from llamaforge.serve.launcher import LlamaFlags
-from test_deploy_ssh import complete_through_ssh, listening, on_host, run
+from test_deploy_faults import post
+from test_deploy_ssh import complete_through_ssh, listening, on_host, run, runner
 from testhosts import USER, TestHost
 
 GOLDEN = Path(__file__).parent / "golden" / "deploy-llama-server.docker.sh"
@@ -253,6 +255,30 @@ def test_a_docker_release_whose_model_does_not_load_is_rolled_back_on_the_canary
         assert on_host(host, f"readlink {root}/current") == f"releases/{good.release}"
         assert len(complete_through_ssh(host, known, port)) == 6
     assert on_host(docker_hosts[1], f"ls {root}/releases") == good.release  # nothing reached it
+
+
+@pytest.mark.docker
+@pytest.mark.llamacpp
+def test_a_docker_release_beyond_loopback_reads_its_key_from_the_mounted_file(
+    fleet: dict[str, Any], docker_hosts: list[TestHost], tiny_qwen3: Path
+) -> None:
+    host, known, name, port = docker_hosts[0], fleet["known"], fleet["name"], fleet["port"]
+    one = fleet["access"]["hosts"].split(",")[0]
+    report = run("deploy", **{**fleet["base"], "hosts": one}, model=str(tiny_qwen3), listen="0.0.0.0")
+    assert report.passed, report
+    key_file = report.hosts[0].api_key_file
+    assert key_file == f"/opt/llamaforge/{name}/releases/{report.release}/api-key"
+    assert on_host(host, f"stat -c '%a %U' {key_file}") == "600 llamaforge"
+    key = on_host(host, f"cat {key_file}")
+    shown = json.dumps(container(host, name))
+    assert "--api-key-file" in shown and "/release/api-key" in shown
+    assert key not in shown and key not in on_host(host, f"cat /opt/llamaforge/{name}/current/*.sh")
+    assert key not in on_host(host, "ps -eo args")
+    assert listening(host, port) == ["00000000"]  # 0.0.0.0, as asked
+    with runner(host, known) as opened, forward_local(opened, port) as local:
+        body = {"prompt": "hi", "n_predict": 2}
+        assert post(local, "/completion", body) == 401  # no key: refused
+        assert post(local, "/completion", body, key=key) == 200  # the container read the mounted file
 
 
 @pytest.mark.docker
