@@ -147,13 +147,10 @@ class DockerTarget:
 
     def for_spec(self, spec: ReleaseSpec, reporter: Reporter = null_reporter) -> DockerTarget:
         """This target with the runtime image of ``spec``'s build (made on the local engine when missing)."""
-        from llamaforge.build.runtime_image import LABEL_KEY, ensure_runtime_image
+        from llamaforge.build.runtime_image import ensure_runtime_image
 
         made = ensure_runtime_image(spec.build_key, reporter=reporter)
         gpus = made.labels.get("org.llamaforge.build.backend") == "cuda"
-        if made.labels.get(LABEL_KEY) != spec.build_key:
-            raise InvalidOption(f"the runtime image {made.tag} is not of build {spec.build_key}",
-                                hint=f"`invoke images.runtime --build {spec.build_key} --force`")  # fmt: skip
         return DockerTarget(ContainerImage(made.image_id, made.tag, gpus), reporter)
 
     def _image(self) -> ContainerImage:
