@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import posixpath
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -142,7 +142,7 @@ class DockerTarget:
     image a new release runs."""
 
     image: ContainerImage | None = None
-    reporter: Reporter = null_reporter
+    reporter: Reporter = field(default=null_reporter, compare=False, repr=False)
     name = "docker"
 
     def for_spec(self, spec: ReleaseSpec, reporter: Reporter = null_reporter) -> DockerTarget:
