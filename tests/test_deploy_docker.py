@@ -97,6 +97,17 @@ def test_the_release_id_follows_the_container_script_and_the_image() -> None:
     assert "did you mean 'docker'" in (unknown.value.hint or "")
 
 
+def test_a_deployment_keeps_its_target() -> None:
+    from llamaforge.deploy.remote import HostState
+    from llamaforge.deploy.rollout import other_target
+
+    state = HostState("r1", ("r1",), ("r1",), {"target": "systemd"})
+    assert other_target(state, get_target("systemd"), "lf@h:22", Layout("lab")) == ""
+    refused = other_target(state, DockerTarget(IMAGE), "lf@h:22", Layout("lab"))
+    assert "lf@h:22" in refused and "--target systemd" in refused and "another --name" in refused
+    assert other_target(HostState(None, (), (), None), DockerTarget(), "lf@h:22", Layout("lab")) == ""
+
+
 def test_docker_states_map_to_service_states() -> None:
     assert state_from_inspect("running 0 healthy 0\n") == state_from_inspect("running 0 none 0")
     assert state_from_inspect("running 0 healthy 0").active == "active"
@@ -229,6 +240,11 @@ def test_docker_deploy_query_redeploy_and_rollback(
         assert on_host(host, f"readlink {root}/current") == f"releases/{first.release}"
         assert "-c" not in container(host, name)["Args"]
         assert len(complete_through_ssh(host, known, port)) == 6
+    with pytest.raises(OperationFailed) as caught:  # the systemd target cannot take this deployment over
+        run("deploy", **{**base, "target": "systemd"}, model=str(tiny_qwen3))
+    assert [item.status for item in caught.value.result.hosts] == ["failed"] * 2
+    assert "runs with --target docker" in caught.value.result.hosts[0].detail
+    assert on_host(hosts[0], f"readlink {root}/current") == f"releases/{first.release}"
     print(f"\ndocker: plan (runtime image ready) {plan_s:.1f} s; deploy 2 hosts {first_s:.1f} s "
           f"(image bytes {[item.image_bytes for item in first.hosts]}); rollback {back.wall_s:.1f} s")  # fmt: skip
 

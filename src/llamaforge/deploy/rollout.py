@@ -115,11 +115,11 @@ def plan_host(runner: SshProcessRunner, release: Release) -> tuple[HostPlan, Hos
         return HostPlan(host=runner.host.address, reachable=False, current=None, release=release.id,
                         action="upload", model_upload=True, model_bytes=spec.model_size, restart=True,
                         flags_before=None, flags_after=flags_after, detail=error.render()), None  # fmt: skip
+    refused = other_target(state, release.target, runner.host.address, layout)
     try:
         release.target.check(runner)  # e.g. no Docker engine there: refused before any host changes
-        refused = ""
     except LlamaforgeError as error:
-        refused = error.render()
+        refused = refused or error.render()
     before = state.record.get("flags") if state.record else None
     action = "none" if state.current == release.id else "switch" if release.id in state.releases else "upload"
     return HostPlan(
@@ -128,6 +128,18 @@ def plan_host(runner: SshProcessRunner, release: Release) -> tuple[HostPlan, Hos
         flags_before=before, flags_after=flags_after, listen=spec.listen, api_key=spec.api_key,
         fit=list(release.fit), detail=refused,
     ), None if refused else state  # fmt: skip
+
+
+def other_target(state: HostState, target: Target, address: str, layout: Layout) -> str:
+    """Why ``target`` cannot take over the deployment on the host when its current release runs with another
+    target (each target restarts and restores only its own releases); empty when it can."""
+    recorded = (state.record or {}).get("target")
+    if not recorded or recorded == target.name:
+        return ""
+    return (
+        f"{address}: the deployment {layout.name!r} runs with --target {recorded} there, not {target.name}; use "
+        f"--target {recorded}, or another --name for a {target.name} deployment (nothing was changed)"
+    )
 
 
 def _gate(runner: SshProcessRunner, release: Release, options: RolloutOptions, rid: str,
