@@ -12,7 +12,7 @@ from llamaforge.deploy.health import gate_service
 from llamaforge.deploy.release import LOOPBACK, Layout
 from llamaforge.deploy.remote import HostState, host_state, read_api_key, release_facts, switch_and_activate
 from llamaforge.deploy.report import DeployStatus, HostReport, HostStatusReport, RolloutReport
-from llamaforge.deploy.rollout import RolloutOptions, settle, where_after_loss
+from llamaforge.deploy.rollout import RolloutOptions, other_target, settle, where_after_loss
 from llamaforge.deploy.targets import Target
 from llamaforge.runners.ssh import SshProcessRunner
 from llamaforge.runners.ssh_connection import SshError
@@ -29,8 +29,13 @@ def _read(runner: SshProcessRunner, layout: Layout) -> HostState | HostReport:
                           detail=error.render())  # fmt: skip
 
 
-def _wanted(state: HostState, to: str | None, base: dict[str, str | None]) -> str | HostReport:
-    """The release to go back to, or the report of a host that has none (or already runs it)."""
+def _wanted(
+    state: HostState, to: str | None, base: dict[str, str | None], refused: str = ""
+) -> str | HostReport:
+    """The release to go back to, or the report of a host that has none (or already runs it, or whose
+    deployment runs with another target: ``refused`` says why)."""
+    if refused:
+        return HostReport(**base, status="failed", release=state.current, detail=refused)
     wanted = to or state.previous()
     if wanted is None or wanted not in state.releases:
         known = ", ".join(state.releases) or "none"
@@ -54,7 +59,7 @@ def rollback_host(runner: SshProcessRunner, layout: Layout, target: Target, to: 
         return read
     state = read
     base = {"host": runner.host.address, "previous": state.current}
-    wanted = _wanted(state, to, base)
+    wanted = _wanted(state, to, base, other_target(state, target, runner.host.address, layout))
     if isinstance(wanted, HostReport):
         return wanted
     history = list(state.history)

@@ -53,8 +53,8 @@ class HostsParams(Params):
     name: str = Field("default", description="Deployment name: the service llamaforge-NAME, root ROOT/NAME")
     root: str = Field(DEFAULT_ROOT, description="Directory on the hosts that holds the deployments")
     target: str = Field(
-        "systemd", description="How the release runs: systemd (on the hosts), or swarm (a service on this engine's "
-        "Docker Swarm, no hosts)"
+        "systemd", description="How the release runs: systemd (on the hosts), docker (a container from the build's "
+        "runtime image on each host's own Docker engine), or swarm (a service on this engine's Docker Swarm, no hosts)"
     )  # fmt: skip
     gate_timeout_s: float | None = Field(
         None, gt=0, description="Seconds /health may take (default: scaled to the model size, capped)"
@@ -166,6 +166,7 @@ def _releases(params: DeployParams, hosts: list[DeployHost], ctx: OperationConte
 
     spec, checks = release_spec(params, ctx)
     key = secrets.token_urlsafe(32) if spec.api_key else None
+    target = get_target(params.target).for_spec(spec, ctx.reporter)  # docker: the runtime image, made here
     by_gpu: dict[str | None, Release] = {}
     for host in hosts:
         if host.gpu not in by_gpu:
@@ -173,7 +174,7 @@ def _releases(params: DeployParams, hosts: list[DeployHost], ctx: OperationConte
             by_gpu[host.gpu] = prepare_release(
                 replace(spec, flags=fit.flags),
                 params.layout(),
-                get_target(params.target),
+                target,
                 checks,
                 api_key=key,
                 fit=fit.summary,

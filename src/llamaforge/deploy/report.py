@@ -29,6 +29,9 @@ class HostReport(Result):
     previous: str | None = Field(description="The release current before")
     sent_bytes: int = 0
     model_bytes: int = Field(0, description="Of sent_bytes, the model's (0 when the host already had it)")
+    image_bytes: int = Field(
+        0, description="Of sent_bytes, the runtime image's (--target docker; 0 when the host's engine had it)"
+    )
     health_s: float | None = Field(None, description="Seconds until /health answered 200")
     completion: str | None = None
     detail: str = ""

@@ -36,7 +36,6 @@ from llamaforge.deploy.release import (
     LOOPBACK,
     Layout,
     ReleaseSpec,
-    release_files,
     release_id,
     release_record,
 )
@@ -116,14 +115,31 @@ def plan_host(runner: SshProcessRunner, release: Release) -> tuple[HostPlan, Hos
         return HostPlan(host=runner.host.address, reachable=False, current=None, release=release.id,
                         action="upload", model_upload=True, model_bytes=spec.model_size, restart=True,
                         flags_before=None, flags_after=flags_after, detail=error.render()), None  # fmt: skip
+    refused = other_target(state, release.target, runner.host.address, layout)
+    try:
+        release.target.check(runner)  # e.g. no Docker engine there: refused before any host changes
+    except LlamaforgeError as error:
+        refused = refused or error.render()
     before = state.record.get("flags") if state.record else None
     action = "none" if state.current == release.id else "switch" if release.id in state.releases else "upload"
     return HostPlan(
         host=runner.host.address, reachable=True, current=state.current, release=release.id, action=action,
         model_upload=not has_model, model_bytes=0 if has_model else spec.model_size, restart=action != "none",
         flags_before=before, flags_after=flags_after, listen=spec.listen, api_key=spec.api_key,
-        fit=list(release.fit),
-    ), state  # fmt: skip
+        fit=list(release.fit), detail=refused,
+    ), None if refused else state  # fmt: skip
+
+
+def other_target(state: HostState, target: Target, address: str, layout: Layout) -> str:
+    """Why ``target`` cannot take over the deployment on the host when its current release runs with another
+    target (each target restarts and restores only its own releases); empty when it can."""
+    recorded = (state.record or {}).get("target")
+    if not recorded or recorded == target.name:
+        return ""
+    return (
+        f"{address}: the deployment {layout.name!r} runs with --target {recorded} there, not {target.name}; use "
+        f"--target {recorded}, or another --name for a {target.name} deployment (nothing was changed)"
+    )
 
 
 def _gate(runner: SshProcessRunner, release: Release, options: RolloutOptions, rid: str,
@@ -219,7 +235,7 @@ def deploy_host(runner: SshProcessRunner, release: Release, state: HostState, fi
         options.reporter(Event("stage", f"{address}: {what}", stage="deploy"))
 
     step(f"deploying {release.id}")
-    switched, sent, model = False, 0, 0
+    switched, sent, model, image = False, 0, 0, 0
     try:
         options.cancel.raise_if_cancelled()
         target.prepare(runner, layout)
@@ -228,6 +244,9 @@ def deploy_host(runner: SshProcessRunner, release: Release, state: HostState, fi
                                 release.record, api_key=release.api_key, cancel=options.cancel)  # fmt: skip
         sent, model = upload.sent_bytes, upload.model_bytes
         options.cancel.raise_if_cancelled()
+        image = target.deliver(runner, layout, options.cancel)
+        sent += image
+        options.cancel.raise_if_cancelled()
         step(f"switching to {release.id} and restarting")
         switched = True  # from here the host may run either release until it says which
         switch_and_activate(runner, layout, target, release.id, [*state.history, release.id])
@@ -235,7 +254,7 @@ def deploy_host(runner: SshProcessRunner, release: Release, state: HostState, fi
         gate = _gate(runner, release, options, release.id, release.record, release.spec.model_size)
     except Exception as error:  # noqa: BLE001 - whatever went wrong on this host ends in its report
         message = error.render() if isinstance(error, LlamaforgeError) else f"{type(error).__name__}: {error}"
-        moved = {"sent_bytes": sent, "model_bytes": model}
+        moved = {"sent_bytes": sent, "model_bytes": model, "image_bytes": image}
         if _lost(runner, error):
             on, where = where_after_loss(runner, layout, target, (state.current, release.id), switched)
             step(f"unreachable: {message}; {where}")
@@ -250,7 +269,7 @@ def deploy_host(runner: SshProcessRunner, release: Release, state: HostState, fi
             return HostReport(**base, **moved, status="failed", release=state.current,
                               detail=f"{message}; still on {state.current}")  # fmt: skip
         gate = GateOutcome(False, "interrupted" if isinstance(error, Cancelled) else message)
-    report = {**base, "sent_bytes": sent, "model_bytes": model}
+    report = {**base, "sent_bytes": sent, "model_bytes": model, "image_bytes": image}
     if not gate.passed:
         step(f"gate failed ({gate.detail}); restoring {state.current}")
         restored = _restore(runner, release, state, gate, options, report)
@@ -320,7 +339,7 @@ def rollout(runners: Sequence[SshProcessRunner], release: Release | Sequence[Rel
         uploads = {
             item.id for item, (plan, _state) in zip(releases, plans, strict=True) if plan.action == "upload"
         }
-        files = {item.id: release_files(item.spec) if item.id in uploads else [] for item in releases}
+        files = {item.id: item.target.files(item.spec) if item.id in uploads else [] for item in releases}
         for group in batches(len(runners), options.canary, options.batch):
             done = _run_batch(runners, releases, plans, files, group, options)
             for index, report in done.items():
@@ -331,8 +350,11 @@ def rollout(runners: Sequence[SshProcessRunner], release: Release | Sequence[Rel
         report if report is not None
         else HostReport(host=plan.host, status="unreachable", release=None, previous=None, detail=plan.detail)
         if not plan.reachable
+        else HostReport(host=plan.host, status="failed", release=plan.current, previous=plan.current,
+                        detail=plan.detail)
+        if state is None  # reached, but the target refused the host (Target.check)
         else HostReport(host=plan.host, status="untouched", release=plan.current, previous=plan.current)
-        for report, (plan, _state) in zip(reports, plans, strict=True)
+        for report, (plan, state) in zip(reports, plans, strict=True)
     ]  # fmt: skip
     ids = {item.id for item in releases}
     return RolloutReport(release=ids.pop() if len(ids) == 1 else None, target=releases[0].target.name,

@@ -234,6 +234,28 @@ def import_image(archive: Path, tag: str, config: EngineConfig | None = None) ->
     return str(client.images.get(tag).id)
 
 
+def save_image(image: str, archive: Path, config: EngineConfig | None = None) -> int:
+    """``docker save`` the local image ``image`` (an id or tag) to ``archive``, whole or not at all (written to a
+    temporary file of its own beside it and renamed, so two savers never mix); returns its size in bytes."""
+    import tempfile
+
+    import docker.errors
+
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    handle, name = tempfile.mkstemp(dir=archive.parent, prefix=f".{archive.name}.", suffix=".tmp")
+    part = Path(name)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            for chunk in docker_client(config).images.get(image).save(named=True):
+                out.write(chunk)
+        part.replace(archive)
+    except docker.errors.APIError as error:
+        raise ImageError(f"the Docker engine could not save image {image}: {error}") from None
+    finally:
+        part.unlink(missing_ok=True)
+    return archive.stat().st_size
+
+
 def build_image(
     context: Path,
     tag: str,

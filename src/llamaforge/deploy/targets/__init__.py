@@ -9,6 +9,9 @@ from llamaforge.core.errors import InvalidOption
 from llamaforge.core.validation import suggest
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from llamaforge.core.events import CancelToken, Reporter
     from llamaforge.deploy.release import Layout, ReleaseSpec
     from llamaforge.runners.ssh import SshProcessRunner
 
@@ -25,6 +28,24 @@ class Target(Protocol):
     """A way to run a release as a service on a host."""
 
     name: str
+
+    def for_spec(self, spec: ReleaseSpec, reporter: Reporter) -> Target:
+        """The target as a release of ``spec`` runs it (the docker target: with its runtime image made here)."""
+        ...
+
+    def files(self, spec: ReleaseSpec) -> list[tuple[Path, str]]:
+        """(local file, path inside the release) the release ships besides its service files."""
+        ...
+
+    def check(self, runner: SshProcessRunner) -> None:
+        """Refuse (a LlamaforgeError naming the host and the next step) a host that cannot run the target;
+        asked while planning, before any host changes."""
+        ...
+
+    def deliver(self, runner: SshProcessRunner, layout: Layout, cancel: CancelToken | None = None) -> int:
+        """Put on the host what the release runs beyond its files (the docker target's image), before the
+        switch; returns the bytes sent."""
+        ...
 
     def service_files(self, spec: ReleaseSpec, layout: Layout) -> dict[str, str]:
         """The rendered service files, by file name inside the release (part of the release id)."""
@@ -58,9 +79,10 @@ class Target(Protocol):
 
 def targets() -> dict[str, Target]:
     """Every target by name."""
+    from llamaforge.deploy.targets.docker import DockerTarget
     from llamaforge.deploy.targets.systemd import SystemdTarget
 
-    return {target.name: target for target in (SystemdTarget(),)}
+    return {target.name: target for target in (SystemdTarget(), DockerTarget())}
 
 
 def get_target(name: str) -> Target:

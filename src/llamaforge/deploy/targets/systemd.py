@@ -18,6 +18,9 @@ from llamaforge.deploy.release import SERVICE_USER, Layout, ReleaseSpec
 from llamaforge.deploy.targets import ServiceState
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from llamaforge.core.events import CancelToken, Reporter
     from llamaforge.runners.ssh import SshProcessRunner
 
 UNIT_FILE = "llama-server.service"
@@ -50,6 +53,23 @@ class SystemdTarget:
     def unit(self, layout: Layout) -> str:
         """The unit's name on the host."""
         return unit_name(layout)
+
+    def for_spec(self, spec: ReleaseSpec, reporter: Reporter) -> SystemdTarget:
+        """This target: every release runs the same way."""
+        return self
+
+    def files(self, spec: ReleaseSpec) -> list[tuple[Path, str]]:
+        """The build's binaries and the libraries they need (:func:`~llamaforge.deploy.release.release_files`)."""
+        from llamaforge.deploy.release import release_files
+
+        return release_files(spec)
+
+    def check(self, runner: SshProcessRunner) -> None:
+        """Nothing to check: the deploy user's sudo is checked by :meth:`prepare`."""
+
+    def deliver(self, runner: SshProcessRunner, layout: Layout, cancel: CancelToken | None = None) -> int:
+        """Nothing beyond the release's files."""
+        return 0
 
     def service_files(self, spec: ReleaseSpec, layout: Layout) -> dict[str, str]:
         """The unit, as ``llama-server.service`` inside the release."""
