@@ -203,6 +203,13 @@ def test_docker_deploy_query_redeploy_and_rollback(
     assert all(
         item.model_bytes == size and item.sent_bytes >= size + item.image_bytes for item in first.hosts
     )
+    # the plan said which hosts would get the image, and now none would
+    assert [bool(item.delivery) for item in plan.hosts] == [item.image_bytes > 0 for item in first.hosts]
+    assert all(
+        item.delivery.startswith("the image llamaforge/llama-server:") for item in plan.hosts if item.delivery
+    )
+    again = run("deploy.plan", **base, model=str(tiny_qwen3), ctx=1024)
+    assert isinstance(again, DeployPlan) and [item.delivery for item in again.hosts] == ["", ""]
     root = f"/opt/llamaforge/{name}"
     user = on_host(hosts[0], "echo $(id -u llamaforge):$(id -g llamaforge)")
     for host in hosts:

@@ -77,6 +77,8 @@ def plan_cli(result: dict[str, Any], console: Console) -> None:
     title = f"{result.get('name')} ({result.get('target')}): plan"
     console.print(_table(title, ["host", "current", "release", "action", "model", "flags", "listen"], rows))
     for host in result.get("hosts", []):
+        if host.get("delivery"):
+            console.print(f"{host['host']}: would send {host['delivery']}", highlight=False)
         for line in host.get("fit") or []:
             console.print(f"{host['host']}: {line}", highlight=False)
 

@@ -76,6 +76,10 @@ class HostPlan(Result):
     flags_after: list[str]
     listen: str = Field("127.0.0.1", description="The address llama-server binds")
     api_key: bool = Field(False, description="Whether the release carries an API key (beyond loopback)")
+    delivery: str = Field(
+        "", description="What the target would send besides the release (the docker target's image; empty: "
+        "nothing, the host has it)"
+    )  # fmt: skip
     fit: list[str] = Field(
         default_factory=list, description="The fit plan for the host's GPU, when it has one"
     )

@@ -116,8 +116,10 @@ def plan_host(runner: SshProcessRunner, release: Release) -> tuple[HostPlan, Hos
                         action="upload", model_upload=True, model_bytes=spec.model_size, restart=True,
                         flags_before=None, flags_after=flags_after, detail=error.render()), None  # fmt: skip
     refused = other_target(state, release.target, runner.host.address, layout)
+    delivery = ""
     try:
         release.target.check(runner)  # e.g. no Docker engine there: refused before any host changes
+        delivery = release.target.pending(runner)
     except LlamaforgeError as error:
         refused = refused or error.render()
     before = state.record.get("flags") if state.record else None
@@ -126,7 +128,7 @@ def plan_host(runner: SshProcessRunner, release: Release) -> tuple[HostPlan, Hos
         host=runner.host.address, reachable=True, current=state.current, release=release.id, action=action,
         model_upload=not has_model, model_bytes=0 if has_model else spec.model_size, restart=action != "none",
         flags_before=before, flags_after=flags_after, listen=spec.listen, api_key=spec.api_key,
-        fit=list(release.fit), detail=refused,
+        delivery=delivery, fit=list(release.fit), detail=refused,
     ), None if refused else state  # fmt: skip
 
 

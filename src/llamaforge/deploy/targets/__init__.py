@@ -47,6 +47,11 @@ class Target(Protocol):
         switch; returns the bytes sent."""
         ...
 
+    def pending(self, runner: SshProcessRunner) -> str:
+        """What :meth:`deliver` would send to the host, in words for ``deploy.plan`` (empty: nothing); it only
+        reads."""
+        ...
+
     def service_files(self, spec: ReleaseSpec, layout: Layout) -> dict[str, str]:
         """The rendered service files, by file name inside the release (part of the release id)."""
         ...

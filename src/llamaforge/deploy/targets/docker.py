@@ -193,8 +193,7 @@ class DockerTarget:
         from llamaforge.deploy.remote import check_free_space
 
         image = self._image()
-        inspect = ["sudo", "-n", "docker", "image", "inspect", "--format", "{{.Id}}", image.id]
-        if runner.run(inspect, warn=True).stdout.strip() == image.id:
+        if self._on_host(runner, image):
             return 0
         self.reporter(Event("stage", f"{runner.host.address}: sending the image {image.tag}", stage="deploy"))
         archive = saved_image(image)
@@ -205,10 +204,20 @@ class DockerTarget:
         runner.run(["sudo", "-n", "docker", "load", "--quiet", "--input", remote],
                    what=f"loading {image.tag} on {runner.host.host}")  # fmt: skip
         runner.run(["rm", "-f", "--", remote])
-        if runner.run(inspect, warn=True).stdout.strip() != image.id:
+        if not self._on_host(runner, image):
             raise DockerMissing(f"{runner.host.address}: the engine loaded {archive.name} but has no image {image.id}",
                                 hint="see `docker images` there; deploy again")  # fmt: skip
         return sent
+
+    def pending(self, runner: SshProcessRunner) -> str:
+        """The runtime image, unless the host's engine has its id."""
+        image = self._image()
+        return "" if self._on_host(runner, image) else f"the image {image.tag} ({image.id[:19]})"
+
+    @staticmethod
+    def _on_host(runner: SshProcessRunner, image: ContainerImage) -> bool:
+        inspect = ["sudo", "-n", "docker", "image", "inspect", "--format", "{{.Id}}", image.id]
+        return runner.run(inspect, warn=True).stdout.strip() == image.id
 
     def activation(self, layout: Layout) -> list[str]:
         """Run ``current``'s container script as root (through sudo): the container is replaced."""

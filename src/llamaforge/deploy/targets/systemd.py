@@ -71,6 +71,10 @@ class SystemdTarget:
         """Nothing beyond the release's files."""
         return 0
 
+    def pending(self, runner: SshProcessRunner) -> str:
+        """Nothing beyond the release's files."""
+        return ""
+
     def service_files(self, spec: ReleaseSpec, layout: Layout) -> dict[str, str]:
         """The unit, as ``llama-server.service`` inside the release."""
         return {UNIT_FILE: render_unit(spec, layout)}
