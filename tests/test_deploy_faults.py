@@ -7,6 +7,7 @@ does not matter. What each fault leaves on the hosts is read out of band (docker
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -227,6 +228,22 @@ def test_a_host_stopped_before_its_batch_is_unreachable_and_the_rest_untouched(s
     assert len(complete_through_ssh(victim, site.known, site.port)) == 6
 
 
+@contextlib.contextmanager
+def slow_start(host: TestHost, name: str, seconds: int = 4) -> Iterator[None]:
+    """The host's llama-server waits ``seconds`` before it starts (a systemd drop-in beside the deployment's
+    unit), so a signal sent as the host switches lands while its gate still waits for /health, on a quiet
+    machine as on a busy one (the tiny model loads in well under a second)."""
+    dropin = f"/etc/systemd/system/llamaforge-{name}.service.d"
+    conf = f"[Service]\\nExecStartPre=/bin/sleep {seconds}\\n"
+    on_host(
+        host, f"mkdir -p {dropin} && printf '{conf}' > {dropin}/slow-start.conf && systemctl daemon-reload"
+    )
+    try:
+        yield
+    finally:
+        on_host(host, f"rm -rf {dropin} && systemctl daemon-reload")
+
+
 def signal_invoke(
     command: list[str], options: dict[str, Any], marker: str, signum: int, what: str, timeout: int
 ) -> tuple[int, str, str, str]:
@@ -253,9 +270,10 @@ def signal_invoke(
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_mid_rollout_leaves_each_host_on_a_whole_release(site: Site, signum: int, code: int) -> None:
     params = site.params(ctx=2048 if signum == signal.SIGINT else 3072, canary=1, batch=1)
-    code_seen, out, seen, rest = signal_invoke(
-        ["deploy"], params, f"{site.address(1)}: switched", signum, "rollout", 180
-    )
+    with slow_start(site.hosts[1], site.name):
+        code_seen, out, seen, rest = signal_invoke(
+            ["deploy"], params, f"{site.address(1)}: switched", signum, "rollout", 180
+        )
     # the second host runs the new release, ungated, when the signal comes
     assert code_seen == code, seen + rest
     report = RolloutReport.model_validate(json.loads(out))
@@ -265,7 +283,8 @@ def test_a_signal_mid_rollout_leaves_each_host_on_a_whole_release(site: Site, si
     assert new != site.good and report.hosts[1].release == site.good and report.hosts[2].release == site.good
     for index, item in enumerate(report.hosts):  # the report says where each host is, and it is there
         assert site.current(index) == item.release
-        assert on_host(site.hosts[index], f"systemctl is-active llamaforge-{site.name}") == "active"
+        assert _service_settled(site.hosts[index], site.name) == "active"
+    _wait_healthy(site, 1)  # put back on its release, restarted: it may still be loading
     assert len(complete_through_ssh(site.hosts[1], site.known, site.port)) == 6
     site.restore()
 
@@ -301,6 +320,13 @@ def test_an_upload_interrupted_mid_model_resumes_from_its_part(site: Site, tmp_p
     assert [item.model_bytes for item in resumed.hosts] == [size - 2 * CHUNK, size, size]
     assert on_host(site.hosts[0], f"sha256sum {site.root}/models/{sha}.gguf").split()[0] == sha
     site.restore()
+
+
+def _wait_healthy(site: Site, index: int, timeout_s: float = 60.0) -> None:
+    """Until deploy.status says host ``index`` answers /health (or ``timeout_s`` passed)."""
+    deadline = time.monotonic() + timeout_s
+    while not deploy("deploy.status", **site.access()).hosts[index].healthy and time.monotonic() < deadline:
+        time.sleep(0.5)
 
 
 def _service_settled(host: TestHost, name: str, timeout_s: float = 60.0) -> str:
@@ -365,14 +391,15 @@ def test_a_signal_mid_rollback_leaves_each_host_on_a_whole_release(
 ) -> None:
     newer = deploy(**site.params(ctx=3584 if signum == signal.SIGINT else 3840, batch=2))
     assert newer.passed and newer.release != site.good
-    code_seen, out, seen, rest = signal_invoke(
-        ["deploy.rollback", f"--release={site.good}"],
-        site.access(),
-        f"{site.address(1)}: switched to",
-        signum,
-        "rollback",
-        120,
-    )  # the second host is back on good, ungated, when the signal comes
+    with slow_start(site.hosts[1], site.name):
+        code_seen, out, seen, rest = signal_invoke(
+            ["deploy.rollback", f"--release={site.good}"],
+            site.access(),
+            f"{site.address(1)}: switched to",
+            signum,
+            "rollback",
+            120,
+        )  # the second host is back on good, ungated, when the signal comes
     assert code_seen == code, seen + rest
     report = RolloutReport.model_validate(json.loads(out))
     assert report.interrupted and "interrupted" in rest
@@ -382,8 +409,6 @@ def test_a_signal_mid_rollback_leaves_each_host_on_a_whole_release(
     for index, item in enumerate(report.hosts):  # the report says where each host is, and it is there
         assert site.current(index) == item.release
         assert _service_settled(site.hosts[index], site.name) == "active"
-    deadline = time.monotonic() + 60  # the second host was restarted but not gated: it may still be loading
-    while not deploy("deploy.status", **site.access()).hosts[1].healthy and time.monotonic() < deadline:
-        time.sleep(0.5)
+    _wait_healthy(site, 1)  # the second host was restarted but not gated: it may still be loading
     assert len(complete_through_ssh(site.hosts[1], site.known, site.port)) == 6
     site.restore()
