@@ -48,7 +48,7 @@ def deploy(**arguments: Any) -> Any:
 
 # Polls llama-server's /health on the host's loopback until it answers 200 (60 s at most), with bash alone.
 WAIT_HEALTHY = (
-    "for _ in $(seq 600); do if { exec 3<>/dev/tcp/127.0.0.1/{port}; } 2>/dev/null; then "
+    "for _ in $(seq 600); do if { exec 3<>/dev/tcp/127.0.0.1/PORT; } 2>/dev/null; then "
     "printf 'GET /health HTTP/1.0\\r\\n\\r\\n' >&3; read -r line <&3; exec 3>&-; "
     "case $line in *' 200 '*) exit 0;; esac; fi; sleep 0.1; done; exit 1"
 )
@@ -83,7 +83,7 @@ def scp_and_restart(
         steps.append(f"{ssh} 'sudo systemctl restart llamaforge-{NAME}.service'")
         if wait_port is not None:
             steps.append(
-                f"{ssh} {shlex.quote(shlex.join(['bash', '-c', WAIT_HEALTHY.format(port=wait_port)]))}"
+                f"{ssh} {shlex.quote(shlex.join(['bash', '-c', WAIT_HEALTHY.replace('PORT', str(wait_port))]))}"
             )
         return subprocess.Popen(["sh", "-c", " && ".join(steps)])
 
