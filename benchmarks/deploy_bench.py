@@ -36,7 +36,7 @@ from llamaforge.core.registry import OperationContext, operations  # noqa: E402
 from llamaforge.deploy.release import DEFAULT_PORT, ReleaseSpec, release_files  # noqa: E402
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model  # noqa: E402
 from llamaforge.runners.engine import docker_client  # noqa: E402
-from testhosts import USER, ensure_image, make_client_key, remove_hosts, start_hosts  # noqa: E402
+from testhosts import USER, ensure_image, make_client_key, remove_hosts, start_hosts, write_known_hosts  # noqa: E402
 
 NAME = "bench"
 
@@ -111,10 +111,7 @@ def main() -> None:
     key = make_client_key(work)
     hosts = start_hosts(docker_client(), ensure_image(DEFAULT_TAG), key, 3)
     try:
-        known = work / "known_hosts"
-        known.write_text(
-            "".join(f"{line}\n" for host in hosts for line in host.host_key_lines()), encoding="utf-8"
-        )
+        known = write_known_hosts(work / "known_hosts", hosts)
         base = {"hosts": ",".join(f"{USER}@127.0.0.1:{host.port}" for host in hosts), "ssh_key": str(key),
                 "known_hosts": str(known), "name": NAME, "build": build, "model": str(model), "batch": 2}  # fmt: skip
         first = deploy(**base)  # the model and a first release on every host

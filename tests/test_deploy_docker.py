@@ -32,7 +32,7 @@ from llamaforge.runners.ssh_forward import forward_local
 from llamaforge.serve.launcher import LlamaFlags
 from test_deploy_faults import post
 from test_deploy_ssh import complete_through_ssh, listening, on_host, run, runner
-from testhosts import USER, TestHost
+from testhosts import USER, TestHost, write_known_hosts
 
 GOLDEN = Path(__file__).parent / "golden" / "deploy-llama-server.docker.sh"
 UPDATE = bool(os.environ.get("LLAMAFORGE_UPDATE_GOLDEN"))
@@ -150,10 +150,7 @@ def fleet(docker_hosts: list[TestHost], patched_build: Path, build_env: dict[str
     """Access to the two docker hosts (their keys trusted), a deployment name and port of this test's own."""
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("LLAMAFORGE_HOME", build_env["LLAMAFORGE_HOME"])
-    known = tmp_path / "known_hosts"
-    known.write_text(
-        "".join(f"{line}\n" for host in docker_hosts for line in host.host_key_lines()), encoding="utf-8"
-    )
+    known = write_known_hosts(tmp_path / "known_hosts", docker_hosts)
     name = f"d{os.getpid() % 10000}-{len(list(tmp_path.parent.iterdir()))}"
     port = 20000 + (os.getpid() + sum(map(ord, tmp_path.name))) % 2000
     access = {"hosts": ",".join(f"{USER}@127.0.0.1:{host.port}" for host in docker_hosts[:2]),

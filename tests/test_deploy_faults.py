@@ -33,7 +33,7 @@ from llamaforge.runners import ssh_connection
 from llamaforge.runners.ssh_forward import forward_local
 from llamaforge.runners.transfer import CHUNK
 from test_deploy_ssh import complete_through_ssh, listening, on_host, runner, sha256_of
-from testhosts import USER, TestHost, restart_host
+from testhosts import USER, TestHost, restart_host, write_known_hosts
 
 pytestmark = [pytest.mark.docker, pytest.mark.llamacpp]
 
@@ -66,10 +66,7 @@ class Site:
 
     @property
     def known(self) -> Path:
-        path = self.home / "known_hosts"
-        path.write_text("".join(f"{line}\n" for host in self.hosts for line in host.host_key_lines()),
-                        encoding="utf-8")  # fmt: skip
-        return path
+        return write_known_hosts(self.home / "known_hosts", self.hosts)
 
     def access(self) -> dict[str, Any]:
         return {"hosts": ",".join(f"{USER}@127.0.0.1:{host.port}" for host in self.hosts),

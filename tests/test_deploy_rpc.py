@@ -25,7 +25,7 @@ from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.runners.ssh import SshProcessRunner
 from llamaforge.runners.ssh_forward import forward_local
 from llamaforge.smoke.answers import GoldenRequest, greedy_completion
-from testhosts import USER, TestHost
+from testhosts import USER, TestHost, write_known_hosts
 
 pytestmark = [pytest.mark.docker, pytest.mark.llamacpp]
 RPC_PORT = 50052
@@ -52,10 +52,7 @@ def topology(test_hosts: list[TestHost], patched_build: Path, build_env: dict[st
     units it started are stopped afterwards."""
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("LLAMAFORGE_HOME", build_env["LLAMAFORGE_HOME"])
-    known = tmp_path / "known_hosts"
-    known.write_text(
-        "".join(f"{line}\n" for host in test_hosts for line in host.host_key_lines()), encoding="utf-8"
-    )
+    known = write_known_hosts(tmp_path / "known_hosts", test_hosts)
     name = f"rpc{os.getpid() % 10000}-{len(list(tmp_path.parent.iterdir()))}"
     head, *workers = test_hosts
     port = 19000 + (os.getpid() + sum(map(ord, tmp_path.name))) % 900

@@ -32,7 +32,7 @@ from llamaforge.runners.ssh import SshProcessRunner
 from llamaforge.runners.ssh_forward import forward_local
 from llamaforge.serve.launcher import LlamaFlags
 from llamaforge.smoke.answers import GoldenRequest, greedy_completion
-from testhosts import USER, TestHost
+from testhosts import USER, TestHost, write_known_hosts
 
 GOLDEN = Path(__file__).parent / "golden" / "deploy-llama-server.service"
 UPDATE = bool(os.environ.get("LLAMAFORGE_UPDATE_GOLDEN"))
@@ -161,10 +161,7 @@ def fleet(test_hosts: list[TestHost], patched_build: Path, build_env: dict[str, 
     and the build store the suite's build is in; the deployment's service is stopped afterwards."""
     monkeypatch.setenv("HOME", str(tmp_path))  # never this machine's ~/.ssh/known_hosts
     monkeypatch.setenv("LLAMAFORGE_HOME", build_env["LLAMAFORGE_HOME"])
-    known = tmp_path / "known_hosts"
-    known.write_text(
-        "".join(f"{line}\n" for host in test_hosts for line in host.host_key_lines()), encoding="utf-8"
-    )
+    known = write_known_hosts(tmp_path / "known_hosts", test_hosts)
     name = f"t{os.getpid() % 10000}-{len(list(tmp_path.parent.iterdir()))}"
     port = 18000 + (os.getpid() + len(name) * 7 + sum(map(ord, tmp_path.name))) % 2000
     access = {"hosts": ",".join(f"{USER}@127.0.0.1:{host.port}" for host in test_hosts),

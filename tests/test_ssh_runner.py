@@ -19,7 +19,7 @@ from llamaforge.core.errors import Cancelled, InvalidOption, LlamaforgeError, To
 from llamaforge.core.events import CancelToken
 from llamaforge.runners.ssh import SshProcessRunner, remote_command
 from llamaforge.runners.ssh_connection import HostKeyChanged, HostKeyUnknown, SshError, SshHost
-from testhosts import USER, TestHost, make_key
+from testhosts import USER, TestHost, make_key, write_known_hosts
 
 
 def fingerprint(blob: str) -> str:
@@ -29,9 +29,7 @@ def fingerprint(blob: str) -> str:
 
 def trusted(host: TestHost, directory: Path) -> Path:
     """A known_hosts file with the host's real keys, read out of band."""
-    path = directory / f"known_hosts-{host.port}"
-    path.write_text("".join(f"{line}\n" for line in host.host_key_lines()), encoding="utf-8")
-    return path
+    return write_known_hosts(directory / f"known_hosts-{host.port}", [host])
 
 
 def runner_for(host: TestHost, tmp_path: Path) -> SshProcessRunner:

@@ -139,6 +139,14 @@ def make_key(path: Path) -> Path:
     return path
 
 
+def write_known_hosts(path: Path, hosts: Sequence[TestHost]) -> Path:
+    """``path`` as a known_hosts file with the hosts' real keys (read out of band); returns ``path``."""
+    path.write_text(
+        "".join(f"{line}\n" for host in hosts for line in host.host_key_lines()), encoding="utf-8"
+    )
+    return path
+
+
 def make_client_key(directory: Path) -> Path:
     """The session's client key pair in ``directory``; returns the private key's path (``.pub`` beside it)."""
     return make_key(directory / "id_ed25519")
