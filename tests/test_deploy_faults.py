@@ -106,6 +106,15 @@ def site(test_hosts: list[TestHost], patched_build: Path, build_env: dict[str, s
             host.exec(["systemctl", "stop", f"llamaforge-{site.name}.service"])
 
 
+@pytest.fixture(autouse=True)
+def back_on_good(site: Site) -> Iterator[None]:
+    """After each test every host is on the good release again, also after a test that failed half-way, so
+    one failure never shows up as the next test's."""
+    yield
+    if any(site.current(index) != site.good for index in range(len(site.hosts))):
+        site.restore()
+
+
 def other_model(directory: Path, n_layer: int) -> Path:
     vocab = Path(os.environ["LLAMAFORGE_TEST_VOCAB"])
     return write_tiny_model(directory / f"tiny-{n_layer}.gguf", TinyModelSpec(arch="qwen3", n_layer=n_layer),
@@ -228,8 +237,9 @@ def test_a_host_stopped_before_its_batch_is_unreachable_and_the_rest_untouched(s
 @contextlib.contextmanager
 def slow_start(host: TestHost, name: str, seconds: int = 4) -> Iterator[None]:
     """The host's llama-server waits ``seconds`` before it starts (a systemd drop-in beside the deployment's
-    unit), so a signal sent as the host switches lands while its gate still waits for /health, on a quiet
-    machine as on a busy one (the tiny model loads in well under a second)."""
+    unit). ``systemctl restart`` waits for ExecStartPre, so the host's switch-and-restart command takes that
+    long: a signal sent as the host starts switching lands while that command runs, on a quiet machine as on
+    a busy one (the tiny model loads in well under a second, so a signal sent later could come too late)."""
     dropin = f"/etc/systemd/system/llamaforge-{name}.service.d"
     conf = f"[Service]\\nExecStartPre=/bin/sleep {seconds}\\n"
     on_host(
@@ -259,7 +269,7 @@ def signal_invoke(
                 process.send_signal(signum)
                 break
         else:
-            pytest.fail(f"the {what} ended before the second host switched:\n" + "".join(seen[-20:]))
+            pytest.fail(f"the {what} ended before its marker {marker!r}:\n" + "".join(seen[-20:]))
         out, rest = process.communicate(timeout=timeout)
     return process.returncode, out, "".join(seen), rest
 
@@ -269,9 +279,9 @@ def test_a_signal_mid_rollout_leaves_each_host_on_a_whole_release(site: Site, si
     params = site.params(ctx=2048 if signum == signal.SIGINT else 3072, canary=1, batch=1)
     with slow_start(site.hosts[1], site.name):
         code_seen, out, seen, rest = signal_invoke(
-            ["deploy"], params, f"{site.address(1)}: switched", signum, "rollout", 180
+            ["deploy"], params, f"{site.address(1)}: switching to", signum, "rollout", 180
         )
-    # the second host runs the new release, ungated, when the signal comes
+    # the second host is switching to the new release when the signal comes: it is put back, not gated
     assert code_seen == code, seen + rest
     report = RolloutReport.model_validate(json.loads(out))
     assert report.interrupted and "interrupted" in rest
@@ -392,11 +402,11 @@ def test_a_signal_mid_rollback_leaves_each_host_on_a_whole_release(
         code_seen, out, seen, rest = signal_invoke(
             ["deploy.rollback", f"--release={site.good}"],
             site.access(),
-            f"{site.address(1)}: switched to",
+            f"{site.address(1)}: switching back to",
             signum,
             "rollback",
             120,
-        )  # the second host is back on good, ungated, when the signal comes
+        )  # the second host is switching back to good when the signal comes: it stays there, not gated
     assert code_seen == code, seen + rest
     report = RolloutReport.model_validate(json.loads(out))
     assert report.interrupted and "interrupted" in rest
