@@ -8,8 +8,10 @@ and query each host's llama-server through the SSH connection.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tarfile
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -18,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from llamaforge.build import runtime_image
 from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.deploy.release import Layout, ReleaseSpec, release_id
 from llamaforge.deploy.report import DeployPlan, DeployStatus, RolloutReport
@@ -26,8 +29,10 @@ from llamaforge.deploy.targets.docker import (
     ContainerImage,
     DockerTarget,
     render_container,
+    saved_image,
     state_from_inspect,
 )
+from llamaforge.runners.engine import build_image, docker_client
 from llamaforge.runners.ssh_forward import forward_local
 from llamaforge.serve.launcher import LlamaFlags
 from test_deploy_faults import post
@@ -319,3 +324,82 @@ def test_a_host_without_docker_is_refused_before_anything_changes(
     assert "install Docker" in refused and "nothing was sent or switched" in refused
     for host in (docker_hosts[0], plain):
         assert host.exec(["test", "-e", f"/opt/llamaforge/{fleet['name']}"])[0] != 0
+
+
+@contextlib.contextmanager
+def scratch_images(directory: Path, tags: list[str]) -> Iterator[list[str]]:
+    """Tiny images of one file each (``FROM scratch``, nothing pulled) on the local engine, removed after: images
+    that run nothing. Their ids, in the order of ``tags``."""
+    ids = []
+    try:
+        for tag in tags:
+            context = directory / tag.replace("/", "-").replace(":", "-")
+            context.mkdir()
+            (context / "note.txt").write_text(tag, encoding="utf-8")
+            (context / "Dockerfile").write_text("FROM scratch\nCOPY note.txt /note.txt\n", encoding="utf-8")
+            ids.append(build_image(context, tag))
+        yield ids
+    finally:
+        for tag in tags:
+            with contextlib.suppress(Exception):
+                docker_client().images.remove(tag)
+
+
+@pytest.mark.docker
+def test_only_the_image_archives_used_last_stay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLAMAFORGE_HOME", str(tmp_path / "home"))
+    tags = [f"llamaforge-test/archive-{os.getpid()}:{letter}" for letter in "abc"]
+    with scratch_images(tmp_path, tags) as ids:
+        a, b, c = (ContainerImage(image, tag) for image, tag in zip(ids, tags, strict=True))
+        first = saved_image(a)
+        with tarfile.open(first) as archive:  # a real `docker save` archive, with its tag
+            manifest = json.load(archive.extractfile("manifest.json"))  # type: ignore[arg-type]
+        assert manifest[0]["RepoTags"] == [tags[0]]
+        for image in (b, a):  # b saved, then a used again: b is the one used longest ago
+            time.sleep(0.05)
+            saved_image(image)
+        assert saved_image(a) == first and first.stat().st_size > 0
+        time.sleep(0.05)
+        saved_image(c)
+        left = sorted(path.name for path in (tmp_path / "home" / "images").iterdir())
+        assert left == sorted(f"{image.id.removeprefix('sha256:')}.tar" for image in (a, c))
+
+
+def engine_has(host: TestHost, image: str) -> bool:
+    """Whether the host's own engine has ``image`` (read out of band)."""
+    return host.exec(["docker", "image", "inspect", image])[0] == 0
+
+
+@pytest.mark.docker
+@pytest.mark.llamacpp
+def test_pruning_a_docker_release_removes_the_image_only_it_ran(
+    fleet: dict[str, Any], docker_hosts: list[TestHost], tiny_qwen3: Path, tmp_path: Path
+) -> None:
+    host, name = docker_hosts[0], fleet["name"]
+    one = {**fleet["base"], "hosts": fleet["access"]["hosts"].split(",")[0], "model": str(tiny_qwen3)}
+    good = run("deploy", **one)
+    assert good.passed, good
+    runtime = container(host, name)["Image"]
+    real = runtime_image.ensure_runtime_image
+    with (
+        scratch_images(tmp_path, [f"llamaforge-test/empty:{name}"]) as (empty,),
+        pytest.MonkeyPatch.context() as patch,
+    ):
+        # the next release's build comes with an image that runs nothing: its container cannot start
+        patch.setattr(runtime_image, "ensure_runtime_image",
+                      lambda key, **options: replace(real(key, **options), image_id=empty))  # fmt: skip
+        with pytest.raises(OperationFailed) as caught:
+            run("deploy", **one, ctx=1024)
+        failed = caught.value.result
+        assert [item.status for item in failed.hosts] == ["rolled back"], failed
+        assert failed.hosts[0].image_bytes > 0 and engine_has(host, empty)
+    releases = f"/opt/llamaforge/{name}/releases"
+    assert sorted(on_host(host, f"ls {releases}").split()) == sorted([good.release, failed.release])
+    assert container(host, name)["Image"] == runtime  # back on the good release's image
+
+    kept = run("deploy", **one, ctx=2048)  # passes: the failed release (in no history) is pruned
+    assert kept.passed and kept.hosts[0].image_bytes == 0, kept
+    assert sorted(on_host(host, f"ls {releases}").split()) == sorted([good.release, kept.release])
+    assert not engine_has(host, empty)  # no release there runs it any more
+    assert engine_has(host, runtime)  # the releases left run this one
+    assert len(complete_through_ssh(host, fleet["known"], fleet["port"])) == 6

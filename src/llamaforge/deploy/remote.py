@@ -7,7 +7,8 @@ model is sent only when ``models/<sha256>.gguf`` is missing (the transfer module
 after its sha256 matched, so its presence means it is whole), and a new release starts as hard links to the
 current one's binaries and libraries, so the transfer skips every file that did not change (a changed file is
 sent to a ``.part`` and renamed over its link: the older release keeps its own).
-Pruning keeps the releases that were current most recently and removes the models no kept release links to.
+Pruning keeps the releases that were current most recently and removes the models no kept release links to
+(and, for the docker target, the images no release left on the host runs).
 A release that listens beyond loopback carries its API key as ``api-key`` (mode 0600, owned by the service
 user, written through sudo from stdin): it reaches the host on no command line and is read back (for the
 health gate) the same way.
@@ -231,12 +232,14 @@ def releases_to_prune(state: HostState, keep: int) -> list[str]:
     return [rid for rid in state.releases if rid not in kept]
 
 
-def prune_releases(runner: SshProcessRunner, layout: Layout, state: HostState, keep: int) -> list[str]:
-    """Remove :func:`releases_to_prune` from the host, then every model no release left links to; returns
-    the release ids removed."""
+def prune_releases(runner: SshProcessRunner, layout: Layout, target: Target, state: HostState,
+                   keep: int) -> list[str]:  # fmt: skip
+    """Remove :func:`releases_to_prune` from the host with what ``target`` put there for them alone
+    (:meth:`~llamaforge.deploy.targets.Target.prune`), then every model no release left links to; returns the
+    release ids removed."""
     removed = releases_to_prune(state, keep)
     if removed:
-        runner.run(["rm", "-rf", "--", *(layout.release(rid) for rid in removed)])
+        target.prune(runner, layout, removed)
         runner.run(["sh", "-c", _UNUSED_MODELS, "sh", layout.root])
     return removed
 

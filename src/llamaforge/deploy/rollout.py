@@ -279,7 +279,7 @@ def deploy_host(runner: SshProcessRunner, release: Release, state: HostState, fi
             restored = restored.model_copy(update={"status": "interrupted"})
         step(f"{restored.status}: on {restored.release}")
         return restored
-    prune_releases(runner, layout, host_state(runner, layout), options.keep)
+    prune_releases(runner, layout, target, host_state(runner, layout), options.keep)
     step(f"updated: {release.id} healthy")
     return HostReport(**report, status="updated", release=release.id, health_s=gate.health_s,
                       completion=gate.completion, detail=gate.detail, api_key_file=_key_path(release))  # fmt: skip

@@ -9,6 +9,7 @@ from llamaforge.core.errors import InvalidOption
 from llamaforge.core.validation import suggest
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from pathlib import Path
 
     from llamaforge.core.events import CancelToken, Reporter
@@ -58,6 +59,11 @@ class Target(Protocol):
 
     def prepare(self, runner: SshProcessRunner, layout: Layout) -> None:
         """Make the host ready for releases (service user, directories); safe to repeat."""
+        ...
+
+    def prune(self, runner: SshProcessRunner, layout: Layout, removed: Sequence[str]) -> None:
+        """Remove the releases ``removed`` from the host, with what the target put there for them alone (the
+        docker target: the images no release left on the host runs)."""
         ...
 
     def activate(self, runner: SshProcessRunner, layout: Layout) -> None:

@@ -14,12 +14,14 @@ by llama-server with ``--api-key-file``: never in argv, environment or labels.
 The image is made here (:func:`~llamaforge.build.runtime_image.ensure_runtime_image`), saved once per image
 id to ``$LLAMAFORGE_HOME/images/<id>.tar``, sent with the resumable, sha256-verified transfer and ``docker
 load``-ed on the host, unless the host's engine already has that image id: a second deploy with other flags
-sends no image bytes (and, as for every target, no model bytes).
+sends no image bytes (and, as for every target, no model bytes). Only the archives used last stay here; on a
+host, pruning releases removes each image no release left there runs (:meth:`DockerTarget.prune`).
 """
 
 from __future__ import annotations
 
 import posixpath
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +36,8 @@ from llamaforge.deploy.targets.systemd import SystemdTarget
 from llamaforge.serve.launcher import server_argv
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from llamaforge.runners.ssh import SshProcessRunner
 
 CONTAINER_FILE = "llama-server.docker.sh"
@@ -42,6 +46,7 @@ HEALTH_INTERVAL_S = 5
 HEALTH_TIMEOUT_S = 5
 HEALTH_RETRIES = 3
 _SAVING = threading.Lock()
+KEEP_ARCHIVES = 2  # image archives kept in $LLAMAFORGE_HOME/images, the ones used last
 
 
 class DockerMissing(LlamaforgeError):
@@ -119,20 +124,44 @@ def state_from_inspect(text: str) -> ServiceState:
     return ServiceState(active, count)
 
 
+_IMAGE_LINE = re.compile(r"^# (sha256:[0-9a-f]{64})$", re.MULTILINE)  # the container script's 4th line
+_UNUSED_IMAGES = r"""
+base=$1; shift
+for id; do
+  grep -qsxF -- "# $id" "$base"/*/releases/*/llama-server.docker.sh "$base"/*/releases/.*.tmp/llama-server.docker.sh \
+    && continue
+  sudo -n docker image rm -- "$id" >/dev/null 2>&1 && echo "$id"
+done
+exit 0
+"""
+
 _INSPECT = "{{.State.Status}} {{.RestartCount}} {{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}} " \
     "{{.State.ExitCode}}"  # fmt: skip
 
 
 def saved_image(image: ContainerImage) -> Path:
-    """The image's ``docker save`` archive here, made once per image id (``$LLAMAFORGE_HOME/images``)."""
+    """The image's ``docker save`` archive here, made once per image id (``$LLAMAFORGE_HOME/images``); only the
+    :data:`KEEP_ARCHIVES` archives used last stay (an archive is a few hundred MB, and it is made again in
+    seconds)."""
     from llamaforge.core.paths import home
     from llamaforge.runners.engine import save_image
 
     archive = home() / "images" / f"{image.id.removeprefix('sha256:')}.tar"
     with _SAVING:  # the hosts of a batch ask at once: one of them saves
-        if not archive.is_file():
+        if archive.is_file():
+            archive.touch()  # used now
+        else:
             save_image(image.id, archive)
+            for stale in sorted(archive.parent.glob("*.tar"), key=_last_used, reverse=True)[KEEP_ARCHIVES:]:
+                stale.unlink(missing_ok=True)
     return archive
+
+
+def _last_used(archive: Path) -> float:
+    try:
+        return archive.stat().st_mtime
+    except OSError:  # removed meanwhile by another llamaforge
+        return 0.0
 
 
 @dataclass(frozen=True)
@@ -186,6 +215,21 @@ class DockerTarget:
     def prepare(self, runner: SshProcessRunner, layout: Layout) -> None:
         """The service user (its uid runs the container) and the deployment's directories, as for systemd."""
         SystemdTarget().prepare(runner, layout)
+
+    def prune(self, runner: SshProcessRunner, layout: Layout, removed: Sequence[str]) -> None:
+        """Remove the releases, then each image they ran that no release of any deployment under the same base
+        directory still runs (``docker image rm``, never forced: an image a container still uses stays)."""
+        scripts = [posixpath.join(layout.release(rid), CONTAINER_FILE) for rid in removed]
+        shown = runner.run(["cat", "--", *scripts], warn=True).stdout
+        images = sorted(set(_IMAGE_LINE.findall(shown)))
+        SystemdTarget().prune(runner, layout, removed)
+        if not images:
+            return
+        gone = runner.run(["sh", "-c", _UNUSED_IMAGES, "sh", layout.base, *images], warn=True).stdout.split()
+        if gone:
+            what = ", ".join(image[:19] for image in gone)
+            self.reporter(Event("stage", f"{runner.host.address}: removed the image {what} (no release there runs it)",
+                                stage="deploy"))  # fmt: skip
 
     def deliver(self, runner: SshProcessRunner, layout: Layout, cancel: CancelToken | None = None) -> int:
         """Load the runtime image into the host's engine unless it has that image id; returns the bytes sent.

@@ -18,6 +18,7 @@ from llamaforge.deploy.release import SERVICE_USER, Layout, ReleaseSpec
 from llamaforge.deploy.targets import ServiceState
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from pathlib import Path
 
     from llamaforge.core.events import CancelToken, Reporter
@@ -89,6 +90,10 @@ class SystemdTarget:
         deployer = runner.run(["id", "-un"]).stdout.strip()
         runner.run(["sudo", "-n", "sh", "-c", script, "sh", SERVICE_USER, deployer, layout.root],
                    what=f"preparing {layout.root} on {runner.host.host}")  # fmt: skip
+
+    def prune(self, runner: SshProcessRunner, layout: Layout, removed: Sequence[str]) -> None:
+        """Remove the releases' directories (the unit installed is ``current``'s, never theirs)."""
+        runner.run(["rm", "-rf", "--", *(layout.release(rid) for rid in removed)])
 
     def activation(self, layout: Layout) -> list[str]:
         """Install ``current``'s unit, reload systemd and restart the service (as root, through sudo)."""
