@@ -22,6 +22,7 @@ import pytest
 
 from llamaforge.build import runtime_image
 from llamaforge.core.errors import InvalidOption, OperationFailed
+from llamaforge.core.events import CancelToken, Event
 from llamaforge.deploy.release import Layout, ReleaseSpec, release_id
 from llamaforge.deploy.report import DeployPlan, DeployStatus, RolloutReport
 from llamaforge.deploy.targets import get_target
@@ -34,8 +35,9 @@ from llamaforge.deploy.targets.docker import (
 )
 from llamaforge.runners.engine import build_image, docker_client
 from llamaforge.runners.ssh_forward import forward_local
+from llamaforge.runners.transfer import CHUNK
 from llamaforge.serve.launcher import LlamaFlags
-from test_deploy_faults import post
+from test_deploy_faults import deploy, post
 from test_deploy_ssh import complete_through_ssh, listening, on_host, run, runner
 from testhosts import USER, TestHost, write_known_hosts
 
@@ -327,15 +329,15 @@ def test_a_host_without_docker_is_refused_before_anything_changes(
 
 
 @contextlib.contextmanager
-def scratch_images(directory: Path, tags: list[str]) -> Iterator[list[str]]:
-    """Tiny images of one file each (``FROM scratch``, nothing pulled) on the local engine, removed after: images
-    that run nothing. Their ids, in the order of ``tags``."""
-    ids = []
+def scratch_images(directory: Path, tags: list[str], size: int = 0) -> Iterator[list[str]]:
+    """Small images of one file each (``FROM scratch``, nothing pulled; the tag, then ``size`` random bytes) on
+    the local engine, removed after: images that run nothing. Their ids, in the order of ``tags``."""
+    ids: list[str] = []
     try:
         for tag in tags:
             context = directory / tag.replace("/", "-").replace(":", "-")
             context.mkdir()
-            (context / "note.txt").write_text(tag, encoding="utf-8")
+            (context / "note.txt").write_bytes(tag.encode() + os.urandom(size))
             (context / "Dockerfile").write_text("FROM scratch\nCOPY note.txt /note.txt\n", encoding="utf-8")
             ids.append(build_image(context, tag))
         yield ids
@@ -365,6 +367,24 @@ def test_only_the_image_archives_used_last_stay(tmp_path: Path, monkeypatch: pyt
         assert left == sorted(f"{image.id.removeprefix('sha256:')}.tar" for image in (a, c))
 
 
+class CancelAtImageChunk(CancelToken):
+    """Ctrl-C as the image's third chunk is about to be sent (the transfer checks once per chunk)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sending, self.checks = False, 0
+
+    def on_event(self, event: Event) -> None:
+        self.sending = self.sending or "sending the image" in event.message
+
+    def raise_if_cancelled(self) -> None:
+        if self.sending:
+            self.checks += 1
+            if self.checks == 3:
+                self.cancel()
+        super().raise_if_cancelled()
+
+
 def engine_has(host: TestHost, image: str) -> bool:
     """Whether the host's own engine has ``image`` (read out of band)."""
     return host.exec(["docker", "image", "inspect", image])[0] == 0
@@ -372,7 +392,7 @@ def engine_has(host: TestHost, image: str) -> bool:
 
 @pytest.mark.docker
 @pytest.mark.llamacpp
-def test_pruning_a_docker_release_removes_the_image_only_it_ran(
+def test_an_image_upload_resumes_and_pruning_removes_the_image_only_its_release_ran(
     fleet: dict[str, Any], docker_hosts: list[TestHost], tiny_qwen3: Path, tmp_path: Path
 ) -> None:
     host, name = docker_hosts[0], fleet["name"]
@@ -381,18 +401,29 @@ def test_pruning_a_docker_release_removes_the_image_only_it_ran(
     assert good.passed, good
     runtime = container(host, name)["Image"]
     real = runtime_image.ensure_runtime_image
-    with (
-        scratch_images(tmp_path, [f"llamaforge-test/empty:{name}"]) as (empty,),
-        pytest.MonkeyPatch.context() as patch,
-    ):
+    tag = f"llamaforge-test/empty:{name}"
+    with scratch_images(tmp_path, [tag], size=4 * CHUNK) as (empty,), pytest.MonkeyPatch.context() as patch:
         # the next release's build comes with an image that runs nothing: its container cannot start
         patch.setattr(runtime_image, "ensure_runtime_image",
                       lambda key, **options: replace(real(key, **options), image_id=empty))  # fmt: skip
+        cancel = CancelAtImageChunk()
+        with pytest.raises(OperationFailed) as caught:
+            deploy(**one, ctx=1024, cancel=cancel, on_event=cancel.on_event)
+        stopped = caught.value.result
+        assert caught.value.exit_code == 130 and [item.status for item in stopped.hosts] == ["interrupted"]
+        assert stopped.hosts[0].release == good.release and not engine_has(host, empty)
+        archive = saved_image(ContainerImage(empty, tag))
+        part = f"/opt/llamaforge/{name}/images/{archive.name}.part"
+        assert on_host(host, f"stat -c %s {part}") == str(2 * CHUNK)  # two chunks arrived before Ctrl-C
+
         with pytest.raises(OperationFailed) as caught:
             run("deploy", **one, ctx=1024)
         failed = caught.value.result
         assert [item.status for item in failed.hosts] == ["rolled back"], failed
-        assert failed.hosts[0].image_bytes > 0 and engine_has(host, empty)
+        assert failed.hosts[0].image_bytes == archive.stat().st_size - 2 * CHUNK  # resumed from the part
+        assert (
+            engine_has(host, empty) and host.exec(["test", "-e", part])[0] != 0
+        )  # loaded; nothing left over
     releases = f"/opt/llamaforge/{name}/releases"
     assert sorted(on_host(host, f"ls {releases}").split()) == sorted([good.release, failed.release])
     assert container(host, name)["Image"] == runtime  # back on the good release's image
