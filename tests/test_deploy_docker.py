@@ -9,6 +9,7 @@ and query each host's llama-server through the SSH connection.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import tarfile
@@ -42,6 +43,7 @@ from test_deploy_ssh import complete_through_ssh, listening, on_host, run, runne
 from testhosts import USER, TestHost, write_known_hosts
 
 GOLDEN = Path(__file__).parent / "golden" / "deploy-llama-server.docker.sh"
+_PORTS = itertools.count(20100)  # the module's hosts are its own: its tests' ports need only differ
 UPDATE = bool(os.environ.get("LLAMAFORGE_UPDATE_GOLDEN"))
 IMAGE = ContainerImage("sha256:" + "e" * 64, "llamaforge/llama-server:0c746799120471183e5949a10bb9dc1e")
 
@@ -153,18 +155,21 @@ def docker_hosts(docker_engine: object, base_image: str, ssh_client_key: Path) -
 
 @pytest.fixture
 def fleet(docker_hosts: list[TestHost], patched_build: Path, build_env: dict[str, str], tmp_path: Path,
-          monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:  # fmt: skip
-    """Access to the two docker hosts (their keys trusted), a deployment name and port of this test's own."""
+          monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:  # fmt: skip
+    """Access to the two docker hosts (their keys trusted), a deployment name and port of this test's own; the
+    deployment's container is removed afterwards."""
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("LLAMAFORGE_HOME", build_env["LLAMAFORGE_HOME"])
     known = write_known_hosts(tmp_path / "known_hosts", docker_hosts)
     name = f"d{os.getpid() % 10000}-{len(list(tmp_path.parent.iterdir()))}"
-    port = 20000 + (os.getpid() + sum(map(ord, tmp_path.name))) % 2000
+    port = next(_PORTS)  # never the port of another test's deployment, whatever its teardown did
     access = {"hosts": ",".join(f"{USER}@127.0.0.1:{host.port}" for host in docker_hosts[:2]),
               "ssh_key": str(docker_hosts[0].key_file), "known_hosts": str(known), "name": name,
               "target": "docker"}  # fmt: skip
     base = {**access, "build": patched_build.name, "port": port, "gate_timeout_s": 120}
-    return {"access": access, "base": base, "known": known, "name": name, "port": port}
+    yield {"access": access, "base": base, "known": known, "name": name, "port": port}
+    for host in docker_hosts[:2]:
+        host.exec(["docker", "rm", "--force", f"llamaforge-{name}"])
 
 
 def container(host: TestHost, name: str) -> dict[str, Any]:
