@@ -203,6 +203,26 @@ def test_a_full_disk_switches_nothing_and_max_fail_lets_the_next_batch_go_on(
     site.restore()
 
 
+def test_a_port_another_deployment_listens_on_is_refused_before_anything_changes(site: Site) -> None:
+    other = {**site.params(), "name": f"{site.name}-other"}  # a second deployment, on the first one's port
+    plan = deploy("deploy.plan", **other)
+    assert isinstance(plan, DeployPlan)
+    for item in plan.hosts:
+        assert f"port {site.port} is in use there (127.0.0.1:{site.port} listens" in item.detail, item.detail
+        assert "choose another --port" in item.detail
+    report = failed(**other)
+    assert [item.status for item in report.hosts] == ["failed"] * 3, report
+    assert all("nothing was changed" in item.detail and item.sent_bytes == 0 for item in report.hosts)
+    for host in site.hosts:
+        assert host.exec(["test", "-e", f"/opt/llamaforge/{site.name}-other"])[0] != 0
+    assert [site.current(index) for index in range(3)] == [site.good] * 3
+    moved = deploy(**{**other, "port": site.port + 1})  # another port is free: it deploys beside the first
+    assert moved.passed, moved
+    for host in site.hosts:
+        assert listening(host, site.port + 1) == ["0100007F"]  # the second deployment's server, on 127.0.0.1
+        host.exec(["systemctl", "stop", f"llamaforge-{site.name}-other.service"])
+
+
 def test_a_flag_llama_server_rejects_fails_the_gate_and_the_canary_is_rolled_back(site: Site) -> None:
     report = failed(**site.params(cache_type="q9_9"))
     assert [item.status for item in report.hosts] == ["rolled back", "untouched", "untouched"], report

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
 from pathlib import Path
 
 import gguf
@@ -13,6 +15,7 @@ from llamaforge.deploy.fitplan import fit_for_gpu
 from llamaforge.deploy.inventory import inventory_hosts, inventory_json_schema, load_inventory
 from llamaforge.deploy.ops import DeployParams
 from llamaforge.deploy.release import Layout, ReleaseSpec, listen_address, release_record
+from llamaforge.deploy.remote import parse_listeners, port_clash
 from llamaforge.deploy.report import HostReport
 from llamaforge.deploy.rollout import too_many_failed
 from llamaforge.deploy.targets.systemd import render_unit
@@ -174,3 +177,39 @@ def test_the_cli_tables_show_every_host_and_never_a_key() -> None:
     for expected in ("lf@a:22", "interrupted", "r1/api-key", "-ngl 3", "all layers on the GPU", "connection refused",
                      "active", "interrupted in 3.2 s"):  # fmt: skip
         assert expected in text, expected
+
+
+def _proc_net() -> str:
+    return "".join(
+        Path(name).read_text() for name in ("/proc/net/tcp", "/proc/net/tcp6") if Path(name).exists()
+    )
+
+
+def test_the_listeners_are_read_from_proc_net_as_the_kernel_writes_them() -> None:
+    with contextlib.ExitStack() as stack:
+        listening = []
+        for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+            sock = stack.enter_context(socket.socket(family))
+            try:
+                sock.bind((address, 0))
+            except OSError:  # no IPv6 on this machine
+                continue
+            sock.listen()
+            listening.append((address, sock.getsockname()[1]))
+        idle = stack.enter_context(socket.socket())
+        idle.bind(("127.0.0.1", 0))  # bound, not listening: no listener
+        unused = idle.getsockname()[1]
+        found = parse_listeners(_proc_net())
+    assert listening and all(item in found for item in listening), (listening, found)
+    assert all(port != unused for _address, port in found)
+    assert parse_listeners("  sl  local_address rem_address   st\n") == set()
+
+
+def test_a_port_clashes_at_the_same_address_or_a_wildcard_only() -> None:
+    taken = {("127.0.0.1", 8080), ("0.0.0.0", 9000), ("10.0.0.5", 7000), ("::", 6000)}
+    assert port_clash(taken, "127.0.0.1", 8080) == "127.0.0.1:8080"
+    assert port_clash(taken, "0.0.0.0", 8080) == "127.0.0.1:8080"  # a wildcard bind needs every address
+    assert port_clash(taken, "127.0.0.1", 9000) == "0.0.0.0:9000"
+    assert port_clash(taken, "127.0.0.1", 6000) == "[::]:6000"
+    assert port_clash(taken, "127.0.0.1", 7000) is None  # another address, same port: both can bind
+    assert port_clash(taken, "127.0.0.1", 8081) is None

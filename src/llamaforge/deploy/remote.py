@@ -16,6 +16,7 @@ health gate) the same way.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import posixpath
 from collections.abc import Mapping, Sequence
@@ -259,3 +260,47 @@ def read_api_key(runner: SshProcessRunner, layout: Layout, rid: str) -> str | No
     path = posixpath.join(layout.release(rid), API_KEY_FILE)
     result = runner.run(["sudo", "-n", "cat", path], warn=True)
     return (result.stdout.strip() or None) if result.ok else None
+
+
+_WILDCARDS = ("0.0.0.0", "::")  # noqa: S104 - addresses read from the host, nothing is bound here
+
+
+def parse_listeners(text: str) -> set[tuple[str, int]]:
+    """The (address, port) of every listening TCP socket in the text of ``/proc/net/tcp`` and ``/proc/net/tcp6``
+    (the kernel writes each address as 32-bit words in host byte order, little-endian on the hosts llamaforge
+    deploys to)."""
+    found = set()
+    for line in text.splitlines():
+        fields = line.split()
+        if (
+            len(fields) < 4 or fields[3] != "0A" or ":" not in fields[1]
+        ):  # 0A: LISTEN (header lines have no state)
+            continue
+        address, port = fields[1].split(":")
+        if len(address) not in (8, 32):
+            continue
+        raw = b"".join(bytes.fromhex(address[start : start + 8])[::-1] for start in range(0, len(address), 8))
+        ip = ipaddress.ip_address(raw)
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        found.add((str(ip), int(port, 16)))
+    return found
+
+
+def port_clash(listeners: set[tuple[str, int]], address: str, port: int) -> str | None:
+    """The listener (``address:port``) that would keep a server from binding ``address:port``: one on the same
+    port at the same address, or where either is a wildcard; None when the port is free there."""
+    for there, taken in sorted(listeners):
+        if taken == port and (there == address or there in _WILDCARDS or address in _WILDCARDS):
+            return f"[{there}]:{port}" if ":" in there else f"{there}:{port}"
+    return None
+
+
+def busy_port(runner: SshProcessRunner, state: HostState, bound: tuple[str, int]) -> str | None:
+    """What already listens where a new release's service would bind (``bound``) on the host, unless it is the
+    deployment's own current release on that port (its restart frees it); None when nothing does."""
+    address, port = bound
+    if state.record and int(state.record.get("port", -1)) == port:
+        return None
+    shown = runner.run(["cat", "/proc/net/tcp", "/proc/net/tcp6"], warn=True).stdout
+    return port_clash(parse_listeners(shown), address, port)

@@ -41,6 +41,7 @@ from llamaforge.deploy.release import (
 )
 from llamaforge.deploy.remote import (
     HostState,
+    busy_port,
     host_state,
     prune_releases,
     read_api_key,
@@ -124,6 +125,14 @@ def plan_host(runner: SshProcessRunner, release: Release) -> tuple[HostPlan, Hos
         refused = refused or error.render()
     before = state.record.get("flags") if state.record else None
     action = "none" if state.current == release.id else "switch" if release.id in state.releases else "upload"
+    bound = release.target.listens(spec) if action != "none" and not refused else None
+    clash = busy_port(runner, state, bound) if bound else None
+    if bound and clash:
+        refused = (
+            f"{runner.host.address}: port {bound[1]} is in use there ({clash} listens, not this deployment's "
+            f"current release), so llama-server could not bind {bound[0]}:{bound[1]}; choose another --port or "
+            "stop what listens there (nothing was changed)"
+        )
     return HostPlan(
         host=runner.host.address, reachable=True, current=state.current, release=release.id, action=action,
         model_upload=not has_model, model_bytes=0 if has_model else spec.model_size, restart=action != "none",

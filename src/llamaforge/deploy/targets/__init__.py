@@ -53,6 +53,11 @@ class Target(Protocol):
         reads."""
         ...
 
+    def listens(self, spec: ReleaseSpec) -> tuple[str, int] | None:
+        """The address and port a release of ``spec`` binds on the host, checked while planning: a port another
+        program holds there refuses the host (None: not checked)."""
+        ...
+
     def service_files(self, spec: ReleaseSpec, layout: Layout) -> dict[str, str]:
         """The rendered service files, by file name inside the release (part of the release id)."""
         ...

@@ -191,6 +191,10 @@ class DockerTarget:
         """None: the binaries are in the image."""
         return []
 
+    def listens(self, spec: ReleaseSpec) -> tuple[str, int] | None:
+        """llama-server's ``--host`` and ``--port`` on the host's network (``--network host``)."""
+        return spec.listen, spec.port
+
     def service_files(self, spec: ReleaseSpec, layout: Layout) -> dict[str, str]:
         """The container script, as ``llama-server.docker.sh`` inside the release."""
         return {CONTAINER_FILE: render_container(spec, layout, self._image())}

@@ -63,6 +63,11 @@ class RpcServerTarget(SystemdTarget):
         """``llamaforge-<name>-rpc.service``."""
         return rpc_unit_name(layout)
 
+    def listens(self, spec: ReleaseSpec) -> tuple[str, int] | None:
+        """Not checked: the worker's releases do not record its port, so its own running worker would look
+        like another program (a port taken there fails the worker's HELLO gate instead)."""
+        return None
+
     def service_files(self, spec: ReleaseSpec, layout: Layout) -> dict[str, str]:
         """The worker unit, as ``rpc-server.service`` inside the release."""
         argv = rpc_server_argv(layout, self.address, self.port, self.threads)

@@ -76,6 +76,10 @@ class SystemdTarget:
         """Nothing beyond the release's files."""
         return ""
 
+    def listens(self, spec: ReleaseSpec) -> tuple[str, int] | None:
+        """llama-server's ``--host`` and ``--port``."""
+        return spec.listen, spec.port
+
     def service_files(self, spec: ReleaseSpec, layout: Layout) -> dict[str, str]:
         """The unit, as ``llama-server.service`` inside the release."""
         return {UNIT_FILE: render_unit(spec, layout)}
