@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from llamaforge.build.images import DEFAULT_TAG  # noqa: E402
-from llamaforge.build.store import list_builds  # noqa: E402
+from llamaforge.build.store import find_build, list_builds  # noqa: E402
 from llamaforge.core.registry import OperationContext, operations  # noqa: E402
 from llamaforge.deploy.release import DEFAULT_PORT, ReleaseSpec, release_files  # noqa: E402
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model  # noqa: E402
@@ -99,9 +99,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--build", help="build key (default: the newest CPU build in LLAMAFORGE_HOME)")
     args = parser.parse_args()
-    build = args.build or next(
-        str(b["key"]) for b in list_builds() if "cuda" not in str(b.get("backend", "cpu"))
-    )
+    build = (
+        str(find_build(args.build)["key"])
+        if args.build
+        else next(str(b["key"]) for b in list_builds() if "cuda" not in str(b.get("backend", "cpu")))
+    )  # a unique prefix of a key will do
     vocab = Path(os.environ.get("LLAMAFORGE_TEST_VOCAB", ""))
     if not vocab.is_file():
         sys.exit("set LLAMAFORGE_TEST_VOCAB to llama.cpp's models/ggml-vocab-qwen2.gguf")
