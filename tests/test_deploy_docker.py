@@ -438,4 +438,8 @@ def test_an_image_upload_resumes_and_pruning_removes_the_image_only_its_release_
     assert sorted(on_host(host, f"ls {releases}").split()) == sorted([good.release, kept.release])
     assert not engine_has(host, empty)  # no release there runs it any more
     assert engine_has(host, runtime)  # the releases left run this one
+    last = run("deploy", **one, ctx=3072, keep=1)  # prunes both older releases, which ran the current's image
+    assert last.passed, last
+    assert on_host(host, f"ls {releases}").split() == [last.release]
+    assert engine_has(host, runtime)  # still named by the release left: not removed
     assert len(complete_through_ssh(host, fleet["known"], fleet["port"])) == 6

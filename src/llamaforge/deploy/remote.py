@@ -272,9 +272,8 @@ def parse_listeners(text: str) -> set[tuple[str, int]]:
     found = set()
     for line in text.splitlines():
         fields = line.split()
-        if (
-            len(fields) < 4 or fields[3] != "0A" or ":" not in fields[1]
-        ):  # 0A: LISTEN (header lines have no state)
+        # the 4th field is the state, 0A for LISTEN; the header line has none
+        if len(fields) < 4 or fields[3] != "0A" or ":" not in fields[1]:
             continue
         address, port = fields[1].split(":")
         if len(address) not in (8, 32):
