@@ -56,6 +56,7 @@ from llamaforge.gguf.tiny_file import (
     DType,
     TinyModelInfo,
     load_tokenizer,
+    matrix_dtype,
     noise_array,
     write_gguf_file,
     write_noise_model,
@@ -441,7 +442,7 @@ def tensor_plan(spec: TinyModelSpec, n_vocab: int) -> list[TensorPlanEntry]:
     first = [k for k in global_kinds if k == _T.TOKEN_EMBD]
     last = [k for k in global_kinds if k != _T.TOKEN_EMBD]
 
-    float_dtype: np.dtype[Any] = np.dtype(np.float16 if spec.dtype == "f16" else np.float32)
+    float_dtype = matrix_dtype(spec.dtype)
     f32: np.dtype[Any] = np.dtype(np.float32)
 
     def entry(kind: gguf.MODEL_TENSOR, bid: int | None) -> TensorPlanEntry:

@@ -20,7 +20,22 @@ import numpy.typing as npt
 
 from llamaforge.gguf.tiny_names import NameStyle
 
-DType = Literal["f16", "f32"]
+#: How the matrices are stored. ``q8_0`` and ``q4_0`` quantize (with the ``gguf`` package's numpy quantizer)
+#: every matrix whose rows are whole 32-value blocks, as llama-quantize would; the others stay F16. 1-D tensors
+#: are F32 in every case. Quantized files reach the CPU's repack, AMX and quantized dot-product kernels, which
+#: an F16 file never does.
+DType = Literal["f16", "f32", "q8_0", "q4_0"]
+
+_QUANT_TYPES: Final[dict[str, gguf.GGMLQuantizationType]] = {
+    "q8_0": gguf.GGMLQuantizationType.Q8_0,
+    "q4_0": gguf.GGMLQuantizationType.Q4_0,
+}
+_FILE_TYPES: Final[dict[str, gguf.LlamaFileType]] = {
+    "f16": gguf.LlamaFileType.MOSTLY_F16,
+    "f32": gguf.LlamaFileType.ALL_F32,
+    "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+}
 
 #: Standard deviation of the random matrices (keeps activations small and finite).
 WEIGHT_SCALE: Final[float] = 0.02
@@ -56,6 +71,24 @@ def noise_array(
     if negative:
         values = -values
     return np.ascontiguousarray(values.astype(dtype))
+
+
+def matrix_dtype(dtype: DType) -> np.dtype[Any]:
+    """The numpy dtype the noise of a matrix is drawn in: F32 for ``f32``, F16 otherwise (the quantized types
+    quantize the F16 matrices when written; tensors llama.cpp wants in F32 are drawn in F32 and stay so)."""
+    return np.dtype(np.float32 if dtype == "f32" else np.float16)
+
+
+def _encoded(
+    data: npt.NDArray[Any], dtype: DType
+) -> tuple[npt.NDArray[Any], gguf.GGMLQuantizationType | None]:
+    """``data`` as written for a file of ``dtype``: quantized bytes and their type, or the array as it is."""
+    qtype = _QUANT_TYPES.get(dtype)
+    if qtype is None or data.ndim < 2 or data.dtype != np.float16:
+        return data, None
+    if data.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0]:
+        return data, None
+    return gguf.quants.quantize(data.astype(np.float32), qtype), qtype
 
 
 # ----------------------------------------------------------------------- tokenizer
@@ -133,14 +166,13 @@ def write_gguf_file(
             writer.add_description(
                 "tiny random-weight test model written by llamaforge.gguf.tiny; not trained"
             )
-            writer.add_file_type(
-                gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.ALL_F32
-            )
+            writer.add_file_type(_FILE_TYPES[dtype])
             write_hparams(writer)
             for kv in tokenizer_kvs:
                 writer.add_key_value(kv.key, kv.value, kv.vtype, sub_type=kv.sub_type)
             for tensor_name, data in tensors:
-                writer.add_tensor(tensor_name, data)
+                encoded, qtype = _encoded(data, dtype)
+                writer.add_tensor(tensor_name, encoded, raw_dtype=qtype)
                 names.append(tensor_name)
             writer.write_header_to_file()
             writer.write_kv_data_to_file()
@@ -177,7 +209,7 @@ def write_noise_model(
     :func:`noise_array` (F32 for 1-D tensors, ``dtype`` for the rest), with the tokenizer of ``vocab_gguf``:
     the writers of the families laid out by hand (``tiny_mla``, ``tiny_shared_kv``)."""
     tokenizer_kvs, n_vocab = load_tokenizer(Path(vocab_gguf))
-    matrix: np.dtype[Any] = np.dtype(np.float16 if dtype == "f16" else np.float32)
+    matrix = matrix_dtype(dtype)
     vector: np.dtype[Any] = np.dtype(np.float32)
     tensors = (
         (tensor, noise_array(seed, tensor, shape, vector if len(shape) == 1 else matrix))
