@@ -73,7 +73,7 @@ def test_failed_exit_raises_with_command_code_and_tail() -> None:
     assert error.command == [PY, "-c", script]
     assert error.tail[-1] == "step 29" and len(error.tail) == 20
     rendered = error.render()
-    assert "exit code: 3" in rendered and "| step 29" in rendered and "hint: look at step 29" in rendered
+    assert "exit: exit code 3" in rendered and "| step 29" in rendered and "hint: look at step 29" in rendered
 
 
 def test_warn_returns_the_failed_result() -> None:

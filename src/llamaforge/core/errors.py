@@ -12,6 +12,8 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel
 
+from llamaforge.core.exits import describe_exit
+
 
 class LlamaforgeError(Exception):
     """Base of all user-facing failures."""
@@ -104,7 +106,11 @@ class ToolFailed(LlamaforgeError):
         self.log_path = log_path
 
     def render(self) -> str:
-        lines = [self.message, f"  command: {' '.join(self.command)}", f"  exit code: {self.returncode}"]
+        lines = [
+            self.message,
+            f"  command: {' '.join(self.command)}",
+            f"  exit: {describe_exit(self.returncode)}",
+        ]
         if self.tail:
             lines.append("  last lines of output:")
             lines.extend(f"    | {line}" for line in self.tail)
