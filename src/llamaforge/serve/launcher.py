@@ -53,6 +53,9 @@ class LlamaFlags:
     verbose: bool = False  # -v: the whole load log
     rpc: tuple[str, ...] | None = None  # --rpc host:port,... (ggml-rpc workers, in device order)
     tensor_split: tuple[float, ...] | None = None  # -ts: one proportion per device
+    # --no-repack when False: CPU-resident weights stay in plain buffers, out of the CPU's extra buffer types
+    # (CPU_REPACK, AMX), whose kernels and sizes depend on the CPU the binary runs on.
+    repack: bool = True
 
     def args(self) -> list[str]:
         """The flags, in a stable order."""
@@ -73,6 +76,8 @@ class LlamaFlags:
             args.append("--kv-unified" if self.kv_unified else "--no-kv-unified")
         if self.swa_full:
             args.append("--swa-full")
+        if not self.repack:
+            args.append("--no-repack")
         if self.verbose:
             args.append("-v")
         return args
