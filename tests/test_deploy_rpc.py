@@ -115,10 +115,14 @@ def test_a_split_over_two_workers_serves_what_one_host_serves(
         )
     split_tokens = completion(head, known, port)
 
-    # the same model alone on the head host (a deployment of its own, no --rpc)
+    # The same model alone on the head host (a deployment of its own, no --rpc). The RPC workers compute in
+    # plain CPU buffers (ggml-rpc offers no extra buffer types), while a single host would put its weights in
+    # the CPU's repacked or AMX buffers, whose kernels round differently (on an AMX Xeon the answers parted at
+    # token 3). --no-repack gives the single host the workers' kernels, so the two must agree token for token.
     single = run("deploy", hosts=hosts["head"], ssh_key=hosts["ssh_key"], known_hosts=hosts["known_hosts"],
                  name=f"{name}-single", build=topology["build"], model=str(split_model), port=port + 1, ctx=512,
-                 parallel=1, threads=1, gate_timeout_s=120)  # fmt: skip
+                 parallel=1, threads=1, gate_timeout_s=120, repack=False)  # fmt: skip
+    assert "--no-repack" in on_host(head, f"systemctl show -p ExecStart llamaforge-{name}-single.service")
     assert single.passed
     assert completion(head, known, port + 1) == split_tokens
 

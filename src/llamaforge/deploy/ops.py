@@ -95,6 +95,10 @@ class DeployParams(HostsParams):
     parallel: int | None = Field(None, ge=1, description="llama-server --parallel (slots)")
     n_gpu_layers: int | None = Field(None, ge=0, description="llama-server -ngl (default: from the fit plan)")
     cache_type: str | None = Field(None, description="KV cache type of K and V (-ctk/-ctv), e.g. q8_0")
+    repack: bool = Field(
+        True, description="CPU-resident weights in the CPU's repacked/AMX buffers, llama.cpp's default; "
+        "--no-repack keeps them in plain buffers (llama-server --no-repack)"
+    )  # fmt: skip
     listen: str = Field(
         LOOPBACK, description="Address llama-server binds on the hosts; beyond loopback an API key is generated "
         "per deploy, kept on each host (mode 0600, the service user's) and passed with --api-key-file"
@@ -149,7 +153,7 @@ def release_spec(params: DeployParams, ctx: OperationContext) -> tuple[ReleaseSp
     model, checks = _model(params, ctx)
     given = LlamaFlags(ctx=params.ctx, threads=params.threads, parallel=params.parallel,
                        n_gpu_layers=params.n_gpu_layers, cache_type_k=params.cache_type,
-                       cache_type_v=params.cache_type)  # fmt: skip
+                       cache_type_v=params.cache_type, repack=params.repack)  # fmt: skip
     spec = ReleaseSpec(
         build_key=str(manifest["key"]), build_dir=directory, manifest_sha256=file_sha256(directory / "manifest.json"),
         model=model, model_sha256=file_sha256(model), model_size=model.stat().st_size, flags=given, port=params.port,
