@@ -8,11 +8,11 @@ operation's full result, so every front fails the same way and can still show wh
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel
 
-from llamaforge.core.exits import describe_exit
+from llamaforge.core.exits import crash_hint, crash_words, describe_exit, exit_signal, loaded_cpu_module
 
 
 class LlamaforgeError(Exception):
@@ -98,12 +98,14 @@ class ToolFailed(LlamaforgeError):
         tail: Sequence[str],
         log_path: str | None = None,
         hint: str | None = None,
+        timed_out: bool = False,
     ) -> None:
         super().__init__(message, hint=hint)
         self.command = list(command)
         self.returncode = returncode
         self.tail = list(tail)
         self.log_path = log_path
+        self.timed_out = timed_out  # the runner killed it when its time was up
 
     def render(self) -> str:
         lines = [
@@ -119,6 +121,24 @@ class ToolFailed(LlamaforgeError):
         if self.hint:
             lines.append(f"  hint: {self.hint}")
         return "\n".join(lines)
+
+    def __str__(self) -> str:
+        # A traceback (a test's, a bug report's) shows how the command ended and its last lines, not only why.
+        return self.render()
+
+    def as_crash(self, program: str, output: Iterable[str], *, when: str = "") -> ToolFailed:
+        """This failure told as the crash it was when a signal ended ``program`` ("llama-bench was killed by
+        SIGILL (illegal instruction) with libggml-cpu-haswell.so loaded", the CPU module read from its
+        ``output``), with the hint that fits the signal; itself when the program exited on its own or the
+        runner killed it at its timeout."""
+        sig = exit_signal(self.returncode)
+        if sig is None or self.timed_out:
+            return self
+        module = loaded_cpu_module(output)
+        return ToolFailed(
+            crash_words(program, sig, module, when=when), command=self.command, returncode=self.returncode,
+            tail=self.tail, log_path=self.log_path, hint=crash_hint(sig, module),
+        )  # fmt: skip
 
 
 class BuildFailed(ToolFailed):

@@ -32,8 +32,11 @@ SIGNAL_MEANINGS: Final[dict[signal.Signals, str]] = {
 # ggml's loader: "load_backend: loaded CPU backend from /opt/llama/bin/libggml-cpu-haswell.so".
 _LOADED_BACKEND = re.compile(r"load_backend: loaded (?P<kind>\S+) backend from (?P<path>\S+)")
 _MODULE_NAME = re.compile(r"libggml-cpu-(?P<variant>[A-Za-z0-9_.-]+?)\.(so|dll|dylib)$")
-# systemd: "Main process exited, code=killed, status=4/ILL" or "code=dumped, status=11/SEGV".
-_SYSTEMD_KILLED = re.compile(r"code=(killed|dumped), status=(?P<number>\d+)/(?P<name>[A-Z0-9]+)")
+# systemd: "Main process exited, code=killed, status=4/ILL", "code=dumped, status=11/SEGV" or, for a program that
+# exited on its own, "code=exited, status=1/FAILURE".
+_SYSTEMD_EXITED = re.compile(r"code=(?P<code>exited|killed|dumped), status=(?P<number>\d+)")
+# systemctl show's ExecMainCode: CLD_EXITED, CLD_KILLED, CLD_DUMPED (ExecMainStatus is then the signal).
+_CLD_SIGNALLED = ("2", "3")
 
 
 def exit_signal(code: int | None, *, shell: bool = False) -> signal.Signals | None:
@@ -42,10 +45,7 @@ def exit_signal(code: int | None, *, shell: bool = False) -> signal.Signals | No
     if code is None:
         return None
     number = -code if code < 0 else code - 128 if shell and 128 < code <= 192 else 0
-    try:
-        return signal.Signals(number) if number else None
-    except ValueError:
-        return None
+    return _signal(number) if number else None
 
 
 def signal_words(sig: signal.Signals) -> str:
@@ -63,16 +63,28 @@ def describe_exit(code: int | None, *, shell: bool = False) -> str:
 
 
 def systemd_signal(lines: Iterable[str]) -> signal.Signals | None:
-    """The signal of the last ``code=killed`` / ``code=dumped`` line systemd wrote for a unit, if any."""
+    """The signal that ended a unit's main process the last time, from the lines systemd wrote for it: the last
+    ``code=killed`` / ``code=dumped`` line names it; None when there is none, or when the main process exited on
+    its own after it (``code=exited``)."""
     found: signal.Signals | None = None
     for line in lines:
-        match = _SYSTEMD_KILLED.search(line)
+        match = _SYSTEMD_EXITED.search(line)
         if match:
-            try:
-                found = signal.Signals(int(match["number"]))
-            except ValueError:
-                continue
+            found = None if match["code"] == "exited" else _signal(int(match["number"]))
     return found
+
+
+def exec_main_signal(code: str, status: str) -> signal.Signals | None:
+    """The signal that ended a unit's main process, from ``systemctl show``'s ``ExecMainCode`` and
+    ``ExecMainStatus`` (e.g. ``2`` and ``4``: killed by SIGILL); None when it exited or still runs."""
+    return _signal(int(status)) if code in _CLD_SIGNALLED and status.isdigit() else None
+
+
+def _signal(number: int) -> signal.Signals | None:
+    try:
+        return signal.Signals(number)
+    except ValueError:
+        return None
 
 
 def loaded_cpu_module(lines: Iterable[str]) -> str | None:
@@ -90,6 +102,15 @@ def cpu_variant(module: str) -> str | None:
     """``sapphirerapids`` for ``libggml-cpu-sapphirerapids.so``."""
     match = _MODULE_NAME.search(module)
     return match["variant"] if match else None
+
+
+def crash_words(program: str, sig: signal.Signals, module: str | None, *, when: str = "") -> str:
+    """``llama-server was killed by SIGILL (illegal instruction) before it was ready, with
+    libggml-cpu-haswell.so loaded``: the program, the signal, ``when`` it happened and the CPU module it ran."""
+    words = f"{program} was killed by {signal_words(sig)}" + (f" {when}" if when else "")
+    if module:
+        words += f"{',' if when else ''} with {module} loaded"
+    return words
 
 
 def crash_hint(sig: signal.Signals | None, module: str | None) -> str | None:

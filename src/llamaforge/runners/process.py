@@ -338,7 +338,7 @@ def finished_run(
     if timed_out and not warn:
         raise ToolFailed(
             f"{what} did not finish within {timeout_s:g} s", command=command, returncode=exit_code, tail=tail,
-            log_path=log_name, hint=hint or "raise the timeout, or give it less work",
+            log_path=log_name, hint=hint or "raise the timeout, or give it less work", timed_out=True,
         )  # fmt: skip
     if exit_code != 0 and not warn:
         raise ToolFailed(
