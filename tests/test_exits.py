@@ -60,6 +60,10 @@ def test_systemd_lines_name_the_signal_of_the_last_exit() -> None:
     # A later exit of its own replaces an older crash: the journal keeps earlier releases' lines too.
     assert systemd_signal([*journal, "x.service: Main process exited, code=exited, status=1/FAILURE"]) is None
     assert systemd_signal(["x.service: Deactivated successfully."]) is None
+    # systemd-run --wait's summary of a transient unit
+    assert systemd_signal(["Main processes terminated with: code=killed/status=ILL"]) is signal.SIGILL
+    assert systemd_signal(["Main processes terminated with: code=dumped/status=SEGV"]) is signal.SIGSEGV
+    assert systemd_signal(["Main processes terminated with: code=exited/status=3"]) is None
 
 
 def test_systemctl_show_exec_main_code_and_status() -> None:

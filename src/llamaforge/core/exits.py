@@ -33,8 +33,10 @@ SIGNAL_MEANINGS: Final[dict[signal.Signals, str]] = {
 _LOADED_BACKEND = re.compile(r"load_backend: loaded (?P<kind>\S+) backend from (?P<path>\S+)")
 _MODULE_NAME = re.compile(r"libggml-cpu-(?P<variant>[A-Za-z0-9_.-]+?)\.(so|dll|dylib)$")
 # systemd: "Main process exited, code=killed, status=4/ILL", "code=dumped, status=11/SEGV" or, for a program that
-# exited on its own, "code=exited, status=1/FAILURE".
-_SYSTEMD_EXITED = re.compile(r"code=(?P<code>exited|killed|dumped), status=(?P<number>\d+)")
+# exited on its own, "code=exited, status=1/FAILURE"; systemd-run --wait: "code=killed/status=ILL".
+_SYSTEMD_EXITED = re.compile(
+    r"code=(?P<code>exited|killed|dumped)(, |/)status=((?P<number>\d+)|(?P<name>[A-Z0-9]+))"
+)
 # systemctl show's ExecMainCode: CLD_EXITED, CLD_KILLED, CLD_DUMPED (ExecMainStatus is then the signal).
 _CLD_SIGNALLED = ("2", "3")
 
@@ -70,7 +72,7 @@ def systemd_signal(lines: Iterable[str]) -> signal.Signals | None:
     for line in lines:
         match = _SYSTEMD_EXITED.search(line)
         if match:
-            found = None if match["code"] == "exited" else _signal(int(match["number"]))
+            found = None if match["code"] == "exited" else _named_signal(match["number"], match["name"])
     return found
 
 
@@ -78,6 +80,12 @@ def exec_main_signal(code: str, status: str) -> signal.Signals | None:
     """The signal that ended a unit's main process, from ``systemctl show``'s ``ExecMainCode`` and
     ``ExecMainStatus`` (e.g. ``2`` and ``4``: killed by SIGILL); None when it exited or still runs."""
     return _signal(int(status)) if code in _CLD_SIGNALLED and status.isdigit() else None
+
+
+def _named_signal(number: str | None, name: str | None) -> signal.Signals | None:
+    if number:
+        return _signal(int(number))
+    return signal.Signals.__members__.get(f"SIG{name}")
 
 
 def _signal(number: int) -> signal.Signals | None:
