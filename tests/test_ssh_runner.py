@@ -269,6 +269,22 @@ def test_a_failing_command_raises_tool_failed_with_its_last_lines(runner: SshPro
 
 
 @pytest.mark.docker
+def test_a_command_a_signal_ended_reports_the_signal_as_a_local_process_does(
+    runner: SshProcessRunner,
+) -> None:
+    """sshd says ``exit-signal ILL``: the runner reports -4, as Popen does, so the crash is named."""
+    no_core = "ulimit -c 0; "
+    assert runner.run(["sh", "-c", no_core + "kill -ILL $$"], warn=True).exit_code == -4
+    with pytest.raises(ToolFailed) as caught:
+        runner.run(["sh", "-c", no_core + "echo last words >&2; kill -SEGV $$"])
+    assert caught.value.returncode == -11
+    assert "exit: killed by SIGSEGV (segmentation fault)" in caught.value.render()
+    handle = runner.start(["sh", "-c", no_core + "echo started; kill -ABRT $$"])
+    assert handle.wait(timeout_s=10) == -6 and handle.tail() == ["started"]
+    assert runner.run(["sh", "-c", "exit 3"], warn=True).exit_code == 3  # an exit status is read as before
+
+
+@pytest.mark.docker
 def test_timeout_kills_the_remote_process_group(runner: SshProcessRunner, host: TestHost) -> None:
     tag = f"lf-timeout-{os.getpid()}"
     with pytest.raises(ToolFailed) as caught:

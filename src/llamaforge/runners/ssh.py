@@ -116,7 +116,7 @@ class SshProcessHandle(OutputHandle):
         self.pid = pid
 
     def poll(self) -> int | None:
-        """The exit code, or None while the process runs (-1: ended by a signal)."""
+        """The exit code, or None while the process runs (-N: ended by signal N; -1: no status came)."""
         if not self._channel.exit_status_ready():
             return None
         return int(self._channel.recv_exit_status())

@@ -15,11 +15,16 @@ TCP keeps an unanswered connection open for many minutes, and through a port pro
 every few seconds, and the transport closed after several go unanswered, so every command waiting on it ends
 with a lost connection instead of hanging. ``connect_timeout_s`` bounds the SSH banner and authentication too,
 not only the TCP connect (a host whose sshd is frozen accepts TCP and never speaks).
+
+A command that a signal ended reports ``-N`` (``-4`` for SIGILL), as a local process does: sshd then sends
+``exit-signal`` instead of ``exit-status`` (RFC 4254, 6.10), which paramiko drops, leaving -1;
+:func:`report_exit_signals` reads it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import signal
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -178,7 +183,35 @@ def open_connection(
             hint="check that the host is up, that sshd listens on that port, and the address in the "
             "inventory",
         ) from None
+    report_exit_signals(connection.transport)
     return connection
+
+
+def report_exit_signals(transport: Any) -> None:
+    """Give each channel of ``transport`` whose command a signal ended the exit status ``-N`` (see the module
+    docstring); every other channel request goes to paramiko as before."""
+    from paramiko.channel import Channel
+    from paramiko.common import MSG_CHANNEL_REQUEST
+
+    forward = Channel._handle_request  # paramiko's own handler, for every other request
+
+    def handle_request(channel: Any, message: Any) -> None:
+        start = message.packet.tell()
+        if message.get_text() != "exit-signal":
+            message.packet.seek(start)
+            forward(channel, message)
+            return
+        message.get_boolean()  # want-reply: always false for exit-signal
+        number = getattr(signal, f"SIG{message.get_text()}", None)
+        if isinstance(number, signal.Signals):
+            channel.exit_status = -number.value
+            channel.status_event.set()
+
+    # The table is paramiko's class attribute: this transport gets a copy of its own.
+    transport._channel_handler_table = {
+        **transport._channel_handler_table,
+        MSG_CHANNEL_REQUEST: handle_request,
+    }
 
 
 def keep_alive(transport: Any, interval_s: float | None = None, count: int | None = None) -> threading.Thread:
