@@ -12,6 +12,7 @@ import contextlib
 import itertools
 import json
 import os
+import signal
 import tarfile
 import time
 from collections.abc import Iterator
@@ -126,6 +127,9 @@ def test_docker_states_map_to_service_states() -> None:
     assert state_from_inspect("exited 1 none 1").active == "failed"
     assert state_from_inspect("exited 0 none 0").active == "inactive"
     assert state_from_inspect("").active == "inactive"  # no container
+    # llama-server is the container's process: Docker says 128 + N when a signal ended it.
+    assert state_from_inspect("restarting 1 none 132").killed_by is signal.SIGILL
+    assert state_from_inspect("exited 0 none 1").killed_by is None
 
 
 # On test hosts with their own Docker engine

@@ -20,6 +20,7 @@ from llamaforge.core.exits import (
     exec_main_signal,
     exit_signal,
     loaded_cpu_module,
+    systemd_crash,
     systemd_signal,
 )
 
@@ -64,6 +65,20 @@ def test_systemd_lines_name_the_signal_of_the_last_exit() -> None:
     assert systemd_signal(["Main processes terminated with: code=killed/status=ILL"]) is signal.SIGILL
     assert systemd_signal(["Main processes terminated with: code=dumped/status=SEGV"]) is signal.SIGSEGV
     assert systemd_signal(["Main processes terminated with: code=exited/status=3"]) is None
+
+
+def test_the_journal_names_the_crash_and_the_module_of_the_run_that_crashed() -> None:
+    journal = [
+        "load_backend: loaded CPU backend from /opt/lf/x/releases/old/lib/libggml-cpu-haswell.so",
+        "llamaforge-x.service: Main process exited, code=exited, status=1/FAILURE",
+        "load_backend: loaded CPU backend from /opt/lf/x/releases/new/lib/libggml-cpu-sapphirerapids.so",
+        "llamaforge-x.service: Main process exited, code=killed, status=4/ILL",
+        "llamaforge-x.service: Scheduled restart job, restart counter is at 1.",
+        "load_backend: loaded CPU backend from /opt/lf/x/releases/new/lib/libggml-cpu-zen4.so",  # the next run
+    ]
+    assert systemd_crash(journal) == (signal.SIGILL, "libggml-cpu-sapphirerapids.so")
+    assert systemd_crash(journal[:2]) == (None, "libggml-cpu-haswell.so")
+    assert systemd_crash(["load_backend: loaded CPU backend from /b/libggml-cpu-zen4.so"]) == (None, None)
 
 
 def test_systemctl_show_exec_main_code_and_status() -> None:

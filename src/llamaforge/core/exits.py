@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Final
 
 #: What each signal a crashing program gets means, in words.
@@ -74,6 +74,15 @@ def systemd_signal(lines: Iterable[str]) -> signal.Signals | None:
         if match:
             found = None if match["code"] == "exited" else _named_signal(match["number"], match["name"])
     return found
+
+
+def systemd_crash(lines: Sequence[str]) -> tuple[signal.Signals | None, str | None]:
+    """From a unit's journal: the signal that ended its main process the last time (:func:`systemd_signal`)
+    and the CPU module that run had loaded (the last ``load_backend`` line before systemd's exit line)."""
+    exits = [index for index, line in enumerate(lines) if _SYSTEMD_EXITED.search(line)]
+    if not exits:
+        return None, None
+    return systemd_signal(lines), loaded_cpu_module(lines[: exits[-1]])
 
 
 def exec_main_signal(code: str, status: str) -> signal.Signals | None:

@@ -6,7 +6,8 @@ the server never listens beyond the host's loopback and the host needs no curl o
 answer helpers (:mod:`llamaforge.smoke.answers`) then run unchanged against the forwarded URL.
 
 ``/health`` answers 503 while the model loads, so the gate waits as long as the model's size warrants, with a
-cap. A service the manager had to restart, or that failed, fails the gate at once with its last log lines.
+cap. A service the manager had to restart, or that failed, fails the gate at once with its last log lines, a
+crash named by its signal and the CPU module it ran (:func:`service_down`).
 With a model recipe's ``[[answers]]`` each must match; without, a greedy ``/completion`` must produce its
 tokens (the tiny random-weight model has no meaningful answer).
 """
@@ -18,8 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from llamaforge.core.events import CancelToken
+from llamaforge.core.exits import crash_hint, crash_words, loaded_cpu_module, systemd_crash
 from llamaforge.deploy.release import LOOPBACK, Layout, is_loopback
-from llamaforge.deploy.targets import Target
+from llamaforge.deploy.targets import ServiceState, Target
 from llamaforge.models.recipes import AnswerCheck
 from llamaforge.runners.ssh import SshProcessRunner
 from llamaforge.runners.ssh_forward import forward_local
@@ -34,6 +36,9 @@ COMPLETION_TOKENS = 8
 POLL_FIRST_S = 0.1
 POLL_FAST_FOR_S = 5.0
 POLL_S = 0.5
+LOG_LINES = 20  # the last log lines a failed gate reports
+# After a crash the journal is read further back: to ggml's load_backend line of the run that crashed.
+CRASH_LOG_LINES = 400
 
 
 def gate_timeout_s(model_size: int) -> float:
@@ -80,6 +85,26 @@ def _completion(base_url: str, checks: Sequence[AnswerCheck], api_key: str | Non
     return True, "".join(str(token["token"]) for token in tokens)
 
 
+def service_down(
+    runner: SshProcessRunner, target: Target, layout: Layout, state: ServiceState, *, started: float,
+    service: str = "the service", program: str = "llama-server",
+) -> GateOutcome:  # fmt: skip
+    """The failed gate of a service its manager had to restart, or that failed: a crash is named with its
+    signal and the CPU module it ran (from the manager's ``ExecMainCode``/``ExecMainStatus``, else the journal's
+    exit line, and ggml's ``load_backend`` line) and a hint that fits; the last log lines come along."""
+    journal = target.logs(runner, layout, lines=CRASH_LOG_LINES)
+    sig, module = systemd_crash(journal)
+    sig = state.killed_by or sig
+    counts = f"({state.active}, {state.restarts} restarts)"
+    if sig is None:
+        detail = f"{service} {'failed' if state.active == 'failed' else 'exited and was restarted'} {counts}"
+    else:
+        module = module or loaded_cpu_module(journal)
+        what = "failed" if state.active == "failed" else "was restarted"
+        detail = f"{service} {what} {counts}: {crash_words(program, sig, module)}; {crash_hint(sig, module)}"
+    return GateOutcome(False, detail, time.monotonic() - started, logs=journal[-LOG_LINES:])
+
+
 def health_gate(
     runner: SshProcessRunner,
     target: Target,
@@ -104,11 +129,7 @@ def health_gate(
             cancel.raise_if_cancelled()
             state = target.state(runner, layout)
             if state.restarts > 0 or state.active == "failed":
-                what = "failed" if state.active == "failed" else "exited and was restarted"
-                detail = f"the service {what} ({state.active}, {state.restarts} restarts)"
-                return GateOutcome(
-                    False, detail, time.monotonic() - started, logs=target.logs(runner, layout)
-                )
+                return service_down(runner, target, layout, state, started=started)
             status, _body = request_json(local_port, "GET", "/health", timeout=5.0)
             if status == 200:
                 break

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -9,7 +10,8 @@ from llamaforge.core.errors import InvalidOption
 from llamaforge.core.validation import suggest
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    import signal
+    from collections.abc import Mapping, Sequence
     from pathlib import Path
 
     from llamaforge.core.events import CancelToken, Reporter
@@ -23,6 +25,8 @@ class ServiceState:
 
     active: str  # active, activating, failed, inactive, unknown
     restarts: int  # times the manager restarted it since it was last started by us
+    # The signal that ended its main process last, when the manager still says so.
+    killed_by: signal.Signals | None = None
 
 
 class Target(Protocol):
@@ -90,6 +94,18 @@ class Target(Protocol):
 
     def logs(self, runner: SshProcessRunner, layout: Layout, lines: int = 20) -> list[str]:
         """The service's last log lines on the host."""
+        ...
+
+    def probe_command(self, layout: Layout, rid: str, service_files: Mapping[str, str], model: str,
+                      args: Sequence[str]) -> list[str]:  # fmt: skip
+        """The host command that runs release ``rid``'s llama-bench with ``args`` (on ``model``, a host path) as
+        the release's service would run (its user, environment, sandbox or image), before ``current`` points at
+        it; llama-bench's stdout and stderr come back as the command's."""
+        ...
+
+    def probe_signal(self, code: int, stderr: Sequence[str]) -> signal.Signals | None:
+        """The signal that ended :meth:`probe_command`'s llama-bench, from the command's exit ``code`` and
+        ``stderr`` (None: none did)."""
         ...
 
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from llamaforge.core.errors import InvalidOption, LlamaforgeError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
+from llamaforge.core.exits import exit_signal
 from llamaforge.core.templates import render
 from llamaforge.deploy.release import API_KEY_FILE, MODEL_LINK, SERVICE_USER, Layout, ReleaseSpec
 from llamaforge.deploy.targets import ServiceState
@@ -121,7 +122,9 @@ def state_from_inspect(text: str) -> ServiceState:
         active = "failed" if exit_code != "0" or status == "dead" else "inactive"
     else:  # paused, removing
         active = "inactive"
-    return ServiceState(active, count)
+    # Docker says 128 + N for a container whose llama-server a signal ended (it is the container's process).
+    killed_by = exit_signal(int(exit_code), shell=True) if exit_code.isdigit() else None  # noqa: S604 - nothing runs
+    return ServiceState(active, count, killed_by)
 
 
 _IMAGE_LINE = re.compile(r"^# (sha256:[0-9a-f]{64})$", re.MULTILINE)  # the container script's 4th line

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.events import CancelToken
 from llamaforge.core.templates import render
-from llamaforge.deploy.health import GateOutcome
+from llamaforge.deploy.health import GateOutcome, service_down
 from llamaforge.deploy.release import SERVICE_USER, Layout, ReleaseSpec
 from llamaforge.deploy.targets.systemd import SystemdTarget
 from llamaforge.deploy.topology import RPC_SERVER, check_rpc_address, rpc_hello
@@ -93,8 +93,8 @@ class RpcServerTarget(SystemdTarget):
                 cancel.raise_if_cancelled()
                 state = self.state(runner, layout)
                 if state.restarts > 0 or state.active == "failed":
-                    return GateOutcome(False, f"the RPC server {state.active} ({state.restarts} restarts)",
-                                       time.monotonic() - started, logs=self.logs(runner, layout))  # fmt: skip
+                    return service_down(runner, self, layout, state, started=started, service="the RPC server",
+                                        program=RPC_SERVER)  # fmt: skip
                 try:
                     major, minor, patch = rpc_hello(local, timeout=5.0)
                     break

@@ -13,12 +13,14 @@ import posixpath
 from typing import TYPE_CHECKING
 
 from llamaforge.core.errors import InvalidOption
+from llamaforge.core.exits import exec_main_signal
 from llamaforge.core.templates import render
 from llamaforge.deploy.release import SERVICE_USER, Layout, ReleaseSpec
 from llamaforge.deploy.targets import ServiceState
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    import signal
+    from collections.abc import Mapping, Sequence
     from pathlib import Path
 
     from llamaforge.core.events import CancelToken, Reporter
@@ -26,6 +28,9 @@ if TYPE_CHECKING:
 
 UNIT_FILE = "llama-server.service"
 UNIT_DIR = "/etc/systemd/system"
+# [Service] settings a probe does not take from the unit: it runs llama-bench once, not the server.
+_NOT_FOR_PROBE = ("ExecStart", "ExecStartPre", "ExecStartPost", "ExecStop", "ExecStopPost", "ExecReload",
+                  "Restart", "RestartSec")  # fmt: skip
 
 
 def unit_name(layout: Layout) -> str:
@@ -43,6 +48,24 @@ def render_unit(spec: ReleaseSpec, layout: Layout, *, user: str = SERVICE_USER) 
         "deploy/llama-server.service.j2", name=layout.name, unit=unit_name(layout), user=user,
         current=layout.current, root=layout.root, argv=argv, rpc=bool(spec.flags.rpc),
     )  # fmt: skip
+
+
+def service_properties(unit: str, current: str, directory: str) -> list[str]:
+    """The ``[Service]`` settings of ``unit`` (its text) as ``systemd-run`` properties, but those that start
+    and restart the server, with every ``current`` path pointing at the release ``directory`` instead: the
+    user, group, environment (``LD_LIBRARY_PATH``) and sandbox the service gets once ``current`` points there."""
+    section, properties = "", []
+    for raw in unit.splitlines():
+        line = raw.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = line
+            continue
+        key, _, value = line.partition("=")
+        if section == "[Service]" and key not in _NOT_FOR_PROBE:
+            properties.append(f"{key}={value.replace(current, directory)}")
+    return properties
 
 
 class SystemdTarget:
@@ -118,18 +141,39 @@ class SystemdTarget:
         runner.run(["sudo", "-n", "systemctl", "stop", self.unit(layout)], warn=True)
 
     def state(self, runner: SshProcessRunner, layout: Layout) -> ServiceState:
-        """``ActiveState`` and ``NRestarts`` from ``systemctl show``."""
-        shown = runner.run(["systemctl", "show", "-p", "ActiveState", "-p", "NRestarts", self.unit(layout)],
-                           warn=True).stdout  # fmt: skip
+        """``ActiveState``, ``NRestarts`` and the signal ``ExecMainCode``/``ExecMainStatus`` name (a main process
+        that was killed, until it is started again) from ``systemctl show``."""
+        shown = runner.run(["systemctl", "show", "-p", "ActiveState", "-p", "NRestarts", "-p", "ExecMainCode",
+                            "-p", "ExecMainStatus", self.unit(layout)], warn=True).stdout  # fmt: skip
         values = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
         restarts = values.get("NRestarts", "0")
-        return ServiceState(values.get("ActiveState", "unknown"), int(restarts) if restarts.isdigit() else 0)
+        return ServiceState(
+            values.get("ActiveState", "unknown"), int(restarts) if restarts.isdigit() else 0,
+            exec_main_signal(values.get("ExecMainCode", ""), values.get("ExecMainStatus", "")),
+        )  # fmt: skip
 
     def logs(self, runner: SshProcessRunner, layout: Layout, lines: int = 20) -> list[str]:
         """The unit's last journal lines."""
         result = runner.run(["sudo", "-n", "journalctl", "-u", self.unit(layout), "-n", str(lines),
                              "--no-pager", "-o", "cat"], warn=True)  # fmt: skip
         return result.stdout.splitlines()
+
+    def probe_command(self, layout: Layout, rid: str, service_files: Mapping[str, str], model: str,
+                      args: Sequence[str]) -> list[str]:  # fmt: skip
+        """``systemd-run --wait --pipe`` of the release's llama-bench as a transient unit with the settings of
+        the release's own unit (:func:`service_properties`), stopped by systemd after
+        :data:`~llamaforge.deploy.probe.PROBE_LIMIT_S`; systemd-run's summary names a signal that ended it."""
+        directory = layout.release(rid)
+        properties = service_properties(service_files[self.unit_file], layout.current, directory)
+        name = f"{self.unit(layout).removesuffix('.service')}-probe-{rid}"
+        command = ["sudo", "-n", "systemd-run", "--wait", "--pipe", "--collect", f"--unit={name}",
+                   f"--property=RuntimeMaxSec={PROBE_LIMIT_S}"]  # fmt: skip
+        command += [f"--property={item}" for item in properties]
+        return [*command, "--", posixpath.join(directory, "bin", PROBE_BINARY), *args]
+
+    def probe_signal(self, code: int, stderr: Sequence[str]) -> signal.Signals | None:
+        """The signal in systemd-run's summary (``code=killed/status=ILL``; its own exit is then 255)."""
+        return systemd_signal(stderr) if code != 0 else None
 
     def verify(self, runner: SshProcessRunner, layout: Layout) -> list[str]:
         """``systemd-analyze verify`` of the installed unit on the host: its complaints (empty when clean)."""
