@@ -10,7 +10,6 @@ from llamaforge.core.errors import InvalidOption
 from llamaforge.core.validation import suggest
 
 if TYPE_CHECKING:
-    import signal
     from collections.abc import Mapping, Sequence
     from pathlib import Path
 

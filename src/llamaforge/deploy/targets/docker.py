@@ -37,7 +37,8 @@ from llamaforge.deploy.targets.systemd import SystemdTarget
 from llamaforge.serve.launcher import server_argv
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    import signal
+    from collections.abc import Mapping, Sequence
 
     from llamaforge.runners.ssh import SshProcessRunner
 
@@ -137,6 +138,15 @@ for id; do
 done
 exit 0
 """
+
+# A probe: the service's container options (user, read-only root, no capabilities, no new privileges) with the
+# image's llama-bench as the entrypoint, the probe model mounted read-only, no network, removed when it ends.
+_PROBE = r"""
+user="$(id -u "$1"):$(id -g "$1")" && model=$2 && shift 2
+exec docker run --rm --network none --user "$user" --read-only --cap-drop ALL --security-opt no-new-privileges \
+  --mount "type=bind,source=$model,target=/models/probe.gguf,readonly" "$@"
+"""
+PROBE_MOUNT = "/models/probe.gguf"
 
 _INSPECT = "{{.State.Status}} {{.RestartCount}} {{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}} " \
     "{{.State.ExitCode}}"  # fmt: skip
@@ -293,3 +303,22 @@ class DockerTarget:
         result = runner.run(["sudo", "-n", "docker", "logs", "--tail", str(lines), container_name(layout)],
                             warn=True, merge_stderr=True)  # fmt: skip
         return result.stdout.splitlines()
+
+    def probe_command(self, layout: Layout, rid: str, service_files: Mapping[str, str], model: str,
+                      args: Sequence[str]) -> list[str]:  # fmt: skip
+        """``docker run --rm`` of the release's image with its llama-bench as the entrypoint, as the service
+        user with the container's restrictions, the probe ``model`` mounted read-only (``args`` name it by its
+        host path; inside it is :data:`PROBE_MOUNT`), and the GPUs for a CUDA build."""
+        from llamaforge.build.runtime_image import PREFIX
+        from llamaforge.deploy.probe import PROBE_BINARY
+
+        image = self._image()
+        inside = [PROBE_MOUNT if arg == model else arg for arg in args]
+        gpus = ["--gpus", "all"] if image.gpus else []
+        entrypoint = posixpath.join(PREFIX, "bin", PROBE_BINARY)
+        return ["sudo", "-n", "sh", "-c", _PROBE, "sh", SERVICE_USER, model, *gpus, "--entrypoint", entrypoint,
+                image.id, *inside]  # fmt: skip
+
+    def probe_signal(self, code: int, stderr: Sequence[str]) -> signal.Signals | None:
+        """``docker run`` exits 128 + N when a signal ended the container's process."""
+        return exit_signal(code, shell=True)  # noqa: S604 - nothing runs

@@ -13,8 +13,9 @@ import posixpath
 from typing import TYPE_CHECKING
 
 from llamaforge.core.errors import InvalidOption
-from llamaforge.core.exits import exec_main_signal
+from llamaforge.core.exits import exec_main_signal, systemd_signal
 from llamaforge.core.templates import render
+from llamaforge.deploy.probe import PROBE_BINARY, PROBE_LIMIT_S
 from llamaforge.deploy.release import SERVICE_USER, Layout, ReleaseSpec
 from llamaforge.deploy.targets import ServiceState
 

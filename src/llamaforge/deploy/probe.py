@@ -1,0 +1,155 @@
+"""A release proven on a host before it is switched on: the host runs the release's ``llama-bench`` as the service
+would run it (the target's user, environment and sandbox: :meth:`~llamaforge.deploy.targets.Target.probe_command`)
+on a tiny Q4_0 model, a few seconds before ``current`` moves.
+
+The probe model is the tiny qwen3 model in Q4_0 (:data:`PROBE_DTYPE`), written here once; its file is
+deterministic, so it goes to the host's content-addressed ``models/`` like a release's model, is sent once per
+host and deployment, and each release links it as ``probe.gguf`` (pruning keeps it while a release does). Q4_0
+reaches what a float model never does: the CPU's repacked Q4_0 kernels, AMX tiles on CPUs that have them
+(``-p 16`` is a batch the AMX path takes), the quantized dot products, and on a GPU build the GPU's kernels.
+
+Why not the release's own model: a host runs its current release while the probe runs, so a second load of a
+real model needs its memory twice (VRAM on a GPU host, the repacked CPU weights in RAM) and its load time (tens
+of seconds for a large file), where the tiny model needs a few MB and about a second. What the probe proves is
+that the binaries, their libraries and the backend modules the loader picks on THIS host run a quantized model;
+the health gate proves the model after the switch, and rolls back when it fails.
+
+A crash (a signal, named with the CPU module from the ``load_backend`` line), a missing library or any non-zero
+exit refuses the host: nothing is switched there.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Final
+
+from llamaforge.core.errors import LlamaforgeError, SmokeFailed
+from llamaforge.core.events import CancelToken, Reporter, null_reporter
+from llamaforge.core.exits import crash_hint, crash_words, describe_exit, loaded_cpu_module
+from llamaforge.deploy.release import SERVICE_USER
+from llamaforge.serve.launcher import LlamaFlags
+from llamaforge.smoke.bench import parse_llama_bench
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from llamaforge.deploy.release import Layout
+    from llamaforge.deploy.targets import Target
+    from llamaforge.gguf.tiny_file import DType
+    from llamaforge.runners.ssh import SshProcessRunner
+
+PROBE_DTYPE: Final[DType] = "q4_0"
+PROBE_BINARY: Final = "llama-bench"
+PROBE_LINK: Final = "probe.gguf"  # in a release: the probe model it was proven with, in models/
+PROBE_PROMPT: Final = 16  # tokens of the pp test: a batch the repacked and AMX kernels take
+PROBE_GEN: Final = 4
+PROBE_LIMIT_S: Final = 120  # the host's service manager stops a probe that runs longer
+_SLACK_S: Final = 30.0  # beyond the limit, for the service manager to report it
+TAIL_LINES: Final = 20
+
+
+@dataclass(frozen=True)
+class ProbeModel:
+    """The tiny model a release is proven with: the local file and its sha256 (its name on the hosts)."""
+
+    path: Path
+    sha256: str
+    size: int
+
+
+def probe_model(reporter: Reporter = null_reporter, cancel: CancelToken | None = None) -> ProbeModel:
+    """The probe model, written once under ``home()/models/tiny/`` (the tiny qwen3 smoke model in Q4_0)."""
+    from llamaforge.runners.transfer import file_sha256
+    from llamaforge.smoke.run import tiny_smoke_model
+
+    path = tiny_smoke_model(reporter, cancel, dtype=PROBE_DTYPE)
+    return ProbeModel(path, file_sha256(path), path.stat().st_size)
+
+
+def probe_args(model: str, flags: LlamaFlags) -> list[str]:
+    """llama-bench's arguments: one short pp and tg test on ``model`` (a path on the host), with the service's
+    threads, GPU layers and repack choice, results as JSON on stdout."""
+    args = ["-m", model, "-p", str(PROBE_PROMPT), "-n", str(PROBE_GEN), "-r", "1", "-o", "json"]
+    if flags.threads:
+        args += ["-t", str(flags.threads)]
+    if flags.n_gpu_layers is not None:
+        args += ["-ngl", str(flags.n_gpu_layers)]
+    if not flags.repack:
+        args += ["--repack", "0"]
+    return args
+
+
+class ReleaseCannotRun(LlamaforgeError):
+    """A release's binaries crashed or failed on a host before it was switched there (the probe)."""
+
+    exit_code = 15
+
+
+@dataclass(frozen=True)
+class ProbeOutcome:
+    """What the probe said on one host: passed, in words (the refusal, with its hint, when it failed), how long
+    it took and the last lines of its log."""
+
+    passed: bool
+    detail: str
+    seconds: float
+    logs: tuple[str, ...] = ()
+
+
+def probe_release(runner: SshProcessRunner, target: Target, layout: Layout, rid: str,
+                  service_files: Mapping[str, str], flags: LlamaFlags, model: ProbeModel,
+                  cancel: CancelToken | None = None) -> ProbeOutcome:  # fmt: skip
+    """Run release ``rid``'s llama-bench on the host as its service would, on the probe ``model`` (already in the
+    host's ``models/``), and say whether it ran; ``current`` is not touched."""
+    address = runner.host.address
+    command = target.probe_command(layout, rid, service_files, layout.model(model.sha256),
+                                   probe_args(layout.model(model.sha256), flags))  # fmt: skip
+    started = time.monotonic()
+    result = runner.run(command, warn=True, timeout_s=PROBE_LIMIT_S + _SLACK_S, cancel=cancel,
+                        what=f"{PROBE_BINARY} of release {rid} on {runner.host.host}")  # fmt: skip
+    seconds = time.monotonic() - started
+    logs = result.stderr.splitlines()
+    tail = tuple(logs[-TAIL_LINES:])
+    module = loaded_cpu_module(logs)
+    sig = target.probe_signal(result.exit_code, logs)
+    where = f"{address}: release {rid} cannot run there"
+    if sig is not None:
+        said = crash_words(PROBE_BINARY, sig, module, when=f"as {SERVICE_USER} on the Q4_0 probe model")
+        error = ReleaseCannotRun(f"{where}: {said}", hint=crash_hint(sig, module))
+        return ProbeOutcome(False, error.render(), seconds, tail)
+    if result.timed_out or not result.ok:
+        how = f"ran past {PROBE_LIMIT_S} s" if result.timed_out else _ended(result.exit_code)
+        last = _last_words(logs)
+        error = ReleaseCannotRun(
+            f"{where}: {PROBE_BINARY} {how} as {SERVICE_USER} on the Q4_0 probe model" + (f": {last}" if last else ""),
+            hint="the lines below are its log; a missing library means the release lacks it (`ldd` of the build's "
+            "binaries there), a start failure names the service manager's complaint",
+        )  # fmt: skip
+        return ProbeOutcome(False, error.render(), seconds, tail)
+    try:
+        bench = parse_llama_bench(result.stdout)
+    except SmokeFailed as failed:
+        error = ReleaseCannotRun(f"{where}: {PROBE_BINARY} exited 0 but {failed.message}", hint=failed.hint)
+        return ProbeOutcome(False, error.render(), seconds, tail)
+    figures = ", ".join(f"{test.name} {test.avg_ts:.0f} t/s" for test in bench.tests)
+    loaded = f", {module}" if module else ""
+    detail = f"{PROBE_BINARY} ran as {SERVICE_USER}: {figures} ({bench.backends or 'CPU'}{loaded}) in {seconds:.1f} s"
+    return ProbeOutcome(True, detail, seconds, tail)
+
+
+def _ended(code: int) -> str:
+    return "could not start" if code == -1 else f"ended with {describe_exit(code)}"
+
+
+def _last_words(lines: Sequence[str]) -> str:
+    """The line that says most: a loader's "error while loading shared libraries", else the last error line."""
+    for line in reversed(lines):
+        if "error while loading shared libraries" in line or "cannot open shared object" in line:
+            return line.strip()
+    for line in reversed(lines):
+        lowered = line.lower()
+        if "error" in lowered or "failed" in lowered:
+            return line.strip()
+    return ""
