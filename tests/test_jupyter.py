@@ -202,7 +202,7 @@ def test_each_operation_names_its_renderers_which_sit_beside_it() -> None:
     with_cli = {name for name, op in operations().items() if op.render_cli}
     with_html = {name for name, op in operations().items() if op.render_html}
     shown = {"build", "builds.list", "doctor", "recipes.list", "models.fetch", "models.inspect", "models.verify",
-             "models.fit", "smoke", "smoke.compare"}  # fmt: skip
+             "models.fit", "smoke", "smoke.compare", "smoke.cpu_modules"}  # fmt: skip
     deploy_tables = {"deploy", "deploy.plan", "deploy.status", "deploy.rollback"}  # CLI tables only
     assert with_cli == shown | {"models.lock", "deploy.render"} | deploy_tables and with_html == shown | {
         "builds.show"

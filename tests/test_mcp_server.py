@@ -160,7 +160,12 @@ async def test_every_operation_has_an_mcp_tool_and_an_invoke_task() -> None:
     missing = sorted(name for name in expected_tools() if name not in listed)
     assert not missing, f"operations without an MCP tool twin: {missing}"
     # Task names plus their aliases: an operation named like a group (`smoke`) is that group's default task.
-    tasks = {alias for name, aliases in namespace().task_names.items() for alias in (name, *aliases)}
+    # Invoke spells underscores as dashes (`smoke.cpu_modules` is `invoke smoke.cpu-modules`).
+    tasks = {
+        alias.replace("-", "_")
+        for name, aliases in namespace().task_names.items()
+        for alias in (name, *aliases)
+    }
     assert not sorted(set(operations()) - tasks), (
         f"operations without an Invoke task: {sorted(set(operations()) - tasks)}"
     )
@@ -272,6 +277,7 @@ def test_path_fields_are_the_fields_declared_as_paths() -> None:
         "patches.edit": ("recipe", "series"), "patches.new": ("recipe", "series", "workspace"),
         "patches.refresh": ("recipe", "series", "to", "resume"), "recipes.list": (), "recipes.show": ("name",),
         "smoke": ("build", "model", "golden", "record_golden", "thresholds"), "smoke.compare": ("run_a", "run_b"),
+        "smoke.cpu_modules": ("build", "model"),
         "models.split": ("model",), "topology.deploy": ("topology", "ssh_key", "known_hosts", "model"),
         "topology.plan": ("topology", "ssh_key", "known_hosts", "model"),
         "topology.rollback": ("topology", "ssh_key", "known_hosts"),

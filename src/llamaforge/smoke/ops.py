@@ -11,6 +11,7 @@ from pydantic import Field
 
 from llamaforge.core.errors import InvalidOption, OperationFailed, SmokeFailed
 from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
+from llamaforge.smoke.ops_cpu_modules import CpuModuleSweep
 
 if TYPE_CHECKING:
     from llamaforge.models.recipes import AnswerCheck
@@ -26,7 +27,7 @@ class SmokeParams(Params):
     model: str | None = path_field(
         None,
         description="Model recipe name or .toml file, hf://, ms://, https:// URL, or a GGUF file (default: tiny "
-        "qwen3); a recipe's [[answers]] are checked",
+        "Q4_0 qwen3); a recipe's [[answers]] are checked",
     )
     golden: str | None = path_field(
         None,
@@ -55,7 +56,10 @@ class SmokeParams(Params):
         None, ge=1, le=65535, description="Preferred server port (a busy one is replaced)"
     )
     load_timeout_s: int = Field(300, ge=1, description="Seconds the server may take to load the model")
-    skip_bench: bool = Field(False, description="Skip the llama-bench stage")
+    skip_bench: bool = Field(False, description="Skip the llama-bench stage (and the CPU module sweep)")
+    skip_cpu_modules: bool = Field(
+        False, description="Skip the sweep of the build's CPU modules (llama-bench with each one on its own)"
+    )
     skip_server: bool = Field(False, description="Skip the llama-server stage")
     bandwidth_gbs: float | None = Field(
         None,
@@ -65,19 +69,24 @@ class SmokeParams(Params):
     executor: str = Field("docker", description="Where to build the default build if it is missing")
 
 
-def _build_target(params: SmokeParams, ctx: OperationContext) -> tuple[str, Path, Mapping[str, Any]]:
+def resolve_build(
+    build: str | None, executor: str, ctx: OperationContext
+) -> tuple[str, Path, Mapping[str, Any]]:
+    """The key, directory and manifest of ``build`` (a key, a unique key prefix or a build directory); None: the
+    default recipe's CPU build, built with ``executor`` if it is missing."""
     from llamaforge.build.store import build_dir, find_build
 
-    if params.build is None:
+    if build is None:
         from llamaforge.build.execute import run_build
         from llamaforge.build.ops import BuildParams, _plan_from_params
         from llamaforge.runners import make_executor
 
         plan, options = _plan_from_params(BuildParams())
-        executor = make_executor(params.executor)
-        result = run_build(plan, options, executor=executor, reporter=ctx.reporter, cancel=ctx.cancel)
+        result = run_build(
+            plan, options, executor=make_executor(executor), reporter=ctx.reporter, cancel=ctx.cancel
+        )
         return result.key, result.path, result.manifest
-    path = Path(params.build)
+    path = Path(build)
     if path.is_dir():
         manifest_file = path / "manifest.json"
         if manifest_file.is_file():
@@ -86,7 +95,7 @@ def _build_target(params: SmokeParams, ctx: OperationContext) -> tuple[str, Path
         if (path / "llama-server").is_file() or (path / "bin" / "llama-server").is_file():
             return "external", path, {}  # e.g. a plain cmake build's bin/ directory, for comparisons
         raise InvalidOption(f"{path} holds neither a llamaforge build nor llama.cpp binaries")
-    manifest = find_build(params.build)
+    manifest = find_build(build)
     return str(manifest["key"]), build_dir(manifest["key"]), manifest
 
 
@@ -94,10 +103,10 @@ def _model_target(
     params: SmokeParams, ctx: OperationContext
 ) -> tuple[Path, str, Mapping[str, Any] | None, tuple[AnswerCheck, ...]]:
     """The model file, its label, the thresholds and the checked answers its recipe declares (if any)."""
-    from llamaforge.smoke.run import tiny_smoke_model
+    from llamaforge.smoke.run import tiny_smoke_label, tiny_smoke_model
 
     if params.model is None:
-        return tiny_smoke_model(ctx.reporter, ctx.cancel), "tiny-qwen3", None, ()
+        return tiny_smoke_model(ctx.reporter, ctx.cancel), tiny_smoke_label(), None, ()
     path = Path(params.model)
     if path.is_file() and path.suffix != ".toml":
         return path.resolve(), path.stem, None, ()
@@ -159,6 +168,11 @@ class SmokeReport(Result):
     )
     server: dict[str, Any] | None = Field(description="llama-server streaming, per concurrency level")
     roofline: dict[str, Any] | None = Field(description="Decode speed against the memory-bandwidth roof")
+    cpu_modules: CpuModuleSweep | None = Field(
+        None,
+        description="Every CPU module of the build run on its own with llama-bench: loads here or not, crashed "
+        "(signal), pp/tg t/s, the loader's default pick (null: skipped)",
+    )
     cpu_features: dict[str, Any] | None = Field(
         None,
         description="CPU features the build uses (system_info / loaded variant) against the host's "
@@ -187,12 +201,12 @@ def smoke_op(params: SmokeParams, ctx: OperationContext) -> SmokeReport:
         pp=params.pp, tg=params.tg, repetitions=params.repetitions, threads=params.threads,
         concurrency=tuple(params.concurrency) or (1, 2), requests=params.requests, max_tokens=params.max_tokens,
         port=params.port, load_timeout_s=params.load_timeout_s, skip_bench=params.skip_bench,
-        skip_server=params.skip_server, bandwidth_gbs=params.bandwidth_gbs,
+        skip_server=params.skip_server, skip_cpu_modules=params.skip_cpu_modules, bandwidth_gbs=params.bandwidth_gbs,
         golden=Path(params.golden) if params.golden else None,
         record_golden=Path(params.record_golden) if params.record_golden else None,
     )  # fmt: skip
     cli = parse_threshold_items(params.thresholds)
-    key, directory, manifest = _build_target(params, ctx)
+    key, directory, manifest = resolve_build(params.build, params.executor, ctx)
     model, label, model_smoke, answers = _model_target(params, ctx)
     # A recipe may carry a [smoke] table once its schema has one; the CLI wins over both.
     build_smoke = (manifest.get("recipe") or {}).get("smoke")

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from llamaforge.fronts import render_html as html
@@ -24,6 +25,8 @@ def smoke_cli(result: dict[str, Any], console: Console) -> None:
         for test in result["bench"]["tests"]:
             table.add_row(test["name"], f"{test['avg_ts']:.1f}", f"{test['stddev_ts']:.1f}")
         console.print(table)
+    if result.get("cpu_modules"):
+        _print_cpu_modules(result["cpu_modules"], console)
     if result.get("server"):
         table = Table("c", "requests", "TTFT p50/p95 ms", "ITL p50/p95 ms", "decode t/s", "aggregate t/s",
                       "e2e p50 ms", "client/server", title="llama-server streaming")  # fmt: skip
@@ -56,6 +59,80 @@ def smoke_cli(result: dict[str, Any], console: Console) -> None:
                       str(check["threshold"])[:40], check["source"])  # fmt: skip
     console.print(table)
     console.print(f"summary: {result['files']['summary.md']}", highlight=False)
+
+
+_OUTCOME_STYLE = {"ran": "green", "not_for_this_cpu": "dim"}  # the others (a crash, a failure) in red
+
+
+def _tps(value: Any) -> str:
+    return f"{value:.1f}" if isinstance(value, int | float) else "-"
+
+
+def _print_cpu_modules(sweep: Mapping[str, Any], console: Console) -> None:
+    if not sweep.get("modules"):
+        console.print(f"CPU modules: {sweep.get('note') or sweep.get('summary')}", highlight=False)
+        return
+    cpu = (sweep.get("cpu") or {}).get("model", "?")
+    table = Table("module", "pick", "result", "pp t/s", "tg t/s", "detail",
+                  title=f"CPU modules on {cpu}: {sweep['summary']}")  # fmt: skip
+    for row in sweep["modules"]:
+        style = _OUTCOME_STYLE.get(row["status"], "red")
+        label = f"[{style}]{escape(row['outcome'])}[/{style}]"
+        detail = "" if row["status"] in ("ran", "not_for_this_cpu") else str(row["detail"])
+        table.add_row(row["module"], "default" if row.get("default") else "", label, _tps(row["pp_tps"]),
+                      _tps(row["tg_tps"]), escape(detail[:60]))  # fmt: skip
+    console.print(table)
+    default = sweep.get("default") or {}
+    if default.get("signal") or not default.get("module"):
+        console.print(f"[red]loader's default pick: {escape(str(default.get('detail', '-')))}[/red]",
+                      highlight=False)  # fmt: skip
+    for problem in sweep.get("problems") or []:
+        console.print(f"[red]{escape(problem)}[/red]", highlight=False)
+
+
+def cpu_modules_cli(result: dict[str, Any], console: Console) -> None:
+    """``smoke.cpu_modules``: one row per module, the loader's pick, what failed."""
+    state = "[green]PASS[/green]" if result["passed"] else "[red]FAIL[/red]"
+    console.print(f"{state} build {result['build_key'][:12]}, model {result['model_label']} "
+                  f"({result['wall_s']:.1f} s)", highlight=False)  # fmt: skip
+    _print_cpu_modules(result, console)
+    if result.get("files"):
+        console.print(f"summary: {result['files']['summary.md']}", highlight=False)
+
+
+_BADGE = {"ran": "pass", "not_for_this_cpu": "skipped"}
+
+
+def _cpu_modules_table(sweep: Mapping[str, Any]) -> str:
+    if not sweep.get("modules"):
+        return f"<p>CPU modules: {html.escape(sweep.get('note') or sweep.get('summary'))}</p>"
+    cpu = (sweep.get("cpu") or {}).get("model", "?")
+    body = f"<p>CPU modules on {html.escape(cpu)}: {html.escape(sweep.get('summary'))}</p>"
+    body += html.table(
+        ["module", "pick", "result", "pp t/s", "tg t/s", "detail"],
+        [
+            (
+                row["module"],
+                "default" if row.get("default") else "",
+                html.badge(_BADGE.get(row["status"], "fail")),
+                _tps(row.get("pp_tps")),
+                _tps(row.get("tg_tps")),
+                row["outcome"]
+                if row["status"] in ("ran", "not_for_this_cpu")
+                else f"{row['outcome']}: {row['detail']}",
+            )
+            for row in sweep["modules"]
+        ],
+    )
+    return body + "".join(f"<p>{html.escape(problem)}</p>" for problem in sweep.get("problems") or [])
+
+
+def cpu_modules_html(data: dict[str, Any]) -> str:
+    """``smoke.cpu_modules`` in a notebook."""
+    state = html.badge("pass" if data.get("passed") else "fail")
+    build, model = html.escape(str(data.get("build_key"))[:12]), html.escape(data.get("model_label"))
+    head = f"<p>{state} build {build}, model {model}</p>"
+    return html.section("CPU modules", head + _cpu_modules_table(data))
 
 
 def smoke_compare_cli(result: dict[str, Any], console: Console) -> None:
@@ -113,6 +190,8 @@ def smoke_html(data: dict[str, Any]) -> str:
             ["llama-bench", "t/s", "stddev"],
             [(t["name"], f"{t['avg_ts']:.1f}", f"{t.get('stddev_ts', 0):.1f}") for t in bench["tests"]],
         )
+    if data.get("cpu_modules"):
+        body += _cpu_modules_table(data["cpu_modules"])
     levels = (data.get("server") or {}).get("levels") or []
     if levels:
         body += html.table(

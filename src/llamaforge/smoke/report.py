@@ -59,6 +59,8 @@ def render_summary(report: Mapping[str, Any]) -> str:
             [t["name"], t["avg_ts"], t["stddev_ts"], ", ".join(f"{v:.1f}" for v in t["samples_ts"])]
             for t in bench["tests"]
         ])  # fmt: skip
+    if report.get("cpu_modules"):
+        lines += ["", *cpu_modules_lines(report["cpu_modules"])]
     server = report.get("server")
     if server:
         lines += ["", f"## llama-server (streaming /v1/chat/completions on 127.0.0.1:{server['port']}, "
@@ -92,6 +94,32 @@ def render_summary(report: Mapping[str, Any]) -> str:
     if files:
         lines += ["", "## Files", ""] + [f"- {name}: `{path}`" for name, path in files.items()]
     return "\n".join(lines) + "\n"
+
+
+def _tps(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def cpu_modules_lines(sweep: Mapping[str, Any]) -> list[str]:
+    """The CPU module sweep in Markdown: a heading, what ran where, one row per module."""
+    cpu = sweep.get("cpu") or {}
+    lines = ["## CPU modules (llama-bench with each one on its own)", ""]
+    if not sweep.get("modules"):
+        return [*lines, sweep.get("note") or sweep.get("summary") or "no CPU modules"]
+    options = sweep.get("options") or {}
+    lines += [f"{sweep['summary']}. CPU: {cpu.get('model', '?')}; pp{options.get('pp')} tg{options.get('tg')} "
+              f"x{options.get('repetitions')}; logs: `{sweep.get('logs')}`", ""]  # fmt: skip
+    rows = []
+    for row in sweep["modules"]:
+        detail = row["detail"] if row["status"] not in ("ran", "not_for_this_cpu") else ""
+        pick = "**default**" if row.get("default") else ""
+        rows.append([row["module"], "yes" if row["status"] != "not_for_this_cpu" else "no", pick, row["outcome"],
+                     _tps(row["pp_tps"]), _tps(row["tg_tps"]), detail])  # fmt: skip
+    lines += _table(["module", "loads here", "pick", "result", "pp t/s", "tg t/s", "detail"], rows)
+    default = sweep.get("default") or {}
+    if default.get("signal") or not default.get("module"):
+        lines += ["", f"Loader's default pick: {default.get('detail', '-')}"]
+    return lines
 
 
 def _roofline_lines(roof: Mapping[str, Any] | None) -> list[str]:
@@ -179,6 +207,8 @@ def write_run_files(report: dict[str, Any], run_dir: Path) -> dict[str, str]:
     for name in ("bench.json", "bench.log", "server.log"):
         if (run_dir / name).is_file():
             files[name] = str(run_dir / name)
+    if (run_dir / "cpu-modules").is_dir():
+        files["cpu-modules"] = str(run_dir / "cpu-modules")
     report["files"] = files
     _plot_throughput(report, run_dir / "throughput.png")
     _plot_latency(report, run_dir / "latency.png")

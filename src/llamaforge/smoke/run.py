@@ -19,7 +19,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llamaforge import __version__
 from llamaforge.core.errors import InvalidOption, LlamaforgeError, ModelError, SmokeFailed
@@ -32,7 +32,8 @@ from llamaforge.serve.bandwidth import bytes_per_token
 from llamaforge.serve.launcher import HOST, LlamaFlags, LlamaServer, ServerLaunch
 from llamaforge.smoke.answers import check_answers, golden_stage
 from llamaforge.smoke.bench import BenchRun, run_llama_bench
-from llamaforge.smoke.cpu_features import diagnose, diagnosis_line, read_host_flags
+from llamaforge.smoke.cpu_features import build_cpu_level, diagnose, diagnosis_line, read_host_flags
+from llamaforge.smoke.cpu_modules import SweepOptions, sweep_cpu_modules
 from llamaforge.smoke.roofline import (
     Bandwidth,
     cpu_threads_default,
@@ -47,6 +48,11 @@ from llamaforge.smoke.verdict import (
     summarize_level,
 )
 
+if TYPE_CHECKING:
+    from llamaforge.gguf.tiny_file import DType
+
+#: How the default smoke model stores its matrices: quantized, so a smoke reaches the quantized CPU kernels.
+SMOKE_MODEL_DTYPE: DType = "q4_0"
 DEFAULT_PROMPT = "Write a short paragraph about the history of the printing press."
 MAX_REQUESTS = 256  # per level: a smoke, not a load test
 
@@ -70,6 +76,7 @@ class SmokeOptions:
     bench_timeout_s: float = 600.0
     skip_bench: bool = False
     skip_server: bool = False
+    skip_cpu_modules: bool = False  # else the sweep runs with llama-bench (when the build has modules)
     bandwidth_gbs: float | None = None
     golden: Path | None = None  # compare greedy tokens and top-n logprobs with this golden
     record_golden: Path | None = None  # record them to this file (from a reference build)
@@ -108,11 +115,15 @@ class SmokeTarget:
         raise SmokeFailed(f"build {self.build_key} has no {name}", hint="add it to the recipe's targets")
 
 
-def tiny_smoke_model(reporter: Reporter = null_reporter, cancel: CancelToken | None = None) -> Path:
+def tiny_smoke_model(
+    reporter: Reporter = null_reporter, cancel: CancelToken | None = None, *, dtype: DType = SMOKE_MODEL_DTYPE
+) -> Path:
     """The default smoke model: a tiny random-weight qwen3 GGUF, written once under ``home()/models/tiny/``.
 
-    Its tokenizer comes from the default recipe's llama.cpp source (models/ggml-vocab-qwen2.gguf), so no hub
-    is needed; the file name carries a digest of the spec, so a changed spec gets a new file.
+    Its matrices are Q4_0 by default, so llama-bench and llama-server reach the CPU's quantized kernels (repacked
+    Q4_0, AMX, quantized dot products), which an F16 file never does; ``dtype="f16"`` writes the float one. Its
+    tokenizer comes from the default recipe's llama.cpp source (models/ggml-vocab-qwen2.gguf), so no hub is
+    needed; the file name carries a digest of the spec, so a changed spec gets a new file.
     """
     import hashlib
 
@@ -120,14 +131,19 @@ def tiny_smoke_model(reporter: Reporter = null_reporter, cancel: CancelToken | N
     from llamaforge.build.source import fetch_source
     from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 
-    spec = TinyModelSpec(arch="qwen3")
+    spec = TinyModelSpec(arch="qwen3", dtype=dtype)
     digest = hashlib.sha256(repr(spec).encode()).hexdigest()[:12]
-    path = home() / "models" / "tiny" / f"tiny-qwen3-{digest}.gguf"
+    path = home() / "models" / "tiny" / f"{tiny_smoke_label(dtype)}-{digest}.gguf"
     if not path.is_file():
         reporter(Event("stage", f"writing the tiny qwen3 smoke model {path.name}", stage="model"))
         tree = fetch_source(load_recipe("default").source, reporter=reporter, cancel=cancel)
         write_tiny_model(path, spec, tree / "models" / "ggml-vocab-qwen2.gguf")
     return path
+
+
+def tiny_smoke_label(dtype: DType = SMOKE_MODEL_DTYPE) -> str:
+    """The label of the tiny smoke model in reports: ``tiny-qwen3-q4_0`` (``tiny-qwen3`` for F16)."""
+    return "tiny-qwen3" if dtype == "f16" else f"tiny-qwen3-{dtype}"
 
 
 def _slug(text: str) -> str:
@@ -161,6 +177,18 @@ def _bench_stage(
         target.binary("llama-bench"), target.model, run_dir, pp=options.pp, tg=options.tg,
         repetitions=options.repetitions, threads=options.threads, timeout_s=options.bench_timeout_s, cancel=cancel,
         runner=runner,
+    )  # fmt: skip
+
+
+def _cpu_modules_stage(
+    target: SmokeTarget, options: SmokeOptions, run_dir: Path, reporter: Reporter, cancel: CancelToken,
+    runner: ProcessRunner,
+) -> dict[str, Any]:  # fmt: skip
+    reporter(Event("stage", "CPU modules: llama-bench with each one on its own", stage="cpu-modules"))
+    sweep_options = SweepOptions(threads=options.threads, timeout_s=options.bench_timeout_s)
+    return sweep_cpu_modules(
+        target.binary("llama-bench"), target.model, run_dir / "cpu-modules", sweep_options,
+        cpu_level=build_cpu_level(target.manifest), reporter=reporter, cancel=cancel, runner=runner,
     )  # fmt: skip
 
 
@@ -285,11 +313,14 @@ def run_smoke(
         "model": {"path": str(target.model), "label": target.model_label, "size": target.model.stat().st_size},
         "options": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(options).items()},
         "thresholds": {**thresholds.model_dump(), "sources": dict(sources)},
-        "bench": None, "server": None, "roofline": None, "cpu_features": None,
+        "bench": None, "server": None, "roofline": None, "cpu_features": None, "cpu_modules": None,
     }  # fmt: skip
     reporter(Event("info", f"smoke run {run_id} in {run_dir}", stage="smoke"))
     try:
         bench = None
+        # Before llama-bench: when the loader's pick crashes, report.json still holds every module's outcome.
+        if not options.skip_bench and not options.skip_cpu_modules:
+            report["cpu_modules"] = _cpu_modules_stage(target, options, run_dir, reporter, cancel, runner)
         if not options.skip_bench:
             reporter(Event("stage", f"llama-bench: pp{options.pp} tg{options.tg} x{options.repetitions}",
                            stage="bench"))  # fmt: skip

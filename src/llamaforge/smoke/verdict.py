@@ -188,5 +188,10 @@ def evaluate(
             detail = answer.get("error") or "a non-empty reply"
             checks.append(_check("non_empty_answer", "pass" if reply else "fail", reply[:200],
                                  thresholds.non_empty_answer, source, detail))  # fmt: skip
+    sweep = report.get("cpu_modules")
+    if sweep and sweep.get("modules"):
+        problems = sweep.get("problems") or []
+        checks.append(_check("cpu_modules", "fail" if problems else "pass", len(problems), 0, "built-in",
+                             "; ".join(problems[:3]) or sweep.get("summary") or ""))  # fmt: skip
     checks += answer_verdict_checks(server or {})
     return {"passed": not any(check["status"] == "fail" for check in checks), "checks": checks}
