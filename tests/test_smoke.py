@@ -3,8 +3,10 @@
 Unit tests need no llama.cpp: llama-bench parsing runs on JSON captured from the real b11312 binary
 (tests/data/smoke/, from `llama-bench -m tiny-qwen3.gguf -p 64 -n 32 -r 3 -t 1 -o json` and friends on the
 tiny models of llamaforge.gguf.tiny), and percentiles, thresholds, the verdict, the report files and the
-comparison run on synthetic reports. The integration tests smoke the real stock build with a tiny qwen3:
-end to end through `invoke`, and the server's cleanup when it fails to load, when cancelled, and on a busy port.
+comparison run on synthetic reports. The integration tests smoke the default (patched, CPU variants) build with
+the model `nox -s smoke` smokes, the tiny Q4_0 qwen3 (so the CPU's quantized kernels run, and every CPU module in
+the sweep): end to end through `invoke`, and the server's cleanup when it fails to load, when cancelled, and on a
+busy port.
 """
 
 from __future__ import annotations
@@ -394,7 +396,7 @@ def test_operations_are_registered_and_invoke_has_both_tasks() -> None:
     assert "smoke.compare" in names and "smoke" in names.get("smoke.smoke", [])
 
 
-# --- integration: the real stock build and a tiny qwen3 ----------------------------------------------------
+# --- integration: the default build and the tiny Q4_0 qwen3 ---------------------------------------------
 
 
 def _children_named(name: str) -> list[int]:
@@ -420,11 +422,14 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.fixture(scope="session")
-def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory, source_tree: Path) -> Path:
+def smoke_model(tmp_path_factory: pytest.TempPathFactory, source_tree: Path) -> Path:
+    """The default smoke model's spec (the tiny qwen3 with Q4_0 matrices), written for this session."""
     from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
+    from llamaforge.smoke.run import SMOKE_MODEL_DTYPE
 
-    path = tmp_path_factory.mktemp("smoke-model") / "tiny-qwen3.gguf"
-    write_tiny_model(path, TinyModelSpec(arch="qwen3"), source_tree / "models" / "ggml-vocab-qwen2.gguf")
+    path = tmp_path_factory.mktemp("smoke-model") / "tiny-qwen3-q4_0.gguf"
+    spec = TinyModelSpec(arch="qwen3", dtype=SMOKE_MODEL_DTYPE)
+    write_tiny_model(path, spec, source_tree / "models" / "ggml-vocab-qwen2.gguf")
     return path
 
 
@@ -440,8 +445,8 @@ def _run_op(name: str, ctx: OperationContext | None = None, **params: Any) -> di
 
 @pytest.mark.docker
 @pytest.mark.llamacpp
-def test_smoke_end_to_end(stock_build: Path, tiny_qwen3: Path, smoke_env: dict[str, str]) -> None:
-    args = ["--build", str(stock_build), "--model", str(tiny_qwen3), "--threads", "1", "--repetitions", "2",
+def test_smoke_end_to_end(patched_build: Path, smoke_model: Path, smoke_env: dict[str, str]) -> None:
+    args = ["--build", str(patched_build), "--model", str(smoke_model), "--threads", "1", "--repetitions", "2",
             "--requests", "3", "--max-tokens", "16", "--json"]  # fmt: skip
     result = invoke("smoke", *args, env=smoke_env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -450,6 +455,7 @@ def test_smoke_end_to_end(stock_build: Path, tiny_qwen3: Path, smoke_env: dict[s
     tests = {t["kind"]: t for t in data["bench"]["tests"]}
     assert tests["pp"]["avg_ts"] > 0 and tests["tg"]["avg_ts"] > 0 and len(tests["tg"]["samples_ts"]) == 2
     assert data["bench"]["build_commit"] == "0c1e570" and data["model"]["n_params"] > 0
+    assert data["model"]["type"].endswith("Q4_0"), data["model"]  # llama.cpp read a quantized file
     server = data["server"]
     assert [level["concurrency"] for level in server["levels"]] == [1, 2]
     for level in server["levels"]:
@@ -467,6 +473,17 @@ def test_smoke_end_to_end(stock_build: Path, tiny_qwen3: Path, smoke_env: dict[s
     assert cpu["warning"] is None and cpu["unused"] == [], cpu
     assert {"AVX2", "FMA", "F16C"} & set(cpu["host"]) <= set(cpu["used"]), cpu
     assert data["roofline"]["cpu_diagnosis"].startswith("CPU features: the build uses every one")
+    # Every CPU module ran on its own first; the sweep's default pick is the module llama-bench and the server
+    # loaded, and the verdict holds the sweep's check.
+    sweep = data["cpu_modules"]
+    assert sweep["passed"] and len(sweep["modules"]) > 1 and sweep["problems"] == [], sweep["problems"]
+    assert any(row["status"] == "ran" and row["tg_tps"] > 0 for row in sweep["modules"])
+    assert sweep["default"]["module"] == Path(cpu["loaded_module"]).name, (sweep["default"], cpu)
+    checks = {check["name"]: check for check in data["verdict"]["checks"]}
+    assert checks["cpu_modules"]["status"] == "pass" and checks["cpu_modules"]["value"] == 0
+    summary = Path(data["files"]["summary.md"]).read_text(encoding="utf-8")
+    assert "## CPU modules" in summary
+    assert f"| {sweep['default']['module']} | yes | **default** | ran |" in summary
     assert not _alive(server["pid"]), "llama-server outlived the smoke run"
     for name in ("report.json", "summary.md", "throughput.png", "latency.png", "server.log", "bench.json"):
         assert Path(data["files"][name]).is_file(), name
@@ -483,17 +500,20 @@ def test_smoke_end_to_end(stock_build: Path, tiny_qwen3: Path, smoke_env: dict[s
 @pytest.mark.docker
 @pytest.mark.llamacpp
 def test_smoke_warns_when_a_baseline_build_leaves_cpu_features_unused(
-    baseline_build: Path, tiny_qwen3: Path, lf_home: Path
+    baseline_build: Path, smoke_model: Path, lf_home: Path
 ) -> None:
     from llamaforge.smoke.cpu_features import host_cpu_flags
 
     host = host_cpu_flags(Path("/proc/cpuinfo").read_text(encoding="utf-8"))
     if "avx2" not in host:
         pytest.skip("this host has no AVX2: a baseline build leaves nothing it has unused")
-    data = _run_op("smoke", build=str(baseline_build), model=str(tiny_qwen3), threads=1, repetitions=1,
+    data = _run_op("smoke", build=str(baseline_build), model=str(smoke_model), threads=1, repetitions=1,
                    concurrency=[1], requests=1, max_tokens=4, pp=8, tg=4)  # fmt: skip
     cpu = data["cpu_features"]
     assert cpu["build_cpu_level"] == "baseline" and cpu["source"] == "system_info", cpu
+    sweep = data["cpu_modules"]  # one CPU level: nothing to sweep, and it says so
+    assert sweep["modules"] == [] and "one CPU level" in sweep["note"] and sweep["passed"], sweep
+    assert "cpu_modules" not in {check["name"] for check in data["verdict"]["checks"]}
     assert {"AVX", "AVX2", "FMA", "F16C"} <= set(cpu["unused"]), cpu
     assert "AVX2" in cpu["warning"] and "baseline" in cpu["cause"] and 'cpu = "variants"' in cpu["fix"]
     roof = data["roofline"]
@@ -504,11 +524,13 @@ def test_smoke_warns_when_a_baseline_build_leaves_cpu_features_unused(
 
 @pytest.mark.docker
 @pytest.mark.llamacpp
-def test_model_that_fails_to_load_leaves_no_server(stock_build: Path, lf_home: Path, tmp_path: Path) -> None:
+def test_model_that_fails_to_load_leaves_no_server(
+    patched_build: Path, lf_home: Path, tmp_path: Path
+) -> None:
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"GGUF" + b"\xff" * 4096)
     with pytest.raises(ToolFailed, match="llama-server exited with code") as error:
-        _run_op("smoke", build=str(stock_build), model=str(bad), skip_bench=True)
+        _run_op("smoke", build=str(patched_build), model=str(bad), skip_bench=True)
     assert error.value.log_path and Path(error.value.log_path).is_file()
     assert error.value.tail  # the reason is shown, not just an exit code
     assert _children_named("llama-server") == []
@@ -519,7 +541,7 @@ def test_model_that_fails_to_load_leaves_no_server(stock_build: Path, lf_home: P
 @pytest.mark.docker
 @pytest.mark.llamacpp
 def test_cancel_during_server_stage_stops_the_server(
-    stock_build: Path, tiny_qwen3: Path, lf_home: Path
+    patched_build: Path, smoke_model: Path, lf_home: Path
 ) -> None:
     cancel = CancelToken()
     pids: list[int] = []
@@ -532,7 +554,7 @@ def test_cancel_during_server_stage_stops_the_server(
 
     ctx = OperationContext(reporter=reporter, cancel=cancel)
     with pytest.raises(Cancelled):
-        _run_op("smoke", ctx, build=str(stock_build), model=str(tiny_qwen3), skip_bench=True, threads=1,
+        _run_op("smoke", ctx, build=str(patched_build), model=str(smoke_model), skip_bench=True, threads=1,
                 max_tokens=400, requests=4, concurrency=[1])  # fmt: skip
     assert pids and not _alive(pids[0])
     assert _children_named("llama-server") == []
@@ -541,13 +563,13 @@ def test_cancel_during_server_stage_stops_the_server(
 @pytest.mark.docker
 @pytest.mark.llamacpp
 def test_busy_port_is_replaced(
-    stock_build: Path, tiny_qwen3: Path, lf_home: Path, monkeypatch: pytest.MonkeyPatch
+    patched_build: Path, smoke_model: Path, lf_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         busy = holder.getsockname()[1]
-        common = {"build": str(stock_build), "model": str(tiny_qwen3), "skip_bench": True, "threads": 1,
+        common = {"build": str(patched_build), "model": str(smoke_model), "skip_bench": True, "threads": 1,
                   "requests": 1, "max_tokens": 4, "concurrency": [1], "port": busy}  # fmt: skip
         seen = _run_op("smoke", **common)["server"]  # found busy before starting the server
         assert seen["busy_ports"] == [busy] and seen["port"] != busy
