@@ -10,6 +10,12 @@ Tolerances of the integration test (CPU build: every buffer is host memory):
   26 % of the whole buffer at context 512; see benchmarks/fit_accuracy.py); for these shapes the total must be
   within 10 %, and within 5 % (the project's goal) once the context-sized part dominates (context >= 4096).
 
+Every comparison with llama.cpp runs it with ``--no-repack`` (``Settings.cpu_buffers`` "plain", the default):
+CPU-resident weights then stay in the plain mapped buffer on every CPU. Without it, the CPU module's extra
+buffer types (CPU_REPACK, AMX) take some weights and llama.cpp reports them beside the mapped range, so the
+figures would depend on the CPU the suite runs on. Those buffer types are planned and checked on their own, with
+quantized models, against the CPU this suite runs on (``test_cpu_buffer_types_match_this_cpu``).
+
 Sliding-window models (gemma2, gemma3) are loaded at two contexts and two slot counts, with a unified cache and
 with --swa-full: both KV caches' cells and layers must be llama.cpp's, every buffer within 5 %.
 """
@@ -28,6 +34,7 @@ from llamaforge.core.registry import OperationContext, operations, result_json
 from llamaforge.gguf.header import read_header
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.serve.compute_graph import GRAPH_ARCHS
+from llamaforge.serve.cpu_buffers import host_cpu_buffers, host_weight_buffers
 from llamaforge.serve.fit import (
     DoesNotFit,
     GiB,
@@ -508,3 +515,34 @@ def test_models_fit_on_sliding_window_model_matches_llamacpp_kv(
     reported = measure_with_llamacpp(stock_build / "bin" / "llama-server", model, settings)
     assert abs(planned - reported.total("kv_cache")) <= 0.05 * reported.total("kv_cache")
     assert any("sliding-window model" in note for note in result["notes"])
+
+
+@pytest.mark.docker
+@pytest.mark.llamacpp
+@pytest.mark.parametrize(
+    ("arch", "dtype"), [("qwen3", "q4_0"), ("qwen3", "q8_0"), ("qwen3", "f16"), ("qwen35moe", "q4_0")]
+)
+def test_cpu_buffer_types_match_this_cpu(
+    arch: str, dtype: str, patched_build: Path, source_tree: Path, tmp_path: Path
+) -> None:
+    """CPU-resident weights in the buffer types this CPU's module gives them (AMX on Xeons with AMX, CPU_REPACK
+    with AVX2/AVX-512): each buffer llama.cpp reports, planned to its printing precision."""
+    vocab = source_tree / "models" / f"ggml-vocab-{'qwen35' if arch.startswith('qwen35') else 'qwen2'}.gguf"
+    spec = dataclasses.replace(SPECS[arch], dtype=dtype)  # type: ignore[arg-type]
+    model = write_tiny_model(tmp_path / f"{arch}-{dtype}.gguf", spec, vocab).path
+    buffers = host_cpu_buffers()
+    settings = Settings(ctx=1024, cpu_buffers=buffers)
+    header = read_header(model)
+    _gpu, planned = estimate_memory(model_shape(header), header.tensors, settings, n_gpu_layers=0)
+    reported = measure_with_llamacpp(patched_build / "bin" / "llama-server", model, settings)
+    planned_buffers = host_weight_buffers(header.tensors, buffers)
+    planned_mib = {name: round(size / MiB, 2) for name, size in planned_buffers.items()}
+    print(
+        f"\n{arch} {dtype}, {buffers} buffers: planned {planned_mib}, llama.cpp {reported.buffers_mib()['weights']}"
+    )
+    assert set(planned_buffers) == set(reported.buffers["weights"]), (planned_buffers, reported.buffers_mib())
+    for name, actual in reported.buffers["weights"].items():
+        assert abs(planned_buffers[name] - actual) <= 0.005 * actual + 0.005 * MiB, (name, planned_buffers)
+    assert abs(planned.weights - reported.total("weights")) <= 0.005 * planned.weights + 0.01 * MiB
+    if buffers != "plain" and dtype == "q4_0":  # Q4_0 is repacked (or AMX-packed) on every such CPU
+        assert len(reported.buffers["weights"]) == 2

@@ -22,6 +22,7 @@ from llamaforge.core.errors import DoesNotFit, InvalidOption
 from llamaforge.core.validation import suggest
 from llamaforge.gguf.header import GGML_TYPES, GGUFHeader, read_header
 from llamaforge.serve.bandwidth import Placement, bytes_per_token
+from llamaforge.serve.cpu_buffers import CpuBuffers
 from llamaforge.serve.gpus import find_gpu
 from llamaforge.serve.launcher import LlamaFlags, Switch
 from llamaforge.serve.memory import DeviceMemory, GiB, MiB, Settings, estimate_memory, parse_size
@@ -179,6 +180,7 @@ def plan_fit(
     n_cpu_moe: int | None = None,
     kv_unified: bool = False,
     swa_full: bool = False,
+    cpu_buffers: CpuBuffers = "plain",
     margin_bytes: int = DEFAULT_MARGIN,
     ram_bandwidth_gbs: float = DEFAULT_RAM_BANDWIDTH_GBS,
 ) -> FitPlan:
@@ -189,8 +191,10 @@ def plan_fit(
     for MoE models, the smallest ``--n-cpu-moe`` whose GPU total plus ``margin_bytes`` fits; pass
     ``n_gpu_layers`` / ``n_cpu_moe`` to evaluate a placement of your own instead. ``flash_attn="auto"`` is
     planned as on (what llama.cpp picks on CUDA for these models). ``kv_unified`` / ``swa_full`` plan
-    ``--kv-unified`` / ``--swa-full`` (see :class:`Settings`). Raises :class:`DoesNotFit` (with the host
-    RAM a CPU-only run needs) when not even one layer fits, InvalidOption for bad settings or an unknown GPU.
+    ``--kv-unified`` / ``--swa-full`` (see :class:`Settings`); ``cpu_buffers`` the extra buffer types of the
+    host CPU's module that CPU-resident weights go to (:mod:`llamaforge.serve.cpu_buffers`). Raises
+    :class:`DoesNotFit` (with the host RAM a CPU-only run needs) when not even one layer fits,
+    InvalidOption for bad settings or an unknown GPU.
     """
     card = find_gpu(gpu) if gpu is not None else None
     if card is not None and vram_bytes is not None:
@@ -204,7 +208,15 @@ def plan_fit(
         )
     vram = card.vram_bytes if card is not None and card.vram_bytes is not None else int(vram_bytes or 0)
     settings = Settings(
-        ctx, parallel, cache_type_k, cache_type_v, ubatch, flash_attn is not False, kv_unified, swa_full
+        ctx,
+        parallel,
+        cache_type_k,
+        cache_type_v,
+        ubatch,
+        flash_attn is not False,
+        kv_unified,
+        swa_full,
+        cpu_buffers,
     )
     check_settings(settings)
     name, header = load_model_header(model)
@@ -250,6 +262,11 @@ def plan_fit(
         notes.append(f"--ctx {ctx} exceeds the trained context ({shape.n_ctx_train}); llama.cpp warns")
     if flash_attn == "auto":
         notes.append("flash attention 'auto' planned as on (llama.cpp enables it on CUDA for this model)")
+    if cpu_buffers != "plain" and host_memory.weights:
+        notes.append(
+            f"CPU-resident weights planned in the {cpu_buffers} CPU module's buffer types (repacked/AMX copies "
+            "are counted beside the mapped file range, as llama.cpp reports them; --no-repack: plain)"
+        )
     if shape.arch in HYBRID_ARCHS:
         notes.append(
             f"hybrid model: KV cache for {len(shape.attention_layers)} attention layers only; "

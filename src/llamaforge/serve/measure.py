@@ -26,13 +26,16 @@ def measure_with_llamacpp(
     """Load ``model`` in ``llama_server`` with ``settings`` and return the buffers it reports (CPU builds
     report everything as host buffers). The server is stopped as soon as it serves the model. With
     ``fit_projection`` llama.cpp's ``--fit`` runs first and its projection is in the result
-    (:attr:`~llamaforge.serve.loadlog.LoadLog.projection`; it changes nothing when the model fits)."""
+    (:attr:`~llamaforge.serve.loadlog.LoadLog.projection`; it changes nothing when the model fits).
+    ``settings.cpu_buffers == "plain"`` runs it with ``--no-repack``; any other value lets the CPU module
+    choose its extra buffer types, so the figures are those of this host's CPU."""
     flags = LlamaFlags(
         ctx=settings.ctx * settings.parallel, parallel=settings.parallel, cache_type_k=settings.cache_type_k,
         cache_type_v=settings.cache_type_v, flash_attn="on" if settings.flash_attn else "off",
         ubatch=settings.ubatch, batch=max(N_BATCH, settings.ubatch), threads=threads,
         fit="on" if fit_projection else "off", warmup=False,
         kv_unified=settings.kv_unified, swa_full=settings.swa_full, log_verbosity=4,
+        repack=settings.cpu_buffers != "plain",
     )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="llamaforge-fit-") as scratch:
         launch = ServerLaunch(

@@ -46,7 +46,16 @@ from typing import Final
 from llamaforge.core.errors import InvalidOption
 from llamaforge.gguf.header import TensorInfo
 from llamaforge.serve.compute_graph import GRAPH_ARCHS, GraphSettings, simulate_compute
-from llamaforge.serve.shape import ModelShape, WeightLayout, gpu_layers, row_bytes, weight_layout
+from llamaforge.serve.cpu_buffers import CpuBuffers, host_weight_buffers
+from llamaforge.serve.shape import (
+    ModelShape,
+    WeightLayout,
+    block_of,
+    gpu_layers,
+    is_expert_tensor,
+    row_bytes,
+    weight_layout,
+)
 
 __all__ = ["N_BATCH", "DeviceMemory", "GiB", "MiB", "Settings", "estimate_memory", "pad", "parse_size"]
 
@@ -101,7 +110,9 @@ class Settings:
 
     ``kv_unified``: one KV stream shared by all slots (``--kv-unified``; llama-server's default when
     ``--parallel`` is not given: 4 slots, unified) instead of one stream per slot. ``swa_full``: full-size
-    caches for the sliding-window layers too (``--swa-full``).
+    caches for the sliding-window layers too (``--swa-full``). ``cpu_buffers``: the extra buffer types the
+    host's CPU module offers for CPU-resident weights (:mod:`llamaforge.serve.cpu_buffers`); ``plain`` is
+    llama-server ``--no-repack``.
     """
 
     ctx: int
@@ -112,6 +123,7 @@ class Settings:
     flash_attn: bool = True
     kv_unified: bool = False
     swa_full: bool = False
+    cpu_buffers: CpuBuffers = "plain"
 
     @property
     def n_ctx(self) -> int:
@@ -265,6 +277,36 @@ def recurrent_layer_bytes(shape: ModelShape, settings: Settings) -> int:
     return (shape.conv_state_values + shape.ssm_state_values) * 4 * max(1, settings.parallel)
 
 
+def cpu_resident(
+    shape: ModelShape,
+    tensors: Sequence[TensorInfo],
+    on_gpu_layers: set[int],
+    output_on_gpu: bool,
+    n_cpu_moe: int,
+) -> list[TensorInfo]:
+    """The weights a placement keeps on the CPU, in file order; a tied output kept there is listed again as
+    ``token_embd`` (llama.cpp duplicates it for the output matrix)."""
+    resident: list[TensorInfo] = []
+    embd: TensorInfo | None = None
+    has_output = False
+    for tensor in tensors:
+        il = block_of(tensor.name)
+        if il is not None:
+            if il >= shape.n_layer:
+                continue  # MTP layers
+            on_gpu = il in on_gpu_layers and not (is_expert_tensor(tensor.name) and il < n_cpu_moe)
+        elif tensor.name == "token_embd.weight":
+            embd, on_gpu = tensor, False
+        else:
+            has_output = has_output or tensor.name == "output.weight"
+            on_gpu = output_on_gpu
+        if not on_gpu:
+            resident.append(tensor)
+    if embd is not None and not has_output and not output_on_gpu:
+        resident.append(embd)
+    return resident
+
+
 def estimate_memory(
     shape: ModelShape,
     tensors: Sequence[TensorInfo],
@@ -299,6 +341,9 @@ def estimate_memory(
     weights["gpu" if output_on_gpu else "host"] += layout.output + layout.other
     if layout.tied and output_on_gpu:  # on the CPU the duplicate maps the same file bytes
         weights["gpu"] += layout.token_embd
+    if settings.cpu_buffers != "plain":
+        resident = cpu_resident(shape, tensors, on_gpu_layers, output_on_gpu, n_cpu_moe)
+        weights["host"] = sum(host_weight_buffers(resident, settings.cpu_buffers).values())
 
     mask, logits = mask_bytes(shape, settings), logits_bytes(shape, settings)
     output_buffer = shape.n_vocab * settings.parallel * 4  # logits of one output per slot, host memory

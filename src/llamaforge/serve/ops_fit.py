@@ -34,6 +34,10 @@ class ModelFitParams(Params):
     n_gpu_layers: int | None = Field(None, description="Evaluate this -ngl instead of searching", ge=0)
     n_cpu_moe: int | None = Field(None, description="Evaluate this --n-cpu-moe instead of searching", ge=0)
     margin: str = Field("1GiB", description="GPU memory to keep free (CUDA context, driver, headroom)")
+    cpu_buffers: Literal["auto", "plain", "avx2", "avx512", "amx"] = Field(
+        "auto", description="Buffer types of the host CPU's module for CPU-resident weights: amx (Xeons with "
+        "AMX), avx512, avx2 (repacked Q4_0/Q4_K/IQ4_NL), plain (--no-repack); auto: this machine's CPU"
+    )  # fmt: skip
     plot: str | None = path_field(None, description="Write the memory breakdown as a PNG to this path")
 
 
@@ -112,6 +116,7 @@ class FitOutcome(Result):
 )
 def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> FitOutcome:
     """Plan how a model fits on a GPU: layers, experts, KV cache, compute buffer, llama-server flags, speed."""
+    from llamaforge.serve.cpu_buffers import host_cpu_buffers
     from llamaforge.serve.fit import DoesNotFit, GiB, parse_size, plan_fit
     from llamaforge.serve.fit_chart import save_fit_chart
 
@@ -124,6 +129,7 @@ def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> FitOutcome:
         cache_type_k=cache_k, cache_type_v=cache_v, parallel=params.parallel, ubatch=params.ubatch,
         flash_attn=flash_attn, n_gpu_layers=params.n_gpu_layers, n_cpu_moe=params.n_cpu_moe,
         kv_unified=params.kv_unified, swa_full=params.swa_full, margin_bytes=parse_size(params.margin),
+        cpu_buffers=host_cpu_buffers() if params.cpu_buffers == "auto" else params.cpu_buffers,
     )  # fmt: skip
     data = plan.to_json()
     data["summary"] = summarize(plan)
