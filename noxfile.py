@@ -106,8 +106,9 @@ def cuda_build(session: nox.Session) -> None:
 
 @nox.session
 def smoke(session: nox.Session) -> None:
-    """The one command: build (or reuse) the default CPU build, write the tiny qwen3 model, run llama-bench and a
-    streaming llama-server against it, print the summary; fails (exit 10) when the verdict fails.
+    """The one command: build (or reuse) the default CPU build, write the tiny Q4_0 qwen3 model, run llama-bench with
+    each CPU module of the build, then llama-bench and a streaming llama-server against it, print the summary; fails
+    (exit 10) when the verdict fails.
     Arguments go to `invoke smoke`, e.g. `nox -s smoke -- --build KEY --model qwen3.5-0.8b-q4_k_m`."""
     session.install("-e", ".")
     session.run("invoke", "smoke", *session.posargs)

@@ -84,6 +84,52 @@ def test_a_build_of_one_cpu_level_gets_a_clear_answer(tmp_path: Path) -> None:
     assert cpu_modules_lines(sweep)[-1] == sweep["note"]
 
 
+def _row(variant: str, status: str, outcome: str, **extra: Any) -> dict[str, Any]:
+    row = {"module": f"libggml-cpu-{variant}.so", "variant": variant, "status": status, "outcome": outcome,
+           "loaded": status == "ran", "default": False, "signal": None, "exit": "exit code 0", "pp_tps": None,
+           "tg_tps": None, "missing": [], "detail": "", "hint": None, "log": "/l", "wall_s": 0.5}  # fmt: skip
+    return {**row, **extra}
+
+
+def test_every_view_shows_the_table_and_names_the_crash() -> None:
+    from rich.console import Console
+
+    from llamaforge.fronts.render_html import render_html
+    from llamaforge.smoke.render import cpu_modules_cli
+
+    crash = "killed by SIGILL (illegal instruction)"
+    sweep = {
+        "bin_dir": "/b", "model": "/m.gguf", "cpu": {"model": "Some CPU", "features": ["AVX2"]},
+        "options": {"pp": 16, "tg": 8, "repetitions": 1, "threads": 1}, "note": None, "passed": False,
+        "modules": [
+            _row("haswell", "ran", "ran", pp_tps=120.5, tg_tps=30.25, default=True),
+            _row("sapphirerapids", "not_for_this_cpu", "not for this CPU (lacks AMX_INT8)", missing=["AMX_INT8"]),
+            _row("zen4", "crashed", f"crashed: {crash}", signal="SIGILL", exit=crash,
+                 detail=f"{crash} after loading it"),
+        ],
+        "default": {"module": "libggml-cpu-haswell.so", "variant": "haswell", "signal": None, "exit": "exit code 0",
+                    "detail": "", "hint": None, "log": "/d"},
+        "problems": [f"libggml-cpu-zen4.so: crashed ({crash} after loading it)"],
+        "summary": "3 CPU modules: 1 ran, 1 not for this CPU, 1 crashed; the loader picks libggml-cpu-haswell.so",
+        "logs": "/logs", "wall_s": 2.0, "build_key": "k" * 32, "model_label": "m", "files": {"summary.md": "/s.md"},
+        "exit_code": 10,
+    }  # fmt: skip
+    markdown = "\n".join(cpu_modules_lines(sweep))
+    assert "| libggml-cpu-haswell.so | yes | **default** | ran | 120.5 | 30.2 |  |" in markdown
+    assert (
+        "| libggml-cpu-sapphirerapids.so | no |  | not for this CPU (lacks AMX_INT8) | - | - |  |" in markdown
+    )
+    assert (
+        f"| libggml-cpu-zen4.so | yes |  | crashed: {crash} | - | - | {crash} after loading it |" in markdown
+    )
+    console = Console(record=True, width=200)
+    cpu_modules_cli(sweep, console)
+    text = console.export_text()
+    assert "FAIL" in text and f"crashed: {crash}" in text and "not for this CPU (lacks AMX_INT8)" in text
+    page = render_html("smoke.cpu_modules", sweep)
+    assert f"crashed: {crash}" in page and "libggml-cpu-sapphirerapids.so" in page
+
+
 def test_the_operation_is_registered_with_its_cli_spelling_and_mcp_tool() -> None:
     from llamaforge.fronts.cli import namespace
 

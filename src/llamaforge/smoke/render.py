@@ -73,15 +73,15 @@ def _print_cpu_modules(sweep: Mapping[str, Any], console: Console) -> None:
         console.print(f"CPU modules: {sweep.get('note') or sweep.get('summary')}", highlight=False)
         return
     cpu = (sweep.get("cpu") or {}).get("model", "?")
-    table = Table("module", "pick", "result", "pp t/s", "tg t/s", "detail",
-                  title=f"CPU modules on {cpu}: {sweep['summary']}")  # fmt: skip
+    table = Table(
+        "module", "pick", "result", "pp t/s", "tg t/s", title=f"CPU modules on {cpu}: {sweep['summary']}"
+    )
     for row in sweep["modules"]:
         style = _OUTCOME_STYLE.get(row["status"], "red")
         label = f"[{style}]{escape(row['outcome'])}[/{style}]"
-        detail = "" if row["status"] in ("ran", "not_for_this_cpu") else str(row["detail"])
         table.add_row(row["module"], "default" if row.get("default") else "", label, _tps(row["pp_tps"]),
-                      _tps(row["tg_tps"]), escape(detail[:60]))  # fmt: skip
-    console.print(table)
+                      _tps(row["tg_tps"]))  # fmt: skip
+    console.print(table)  # what went wrong, in full, follows as the problems
     default = sweep.get("default") or {}
     if default.get("signal") or not default.get("module"):
         console.print(f"[red]loader's default pick: {escape(str(default.get('detail', '-')))}[/red]",
