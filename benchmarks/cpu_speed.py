@@ -2,8 +2,10 @@
 (``--cpu native``: ``GGML_NATIVE=ON``) of the same source: llama-bench pp and tg, goal >= 0.97 of native for both.
 
 Both builds come through `invoke build` (cache hits when they exist). The model is a random-weight qwen3 wide
-enough for the layers to matter (hidden 1024, 12 layers, F16, about 0.9 GB with its 151k-token embedding and
-output matrices), written once with the project's GGUF writer. Runs alternate between the builds (ABBA), so drift
+enough for the layers to matter (hidden 1024, 12 layers, with its 151k-token embedding and output matrices),
+written once with the project's GGUF writer, quantized to Q4_0 by default (``--dtype``: q4_0, q8_0 or f16; about
+0.25, 0.47 or 0.9 GB), so the runs reach the CPU's quantized kernels: repacked Q4_0 with AVX2/AVX-512, AMX tiles
+on Xeons with AMX. The CPU's model name is printed with the figures. Runs alternate between the builds (ABBA), so drift
 on a shared machine hits both alike; the ratios are of medians. Each build's manifest gives its build time and
 the log of its first llama-bench run names the CPU variant ggml loaded.
 
@@ -12,7 +14,7 @@ node by spinning, so when the scheduler takes one of them away, a many-thread ru
 not the build (on a loaded 2-core machine, 2-thread runs of one build varied 2-3x between rounds).
 
 Usage: python benchmarks/cpu_speed.py [--rounds 4] [--threads N] [--pp 128] [--tg 32] [--repetitions 2]
-       [--against DIR]   (compare with that build directory instead of building --cpu native)
+       [--dtype q4_0|q8_0|f16] [--against DIR]   (compare with that build directory instead of building --cpu native)
 """
 
 from __future__ import annotations
@@ -22,12 +24,13 @@ import json
 import re
 import statistics
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from llamaforge.core.paths import home
 from llamaforge.core.registry import OperationContext, operations, result_json
-from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
+from llamaforge.gguf.tiny import DType, TinyModelSpec, write_tiny_model
 from llamaforge.smoke.bench import bench_command
 from llamaforge.smoke.roofline import cpu_threads_default
 
@@ -35,17 +38,26 @@ GOAL = 0.97
 WIDE = TinyModelSpec(arch="qwen3", n_layer=12, n_embd=1024, n_head=16, n_head_kv=8, head_dim=64, n_ff=3072)
 
 
-def wide_model() -> Path:
-    """The benchmark's qwen3 model (written once under home()/models/bench/)."""
+def wide_model(dtype: DType) -> Path:
+    """The benchmark's qwen3 model in ``dtype`` (written once under home()/models/bench/)."""
     from llamaforge.build.recipes import load_recipe
     from llamaforge.build.source import fetch_source
 
-    path = home() / "models" / "bench" / "qwen3-h1024-l12-f16.gguf"
+    path = home() / "models" / "bench" / f"qwen3-h1024-l12-{dtype}.gguf"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         tree = fetch_source(load_recipe("default").source)
-        write_tiny_model(path, WIDE, tree / "models" / "ggml-vocab-qwen2.gguf")
+        write_tiny_model(path, replace(WIDE, dtype=dtype), tree / "models" / "ggml-vocab-qwen2.gguf")
     return path
+
+
+def cpu_model() -> str:
+    """This machine's CPU, as /proc/cpuinfo names it (and whether it has AMX)."""
+    text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    name = next(
+        (line.partition(":")[2].strip() for line in text.splitlines() if line.startswith("model name")), "?"
+    )
+    return f"{name}{' (AMX)' if 'amx_tile' in text else ''}"
 
 
 def build(cpu: str | None) -> dict[str, Any]:
@@ -81,6 +93,7 @@ def main() -> None:
     parser.add_argument("--pp", type=int, default=128)
     parser.add_argument("--tg", type=int, default=32)
     parser.add_argument("--repetitions", type=int, default=2)
+    parser.add_argument("--dtype", choices=["q4_0", "q8_0", "f16"], default="q4_0")
     parser.add_argument(
         "--against", type=Path, help="a published build directory to compare with (default: native)"
     )
@@ -88,8 +101,9 @@ def main() -> None:
 
     other = build("native") if args.against is None else _published(args.against)
     builds = {"default": build(None), "native" if args.against is None else "against": other}
-    model = wide_model()
-    print(f"model {model} ({model.stat().st_size / 2**20:.0f} MiB): {WIDE}", flush=True)
+    model = wide_model(args.dtype)
+    print(f"model {model} ({model.stat().st_size / 2**20:.0f} MiB): {replace(WIDE, dtype=args.dtype)}")
+    print(f"CPU: {cpu_model()}", flush=True)
     commands = {
         name: bench_command(Path(manifest["path"]) / "bin" / "llama-bench", model, pp=args.pp, tg=args.tg,
                             repetitions=args.repetitions, threads=args.threads)
@@ -111,7 +125,7 @@ def main() -> None:
         name: (statistics.median(s[0] for s in rows), statistics.median(s[1] for s in rows))
         for name, rows in samples.items()
     }
-    print(f"\nmedians over {args.rounds} rounds, {args.threads} thread(s):")
+    print(f"\nmedians over {args.rounds} rounds, {args.threads} thread(s), {args.dtype}, on {cpu_model()}:")
     for name, manifest in builds.items():
         pp, tg = medians[name]
         print(f"  {name:8s} (cpu {manifest.get('cpu')}, {loaded[name]}, {len(manifest['artifacts'])} artifacts, "

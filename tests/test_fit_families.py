@@ -7,6 +7,11 @@ b11312 uses; the llama.cpp-tier tests load the same models in a stock llama-serv
 weights and output exactly to its printing precision, compute within 5 %: the MLA graph is replayed through
 ggml-alloc's allocator, gemma4's comes from the fitted per-token model) and check that llama.cpp's own
 projection is read from the log.
+
+The loads run with ``--no-repack`` (``Settings.cpu_buffers`` "plain"): weights stay in plain CPU buffers on every
+CPU. On a Xeon with AMX, b11312 puts the MLA model's weights in the AMX buffer type and then aborts with
+``GGML_ASSERT(*cur_backend_id != -1)`` (ggml-backend.cpp:1294) before it is ready, a scheduler bug of its own;
+the buffer types are checked separately (tests/test_fit.py::test_cpu_buffer_types_match_this_cpu).
 """
 
 from __future__ import annotations
