@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 from llamaforge import __version__
 from llamaforge.core.errors import InvalidOption, ModelError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
+from llamaforge.core.exits import crash_hint, crash_words, describe_exit, exit_signal, loaded_cpu_module
 from llamaforge.core.paths import home, write_text_atomic
 from llamaforge.models.chat_template import check_templates
 from llamaforge.models.findings import Finding, Status
@@ -290,7 +291,19 @@ def load_check(
     result.update({"command": command, "returncode": run.exit_code, "context": context,
                    "loaded": run.ok and "weights" in loaded.buffers, "errors": errors[-10:],
                    "tail": lines[-15:] if run.exit_code else []})  # fmt: skip
+    result.update(_ending(run.exit_code, lines))
     return result
+
+
+def _ending(code: int, lines: list[str]) -> dict[str, Any]:
+    """How llama-cli ended (``exit``) and the CPU module it ran (``cpu_module``); for a crash, ``crash`` says it
+    in words and ``hint`` what to try."""
+    module = loaded_cpu_module(lines)
+    ending: dict[str, Any] = {"exit": describe_exit(code), "cpu_module": module}
+    sig = exit_signal(code)
+    if sig is not None:
+        ending.update({"crash": crash_words("llama-cli", sig, module), "hint": crash_hint(sig, module)})
+    return ending
 
 
 # --------------------------------------------------------------------------------------------- verify
@@ -359,7 +372,10 @@ def verify_model(
         report.load_check = result
         report.checks_run.add("load")
         if not result["loaded"]:
-            reason = result["errors"][-1] if result["errors"] else f"exit code {result['returncode']}"
+            if "crash" in result:  # a crash is the reason, whatever llama.cpp logged before it
+                reason = f"{result['crash']}; {result['hint']}"
+            else:
+                reason = result["errors"][-1] if result["errors"] else result["exit"]
             report.findings.append(
                 Finding("load", "fail", "llama-cli", f"llama.cpp did not load the model: {reason}")
             )

@@ -242,7 +242,7 @@ class LlamaServer:
                     f"llama-server exited with code {code} before it was ready", command=self.command,
                     returncode=code, tail=tail, log_path=str(launch.log_path),
                     hint="the log says why: e.g. a model file llama.cpp cannot load, or not enough memory",
-                )  # fmt: skip
+                ).as_crash("llama-server", process.lines(timeout_s=0), when="before it was ready")  # fmt: skip
             if time.monotonic() > deadline:
                 raise SmokeFailed(
                     f"llama-server was not ready within {launch.load_timeout_s:.0f} s (it was stopped)",

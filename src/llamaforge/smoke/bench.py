@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from llamaforge.core.errors import SmokeFailed
+from llamaforge.core.errors import SmokeFailed, ToolFailed
 from llamaforge.core.events import CancelToken
 from llamaforge.runners.process import LOCAL, ProcessRunner
 
@@ -141,9 +141,18 @@ def run_llama_bench(
     command = bench_command(binary, model, pp=pp, tg=tg, repetitions=repetitions, threads=threads)
     log = run_dir / "bench.log"
     log.touch()
-    result = runner.run(
-        command, timeout_s=timeout_s, cancel=cancel, log_path=log, what="llama-bench",
-        hint="the log says why, e.g. a model file llama.cpp cannot load; on a timeout use fewer tokens",
-    )  # fmt: skip
+    loader: list[str] = []  # ggml's load_backend lines: a crash names the CPU module it ran
+
+    def keep_loader(line: str) -> None:
+        if "load_backend:" in line:
+            loader.append(line)
+
+    try:
+        result = runner.run(
+            command, timeout_s=timeout_s, cancel=cancel, log_path=log, what="llama-bench", on_line=keep_loader,
+            hint="the log says why, e.g. a model file llama.cpp cannot load; on a timeout use fewer tokens",
+        )  # fmt: skip
+    except ToolFailed as error:
+        raise error.as_crash("llama-bench", loader) from None
     (run_dir / "bench.json").write_text(result.stdout, encoding="utf-8")
     return parse_llama_bench(result.stdout)
