@@ -53,13 +53,18 @@ def _fake_bin(root: Path, names: Sequence[str]) -> Path:
     return bin_dir
 
 
-def test_a_module_directory_holds_llama_bench_and_every_library_but_the_cpu_modules(tmp_path: Path) -> None:
+def test_a_module_directory_holds_llama_bench_and_every_library_but_the_backend_modules(
+    tmp_path: Path,
+) -> None:
     bin_dir = _fake_bin(tmp_path, ["llama-bench", "llama-server", "libllama.so.0", "libggml-base.so",
-                                   "libggml-rpc.so", "libggml-cpu-haswell.so", "libggml-cpu-zen4.so"])  # fmt: skip
+                                   "libggml-base.so.0", "libggml.so.0", "libggml-rpc.so", "libggml-cuda.so",
+                                   "libggml-cpu-haswell.so", "libggml-cpu-zen4.so"])  # fmt: skip
     assert [path.name for path in cpu_modules(bin_dir)] == ["libggml-cpu-haswell.so", "libggml-cpu-zen4.so"]
     exe = stage_module_dir(bin_dir / "llama-bench", tmp_path / "stage" / "haswell")
     staged = sorted(path.name for path in exe.parent.iterdir())
-    assert staged == ["libggml-base.so", "libggml-rpc.so", "libllama.so", "libllama.so.0", "llama-bench"]
+    # No backend module at all: a GPU backend would take the work away from the CPU module under test.
+    assert staged == ["libggml-base.so", "libggml-base.so.0", "libggml.so.0", "libllama.so", "libllama.so.0",
+                      "llama-bench"]  # fmt: skip
     # A real file, not a symlink: ggml reads the executable's directory from /proc/self/exe, symlinks resolved.
     assert not exe.is_symlink() and exe.read_bytes() == (bin_dir / "llama-bench").read_bytes()
     assert (exe.parent / "libllama.so").resolve() == (bin_dir / "libllama.so.0").resolve()

@@ -10,9 +10,10 @@ How one module is isolated (ggml/src/ggml-backend-reg.cpp, b11312): ``ggml_backe
 directory, and loads the one whose ``ggml_backend_score()`` is highest (0: not for this CPU).
 ``GGML_BACKEND_PATH`` loads one more backend after that search, so on its own it keeps no module out. Each run
 therefore gets a directory of its own, holding a hard link (or a copy) of llama-bench and symlinks to every
-library of ``bin/`` but the CPU modules; it runs there and names its module in ``GGML_BACKEND_PATH``. ggml loads
-that path with ``load_backend(path, silent=false)``, which says in its own words when the module is not for this
-CPU ("is not supported on this system"), words that a release build's silent directory search never prints.
+library of ``bin/`` but ggml's backend modules (a GPU backend would take the work away from the CPU); it runs
+there and names its module in ``GGML_BACKEND_PATH``. ggml loads that path with ``load_backend(path,
+silent=false)``, which says in its own words when the module is not for this CPU ("is not supported on this
+system"), words that a release build's silent directory search never prints.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -48,6 +50,8 @@ STATUS_WORDS: Final[dict[str, str]] = {
 }  # fmt: skip
 
 _MODULE_GLOB = "libggml-cpu-*.so"
+# A backend module ggml loads at run time: libggml-cpu-haswell.so, libggml-cuda.so (not libggml-base.so.0).
+_BACKEND_MODULE = re.compile(r"^libggml-(?!base\.).+\.so$")
 _NOT_SUPPORTED = "is not supported on this system"  # ggml's load_backend, for a module whose score is 0
 _LOAD_FAILED = "failed to load"  # ggml's load_backend, for a module the dynamic loader refused
 
@@ -76,7 +80,8 @@ def module_variant(module: str) -> str:
 
 def stage_module_dir(bench: Path, into: Path) -> Path:
     """Make ``into``: llama-bench hard-linked (copied across file systems) and a symlink to every library beside
-    it except the CPU modules, so ggml's loader finds no CPU module there. Returns the llama-bench to run."""
+    it except ggml's backend modules (``libggml-<name>.so``: the CPU modules, and GPU or BLAS backends, which
+    would take work away from the CPU module), so ggml's loader finds none there. Returns the llama-bench to run."""
     into.mkdir(parents=True)
     exe = into / bench.name
     try:
@@ -84,8 +89,7 @@ def stage_module_dir(bench: Path, into: Path) -> Path:
     except OSError:  # another file system, or hard links refused
         shutil.copy2(bench.resolve(), exe)
     for entry in sorted(bench.parent.iterdir()):
-        is_cpu_module = entry.name.startswith("libggml-cpu") and entry.name.endswith(".so")
-        if entry.name != bench.name and ".so" in entry.name and not is_cpu_module:
+        if entry.name != bench.name and ".so" in entry.name and not _BACKEND_MODULE.match(entry.name):
             (into / entry.name).symlink_to(entry.absolute())
     return exe
 
