@@ -22,6 +22,7 @@ from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.registry import OperationContext, operations
 from llamaforge.deploy.hosts import parse_hosts
 from llamaforge.deploy.ops import DeployParams, HostsParams, RollbackParams
+from llamaforge.deploy.probe import probe_model
 from llamaforge.deploy.release import Layout, ReleaseSpec, release_id
 from llamaforge.deploy.remote import HostState, releases_to_prune
 from llamaforge.deploy.report import DeployPlan, DeployStatus, RolloutReport
@@ -293,12 +294,13 @@ def test_a_release_that_fails_its_gate_is_rolled_back_on_the_canary_only(
         assert on_host(host, f"readlink {root}/current") == f"releases/{good.release}"
         assert len(complete_through_ssh(host, known, port)) == 6
     assert on_host(test_hosts[1], f"ls {root}/releases") == good.release  # nothing reached it
-    assert len(on_host(test_hosts[0], f"ls {root}/models").split()) == 2
+    assert len(on_host(test_hosts[0], f"ls {root}/models").split()) == 3  # good, broken and the probe model
     pruned = run("deploy", **base, model=str(tiny_qwen3), ctx=2048, keep=1, batch=2)
     assert pruned.passed
+    kept = sorted(f"{sha}.gguf" for sha in (sha256_of(tiny_qwen3), probe_model().sha256))  # the release's two
     for host in test_hosts:  # the releases beyond keep=1 and the broken model they linked to are gone
         assert on_host(host, f"ls {root}/releases") == pruned.release
-        assert on_host(host, f"ls {root}/models").split() == [f"{sha256_of(tiny_qwen3)}.gguf"]
+        assert on_host(host, f"ls {root}/models").split() == kept
 
 
 @pytest.mark.docker

@@ -14,8 +14,10 @@ from typing import Any
 from pydantic import Field
 
 from llamaforge.core.errors import Cancelled, InvalidOption, LlamaforgeError, OperationFailed
+from llamaforge.core.events import null_reporter
 from llamaforge.core.registry import OperationContext, Params, operation, path_field
 from llamaforge.deploy.hosts import Access, DeployHost, deploy_hosts, open_runners, parse_hosts
+from llamaforge.deploy.probe import ProbeModel
 from llamaforge.deploy.release import DEFAULT_PORT, DEFAULT_ROOT, KEEP_RELEASES, LOOPBACK, Layout, ReleaseSpec
 from llamaforge.deploy.report import DeployPlan, DeployStatus, RolloutReport
 from llamaforge.deploy.rollout import Release, RolloutOptions, plan_host, prepare_release, rollout
@@ -116,6 +118,11 @@ class DeployParams(HostsParams):
         "(Ansible's max_fail_percentage; 0: stop at the first failure)"
     )  # fmt: skip
     keep: int = Field(KEEP_RELEASES, ge=1, description="Releases kept on each host")
+    probe: bool = Field(
+        True, description="Before its switch each host runs the release's llama-bench as the service would (its "
+        "user, environment, sandbox or image) on a tiny Q4_0 model; a crash or failure refuses the host "
+        "(--no-probe: switch without it)"
+    )  # fmt: skip
     replicas: int = Field(
         1, ge=1, description="--target swarm: tasks of the service (--batch: replaced at a time)"
     )
@@ -162,6 +169,19 @@ def release_spec(params: DeployParams, ctx: OperationContext) -> tuple[ReleaseSp
     return spec, checks
 
 
+def release_probe(spec: ReleaseSpec, ctx: OperationContext | None = None) -> ProbeModel:
+    """The probe model a release of ``spec`` is proven with on each host; InvalidOption when the build has no
+    llama-bench to run it."""
+    from llamaforge.deploy.probe import PROBE_BINARY, probe_model
+
+    if not (spec.build_dir / "bin" / PROBE_BINARY).is_file():
+        raise InvalidOption(
+            f"build {spec.build_key} has no {PROBE_BINARY}, which proves a release on each host before its switch",
+            hint="add it to the recipe's targets, or deploy with --no-probe",
+        )
+    return probe_model(ctx.reporter if ctx else null_reporter, ctx.cancel if ctx else None)
+
+
 def _releases(params: DeployParams, hosts: list[DeployHost], ctx: OperationContext) -> list[Release]:
     """One release per host: the same one unless the fit plan gives hosts with other GPUs other flags."""
     import secrets
@@ -170,6 +190,7 @@ def _releases(params: DeployParams, hosts: list[DeployHost], ctx: OperationConte
 
     spec, checks = release_spec(params, ctx)
     key = secrets.token_urlsafe(32) if spec.api_key else None
+    probe = release_probe(spec, ctx) if params.probe else None
     target = get_target(params.target).for_spec(spec, ctx.reporter)  # docker: the runtime image, made here
     by_gpu: dict[str | None, Release] = {}
     for host in hosts:
@@ -182,6 +203,7 @@ def _releases(params: DeployParams, hosts: list[DeployHost], ctx: OperationConte
                 checks,
                 api_key=key,
                 fit=fit.summary,
+                probe=probe,
             )
     return [by_gpu[host.gpu] for host in hosts]
 

@@ -201,11 +201,11 @@ def _prepare(params: RpcDeployParams, ctx: OperationContext) -> tuple[list[RpcWo
                       margin_bytes=parse_size(params.margin))  # fmt: skip
     flags = _plan_flags(plan.flags, params.threads)
     spec = replace(head.spec, flags=flags)
-    head = prepare_release(spec, params.layout(), get_target("systemd"), head.checks)
+    head = prepare_release(spec, params.layout(), get_target("systemd"), head.checks, probe=head.probe)
     worker_spec = replace(spec, model=Path(), model_sha256="", model_size=0, port=params.rpc_port,
                           flags=type(flags)())  # fmt: skip
     releases = [prepare_release(worker_spec, params.layout(),
-                                RpcServerTarget(worker.address, worker.port, params.rpc_threads))
+                                RpcServerTarget(worker.address, worker.port, params.rpc_threads), probe=head.probe)
                 for worker in workers]  # fmt: skip
     pairs = [
         {"endpoint": worker.endpoint, "release": release.id}

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from llamaforge.core.errors import LlamaforgeError, SmokeFailed
-from llamaforge.core.events import CancelToken, Reporter, null_reporter
+from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.exits import crash_hint, crash_words, describe_exit, loaded_cpu_module
 from llamaforge.deploy.release import SERVICE_USER
 from llamaforge.serve.launcher import LlamaFlags
@@ -36,13 +36,13 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from llamaforge.deploy.release import Layout
+    from llamaforge.deploy.rollout import Release
     from llamaforge.deploy.targets import Target
     from llamaforge.gguf.tiny_file import DType
     from llamaforge.runners.ssh import SshProcessRunner
 
 PROBE_DTYPE: Final[DType] = "q4_0"
 PROBE_BINARY: Final = "llama-bench"
-PROBE_LINK: Final = "probe.gguf"  # in a release: the probe model it was proven with, in models/
 PROBE_PROMPT: Final = 16  # tokens of the pp test: a batch the repacked and AMX kernels take
 PROBE_GEN: Final = 4
 PROBE_LIMIT_S: Final = 120  # the host's service manager stops a probe that runs longer
@@ -82,20 +82,47 @@ def probe_args(model: str, flags: LlamaFlags) -> list[str]:
 
 
 class ReleaseCannotRun(LlamaforgeError):
-    """A release's binaries crashed or failed on a host before it was switched there (the probe)."""
+    """A release's binaries crashed or failed on a host before it was switched there (the probe); ``logs`` are
+    the probe's last lines."""
 
     exit_code = 15
+
+    def __init__(self, message: str, *, hint: str | None = None, logs: Sequence[str] = ()) -> None:
+        super().__init__(message, hint=hint)
+        self.logs = tuple(logs)
 
 
 @dataclass(frozen=True)
 class ProbeOutcome:
-    """What the probe said on one host: passed, in words (the refusal, with its hint, when it failed), how long
-    it took and the last lines of its log."""
+    """What the probe said on one host: in words, how long it took, its last log lines, and the refusal when the
+    release cannot run there."""
 
-    passed: bool
     detail: str
     seconds: float
     logs: tuple[str, ...] = ()
+    refusal: ReleaseCannotRun | None = None
+
+    @property
+    def passed(self) -> bool:
+        """Whether the release ran there."""
+        return self.refusal is None
+
+
+def prove(runner: SshProcessRunner, release: Release, reporter: Reporter | None = None,
+          cancel: CancelToken | None = None) -> ProbeOutcome | None:  # fmt: skip
+    """Run ``release``'s probe on the host (:func:`probe_release`); None when the release has no probe model."""
+    if release.probe is None:
+        return None
+    if reporter is not None:
+        reporter(Event("stage", f"probing release on {runner.host.address}", stage="deploy"))
+    return probe_release(runner, release.target, release.layout, release.id, release.service_files,
+                         release.spec.flags, release.probe, cancel)  # fmt: skip
+
+
+def has_probe_model(runner: SshProcessRunner, release: Release) -> bool:
+    """Whether the host has ``release``'s probe model (a release uploaded before probes were made lacks it)."""
+    probe = release.probe
+    return probe is not None and runner.run(["test", "-e", release.layout.model(probe.sha256)], warn=True).ok
 
 
 def probe_release(runner: SshProcessRunner, target: Target, layout: Layout, rid: str,
@@ -111,32 +138,34 @@ def probe_release(runner: SshProcessRunner, target: Target, layout: Layout, rid:
                         what=f"{PROBE_BINARY} of release {rid} on {runner.host.host}")  # fmt: skip
     seconds = time.monotonic() - started
     logs = result.stderr.splitlines()
-    tail = tuple(logs[-TAIL_LINES:])
+    tail = logs[-TAIL_LINES:]
     module = loaded_cpu_module(logs)
     sig = target.probe_signal(result.exit_code, logs)
     where = f"{address}: release {rid} cannot run there"
+    refusal = None
     if sig is not None:
         said = crash_words(PROBE_BINARY, sig, module, when=f"as {SERVICE_USER} on the Q4_0 probe model")
-        error = ReleaseCannotRun(f"{where}: {said}", hint=crash_hint(sig, module))
-        return ProbeOutcome(False, error.render(), seconds, tail)
-    if result.timed_out or not result.ok:
+        refusal = ReleaseCannotRun(f"{where}: {said}", hint=crash_hint(sig, module), logs=tail)
+    elif result.timed_out or not result.ok:
         how = f"ran past {PROBE_LIMIT_S} s" if result.timed_out else _ended(result.exit_code)
         last = _last_words(logs)
-        error = ReleaseCannotRun(
+        refusal = ReleaseCannotRun(
             f"{where}: {PROBE_BINARY} {how} as {SERVICE_USER} on the Q4_0 probe model" + (f": {last}" if last else ""),
             hint="the lines below are its log; a missing library means the release lacks it (`ldd` of the build's "
-            "binaries there), a start failure names the service manager's complaint",
+            "binaries there), a start failure names the service manager's complaint", logs=tail,
         )  # fmt: skip
-        return ProbeOutcome(False, error.render(), seconds, tail)
-    try:
-        bench = parse_llama_bench(result.stdout)
-    except SmokeFailed as failed:
-        error = ReleaseCannotRun(f"{where}: {PROBE_BINARY} exited 0 but {failed.message}", hint=failed.hint)
-        return ProbeOutcome(False, error.render(), seconds, tail)
+    else:
+        try:
+            bench = parse_llama_bench(result.stdout)
+        except SmokeFailed as failed:
+            refusal = ReleaseCannotRun(f"{where}: {PROBE_BINARY} exited 0 but {failed.message}", hint=failed.hint,
+                                       logs=tail)  # fmt: skip
+    if refusal is not None:
+        return ProbeOutcome(refusal.render(), seconds, tuple(tail), refusal)
     figures = ", ".join(f"{test.name} {test.avg_ts:.0f} t/s" for test in bench.tests)
     loaded = f", {module}" if module else ""
     detail = f"{PROBE_BINARY} ran as {SERVICE_USER}: {figures} ({bench.backends or 'CPU'}{loaded}) in {seconds:.1f} s"
-    return ProbeOutcome(True, detail, seconds, tail)
+    return ProbeOutcome(detail, seconds, tuple(tail))
 
 
 def _ended(code: int) -> str:

@@ -29,6 +29,7 @@ KEEP_RELEASES = 5
 SERVICE_USER = "llamaforge"
 RELEASE_JSON = "release.json"
 MODEL_LINK = "model.gguf"
+PROBE_LINK = "probe.gguf"  # the model the release was proven with on the host (deploy.probe), in models/
 API_KEY_FILE = "api-key"  # in the release, mode 0600, owned by the service user; never in release.json
 LOOPBACK = "127.0.0.1"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")

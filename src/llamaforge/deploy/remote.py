@@ -29,6 +29,7 @@ from llamaforge.core.events import CancelToken
 from llamaforge.deploy.release import (
     API_KEY_FILE,
     MODEL_LINK,
+    PROBE_LINK,
     RELEASE_JSON,
     SERVICE_USER,
     Layout,
@@ -38,6 +39,7 @@ from llamaforge.runners.ssh import SshProcessRunner
 from llamaforge.runners.transfer import file_sha256
 
 if TYPE_CHECKING:
+    from llamaforge.deploy.probe import ProbeModel
     from llamaforge.deploy.targets import Target
 
 _STATE = r"""
@@ -62,7 +64,7 @@ cd "$1" || exit 1
 for model in models/*.gguf; do
   [ -f "$model" ] || continue
   used=
-  for link in releases/*/model.gguf releases/.*.tmp/model.gguf; do
+  for link in releases/*/model.gguf releases/.*.tmp/model.gguf releases/*/probe.gguf releases/.*.tmp/probe.gguf; do
     [ "$(readlink "$link" 2>/dev/null)" = "$1/$model" ] && used=1 && break
   done
   [ -n "$used" ] || rm -f -- "$model"
@@ -162,28 +164,37 @@ def upload_release(
     record: Mapping[str, Any],
     *,
     api_key: str | None = None,
+    probe: ProbeModel | None = None,
     cancel: CancelToken | None = None,
 ) -> Upload:
     """Put release ``rid`` on the host unless it is already there; returns what was sent. A release that
-    listens beyond loopback gets ``api_key`` as its key file."""
+    listens beyond loopback gets ``api_key`` as its key file; the ``probe`` model goes to ``models/`` too (also
+    for a release already there) and a new release links it as ``probe.gguf``."""
     model_path = layout.model(spec.model_sha256)
     target = layout.release(rid)
     # An RPC worker's release has no model: the head sends the tensors.
     has_model = not spec.model_sha256 or _exists(runner, model_path)
+    # The probe model is often the release's model too (the default tiny model): sent once.
+    needs_probe = (
+        probe is not None
+        and probe.sha256 != spec.model_sha256
+        and not _exists(runner, layout.model(probe.sha256))
+    )
     has_release = _exists(runner, posixpath.join(target, RELEASE_JSON))
     release_bytes = 0 if has_release else sum(local.stat().st_size for local, _ in files)
-    check_free_space(
-        runner, {layout.models: 0 if has_model else spec.model_size, layout.releases: release_bytes}
-    )
-    model_bytes = 0
+    models_bytes = (0 if has_model else spec.model_size) + (probe.size if probe and needs_probe else 0)
+    check_free_space(runner, {layout.models: models_bytes, layout.releases: release_bytes})
+    model_bytes = probe_bytes = 0
     if not has_model:
         model_bytes = runner.put(spec.model, model_path, cancel=cancel).sent_bytes
+    if probe is not None and needs_probe:
+        probe_bytes = runner.put(probe.path, layout.model(probe.sha256), cancel=cancel).sent_bytes
     if has_release:
-        return Upload(model_bytes, model_bytes)
+        return Upload(model_bytes + probe_bytes, model_bytes)
     stage = posixpath.join(layout.releases, f".{rid}.tmp")
     seed = 'rm -rf "$1" && mkdir -p "$1" && { [ -d "$2/bin" ] && cp -al "$2/bin" "$2/lib" "$1/" 2>/dev/null; true; }'
     runner.run(["sh", "-c", seed, "sh", stage, layout.current])
-    sent = model_bytes
+    sent = model_bytes + probe_bytes
     # the files the seed already holds are read in one command, not one per file
     there = runner.sha256s([posixpath.join(stage, relative) for _local, relative in files])
     for local, relative in files:
@@ -194,6 +205,8 @@ def upload_release(
         _write(runner, posixpath.join(stage, name), text)
     if spec.model_sha256:
         runner.run(["ln", "-sfn", model_path, posixpath.join(stage, MODEL_LINK)])
+    if probe is not None:
+        runner.run(["ln", "-sfn", layout.model(probe.sha256), posixpath.join(stage, PROBE_LINK)])
     if spec.api_key:
         if not api_key:
             raise ValueError("a release listening beyond loopback needs its API key")

@@ -55,6 +55,8 @@ def rollout_cli(result: dict[str, Any], console: Console) -> None:
     title = f"{result.get('name')} ({result.get('target')}): release {result.get('release') or 'per host'}"
     console.print(_table(title, ["host", "status", "release", "sent MiB", "detail"], rows))
     for host in result.get("hosts", []):
+        if host.get("probe") and host.get("status") == "updated":
+            console.print(f"{host['host']}: probed before the switch: {host['probe']}", highlight=False)
         if host.get("api_key_file"):
             console.print(
                 f"{host['host']}: API key in {host['api_key_file']} (readable by root)", highlight=False
@@ -81,6 +83,8 @@ def plan_cli(result: dict[str, Any], console: Console) -> None:
             console.print(f"{host['host']}: would send {host['delivery']}", highlight=False)
         for line in host.get("fit") or []:
             console.print(f"{host['host']}: {line}", highlight=False)
+        if host.get("probe"):
+            console.print(f"{host['host']}: probed (the release is there): {host['probe']}", highlight=False)
 
 
 def status_cli(result: dict[str, Any], console: Console) -> None:

@@ -42,6 +42,10 @@ class HostReport(Result):
         None, description="Where the host keeps the API key of a server listening beyond loopback (read it "
         "there with sudo; the key itself is never reported)"
     )  # fmt: skip
+    probe: str | None = Field(
+        None, description="What the release's llama-bench did on the host before the switch, as the service "
+        "user on the Q4_0 probe model: its figures and CPU module, or the crash that refused the host"
+    )  # fmt: skip
 
 
 class RolloutReport(Result):
@@ -83,6 +87,10 @@ class HostPlan(Result):
     fit: list[str] = Field(
         default_factory=list, description="The fit plan for the host's GPU, when it has one"
     )
+    probe: str = Field(
+        "", description="A release already on the host is probed while planning: what its llama-bench did "
+        "(empty: it is probed after its upload, before the switch)"
+    )  # fmt: skip
     detail: str = ""
 
 

@@ -31,6 +31,7 @@ from typing import Any
 from llamaforge.core.errors import Cancelled, LlamaforgeError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.deploy.health import GateOutcome, gate_service
+from llamaforge.deploy.probe import ProbeModel, ProbeOutcome, ReleaseCannotRun, has_probe_model, prove
 from llamaforge.deploy.release import (
     KEEP_RELEASES,
     LOOPBACK,
@@ -68,18 +69,20 @@ class Release:
     checks: tuple[AnswerCheck, ...] = ()
     api_key: str | None = field(default=None, repr=False, compare=False)  # written on the host, never shown
     fit: tuple[str, ...] = ()  # the fit plan's summary for the host's GPU, when it has one
+    probe: ProbeModel | None = None  # the model each host proves the release with before its switch
 
 
 def prepare_release(
     spec: ReleaseSpec, layout: Layout, target: Target, checks: Sequence[AnswerCheck] = (), *,
-    api_key: str | None = None, fit: Sequence[str] = (),
+    api_key: str | None = None, fit: Sequence[str] = (), probe: ProbeModel | None = None,
 ) -> Release:  # fmt: skip
     """Render the release's service files and derive its id (no host needed); ``api_key`` is the key a
-    release listening beyond loopback gets (no part of its id or ``release.json``)."""
+    release listening beyond loopback gets (no part of its id or ``release.json``); with a ``probe`` model each
+    host runs the release on it before it is switched there (:mod:`~llamaforge.deploy.probe`)."""
     files = target.service_files(spec, layout)
     rid = release_id(spec, files)
     return Release(spec, layout, target, rid, files, release_record(spec, rid, target.name), tuple(checks),
-                   api_key, tuple(fit))  # fmt: skip
+                   api_key, tuple(fit), probe)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,14 @@ def plan_host(runner: SshProcessRunner, release: Release) -> tuple[HostPlan, Hos
         refused = refused or error.render()
     before = state.record.get("flags") if state.record else None
     action = "none" if state.current == release.id else "switch" if release.id in state.releases else "upload"
+    # a release already on the host is proven while planning, before anything changes anywhere
+    proven = (
+        prove(runner, release)
+        if action == "switch" and not refused and has_probe_model(runner, release)
+        else None
+    )
+    if proven is not None and not proven.passed:
+        refused = f"{proven.detail}\n  (nothing was changed)"
     bound = release.target.listens(spec) if action != "none" and not refused else None
     clash = busy_port(runner, state, bound) if bound else None
     if bound and clash:
@@ -137,7 +148,7 @@ def plan_host(runner: SshProcessRunner, release: Release) -> tuple[HostPlan, Hos
         host=runner.host.address, reachable=True, current=state.current, release=release.id, action=action,
         model_upload=not has_model, model_bytes=0 if has_model else spec.model_size, restart=action != "none",
         flags_before=before, flags_after=flags_after, listen=spec.listen, api_key=spec.api_key,
-        delivery=delivery, fit=list(release.fit), detail=refused,
+        delivery=delivery, fit=list(release.fit), probe=proven.detail if proven else "", detail=refused,
     ), None if refused else state  # fmt: skip
 
 
@@ -247,17 +258,23 @@ def deploy_host(runner: SshProcessRunner, release: Release, state: HostState, fi
 
     step(f"deploying {release.id}")
     switched, sent, model, image = False, 0, 0, 0
+    proven: ProbeOutcome | None = None
     try:
         options.cancel.raise_if_cancelled()
         target.prepare(runner, layout)
         step("uploading" if release.id not in state.releases else "release already on the host")
         upload = upload_release(runner, layout, release.spec, release.id, files, release.service_files,
-                                release.record, api_key=release.api_key, cancel=options.cancel)  # fmt: skip
+                                release.record, api_key=release.api_key, probe=release.probe,
+                                cancel=options.cancel)  # fmt: skip
         sent, model = upload.sent_bytes, upload.model_bytes
         options.cancel.raise_if_cancelled()
         image = target.deliver(runner, layout, options.cancel)
         sent += image
         options.cancel.raise_if_cancelled()
+        proven = prove(runner, release, options.reporter, options.cancel)
+        options.cancel.raise_if_cancelled()
+        if proven is not None and proven.refusal is not None:
+            raise proven.refusal  # nothing was switched: the host stays on its release
         step(f"switching to {release.id} and restarting")
         switched = True  # from here the host may run either release until it says which
         switch_and_activate(runner, layout, target, release.id, [*state.history, release.id])
@@ -277,7 +294,9 @@ def deploy_host(runner: SshProcessRunner, release: Release, state: HostState, fi
                               detail=f"interrupted before the switch; still on {state.current}")  # fmt: skip
         if not switched:
             step(f"failed: {message}")
-            return HostReport(**base, **moved, status="failed", release=state.current,
+            logs = list(error.logs) if isinstance(error, ReleaseCannotRun) else []
+            return HostReport(**base, **moved, status="failed", release=state.current, logs=logs,
+                              probe=proven.detail if proven else None,
                               detail=f"{message}; still on {state.current}")  # fmt: skip
         gate = GateOutcome(False, "interrupted" if isinstance(error, Cancelled) else message)
     report = {**base, "sent_bytes": sent, "model_bytes": model, "image_bytes": image}
@@ -291,7 +310,8 @@ def deploy_host(runner: SshProcessRunner, release: Release, state: HostState, fi
     prune_releases(runner, layout, target, host_state(runner, layout), options.keep)
     step(f"updated: {release.id} healthy")
     return HostReport(**report, status="updated", release=release.id, health_s=gate.health_s,
-                      completion=gate.completion, detail=gate.detail, api_key_file=_key_path(release))  # fmt: skip
+                      completion=gate.completion, detail=gate.detail, api_key_file=_key_path(release),
+                      probe=proven.detail if proven else None)  # fmt: skip
 
 
 def _key_path(release: Release) -> str | None:
