@@ -11,6 +11,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -231,6 +232,49 @@ def test_a_flag_llama_server_rejects_fails_the_gate_and_the_canary_is_rolled_bac
     assert any("cache type" in line.lower() for line in canary.logs), canary.logs
     assert [site.current(index) for index in range(3)] == [site.good] * 3
     assert len(complete_through_ssh(site.hosts[0], site.known, site.port)) == 6
+
+
+@contextlib.contextmanager
+def sigill_at_load(host: TestHost, site: Site) -> Iterator[None]:
+    """On ``host``, llama-server of every release but the good one gets a real SIGILL once it has loaded its
+    backends and starts to load the model, before it is ready: a systemd drop-in beside the deployment's unit
+    whose ExecStartPost (as root) starts a watcher that waits for that line in the main process's journal, then
+    kills it, where an AMX Xeon's faulting kernel would; the start itself succeeds, as it does there."""
+    dropin = f"/etc/systemd/system/llamaforge-{site.name}.service.d"
+    script = f"/usr/local/sbin/{site.name}-sigill-at-load"
+    body = "\n".join([
+        "#!/bin/sh",
+        f'[ "$(readlink {site.root}/current)" = releases/{site.good} ] && exit 0',
+        "for i in $(seq 1 500); do",
+        '  journalctl _PID="$MAINPID" -o cat | grep -q "load_model: loading model" && exec kill -ILL "$MAINPID"',
+        "  sleep 0.02",
+        "done </dev/null >/dev/null 2>&1 &",
+    ])  # fmt: skip
+    conf = f"[Service]\nExecStartPost=+/bin/sh {script}\n"
+    on_host(host, f"printf '%s\\n' '{body}' > {script} && mkdir -p {dropin} && "
+                  f"printf '{conf}' > {dropin}/sigill-at-load.conf && systemctl daemon-reload")  # fmt: skip
+    try:
+        yield
+    finally:
+        on_host(host, f"rm -rf {dropin} {script} && systemctl daemon-reload")
+
+
+def test_a_server_killed_by_sigill_fails_the_gate_naming_the_signal_and_its_cpu_module(
+    site: Site, patched_build: Path
+) -> None:
+    with sigill_at_load(site.hosts[0], site):
+        report = failed(**site.params(ctx=1280))
+    assert [item.status for item in report.hosts] == ["rolled back", "untouched", "untouched"], report
+    canary = report.hosts[0]
+    # The module the loader picks for this build on this CPU (the hosts are containers on it), asked here.
+    listed = subprocess.run([str(patched_build / "bin" / "llama-bench"), "--list-devices"], capture_output=True,
+                            text=True, check=True)  # fmt: skip
+    module = re.findall(r"load_backend: loaded CPU backend from \S*/(libggml-cpu-\S+\.so)", listed.stderr)[-1]
+    assert f"llama-server was killed by SIGILL (illegal instruction) with {module} loaded" in canary.detail
+    assert "invoke smoke.cpu-modules" in canary.detail and "--no-repack" in canary.detail, canary.detail
+    assert "exit code" not in canary.detail and canary.logs
+    assert canary.release == site.good and "healthy" in canary.detail
+    assert [site.current(index) for index in range(3)] == [site.good] * 3
 
 
 def test_a_host_stopped_before_its_batch_is_unreachable_and_the_rest_untouched(site: Site) -> None:

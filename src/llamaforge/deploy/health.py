@@ -14,6 +14,7 @@ tokens (the tiny random-weight model has no meaningful answer).
 
 from __future__ import annotations
 
+import posixpath
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ POLL_S = 0.5
 LOG_LINES = 20  # the last log lines a failed gate reports
 # After a crash the journal is read further back: to ggml's load_backend line of the run that crashed.
 CRASH_LOG_LINES = 400
+SERVER = "llama-server"
 
 
 def gate_timeout_s(model_size: int) -> float:
@@ -85,13 +87,25 @@ def _completion(base_url: str, checks: Sequence[AnswerCheck], api_key: str | Non
     return True, "".join(str(token["token"]) for token in tokens)
 
 
+def loader_module(runner: SshProcessRunner, layout: Layout) -> str | None:
+    """The CPU module ggml's loader picks on the host for the current release's llama-server, asked of the
+    binary itself (``-lv 4 --list-devices``, with the unit's library path): a server's log names it from level 4
+    only, and the loader's choice follows from the host's CPU and the release's files alone."""
+    current = layout.current
+    result = runner.run([posixpath.join(current, "bin", SERVER), "-lv", "4", "--list-devices"],
+                        env={"LD_LIBRARY_PATH": posixpath.join(current, "lib")}, merge_stderr=True, warn=True,
+                        timeout_s=30)  # fmt: skip
+    return loaded_cpu_module(result.stdout.splitlines())
+
+
 def service_down(
     runner: SshProcessRunner, target: Target, layout: Layout, state: ServiceState, *, started: float,
-    service: str = "the service", program: str = "llama-server",
+    service: str = "the service", program: str = SERVER,
 ) -> GateOutcome:  # fmt: skip
     """The failed gate of a service its manager had to restart, or that failed: a crash is named with its
     signal and the CPU module it ran (from the manager's ``ExecMainCode``/``ExecMainStatus``, else the journal's
-    exit line, and ggml's ``load_backend`` line) and a hint that fits; the last log lines come along."""
+    exit line, and ggml's ``load_backend`` line, else :func:`loader_module`) and a hint that fits; the last log
+    lines come along."""
     journal = target.logs(runner, layout, lines=CRASH_LOG_LINES)
     sig, module = systemd_crash(journal)
     sig = state.killed_by or sig
@@ -99,7 +113,11 @@ def service_down(
     if sig is None:
         detail = f"{service} {'failed' if state.active == 'failed' else 'exited and was restarted'} {counts}"
     else:
-        module = module or loaded_cpu_module(journal)
+        module = (
+            module
+            or loaded_cpu_module(journal)
+            or (loader_module(runner, layout) if program == SERVER else None)
+        )
         what = "failed" if state.active == "failed" else "was restarted"
         detail = f"{service} {what} {counts}: {crash_words(program, sig, module)}; {crash_hint(sig, module)}"
     return GateOutcome(False, detail, time.monotonic() - started, logs=journal[-LOG_LINES:])
