@@ -27,6 +27,7 @@ from llamaforge.core.registry import OperationContext, operations, result_json
 from llamaforge.runners.process import ProcessHandle, ProcessResult
 from llamaforge.smoke.cpu_features import HOST_FLAGS, VARIANT_FEATURES, host_cpu_flags
 from llamaforge.smoke.cpu_modules import cpu_modules, stage_module_dir, sweep_cpu_modules
+from llamaforge.smoke.ops_cpu_modules import CpuModuleSweep
 from llamaforge.smoke.report import cpu_modules_lines
 
 CPUINFO = Path("/proc/cpuinfo").read_text(encoding="utf-8") if Path("/proc/cpuinfo").is_file() else ""
@@ -87,6 +88,7 @@ def test_a_build_of_one_cpu_level_gets_a_clear_answer(tmp_path: Path) -> None:
     assert sweep["modules"] == [] and sweep["passed"] and sweep["default"] is None
     assert "one CPU level (x86-64-v3)" in sweep["note"] and "nothing to sweep" in sweep["note"]
     assert cpu_modules_lines(sweep)[-1] == sweep["note"]
+    assert CpuModuleSweep.model_validate(sweep).note == sweep["note"]  # the shape smoke's result publishes
 
 
 def _row(variant: str, status: str, outcome: str, **extra: Any) -> dict[str, Any]:
