@@ -10,6 +10,7 @@ again; a worker on another build; a public or unspecified RPC address.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -183,6 +184,46 @@ def test_a_stopped_worker_is_named_and_starting_it_recovers(
             time.sleep(2)
     assert tokens == before
     assert run("topology.status", **hosts).healthy
+
+
+def test_a_worker_killed_by_sigill_fails_its_gate_naming_the_signal_and_its_cpu_module(
+    topology: dict[str, Any], split_model: Path
+) -> None:
+    """The first worker's ggml-rpc-server gets a real SIGILL once ggml's loader has named its CPU module (a
+    systemd drop-in whose ExecStartPost starts a watcher on the journal): its gate names both, from the journal,
+    and the head is never touched."""
+    hosts, name, worker = topology["hosts"], topology["name"], topology["workers"][0]
+    unit = f"llamaforge-{name}-rpc.service"
+    watcher = f"/usr/local/sbin/{name}-sigill-at-load"
+    body = "\n".join([
+        "#!/bin/sh",
+        "for i in $(seq 1 500); do",
+        '  journalctl _PID="$MAINPID" -o cat | grep -q "load_backend: loaded CPU" && exec kill -ILL "$MAINPID"',
+        "  sleep 0.02",
+        "done </dev/null >/dev/null 2>&1 &",
+    ])  # fmt: skip
+    dropin = f"/etc/systemd/system/{unit}.d"
+    on_host(worker, f"printf '%s\\n' '{body}' > {watcher} && mkdir -p {dropin} && "
+                    f"printf '[Service]\\nExecStartPost=+/bin/sh {watcher}\\n' > {dropin}/sigill.conf"
+                    " && systemctl daemon-reload")  # fmt: skip
+    try:
+        with pytest.raises(OperationFailed) as caught:
+            run("topology.deploy", **hosts, build=topology["build"], model=str(split_model), port=topology["port"],
+                ctx=512, worker_memory="2GiB,2GiB", gate_timeout_s=120, threads=1)  # fmt: skip
+    finally:
+        on_host(worker, f"rm -rf {dropin} {watcher} && systemctl daemon-reload")
+    report = caught.value.result
+    assert isinstance(report, TopologyReport)
+    assert [item.status for item in report.workers] == ["failed", "untouched"], report
+    assert report.head.status == "untouched"
+    # The module, read out of band from what the worker's own ggml-rpc-server wrote to the journal.
+    journal = on_host(worker, f"journalctl -u {unit} -o cat --no-pager")
+    module = re.findall(r"load_backend: loaded CPU backend from \S*/(libggml-cpu-\S+\.so)", journal)[-1]
+    detail = report.workers[0].detail
+    assert f"ggml-rpc-server was killed by SIGILL (illegal instruction) with {module} loaded" in detail, (
+        detail
+    )
+    assert "the RPC server" in detail and "invoke smoke.cpu-modules" in detail and "exit code" not in detail
 
 
 def test_another_build_and_public_addresses_are_refused_before_anything_starts(
