@@ -211,6 +211,10 @@ def test_docker_deploy_query_redeploy_and_rollback(
     first_s = time.monotonic() - started
     assert isinstance(first, RolloutReport) and first.passed, first
     assert [item.status for item in first.hosts] == ["updated"] * 2
+    # each host ran the image's llama-bench as the container would, on the probe model, before the switch
+    assert all(
+        item.probe and item.probe.startswith("llama-bench ran as llamaforge: pp16 ") for item in first.hosts
+    )
     size = tiny_qwen3.stat().st_size
     # each host's engine lacked the image (unless an earlier test of this module loaded it there)
     assert all(
@@ -412,7 +416,7 @@ def test_an_image_upload_resumes_and_pruning_removes_the_image_only_its_release_
     real = runtime_image.ensure_runtime_image
     tag = f"llamaforge-test/empty:{name}"
     with scratch_images(tmp_path, [tag], size=4 * CHUNK) as (empty,), pytest.MonkeyPatch.context() as patch:
-        # the next release's build comes with an image that runs nothing: its container cannot start
+        # the next release's build comes with an image that runs nothing: it cannot run llama-bench either
         patch.setattr(runtime_image, "ensure_runtime_image",
                       lambda key, **options: replace(real(key, **options), image_id=empty))  # fmt: skip
         cancel = CancelAtImageChunk()
@@ -428,14 +432,16 @@ def test_an_image_upload_resumes_and_pruning_removes_the_image_only_its_release_
         with pytest.raises(OperationFailed) as caught:
             run("deploy", **one, ctx=1024)
         failed = caught.value.result
-        assert [item.status for item in failed.hosts] == ["rolled back"], failed
+        # the image is delivered, then the probe runs it as the container would and refuses it: never switched
+        assert [item.status for item in failed.hosts] == ["failed"], failed
+        assert "cannot run there: llama-bench ended with exit code" in failed.hosts[0].detail, failed
         assert failed.hosts[0].image_bytes == archive.stat().st_size - 2 * CHUNK  # resumed from the part
         assert (
             engine_has(host, empty) and host.exec(["test", "-e", part])[0] != 0
         )  # loaded; nothing left over
     releases = f"/opt/llamaforge/{name}/releases"
     assert sorted(on_host(host, f"ls {releases}").split()) == sorted([good.release, failed.release])
-    assert container(host, name)["Image"] == runtime  # back on the good release's image
+    assert container(host, name)["Image"] == runtime  # still on the good release's image
 
     kept = run("deploy", **one, ctx=2048)  # passes: the failed release (in no history) is pruned
     assert kept.passed and kept.hosts[0].image_bytes == 0, kept

@@ -128,12 +128,10 @@ def plan_host(runner: SshProcessRunner, release: Release) -> tuple[HostPlan, Hos
         refused = refused or error.render()
     before = state.record.get("flags") if state.record else None
     action = "none" if state.current == release.id else "switch" if release.id in state.releases else "upload"
-    # a release already on the host is proven while planning, before anything changes anywhere
-    proven = (
-        prove(runner, release)
-        if action == "switch" and not refused and has_probe_model(runner, release)
-        else None
-    )
+    # a release already on the host (with what the target delivers) is proven while planning, before anything
+    # changes anywhere
+    ready = action == "switch" and not refused and not delivery
+    proven = prove(runner, release) if ready and has_probe_model(runner, release) else None
     if proven is not None and not proven.passed:
         refused = f"{proven.detail}\n  (nothing was changed)"
     bound = release.target.listens(spec) if action != "none" and not refused else None
