@@ -545,4 +545,4 @@ def test_cpu_buffer_types_match_this_cpu(
         assert abs(planned_buffers[name] - actual) <= 0.005 * actual + 0.005 * MiB, (name, planned_buffers)
     assert abs(planned.weights - reported.total("weights")) <= 0.005 * planned.weights + 0.01 * MiB
     if buffers != "plain" and dtype == "q4_0":  # Q4_0 is repacked (or AMX-packed) on every such CPU
-        assert len(reported.buffers["weights"]) == 2
+        assert len(reported.buffers["weights"]) >= 2
