@@ -104,6 +104,11 @@ def test_a_split_over_two_workers_serves_what_one_host_serves(
     assert isinstance(report, TopologyReport) and report.passed, report
     assert [item.status for item in [*report.workers, report.head]] == ["updated"] * 3
     assert all(item.model_bytes == 0 for item in report.workers)  # workers never get the model file
+    # each worker and the head ran the release's llama-bench as its unit would before its switch
+    assert all(
+        (item.probe or "").startswith("llama-bench ran as llamaforge")
+        for item in [*report.workers, report.head]
+    )
     assert report.flags == plan.flags
     for worker in workers:  # bound to its private address only, with its cache
         unit = f"llamaforge-{name}-rpc.service"
