@@ -8,6 +8,9 @@ D1: a changed-release rollout (new flags: release files seeded and checked by sh
     completion on top.
 D2: deploying the release that is already current (a no-op): wall time, median (goal <= 2 s).
 D3: model bytes sent when only the flags change (goal 0).
+D4: what the probe adds: the same changed-release rollout with the probe (each host runs the release's llama-bench
+    as the service user on the tiny Q4_0 model before its switch) and with --no-probe, rounds interleaved; and
+    each host's probe seconds.
 
 Needs Docker, the base image (`invoke images.bootstrap`), a CPU build in LLAMAFORGE_HOME and llama.cpp's
 models/ggml-vocab-qwen2.gguf (LLAMAFORGE_TEST_VOCAB). Usage: python benchmarks/deploy_bench.py [--rounds 3]
@@ -120,14 +123,18 @@ def main() -> None:
         from llamaforge.build.store import build_dir
 
         files = release_files(ReleaseSpec(build, build_dir(build), "", model, "", 0))
-        ours, plain, waited, model_bytes = [], [], [], 0
+        ours, plain, waited, unprobed, probes, model_bytes = [], [], [], [], [], 0
         for index in range(args.rounds):
             started = time.monotonic()
             changed = deploy(**base, ctx=1024 + 256 * index)
             ours.append(time.monotonic() - started)
             model_bytes += sum(host.model_bytes for host in changed.hosts)
+            probes += [host.probe_s for host in changed.hosts if host.probe_s is not None]
             plain.append(scp_and_restart(hosts, key, known, files))
             waited.append(scp_and_restart(hosts, key, known, files, wait_port=DEFAULT_PORT))
+            started = time.monotonic()
+            deploy(**base, ctx=1024 + 256 * index + 128, probe=False)  # a changed release too
+            unprobed.append(time.monotonic() - started)
         deploy(**base, ctx=1024 + 256 * (args.rounds - 1))  # the last release current again, healthy
         noop = []
         for _ in range(5):
@@ -149,6 +156,10 @@ def main() -> None:
     print(f"D2 already-current no-op: median {statistics.median(noop):.2f} s (runs {[round(v, 2) for v in noop]})"
           " (goal <= 2 s)")  # fmt: skip
     print(f"D3 model bytes sent over {args.rounds} flag-only rollouts: {model_bytes} (goal 0)")
+    added = statistics.median(ours) - statistics.median(unprobed)
+    print(f"D4 the probe: rollout {statistics.median(ours):.2f} s with it, {statistics.median(unprobed):.2f} s with "
+          f"--no-probe (runs {[round(v, 2) for v in unprobed]}): +{added:.2f} s; each host's probe median "
+          f"{statistics.median(probes):.2f} s (runs {[round(v, 2) for v in probes]})")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -46,6 +46,9 @@ class HostReport(Result):
         None, description="What the release's llama-bench did on the host before the switch, as the service "
         "user on the Q4_0 probe model: its figures and CPU module, or the crash that refused the host"
     )  # fmt: skip
+    probe_s: float | None = Field(
+        None, description="Seconds the probe took on the host (its command, end to end)"
+    )
 
 
 class RolloutReport(Result):

@@ -293,9 +293,8 @@ def deploy_host(runner: SshProcessRunner, release: Release, state: HostState, fi
         if not switched:
             step(f"failed: {message}")
             logs = list(error.logs) if isinstance(error, ReleaseCannotRun) else []
-            return HostReport(**base, **moved, status="failed", release=state.current, logs=logs,
-                              probe=proven.detail if proven else None,
-                              detail=f"{message}; still on {state.current}")  # fmt: skip
+            return HostReport(**base, **moved, **_probed(proven), status="failed", release=state.current,
+                              logs=logs, detail=f"{message}; still on {state.current}")  # fmt: skip
         gate = GateOutcome(False, "interrupted" if isinstance(error, Cancelled) else message)
     report = {**base, "sent_bytes": sent, "model_bytes": model, "image_bytes": image}
     if not gate.passed:
@@ -309,7 +308,12 @@ def deploy_host(runner: SshProcessRunner, release: Release, state: HostState, fi
     step(f"updated: {release.id} healthy")
     return HostReport(**report, status="updated", release=release.id, health_s=gate.health_s,
                       completion=gate.completion, detail=gate.detail, api_key_file=_key_path(release),
-                      probe=proven.detail if proven else None)  # fmt: skip
+                      **_probed(proven))  # fmt: skip
+
+
+def _probed(proven: ProbeOutcome | None) -> dict[str, Any]:
+    """The report's fields of the probe (none ran: None)."""
+    return {"probe": proven.detail, "probe_s": round(proven.seconds, 3)} if proven else {}
 
 
 def _key_path(release: Release) -> str | None:
