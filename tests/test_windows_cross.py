@@ -21,6 +21,7 @@ from llamaforge.platforms.windows import mingw_toolchain_file
 
 MINGW = BuildOptions(platform="windows", toolchain="mingw", cpu="x86-64-v2")
 WINDOWS_PATCH = "0002-ggml-cpu-mingw-thread-power-throttling.patch"
+AMX_PATCH = "0003-ggml-cpu-amx-tile-config-in-rodata.patch"  # every platform
 
 
 def _mingw_plan(**changes: object) -> BuildPlan:
@@ -61,7 +62,11 @@ def test_mingw_plan_renders_golden_dockerfile_and_script() -> None:
     assert plan.artifacts == tuple(f"bin/{target}.exe" for target in load_recipe("default").targets)
     assert "-DGGML_BACKEND_DL=ON" in plan.cmake_args and "-DGGML_SSE42=ON" in plan.cmake_args
     assert "-DGGML_CPU_ALL_VARIANTS=OFF" in plan.cmake_args
-    assert [patch.name for patch in plan.patches] == ["0001-qwen3-tensor-name-remap.patch", WINDOWS_PATCH]
+    assert [patch.name for patch in plan.patches] == [
+        "0001-qwen3-tensor-name-remap.patch",
+        WINDOWS_PATCH,
+        AMX_PATCH,
+    ]
     data = plan.to_json()
     assert data["toolchain"] == "mingw" and set(data["files"]) == {"Dockerfile", "build.sh"}
 
@@ -97,7 +102,7 @@ def test_the_build_key_differs_between_toolchains_and_linux_keys_stay() -> None:
     assert mingw.key_inputs()["toolchain"] == "mingw" and msvc.key_inputs()["toolchain"] == "msvc"
     linux = plan_build(load_recipe("default"))
     assert "toolchain" not in linux.key_inputs(), "Linux keys carry no toolchain entry"
-    assert [patch.name for patch in linux.patches] == ["0001-qwen3-tensor-name-remap.patch"]
+    assert [patch.name for patch in linux.patches] == ["0001-qwen3-tensor-name-remap.patch", AMX_PATCH]
 
 
 @pytest.mark.parametrize(
