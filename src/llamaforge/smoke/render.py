@@ -73,14 +73,21 @@ def _print_cpu_modules(sweep: Mapping[str, Any], console: Console) -> None:
         console.print(f"CPU modules: {sweep.get('note') or sweep.get('summary')}", highlight=False)
         return
     cpu = (sweep.get("cpu") or {}).get("model", "?")
+    # the variant names the module (libggml-cpu-<variant>.so) and keeps the table narrow enough for a terminal
     table = Table(
-        "module", "pick", "result", "pp t/s", "tg t/s", title=f"CPU modules on {cpu}: {sweep['summary']}"
+        "CPU module",
+        "pick",
+        "result",
+        "pp t/s",
+        "tg t/s",
+        title=f"CPU modules on {cpu}: {sweep['summary']}",
+        caption="a few tokens each, once: whether a module runs here, not a benchmark",
     )
     for row in sweep["modules"]:
         style = _OUTCOME_STYLE.get(row["status"], "red")
         label = f"[{style}]{escape(row['outcome'])}[/{style}]"
-        table.add_row(row["module"], "default" if row.get("default") else "", label, _tps(row["pp_tps"]),
-                      _tps(row["tg_tps"]))  # fmt: skip
+        table.add_row(row.get("variant") or row["module"], "default" if row.get("default") else "", label,
+                      _tps(row["pp_tps"]), _tps(row["tg_tps"]))  # fmt: skip
     console.print(table)  # what went wrong, in full, follows as the problems
     default = sweep.get("default") or {}
     if default.get("signal") or not default.get("module"):
