@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from llamaforge import __version__
+from llamaforge.build.cmake_options import REFUSED_HINT, refused_cmake_keys
 from llamaforge.build.cpu_level import check_cpu_level, controlled_keys, cpu_architecture, cpu_cmake
 from llamaforge.build.cuda_arch import check_toolkit_range, parse_cuda_archs
 from llamaforge.build.patches import PatchRef, read_series
@@ -127,6 +128,10 @@ def _cpu_level(level: str, options: BuildOptions, platform_name: str) -> str:
         check_cpu_level(level)
     except ValueError as error:
         raise InvalidOption(f"--cpu: {error}", hint="e.g. --cpu native or --cpu x86-64-v3") from None
+    if refused := refused_cmake_keys(key for key, _value in options.cmake):
+        raise InvalidOption(
+            f"--cmake {', '.join(refused)}: not a CMake option this build accepts", hint=REFUSED_HINT
+        )
     if decided := controlled_keys(options.cmake):
         raise InvalidOption(
             f"--cmake {', '.join(decided)}: the CPU level decides this option",

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from llamaforge.build.cmake_options import CMAKE_NAME, REFUSED_HINT, refused_cmake_keys
 from llamaforge.build.cpu_level import VARIANTS, check_cpu_level, controlled_keys
 from llamaforge.build.cuda_arch import parse_cuda_archs
 from llamaforge.core.errors import InvalidOption, RecipeError
@@ -173,9 +174,10 @@ class BuildRecipe(_Strict):
     @field_validator("cmake")
     @classmethod
     def _valid_cmake(cls, value: dict[str, str | int | bool]) -> dict[str, str | int | bool]:
-        for key in value:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+        for key in refused_cmake_keys(value):
+            if not CMAKE_NAME.fullmatch(key):
                 raise ValueError(f"cmake option {key!r} is not a CMake variable name")
+            raise ValueError(f"cmake option {key!r} may not be set here: {REFUSED_HINT}")
         if decided := controlled_keys(dict(value)):
             raise ValueError(
                 f"{', '.join(decided)} is decided by the recipe's cpu level; remove it from [cmake] and set "

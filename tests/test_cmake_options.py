@@ -1,0 +1,107 @@
+"""`[cmake]` and `--cmake` never name a program or CMake code to run: a compiler, a launcher in front of it, a
+toolchain file, a project include, a module path or a tool CMake runs beside the compiler. Refused the same way
+from a recipe, the CLI, a manifest and an MCP call, naming the option; ordinary options still plan."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mcp import Client
+
+from llamaforge.build.cmake_options import refused_cmake_keys
+from llamaforge.build.plan import BuildOptions, plan_build
+from llamaforge.build.recipes import load_recipe
+from llamaforge.core.errors import InvalidOption, RecipeError
+
+REPO = Path(__file__).parents[1]
+if str(REPO) not in sys.path:  # `mcp_server/` sits at the top of the checkout, next to tasks.py
+    sys.path.insert(0, str(REPO))
+
+from mcp_server import build_server  # noqa: E402
+
+HOSTILE = [
+    "CMAKE_C_COMPILER_LAUNCHER",
+    "CMAKE_CXX_COMPILER_LAUNCHER",
+    "CMAKE_CUDA_COMPILER_LAUNCHER",
+    "CMAKE_C_LINKER_LAUNCHER",
+    "CMAKE_C_COMPILER",
+    "CMAKE_CXX_COMPILER",
+    "CMAKE_TOOLCHAIN_FILE",
+    "CMAKE_PROJECT_INCLUDE",
+    "CMAKE_PROJECT_INCLUDE_BEFORE",
+    "CMAKE_PROJECT_llama.cpp_INCLUDE",  # not even a CMake name
+    "CMAKE_PROJECT_ggml_INCLUDE",
+    "CMAKE_MODULE_PATH",
+    "CMAKE_CXX_CLANG_TIDY",
+    "CMAKE_C_CPPCHECK",
+    "CMAKE_AR",
+    "CMAKE_LINKER",
+    "CMAKE_MAKE_PROGRAM",
+    "CMAKE_USER_MAKE_RULES_OVERRIDE",
+    "cmake_c_compiler_launcher",
+    "GGML_RPC;X",
+    "",
+]
+ALLOWED = ["GGML_VULKAN", "GGML_CCACHE", "LLAMA_CURL", "BUILD_SHARED_LIBS", "CMAKE_BUILD_TYPE", "CMAKE_INSTALL_RPATH",
+           "CMAKE_BUILD_WITH_INSTALL_RPATH", "CMAKE_C_FLAGS", "CMAKE_CUDA_ARCHITECTURES"]  # fmt: skip
+
+
+@pytest.mark.parametrize("key", HOSTILE)
+def test_options_that_run_code_are_refused_by_the_plan(key: str) -> None:
+    assert refused_cmake_keys([key]) == [key]
+    with pytest.raises(InvalidOption) as caught:
+        plan_build(load_recipe("default"), BuildOptions(cmake=((key, "sh;-c;touch /tmp/pwned"),)))
+    assert f"--cmake {key}" in caught.value.message and "--platform" in (caught.value.hint or "")
+
+
+def test_ordinary_options_still_plan() -> None:
+    assert refused_cmake_keys(ALLOWED) == []
+    plan = plan_build(
+        load_recipe("default"), BuildOptions(cmake=(("GGML_CCACHE", "OFF"), ("LLAMA_CURL", "OFF")))
+    )
+    assert "-DGGML_CCACHE=OFF" in plan.cmake_args and "-DLLAMA_CURL=OFF" in plan.cmake_args
+
+
+def test_a_recipe_that_names_a_launcher_is_refused(tmp_path: Path) -> None:
+    source = Path(__file__).parents[1] / "recipes" / "builds" / "default.toml"
+    text = source.read_text(encoding="utf-8").replace(
+        "[cmake]\n", '[cmake]\nCMAKE_CXX_COMPILER_LAUNCHER = "sh;-c;id>/tmp/pwned"\n'
+    )
+    path = tmp_path / "r.toml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(RecipeError) as caught:
+        load_recipe(str(path))
+    assert "CMAKE_CXX_COMPILER_LAUNCHER" in caught.value.message and "may not be set" in caught.value.message
+
+
+def test_a_manifest_that_names_a_toolchain_file_is_refused(tmp_path: Path) -> None:
+    manifest = {"recipe": load_recipe("default").model_dump(mode="json"),
+                "options": {"cmake": [["CMAKE_TOOLCHAIN_FILE", "/tmp/evil.cmake"]]}}  # fmt: skip
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(manifest), encoding="utf-8")
+    out = subprocess.run(
+        [sys.executable, "-m", "invoke", "build", "--from-manifest", str(path), "--dry-run"],
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1],
+    )  # fmt: skip
+    assert out.returncode == InvalidOption.exit_code, out.stderr
+    assert "CMAKE_TOOLCHAIN_FILE" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.mark.anyio
+async def test_an_mcp_call_with_a_launcher_is_a_tool_error_and_plans_nothing() -> None:
+    async with Client(build_server()) as client:
+        result = await client.call_tool(
+            "build", {"cmake": ["CMAKE_C_COMPILER_LAUNCHER=sh;-c;id>/tmp/pwned"], "dry_run": True}
+        )
+    assert result.is_error
+    text = "".join(getattr(part, "text", "") for part in result.content)
+    assert "--cmake CMAKE_C_COMPILER_LAUNCHER" in text and "Traceback" not in text
