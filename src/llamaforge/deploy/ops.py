@@ -11,18 +11,27 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from llamaforge.core.errors import Cancelled, InvalidOption, LlamaforgeError, OperationFailed
 from llamaforge.core.events import null_reporter
 from llamaforge.core.registry import OperationContext, Params, operation, path_field
 from llamaforge.deploy.hosts import Access, DeployHost, deploy_hosts, open_runners, parse_hosts
 from llamaforge.deploy.probe import ProbeModel
-from llamaforge.deploy.release import DEFAULT_PORT, DEFAULT_ROOT, KEEP_RELEASES, LOOPBACK, Layout, ReleaseSpec
+from llamaforge.deploy.release import (
+    DEFAULT_PORT,
+    DEFAULT_ROOT,
+    KEEP_RELEASES,
+    LOOPBACK,
+    DeployRoot,
+    Layout,
+    ReleaseSpec,
+)
 from llamaforge.deploy.report import DeployPlan, DeployStatus, RolloutReport
 from llamaforge.deploy.rollout import Release, RolloutOptions, plan_host, prepare_release, rollout
 from llamaforge.deploy.targets import get_target
 from llamaforge.models.recipes import AnswerCheck
+from llamaforge.serve.fit import CACHE_TYPES
 from llamaforge.serve.launcher import LlamaFlags
 
 SWARM = "swarm"  # not a host target: the service lives on a Docker Swarm (llamaforge.deploy.swarm)
@@ -53,7 +62,7 @@ class HostsParams(Params):
         False, description="Record the key of a host never seen before (a changed key is always refused)"
     )
     name: str = Field("default", description="Deployment name: the service llamaforge-NAME, root ROOT/NAME")
-    root: str = Field(DEFAULT_ROOT, description="Directory on the hosts that holds the deployments")
+    root: DeployRoot = Field(DEFAULT_ROOT, description="Directory on the hosts that holds the deployments")
     target: str = Field(
         "systemd", description="How the release runs: systemd (on the hosts), docker (a container from the build's "
         "runtime image on each host's own Docker engine), or swarm (a service on this engine's Docker Swarm, no hosts)"
@@ -130,6 +139,14 @@ class DeployParams(HostsParams):
         None, ge=1, le=65535, description="--target swarm: publish the port on EVERY interface of every node "
         "(Swarm cannot bind one address; default: nothing published)"
     )  # fmt: skip
+
+    @field_validator("cache_type")
+    @classmethod
+    def _known_cache_type(cls, value: str | None) -> str | None:
+        # it reaches the unit's ExecStart and the release id: only llama.cpp's own type names
+        if value is not None and value not in CACHE_TYPES:
+            raise ValueError(f"{value!r} is not a KV cache type llama.cpp knows ({', '.join(CACHE_TYPES)})")
+        return value
 
 
 def _model(params: DeployParams, ctx: OperationContext) -> tuple[Path, tuple[AnswerCheck, ...]]:

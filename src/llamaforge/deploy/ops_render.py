@@ -6,7 +6,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
-from llamaforge.deploy.release import DEFAULT_PORT, DEFAULT_ROOT
+from llamaforge.deploy.release import DEFAULT_PORT, DEFAULT_ROOT, DeployRoot
 
 
 class RenderParams(Params):
@@ -33,7 +33,7 @@ class RenderParams(Params):
         None, description="kubernetes: an image with llamaforge; its init container fetches --model RECIPE into "
         "the claim and checks its sha256"
     )  # fmt: skip
-    root: str = Field(
+    root: DeployRoot = Field(
         DEFAULT_ROOT, description="systemd: the directory on the hosts that holds the deployments"
     )
 

@@ -19,7 +19,7 @@ from pydantic import Field, model_validator
 from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
 from llamaforge.deploy.hosts import Access, open_runners
-from llamaforge.deploy.release import DEFAULT_PORT, DEFAULT_ROOT, KEEP_RELEASES, Layout
+from llamaforge.deploy.release import DEFAULT_PORT, DEFAULT_ROOT, KEEP_RELEASES, DeployRoot, Layout
 from llamaforge.deploy.rpc import (
     Member,
     TopologyReport,
@@ -57,7 +57,7 @@ class RpcHostsParams(Params):
     known_hosts: str | None = path_field(None, description="The hosts' known_hosts file")
     accept_new_host_keys: bool = Field(False, description="Record the key of a host never seen before")
     name: str = Field("default", description="Deployment name: units llamaforge-NAME and llamaforge-NAME-rpc")
-    root: str = Field(DEFAULT_ROOT, description="Directory on the hosts that holds the deployments")
+    root: DeployRoot = Field(DEFAULT_ROOT, description="Directory on the hosts that holds the deployments")
     rpc_threads: int | None = Field(None, ge=1, description="ggml-rpc-server -t (CPU workers)")
     gate_timeout_s: float | None = Field(None, gt=0, description="Seconds each gate may take")
 

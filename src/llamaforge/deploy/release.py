@@ -17,7 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import AfterValidator
 
 from llamaforge.core.errors import InvalidOption
 from llamaforge.runners.process import LOCAL, ProcessRunner
@@ -33,8 +35,45 @@ PROBE_LINK = "probe.gguf"  # the model the release was proven with on the host (
 API_KEY_FILE = "api-key"  # in the release, mode 0600, owned by the service user; never in release.json
 LOOPBACK = "127.0.0.1"
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
+# A deployment root reaches unit files, scripts run as root and `install -d -o`: plain path characters only.
+_ROOT = re.compile(r"^/[A-Za-z0-9._/-]{1,200}$")
+# Trees of the system that a deployment may neither be put in place of nor re-own.
+SYSTEM_DIRS = frozenset({
+    "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media", "/mnt", "/opt",
+    "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/usr/bin", "/usr/lib", "/usr/local",
+    "/usr/local/bin", "/usr/sbin", "/usr/share", "/var", "/var/lib", "/var/log", "/var/run", "/var/tmp",
+})  # fmt: skip
 # Libraries every glibc system has; anything else the binaries need travels with the release.
 _SYSTEM_LIBRARIES = re.compile(r"^(ld-linux.*|libc|libm|libdl|libpthread|librt|libresolv|linux-vdso)\.so")
+
+
+ROOT_HINT = (
+    f"an absolute path of letters, digits, '.', '_', '-' and '/', not a system tree (default {DEFAULT_ROOT}); "
+    "each deployment lives in ROOT/NAME"
+)
+
+
+def root_problem(base: str, name: str | None = None) -> str | None:
+    """Why ``base`` (with deployment ``name``) may not hold a deployment, or None: it reaches unit files, scripts
+    run as root and ``install -d -o``, so it is a plain absolute path, no system tree, and ROOT/NAME is none
+    either."""
+    normal = posixpath.normpath(base) if base.startswith("/") else base
+    if not _ROOT.match(base) or ".." in base.split("/") or normal in SYSTEM_DIRS - {"/opt", "/srv"}:
+        return f"--root {base!r} is not a directory a deployment may live in"
+    if name is not None and posixpath.join(normal, name) in SYSTEM_DIRS:
+        return f"--root {base!r} with --name {name!r} is the system directory {posixpath.join(normal, name)}"
+    return None
+
+
+def _checked_root(base: str) -> str:
+    problem = root_problem(base)
+    if problem:
+        raise ValueError(f"{problem}; {ROOT_HINT}")
+    return base
+
+
+#: A ``root`` option, checked when the options are read (before any build, model or host is looked at).
+DeployRoot = Annotated[str, AfterValidator(_checked_root)]
 
 
 @dataclass(frozen=True)
@@ -49,6 +88,9 @@ class Layout:
             raise InvalidOption(
                 f"deployment name {self.name!r} is not valid", hint="use lower-case letters, digits and '-'"
             )
+        problem = root_problem(self.base, self.name)
+        if problem:
+            raise InvalidOption(problem, hint=ROOT_HINT)
 
     @property
     def root(self) -> str:
