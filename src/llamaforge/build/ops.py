@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from llamaforge.build.matrix import MatrixRow
 from llamaforge.build.recipes import Backend, CudaToolkitKind, Platform, WindowsToolchain
@@ -21,6 +21,7 @@ from llamaforge.core.registry import (
     operation,
     path_field,
 )
+from llamaforge.core.validation import ImageReference, describe_errors
 
 if TYPE_CHECKING:
     from llamaforge.build.plan import BuildOptions, BuildPlan
@@ -38,7 +39,9 @@ class BuildParams(Params):
     backend: Backend | None = Field(
         None, description="cpu or cuda (default: the recipe's, or cuda with --arch)"
     )
-    base_image: str | None = Field(None, description="Base image for the builder (overrides the recipe)")
+    base_image: ImageReference | None = Field(
+        None, description="Base image for the builder (overrides the recipe)"
+    )
     cuda_toolkit: CudaToolkitKind | None = Field(
         None, description="CUDA toolkit: wheels (NVIDIA's PyPI wheels on the local base, no registry) or image "
         "(the recipe's nvidia/cuda image); default: the recipe's [cuda] toolkit",
@@ -109,7 +112,18 @@ def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
             raise InvalidOption(
                 f"manifest {path} does not exist", hint="`invoke builds.show KEY` prints the path"
             )
-        recipe, options = recipe_from_manifest(json.loads(path.read_text(encoding="utf-8")))
+        try:
+            recipe, options = recipe_from_manifest(json.loads(path.read_text(encoding="utf-8")))
+        except ValidationError as error:
+            raise InvalidOption(
+                f"--from-manifest {path}: its recipe is not valid: {describe_errors(error)}",
+                hint="a build's manifest.json (`invoke builds.show KEY` prints its path), unedited",
+            ) from None
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as error:
+            raise InvalidOption(
+                f"--from-manifest {path} is not a build manifest ({type(error).__name__}: {error})",
+                hint="a build's manifest.json (`invoke builds.show KEY` prints its path)",
+            ) from None
         return plan_build(recipe, options), options
     cmake: list[tuple[str, str]] = []
     for item in params.cmake:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from llamaforge.core.registry import OperationContext, Params, Result, operation
+from llamaforge.core.validation import ImageReference
 
 
 class RuntimeImageParams(Params):
@@ -16,7 +17,7 @@ class RuntimeImageParams(Params):
         "Run it with the model read-only at /models/model.gguf and the port on loopback: docker run "
         "-p 127.0.0.1:8080:8080 -v $PWD/m.gguf:/models/model.gguf:ro IMAGE [llama-server flags]"
     )  # fmt: skip
-    base: str | None = Field(
+    base: ImageReference | None = Field(
         None,
         description="Base image on the local engine (default: the one the build was made on); a RUN ldd "
         "step checks every library resolves on it",

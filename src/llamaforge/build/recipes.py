@@ -19,7 +19,7 @@ from llamaforge.build.cpu_level import VARIANTS, check_cpu_level, controlled_key
 from llamaforge.build.cuda_arch import parse_cuda_archs
 from llamaforge.core.errors import InvalidOption, RecipeError
 from llamaforge.core.paths import data_dir
-from llamaforge.core.validation import read_toml, recipe_error, suggest
+from llamaforge.core.validation import ImageReference, check_recipe_name, read_toml, recipe_error, suggest
 
 Backend = Literal["cpu", "cuda", "vulkan", "metal"]
 Platform = Literal["linux", "windows", "macos"]
@@ -92,7 +92,7 @@ SmokeTable = Annotated[dict[str, float | str | None] | None, AfterValidator(chec
 class ImageRef(_Strict):
     """A base image: a tag, and its registry digest once locked."""
 
-    tag: str
+    tag: ImageReference
     digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
 
 
@@ -123,7 +123,9 @@ class CudaToolkit(_Strict):
 class BuildRecipe(_Strict):
     """Everything that decides a llama.cpp build."""
 
-    name: str = Field(default="", description="Recipe name (the file name without .toml)")
+    name: Annotated[str, AfterValidator(check_recipe_name)] = Field(
+        default="", description="Recipe name (the file name without .toml)"
+    )
     description: str = ""
     platform: Platform = "linux"
     backend: Backend = "cpu"

@@ -11,14 +11,15 @@
 from __future__ import annotations
 
 import difflib
+import re
 import tomllib
 import types
 import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import AfterValidator, BaseModel, ValidationError
 
 from llamaforge.core.errors import RecipeError
 
@@ -146,3 +147,37 @@ def read_toml(path: Path, what: str) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as error:
         reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
         raise RecipeError(f"cannot read {what} {path}: {reason}") from None
+
+
+# Docker's reference grammar (distribution/reference): [host[:port]/]path[:tag][@digest], lower-case path
+# components, a tag of at most 128 word characters, dots and dashes. A reference reaches Dockerfiles (FROM) and
+# scripts, so nothing outside it (a newline, a space, `$`) may pass.
+_IMAGE_REFERENCE = re.compile(
+    r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{1,5})?/)?"
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(?:@sha256:[0-9a-f]{64})?"
+)
+
+
+def check_image_reference(value: str) -> str:
+    """``value`` when it is an image reference by Docker's grammar (``debian:bookworm``,
+    ``nvidia/cuda:12.8.1-devel-ubuntu24.04``, ``registry:5000/team/img@sha256:…``); ValueError otherwise."""
+    if len(value) > 255 or not _IMAGE_REFERENCE.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not an image reference (e.g. debian:bookworm or nvidia/cuda:12.8.1-devel)"
+        )
+    return value
+
+
+#: An image reference, checked when read (recipes, options, manifests).
+ImageReference = Annotated[str, AfterValidator(check_image_reference)]
+
+# A recipe's name: the file name without .toml. It reaches build.sh comments and labels.
+_RECIPE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def check_recipe_name(value: str) -> str:
+    """``value`` when it is a recipe name (letters, digits, ``.``, ``_``, ``-``; empty before a file names it)."""
+    if value and not _RECIPE_NAME.fullmatch(value):
+        raise ValueError(f"{value!r} is not a recipe name (letters, digits, '.', '_' and '-', at most 64)")
+    return value
