@@ -224,12 +224,17 @@ def test_a_port_another_deployment_listens_on_is_refused_before_anything_changes
         host.exec(["systemctl", "stop", f"llamaforge-{site.name}-other.service"])
 
 
-def test_a_flag_llama_server_rejects_fails_the_gate_and_the_canary_is_rolled_back(site: Site) -> None:
-    report = failed(**site.params(cache_type="q9_9"))
+def test_a_setting_llama_server_cannot_start_with_fails_the_gate_and_the_canary_is_rolled_back(
+    site: Site,
+) -> None:
+    # A context no host can allocate: llamaforge passes it on (the host decides), the probe does not use it, and
+    # llama-server exits while it creates its context. (Values llamaforge knows to be wrong, such as an unknown
+    # cache type, are refused before any host is reached: tests/test_deploy_inputs.py.)
+    report = failed(**site.params(ctx=2**31 - 1))
     assert [item.status for item in report.hosts] == ["rolled back", "untouched", "untouched"], report
     canary = report.hosts[0]
     assert canary.release == site.good and "restarted" in canary.detail and "healthy" in canary.detail
-    assert any("cache type" in line.lower() for line in canary.logs), canary.logs
+    assert any("failed to create context" in line.lower() for line in canary.logs), canary.logs
     assert [site.current(index) for index in range(3)] == [site.good] * 3
     assert len(complete_through_ssh(site.hosts[0], site.known, site.port)) == 6
 

@@ -31,8 +31,7 @@ from llamaforge.deploy.report import DeployPlan, DeployStatus, RolloutReport
 from llamaforge.deploy.rollout import Release, RolloutOptions, plan_host, prepare_release, rollout
 from llamaforge.deploy.targets import get_target
 from llamaforge.models.recipes import AnswerCheck
-from llamaforge.serve.fit import CACHE_TYPES
-from llamaforge.serve.launcher import LlamaFlags
+from llamaforge.serve.launcher import CACHE_TYPES, LlamaFlags
 
 SWARM = "swarm"  # not a host target: the service lives on a Docker Swarm (llamaforge.deploy.swarm)
 

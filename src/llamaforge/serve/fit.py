@@ -24,7 +24,7 @@ from llamaforge.gguf.header import GGML_TYPES, GGUFHeader, read_header
 from llamaforge.serve.bandwidth import Placement, bytes_per_token
 from llamaforge.serve.cpu_buffers import CpuBuffers
 from llamaforge.serve.gpus import find_gpu
-from llamaforge.serve.launcher import LlamaFlags, Switch
+from llamaforge.serve.launcher import CACHE_TYPES, LlamaFlags, Switch
 from llamaforge.serve.memory import DeviceMemory, GiB, MiB, Settings, estimate_memory, parse_size
 from llamaforge.serve.shape import HYBRID_ARCHS, ModelShape, model_shape, weight_layout
 from llamaforge.serve.synthetic import synthetic_header
@@ -49,7 +49,6 @@ DEFAULT_MARGIN: Final = 1 * GiB
 #: Default host RAM bandwidth for the CPU share of the token-generation ceiling (dual-channel DDR4-3200).
 DEFAULT_RAM_BANDWIDTH_GBS: Final = 51.2
 #: KV cache types llama.cpp accepts for ``-ctk`` / ``-ctv``.
-CACHE_TYPES: Final = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from llamaforge.core.errors import SmokeFailed, ToolFailed
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
@@ -28,6 +28,10 @@ PORT_ATTEMPTS = 5
 _BIND_FAILURE = "couldn't bind"
 _LOADED = "model loaded"
 Switch = Literal["on", "off", "auto"]
+
+
+#: The KV cache types llama.cpp b11312 accepts for ``-ctk`` / ``-ctv``.
+CACHE_TYPES: Final = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
 @dataclass(frozen=True)
