@@ -20,6 +20,7 @@ HOSTILE_ROOTS = [
     "/opt/lf$(id)",
     "/opt/lf`id`",
     "/opt/lf;id",
+    "/opt/lf\n",  # a trailing newline, which `$` in a pattern would let through
     "/opt/lf%n",
     "/opt/lf\\x",
     "/opt/../etc",

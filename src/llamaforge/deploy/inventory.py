@@ -49,7 +49,7 @@ class InventoryHost(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if not _HOST_NAME.match(value):
+        if not _HOST_NAME.fullmatch(value):
             raise ValueError("use letters, digits, '.', '_' and '-' (at most 63)")
         return value
 

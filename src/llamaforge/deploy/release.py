@@ -58,7 +58,7 @@ def root_problem(base: str, name: str | None = None) -> str | None:
     run as root and ``install -d -o``, so it is a plain absolute path, no system tree, and ROOT/NAME is none
     either."""
     normal = posixpath.normpath(base) if base.startswith("/") else base
-    if not _ROOT.match(base) or ".." in base.split("/") or normal in SYSTEM_DIRS - {"/opt", "/srv"}:
+    if not _ROOT.fullmatch(base) or ".." in base.split("/") or normal in SYSTEM_DIRS - {"/opt", "/srv"}:
         return f"--root {base!r} is not a directory a deployment may live in"
     if name is not None and posixpath.join(normal, name) in SYSTEM_DIRS:
         return f"--root {base!r} with --name {name!r} is the system directory {posixpath.join(normal, name)}"
@@ -84,7 +84,7 @@ class Layout:
     base: str = DEFAULT_ROOT
 
     def __post_init__(self) -> None:
-        if not _NAME.match(self.name):
+        if not _NAME.fullmatch(self.name):
             raise InvalidOption(
                 f"deployment name {self.name!r} is not valid", hint="use lower-case letters, digits and '-'"
             )
