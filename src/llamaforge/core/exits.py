@@ -104,15 +104,22 @@ def _signal(number: int) -> signal.Signals | None:
         return None
 
 
-def loaded_cpu_module(lines: Iterable[str]) -> str | None:
-    """The file name of the CPU backend module ggml's loader loaded (the last one named in ``lines``), e.g.
-    ``libggml-cpu-sapphirerapids.so``; None for a build with the CPU backend linked in."""
+def loaded_backend_path(lines: Iterable[str]) -> str | None:
+    """The path of the CPU backend module ggml's loader loaded (the last one named in ``lines``); None for a
+    build with the CPU backend linked in."""
     found: str | None = None
     for line in lines:
         match = _LOADED_BACKEND.search(line)
         if match and match["kind"] == "CPU":
-            found = match["path"].replace("\\", "/").rsplit("/", 1)[-1]
+            found = match["path"]
     return found
+
+
+def loaded_cpu_module(lines: Iterable[str]) -> str | None:
+    """The file name of the CPU backend module ggml's loader loaded (the last one named in ``lines``), e.g.
+    ``libggml-cpu-sapphirerapids.so``; None for a build with the CPU backend linked in."""
+    path = loaded_backend_path(lines)
+    return path.replace("\\", "/").rsplit("/", 1)[-1] if path else None
 
 
 def cpu_variant(module: str) -> str | None:

@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from llamaforge.core.exits import cpu_variant, loaded_backend_path
 from llamaforge.runners.process import LOCAL, ProcessRunner
 
 # ggml's system_info feature name -> the /proc/cpuinfo flag of the same instructions (x86 and arm64).
@@ -43,8 +44,6 @@ VARIANT_FEATURES: dict[str, tuple[str, ...]] = {
     "armv9.2_2": ("NEON", "DOTPROD", "FP16_VA", "SVE", "MATMUL_INT8", "SME"),
 }  # fmt: skip
 
-_LOADED = re.compile(r"load_backend: loaded CPU backend from (\S+)")
-_VARIANT = re.compile(r"libggml-cpu-([A-Za-z0-9_.]+)\.so$")
 _SYSTEM_INFO_CPU = re.compile(r"\bCPU : ((?:[A-Z0-9_]+ = [^|]*\|\s*)+)")
 
 
@@ -75,12 +74,8 @@ def system_info_features(log: str) -> set[str] | None:
 def loaded_variant(log: str) -> tuple[str | None, str | None]:
     """The CPU backend module a log says ggml loaded (its path) and that module's variant (None: no module,
     or the single ``libggml-cpu.so``)."""
-    found = _LOADED.findall(log)
-    if not found:
-        return None, None
-    path = found[-1]
-    match = _VARIANT.search(path)
-    return path, match.group(1) if match else None
+    path = loaded_backend_path(log.splitlines())
+    return path, cpu_variant(path) if path else None
 
 
 def _cause_and_fix(level: str | None, variant: str | None, unused: list[str]) -> tuple[str, str]:

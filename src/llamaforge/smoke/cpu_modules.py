@@ -32,7 +32,7 @@ from typing import Any, Final, Literal
 
 from llamaforge.core.errors import SmokeFailed, ToolFailed
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
-from llamaforge.core.exits import crash_hint, describe_exit, exit_signal, loaded_cpu_module
+from llamaforge.core.exits import cpu_variant, crash_hint, describe_exit, exit_signal, loaded_cpu_module
 from llamaforge.core.paths import home
 from llamaforge.runners.process import LOCAL, ProcessResult, ProcessRunner
 from llamaforge.smoke.bench import bench_command, parse_llama_bench
@@ -71,11 +71,6 @@ def cpu_modules(bin_dir: Path) -> list[Path]:
     """The CPU backend modules of a build's binaries directory (``libggml-cpu-<variant>.so``), by name; none for
     a build of one CPU level (ggml-cpu linked in, or one ``libggml-cpu.so``)."""
     return sorted(path for path in bin_dir.glob(_MODULE_GLOB) if path.is_file())
-
-
-def module_variant(module: str) -> str:
-    """``haswell`` for ``libggml-cpu-haswell.so``."""
-    return module.removeprefix("libggml-cpu-").removesuffix(".so")
 
 
 def stage_module_dir(bench: Path, into: Path) -> Path:
@@ -150,7 +145,7 @@ def _run_module(
     module: Path, bench: Path, model: Path, options: SweepOptions, staging: Path, logs: Path,
     cancel: CancelToken, runner: ProcessRunner,
 ) -> dict[str, Any]:  # fmt: skip
-    variant = module_variant(module.name)
+    variant = cpu_variant(module.name) or module.name
     exe = stage_module_dir(bench, staging / variant)
     log = logs / f"{variant}.log"
     command = bench_command(exe, model, pp=options.pp, tg=options.tg, repetitions=options.repetitions,
@@ -186,7 +181,7 @@ def _default_pick(
         detail = f"no CPU module was loaded ({_last_words(result)})"
     else:
         detail = "what every llama.cpp binary of this build loads on this CPU"
-    return {"module": module, "variant": module_variant(module) if module else None,
+    return {"module": module, "variant": cpu_variant(module) if module else None,
             "exit": describe_exit(result.exit_code), "signal": sig.name if sig else None, "detail": detail,
             "hint": crash_hint(sig, module), "log": str(log)}  # fmt: skip
 
