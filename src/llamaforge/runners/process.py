@@ -29,6 +29,7 @@ from typing import IO, Protocol
 
 from llamaforge.core.errors import InvalidOption, ToolFailed
 from llamaforge.core.events import CancelToken
+from llamaforge.core.guard import child_env
 
 LineCallback = Callable[[str], None]
 TAIL_LINES = 20
@@ -224,7 +225,7 @@ def _spawn(
     """Start ``command`` in a new process group; ToolFailed (exit code 127) when it cannot start."""
     try:
         return subprocess.Popen(
-            command, cwd=cwd, env={**os.environ, **env} if env else None, text=True, errors="replace",
+            command, cwd=cwd, env=child_env(env), text=True, errors="replace",
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT if merge else subprocess.PIPE, start_new_session=True,
         )  # fmt: skip
