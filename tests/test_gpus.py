@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from mcp_server.resources import gpu_arch
 
@@ -65,14 +67,28 @@ def test_arch_names_spelled_like_products() -> None:
     assert gpu_arch("sm_86") == "86" and gpu_arch("Some Unknown Accelerator") is None
 
 
-def test_a_card_without_a_figure_says_so() -> None:
+def test_every_card_the_fit_planner_knows_names_an_arch() -> None:
+    """One table: every card `models.fit --gpu` accepts, `--arch` accepts too (a10, l40, h100-nvl were refused)."""
     table = load_gpus()
-    b200 = table.gpus["b200"]
-    assert b200.cuda_arch is None and b200.vram_bytes is None
-    assert cuda_arch_for("b200") is None and gpu_arch("B200") is None
-    with pytest.raises(InvalidOption, match="invalid CUDA arch 'b200'") as caught:
-        parse_cuda_archs("b200")
-    assert "rtx4090" in (caught.value.hint or "") and "rtx40" in (caught.value.hint or "")
+    for key, gpu in table.gpus.items():
+        assert gpu.cuda_arch is not None, key
+        assert parse_cuda_archs(key) == [gpu.cuda_arch], key
+        assert find_gpu(key) == gpu
+    named = {name: parse_cuda_archs(name) for name in ("a10", "l40", "h100-nvl", "NVIDIA H100 NVL")}
+    assert named == {"a10": ["86"], "l40": ["89"], "h100-nvl": ["90"], "NVIDIA H100 NVL": ["90"]}
+
+
+def test_a_card_without_a_figure_says_so(tmp_path: Path) -> None:
+    gpus = tmp_path / "gpus.toml"
+    gpus.write_text('[gpus.x9]\nname = "Example X9"\nbandwidth_gbs = 500\n', encoding="utf-8")
+    table = load_gpus(gpus)
+    assert table.gpus["x9"].cuda_arch is None and table.gpus["x9"].vram_bytes is None
+    assert cuda_arch_for("x9", table) is None
+    with pytest.raises(InvalidOption, match="no compute capability for Example X9") as caught:
+        parse_cuda_archs("x9", table)
+    assert "86" in (caught.value.hint or "") and "rtx40" in (caught.value.hint or "")
+    b200 = load_gpus().gpus["b200"]
+    assert b200.vram_bytes is None and b200.cuda_arch == "100"
     header = synthetic_header(TinyModelSpec(arch="qwen3", n_layer=2), n_vocab=1024)
     with pytest.raises(InvalidOption, match="no memory size for NVIDIA B200") as fit_error:
         plan_fit(header, gpu="b200", ctx=1024)

@@ -83,7 +83,7 @@ class BuildParams(Params):
         False,
         description="Record the build host's key if it was never seen (a changed key is always refused)",
     )
-    jobs: int | None = Field(None, description="Parallel compile jobs (default: all cores)")
+    jobs: int | None = Field(None, ge=1, description="Parallel compile jobs (default: all cores)")
     force: bool = Field(False, description="Rebuild even when a cached build with the same key exists")
     dry_run: bool = Field(False, description="Only print the plan: rendered files, cmake args, cache key")
     check_reproducible: bool = Field(
@@ -139,7 +139,8 @@ def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
     recipe = load_recipe(params.recipe)
     options = BuildOptions(
         backend=params.backend,
-        cuda_architectures=tuple(parse_cuda_archs(params.arch)) if params.arch else (),
+        # An empty --arch is refused, not read as "no arch" (which would plan a CPU build in silence).
+        cuda_architectures=tuple(parse_cuda_archs(params.arch)) if params.arch is not None else (),
         base_image=params.base_image,
         patches=params.patches,
         no_patches=params.no_patches,

@@ -19,7 +19,10 @@ from llamaforge.core.errors import InvalidOption
 from llamaforge.core.paths import data_dir
 from llamaforge.core.validation import closest, did_you_mean
 
-__all__ = ["GPU", "GpuTable", "cuda_arch_for", "find_gpu", "gpu_for_device", "load_gpus", "normalise"]
+__all__ = [
+    "GPU", "GpuTable", "closest_names", "cuda_arch_for", "find_card", "find_gpu", "gpu_for_device", "gpu_names",
+    "load_gpus", "normalise",
+]  # fmt: skip
 
 GiB: Final = 1 << 30
 
@@ -86,15 +89,33 @@ def _by_spelling(table: GpuTable) -> dict[str, GPU]:
     return by_name
 
 
+def find_card(name: str, table: GpuTable | None = None) -> GPU | None:
+    """The card called ``name`` (key, product name or alias, ignoring case, spaces, ``-``, ``_``, "nvidia",
+    "geforce"), or None."""
+    table = table if table is not None else load_gpus()
+    return _by_spelling(table).get(normalise(name))
+
+
+def closest_names(
+    name: str, table: GpuTable | None = None, *, families: bool = False, n: int = 3
+) -> list[str]:
+    """The table keys (and family names with ``families``) whose spellings are closest to ``name``, best first:
+    what "did you mean" offers for a card name that is not in the table."""
+    table = table if table is not None else load_gpus()
+    names = {spelling: gpu.key for spelling, gpu in _by_spelling(table).items()}
+    if families:
+        names.update({normalise(family): family for family in table.families})
+    return list(dict.fromkeys(names[c] for c in closest(normalise(name), names, n=n, cutoff=0.5)))
+
+
 def find_gpu(name: str, table: GpuTable | None = None) -> GPU:
     """The card called ``name`` (key, product name or alias, ignoring case, spaces, ``-``, ``_``, "nvidia",
     "geforce"); InvalidOption with "did you mean …?" otherwise."""
     table = table if table is not None else load_gpus()
-    by_name = _by_spelling(table)
-    wanted = normalise(name)
-    if wanted in by_name:
-        return by_name[wanted]
-    keys = list(dict.fromkeys(by_name[c].key for c in closest(wanted, by_name, n=3, cutoff=0.5)))
+    card = find_card(name, table)
+    if card is not None:
+        return card
+    keys = closest_names(name, table)
     raise InvalidOption(
         f"unknown GPU {name!r}",
         hint=did_you_mean(keys, end=" ")
