@@ -27,6 +27,7 @@ from typing import Any
 
 from llamaforge.core.errors import ImageError
 from llamaforge.core.events import Event, Reporter, null_reporter
+from llamaforge.core.guard import refuse_if_read_only
 from llamaforge.core.templates import render
 from llamaforge.runners.process import LOCAL, ProcessRunner
 
@@ -210,6 +211,7 @@ def ensure_runtime_image(
         labels = image_labels(plan.tag)
         if labels.get(LABEL_PLAN) == plan.digest:
             return RuntimeImageResult(plan.tag, existing, True, plan, labels)
+    refuse_if_read_only(f"build the runtime image {plan.tag}")
     reporter(Event("stage", f"building {plan.tag} on {base}", stage="image"))
     with tempfile.TemporaryDirectory(prefix="llamaforge-runtime-") as scratch:
         context = Path(scratch)

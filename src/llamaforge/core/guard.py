@@ -16,7 +16,7 @@ import ipaddress
 import os
 import re
 import socket
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -99,6 +99,28 @@ def refuse_if_read_only(action: str) -> None:
             f"refused: this server is read-only, and this call would {action}",
             hint="run it through a server started without --read-only, or from the command line",
         )
+
+
+# What a read-only front still runs: llamaforge's own probes, which read and print. argv[0]'s name -> the
+# arguments allowed after it (None: any). Any program asked only for its version is a probe too (doctor).
+_READ_ONLY_PROBES: dict[str, tuple[str, ...] | None] = {"cat": ("/proc/cpuinfo",), "ldd": None}
+
+
+def _is_probe(argv: Sequence[str]) -> bool:
+    if len(argv) == 2 and argv[1] == "--version":
+        return True
+    name = Path(argv[0]).name if argv else ""
+    if name not in _READ_ONLY_PROBES:
+        return False
+    allowed = _READ_ONLY_PROBES[name]
+    return allowed is None or tuple(argv[1:]) == allowed
+
+
+def check_program(argv: Sequence[str]) -> None:
+    """Refuse starting ``argv`` when the front is read-only, unless it is one of llamaforge's probes that only
+    read and print (``cat /proc/cpuinfo``, ``ldd FILE…``, ``TOOL --version``)."""
+    if _guard.read_only and not _is_probe(argv):
+        refuse_if_read_only(f"run {Path(argv[0]).name if argv else 'a program'}")
 
 
 def _is_forbidden_address(address: str) -> bool:

@@ -25,6 +25,7 @@ from llamaforge import __version__
 from llamaforge.core.errors import InvalidOption, ModelError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.exits import crash_hint, crash_words, describe_exit, exit_signal, loaded_cpu_module
+from llamaforge.core.guard import refuse_if_read_only
 from llamaforge.core.paths import home, write_text_atomic
 from llamaforge.models.chat_template import check_templates
 from llamaforge.models.findings import Finding, Status
@@ -275,6 +276,7 @@ def load_check(
     from llamaforge.serve.loadlog import parse_load_log
 
     binary = llama_cli(build)
+    refuse_if_read_only(f"run {binary} to load the model (load_check)")
     flags = LlamaFlags(ctx=context, fit="off", warmup=False, verbose=True)
     command = cli_argv(binary, path, flags, prompt="hi", n_predict=1)
     reporter(Event("stage", f"loading {path.name} with {binary}", stage="verify"))

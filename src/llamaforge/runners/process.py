@@ -29,7 +29,7 @@ from typing import IO, Protocol
 
 from llamaforge.core.errors import InvalidOption, ToolFailed
 from llamaforge.core.events import CancelToken
-from llamaforge.core.guard import child_env
+from llamaforge.core.guard import check_program, child_env
 
 LineCallback = Callable[[str], None]
 TAIL_LINES = 20
@@ -371,6 +371,7 @@ class LocalProcessRunner:
         cancel = cancel or CancelToken()
         secrets = _secrets(env or {})
         command = _check_argv(argv, secrets)
+        check_program(command)  # a read-only front runs only llamaforge's own probes
         what = what or Path(command[0]).name
         cancel.raise_if_cancelled()
         log = log_path.open("a", encoding="utf-8") if log_path is not None else None
@@ -435,6 +436,7 @@ class LocalProcessRunner:
         cancel = cancel or CancelToken()
         secrets = _secrets(env or {})
         command = _check_argv(argv, secrets)
+        check_program(command)  # a read-only front runs only llamaforge's own probes
         cancel.raise_if_cancelled()
         log = log_path.open("a", encoding="utf-8") if log_path is not None else None
         output = _Output(_masker(secrets), on_line, log)

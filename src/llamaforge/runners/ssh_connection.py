@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from llamaforge.core.errors import InvalidOption, LlamaforgeError
+from llamaforge.core.guard import check_ssh_host, refuse_if_read_only
 
 
 class SshError(LlamaforgeError):
@@ -121,6 +122,9 @@ def open_connection(
     import paramiko
     from fabric import Connection
 
+    check_ssh_host(host.host)
+    if accept_new_host_keys:
+        refuse_if_read_only(f"record {host.host}'s host key in known_hosts (accept_new_host_keys)")
     connect_kwargs: dict[str, Any] = {
         "allow_agent": True,
         "look_for_keys": host.key_file is None,

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 
 from llamaforge.core.errors import InvalidOption, OperationFailed
+from llamaforge.core.guard import refuse_if_read_only
 from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
 
 if TYPE_CHECKING:
@@ -135,6 +136,7 @@ def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> FitOutcome:
     data["summary"] = summarize(plan)
     data["exit_code"] = 0 if plan.fits else DoesNotFit.exit_code  # a pinned placement that does not fit
     if params.plot:
+        refuse_if_read_only(f"write the plot {params.plot}")
         data["plot"] = str(save_fit_chart([data], Path(params.plot)))
     outcome = FitOutcome.model_validate(data)
     if not plan.fits:
