@@ -1,5 +1,8 @@
 """The patch queue: ``patches/<series>/series`` lists ``*.patch`` files applied in order to a fresh copy.
 
+Each line names a file of the series directory itself: a plain file name (no path, no ``/``, ``\\`` or ``..``),
+and not a link that leads out of the directory.
+
 A line may end in the platforms its patch is for, in brackets (``0002-fix.patch [windows]`` or
 ``[windows, macos]``); a build for another platform leaves that patch out (and its key does not change).
 
@@ -15,6 +18,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from llamaforge.build.git import SAFE_ENV, git_command
 from llamaforge.core.errors import PatchError
 from llamaforge.core.paths import data_dir
 from llamaforge.runners.process import LOCAL, ProcessRunner
@@ -61,6 +65,13 @@ def _parse_line(listing: Path, number: int, text: str) -> tuple[str, tuple[str, 
             "(e.g. 0002-fix.patch [windows])",
         )
     name, listed = found.group("name"), found.group("platforms")
+    if "/" in name or "\\" in name or name in (".", ".."):
+        raise PatchError(
+            f"{listing}:{number}: {name!r} is not a plain file name",
+            patch=name,
+            hint="a series lists the patch files of its own directory by name (0002-fix.patch): no path, no "
+            "'/', '\\' or '..'",
+        )
     if listed is None:
         return name, ()
     platforms = tuple(item.strip() for item in listed.split(",") if item.strip())
@@ -94,6 +105,12 @@ def read_series(series: str | Path | None, platform: str | None = None) -> list[
             continue
         name, platforms = _parse_line(listing, number, text)
         path = directory / name
+        if path.is_symlink() and not path.resolve().is_relative_to(directory.resolve()):
+            raise PatchError(
+                f"{listing}:{number}: patch {name!r} is a link to {path.resolve()}, outside the series directory",
+                patch=name,
+                hint="put the patch file itself in the series directory",
+            )
         if not path.is_file():
             raise PatchError(
                 f"{listing}:{number}: patch {name!r} is listed but missing",
@@ -163,10 +180,11 @@ def apply_series(patches: list[PatchRef], tree: Path, runner: ProcessRunner = LO
     """Apply ``patches`` in order to ``tree`` (a private copy). On failure ``tree`` is deleted and
     ``PatchError`` names the patch, file and hunk."""
     # Stop git from discovering an enclosing repository, which would change how paths are resolved.
-    env = {"GIT_CEILING_DIRECTORIES": str(tree.resolve().parent)}
+    env = {**SAFE_ENV, "GIT_CEILING_DIRECTORIES": str(tree.resolve().parent)}
     for patch in patches:
-        command = ["git", "apply", "--whitespace=nowarn", "-p1", str(patch.path.resolve())]
-        check = runner.run([*command[:2], "--check", *command[2:]], cwd=tree, env=env, warn=True)
+        arguments = ["--whitespace=nowarn", "-p1", str(patch.path.resolve())]
+        command = git_command("apply", *arguments)
+        check = runner.run(git_command("apply", "--check", *arguments), cwd=tree, env=env, warn=True)
         if check.exit_code != 0:
             shutil.rmtree(tree, ignore_errors=True)
             raise _explain_failure(patch, check.stderr)

@@ -4,10 +4,17 @@ and turn an edited workspace into a new patch.
 Workspaces are git repositories under ``$LLAMAFORGE_HOME/patch-workspaces/``: a base commit with the pristine
 source and one commit per patch, so git's merge machinery does the 3-way work and the regenerated patches are
 plain ``git diff`` output (no dates, no commit hashes: the same input gives the same bytes).
+
+git runs only in workspaces llamaforge made: each carries a marker in its ``.git`` with the sha256 of the git
+configuration llamaforge wrote, and ``patches.new`` and ``patches.refresh --resume`` refuse a directory without
+it, or whose configuration changed since (a configured filter, merge driver or monitor would run a command).
+Every git command runs with hooks and the file-system monitor off (:mod:`llamaforge.build.git`). Edits are
+committed with ``git add -A``: files the source's ``.gitignore`` ignores stay out of a new patch.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -17,22 +24,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llamaforge.build.git import SAFE_ENV, git_command
 from llamaforge.build.patches import PatchRef, apply_series, read_series, series_dir
 from llamaforge.build.source import make_workspace
-from llamaforge.core.errors import LlamaforgeError, PatchError
+from llamaforge.core.errors import InvalidOption, LlamaforgeError, PatchError
 from llamaforge.core.events import Event, Reporter, null_reporter
-from llamaforge.core.paths import home
+from llamaforge.core.paths import home, write_text_atomic
 from llamaforge.runners.process import LOCAL, ProcessResult, ProcessRunner
 
-_GIT_IDENTITY = [
-    "-c",
-    "user.name=llamaforge",
-    "-c",
-    "user.email=llamaforge@localhost",
-    "-c",
-    "commit.gpgsign=false",
-]
+_GIT_IDENTITY = ["-c", "user.name=llamaforge", "-c", "user.email=llamaforge@localhost"]
 _FIXED_DATE = "2000-01-01T00:00:00Z"
+_MARKER = "llamaforge-workspace.json"  # in the workspace's .git: never part of a diff
+_DIFF = ("--no-color", "--no-ext-diff", "--no-textconv")  # no configured diff program runs
 
 
 class RefreshConflict(PatchError):
@@ -80,12 +83,13 @@ class RefreshResult:
 
 def _git(runner: ProcessRunner, workspace: Path, *args: str, check: bool = True) -> ProcessResult:
     env = {
+        **SAFE_ENV,
         "GIT_AUTHOR_DATE": _FIXED_DATE,
         "GIT_COMMITTER_DATE": _FIXED_DATE,
         "GIT_EDITOR": "true",
         "GIT_CEILING_DIRECTORIES": str(workspace.resolve().parent),
     }
-    result = runner.run(["git", *_GIT_IDENTITY, *args], cwd=workspace, env=env, warn=True)
+    result = runner.run(git_command(*_GIT_IDENTITY, *args), cwd=workspace, env=env, warn=True)
     if check and result.exit_code != 0:
         raise LlamaforgeError(f"git {' '.join(args)} failed in {workspace}: {result.stderr.strip()}")
     return result
@@ -159,7 +163,8 @@ def create_workspace(tree: Path, patches: list[PatchRef], name: str, runner: Pro
     workspace = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=_workspace_root()))
     _copy_tree(tree, workspace)
     _git(runner, workspace, "init", "-q", "-b", "patched")
-    _git(runner, workspace, "add", "-A", "-f")
+    _mark_workspace(workspace)
+    _git(runner, workspace, "add", "-A")
     _git(runner, workspace, "commit", "-q", "--allow-empty", "-m", "base")
     _git(runner, workspace, "tag", "base")
     for patch in patches:
@@ -173,6 +178,42 @@ def create_workspace(tree: Path, patches: list[PatchRef], name: str, runner: Pro
             )
         _git(runner, workspace, "commit", "-q", "--allow-empty", "-m", patch.name)
     return workspace
+
+
+def _config_sha256(workspace: Path) -> str:
+    return hashlib.sha256((workspace / ".git" / "config").read_bytes()).hexdigest()
+
+
+def _mark_workspace(workspace: Path) -> None:
+    """Mark ``workspace`` as llamaforge's, with the sha256 of the git configuration ``git init`` wrote."""
+    marker = {"made_by": "llamaforge", "git_config_sha256": _config_sha256(workspace)}
+    (workspace / ".git" / _MARKER).write_text(json.dumps(marker) + "\n", encoding="utf-8")
+
+
+def require_workspace(workspace: Path) -> None:
+    """Refuse ``workspace`` unless llamaforge made it and its git configuration is the one it wrote."""
+    git_dir = workspace / ".git"
+    try:
+        marker = json.loads((git_dir / _MARKER).read_text(encoding="utf-8"))
+        mine = isinstance(marker, dict) and not git_dir.is_symlink() and not (git_dir / "commondir").exists()
+    except (OSError, ValueError):
+        mine = False
+    if not mine:
+        raise InvalidOption(
+            f"{workspace} is not a patch workspace made by llamaforge (no .git/{_MARKER})",
+            hint="make one with `invoke patches.edit` (a refresh makes its own); llamaforge runs git only in "
+            "its own workspaces",
+        )
+    try:
+        unchanged = marker.get("git_config_sha256") == _config_sha256(workspace)
+    except OSError:
+        unchanged = False
+    if not unchanged:
+        raise InvalidOption(
+            f"the git configuration of {workspace} changed since llamaforge made the workspace",
+            hint="a configured command (filter, merge driver, monitor) could run; make a new workspace with "
+            "`invoke patches.edit` and copy your edits into it",
+        )
 
 
 def _conflict_hunks(runner: ProcessRunner, workspace: Path) -> dict[str, list[str]]:
@@ -196,8 +237,8 @@ def _header(original: str) -> str:
 
 def _render_patch(runner: ProcessRunner, workspace: Path, revision: str, original: str) -> str:
     diff = _git(
-        runner, workspace, "diff", "--no-color", "--no-ext-diff", "--no-renames", "--src-prefix=a/",
-        "--dst-prefix=b/", "-U3", f"{revision}~1", revision,
+        runner, workspace, "diff", *_DIFF, "--no-renames", "--src-prefix=a/", "--dst-prefix=b/", "-U3",
+        f"{revision}~1", revision,
     ).stdout  # fmt: skip
     # `index <blob>..<blob>` lines carry content hashes that say nothing to git apply; drop them for clean diffs.
     diff = "".join(line for line in diff.splitlines(keepends=True) if not line.startswith("index "))
@@ -222,7 +263,7 @@ def refresh_series(
     workspace = create_workspace(old_tree, patches, "refresh", runner)
     _git(runner, workspace, "checkout", "-q", "-b", "upstream", "base")
     _copy_tree(new_tree, workspace)
-    _git(runner, workspace, "add", "-A", "-f")
+    _git(runner, workspace, "add", "-A")
     _git(runner, workspace, "commit", "-q", "--allow-empty", "-m", "new upstream")
     _git(runner, workspace, "checkout", "-q", "-b", "refreshed")
 
@@ -255,7 +296,8 @@ def _rewrite(
         rendered = _render_patch(runner, workspace, revision, original)
         if rendered != original:
             changed.append(patch.name)
-            (directory / patch.name).write_text(rendered, encoding="utf-8")
+            # A plain name (read_series), replaced whole: a link in the directory is replaced, not followed.
+            write_text_atomic(directory / patch.name, rendered)
     return RefreshResult(workspace, tuple(p.name for p in patches), (), tuple(changed))
 
 
@@ -263,15 +305,16 @@ def continue_refresh(
     series: str | Path, workspace: Path, *, reporter: Reporter = null_reporter, runner: ProcessRunner = LOCAL
 ) -> RefreshResult:
     """After the user resolved a conflict in ``workspace``: finish that patch, merge the rest, rewrite."""
+    require_workspace(workspace)
     state_file = workspace / ".git" / "llamaforge-refresh.json"
     if not state_file.is_file():
         raise LlamaforgeError(
             f"{workspace} has no refresh in progress", hint="start one with `patches.refresh --to`"
         )
     state = json.loads(state_file.read_text(encoding="utf-8"))
-    _git(runner, workspace, "add", "-A", "-f")
+    _git(runner, workspace, "add", "-A")
     if _conflict_hunks(runner, workspace) or re.search(
-        r"^<<<<<<< ", _git(runner, workspace, "diff", "--cached").stdout, re.M
+        r"^<<<<<<< ", _git(runner, workspace, "diff", *_DIFF, "--cached").stdout, re.M
     ):
         raise LlamaforgeError(
             f"{workspace} still has conflict markers", hint="resolve every <<<<<<< block, then continue"
@@ -316,22 +359,21 @@ def _restore_first_conflict(
 def new_patch(series: str | Path, workspace: Path, name: str, runner: ProcessRunner = LOCAL) -> Path:
     """Write the uncommitted changes of ``workspace`` as ``NNNN-name.patch`` at the end of ``series``."""
     directory = series_dir(series)
-    if not (workspace / ".git").is_dir():
-        raise LlamaforgeError(
-            f"{workspace} is not a patch workspace", hint="create one with `invoke patches.edit`"
-        )
+    require_workspace(workspace)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
         raise LlamaforgeError(f"patch name {name!r} is not a plain file name", hint="e.g. qwen35-fix")
-    _git(runner, workspace, "add", "-A", "-f")
-    if not _git(runner, workspace, "diff", "--cached", "--name-only").stdout.strip():
+    _git(runner, workspace, "add", "-A")
+    if not _git(runner, workspace, "diff", *_DIFF, "--cached", "--name-only").stdout.strip():
         raise LlamaforgeError(f"no changes in {workspace}", hint="edit the source in the workspace first")
     _git(runner, workspace, "commit", "-q", "-m", name)
     existing = read_series(directory)
     numbers = [int(m.group(1)) for p in existing if (m := re.match(r"(\d+)-", p.name))]
     filename = f"{(max(numbers) if numbers else 0) + 1:04d}-{name}.patch"
     header = f"From: llamaforge patches.new\nSubject: {name}\n\n"
-    (directory / filename).write_text(_render_patch(runner, workspace, "HEAD", header), encoding="utf-8")
+    write_text_atomic(directory / filename, _render_patch(runner, workspace, "HEAD", header))
     listing = directory / "series"
     current = listing.read_text(encoding="utf-8") if listing.is_file() else ""
-    listing.write_text(current + ("" if current.endswith("\n") or not current else "\n") + filename + "\n")
+    write_text_atomic(
+        listing, current + ("" if current.endswith("\n") or not current else "\n") + filename + "\n"
+    )
     return directory / filename

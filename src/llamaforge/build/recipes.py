@@ -1,6 +1,8 @@
 """Build recipes: typed, frozen models loaded from ``recipes/builds/*.toml``.
 
-Errors name the file and the field; unknown keys get a "did you mean" suggestion.
+Errors name the file and the field; unknown keys get a "did you mean" suggestion. The paths a recipe names (its
+patch series, a local archive or repository) go through the running front's path policy when it is read
+(:func:`check_recipe_paths`), like paths given as arguments.
 """
 
 from __future__ import annotations
@@ -11,15 +13,25 @@ import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import unquote, urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from llamaforge.build.cmake_options import CMAKE_NAME, REFUSED_HINT, refused_cmake_keys
 from llamaforge.build.cpu_level import VARIANTS, check_cpu_level, controlled_keys
 from llamaforge.build.cuda_arch import parse_cuda_archs
+from llamaforge.build.patches import series_dir
 from llamaforge.core.errors import InvalidOption, RecipeError
+from llamaforge.core.guard import check_file_path
 from llamaforge.core.paths import data_dir
-from llamaforge.core.validation import ImageReference, check_recipe_name, read_toml, recipe_error, suggest
+from llamaforge.core.validation import (
+    ImageReference,
+    check_recipe_name,
+    check_target_name,
+    read_toml,
+    recipe_error,
+    suggest,
+)
 
 Backend = Literal["cpu", "cuda", "vulkan", "metal"]
 Platform = Literal["linux", "windows", "macos"]
@@ -32,11 +44,63 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+_CONTROL = re.compile(r"[\x00-\x20\x7f]")  # whitespace and control characters: in no URL or path of a source
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+GIT_SCHEMES = ("https", "http", "ssh", "git", "file")
+ARCHIVE_SCHEMES = ("https", "http", "file")
+
+
+def is_scp_like(url: str) -> bool:
+    """True for git's ``[user@]host:path`` form (a colon before any slash): a remote reached over SSH."""
+    head, colon, _ = url.partition(":")
+    return bool(colon) and "/" not in head and _SCHEME.match(url) is None
+
+
+def check_git_url(value: str) -> str:
+    """``value`` when git may clone it: an https, http, ssh, git or file URL, ``[user@]host:path`` or a path;
+    never an option (``-…``), a ``transport::address`` (``ext::`` runs a command) or text with spaces."""
+    if value.startswith("-") or _CONTROL.search(value) or not value:
+        raise ValueError(
+            f"git URL {value!r} may not be empty, start with '-' or hold spaces or control characters"
+        )
+    scheme = _SCHEME.match(value)
+    if scheme is None and re.match(r"^[A-Za-z][A-Za-z0-9+.-]*::", value):
+        raise ValueError(f"git URL {value!r} names a git transport ('::'); use an https:// or ssh:// URL")
+    if scheme is not None and scheme.group(1).lower() not in GIT_SCHEMES:
+        raise ValueError(f"git URL {value!r}: the scheme must be one of {', '.join(GIT_SCHEMES)}")
+    if is_scp_like(value) and value.partition(":")[0].rpartition("@")[2].startswith("-"):
+        raise ValueError(f"git URL {value!r}: a host may not start with '-'")
+    return value
+
+
+def check_archive_url(value: str) -> str:
+    """``value`` when it is an https, http or file URL, or a path, with no spaces or control characters."""
+    scheme = _SCHEME.match(value)
+    if _CONTROL.search(value) or not value:
+        raise ValueError(f"archive URL {value!r} may not be empty or hold spaces or control characters")
+    if scheme is not None and scheme.group(1).lower() not in ARCHIVE_SCHEMES:
+        raise ValueError(f"archive URL {value!r}: use https://, http://, file:// or a local path")
+    return value
+
+
+def source_path(url: str, *, git: bool) -> Path | None:
+    """The local file or directory a source URL names (a path, or a ``file://`` URL), absolute; None for a
+    remote one."""
+    scheme = _SCHEME.match(url)
+    if scheme is not None:
+        return Path(unquote(urlsplit(url).path)).absolute() if scheme.group(1).lower() == "file" else None
+    if git and is_scp_like(url):
+        return None
+    return Path(url).expanduser().absolute()
+
+
 class GitSource(_Strict):
     """llama.cpp from a git repository at a full commit."""
 
     kind: Literal["git"]
-    url: str = Field(description="Repository URL, e.g. https://github.com/ggml-org/llama.cpp")
+    url: Annotated[str, AfterValidator(check_git_url)] = Field(
+        description="Repository URL, e.g. https://github.com/ggml-org/llama.cpp"
+    )
     commit: str = Field(pattern=_COMMIT, description="Full 40-hex commit to check out and verify")
     build_number: int = Field(ge=0, description="llama.cpp build number (the bNNNN tag)")
     date: datetime.date | None = Field(default=None, description="Commit date; sets SOURCE_DATE_EPOCH")
@@ -46,7 +110,9 @@ class ArchiveSource(_Strict):
     """llama.cpp from a tar archive (https://, file:// or a path), verified by sha256."""
 
     kind: Literal["archive"]
-    url: str = Field(description="https://…, file://… or a local path of a .tar.gz/.tar.xz/.tar archive")
+    url: Annotated[str, AfterValidator(check_archive_url)] = Field(
+        description="https://…, file://… or a local path of a .tar.gz/.tar.xz/.tar archive"
+    )
     sha256: str = Field(pattern=_SHA256, description="sha256 of the archive file")
     subdir: str = Field(default="", description="Directory inside the archive that holds llama.cpp")
     commit: str = Field(pattern=_COMMIT, description="Upstream commit the archive was made from")
@@ -58,13 +124,24 @@ class PypiSdistSource(_Strict):
     """llama.cpp vendored in a Python sdist on PyPI (e.g. llama-cpp-python), fetched with pip."""
 
     kind: Literal["pypi-sdist"]
-    package: str = Field(description="Distribution name on PyPI")
-    version: str = Field(description="Exact version")
+    package: Annotated[str, AfterValidator(lambda v: _pip_word(v, "package"))] = Field(
+        description="Distribution name on PyPI"
+    )
+    version: Annotated[str, AfterValidator(lambda v: _pip_word(v, "version"))] = Field(
+        description="Exact version"
+    )
     sha256: str = Field(pattern=_SHA256, description="sha256 of the sdist file")
     subdir: str = Field(description="Directory inside the sdist that holds llama.cpp")
     commit: str = Field(pattern=_COMMIT, description="Upstream llama.cpp commit vendored by this sdist")
     build_number: int = Field(ge=0, description="llama.cpp build number (the bNNNN tag)")
     date: datetime.date | None = Field(default=None, description="Commit date; sets SOURCE_DATE_EPOCH")
+
+
+def _pip_word(value: str, what: str) -> str:
+    # Both become one `pip download NAME==VERSION` argument: nothing that reads as an option or a second spec.
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+!-]{0,127}", value):
+        raise ValueError(f"{what} {value!r} is not a PyPI {what} (letters, digits, '.', '_', '-', '+', '!')")
+    return value
 
 
 Source = Annotated[GitSource | ArchiveSource | PypiSdistSource, Field(discriminator="kind")]
@@ -164,8 +241,7 @@ class BuildRecipe(_Strict):
     @classmethod
     def _valid_targets(cls, value: list[str]) -> list[str]:
         for target in value:
-            if not re.fullmatch(r"[A-Za-z0-9_.+-]+", target):
-                raise ValueError(f"target {target!r} is not a CMake target name")
+            check_target_name(target)
         return value
 
     @field_validator("cpu")
@@ -229,14 +305,30 @@ _SOURCE_TAGS: dict[str, type[BaseModel]] = {
 
 
 def parse_recipe(data: dict[str, Any], *, name: str, origin: Path) -> BuildRecipe:
-    """Validate recipe ``data`` (already parsed TOML); ``origin`` is named in errors."""
+    """Validate recipe ``data`` (already parsed TOML) and the paths it names; ``origin`` is named in errors."""
     try:
-        return BuildRecipe.model_validate({**data, "name": name})
+        recipe = BuildRecipe.model_validate({**data, "name": name})
     except ValidationError as error:
         raise recipe_error(
             error, what=f"recipe {origin}", root=BuildRecipe, tags=_SOURCE_TAGS,
             hint="see recipes/schema/build-recipe.schema.json for the fields",
         ) from None  # fmt: skip
+    check_recipe_paths(recipe, f"recipe {origin}")
+    return recipe
+
+
+def check_recipe_paths(recipe: BuildRecipe, what: str) -> None:
+    """Put the paths ``recipe`` names through the front's path policy (:func:`~llamaforge.core.guard.
+    check_file_path`): its patch series directory, and a source archive or repository on this machine (a path or
+    a ``file://`` URL). ``what`` names the file ("recipe recipes/builds/x.toml"); remote URLs are checked when
+    they are fetched."""
+    if recipe.patches is not None:
+        check_file_path(f"{what}: patches", series_dir(recipe.patches).absolute())
+    source = recipe.source
+    if not isinstance(source, PypiSdistSource):
+        local = source_path(source.url, git=isinstance(source, GitSource))
+        if local is not None:
+            check_file_path(f"{what}: source.url", local)
 
 
 def load_recipe(name_or_path: str) -> BuildRecipe:

@@ -4,6 +4,10 @@ The cache is content-addressed (``sources/<sha256-or-commit>/tree``) and written
 extracted into a temporary directory and renamed into place only when complete. Builds never modify it;
 they work on a copy (``make_workspace``). A mirror directory (``LLAMAFORGE_SOURCE_MIRROR``) serves archives on
 machines that reach no network.
+
+A remote URL goes through the running front's URL policy (:func:`llamaforge.core.guard.check_url`) before it is
+fetched, and so does every redirect it answers with (an https download never continues over plain http). git
+runs with the settings of :mod:`llamaforge.build.git`, and a clone gets ``--`` before its URL.
 """
 
 from __future__ import annotations
@@ -17,10 +21,13 @@ import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
+from typing import Any
 
-from llamaforge.build.recipes import ArchiveSource, GitSource, PypiSdistSource
+from llamaforge.build.git import SAFE_ENV, git_command
+from llamaforge.build.recipes import ArchiveSource, GitSource, PypiSdistSource, check_git_url, is_scp_like
 from llamaforge.core.errors import ChecksumMismatch, SourceError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
+from llamaforge.core.guard import check_ssh_host, check_url
 from llamaforge.core.paths import home
 from llamaforge.runners.process import LOCAL, ProcessResult, ProcessRunner
 
@@ -66,14 +73,30 @@ def _verify(path: Path, expected: str, origin: str, cancel: CancelToken | None) 
         )
 
 
+def _opener(context: Any) -> Any:
+    """A urllib opener whose redirects pass the URL policy and never leave https for another scheme."""
+    import urllib.request
+
+    class Redirects(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
+            if urllib.parse.urlsplit(req.full_url).scheme == "https" and not newurl.startswith("https://"):
+                raise SourceError(
+                    f"{req.full_url} redirects to {newurl}, which is not https", hint="use the final URL"
+                )
+            check_url(newurl, what=f"redirect of {req.full_url} to")
+            return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+    return urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), Redirects)
+
+
 def _download(url: str, target: Path, reporter: Reporter, cancel: CancelToken | None) -> None:
     import ssl  # here, not at the top: a cached source (every cache hit) never downloads
     import urllib.error
-    import urllib.request
 
+    check_url(url, what="source archive URL")
     context = ssl.create_default_context(cafile=os.environ.get("SSL_CERT_FILE") or None)
     try:
-        with urllib.request.urlopen(url, timeout=60, context=context) as response:  # noqa: S310 - https/file only
+        with _opener(context).open(url, timeout=60) as response:
             total = int(response.headers.get("Content-Length") or 0) or None
             done = 0
             with target.open("wb") as handle:
@@ -187,10 +210,20 @@ def _git_checkout(
     source: GitSource, target: Path, reporter: Reporter, cancel: CancelToken | None, runner: ProcessRunner
 ) -> None:
     def git(*args: str, cwd: Path | None = None) -> ProcessResult:
-        return runner.run(["git", *args], cwd=cwd, cancel=cancel, warn=True)
+        return runner.run(git_command(*args), cwd=cwd, env=SAFE_ENV, cancel=cancel, warn=True)
 
-    reporter(Event("info", f"git clone {source.url}", stage="source"))
-    clone = git("clone", "--quiet", "--no-checkout", source.url, str(target))
+    try:
+        url = check_git_url(source.url)  # checked when the recipe was read; a clone never gets an option
+    except ValueError as error:
+        raise SourceError(str(error), hint="fix source.url in the recipe") from None
+    if is_scp_like(url):
+        check_ssh_host(url.partition(":")[0].rpartition("@")[2], what="recipe source.url host")
+    else:
+        check_url(url, what="recipe source.url")
+        if urllib.parse.urlsplit(url).scheme.lower() == "ssh":
+            check_ssh_host(urllib.parse.urlsplit(url).hostname or "", what="recipe source.url host")
+    reporter(Event("info", f"git clone {url}", stage="source"))
+    clone = git("clone", "--quiet", "--no-checkout", "--", url, str(target))
     if clone.exit_code != 0:
         raise SourceError(
             f"git clone {source.url} failed: {clone.stderr.strip()}",

@@ -181,3 +181,19 @@ def check_recipe_name(value: str) -> str:
     if value and not _RECIPE_NAME.fullmatch(value):
         raise ValueError(f"{value!r} is not a recipe name (letters, digits, '.', '_' and '-', at most 64)")
     return value
+
+
+# A build target: a CMake target name that becomes a `cmake --build --target` argument and a file name in bin/.
+# It may not start with '-' (it would read as an option) or '.'.
+_TARGET_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}")
+
+
+def check_target_name(value: str) -> str:
+    """``value`` when it is a build target name (``llama-server``); ValueError for one that starts with ``-``
+    or holds anything but letters, digits, ``_``, ``.``, ``+`` and ``-``."""
+    if not _TARGET_NAME.fullmatch(value):
+        raise ValueError(
+            f"target {value!r} is not a CMake target name (letters, digits, '_', '.', '+' and '-', "
+            "not starting with '-' or '.')"
+        )
+    return value
