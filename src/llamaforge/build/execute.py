@@ -12,13 +12,14 @@ from typing import Any
 
 from llamaforge import __version__
 from llamaforge.build.device_code import LISTING as DEVICE_CODE_LISTING
-from llamaforge.build.patches import apply_series
+from llamaforge.build.patches import apply_series, series_dir
 from llamaforge.build.plan import BuildOptions, BuildPlan
-from llamaforge.build.recipes import BuildRecipe
+from llamaforge.build.recipes import BuildRecipe, check_recipe_paths
 from llamaforge.build.source import fetch_source, make_workspace, sha256_file
 from llamaforge.build.store import build_dir, build_lock, load_manifest, publish, staging_dir
 from llamaforge.core.errors import BuildFailed, CacheError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
+from llamaforge.core.guard import check_file_path
 from llamaforge.core.paths import home
 from llamaforge.runners import Executor, LogSink, RunRequest
 
@@ -93,9 +94,18 @@ def options_from_json(data: dict[str, Any]) -> BuildOptions:
     )
 
 
-def recipe_from_manifest(manifest: dict[str, Any]) -> tuple[BuildRecipe, BuildOptions]:
-    """The recipe and options recorded in a manifest, to repeat that build."""
-    return BuildRecipe.model_validate(manifest["recipe"]), options_from_json(manifest["options"])
+def recipe_from_manifest(
+    manifest: dict[str, Any], origin: str = "manifest"
+) -> tuple[BuildRecipe, BuildOptions]:
+    """The recipe and options recorded in a manifest, to repeat that build; the paths they name (the recipe's,
+    ``options.patches``, ``options.ca_bundle``) pass the front's path policy, ``origin`` naming the file."""
+    recipe, options = BuildRecipe.model_validate(manifest["recipe"]), options_from_json(manifest["options"])
+    check_recipe_paths(recipe, f"{origin}: recipe")
+    if options.patches is not None:
+        check_file_path(f"{origin}: options.patches", series_dir(options.patches).absolute())
+    if options.ca_bundle is not None:
+        check_file_path(f"{origin}: options.ca_bundle", options.ca_bundle.expanduser().absolute())
+    return recipe, options
 
 
 # Files the build script writes beside the artifacts: read into the manifest, not published as artifacts.

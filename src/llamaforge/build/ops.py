@@ -113,7 +113,9 @@ def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
                 f"manifest {path} does not exist", hint="`invoke builds.show KEY` prints the path"
             )
         try:
-            recipe, options = recipe_from_manifest(json.loads(path.read_text(encoding="utf-8")))
+            recipe, options = recipe_from_manifest(
+                json.loads(path.read_text(encoding="utf-8")), origin=f"manifest {path}"
+            )
         except ValidationError as error:
             raise InvalidOption(
                 f"--from-manifest {path}: its recipe is not valid: {describe_errors(error)}",
