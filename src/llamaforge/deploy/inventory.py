@@ -7,6 +7,9 @@ inventory's own ``known_hosts`` file (relative paths are relative to the invento
 ``~/.ssh/known_hosts`` and receives the keys ``--accept-new-host-keys`` records. Each host may name its GPU
 (a key of ``recipes/gpus.toml``), which the deploy's fit plan sizes llama-server's flags for, and free-form
 ``labels``. More per-host fields (an ``rpc_address``) or a ``[topology]`` table are one field each here.
+
+The ``key_file`` and ``known_hosts`` paths an inventory names pass the running front's path policy (like paths
+given as arguments) before any host is dialled.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from llamaforge.core.errors import InvalidOption
+from llamaforge.core.guard import check_file_path
 from llamaforge.core.paths import data_dir
 from llamaforge.core.validation import read_toml, recipe_error, suggest
 from llamaforge.deploy.hosts import DeployHost
@@ -110,11 +114,14 @@ def load_inventory(name_or_path: str) -> tuple[Inventory, Path]:
                            hint="see recipes/schema/host-inventory.schema.json for the fields") from None  # fmt: skip
 
 
-def _path(text: str | None, base: Path) -> Path | None:
+def _path(text: str | None, base: Path, what: str) -> Path | None:
+    """The inventory's path ``text`` (relative to the inventory's directory), checked by the path policy."""
     if text is None:
         return None
     path = Path(text).expanduser()
-    return path if path.is_absolute() else base / path
+    path = path if path.is_absolute() else base / path
+    check_file_path(what, path.absolute())
+    return path
 
 
 def inventory_hosts(
@@ -137,11 +144,14 @@ def inventory_hosts(
                 )
         chosen = [host for host in inventory.hosts if host.name in wanted]
     base = path.parent
-    fleet_known = known_hosts or _path(inventory.known_hosts, base)
+    fleet_known = known_hosts or _path(inventory.known_hosts, base, f"host inventory {path}: known_hosts")
     hosts = []
     for host in chosen:
-        ssh = SshHost(host.address, host.port or inventory.port, host.user or inventory.user,
-                      key_file or _path(host.key_file or inventory.key_file, base), fleet_known)  # fmt: skip
+        field = f"hosts[{host.name}].key_file" if host.key_file else "key_file"
+        key = key_file or _path(host.key_file or inventory.key_file, base, f"host inventory {path}: {field}")
+        ssh = SshHost(
+            host.address, host.port or inventory.port, host.user or inventory.user, key, fleet_known
+        )
         hosts.append(DeployHost(ssh=ssh, name=host.name, gpu=host.gpu, labels=dict(host.labels)))
     return hosts
 
