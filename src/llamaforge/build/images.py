@@ -1,4 +1,8 @@
-"""Base images without a registry: ``debootstrap`` a Debian root and ``docker import`` it."""
+"""Base images without a registry: ``debootstrap`` a Debian root and ``docker import`` it.
+
+The suite, the mirror and the tag are checked before debootstrap sees them: the suite is a plain Debian suite
+name, the mirror an http(s) URL the front's URL policy allows, the tag an image reference.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +13,17 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from llamaforge.core.errors import ImageError
+from llamaforge.core.errors import ImageError, InvalidOption
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
+from llamaforge.core.guard import check_url
+from llamaforge.core.validation import check_image_reference
 from llamaforge.runners.engine import image_id, import_image
 from llamaforge.runners.process import LOCAL, ProcessRunner
 
 DEFAULT_TAG = "llamaforge/debian:bookworm"
 DEFAULT_SUITE = "bookworm"
+_SUITE = re.compile(r"[a-z][a-z0-9-]{0,31}")  # bookworm, trixie, sid, stable, bookworm-backports
+_MIRROR = re.compile(r"https?://[A-Za-z0-9.-]+(?::[0-9]{1,5})?(?:/[A-Za-z0-9._~%+-]*)*/?")
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,25 @@ def apt_mirror() -> str:
     return "http://deb.debian.org/debian"
 
 
+def check_bootstrap_inputs(tag: str, suite: str, mirror: str) -> None:
+    """Refuse a suite that is no plain suite name, a mirror that is no plain http(s) URL (or that the URL policy
+    refuses) and a tag that is no image reference: each becomes a debootstrap argument or an image name."""
+    if not _SUITE.fullmatch(suite):
+        raise InvalidOption(
+            f"suite {suite!r} is not a Debian suite name", hint="e.g. bookworm, trixie, stable (lower case)"
+        )
+    if not _MIRROR.fullmatch(mirror):
+        raise InvalidOption(
+            f"mirror {mirror!r} is not an http(s) URL of a Debian mirror",
+            hint="e.g. http://deb.debian.org/debian (no spaces, query or user name)",
+        )
+    check_url(mirror, what="Debian mirror")
+    try:
+        check_image_reference(tag)
+    except ValueError as error:
+        raise InvalidOption(f"tag: {error}", hint="e.g. llamaforge/debian:bookworm") from None
+
+
 def bootstrap_image(
     tag: str = DEFAULT_TAG,
     *,
@@ -57,6 +84,7 @@ def bootstrap_image(
     """Create ``tag`` from a minimal Debian root made by debootstrap (run by ``runner``); reuse it when it
     already exists."""
     mirror = mirror or apt_mirror()
+    check_bootstrap_inputs(tag, suite, mirror)
     existing = image_id(tag)
     if existing is not None and not force:
         return BootstrapResult(tag, existing, mirror, suite, reused=True)
