@@ -1,5 +1,8 @@
-"""Render llamaforge's Jinja templates: one ``render()``, StrictUndefined, every shell value quoted (``q`` for
-POSIX shells, ``ps`` for PowerShell).
+"""Render llamaforge's Jinja templates: one ``render()``, StrictUndefined, every value quoted for the language it
+lands in: ``q`` for POSIX shells, ``ps`` for PowerShell, ``json`` for a Dockerfile's exec form, ``yaml`` for YAML
+(``compose`` and ``kube`` add the ``$`` escapes Compose's and Kubernetes' own interpolation take), ``systemd``,
+``systemd_env`` and ``systemd_text`` for unit files. A value no quoting can carry (a control character in a
+unit or a YAML file) is refused with :class:`~llamaforge.core.errors.InvalidOption`, never written.
 
 ``render_cached()`` is ``render()`` for the build files (builder Dockerfiles, build scripts), whose text a build
 plan needs on every run, a cache hit included: the text is kept under ``home()/cache/rendered/``, named by a
@@ -16,11 +19,13 @@ import functools
 import hashlib
 import importlib.util
 import json
+import re
 import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from llamaforge.core.errors import InvalidOption
 from llamaforge.core.paths import data_dir, home, write_text_atomic
 
 if TYPE_CHECKING:
@@ -45,6 +50,82 @@ def _dockerfile_json(value: object) -> str:
     return json.dumps(value)
 
 
+# A word systemd reads back as it is: no quote, backslash, specifier, variable, separator or blank.
+_SYSTEMD_PLAIN = re.compile(r"[A-Za-z0-9_=:,./+-]+")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# What YAML may hold unescaped in a double-quoted scalar (YAML 1.1's printable set, which JSON's escaping misses).
+_YAML_UNPRINTABLE = re.compile("[\x7f-\x84\x86-\x9f\ud800-\udfff\ufffe\uffff]")
+
+
+def _refuse_control(value: str, where: str) -> str:
+    if _CONTROL.search(value):
+        raise InvalidOption(
+            f"{value!r} has a control character (a newline, a tab …), which {where} cannot hold",
+            hint="give the value without control characters",
+        )
+    return value
+
+
+def _systemd_word(value: object, *, variables: bool) -> str:
+    """One word of a unit setting that unquotes and C-unescapes its words (``ExecStart=``, ``Environment=``,
+    ``ReadOnlyPaths=``): ``%`` doubled (a specifier), ``$`` doubled where systemd expands variables
+    (``variables``: command lines), and double quotes with ``\\`` and ``\"`` around anything but plain
+    characters (a lone ``;`` separates commands, a blank splits words). systemd reads a command's prefixes
+    (``-``, ``+``, ``@`` …) after unquoting, so a command's first word must be an absolute path: the caller's
+    to check."""
+    text = _refuse_control(str(value), "a systemd unit")
+    text = text.replace("%", "%%")
+    if variables:
+        text = text.replace("$", "$$")
+    if _SYSTEMD_PLAIN.fullmatch(text.replace("%", "").replace("$", "")):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _systemd_argument(value: object) -> str:
+    # an ExecStart= word: systemd expands $VAR and ${VAR} in command lines
+    return _systemd_word(value, variables=True)
+
+
+def _systemd_value(value: object) -> str:
+    # Environment=, ReadOnlyPaths=, CacheDirectory=: "$" has no meaning there
+    return _systemd_word(value, variables=False)
+
+
+def _systemd_text(value: object) -> str:
+    # Description= and other free text: taken as written, but for specifiers; one line
+    return _refuse_control(str(value), "a systemd unit").replace("%", "%%")
+
+
+def _yaml_scalar(value: object, dollar: str = "$") -> str:
+    """``value`` as YAML: a string as a double-quoted scalar (JSON's quoting, plus ``\\u`` escapes for the
+    characters YAML may not hold as they are), numbers and booleans as they are, lists and dicts in flow
+    style; ``dollar`` replaces each ``$`` of a string (``$$`` where the reader interpolates)."""
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, int | float):
+        return json.dumps(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_yaml_scalar(item, dollar) for item in value) + "]"
+    if isinstance(value, dict):
+        items = (
+            f"{_yaml_scalar(str(key), dollar)}: {_yaml_scalar(item, dollar)}" for key, item in value.items()
+        )
+        return "{" + ", ".join(items) + "}"
+    text = json.dumps(str(value).replace("$", dollar), ensure_ascii=False)
+    return _YAML_UNPRINTABLE.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
+
+
+def _yaml(value: object) -> str:
+    return _yaml_scalar(value)
+
+
+def _interpolated_yaml(value: object) -> str:
+    # Compose interpolates $VAR and ${VAR} in every value, Kubernetes $(VAR) in command, args and env values;
+    # both read $$ as one $.
+    return _yaml_scalar(value, "$$")
+
+
 def _environment() -> jinja2.Environment:
     import jinja2  # only when a template is rendered: a cached build file needs no Jinja
 
@@ -59,6 +140,12 @@ def _environment() -> jinja2.Environment:
     env.filters["q"] = _shell_quote
     env.filters["json"] = _dockerfile_json
     env.filters["ps"] = _powershell_quote
+    env.filters["yaml"] = _yaml
+    env.filters["compose"] = _interpolated_yaml
+    env.filters["kube"] = _interpolated_yaml
+    env.filters["systemd"] = _systemd_argument
+    env.filters["systemd_env"] = _systemd_value
+    env.filters["systemd_text"] = _systemd_text
     return env
 
 

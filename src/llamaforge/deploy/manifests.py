@@ -12,13 +12,16 @@ replica: compose reserves it under ``deploy.resources.reservations.devices``, Ku
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from llamaforge.build.runtime_image import HEALTHCHECK, MODEL_PATH, UID
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.templates import render
+from llamaforge.core.validation import check_image_reference
 from llamaforge.deploy.health import gate_timeout_s
+from llamaforge.deploy.release import ip_address_of, is_loopback
 
 if TYPE_CHECKING:
     from llamaforge.deploy.release import Layout, ReleaseSpec
@@ -39,9 +42,16 @@ echo "$2  $target" | sha256sum -c -
 """
 
 
+# A Kubernetes object name (RFC 1123 label): what a PersistentVolumeClaim may be called.
+_CLAIM = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+SECRET_TARGET = "/run/secrets/api-key"  # noqa: S105 - a path, no secret; where Compose mounts the secret api-key
+
+
 @dataclass(frozen=True)
 class ManifestInputs:
-    """What a manifest needs: the release's inputs plus where it runs."""
+    """What a manifest needs: the release's inputs plus where it runs. Checked when made: ``listen`` is an IP
+    address, the images follow Docker's grammar and the claim is a Kubernetes name; beyond loopback compose
+    reads the API key from ``api_key_file`` (relative to the compose file) as the Docker secret api-key."""
 
     name: str
     image: str
@@ -51,6 +61,21 @@ class ManifestInputs:
     model_claim: str | None = None
     init_image: str | None = None
     model_recipe: str | None = None
+    api_key_file: str = "api-key"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "listen", ip_address_of(self.listen, "--listen"))
+        for image in (self.image, self.init_image):
+            if image is not None:
+                try:
+                    check_image_reference(image)
+                except ValueError as error:
+                    raise InvalidOption(
+                        str(error), hint="an image reference such as registry/name:tag"
+                    ) from None
+        if self.model_claim is not None and not _CLAIM.fullmatch(self.model_claim):
+            raise InvalidOption(f"--model-claim {self.model_claim!r} is not a Kubernetes name",
+                                hint="lower-case letters, digits and '-', at most 63")  # fmt: skip
 
     @property
     def gpus(self) -> int:
@@ -68,11 +93,16 @@ def _common(spec: ReleaseSpec, inputs: ManifestInputs) -> dict[str, object]:
 
 
 def render_compose(spec: ReleaseSpec, inputs: ManifestInputs) -> str:
-    """``compose.yaml``: the model file bind-mounted read-only, the port published on ``inputs.listen``."""
-    # Compose interpolates $VAR itself: $$ leaves the health check's variable to the container's shell.
+    """``compose.yaml``: the model file bind-mounted read-only, the port published on ``inputs.listen``; beyond
+    loopback llama-server reads its API key from the Docker secret api-key (``--api-key-file``), made from
+    ``inputs.api_key_file``. Every value is quoted with ``$`` doubled, which Compose would interpolate."""
+    common = _common(spec, inputs)
+    secret = None if is_loopback(inputs.listen) else inputs.api_key_file
+    if secret:
+        common["args"] = ["--no-webui", *spec.flags.args(), "--api-key-file", SECRET_TARGET]
     return render(
-        "deploy/compose.yaml.j2", **_common(spec, inputs), listen=inputs.listen, model=str(spec.model),
-        model_target=MODEL_PATH, healthcheck=HEALTHCHECK.replace("$", "$$"), user=f"{UID}:{UID}",
+        "deploy/compose.yaml.j2", **common, listen=inputs.listen, model=str(spec.model), model_target=MODEL_PATH,
+        healthcheck=HEALTHCHECK, user=f"{UID}:{UID}", api_key_file=secret,
     )  # fmt: skip
 
 

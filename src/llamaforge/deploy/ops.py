@@ -180,7 +180,7 @@ def release_spec(params: DeployParams, ctx: OperationContext) -> tuple[ReleaseSp
     spec = ReleaseSpec(
         build_key=str(manifest["key"]), build_dir=directory, manifest_sha256=file_sha256(directory / "manifest.json"),
         model=model, model_sha256=file_sha256(model), model_size=model.stat().st_size, flags=given, port=params.port,
-        listen=listen,
+        listen=listen, backend=str(manifest.get("backend") or "cpu"),
     )  # fmt: skip
     return spec, checks
 

@@ -3,10 +3,11 @@ see :mod:`llamaforge.deploy.manifests`)."""
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from llamaforge.core.errors import InvalidOption
 from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
-from llamaforge.deploy.release import DEFAULT_PORT, DEFAULT_ROOT, DeployRoot
+from llamaforge.deploy.release import DEFAULT_PORT, DEFAULT_ROOT, DeployRoot, ip_address_of
 
 
 class RenderParams(Params):
@@ -23,7 +24,14 @@ class RenderParams(Params):
     threads: int | None = Field(None, ge=1, description="llama-server -t")
     parallel: int | None = Field(None, ge=1, description="llama-server --parallel (slots)")
     n_gpu_layers: int | None = Field(None, ge=0, description="llama-server -ngl")
-    listen: str = Field("127.0.0.1", description="compose: the host address the port is published on")
+    listen: str = Field(
+        "127.0.0.1", description="compose: the host address the port is published on (an IP address); beyond "
+        "loopback llama-server asks for the API key in the Docker secret api-key, made from --api-key-file"
+    )  # fmt: skip
+    api_key_file: str = Field(
+        "api-key", description="compose beyond loopback: the file (relative to compose.yaml) holding the API key; "
+        "make it readable by uid 10001 only"
+    )  # fmt: skip
     replicas: int = Field(1, ge=1, description="kubernetes: the Deployment's replicas")
     model_claim: str | None = Field(
         None,
@@ -36,6 +44,15 @@ class RenderParams(Params):
     root: DeployRoot = Field(
         DEFAULT_ROOT, description="systemd: the directory on the hosts that holds the deployments"
     )
+
+    @field_validator("listen")
+    @classmethod
+    def _ip_address(cls, value: str) -> str:
+        # it reaches the compose file: an IP address, nothing else (a newline added top-level keys)
+        try:
+            return ip_address_of(value, "--listen")
+        except InvalidOption as error:
+            raise ValueError(f"{error.message}; {error.hint}") from None
 
 
 class RenderedManifests(Result):
@@ -74,7 +91,7 @@ def deploy_render_op(params: RenderParams, ctx: OperationContext) -> RenderedMan
     inputs = ManifestInputs(
         name=params.name, image=runtime_tag(spec.build_key), backend=str(manifest.get("backend", "")),
         replicas=params.replicas, listen=params.listen, model_claim=params.model_claim,
-        init_image=params.init_image, model_recipe=recipe,
+        init_image=params.init_image, model_recipe=recipe, api_key_file=params.api_key_file,
     )  # fmt: skip
     files = render_manifests(params.target, spec, inputs, Layout(params.name, params.root))
     return RenderedManifests(target=params.target, image=inputs.image, files=files)

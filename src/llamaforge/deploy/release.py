@@ -139,6 +139,7 @@ class ReleaseSpec:
     flags: LlamaFlags = field(default_factory=LlamaFlags)
     port: int = DEFAULT_PORT
     listen: str = LOOPBACK
+    backend: str = "cpu"  # the build's: which devices the unit opens (cpu: none)
 
     @property
     def api_key(self) -> bool:
@@ -167,15 +168,24 @@ def is_loopback(address: str) -> bool:
     return address == "localhost" or ipaddress.ip_address(address).is_loopback
 
 
+def ip_address_of(text: str, option: str) -> str:
+    """``text`` as an IP address (IPv4 or IPv6, brackets allowed), written the standard way; InvalidOption
+    naming ``option`` otherwise (a name, a newline or anything else that could reach a file as more than one
+    address)."""
+    try:
+        if "%" in text:  # an IPv6 scope id, which Python takes with any characters in it
+            raise ValueError(text)
+        return str(ipaddress.ip_address(text.strip("[]")))
+    except ValueError:
+        raise InvalidOption(
+            f"{option} {text!r} is not an IP address",
+            hint="give an IPv4 or IPv6 address, e.g. 127.0.0.1, 0.0.0.0 or 10.0.0.5",
+        ) from None
+
+
 def listen_address(text: str, *, api_key: bool) -> str:
     """``--listen`` checked: an IP address; beyond loopback only with an API key (InvalidOption otherwise)."""
-    try:
-        address = str(ipaddress.ip_address(text.strip().strip("[]")))
-    except ValueError:
-        if text.strip() != "localhost":
-            hint = "give the address llama-server binds, e.g. 0.0.0.0 or 10.0.0.5"
-            raise InvalidOption(f"--listen {text!r} is not an IP address", hint=hint) from None
-        address = "localhost"
+    address = "localhost" if text == "localhost" else ip_address_of(text, "--listen")
     if not is_loopback(address) and not api_key:
         raise InvalidOption(
             f"--listen {address} exposes llama-server beyond the hosts' loopback, which needs an API key",

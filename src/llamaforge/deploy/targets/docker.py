@@ -128,11 +128,12 @@ def state_from_inspect(text: str) -> ServiceState:
     return ServiceState(active, count, killed_by)
 
 
-_IMAGE_LINE = re.compile(r"^# (sha256:[0-9a-f]{64})$", re.MULTILINE)  # the container script's 4th line
+# The image id a container script runs (on its `docker run` line; older scripts also named it in a comment).
+_IMAGE_ID = re.compile(r"\b(sha256:[0-9a-f]{64})\b")
 _UNUSED_IMAGES = r"""
 base=$1; shift
 for id; do
-  grep -qsxF -- "# $id" "$base"/*/releases/*/llama-server.docker.sh "$base"/*/releases/.*.tmp/llama-server.docker.sh \
+  grep -qsF -- "$id" "$base"/*/releases/*/llama-server.docker.sh "$base"/*/releases/.*.tmp/llama-server.docker.sh \
     && continue
   sudo -n docker image rm -- "$id" >/dev/null 2>&1 && echo "$id"
 done
@@ -238,7 +239,7 @@ class DockerTarget:
         directory still runs (``docker image rm``, never forced: an image a container still uses stays)."""
         scripts = [posixpath.join(layout.release(rid), CONTAINER_FILE) for rid in removed]
         shown = runner.run(["cat", "--", *scripts], warn=True).stdout
-        images = sorted(set(_IMAGE_LINE.findall(shown)))
+        images = sorted(set(_IMAGE_ID.findall(shown)))
         SystemdTarget().prune(runner, layout, removed)
         if not images:
             return

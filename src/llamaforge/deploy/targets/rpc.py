@@ -14,12 +14,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from llamaforge.core.errors import InvalidOption
 from llamaforge.core.events import CancelToken
 from llamaforge.core.templates import render
 from llamaforge.deploy.health import GateOutcome, service_down
 from llamaforge.deploy.release import SERVICE_USER, Layout, ReleaseSpec
-from llamaforge.deploy.targets.systemd import SystemdTarget
+from llamaforge.deploy.targets.systemd import SystemdTarget, check_command
 from llamaforge.deploy.topology import RPC_SERVER, check_rpc_address, rpc_hello
 from llamaforge.runners.ssh_forward import forward_local
 
@@ -71,13 +70,13 @@ class RpcServerTarget(SystemdTarget):
     def service_files(self, spec: ReleaseSpec, layout: Layout) -> dict[str, str]:
         """The worker unit, as ``rpc-server.service`` inside the release."""
         argv = rpc_server_argv(layout, self.address, self.port, self.threads)
-        if any("%" in part for part in [*argv, layout.root]):
-            raise InvalidOption("a % in ggml-rpc-server's command line would be a systemd specifier",
-                                hint="use paths without %")  # fmt: skip
+        check_command(argv, RPC_SERVER)
         cache = rpc_cache_dir(layout)
+        # no IP restriction: the worker answers its head, whose address it is not told
         text = render(
-            "deploy/rpc-server.service.j2", name=layout.name, unit=self.unit(layout), user=SERVICE_USER,
-            current=layout.current, root=layout.root, argv=argv, cache=cache, cache_name=posixpath.basename(cache),
+            "deploy/rpc-server.service.j2", name=layout.name, user=SERVICE_USER, current=layout.current,
+            root=layout.root, argv=argv, cache=cache, cache_name=posixpath.basename(cache), backend=spec.backend,
+            ip_allow=[],
         )  # fmt: skip
         return {RPC_UNIT_FILE: text}
 

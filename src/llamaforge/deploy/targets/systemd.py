@@ -1,27 +1,33 @@
 """The systemd target: a hardened unit rendered from ``templates/deploy/llama-server.service.j2``, shipped in
 each release and installed from ``current/`` as ``/etc/systemd/system/llamaforge-<name>.service`` with sudo.
 
-The unit runs llama-server as a dedicated system user with ``NoNewPrivileges``, ``ProtectSystem=strict``
-(so the release and the model are read-only to it), ``ProtectHome`` and ``PrivateTmp``, restarts it on
-failure and keeps it on 127.0.0.1. Every value that reaches its command line passes the quoting filter; a
-``%`` (a systemd specifier) is refused rather than escaped, since no path or flag llamaforge writes has one.
+The unit runs llama-server as a dedicated system user in the sandbox of ``templates/deploy/sandbox.service.j2``
+(``systemd-analyze security`` rates it "OK"): no capabilities, ``NoNewPrivileges``, ``ProtectSystem=strict`` (so
+the release and the model are read-only to it), ``ProtectHome``, ``PrivateTmp``, the kernel, clock, hostname and
+other processes out of reach, only the ``@system-service`` system calls and IP and local sockets, /dev closed
+but for the build's GPU nodes (and for a CPU build no writable, executable memory), and, when it listens on
+loopback, no address but localhost and its RPC workers. It restarts on failure. Every value in the unit passes
+a systemd quoting filter (:mod:`llamaforge.core.templates`); a ``%`` (a specifier) is refused rather than
+escaped, since no path or flag llamaforge writes has one and a probe hands the settings to ``systemd-run``.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import posixpath
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.exits import exec_main_signal, systemd_signal
 from llamaforge.core.templates import render
 from llamaforge.deploy.probe import PROBE_BINARY, PROBE_LIMIT_S
-from llamaforge.deploy.release import SERVICE_USER, Layout, ReleaseSpec
+from llamaforge.deploy.release import SERVICE_USER, Layout, ReleaseSpec, is_loopback
 from llamaforge.deploy.targets import ServiceState
 
 if TYPE_CHECKING:
     import signal
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Mapping
     from pathlib import Path
 
     from llamaforge.core.events import CancelToken, Reporter
@@ -39,15 +45,42 @@ def unit_name(layout: Layout) -> str:
     return f"llamaforge-{layout.name}.service"
 
 
-def render_unit(spec: ReleaseSpec, layout: Layout, *, user: str = SERVICE_USER) -> str:
-    """The unit file for ``spec`` (no release id in it: the id is a digest of this text)."""
-    argv = spec.server_argv(layout)
-    if any("%" in part for part in [*argv, layout.root]):
-        raise InvalidOption("a % in llama-server's command line would be a systemd specifier",
+def check_command(argv: Sequence[str], program: str) -> None:
+    """Refuse a command line a unit cannot hold as it is: its first word is an absolute path (systemd reads
+    prefixes such as ``+`` — run as root — from it after unquoting), and no word has a ``%`` (the unit quotes
+    it, but a probe passes the unit's settings to ``systemd-run``, which would not)."""
+    if not argv or not argv[0].startswith("/"):
+        raise InvalidOption(f"{program}'s path {argv[0] if argv else ''!r} is not absolute",
+                            hint="deployments live under an absolute --root")  # fmt: skip
+    if any("%" in part for part in argv):
+        raise InvalidOption(f"a % in {program}'s command line would be a systemd specifier",
                             hint="use paths and flag values without %")  # fmt: skip
+
+
+def loopback_allow(spec: ReleaseSpec) -> list[str]:
+    """``IPAddressAllow=`` of a llama-server that listens on loopback only: localhost and the addresses of its
+    RPC workers (it connects to them). Empty — no IP restriction — beyond loopback, or when a worker is named
+    by something other than an IP address."""
+    if not is_loopback(spec.listen):
+        return []
+    allowed = ["localhost"]
+    for endpoint in spec.flags.rpc or ():
+        try:
+            allowed.append(str(ipaddress.ip_address(endpoint.rpartition(":")[0].strip("[]"))))
+        except ValueError:
+            return []
+    return allowed
+
+
+def render_unit(spec: ReleaseSpec, layout: Layout, *, user: str = SERVICE_USER) -> str:
+    """The unit file for ``spec`` (no release id in it: the id is a digest of this text): llama-server in the
+    sandbox of ``templates/deploy/sandbox.service.j2``, which opens the build's GPU devices only and, on
+    loopback, no other address."""
+    argv = spec.server_argv(layout)
+    check_command(argv, "llama-server")
     return render(
-        "deploy/llama-server.service.j2", name=layout.name, unit=unit_name(layout), user=user,
-        current=layout.current, root=layout.root, argv=argv, rpc=bool(spec.flags.rpc),
+        "deploy/llama-server.service.j2", name=layout.name, user=user, current=layout.current, root=layout.root,
+        argv=argv, rpc=bool(spec.flags.rpc), backend=spec.backend, ip_allow=loopback_allow(spec),
     )  # fmt: skip
 
 
