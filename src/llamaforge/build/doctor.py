@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -10,7 +11,7 @@ from typing import Literal
 from llamaforge.build.images import DEFAULT_TAG
 from llamaforge.core.errors import LlamaforgeError
 from llamaforge.core.paths import home
-from llamaforge.runners.engine import LABEL, engine_status
+from llamaforge.runners.engine import LABEL, OwnedContainer, engine_status
 from llamaforge.runners.process import LOCAL, ProcessRunner
 
 Status = Literal["ok", "warn", "fail"]
@@ -42,11 +43,31 @@ def _docker_checks() -> list[Check]:
                 "base image", "warn", f"{DEFAULT_TAG} missing", "run `invoke images.bootstrap` (needs root)"
             )
         )
-    if engine.leftover_containers:
-        names = ", ".join(engine.leftover_containers)
-        checks.append(Check("containers", "warn", f"leftover llamaforge containers: {names}",
-                            f"remove them with `docker rm -f` (they are labelled {LABEL})"))  # fmt: skip
+    return checks + _container_checks(engine.containers)
+
+
+def _container_checks(containers: Sequence[OwnedContainer]) -> list[Check]:
+    """Stopped llamaforge containers are leftovers, safe to remove; running ones may be a build in progress
+    and are named as running, with the safe way to stop them (never `docker rm -f`, which kills a live build)."""
+    checks = []
+    stopped = [c for c in containers if not c.running]
+    running = [c for c in containers if c.running]
+    if stopped:
+        ids = " ".join(c.short_id for c in stopped)
+        checks.append(Check("containers", "warn", f"stopped llamaforge containers left behind: {_names(stopped)}",
+                            f"remove them with `docker rm {ids}` (they are labelled {LABEL})"))  # fmt: skip
+    if running:
+        ids = " ".join(c.short_id for c in running)
+        checks.append(Check(
+            "running containers", "ok", f"llamaforge containers running now: {_names(running)}",
+            "a build or smoke in progress uses them: let it finish, or stop it with Ctrl-C (or cancel its job), "
+            f"which removes its container; only if no llamaforge process is left, `docker stop {ids}`",
+        ))  # fmt: skip
     return checks
+
+
+def _names(containers: Sequence[OwnedContainer]) -> str:
+    return ", ".join(f"{c.short_id} ({c.role or 'container'} {c.name}, {c.state})" for c in containers)
 
 
 def _tool(runner: ProcessRunner, name: str, purpose: str, hint: str, required: bool = False) -> Check:

@@ -291,24 +291,52 @@ def build_image(
 
 
 @dataclass(frozen=True)
+class OwnedContainer:
+    """A container labelled LABEL: its short id, name, role (``build``, …) and state (``running``, ``exited``…)."""
+
+    short_id: str
+    name: str
+    role: str
+    state: str
+
+    @property
+    def running(self) -> bool:
+        """True while its process runs (a build, a smoke may be using it): never remove it then."""
+        return self.state in ("running", "restarting", "paused")
+
+
+@dataclass(frozen=True)
 class EngineStatus:
     """What ``doctor`` reports about the engine."""
 
     version: str
     api_version: str
     image_tags: frozenset[str]
-    leftover_containers: tuple[str, ...]  # short ids of containers labelled LABEL
+    containers: tuple[OwnedContainer, ...]  # every container labelled LABEL, running or not
+
+    @property
+    def leftover_containers(self) -> tuple[str, ...]:
+        """Short ids of the labelled containers that stopped: what is safe to remove."""
+        return tuple(container.short_id for container in self.containers if not container.running)
 
 
 def engine_status(config: EngineConfig | None = None) -> EngineStatus:
-    """Version, local image tags and leftover llamaforge containers of the engine (raises DockerUnavailable)."""
+    """Version, local image tags and the llamaforge containers of the engine (raises DockerUnavailable)."""
     client = docker_client(config)
     version = client.version()
     tags = frozenset(tag for image in client.images.list() for tag in image.tags)
-    leftovers = client.containers.list(all=True, filters={"label": LABEL})
+    owned = client.containers.list(all=True, filters={"label": LABEL})
     return EngineStatus(
         str(version.get("Version")),
         str(version.get("ApiVersion")),
         tags,
-        tuple(container.short_id for container in leftovers),
+        tuple(
+            OwnedContainer(
+                container.short_id,
+                str(container.name),
+                str(container.labels.get("org.llamaforge.role", "")),
+                str(container.status),
+            )
+            for container in owned
+        ),
     )
