@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from llamaforge.build.doctor import Status
 from llamaforge.core.errors import OperationFailed
 from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
+from llamaforge.core.validation import describe_errors
 
 
 class NoParams(Params):
@@ -35,10 +36,21 @@ class BuildEntry(Result):
     executor: str
 
 
+class BrokenBuild(Result):
+    """A store entry that cannot be listed: its directory and why."""
+
+    path: str
+    error: str
+
+
 class BuildList(Result):
-    """Published builds, newest first."""
+    """Published builds, newest first, and the store entries that cannot be read (each named)."""
 
     builds: list[BuildEntry]
+    broken: list[BrokenBuild] = Field(
+        default_factory=list,
+        description="Store entries whose manifest is unreadable or incomplete: path, error",
+    )
 
 
 @operation(
@@ -50,9 +62,34 @@ class BuildList(Result):
 )
 def builds_list_op(params: NoParams, ctx: OperationContext) -> BuildList:
     """List published builds, newest first."""
-    from llamaforge.build.store import list_builds
+    from llamaforge.build.store import build_dir, scan_builds
 
-    builds = [
+    manifests, damaged = scan_builds()
+    builds: list[BuildEntry] = []
+    broken = [BrokenBuild(path=str(entry.path), error=entry.error) for entry in damaged]
+    for item in manifests:
+        try:
+            builds.append(_entry(item))
+        except KeyError as error:
+            broken.append(
+                BrokenBuild(path=str(build_dir(item["key"])), error=f"manifest.json has no {error} field")
+            )
+        except ValidationError as error:
+            broken.append(
+                BrokenBuild(
+                    path=str(build_dir(item["key"])), error=f"manifest.json: {describe_errors(error)}"
+                )
+            )
+        except (TypeError, AttributeError) as error:
+            broken.append(
+                BrokenBuild(path=str(build_dir(item["key"])), error=f"manifest.json is malformed: {error}")
+            )
+    return BuildList(builds=builds, broken=broken)
+
+
+def _entry(item: dict[str, Any]) -> BuildEntry:
+    """The row of one manifest (KeyError / TypeError / ValidationError when a field is missing or wrong)."""
+    return BuildEntry.model_validate(
         {
             "key": item["key"],
             "recipe": item["recipe"]["name"],
@@ -62,9 +99,7 @@ def builds_list_op(params: NoParams, ctx: OperationContext) -> BuildList:
             "finished_at": item["finished_at"],
             "executor": item["image"]["executor"],
         }
-        for item in list_builds()
-    ]
-    return BuildList.model_validate({"builds": builds})
+    )
 
 
 class BuildShown(Result):

@@ -80,7 +80,10 @@ def builds_list_cli(result: dict[str, Any], console: Console) -> None:
     for item in result["builds"]:
         table.add_row(item["key"], item["recipe"], item["backend"], ",".join(item["cuda_architectures"]) or "-",
                       ",".join(item["patches"]) or "-", item["executor"], item["finished_at"])  # fmt: skip
-    console.print(table if result["builds"] else "no builds yet: `invoke build`")
+    console.print(table if result["builds"] or result.get("broken") else "no builds yet: `invoke build`")
+    for entry in result.get("broken") or []:
+        console.print(f"[yellow]warning:[/yellow] damaged store entry {entry['path']}: {entry['error']}",
+                      highlight=False, soft_wrap=True)  # fmt: skip
 
 
 def doctor_cli(result: dict[str, Any], console: Console) -> None:
@@ -165,11 +168,16 @@ def build_html(data: dict[str, Any]) -> str:
 def builds_list_html(data: dict[str, Any]) -> str:
     """``builds.list`` in a notebook."""
     builds = data.get("builds") or []
+    broken = "".join(
+        f"<p>damaged store entry {html.escape(entry['path'])}: {html.escape(entry['error'])}</p>"
+        for entry in data.get("broken") or []
+    )
     if not builds:
-        return html.section("builds", "<p>no builds yet: <code>%llamaforge build</code></p>")
+        return html.section("builds", broken or "<p>no builds yet: <code>%llamaforge build</code></p>")
     return html.section(
         "builds",
-        html.table(
+        broken
+        + html.table(
             ["key", "recipe", "backend", "archs", "patches", "executor", "finished"],
             [
                 (

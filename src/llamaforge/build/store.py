@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,12 +38,16 @@ def build_lock(key: str) -> FileLock:
 
 
 def load_manifest(key: str) -> dict[str, Any] | None:
-    """The manifest of a published build, or None when there is none."""
+    """The manifest of a published build, or None when there is none (CacheError when it is unreadable)."""
     path = build_dir(key) / MANIFEST
     if not path.is_file():
         return None
-    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    return data
+    try:
+        return _read_manifest(path)
+    except ValueError as error:
+        raise CacheError(
+            f"build {key} is damaged: {error}", hint=f"rebuild it with --force, or remove {path.parent}"
+        ) from None
 
 
 def staging_dir(key: str) -> Path:
@@ -69,20 +74,58 @@ def publish(staging: Path, key: str, manifest: dict[str, Any]) -> Path:
     return target
 
 
-def list_builds() -> list[dict[str, Any]]:
-    """Manifests of all published builds, newest first."""
+@dataclass(frozen=True)
+class BrokenEntry:
+    """A store entry whose manifest cannot be read: its directory and why."""
+
+    path: Path
+    error: str
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    """The manifest at ``path``; ValueError naming the problem when it is not a build manifest."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"cannot read {MANIFEST}: {error}") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{MANIFEST} is not JSON: {error}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("key"), str):
+        raise ValueError(f"{MANIFEST} is not a build manifest (no key)")
+    return data
+
+
+def scan_builds() -> tuple[list[dict[str, Any]], list[BrokenEntry]]:
+    """Manifests of all published builds, newest first, and the entries whose manifest is unreadable (one
+    broken entry hides no other build)."""
     root = builds_root()
-    manifests = []
-    for entry in root.glob("*/" + MANIFEST) if root.is_dir() else []:
-        manifests.append(json.loads(entry.read_text(encoding="utf-8")))
-    return sorted(manifests, key=lambda item: str(item.get("finished_at", "")), reverse=True)
+    manifests, broken = [], []
+    for entry in sorted(root.glob("*/" + MANIFEST)) if root.is_dir() else []:
+        try:
+            manifests.append(_read_manifest(entry))
+        except ValueError as error:
+            broken.append(BrokenEntry(entry.parent, str(error)))
+    manifests.sort(key=lambda item: str(item.get("finished_at", "")), reverse=True)
+    return manifests, broken
+
+
+def list_builds() -> list[dict[str, Any]]:
+    """Manifests of all published builds, newest first (entries with an unreadable manifest left out)."""
+    return scan_builds()[0]
 
 
 def find_build(prefix: str) -> dict[str, Any]:
     """The manifest of the one build whose key starts with ``prefix``."""
-    matches = [item for item in list_builds() if str(item["key"]).startswith(prefix)] if prefix else []
+    manifests, broken = scan_builds()
+    matches = [item for item in manifests if str(item["key"]).startswith(prefix)] if prefix else []
     if len(matches) == 1:
         return matches[0]
     if not matches:
+        damaged = [entry for entry in broken if prefix and entry.path.name.startswith(prefix)]
+        if damaged:
+            raise CacheError(
+                f"build {damaged[0].path.name} is damaged: {damaged[0].error}",
+                hint=f"rebuild it (`invoke build --force`), or remove {damaged[0].path}",
+            )
         raise CacheError(f"no build with key {prefix!r}", hint="`invoke builds.list` shows the builds")
     raise CacheError(f"{len(matches)} builds start with {prefix!r}", hint="give more characters of the key")
