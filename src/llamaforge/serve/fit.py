@@ -164,6 +164,16 @@ def load_model_header(model: str | Path | GGUFHeader) -> tuple[str, GGUFHeader]:
     return str(path), read_header(path)
 
 
+def check_servable(name: str, header: GGUFHeader) -> None:
+    """Refuse a GGUF with no tensors (a vocab-only file, as llama.cpp's models/ggml-vocab-*.gguf): there is no
+    model to place, so every figure of a plan would be made up."""
+    if not header.tensors:
+        raise InvalidOption(
+            f"{Path(name).name} has no tensors: a vocab-only file cannot be served",
+            hint="give the model's GGUF with its weights (`invoke models.inspect FILE` shows what a file holds)",
+        )
+
+
 def plan_fit(
     model: str | Path | GGUFHeader,
     *,
@@ -219,8 +229,15 @@ def plan_fit(
     )
     check_settings(settings)
     name, header = load_model_header(model)
+    check_servable(name, header)
     shape = model_shape(header)
     check_cache_blocks(shape, settings)
+    if n_cpu_moe and not shape.is_moe:
+        raise InvalidOption(
+            f"--n-cpu-moe {n_cpu_moe}: {Path(name).name} ({shape.arch}) is a dense model, it has no experts to "
+            "keep on the CPU",
+            hint="drop --n-cpu-moe; --n-gpu-layers N keeps whole layers on the CPU instead",
+        )
     layout = weight_layout(shape, header.tensors)
     max_ngl = shape.n_layer_all + 1
     budget = vram - margin_bytes

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 from llamaforge.core.errors import InvalidOption
 
-__all__ = ["CATEGORIES", "fit_chart_png", "save_fit_chart"]
+__all__ = ["CATEGORIES", "PLOT_FORMATS", "fit_chart_png", "plot_path", "save_fit_chart"]
 
 GiB: Final = 1 << 30
 
@@ -99,16 +99,43 @@ def _figure(plans: Sequence[Plan], title: str | None) -> Any:
     return figure
 
 
-def fit_chart_png(plans: Sequence[Plan], *, title: str | None = None, dpi: int = 100) -> bytes:
-    """The chart of ``plans`` (fit plans in their JSON form) as PNG bytes."""
+#: What ``--plot`` writes, by file suffix (matplotlib's own writers, no extra backend).
+PLOT_FORMATS: Final[dict[str, str]] = {".png": "png", ".svg": "svg", ".pdf": "pdf"}
+
+
+def _render(plans: Sequence[Plan], title: str | None, fmt: str, dpi: int) -> bytes:
     buffer = io.BytesIO()
-    _figure(plans, title).savefig(buffer, format="png", dpi=dpi)
+    # "tight" grows the canvas to what is drawn: the legend beside the axes and the y label stay whole.
+    _figure(plans, title).savefig(buffer, format=fmt, dpi=dpi, bbox_inches="tight", pad_inches=0.15)
     return buffer.getvalue()
 
 
+def fit_chart_png(plans: Sequence[Plan], *, title: str | None = None, dpi: int = 100) -> bytes:
+    """The chart of ``plans`` (fit plans in their JSON form) as PNG bytes."""
+    return _render(plans, title, "png", dpi)
+
+
+def plot_path(text: str) -> Path:
+    """The file ``--plot TEXT`` names, checked before anything is planned: not a directory, and a suffix the
+    chart can be written as (.png, .svg, .pdf)."""
+    path = Path(text)
+    if text.endswith(("/", "\\")) or path.is_dir():
+        raise InvalidOption(
+            f"--plot {text} is a directory", hint=f"give a file name, e.g. --plot {path / 'fit.png'}"
+        )
+    if path.suffix.lower() not in PLOT_FORMATS:
+        raise InvalidOption(
+            f"--plot {text}: the chart is written as PNG, SVG or PDF, not {path.suffix or 'a name without a suffix'}",
+            hint="end the name in " + ", ".join(PLOT_FORMATS) + f", e.g. --plot {path.with_suffix('.png')}",
+        )
+    return path
+
+
 def save_fit_chart(plans: Sequence[Plan], path: Path, *, title: str | None = None) -> Path:
-    """Write the chart of ``plans`` (fit plans in their JSON form) to the PNG file ``path``; returns it."""
-    png = fit_chart_png(plans, title=title, dpi=120)
+    """Write the chart of ``plans`` (fit plans in their JSON form) to ``path``, as PNG, SVG or PDF by its
+    suffix (InvalidOption for another suffix or a directory); returns it."""
+    path = plot_path(str(path))
+    data = _render(plans, title, PLOT_FORMATS[path.suffix.lower()], 120)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(png)
+    path.write_bytes(data)
     return path

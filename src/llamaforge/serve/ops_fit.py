@@ -39,7 +39,9 @@ class ModelFitParams(Params):
         "auto", description="Buffer types of the host CPU's module for CPU-resident weights: amx (Xeons with "
         "AMX), avx512, avx2 (repacked Q4_0/Q4_K/IQ4_NL), plain (--no-repack); auto: this machine's CPU"
     )  # fmt: skip
-    plot: str | None = path_field(None, description="Write the memory breakdown as a PNG to this path")
+    plot: str | None = path_field(
+        None, description="Write the memory breakdown chart to this file: .png, .svg or .pdf by its suffix"
+    )
 
 
 def resolve_model_file(target: str) -> Path:
@@ -104,7 +106,7 @@ class FitOutcome(Result):
     fits: bool
     summary: list[str]
     exit_code: int
-    plot: str | None = absent("The PNG written with --plot")
+    plot: str | None = absent("The chart written with --plot (PNG, SVG or PDF)")
 
 
 @operation(
@@ -119,8 +121,9 @@ def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> FitOutcome:
     """Plan how a model fits on a GPU: layers, experts, KV cache, compute buffer, llama-server flags, speed."""
     from llamaforge.serve.cpu_buffers import host_cpu_buffers
     from llamaforge.serve.fit import DoesNotFit, GiB, parse_size, plan_fit
-    from llamaforge.serve.fit_chart import save_fit_chart
+    from llamaforge.serve.fit_chart import plot_path, save_fit_chart
 
+    plot = plot_path(params.plot) if params.plot is not None else None
     path = resolve_model_file(params.model)
     cache_k = params.cache_type_k or params.cache_type or "f16"
     cache_v = params.cache_type_v or params.cache_type or "f16"
@@ -135,9 +138,10 @@ def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> FitOutcome:
     data = plan.to_json()
     data["summary"] = summarize(plan)
     data["exit_code"] = 0 if plan.fits else DoesNotFit.exit_code  # a pinned placement that does not fit
-    if params.plot:
+    if plot is not None:
         refuse_if_read_only(f"write the plot {params.plot}")
-        data["plot"] = str(save_fit_chart([data], Path(params.plot)))
+        data["plot"] = str(save_fit_chart([data], plot))
+        data["summary"].append(f"memory chart written to {data['plot']}")
     outcome = FitOutcome.model_validate(data)
     if not plan.fits:
         raise OperationFailed(

@@ -18,6 +18,7 @@ with the weights it used, so llama.cpp splits the same way whatever memory the d
 
 from __future__ import annotations
 
+import re
 import shlex
 import struct
 from collections.abc import Sequence
@@ -27,7 +28,13 @@ from typing import Any
 
 from llamaforge.core.errors import InvalidOption
 from llamaforge.gguf.header import GGUFHeader
-from llamaforge.serve.fit import DEFAULT_MARGIN, check_cache_blocks, check_settings, load_model_header
+from llamaforge.serve.fit import (
+    DEFAULT_MARGIN,
+    check_cache_blocks,
+    check_servable,
+    check_settings,
+    load_model_header,
+)
 from llamaforge.serve.launcher import DEFAULT_RPC_PORT, LlamaFlags
 from llamaforge.serve.memory import (
     DeviceMemory,
@@ -162,6 +169,7 @@ def plan_split(
         )
     check_settings(settings)
     name, header = load_model_header(model)
+    check_servable(name, header)
     shape = model_shape(header)
     check_cache_blocks(shape, settings)
     layout = weight_layout(shape, header.tensors)
@@ -242,8 +250,7 @@ def parse_devices(spec: str, *, default_port: int = DEFAULT_RPC_PORT) -> list[Sp
             gpus = len([device for device in devices if device.endpoint is None])
             devices.append(SplitDevice(f"head GPU{gpus}", parse_size(size)))
             continue
-        host, _, port = where.partition(":")
-        endpoint = f"{host}:{port or default_port}"
+        endpoint = _endpoint(where, default_port)
         devices.append(SplitDevice(f"RPC {endpoint}", parse_size(size), endpoint))
     if not devices:
         raise InvalidOption(
@@ -254,6 +261,21 @@ def parse_devices(spec: str, *, default_port: int = DEFAULT_RPC_PORT) -> list[Sp
         raise InvalidOption("the head's GPUs come after the RPC workers",
                             hint="llama.cpp orders RPC servers first; list gpu=SIZE last")  # fmt: skip
     return devices
+
+
+def _endpoint(where: str, default_port: int) -> str:
+    """``ADDR[:PORT]`` of one RPC worker as ``host:port``: a host name or address, a port from 1 to 65535."""
+    host, sep, port = where.rpartition(":") if ":" in where else (where, "", "")
+    example = f"write ADDR:PORT=SIZE, e.g. 10.0.0.2:50052=24GiB (the port defaults to {default_port})"
+    if not host or not re.fullmatch(r"[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\]", host):
+        raise InvalidOption(f"RPC worker {where!r} has no valid host", hint=example)
+    if not sep:
+        return f"{host}:{default_port}"
+    if not port.isdigit():
+        raise InvalidOption(f"RPC worker {where!r}: port {port!r} is not a number", hint=example)
+    if not 1 <= int(port) <= 65535:
+        raise InvalidOption(f"RPC worker {where!r}: port {port} is out of range (1-65535)", hint=example)
+    return f"{host}:{int(port)}"
 
 
 def parse_tensor_split(text: str) -> list[float]:
