@@ -9,12 +9,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from llamaforge.core.errors import InvalidOption, OperationFailed, SmokeFailed
+from llamaforge.core.errors import InvalidOption, LlamaforgeError, OperationFailed, SmokeFailed
+from llamaforge.core.events import Event
 from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
 from llamaforge.smoke.ops_cpu_modules import CpuModuleSweep
 
 if TYPE_CHECKING:
+    from llamaforge.build.plan import BuildPlan
     from llamaforge.models.recipes import AnswerCheck
+    from llamaforge.runners import Executor
 
 
 class SmokeParams(Params):
@@ -82,9 +85,10 @@ def resolve_build(
         from llamaforge.runners import make_executor
 
         plan, options = _plan_from_params(BuildParams())
-        result = run_build(
-            plan, options, executor=make_executor(executor), reporter=ctx.reporter, cancel=ctx.cancel
-        )
+        runner = make_executor(executor)
+        if not _is_built(plan, runner):
+            ctx.reporter(Event("warning", _cold_build_note(plan.recipe.name, plan.cpu), stage="build"))
+        result = run_build(plan, options, executor=runner, reporter=ctx.reporter, cancel=ctx.cancel)
         return result.key, result.path, result.manifest
     path = Path(build)
     if path.is_dir():
@@ -97,6 +101,31 @@ def resolve_build(
         raise InvalidOption(f"{path} holds neither a llamaforge build nor llama.cpp binaries")
     manifest = find_build(build)
     return str(manifest["key"]), build_dir(manifest["key"]), manifest
+
+
+def _is_built(plan: BuildPlan, executor: Executor) -> bool:
+    """True when the store holds the build of ``plan`` (its environment exists and its key is published)."""
+    from llamaforge.build.store import load_manifest
+
+    try:
+        environment_id = executor.peek_environment_id(plan)
+        return environment_id is not None and load_manifest(plan.cache_key(environment_id)) is not None
+    except LlamaforgeError:  # no engine, a damaged entry: the build itself says so
+        return False
+
+
+def _cold_build_note(recipe: str, cpu: str) -> str:
+    """What a smoke without --build is about to start when the store lacks the default build."""
+    # The figures are the README's: the cold build of the default recipe (all variants) and of one CPU level.
+    cost = (
+        "every CPU variant, 474 compile steps: 61 minutes on a loaded 2-core machine, minutes with a warm ccache"
+        if cpu == "variants"
+        else f"one CPU level, {cpu}: about 7 minutes on 2 cores"
+    )
+    return (
+        f"no --build given and the store has no {recipe!r} build: building it now, cold ({cost}); "
+        "Ctrl-C and pass --build KEY to smoke a build you have (`invoke builds.list`)"
+    )
 
 
 def _model_target(
@@ -205,6 +234,11 @@ def smoke_op(params: SmokeParams, ctx: OperationContext) -> SmokeReport:
         golden=Path(params.golden) if params.golden else None,
         record_golden=Path(params.record_golden) if params.record_golden else None,
     )  # fmt: skip
+    if params.skip_bench and params.skip_server:
+        raise InvalidOption(
+            "--skip-bench and --skip-server together leave nothing to measure",
+            hint="drop one of them: --skip-server measures llama-bench only, --skip-bench llama-server only",
+        )
     cli = parse_threshold_items(params.thresholds)
     key, directory, manifest = resolve_build(params.build, params.executor, ctx)
     model, label, model_smoke, answers = _model_target(params, ctx)

@@ -221,19 +221,27 @@ def write_run_files(report: dict[str, Any], run_dir: Path) -> dict[str, str]:
 
 
 def resolve_run(ref: str, root: Path) -> Path:
-    """A run directory from a path, a run id, or a unique prefix of a run id under ``root``."""
+    """A run directory from a path (the directory or its report.json), a run id, or a unique prefix of a run id
+    under ``root``."""
     for candidate in (Path(ref), root / ref):
         if (candidate / "report.json").is_file():
             return candidate
-    matches = (
-        sorted(p for p in root.glob(f"{ref}*") if (p / "report.json").is_file()) if root.is_dir() else []
-    )
+        if candidate.name == "report.json" and candidate.is_file():
+            return candidate.parent
+    runs = sorted(p for p in root.iterdir() if (p / "report.json").is_file()) if root.is_dir() else []
+    known = ", ".join(run.name for run in runs[-5:]) or "none"
+    if Path(ref).is_dir():
+        raise InvalidOption(
+            f"{ref} is not a smoke run directory (it has no report.json)",
+            hint=f"give the directory `invoke smoke` printed, or a run id; runs: {known}",
+        )
+    # A prefix is matched as text, never as a glob: a path or a pattern in it names no run.
+    matches = [run for run in runs if run.name.startswith(ref)] if ref and "/" not in ref else []
     if len(matches) == 1:
         return matches[0]
-    known = sorted(p.parent.name for p in root.glob("*/report.json")) if root.is_dir() else []
     raise InvalidOption(
         f"{len(matches) or 'no'} smoke runs match {ref!r}",
-        hint="give a run directory or more of the run id; runs: " + (", ".join(known[-5:]) or "none"),
+        hint="give a run directory or more of the run id; runs: " + known,
     )
 
 
