@@ -450,6 +450,19 @@ def test_put_get_round_trip_verified_and_skipped_when_identical(
 
 
 @pytest.mark.docker
+def test_get_drops_setuid_setgid_and_sticky_bits(runner: SshProcessRunner, tmp_path: Path) -> None:
+    local = tmp_path / "tool"
+    local.write_bytes(b"#!/bin/sh\necho hi\n")
+    remote = f"/home/{USER}/setid-{os.getpid()}/tool"
+    runner.put(local, remote)
+    runner.run(["chmod", "7755", remote])
+    assert runner.run(["stat", "-c", "%a", remote]).stdout == "7755\n"
+    back = tmp_path / "back" / "tool"
+    runner.get(remote, back)
+    assert stat.S_IMODE(back.stat().st_mode) == 0o755
+
+
+@pytest.mark.docker
 def test_an_interrupted_put_resumes_from_its_part(
     runner: SshProcessRunner, host: TestHost, tmp_path: Path
 ) -> None:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from llamaforge.runners.ssh import SshProcessRunner
 
 CHUNK = 256 * 1024
+_SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX  # never kept on a fetched file
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,8 @@ class Transfer:
 
     def get(self, remote: str, local: Path, *, cancel: CancelToken | None = None) -> TransferResult:
         """Fetch the host's ``remote`` to ``local`` (parents made); skipped when ``local`` already has the
-        same sha256; resumes ``local`` + ``.part``; the file keeps ``remote``'s permission bits."""
+        same sha256; resumes ``local`` + ``.part``; the file keeps ``remote``'s permission bits except setuid,
+        setgid and sticky (a host's file never becomes a set-id program here)."""
         cancel = cancel or CancelToken()
         digest = self._runner.sha256(remote)
         if digest is None:
@@ -129,6 +131,6 @@ class Transfer:
                 break
         else:
             raise self._failed(f"{local} does not match {remote}'s sha256 on {self._runner.host.host}")
-        part.chmod(stat.S_IMODE(attributes.st_mode or 0o644))
+        part.chmod(stat.S_IMODE(attributes.st_mode or 0o644) & ~_SPECIAL_BITS)
         part.replace(local)
         return TransferResult(remote, str(local), digest, size, sent, skipped=False, resumed_from=offset)
