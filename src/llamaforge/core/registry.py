@@ -10,6 +10,7 @@ views all read ``result_json(result)``.
 from __future__ import annotations
 
 import importlib
+import inspect
 import pkgutil
 import typing
 from collections.abc import Callable, Mapping
@@ -198,13 +199,13 @@ def operation(
     cli: str | None = None,
     html: str | None = None,
 ) -> Callable[[OperationFunction[_R]], OperationFunction[_R]]:
-    """Register the decorated function as operation ``name``: its docstring's first line is the summary, its
-    return annotation (a :class:`Result` model) the result every front publishes; ``cli`` and ``html`` name
-    (``"module:function"``) the functions that render that result's JSON for a person (default: a generic
-    view)."""
+    """Register the decorated function as operation ``name``: its docstring's first paragraph (on one line) is
+    the summary, its return annotation (a :class:`Result` model) the result every front publishes; ``cli`` and
+    ``html`` name (``"module:function"``) the functions that render that result's JSON for a person (default: a
+    generic view)."""
 
     def register(function: OperationFunction[_R]) -> OperationFunction[_R]:
-        summary = (function.__doc__ or name).strip().splitlines()[0]
+        summary = " ".join(inspect.cleandoc(function.__doc__ or name).split("\n\n")[0].split())
         result = typing.get_type_hints(function).get("return")
         if not (isinstance(result, type) and issubclass(result, Result)):
             raise TypeError(f"operation {name}: the return annotation must be a Result model, not {result!r}")
