@@ -79,3 +79,19 @@ def test_a_build_that_is_not_reproducible_fails_the_build_task(tmp_path: Path, l
     assert report["reproducible"] is False
     assert [item["path"] for item in report["different"]] == ["bin/llama-random"]
     assert "not reproducible" in result.stderr and "bin/llama-random" in result.stderr
+
+
+@pytest.mark.parametrize("name", ["../../outside", "/etc/passwd", "bin/../../x", "bin\\..\\x"])
+def test_a_manifest_artifact_outside_the_build_is_refused_before_anything_runs(
+    name: str, tmp_path: Path, lf_home: Path
+) -> None:
+    from llamaforge.build.execute import BuildResult
+    from llamaforge.core.errors import CacheError
+
+    plan = plan_build(load_recipe(str(mini_recipe(tmp_path, ["llama-cli"]))), BuildOptions())
+    manifest = {"artifacts": {name: {"sha256": "0" * 64, "size": 1}}}
+    result = BuildResult("k" * 16, tmp_path / "build", manifest, cached=True, seconds=0.0)
+    with pytest.raises(CacheError) as info:
+        check_reproducible(result, plan, executor=make_executor("local"))
+    assert repr(name) in info.value.message
+    assert not (lf_home / "logs").exists() and not (lf_home / "reproduce").exists()

@@ -1,5 +1,6 @@
 """Rebuild a published build from scratch (fresh container, ccache off) through the build pipeline's
-``build_into`` and compare every artifact."""
+``build_into`` and compare every artifact. The artifact names a manifest lists must be paths inside the build (no
+absolute path, no ``..``): a differing artifact is copied aside under its name."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ import shutil
 import struct
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from llamaforge.build.execute import BuildResult, build_into
 from llamaforge.build.plan import BuildPlan
 from llamaforge.build.source import sha256_file
 from llamaforge.build.store import staging_dir
+from llamaforge.core.errors import CacheError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.paths import home
 from llamaforge.runners import Executor
@@ -142,6 +144,18 @@ _EXPLANATIONS = {
 }
 
 
+def _check_artifact_names(key: str, names: list[str]) -> None:
+    """Refuse a manifest whose artifact names leave the build directory."""
+    for name in names:
+        path = PurePosixPath(name)
+        if not name or path.is_absolute() or ".." in path.parts or "\\" in name:
+            raise CacheError(
+                f"the manifest of build {key} lists artifact {name!r}, which is not a path inside the build",
+                hint="the store entry was edited: remove it (`invoke builds.list` names its directory) and build "
+                "again",
+            )
+
+
 def check_reproducible(
     result: BuildResult,
     plan: BuildPlan,
@@ -154,6 +168,7 @@ def check_reproducible(
     """Rebuild ``plan`` with ``executor``, ccache off, in a fresh workspace and container (the build pipeline's
     ``build_into``), and compare every artifact with ``result``."""
     cancel = cancel or CancelToken()
+    _check_artifact_names(result.key, list(result.manifest["artifacts"]))
     started = time.monotonic()
     executor.prepare_environment(plan, reporter)
     stamp = f"{datetime.datetime.now(datetime.UTC):%Y%m%dT%H%M%S}"
