@@ -37,7 +37,10 @@ def build_cli(result: dict[str, Any], console: Console) -> None:
         for name, text in plan["files"].items():
             lexer = "docker" if name == "Dockerfile" else "powershell" if name.endswith(".ps1") else "bash"
             console.print(f"[bold]{name}[/bold]")
-            console.print(Syntax(text, lexer, line_numbers=False))
+            if console.is_terminal:  # highlighted, long lines wrapped, never cut
+                console.print(Syntax(text, lexer, line_numbers=False, word_wrap=True))
+            else:  # a pipe, a file, a log: the file's text as it is
+                console.out(text, end="" if text.endswith("\n") else "\n", highlight=False)
         return
     build = result["build"]
     state = "[green]cache hit[/green]" if build["cached"] else "[green]built[/green]"
