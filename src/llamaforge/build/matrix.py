@@ -1,6 +1,8 @@
 """Build matrices: ``recipes/matrices/NAME.toml`` lists builds (platform, backend and archs, each with its own
 executor), ``invoke build --matrix NAME`` runs them one after another. A failed entry is recorded with its error
-and the next one still runs; each finished build is published with its own manifest as any build is."""
+and the next one still runs; each finished build is published with its own manifest as any build is. The paths
+a matrix names (recipe files, patch series, SSH keys, known_hosts files) pass the front's path policy when it is
+read, like the same options given as arguments."""
 
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from llamaforge.build.patches import series_dir
 from llamaforge.build.recipes import Backend, Platform, WindowsToolchain, resolve_named_file
 from llamaforge.core.errors import Cancelled, LlamaforgeError
+from llamaforge.core.guard import check_file_path
 from llamaforge.core.paths import data_dir
 from llamaforge.core.registry import Result, empty_list
 from llamaforge.core.validation import read_toml, recipe_error
@@ -93,10 +97,27 @@ def load_matrix(name_or_path: str) -> Matrix:
     path = resolve_named_file(name_or_path, matrix_dir(), "build matrix")
     data = read_toml(path, "build matrix")
     try:
-        return Matrix.model_validate({**data, "name": path.stem})
+        matrix = Matrix.model_validate({**data, "name": path.stem})
     except ValidationError as error:
         raise recipe_error(error, what=f"build matrix {path}", root=Matrix,
                            hint="each [[builds]] takes the options of `invoke build`") from None  # fmt: skip
+    _check_paths(matrix, f"build matrix {path}")
+    return matrix
+
+
+def _check_paths(matrix: Matrix, what: str) -> None:
+    """Put the paths ``matrix`` names through the front's path policy (a recipe given by name is no path)."""
+    for where, recipe in [("recipe", matrix.recipe)] + [
+        (f"builds[{e.name}].recipe", e.recipe) for e in matrix.builds
+    ]:
+        if recipe and (recipe.endswith(".toml") or "/" in recipe):
+            check_file_path(f"{what}: {where}", Path(recipe).expanduser().absolute())
+    for entry in matrix.builds:
+        if entry.patches:
+            check_file_path(f"{what}: builds[{entry.name}].patches", series_dir(entry.patches).absolute())
+        for field, value in (("ssh_key", entry.ssh_key), ("known_hosts", entry.known_hosts)):
+            if value:
+                check_file_path(f"{what}: builds[{entry.name}].{field}", Path(value).expanduser().absolute())
 
 
 def entry_arguments(matrix: Matrix, entry: MatrixEntry) -> dict[str, Any]:
