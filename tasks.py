@@ -8,5 +8,7 @@ import sys
 sys.dont_write_bytecode = bool(sys.flags.dont_write_bytecode)
 
 from llamaforge.fronts.cli import namespace  # noqa: E402 - after the bytecode switch, which it must see
+from llamaforge.fronts.cli_invoke import adapt_invoke  # noqa: E402
 
+adapt_invoke()  # Invoke parses the tasks' part of the command line after loading this file
 ns = namespace()

@@ -6,14 +6,19 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import inspect
 import json
+import os
 import signal
 import sys
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from invoke.collection import Collection
+from invoke.exceptions import Exit
+from invoke.program import Program
 from pydantic import ValidationError
 from rich.console import Console
 
@@ -22,11 +27,29 @@ from llamaforge.core.errors import Cancelled, InvalidOption, LlamaforgeError, Op
 from llamaforge.core.events import CancelToken, Event
 from llamaforge.core.registry import Operation, OperationContext, result_json
 from llamaforge.core.validation import describe_errors
-from llamaforge.fronts.cli_index import OperationSpec, operation_index
+from llamaforge.fronts.cli_index import FlagSpec, OperationSpec, operation_index
+from llamaforge.fronts.cli_invoke import (
+    OUTPUT_CLOSED,
+    OperationTask,
+    adapt_invoke,
+    discard_output,
+    output_closed,
+)
 from llamaforge.fronts.render_cli import render_result
 
 if TYPE_CHECKING:
     from rich.progress import Progress
+
+_PIPE_WIDTH = 200  # columns of a result printed to a pipe or a file: a table's wraps there, text lines never
+
+
+class _Console(Console):
+    """rich's console, which leaves a closed output to the entry point (quiet, exit code 141) where rich itself
+    would exit with 1."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, "the reader of the output has gone")
 
 
 class ConsoleReporter:
@@ -76,13 +99,14 @@ class ConsoleReporter:
 
 def run_operation(op: Operation, arguments: dict[str, Any], *, as_json: bool, verbose: bool) -> int:
     """Validate ``arguments``, run ``op``, print its result (also when its verdict failed, then the error);
-    return the exit code: 0, the error's, 130 after Ctrl-C, 143 after SIGTERM."""
-    err = Console(stderr=True, soft_wrap=True)
+    return the exit code: 0, the error's, 130 after Ctrl-C, 143 after SIGTERM, 141 when stdout's reader went
+    away. With ``as_json`` an error is also written on stdout as ``{"error": {"message", "hint",
+    "exit_code"}}`` (beside a failing verdict's result: one JSON object either way)."""
+    err = _Console(stderr=True, soft_wrap=True)
     try:
         params = op.params.model_validate({k: v for k, v in arguments.items() if v is not None})
     except ValidationError as error:
-        err.print(f"[red]error:[/red] {describe_errors(error, as_flags=True)}", highlight=False)
-        return InvalidOption.exit_code
+        return _refuse(err, InvalidOption(describe_errors(error, as_flags=True)), as_json=as_json)
     reporter = ConsoleReporter(err, verbose)
     cancel = CancelToken()
     failure: OperationFailed | None = None
@@ -93,31 +117,69 @@ def run_operation(op: Operation, arguments: dict[str, Any], *, as_json: bool, ve
         failure, result = error, result_json(error.result)
     except Cancelled as error:
         reporter.close()
-        err.print(f"[yellow]cancelled[/yellow]: {error.message}", highlight=False)
-        return error.exit_code
+        return _refuse(err, error, as_json=as_json, label="[yellow]cancelled[/yellow]")
     except LlamaforgeError as error:
         reporter.close()
-        err.print("[red]error:[/red] ", end="")
-        err.print(error.render(), highlight=False, markup=False)
-        return error.exit_code
+        return _refuse(err, error, as_json=as_json)
     except KeyboardInterrupt:
         cancel.cancel()
         reporter.close()
-        err.print(
-            "[yellow]interrupted[/yellow]: cancelled; running work stopped and cleaned up; nothing was published"
-        )
-        return 130
+        interrupted = Cancelled("cancelled; running work stopped and cleaned up; nothing was published")
+        return _refuse(err, interrupted, as_json=as_json, label="[yellow]interrupted[/yellow]")
     finally:
         reporter.close()
-    if as_json:
-        sys.stdout.write(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
-    else:
-        render_result(op, result, Console())
+    shown = _show(op, result, failure, as_json=as_json)
     if failure is not None:
-        err.print("[red]failed:[/red] ", end="")
-        err.print(failure.render(), highlight=False, markup=False)
+        _say(err, "[red]failed:[/red]", failure)
         return failure.exit_code
-    return 0
+    return 0 if shown else OUTPUT_CLOSED
+
+
+def _show(op: Operation, result: dict[str, Any], failure: OperationFailed | None, *, as_json: bool) -> bool:
+    """Print the result on stdout (with the error beside a failing verdict's, as JSON); False when stdout's
+    reader went away before it was all read (``| head -1``): the rest is dropped quietly."""
+    try:
+        if as_json:
+            shown = result if failure is None else {**result, **_error_json(failure)}
+            sys.stdout.write(json.dumps(shown, indent=2, sort_keys=True, default=str) + "\n")
+            sys.stdout.flush()
+        else:
+            render_result(op, result, result_console())
+    except BrokenPipeError:
+        if not output_closed():
+            raise
+        discard_output()
+        return False
+    return True
+
+
+def result_console() -> Console:
+    """rich's console for results on stdout: on a terminal its own width; in a pipe, a file or a CI log (where
+    rich assumes 80 columns and would cut tables and lines) ``COLUMNS`` when set, else wide enough for a table's
+    columns, and text lines as long as they are."""
+    console = _Console()
+    if console.is_terminal or os.environ.get("COLUMNS", "").isdigit():
+        return console
+    return _Console(width=_PIPE_WIDTH, soft_wrap=True)
+
+
+def _error_json(error: LlamaforgeError) -> dict[str, Any]:
+    return {"error": {"message": error.message, "hint": error.hint, "exit_code": error.exit_code}}
+
+
+def _say(err: Console, label: str, error: LlamaforgeError) -> None:
+    err.print(f"{label} ", end="")
+    err.print(error.render(), highlight=False, markup=False)
+
+
+def _refuse(err: Console, error: LlamaforgeError, *, as_json: bool, label: str = "[red]error:[/red]") -> int:
+    """Report ``error`` on stderr (and as JSON on stdout with ``as_json``); its exit code."""
+    _say(err, label, error)
+    if as_json:
+        with contextlib.suppress(BrokenPipeError):
+            sys.stdout.write(json.dumps(_error_json(error), indent=2, sort_keys=True) + "\n")
+            sys.stdout.flush()
+    return error.exit_code
 
 
 @contextlib.contextmanager
@@ -152,19 +214,18 @@ def _cancel_on_sigterm(cancel: CancelToken) -> Iterator[None]:
 
 
 def _task_for(spec: OperationSpec) -> Any:
-    from invoke.exceptions import Exit
-    from invoke.tasks import Task
-
     parameters = [inspect.Parameter("c", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
     help_text: dict[str, str] = {}
     iterable = [flag.name for flag in spec.flags if flag.iterable]
     for flag in spec.flags:
         default = inspect.Parameter.empty if flag.name in spec.positional else flag.default
         parameters.append(inspect.Parameter(flag.name, inspect.Parameter.KEYWORD_ONLY, default=default))
-        help_text[flag.name] = flag.help
+        help_text[flag.name] = flag_help(flag)
     parameters.append(inspect.Parameter("json", inspect.Parameter.KEYWORD_ONLY, default=False))
     parameters.append(inspect.Parameter("verbose", inspect.Parameter.KEYWORD_ONLY, default=False))
-    help_text["json"] = "Print the result as JSON on stdout (events go to stderr)"
+    help_text["json"] = (
+        'Print the result as JSON on stdout (events go to stderr); errors too, as {"error": …}'
+    )
     help_text["verbose"] = "Stream every log line (e.g. the compiler output)"
 
     def body(c: Any, **kwargs: Any) -> None:
@@ -180,15 +241,22 @@ def _task_for(spec: OperationSpec) -> Any:
     body.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
     body.__doc__ = spec.summary
     body.__name__ = spec.name.rsplit(".", 1)[-1].replace("-", "_")
-    return Task(body, name=spec.name.rsplit(".", 1)[-1], help=help_text, iterable=iterable, auto_shortflags=False,
-                positional=list(spec.positional))  # fmt: skip
+    return OperationTask(body, name=spec.name.rsplit(".", 1)[-1], help=help_text, iterable=iterable,
+                         auto_shortflags=False, positional=list(spec.positional))  # fmt: skip
+
+
+def flag_help(flag: FlagSpec) -> str:
+    """A flag's help line with its default (none is shown for a flag that is off, has no value or is
+    required)."""
+    if flag.default is None or flag.default is False or flag.default == "":
+        return flag.help
+    shown = "on" if flag.default is True else flag.default
+    return f"{flag.help} (default: {shown})"
 
 
 def namespace() -> Any:
     """An Invoke Collection with one task per registered operation (``builds.list`` -> collection ``builds``).
     It is made from the operation index: a run imports only the operation it runs."""
-    from invoke.collection import Collection
-
     root = Collection()
     groups: dict[str, Any] = {}
     index = operation_index()
@@ -210,6 +278,5 @@ def namespace() -> Any:
 
 def main() -> None:
     """Entry point of the ``llamaforge`` console script (same tasks as ``invoke``)."""
-    from invoke.program import Program
-
+    adapt_invoke()
     Program(namespace=namespace(), version=__version__, name="llamaforge", binary="llamaforge").run()
