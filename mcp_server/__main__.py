@@ -1,4 +1,7 @@
-"""``python -m mcp_server``: stdio by default; ``--http`` for streamable HTTP (loopback, bearer token required)."""
+"""``python -m mcp_server``: stdio by default; ``--http`` for streamable HTTP (loopback, bearer token required).
+
+The flags decide what a caller may do beyond reading and building in Docker; docs/security.md describes each.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +12,18 @@ import sys
 from pathlib import Path
 from types import FrameType
 
+from llamaforge.core import guard
 from llamaforge.core.errors import LlamaforgeError
 from llamaforge.core.jobs import JobManager
 from mcp_server.auth import StaticTokenVerifier, auth_settings, is_loopback, load_token, transport_security
-from mcp_server.server import ServerOptions, build_server
+from mcp_server.options import DEFAULT_MAX_JOBS, ServerOptions, host_guard
+from mcp_server.policy import check_project_dir
+from mcp_server.server import build_server
+
+PARAM_WARNING = (
+    "warning: --confirm param: a destructive call runs when the caller passes confirm=true, so the caller, "
+    "not a person, decides; use it only with a client that shows every call to its user before sending it"
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -29,23 +40,54 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--allowed-host", action="append", default=[], metavar="NAME",
         help="Extra Host header name clients use (e.g. behind a reverse proxy); repeatable",
     )  # fmt: skip
-    parser.add_argument("--read-only", action="store_true", help="Expose only read-only tools")
+    parser.add_argument(
+        "--read-only", action="store_true",
+        help="Expose only read-only tools; nothing is written, downloaded or built and no program runs",
+    )  # fmt: skip
     parser.add_argument(
         "--allow-root", action="append", type=Path, default=[], metavar="DIR",
         help="Another directory path parameters may point into (repeatable)",
     )  # fmt: skip
     parser.add_argument(
-        "--project-dir",
-        type=Path,
-        default=Path.cwd(),
-        help="The project directory (default: the current one)",
-    )
-    parser.add_argument(
-        "--confirm", choices=["param", "elicit"], default="param",
-        help="Destructive tools run with confirm=true or an accepted elicitation (param, default), "
-        "or only with an accepted elicitation (elicit)",
+        "--project-dir", type=Path,
+        help="The project directory (default: the current one, refused when it is / or the home directory or "
+        "a parent of it)",
     )  # fmt: skip
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--confirm", choices=["elicit", "param"], default="elicit",
+        help="Destructive calls run when the user accepts the server's question through the client (elicit, "
+        "default), or also when the caller passes confirm=true (param: the caller decides; prints a warning)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--allow-host-builds", action="store_true",
+        help="Let calls build outside Docker (executor local/ssh, build_host), repeat manifests (from_manifest) "
+        "and use recipes, patch series and matrices from outside the project; each such call is confirmed",
+    )  # fmt: skip
+    parser.add_argument(
+        "--allow-deploy-host", action="append", default=[], metavar="NAME",
+        help="A host destructive calls (deploy, rollback, topology) may target; repeatable (default: any)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--allow-inventory", action="append", type=Path, default=[], metavar="FILE",
+        help="An inventory or topology file destructive calls may use; repeatable (default: any)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--allow-url-host", action="append", metavar="HOST",
+        help="A host downloads and remote reads may reach; repeatable (default: any host except link-local "
+        "and cloud-metadata addresses, which only this flag allows)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--allow-ssh-host", action="append", metavar="HOST",
+        help="A host SSH may dial (deploy, status, build hosts); repeatable (default: any)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-jobs", type=int, default=DEFAULT_MAX_JOBS, metavar="N",
+        help=f"Jobs that may run at once; more are refused (default: {DEFAULT_MAX_JOBS})",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.max_jobs < 1:
+        parser.error("--max-jobs must be at least 1")
+    return args
 
 
 def _stop_on_signal(jobs: JobManager) -> None:
@@ -70,27 +112,29 @@ def _stop_on_signal(jobs: JobManager) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the server until the client (stdio) or a signal (HTTP) ends it; returns the exit code."""
     args = parse_args(argv)
-    options = ServerOptions(
-        read_only=args.read_only,
-        project_dir=args.project_dir.resolve(),
-        allow_roots=tuple(args.allow_root),
-        confirm=args.confirm,
-    )
     jobs = JobManager()
     try:
-        if args.http:
-            token = load_token(args.token_file)
-            server = build_server(
-                options,
-                jobs=jobs,
-                token_verifier=StaticTokenVerifier(token),
-                auth=auth_settings(args.host, args.port),
-            )
-        else:
-            server = build_server(options, jobs=jobs)
+        project_dir = args.project_dir or Path.cwd()
+        check_project_dir(project_dir, explicit=args.project_dir is not None)
+        token = load_token(args.token_file) if args.http else None
+        options = ServerOptions(
+            read_only=args.read_only, project_dir=project_dir.resolve(), allow_roots=tuple(args.allow_root),
+            confirm=args.confirm, allow_host_builds=args.allow_host_builds,
+            deploy_hosts=tuple(args.allow_deploy_host), inventories=tuple(args.allow_inventory),
+            url_hosts=None if args.allow_url_host is None else tuple(args.allow_url_host),
+            ssh_hosts=None if args.allow_ssh_host is None else tuple(args.allow_ssh_host),
+            max_jobs=args.max_jobs, secrets=(token,) if token else (),
+        )  # fmt: skip
+        # For good, not only while a client is connected: jobs outlive their client.
+        guard.install(host_guard(options))
+        verifier = StaticTokenVerifier(token) if token else None
+        auth = auth_settings(args.host, args.port) if token else None
+        server = build_server(options, jobs=jobs, token_verifier=verifier, auth=auth)
     except LlamaforgeError as error:
         print(f"error: {error.render()}", file=sys.stderr)
         return error.exit_code
+    if args.confirm == "param":
+        print(PARAM_WARNING, file=sys.stderr)
     if args.http and not is_loopback(args.host):
         print(f"warning: serving on {args.host}, reachable from other machines", file=sys.stderr)
     _stop_on_signal(jobs)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
+import stat
 from pathlib import Path
 
 from mcp.server.auth.provider import AccessToken
@@ -34,14 +35,21 @@ class StaticTokenVerifier:
 
 
 def load_token(token_file: Path | None) -> str:
-    """The bearer token from ``--token-file`` or ``LLAMAFORGE_MCP_TOKEN``; refuses a missing or short one."""
+    """The bearer token from ``--token-file`` (readable by its owner only) or ``LLAMAFORGE_MCP_TOKEN`` (removed
+    from the environment once read, so no child process inherits it); refuses a missing or short one."""
     if token_file is not None:
         try:
+            mode = token_file.stat().st_mode
             token = token_file.read_text(encoding="utf-8").strip()
         except OSError as error:
             raise InvalidOption(f"cannot read token file {token_file}: {error.strerror}") from None
+        if mode & 0o077:
+            raise InvalidOption(
+                f"token file {token_file} can be read by other users (mode {stat.S_IMODE(mode):04o})",
+                hint=f"chmod 600 {token_file}",
+            )
     else:
-        token = os.environ.get(TOKEN_ENV, "").strip()
+        token = os.environ.pop(TOKEN_ENV, "").strip()
     if not token:
         raise InvalidOption(
             "the HTTP transport needs a bearer token",

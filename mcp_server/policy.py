@@ -1,6 +1,7 @@
-"""What the MCP front refuses: paths outside the allowed roots, and destructive calls nobody confirmed.
+"""What the MCP front refuses: paths outside the allowed roots, a project root that would allow the whole home
+directory, and destructive calls no person confirmed.
 
-Both checks are derived from the operation registry (fields declared with ``path_field``,
+The checks are derived from the operation registry (fields declared with ``path_field``,
 ``Operation.destructive``), so an operation registered later is covered without touching this module.
 """
 
@@ -21,6 +22,8 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.resolve import Elicit
 from pydantic import BaseModel, Field
 
+from llamaforge.core.errors import InvalidOption
+from llamaforge.core.guard import PolicyRefused
 from llamaforge.core.paths import data_dir, home
 from llamaforge.core.registry import Operation, Params, is_path_field
 
@@ -41,6 +44,22 @@ def path_fields(params: type[Params]) -> tuple[str, ...]:
     """Names of the fields of ``params`` that hold a file-system path (or a name-or-path): those declared
     with ``path_field``."""
     return tuple(name for name, info in params.model_fields.items() if is_path_field(info))
+
+
+def check_project_dir(project_dir: Path, *, explicit: bool) -> None:
+    """Refuse serving ``/``, the home directory or a parent of it as the project (path parameters may point
+    anywhere inside the project, ``~/.ssh`` included) unless the person named it with ``--project-dir``."""
+    if explicit:
+        return
+    resolved = project_dir.resolve()
+    user_home = Path.home().resolve()
+    if resolved == Path(resolved.anchor) or user_home == resolved or user_home.is_relative_to(resolved):
+        raise InvalidOption(
+            f"the project directory would be {resolved} (the current directory): path parameters could then "
+            f"reach everything under it, {user_home / '.ssh'} included",
+            hint='start the server in the llamaforge checkout (the client\'s "cwd"), or name the project with '
+            "--project-dir DIR",
+        )
 
 
 def default_roots(project_dir: Path, extra: Iterable[Path] = ()) -> tuple[Path, ...]:
@@ -98,6 +117,14 @@ class PathPolicy:
                 "hint: start the server with --allow-root DIR to allow another directory"
             )
 
+    def check_file_path(self, what: str, path: str) -> None:
+        """The guard's check of a path named inside a file (``what`` names the file and field): the same roots
+        as a parameter, refused with :class:`PolicyRefused`."""
+        try:
+            self.check_value(what, path)
+        except ToolError as error:
+            raise PolicyRefused(str(error).replace("path parameter ", "", 1)) from None
+
     def check(self, op: Operation, arguments: dict[str, Any]) -> None:
         """Check every path field of ``op`` present in ``arguments``, and refuse ``..`` in any other text."""
         paths = set(path_fields(op.params))
@@ -124,9 +151,15 @@ class NotAsked(BaseModel):
     """The resolver's answer when nobody could be asked (the client declared no elicitation)."""
 
 
+class NotNeeded(BaseModel):
+    """The resolver's answer for a call that changes nothing a person must agree to (a build in Docker)."""
+
+
 CONFIRM_PARAM = "confirm"
 CONFIRMATION_PARAM = "mcp_confirmation"
-_Answer = Confirmation | NotAsked | Elicit[Confirmation]
+_Answer = Confirmation | NotAsked | NotNeeded | Elicit[Confirmation]
+NeedsConfirmation = Callable[[dict[str, Any]], str | None]
+"""Why a call with these arguments needs a person's agreement (the question's first line), or None."""
 
 
 def can_elicit(ctx: Context[Any, Any]) -> bool:
@@ -137,35 +170,37 @@ def can_elicit(ctx: Context[Any, Any]) -> bool:
 
 
 def confirmation_resolver(
-    op: Operation,
     tool_name: str,
     fields: Sequence[str],
     policy: ConfirmPolicy,
     precheck: Callable[[dict[str, Any]], None],
+    needed: NeedsConfirmation,
 ) -> Callable[..., Awaitable[_Answer]]:
-    """A resolver for ``Resolve(...)``: ``confirm=true`` (policy ``param``) or an accepted elicitation.
+    """A resolver for ``Resolve(...)``: an accepted elicitation, or ``confirm=true`` under policy ``param``.
 
     It sees the tool's arguments by name, so the question shows them. When the client cannot be asked it
     answers ``NotAsked`` and the tool refuses with a message that says what to do (never a protocol error).
-    ``precheck`` (the path policy) runs first, so nobody is asked about a call that would be refused anyway.
+    ``precheck`` (the path and host policies) runs first, so nobody is asked about a call that would be refused
+    anyway; ``needed`` says whether these arguments need a person at all, and why.
     """
 
     async def ask(**kwargs: Any) -> _Answer:
         ctx: Context[Any, Any] = kwargs.pop("mcp_context")
         confirmed = bool(kwargs.pop(CONFIRM_PARAM, False))
         precheck(kwargs)
+        reason = needed(kwargs)
+        if reason is None:
+            return NotNeeded()
         if confirmed and policy == "param":
             return Confirmation(confirm=True)
         if not can_elicit(ctx):
             return NotAsked()
         arguments = json.dumps(kwargs, sort_keys=True, default=str)
-        return Elicit(
-            f"{tool_name} is destructive: {op.summary}\nArguments: {arguments}\nRun it?", Confirmation
-        )
+        return Elicit(f"{tool_name} {reason}\nArguments: {arguments}\nRun it?", Confirmation)
 
-    parameters = [
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in (*fields, CONFIRM_PARAM)
-    ]
+    # The tool has a confirm argument only under policy "param".
+    names = (*fields, CONFIRM_PARAM) if policy == "param" else tuple(fields)
+    parameters = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in names]
     parameters.append(inspect.Parameter("mcp_context", inspect.Parameter.KEYWORD_ONLY, annotation=Context))
     ask.__signature__ = inspect.Signature(parameters, return_annotation=_Answer)  # type: ignore[attr-defined]
     ask.__annotations__ = {"mcp_context": Context, "return": _Answer}
@@ -175,6 +210,8 @@ def confirmation_resolver(
 
 def refusal(tool_name: str, op: Operation, outcome: object, policy: ConfirmPolicy) -> str | None:
     """None when ``outcome`` (the resolved confirmation) allows the call; otherwise why it is refused."""
+    if isinstance(outcome, NotNeeded):
+        return None
     action = getattr(outcome, "action", None)
     data = getattr(outcome, "data", None)
     if action == "accept" and isinstance(data, Confirmation):
@@ -186,9 +223,10 @@ def refusal(tool_name: str, op: Operation, outcome: object, policy: ConfirmPolic
         return f"{tool_name} was not run: the user {done} the confirmation."
     if policy == "elicit":
         return (
-            f"{tool_name} is destructive ({op.summary}) and this server requires a person to confirm it through "
-            "the client (elicitation), which this client does not support. Use a client that supports "
-            "elicitation, or start the server with --confirm param."
+            f"{tool_name} was not run: it needs a person's confirmation ({op.summary}), which this server asks "
+            "through the client (elicitation), and this client cannot ask. Run it from a client that supports "
+            "elicitation, or from the command line; a confirm argument is not taken as the user's agreement "
+            "(only a server started with --confirm param accepts it)."
         )
     return (
         f"{tool_name} is destructive ({op.summary}) and was not confirmed. Ask the user; if they agree, call "

@@ -14,6 +14,7 @@ from pydantic import Field
 from llamaforge.core.errors import CacheError, LlamaforgeError
 from llamaforge.core.jobs import JobManager, UnknownJob
 from llamaforge.serve.gpus import cuda_arch_for
+from mcp_server.output import Output
 
 JSON = "application/json"
 
@@ -22,8 +23,8 @@ def _json(data: Any) -> str:
     return json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
 
 
-def add_resources(server: MCPServer[Any], jobs: JobManager) -> None:
-    """Register the recipe, manifest and job-log resources on ``server``."""
+def add_resources(server: MCPServer[Any], jobs: JobManager, output: Output) -> None:
+    """Register the recipe, manifest and job-log resources on ``server`` (what they return is masked)."""
 
     @server.resource("llamaforge://recipes", name="recipes", mime_type=JSON)
     def recipes_index() -> str:
@@ -53,7 +54,7 @@ def add_resources(server: MCPServer[Any], jobs: JobManager) -> None:
         from llamaforge.build.store import find_build
 
         try:
-            return _json(find_build(key))
+            return output.text(_json(find_build(key)))
         except CacheError as error:
             raise ResourceNotFoundError(error.render()) from None
 
@@ -64,7 +65,7 @@ def add_resources(server: MCPServer[Any], jobs: JobManager) -> None:
             page = jobs.logs(job_id, offset=0, limit=1_000_000)
         except UnknownJob as error:
             raise ResourceNotFoundError(error.render()) from None
-        return "\n".join(page.lines) + ("\n" if page.lines else "")
+        return output.text("\n".join(page.lines) + ("\n" if page.lines else ""))
 
 
 def gpu_arch(gpu: str) -> str | None:

@@ -175,6 +175,8 @@ async def test_every_operation_has_an_mcp_tool_and_an_invoke_task() -> None:
 async def test_tools_mirror_params_and_annotations(test_operations: list[str]) -> None:
     async with Client(build_server()) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+    async with Client(build_server(ServerOptions(confirm="param"))) as client:
+        with_param = {tool.name: tool for tool in (await client.list_tools()).tools}
     for op in operations().values():
         for name in [op.name.replace(".", "_")] + (
             [op.name.replace(".", "_") + "_start"] if op.long_running else []
@@ -185,7 +187,9 @@ async def test_tools_mirror_params_and_annotations(test_operations: list[str]) -
             assert tool.annotations.destructive_hint is (op.destructive and not op.read_only), name
             properties = tool.input_schema.get("properties", {})
             assert set(op.params.model_fields) <= set(properties), name
-            assert ("confirm" in properties) is op.destructive, name
+            # A confirm argument exists only where the server takes the caller's word (--confirm param).
+            assert "confirm" not in properties, name
+            assert ("confirm" in with_param[name].input_schema.get("properties", {})) is op.destructive, name
             for field, info in op.params.model_fields.items():
                 assert properties[field].get("description") == info.description, (name, field)
                 assert (properties[field].get("x-llamaforge-path") is True) == (
@@ -235,7 +239,7 @@ async def test_recipes_list_and_builds_list_return_structured_output(lf_home: Pa
     async with Client(build_server()) as client:
         recipes = data(await client.call_tool("recipes_list", {}))
         assert "default" in [item["name"] for item in recipes["recipes"]]
-        assert data(await client.call_tool("builds_list", {})) == {"builds": []}
+        assert data(await client.call_tool("builds_list", {}))["builds"] == []
         shown = data(await client.call_tool("recipes_show", {"name": "default"}))
         assert shown["recipe"]["name"] == "default"
 
@@ -341,7 +345,8 @@ async def test_path_traversal_and_paths_outside_the_roots_are_refused(tmp_path: 
 
 async def test_destructive_tool_needs_confirmation(test_operations: list[str]) -> None:
     wiped = test_operations
-    async with Client(build_server()) as client:
+    # --confirm param (an explicit flag): the caller's confirm=true is taken as the user's agreement.
+    async with Client(build_server(ServerOptions(confirm="param"))) as client:
         text = error_text(await client.call_tool("testonly_wipe", {"what": "builds"}))
         assert "destructive" in text and "confirm=true" in text
         assert wiped == []
@@ -369,10 +374,13 @@ async def test_destructive_tool_needs_confirmation(test_operations: list[str]) -
             assert "was not run" in text, text
     assert wiped == ["builds", "models"]
 
-    # Policy "elicit": a confirm flag the model can set is not enough, and a client that cannot ask is refused.
-    async with Client(build_server(ServerOptions(confirm="elicit"))) as client:
+    # The default, elicit: a confirm argument the caller could set does not exist, and a client that cannot
+    # ask its user is refused with what to do.
+    async with Client(build_server()) as client:
+        text = error_text(await client.call_tool("testonly_wipe", {"what": "all"}))
+        assert "needs a person's confirmation" in text and "client that supports elicitation" in text
         text = error_text(await client.call_tool("testonly_wipe", {"what": "all", "confirm": True}))
-        assert "requires a person to confirm" in text
+        assert "confirm" in text
     assert wiped == ["builds", "models"]
 
 
@@ -503,7 +511,7 @@ async def test_stdio_transport(lf_home: Path) -> None:
         )
         recipes = data(await client.call_tool("recipes_list", {}))
         assert "default" in [item["name"] for item in recipes["recipes"]]
-        assert data(await client.call_tool("builds_list", {})) == {"builds": []}
+        assert data(await client.call_tool("builds_list", {}))["builds"] == []
 
 
 def _free_port() -> int:
