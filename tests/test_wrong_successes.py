@@ -1,0 +1,346 @@
+"""Inputs that used to succeed wrongly (or end in a traceback) are refused with one clear error; outputs say
+what happened.
+
+Each bad input runs through the real Invoke front in a private LLAMAFORGE_HOME: exit code 2, one ``error:``
+line (a hint may follow), no traceback. None of them reaches a build: the refusals come before any build
+starts, and the smoke cases name a build key the store does not hold, so a refusal that stopped working
+fails on that key instead of building. The accepted spellings are checked against the plan, the fit and the
+split they produce. The doctor test starts one short-lived container from the local base image, labelled as
+a build container, and removes it by its id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import gguf
+import pytest
+
+from helpers import invoke
+from llamaforge.build.cuda_arch import parse_cuda_archs
+from llamaforge.build.ops import BuildParams, _plan_from_params
+from llamaforge.core.errors import CacheError, InvalidOption
+from llamaforge.core.events import Event
+from llamaforge.core.registry import OperationContext
+from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
+from llamaforge.serve.fit import plan_fit, synthetic_header
+from llamaforge.serve.fit_chart import _figure, fit_chart_png, save_fit_chart
+from llamaforge.serve.split import parse_devices
+from llamaforge.smoke.report import compare_runs, resolve_run
+
+VOCAB_ENV = "LLAMAFORGE_TEST_VOCAB"
+ABSENT_BUILD = "0000deadbeef"  # a key prefix no store holds: a smoke that got past its refusal stops here
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A tiny dense qwen3 GGUF (real qwen2 vocabulary) and a vocab-only GGUF (no tensors)."""
+    vocab = os.environ.get(VOCAB_ENV, "")
+    if not Path(vocab).is_file():
+        pytest.skip(f"set {VOCAB_ENV} to llama.cpp's models/ggml-vocab-qwen2.gguf")
+    root = tmp_path_factory.mktemp("models")
+    dense = write_tiny_model(root / "tiny-qwen3.gguf", TinyModelSpec(arch="qwen3"), Path(vocab)).path
+    vocab_only = root / "vocab-only.gguf"
+    writer = gguf.GGUFWriter(vocab_only, "qwen3")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(["a", "b", "c"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    return {"dense": dense, "vocab_only": vocab_only}
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """The front's environment with a private, empty LLAMAFORGE_HOME."""
+    return {**os.environ, "LLAMAFORGE_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
+
+
+def _refused(args: list[str], env: dict[str, str], message: str) -> str:
+    """Run ``invoke ARGS``; it must exit 2 with one error line holding ``message`` and no traceback."""
+    result = invoke(*args, env=env, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, f"exit {result.returncode}: {output[-3000:]}"
+    assert "Traceback" not in output, output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr
+    assert message in errors[0], result.stderr
+    return result.stderr
+
+
+# --- bad inputs, through the front ---------------------------------------------------------------------------
+
+FIT = ["--vram", "8GiB", "--ctx", "512"]
+SPLIT = ["--ctx", "512", "--devices"]
+
+BAD_INPUTS: list[tuple[str, list[str], str]] = [
+    ("smoke measuring nothing", ["smoke", "--skip-bench", "--skip-server", "--build", ABSENT_BUILD],
+     "--skip-bench and --skip-server together leave nothing to measure"),
+    ("build --jobs 0", ["build", "--dry-run", "--jobs", "0"], "--jobs: Input should be greater than or equal to 1"),
+    ("build --jobs -3", ["build", "--dry-run", "--jobs", "-3"], "--jobs: Input should be greater than or equal"),
+    ("build --arch ''", ["build", "--dry-run", "--arch", ""], "empty CUDA arch list"),
+    ("build --arch rtx4909", ["build", "--dry-run", "--arch", "rtx4909"], "invalid CUDA arch 'rtx4909'"),
+    ("build --arch 'RTX 4909'", ["build", "--dry-run", "--arch", "RTX 4909"], "invalid CUDA arch 'RTX 4909'"),
+    ("split port out of range", ["models.split", "{dense}", *SPLIT, "10.0.0.2:99999=1GiB"],
+     "port 99999 is out of range (1-65535)"),
+    ("split port not a number", ["models.split", "{dense}", *SPLIT, "10.0.0.2:abc=1GiB"],
+     "port 'abc' is not a number"),
+    ("split without a host", ["models.split", "{dense}", *SPLIT, ":50052=1GiB"], "has no valid host"),
+    ("fit of a vocab-only file", ["models.fit", "{vocab_only}", *FIT],
+     "vocab-only.gguf has no tensors: a vocab-only file cannot be served"),
+    ("split of a vocab-only file", ["models.split", "{vocab_only}", *SPLIT, "gpu=8GiB"],
+     "has no tensors: a vocab-only file cannot be served"),
+    ("--n-cpu-moe on a dense model", ["models.fit", "{dense}", *FIT, "--n-cpu-moe", "1"],
+     "is a dense model, it has no experts to keep on the CPU"),
+    ("--plot DIR/", ["models.fit", "{dense}", *FIT, "--plot", "{tmp}/"], "is a directory"),
+    ("--plot x.bmp", ["models.fit", "{dense}", *FIT, "--plot", "{tmp}/x.bmp"],
+     "the chart is written as PNG, SVG or PDF, not .bmp"),
+    ("compare absolute paths that are no runs", ["smoke.compare", "{tmp}", "{tmp}/nothing-here"],
+     "is not a smoke run directory (it has no report.json)"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "message"), [case[1:] for case in BAD_INPUTS], ids=[c[0] for c in BAD_INPUTS]
+)
+def test_bad_input_is_refused_with_one_error_line(
+    args: list[str], message: str, models: dict[str, Path], env: dict[str, str], tmp_path: Path
+) -> None:
+    names = {"dense": str(models["dense"]), "vocab_only": str(models["vocab_only"]), "tmp": str(tmp_path)}
+    stderr = _refused([arg.format(**names) for arg in args], env, message)
+    assert not (tmp_path / "x.bmp").exists()
+    assert not (Path(env["LLAMAFORGE_HOME"]) / "builds").exists()  # nothing was built
+    if "--arch" in args:
+        hint = next(line for line in stderr.splitlines() if "hint:" in line)
+        assert len(hint) < 400, hint  # a few names, not the ~80 of the whole table
+        if "rtx4909" in args or "RTX 4909" in args:
+            assert "did you mean 'rtx4090'" in hint
+
+
+# --- what is accepted, and what it means ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("arch", "cmake"),
+    [("8.6", "86"), ("sm_86", "86"), ("compute_86", "86"), ("8.6,8.9", "86;89"), ("12.0", "120"),
+     ("9.0a-real", "90a-real"), ("RTX 4090", "89"), ("a10", "86"), ("l40", "89"), ("h100-nvl", "90"),
+     ("NVIDIA A10", "86"), ("86 89", "86;89")],
+)  # fmt: skip
+def test_arch_spellings_reach_the_plan(arch: str, cmake: str) -> None:
+    plan, _options = _plan_from_params(BuildParams(arch=arch, dry_run=True))
+    assert plan.backend == "cuda"
+    assert f"-DCMAKE_CUDA_ARCHITECTURES={cmake}" in plan.cmake_args
+
+
+def test_every_fit_gpu_is_a_build_arch() -> None:
+    """`models.fit --gpu NAME` and `build --arch NAME` read one table: the same names, the same cards."""
+    from llamaforge.serve.gpus import find_gpu, load_gpus
+
+    for key, gpu in load_gpus().gpus.items():
+        assert find_gpu(key) is gpu
+        assert parse_cuda_archs(key) == [gpu.cuda_arch], key
+
+
+def test_jobs_and_ports_at_their_bounds_are_accepted() -> None:
+    assert BuildParams(jobs=1).jobs == 1
+    devices = parse_devices("10.0.0.2:65535=1GiB,host-b.lan:1=1GiB,10.0.0.4=1GiB,gpu=1GiB")
+    assert [device.endpoint for device in devices] == [
+        "10.0.0.2:65535",
+        "host-b.lan:1",
+        "10.0.0.4:50052",
+        None,
+    ]
+
+
+def test_n_cpu_moe_on_a_moe_model_is_planned() -> None:
+    header = synthetic_header(TinyModelSpec(arch="qwen3moe", n_layer=4), n_vocab=1024)
+    plan = plan_fit(header, vram_bytes=8 << 30, ctx=512, n_cpu_moe=2)
+    assert plan.n_cpu_moe == 2 and "--n-cpu-moe" in plan.flags
+    dense = synthetic_header(TinyModelSpec(arch="qwen3", n_layer=4), n_vocab=1024)
+    assert plan_fit(dense, vram_bytes=8 << 30, ctx=512, n_cpu_moe=0).n_cpu_moe == 0
+
+
+def _png_size(png: bytes) -> tuple[int, int]:
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", png[16:24])
+    return int(width), int(height)
+
+
+def test_fit_chart_keeps_the_legend_and_label_and_writes_the_suffix(tmp_path: Path) -> None:
+    plan = plan_fit(synthetic_header(TinyModelSpec(arch="qwen3", n_layer=2), n_vocab=1024), gpu="rtx4090",
+                    ctx=4096).to_json()  # fmt: skip
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    figure = _figure([plan], None)
+    drawn = figure.get_tightbbox(FigureCanvasAgg(figure).get_renderer())  # legend and y label included
+    assert drawn.x1 > figure.get_figwidth()  # the legend reaches past the figure's own width ...
+    width, height = _png_size(fit_chart_png([plan], dpi=100))
+    assert width >= drawn.width * 100 and height >= drawn.height * 100  # ... and the image holds all of it
+    assert save_fit_chart([plan], tmp_path / "fit.svg").read_bytes().lstrip().startswith(b"<?xml")
+    assert save_fit_chart([plan], tmp_path / "fit.pdf").read_bytes()[:5] == b"%PDF-"
+    assert save_fit_chart([plan], tmp_path / "sub" / "fit.PNG").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_fit_says_where_the_plot_went(models: dict[str, Path], env: dict[str, str], tmp_path: Path) -> None:
+    plot = tmp_path / "charts" / "fit.svg"
+    result = invoke("models.fit", str(models["dense"]), *FIT, "--plot", str(plot), env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert f"memory chart written to {plot}" in result.stdout
+    assert plot.read_bytes().lstrip().startswith(b"<?xml")
+
+
+# --- smoke.compare with paths ---------------------------------------------------------------------------------
+
+
+def _run(directory: Path, run_id: str, tg: float) -> Path:
+    report: dict[str, Any] = {
+        "run_id": run_id, "host": {"platform": "Linux"}, "build": {"key": "k" * 32}, "model": {"label": "tiny"},
+        "bench": {"tests": [{"name": "tg32", "avg_ts": tg}]},
+    }  # fmt: skip
+    directory.mkdir(parents=True)
+    (directory / "report.json").write_text(json.dumps(report), encoding="utf-8")
+    return directory
+
+
+def test_compare_takes_absolute_paths_outside_the_store(tmp_path: Path) -> None:
+    root = tmp_path / "home" / "smoke"
+    a = _run(tmp_path / "elsewhere" / "run-a", "20260101T000000Z-a", 50.0)
+    b = _run(tmp_path / "elsewhere" / "run-b", "20260101T000001Z-b", 55.0)
+    data = compare_runs(str(a.resolve()), str(b / "report.json"), root)
+    assert (data["a"]["run_dir"], data["b"]["run_dir"]) == (str(a.resolve()), str(b))
+    assert data["rows"][0]["ratio"] == pytest.approx(1.1)
+    for ref in (str(tmp_path / "missing"), str(tmp_path / "elsewhere"), "/", "2026*", "[a-z]*"):
+        with pytest.raises(InvalidOption):
+            resolve_run(ref, root)
+
+
+# --- builds.list with a damaged entry -------------------------------------------------------------------------
+
+
+def _manifest(key: str) -> dict[str, Any]:
+    return {"key": key, "recipe": {"name": "default"}, "backend": "cpu", "cuda_architectures": [],
+            "patches": [{"name": "0001-example.patch"}], "finished_at": "2026-01-01T00:00:00Z",
+            "image": {"executor": "docker"}}  # fmt: skip
+
+
+def test_builds_list_names_a_damaged_entry_and_lists_the_others(env: dict[str, str]) -> None:
+    builds = Path(env["LLAMAFORGE_HOME"]) / "builds"
+    good, not_json, incomplete = "a" * 32, "b" * 32, "c" * 32
+    for key, text in ((good, json.dumps(_manifest(good))), (not_json, '{"key": "bbb'),
+                      (incomplete, json.dumps({"key": incomplete, "backend": "cpu"}))):  # fmt: skip
+        (builds / key).mkdir(parents=True)
+        (builds / key / "manifest.json").write_text(text, encoding="utf-8")
+    shown = invoke("builds.list", env=env, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert good in shown.stdout and "Traceback" not in shown.stdout + shown.stderr
+    warnings = [line for line in shown.stdout.splitlines() if line.startswith("warning: damaged store entry")]
+    assert (
+        len(warnings) == 2
+        and not_json in warnings[0] + warnings[1]
+        and incomplete in warnings[0] + warnings[1]
+    )
+    data = json.loads(invoke("builds.list", "--json", env=env, timeout=120).stdout)
+    assert [item["key"] for item in data["builds"]] == [good]
+    errors = {Path(item["path"]).name: item["error"] for item in data["broken"]}
+    assert "manifest.json is not JSON" in errors[not_json]
+    assert "manifest.json has no 'recipe' field" in errors[incomplete]
+    show = invoke("builds.show", "bbbb", env=env, timeout=120)
+    assert show.returncode == CacheError.exit_code and f"build {not_json} is damaged" in show.stderr
+
+
+# --- doctor and a running build container -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def build_container(docker_engine: Any, base_image: str) -> Iterator[Any]:
+    """A container labelled like a build's, running ``sleep``; removed by its id afterwards."""
+    import docker.errors
+
+    from llamaforge.runners.engine import LABEL
+
+    container = docker_engine.containers.run(
+        base_image, ["sleep", "300"], labels={LABEL: "1", "org.llamaforge.role": "build"}, detach=True,
+        network_mode="none", init=True,
+    )  # fmt: skip
+    try:
+        yield container
+    finally:
+        with contextlib.suppress(docker.errors.NotFound):
+            docker_engine.containers.get(container.id).remove(force=True)
+
+
+def _container_checks(short_id: str) -> dict[str, dict[str, str]]:
+    from llamaforge.build.doctor import run_doctor
+
+    return {check.name: check.__dict__ for check in run_doctor() if short_id in check.detail + check.hint}
+
+
+@pytest.mark.docker
+def test_doctor_never_calls_a_running_build_container_leftover(build_container: Any) -> None:
+    short_id = build_container.short_id
+    running = _container_checks(short_id)
+    assert list(running) == ["running containers"], running
+    check = running["running containers"]
+    assert f"{short_id} (build " in check["detail"] and "running)" in check["detail"]
+    assert "rm" not in check["hint"] and f"docker stop {short_id}" in check["hint"]
+    assert "Ctrl-C" in check["hint"]
+    build_container.stop(timeout=1)
+    stopped = _container_checks(short_id)
+    assert list(stopped) == ["containers"], stopped
+    assert (
+        f"docker rm {short_id}" in stopped["containers"]["hint"] and "-f" not in stopped["containers"]["hint"]
+    )
+
+
+# --- a bare smoke says it starts a cold build ---------------------------------------------------------------------
+
+
+class _Stop(Exception):
+    """Raised by the test's reporter at the first event, so nothing after it runs."""
+
+
+def _resolve_default(events: list[Event], *, cache_hit_passes: bool = False) -> None:
+    """Resolve smoke's default build, stopping at the first event (only a cache hit may pass): a build would
+    report before starting anything, so none starts."""
+    from llamaforge.smoke.ops import resolve_build
+
+    def reporter(event: Event) -> None:
+        events.append(event)
+        if not (cache_hit_passes and event.message.startswith("cache hit")):
+            raise _Stop
+
+    resolve_build(None, "docker", OperationContext(reporter=reporter))
+
+
+@pytest.mark.docker
+def test_bare_smoke_says_it_starts_a_cold_build(lf_home: Path, docker_engine: Any) -> None:
+    events: list[Event] = []
+    with pytest.raises(_Stop):
+        _resolve_default(events)
+    assert events[0].kind == "warning", events
+    note = events[0].message
+    assert "no --build given" in note and "building it now, cold" in note and "--build KEY" in note
+    assert "474 compile steps: 61 minutes on a loaded 2-core machine" in note
+    assert not (lf_home / "builds").exists()
+
+
+@pytest.mark.docker
+def test_smoke_with_the_default_build_in_store_gives_no_cold_note(
+    monkeypatch: pytest.MonkeyPatch, docker_engine: Any
+) -> None:
+    store = os.environ.get("LLAMAFORGE_TEST_HOME", "")
+    if not store:
+        pytest.skip("LLAMAFORGE_TEST_HOME is not set (the store the suite's builds are in)")
+    monkeypatch.setenv("LLAMAFORGE_HOME", store)
+    events: list[Event] = []
+    try:
+        _resolve_default(events, cache_hit_passes=True)
+    except _Stop:
+        pytest.skip(f"the default build is not in {store}: {events[-1].message}")
+    assert [event.kind for event in events] == ["info"], events
