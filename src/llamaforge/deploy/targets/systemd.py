@@ -18,7 +18,7 @@ import posixpath
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from llamaforge.core.errors import InvalidOption
+from llamaforge.core.errors import InvalidOption, LlamaforgeError
 from llamaforge.core.exits import exec_main_signal, systemd_signal
 from llamaforge.core.templates import render
 from llamaforge.deploy.probe import PROBE_BINARY, PROBE_LIMIT_S
@@ -102,6 +102,36 @@ def service_properties(unit: str, current: str, directory: str) -> list[str]:
     return properties
 
 
+class RootNotOwned(LlamaforgeError):
+    """A deployment directory on a host exists and is not the deploy user's (or is no directory): it is never
+    re-owned."""
+
+    exit_code = 15
+
+
+NOT_OWNED_EXIT = 3
+# $1 the service user, $2 the deploy user, $3 the deployment's directory. `install -d -o` would re-own a
+# directory that exists, so it only creates: one that exists must be a directory (no symlink) of the deploy user.
+PREPARE_SCRIPT = r"""
+id -u "$1" >/dev/null 2>&1 || useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$1" \
+  || exit 1
+owner=$(id -u "$2") || exit 1
+for dir in "$3" "$3/releases" "$3/models"; do
+  if [ -L "$dir" ] || { [ -e "$dir" ] && [ ! -d "$dir" ]; }; then
+    echo "llamaforge: $dir is there and is no directory" >&2
+    exit 3
+  elif [ -d "$dir" ]; then
+    if [ "$(stat -c %u "$dir")" != "$owner" ]; then
+      echo "llamaforge: $dir is there, owned by $(stat -c %U "$dir"), not by the deploy user $2" >&2
+      exit 3
+    fi
+  else
+    install -d -m 0755 -o "$2" -g "$2" "$dir" || exit 1
+  fi
+done
+"""
+
+
 class SystemdTarget:
     """llama-server as a systemd service (see the module docstring)."""
 
@@ -143,14 +173,22 @@ class SystemdTarget:
 
     def prepare(self, runner: SshProcessRunner, layout: Layout) -> None:
         """Create the service user (a system user without a home or a shell) and the deployment's directories,
-        owned by the deploy user so releases upload without sudo."""
-        script = (
-            'id -u "$1" >/dev/null 2>&1 || useradd --system --no-create-home --home-dir /nonexistent '
-            '--shell /usr/sbin/nologin "$1"; install -d -m 0755 -o "$2" -g "$2" "$3" "$3/releases" "$3/models"'
-        )
+        owned by the deploy user so releases upload without sudo. A directory that is there already is never
+        re-owned: one the deploy user does not own, or that is no directory (a symlink included), refuses the
+        host (:class:`RootNotOwned`)."""
         deployer = runner.run(["id", "-un"]).stdout.strip()
-        runner.run(["sudo", "-n", "sh", "-c", script, "sh", SERVICE_USER, deployer, layout.root],
-                   what=f"preparing {layout.root} on {runner.host.host}")  # fmt: skip
+        result = runner.run(["sudo", "-n", "sh", "-c", PREPARE_SCRIPT, "sh", SERVICE_USER, deployer, layout.root],
+                            warn=True, what=f"preparing {layout.root} on {runner.host.host}")  # fmt: skip
+        if result.exit_code == NOT_OWNED_EXIT:
+            said = (result.stderr.strip().splitlines() or ["a directory is not the deploy user's"])[-1]
+            raise RootNotOwned(
+                f"{runner.host.address}: {said.removeprefix('llamaforge: ')}",
+                hint="deploy with another --root or --name; llamaforge re-owns no directory it did not make "
+                "(if it is this deployment's, give it to the deploy user there yourself); nothing was changed",
+            )
+        if not result.ok:
+            raise RootNotOwned(f"{runner.host.address}: preparing {layout.root} failed: {result.stderr.strip()[-300:]}",
+                               hint="the deploy user needs passwordless sudo there")  # fmt: skip
 
     def prune(self, runner: SshProcessRunner, layout: Layout, removed: Sequence[str]) -> None:
         """Remove the releases' directories (the unit installed is ``current``'s, never theirs)."""
