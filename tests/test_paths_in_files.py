@@ -30,7 +30,7 @@ from llamaforge.build.patchflow import (
 from llamaforge.build.recipes import ArchiveSource, GitSource, load_recipe
 from llamaforge.build.source import fetch_source
 from llamaforge.core import guard
-from llamaforge.core.errors import InvalidOption, PatchError, RecipeError, SourceError
+from llamaforge.core.errors import InvalidOption, LlamaforgeError, PatchError, RecipeError, SourceError
 from llamaforge.core.guard import HostGuard, PolicyRefused
 from llamaforge.core.paths import data_dir
 from llamaforge.deploy.inventory import inventory_hosts
@@ -364,7 +364,7 @@ def test_new_patch_refuses_a_directory_llamaforge_did_not_make(tmp_path: Path, l
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     _hostile(repo, tmp_path / "ran")
     for attempt in (lambda: new_patch(series, repo, "x"), lambda: continue_refresh(series, repo)):
-        with pytest.raises(InvalidOption) as info:
+        with pytest.raises(LlamaforgeError) as info:
             attempt()
         assert "not a patch workspace made by llamaforge" in info.value.message
     assert not list(tmp_path.glob("ran.*")) and not (series / "series").exists()
@@ -376,7 +376,7 @@ def test_a_workspace_whose_git_configuration_changed_is_refused(tmp_path: Path, 
     workspace = create_workspace(_tree(tmp_path / "tree"), [], "edit")
     _hostile(workspace, tmp_path / "ran")
     _write(workspace / "src" / "file.c", FILE.replace("return 3;", "return 300;"))
-    with pytest.raises(InvalidOption) as info:
+    with pytest.raises(LlamaforgeError) as info:
         new_patch(series, workspace, "three")
     assert "git configuration" in info.value.message and "changed" in info.value.message
     assert not list(tmp_path.glob("ran.*"))

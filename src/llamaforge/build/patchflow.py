@@ -27,7 +27,7 @@ from typing import Any
 from llamaforge.build.git import SAFE_ENV, git_command
 from llamaforge.build.patches import PatchRef, apply_series, read_series, series_dir
 from llamaforge.build.source import make_workspace
-from llamaforge.core.errors import InvalidOption, LlamaforgeError, PatchError
+from llamaforge.core.errors import LlamaforgeError, PatchError
 from llamaforge.core.events import Event, Reporter, null_reporter
 from llamaforge.core.paths import home, write_text_atomic
 from llamaforge.runners.process import LOCAL, ProcessResult, ProcessRunner
@@ -199,7 +199,7 @@ def require_workspace(workspace: Path) -> None:
     except (OSError, ValueError):
         mine = False
     if not mine:
-        raise InvalidOption(
+        raise LlamaforgeError(
             f"{workspace} is not a patch workspace made by llamaforge (no .git/{_MARKER})",
             hint="make one with `invoke patches.edit` (a refresh makes its own); llamaforge runs git only in "
             "its own workspaces",
@@ -209,7 +209,7 @@ def require_workspace(workspace: Path) -> None:
     except OSError:
         unchanged = False
     if not unchanged:
-        raise InvalidOption(
+        raise LlamaforgeError(
             f"the git configuration of {workspace} changed since llamaforge made the workspace",
             hint="a configured command (filter, merge driver, monitor) could run; make a new workspace with "
             "`invoke patches.edit` and copy your edits into it",
