@@ -101,7 +101,8 @@ def run_operation(op: Operation, arguments: dict[str, Any], *, as_json: bool, ve
     """Validate ``arguments``, run ``op``, print its result (also when its verdict failed, then the error);
     return the exit code: 0, the error's, 130 after Ctrl-C, 143 after SIGTERM, 141 when stdout's reader went
     away. With ``as_json`` an error is also written on stdout as ``{"error": {"message", "hint",
-    "exit_code"}}`` (beside a failing verdict's result: one JSON object either way)."""
+    "exit_code"}}``; a failing verdict's result is printed as it is (its own model's shape, the verdict in it),
+    with the error on stderr."""
     err = _Console(stderr=True, soft_wrap=True)
     try:
         params = op.params.model_validate({k: v for k, v in arguments.items() if v is not None})
@@ -117,7 +118,7 @@ def run_operation(op: Operation, arguments: dict[str, Any], *, as_json: bool, ve
         failure, result = error, result_json(error.result)
     except Cancelled as error:
         reporter.close()
-        return _refuse(err, error, as_json=as_json, label="[yellow]cancelled[/yellow]")
+        return _refuse(err, error, as_json=as_json, label="[yellow]cancelled:[/yellow]")
     except LlamaforgeError as error:
         reporter.close()
         return _refuse(err, error, as_json=as_json)
@@ -125,23 +126,22 @@ def run_operation(op: Operation, arguments: dict[str, Any], *, as_json: bool, ve
         cancel.cancel()
         reporter.close()
         interrupted = Cancelled("cancelled; running work stopped and cleaned up; nothing was published")
-        return _refuse(err, interrupted, as_json=as_json, label="[yellow]interrupted[/yellow]")
+        return _refuse(err, interrupted, as_json=as_json, label="[yellow]interrupted:[/yellow]")
     finally:
         reporter.close()
-    shown = _show(op, result, failure, as_json=as_json)
+    shown = _show(op, result, as_json=as_json)
     if failure is not None:
         _say(err, "[red]failed:[/red]", failure)
         return failure.exit_code
     return 0 if shown else OUTPUT_CLOSED
 
 
-def _show(op: Operation, result: dict[str, Any], failure: OperationFailed | None, *, as_json: bool) -> bool:
-    """Print the result on stdout (with the error beside a failing verdict's, as JSON); False when stdout's
-    reader went away before it was all read (``| head -1``): the rest is dropped quietly."""
+def _show(op: Operation, result: dict[str, Any], *, as_json: bool) -> bool:
+    """Print the result on stdout; False when stdout's reader went away before it was all read (``| head -1``):
+    the rest is dropped quietly."""
     try:
         if as_json:
-            shown = result if failure is None else {**result, **_error_json(failure)}
-            sys.stdout.write(json.dumps(shown, indent=2, sort_keys=True, default=str) + "\n")
+            sys.stdout.write(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
             sys.stdout.flush()
         else:
             render_result(op, result, result_console())
