@@ -11,7 +11,7 @@ set(CMAKE_FIND_ROOT_PATH_MODE_LIBRARY ONLY)
 set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE ONLY)
 set(CMAKE_FIND_ROOT_PATH_MODE_PACKAGE ONLY)
 
-# The Windows API level the headers expose: 0x0A00 (Windows 10); cpp-httplib refuses less
+# The Windows API level the headers expose (Windows 10 or later: _WIN32_WINNT below); cpp-httplib refuses less
 # than Windows 10, and PrefetchVirtualMemory and SetThreadInformation need at least Windows 8 (0x0602).
 set(CMAKE_C_FLAGS_INIT "-D_WIN32_WINNT=0x0A00 -DWINVER=0x0A00")
 set(CMAKE_CXX_FLAGS_INIT "-D_WIN32_WINNT=0x0A00 -DWINVER=0x0A00")

@@ -50,6 +50,28 @@ def _dockerfile_json(value: object) -> str:
     return json.dumps(value)
 
 
+def _dockerfile_string(value: object) -> str:
+    # A double-quoted word of LABEL or ENV: Docker unescapes \\ and \" there and substitutes $VAR, so $ is
+    # escaped too; a line break cannot be written in one.
+    text = _refuse_control(str(value), "a Dockerfile instruction")
+    return json.dumps(text, ensure_ascii=False).replace("$", "\\$")
+
+
+def _cmake_word(value: object) -> str:
+    # An unquoted CMake argument (a program or a path): plain characters only, refused otherwise.
+    text = str(value)
+    if not re.fullmatch(r"[A-Za-z0-9_.+/-]+", text):
+        raise InvalidOption(f"{text!r} cannot be an unquoted CMake argument", hint="plain characters only")
+    return text
+
+
+def _cmake_string(value: object) -> str:
+    # A CMake quoted argument: \\, \" and \$ (a variable reference) escaped; a ; stays (it is the value's).
+    text = _refuse_control(str(value), "a CMake file")
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$")
+    return f'"{escaped}"'
+
+
 # A word systemd reads back as it is: no quote, backslash, specifier, variable, separator or blank.
 _SYSTEMD_PLAIN = re.compile(r"[A-Za-z0-9_=:,./+-]+")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -140,6 +162,9 @@ def _environment() -> jinja2.Environment:
     env.filters["q"] = _shell_quote
     env.filters["json"] = _dockerfile_json
     env.filters["ps"] = _powershell_quote
+    env.filters["dockerfile"] = _dockerfile_string
+    env.filters["cmake"] = _cmake_string
+    env.filters["cmake_word"] = _cmake_word
     env.filters["yaml"] = _yaml
     env.filters["compose"] = _interpolated_yaml
     env.filters["kube"] = _interpolated_yaml
