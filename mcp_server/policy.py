@@ -210,10 +210,10 @@ def confirmation_resolver(
 
 def refusal(tool_name: str, op: Operation, outcome: object, policy: ConfirmPolicy) -> str | None:
     """None when ``outcome`` (the resolved confirmation) allows the call; otherwise why it is refused."""
-    if isinstance(outcome, NotNeeded):
-        return None
     action = getattr(outcome, "action", None)
-    data = getattr(outcome, "data", None)
+    data = getattr(outcome, "data", None)  # a resolver's plain answer arrives as an accepted one
+    if isinstance(data, NotNeeded):
+        return None
     if action == "accept" and isinstance(data, Confirmation):
         if data.confirm:
             return None
