@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.paths import data_dir, home, write_text_atomic
+from llamaforge.core.validation import check_image_reference
 
 if TYPE_CHECKING:
     import jinja2
@@ -55,6 +56,14 @@ def _dockerfile_string(value: object) -> str:
     # escaped too; a line break cannot be written in one.
     text = _refuse_control(str(value), "a Dockerfile instruction")
     return json.dumps(text, ensure_ascii=False).replace("$", "\\$")
+
+
+def _image_reference(value: object) -> str:
+    # A FROM line takes the reference unquoted: it must follow Docker's grammar, nothing else.
+    try:
+        return check_image_reference(str(value))
+    except ValueError as error:
+        raise InvalidOption(str(error), hint="an image reference such as debian:bookworm-slim") from None
 
 
 def _cmake_word(value: object) -> str:
@@ -165,6 +174,7 @@ def _environment() -> jinja2.Environment:
     env.filters["dockerfile"] = _dockerfile_string
     env.filters["cmake"] = _cmake_string
     env.filters["cmake_word"] = _cmake_word
+    env.filters["image"] = _image_reference
     env.filters["yaml"] = _yaml
     env.filters["compose"] = _interpolated_yaml
     env.filters["kube"] = _interpolated_yaml
