@@ -636,7 +636,8 @@ async def test_build_job_runs_to_completion_with_progress(
     async def on_progress(value: float, total: float | None, message: str | None) -> None:
         progress.append(message)
 
-    async with Client(build_server(ServerOptions(allow_roots=(tmp_path,)))) as client:
+    # The recipe is the project's: builds in Docker from it need no --allow-host-builds.
+    async with Client(build_server(ServerOptions(project_dir=tmp_path))) as client:
         built = data(
             await client.call_tool(
                 "build", {"recipe": recipe, "jobs": MARK_JOBS}, progress_callback=on_progress
@@ -669,7 +670,8 @@ async def test_job_cancel_removes_the_build_container(
     from llamaforge.build.store import list_builds
 
     recipe = str(mini_recipe(tmp_path, ["llama-cli", "llama-slow"]))
-    async with Client(build_server(ServerOptions(allow_roots=(tmp_path,)))) as client:
+    # The recipe is the project's: builds in Docker from it need no --allow-host-builds.
+    async with Client(build_server(ServerOptions(project_dir=tmp_path))) as client:
         started = time.monotonic()
         job_id = data(await client.call_tool("build_start", {"recipe": recipe, "jobs": MARK_JOBS}))["job_id"]
         while True:  # wait until the build script runs inside its container (its "build" stage is logged)
