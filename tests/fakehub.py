@@ -5,18 +5,23 @@ byte. Every request is logged with its headers so tests can check Range use and 
 
 Two servers make one fake hub: the hub itself and a "CDN" on another port (another origin), so the hub's
 redirects to the CDN cross origins exactly like huggingface.co -> cdn: clients must not forward tokens there.
+The hub can speak TLS (:func:`tls_files` makes a certificate for 127.0.0.1) and redirect any path anywhere.
 """
 
 from __future__ import annotations
 
+import datetime
 import hashlib
+import ipaddress
 import json
+import ssl
 import threading
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -45,14 +50,18 @@ class Logged:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, hub: FakeHub, name: str) -> None:
+    def __init__(self, hub: FakeHub, name: str, tls: ssl.SSLContext | None = None) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.hub = hub
         self.name = name
+        self.scheme = "http"
+        if tls is not None:
+            self.socket = tls.wrap_socket(self.socket, server_side=True)
+            self.scheme = "https"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
+        return f"{self.scheme}://127.0.0.1:{self.server_address[1]}"
 
 
 @dataclass
@@ -66,6 +75,9 @@ class FakeHub:
     commit: str = COMMIT
     token: str | None = None  # when set, hub endpoints require "Bearer <token>"
     faults: Faults = field(default_factory=Faults)
+    redirects: dict[str, str] = field(
+        default_factory=dict
+    )  # path -> Location, answered with a 302 by both servers
     log: list[Logged] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     hub_server: _Server | None = None
@@ -102,10 +114,47 @@ class FakeHub:
             ]
 
 
+def tls_files(directory: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and its key (PEM files in ``directory``): serve the hub with
+    :func:`tls_context` and let clients trust it through ``SSL_CERT_FILE``."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )  # fmt: skip
+    cert_file, key_file = directory / "hub-cert.pem", directory / "hub-key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return cert_file, key_file
+
+
+def tls_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:
+    """A server-side TLS context for :func:`serve`."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_file, key_file)
+    return context
+
+
 @contextmanager
-def serve(hub: FakeHub) -> Iterator[FakeHub]:
-    """Run the hub and its CDN on loopback for the duration of the block; always shut down and close."""
-    hub.hub_server = _Server(hub, "hub")
+def serve(hub: FakeHub, tls: ssl.SSLContext | None = None) -> Iterator[FakeHub]:
+    """Run the hub and its CDN on loopback for the duration of the block; always shut down and close. With
+    ``tls`` the hub (not the CDN) speaks https."""
+    hub.hub_server = _Server(hub, "hub", tls)
     hub.cdn_server = _Server(hub, "cdn")
     threads = [
         threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -160,6 +209,9 @@ class _Handler(BaseHTTPRequestHandler):
     def _dispatch(self) -> None:
         self._record()
         parsed = urllib.parse.urlsplit(self.path)
+        if parsed.path in self.hub.redirects:
+            self._send(302, b"", {"Location": self.hub.redirects[parsed.path]})
+            return
         parts = [urllib.parse.unquote(part) for part in parsed.path.split("/") if part]
         if self.server.name == "cdn":
             if len(parts) == 2 and parts[0] == "files" and parts[1] in self.hub.files:

@@ -20,8 +20,10 @@ from llamaforge.core.errors import Cancelled, FetchError, InvalidOption, ModelCh
 from llamaforge.core.events import CancelToken, Event
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.models import store as modelstore
-from llamaforge.models.fetch import fetch_model, redact_url, wait_seconds
+from llamaforge.models.download import wait_seconds
+from llamaforge.models.fetch import fetch_model
 from llamaforge.models.recipes import ModelRecipe
+from llamaforge.models.urls import redact_url
 
 TOKEN = "hf_SECRETtoken0123456789abcdefSECRET"
 MS_TOKEN = "ms-SECRET-0123456789-SECRET"

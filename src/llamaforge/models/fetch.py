@@ -2,38 +2,40 @@
 
 One pass over the bytes: they are hashed as they arrive (a resumed download first hashes the ``.part`` prefix
 it already has, then goes on), written to ``partial/<key>.part`` and published into ``sha256/<hex>/`` by one
-rename only once the sha256 and size verify. A mismatch moves the file to quarantine and fails naming both
-digests; the store is never touched. ``offline=True`` serves only what the store already has.
+rename only once the sha256 and size verify, and a pinned file is hashed once more as it lies on disk before
+that rename (the bytes counted on the way are not the file). A mismatch moves the file to quarantine and fails
+naming both digests; the store is never touched. ``offline=True`` serves only what the store already has.
+
+Every URL is checked before it is reached, and again at every redirect (:mod:`llamaforge.models.urls`);
+nothing is written while the front is read-only.
 """
 
 from __future__ import annotations
 
-import hashlib
-import http.client
-import json
-import os
-import ssl
-import threading
-import urllib.error
 import urllib.parse
-import urllib.request
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from llamaforge.core import guard
 from llamaforge.core.errors import FetchError, InvalidOption, ModelChecksumMismatch
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.models import store as modelstore
-from llamaforge.models.hubs import HubFile, default_revision, is_commit, parse_hub_source, resolve, scrub
+from llamaforge.models.download import (
+    DownloadTarget,
+    copy_local,
+    download,
+    hash_file,
+    load_sidecar,
+    save_sidecar,
+)
+from llamaforge.models.hubs import HubFile, default_revision, is_commit, parse_hub_source, resolve
 from llamaforge.models.recipes import ModelRecipe, load_model_recipe
+from llamaforge.models.urls import check_model_url, redact_url
 
-_CHUNK = 1 << 20
-_RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 DEFAULT_RETRIES = 5
 DEFAULT_BACKOFF_S = 1.0
-_MAX_BACKOFF_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -54,39 +56,6 @@ class FetchResult:
             "path": str(self.path), "sha256": self.sha256, "size": self.size, "cached": self.cached,
             "source": self.source, "revision": self.revision, "commit": self.commit,
         }  # fmt: skip
-
-
-@dataclass(frozen=True)
-class _Target:
-    """What to download and what it must turn out to be."""
-
-    identity: str  # source + revision: the key of the resumable .part and of the offline index
-    display: str  # redacted, for messages and manifests
-    filename: str
-    url: str
-    expected_sha256: str | None
-    expected_size: int | None
-    revision: str | None = None
-    commit: str | None = None
-    headers: Mapping[str, str] = field(default_factory=dict, repr=False)
-    private_headers: Mapping[str, str] = field(default_factory=dict, repr=False)
-
-    @property
-    def secrets(self) -> tuple[str, ...]:
-        return tuple(value for value in self.private_headers.values() if value)
-
-
-class _Transient(Exception):
-    """A failure worth retrying (connection reset, short read, 5xx)."""
-
-
-def redact_url(url: str) -> str:
-    """``url`` without user info, query or fragment (where signed URLs and tokens hide)."""
-    parts = urllib.parse.urlsplit(url)
-    netloc = parts.hostname or ""
-    if parts.port:
-        netloc += f":{parts.port}"
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def _as_recipe(recipe_or_url: ModelRecipe | str) -> ModelRecipe:
@@ -161,7 +130,8 @@ def fetch_model(
     if target.expected_sha256:
         cached = _from_cache(target.expected_sha256, None, target.expected_size)
         if cached is not None:
-            _remember(target, cached)
+            if not guard.current().read_only:  # indexing the source is a write; the file is there already
+                _remember(target, cached)
             reporter(Event("info", f"cached: {cached.path}", stage="fetch"))
             return FetchResult(
                 cached.path, cached.sha256, cached.size, True, display, revision, target.commit
@@ -184,7 +154,7 @@ def _from_cache(sha256: str | None, identity: str | None, size: int | None) -> m
     return None
 
 
-def _remember(target: _Target, stored: modelstore.StoredModel) -> None:
+def _remember(target: DownloadTarget, stored: modelstore.StoredModel) -> None:
     """Index the file under its source + revision (and + commit), for offline runs and for the lock."""
     data = {
         "source": target.display, "revision": target.revision, "commit": target.commit,
@@ -204,13 +174,15 @@ def _resolve_target(
     identity: str,
     display: str,
     reporter: Reporter,
-) -> _Target:
+) -> DownloadTarget:
     if source.startswith(("hf://", "ms://")):
         reporter(Event("info", f"resolving {source}@{revision}", stage="fetch"))
-        hub_file = resolve(parse_hub_source(source), revision)
+        hub_file = resolve(parse_hub_source(source), revision, pinned=sha256 is not None)
         return _hub_target(hub_file, sha256, size, identity, display)
+    if not source.startswith("file://"):
+        check_model_url(source, plain_http_ok=sha256 is not None)
     filename = _safe_filename(urllib.parse.unquote(PurePosixPath(urllib.parse.urlsplit(source).path).name))
-    return _Target(identity, display, filename, source, sha256, size)
+    return DownloadTarget(identity, display, filename, source, sha256, size)
 
 
 def _safe_filename(name: str) -> str:
@@ -222,7 +194,7 @@ def _safe_filename(name: str) -> str:
 
 def _hub_target(
     hub_file: HubFile, sha256: str | None, size: int | None, identity: str, display: str
-) -> _Target:
+) -> DownloadTarget:
     where = f"{display}@{hub_file.revision}"
     if sha256 and hub_file.sha256 and sha256 != hub_file.sha256:
         raise ModelChecksumMismatch(
@@ -234,7 +206,7 @@ def _hub_target(
             f"{where}: the recipe pins size {size} but the hub reports {hub_file.size}",
             hint="the file changed upstream: pin a commit (`invoke models.lock`) or update the recipe",
         )
-    return _Target(
+    return DownloadTarget(
         identity=identity, display=display, filename=_safe_filename(hub_file.source.filename), url=hub_file.url,
         expected_sha256=sha256 or hub_file.sha256, expected_size=size or hub_file.size,
         revision=hub_file.revision, commit=hub_file.commit,
@@ -242,25 +214,26 @@ def _hub_target(
     )  # fmt: skip
 
 
-# --- download engine ---------------------------------------------------------------------------------------
+# --- download, check, publish ------------------------------------------------------------------------------
 
 
 def _download_and_publish(
-    target: _Target, reporter: Reporter, cancel: CancelToken, retries: int, backoff_s: float
+    target: DownloadTarget, reporter: Reporter, cancel: CancelToken, retries: int, backoff_s: float
 ) -> tuple[modelstore.StoredModel, bool]:
     """The published file, and whether the store already had these bytes."""
+    guard.refuse_if_read_only(f"download {target.display} into the model store")
     key = modelstore.key_for(target.expected_sha256 or target.identity)
     part, sidecar = modelstore.partial_paths(key)
     with modelstore.download_lock(key):
-        state = _load_sidecar(sidecar)
+        state = load_sidecar(sidecar)
         if state.get("url") != modelstore.key_for(target.url):
             part.unlink(missing_ok=True)  # a .part from another URL may hold other bytes: start over
             state = {"url": modelstore.key_for(target.url)}
-            _save_sidecar(sidecar, state)
+            save_sidecar(sidecar, state)
         if target.url.startswith("file://"):
-            digest, size = _copy_local(target, part, reporter, cancel)
+            digest, size = copy_local(target, part, reporter, cancel)
         else:
-            digest, size = _download(target, part, sidecar, state, reporter, cancel, retries, backoff_s)
+            digest, size = download(target, part, sidecar, state, reporter, cancel, retries, backoff_s)
         if target.expected_size is not None and size != target.expected_size:
             moved = modelstore.quarantine_file(part, target.filename, digest)
             raise ModelChecksumMismatch(
@@ -274,6 +247,7 @@ def _download_and_publish(
                 hint=f"the file was moved to {moved}; the cache is untouched. Fetch again to download afresh; "
                 "if the new file is trusted, pin its sha256 in the recipe",
             )
+        _check_on_disk(target, part, digest, size, reporter, cancel)
         manifest = {
             "source": target.display, "revision": target.revision, "commit": target.commit,
             "fetched_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -285,215 +259,26 @@ def _download_and_publish(
     return stored, reused
 
 
-def _load_sidecar(path: Path) -> dict[str, Any]:
-    try:
-        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data
-
-
-def _save_sidecar(path: Path, state: dict[str, Any]) -> None:
-    path.write_text(json.dumps(state, sort_keys=True) + "\n", encoding="utf-8")
-
-
-def _copy_local(target: _Target, part: Path, reporter: Reporter, cancel: CancelToken) -> tuple[str, int]:
-    source = Path(urllib.request.url2pathname(urllib.parse.urlsplit(target.url).path))
-    if not source.is_file():
-        raise FetchError(f"{source} does not exist", hint="fix the file:// path")
-    digest = hashlib.sha256()
-    total = source.stat().st_size
-    done = 0
-    with source.open("rb") as reader, part.open("wb") as writer:
-        while chunk := reader.read(_CHUNK):
-            cancel.raise_if_cancelled()
-            writer.write(chunk)
-            digest.update(chunk)
-            done += len(chunk)
-            reporter(Event("progress", f"copying {source.name}", stage="fetch", completed=done, total=total))
-    return digest.hexdigest(), done
-
-
-def _hash_prefix(part: Path, reporter: Reporter, cancel: CancelToken) -> tuple[Any, int]:
-    digest = hashlib.sha256()
-    done = 0
-    total = part.stat().st_size
-    with part.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            cancel.raise_if_cancelled()
-            digest.update(chunk)
-            done += len(chunk)
-            reporter(
-                Event("progress", "hashing the partial download", stage="fetch", completed=done, total=total)
-            )
-    return digest, done
-
-
-@dataclass
-class _Progress:
-    """The bytes in the .part so far and their running sha256 (updated in place, even by a failed attempt)."""
-
-    digest: Any
-    done: int
-
-    def restart(self, part: Path) -> None:
-        """Forget everything: empty .part, fresh hash."""
-        part.write_bytes(b"")
-        self.digest, self.done = hashlib.sha256(), 0
-
-
-def _download(
-    target: _Target,
-    part: Path,
-    sidecar: Path,
-    state: dict[str, Any],
-    reporter: Reporter,
-    cancel: CancelToken,
-    retries: int,
-    backoff_s: float,
-) -> tuple[str, int]:
-    progress = _Progress(hashlib.sha256(), 0)
-    if part.is_file() and (target.expected_size is None or part.stat().st_size <= target.expected_size):
-        progress.digest, progress.done = _hash_prefix(part, reporter, cancel)
-        if progress.done:
-            reporter(Event("info", f"resuming {target.display} at byte {progress.done}", stage="fetch"))
-    else:
-        progress.restart(part)
-    failures = 0
-    opener = _opener()
-    while True:
-        cancel.raise_if_cancelled()
-        before = progress.done
-        try:
-            _attempt(target, part, sidecar, state, progress, opener, reporter, cancel)
-        except _Transient as error:
-            # An attempt that brought bytes restarts the count: only stalls exhaust the retries.
-            failures = 1 if progress.done > before else failures + 1
-            if failures > retries:
-                raise FetchError(
-                    f"downloading {target.display} failed after {retries} retries: "
-                    f"{scrub(str(error), target.secrets)}",
-                    hint=f"{progress.done} bytes are kept in {part}; fetch again to resume",
-                ) from None
-            delay = wait_seconds(failures, backoff_s)
-            reporter(
-                Event("warning", f"{error}; resuming at byte {progress.done} in {delay:.1f} s", stage="fetch")
-            )
-            _sleep(delay, cancel)
-            continue
-        return progress.digest.hexdigest(), progress.done
-
-
-def _opener() -> urllib.request.OpenerDirector:
-    context = ssl.create_default_context(cafile=os.environ.get("SSL_CERT_FILE") or None)
-    return urllib.request.build_opener(urllib.request.HTTPSHandler(context=context))
-
-
-def _attempt(
-    target: _Target,
-    part: Path,
-    sidecar: Path,
-    state: dict[str, Any],
-    progress: _Progress,
-    opener: urllib.request.OpenerDirector,
-    reporter: Reporter,
-    cancel: CancelToken,
+def _check_on_disk(
+    target: DownloadTarget, part: Path, digest: str, size: int, reporter: Reporter, cancel: CancelToken
 ) -> None:
-    """One HTTP request appending to ``part``; returns when the file is complete, raises _Transient if not."""
-    if target.expected_size is not None and progress.done == target.expected_size:
-        return  # a complete .part from an earlier run: only the checks are left
-    if not target.url.startswith(("https://", "http://")):
-        raise FetchError(f"unsupported URL {target.display}", hint="use hf://, ms://, https:// or file://")
-    headers = {**target.headers, "Accept-Encoding": "identity"}
-    request = urllib.request.Request(target.url, headers=headers)  # noqa: S310 - http(s) only, checked above
-    for name, value in target.private_headers.items():
-        request.add_unredirected_header(name, value)  # never forwarded to a redirect target (CDN)
-    if progress.done:
-        request.add_header("Range", f"bytes={progress.done}-")
-        if state.get("etag"):
-            request.add_header("If-Range", str(state["etag"]))
-    try:
-        response = opener.open(request, timeout=60)
-    except urllib.error.HTTPError as error:
-        error.close()  # an HTTPError holds the open response
-        _http_error(target, error, progress, part)
+    """Check the ``.part`` as it lies on disk, not the bytes counted on their way there: its size always, its
+    sha256 again when a pin is at stake. A file that differs goes to quarantine."""
+    on_disk = part.stat().st_size
+    if on_disk != size:
+        moved = modelstore.quarantine_file(part, target.filename, digest)
+        raise ModelChecksumMismatch(
+            f"{target.display}: {size} bytes arrived but the file on disk holds {on_disk}",
+            hint=f"the disk or another program changed it; the file was moved to {moved}, the cache is "
+            "untouched. Fetch again to download afresh",
+        )
+    if target.expected_sha256 is None:
         return
-    except (urllib.error.URLError, OSError, http.client.HTTPException) as error:
-        raise _Transient(f"{getattr(error, 'reason', error)}") from None
-    with response:
-        if progress.done and response.status == 200:
-            # The server ignored the range (or the file changed, per If-Range): start over.
-            reporter(
-                Event("warning", f"{target.display}: the server sent the whole file; restarting", "fetch")
-            )
-            progress.restart(part)
-        elif progress.done and response.status == 206:
-            start = _content_range_start(response.headers.get("Content-Range"))
-            if start != progress.done:
-                raise _Transient(f"asked for byte {progress.done}, got a range from {start}")
-        etag = response.headers.get("ETag")
-        if etag and not etag.startswith("W/") and etag != state.get("etag"):
-            state["etag"] = etag
-            _save_sidecar(sidecar, state)
-        length = response.headers.get("Content-Length")
-        # Where this response says the file ends: http.client does not raise on a short body, we must check.
-        announced = progress.done + int(length) if length and length.isdigit() else None
-        total = target.expected_size or announced
-        try:
-            with part.open("ab") as writer:
-                while chunk := response.read(_CHUNK):
-                    cancel.raise_if_cancelled()
-                    writer.write(chunk)
-                    progress.digest.update(chunk)
-                    progress.done += len(chunk)
-                    if target.expected_size is not None and progress.done > target.expected_size:
-                        return  # too many bytes: the size check rejects the file
-                    reporter(Event("progress", f"downloading {target.filename}", stage="fetch",
-                                   completed=progress.done, total=total))  # fmt: skip
-        except (OSError, http.client.HTTPException) as error:
-            raise _Transient(f"connection lost at byte {progress.done} ({type(error).__name__})") from None
-    end = target.expected_size if target.expected_size is not None else announced
-    if end is not None and progress.done < end:
-        raise _Transient(f"the server closed the transfer at byte {progress.done} of {end}")
-
-
-def _http_error(target: _Target, error: urllib.error.HTTPError, progress: _Progress, part: Path) -> None:
-    if error.code == 416 and progress.done:
-        # The range starts at or past the end: complete if the server's length is what we have.
-        total = (error.headers.get("Content-Range") or "").rpartition("/")[2]
-        if total.isdigit() and int(total) == progress.done:
-            return
-        progress.restart(part)
-        raise _Transient("the server rejected the resume range; starting over")
-    if error.code in _RETRYABLE_STATUS:
-        raise _Transient(f"HTTP {error.code}")
-    hints = {
-        401: "the server wants credentials: for Hugging Face set HF_TOKEN, for ModelScope MODELSCOPE_API_TOKEN",
-        403: "access denied: a gated or private model needs a token with access (HF_TOKEN / MODELSCOPE_API_TOKEN)",
-        404: "not found: check the source URL, repository, file name and revision",
-    }
-    raise FetchError(f"{target.display}: HTTP {error.code} {error.reason}", hint=hints.get(error.code))
-
-
-def _content_range_start(value: str | None) -> int | None:
-    # "bytes 100-199/200"
-    if not value or not value.startswith("bytes "):
-        return None
-    first = value[6:].partition("-")[0]
-    return int(first) if first.isdigit() else None
-
-
-def wait_seconds(attempt: int, backoff_s: float) -> float:
-    """The wait before retry ``attempt`` (1-based): doubling from ``backoff_s``, capped at 30 s."""
-    return min(backoff_s * float(1 << min(max(attempt - 1, 0), 16)), _MAX_BACKOFF_S)
-
-
-def _sleep(seconds: float, cancel: CancelToken) -> None:
-    """Sleep, but wake up at once (and raise) when the operation is cancelled."""
-    woken = threading.Event()
-    remove = cancel.on_cancel(woken.set)
-    try:
-        woken.wait(seconds)
-    finally:
-        remove()
-    cancel.raise_if_cancelled()
+    rehashed = hash_file(part, f"checking {target.filename} on disk", reporter, cancel)[0].hexdigest()
+    if rehashed != digest:
+        moved = modelstore.quarantine_file(part, target.filename, rehashed)
+        raise ModelChecksumMismatch(
+            f"{target.display}: the bytes arrived with sha256 {digest}, but the file on disk has {rehashed}",
+            hint=f"the disk or another program changed it; the file was moved to {moved}, the cache is "
+            "untouched. Fetch again to download afresh",
+        )

@@ -7,7 +7,8 @@ listing carries the sha256 and size, its client builds the file URL and reads ``
 sha256 is computed while they arrive and the store stays content-addressed.
 
 Tokens only ever travel in request headers marked private (never forwarded to a redirect target, such as a
-CDN), and never reach a manifest, a lock file, an event or an error message.
+CDN), and never reach a manifest, a lock file, an event or an error message. Each hub's endpoint is checked
+before it is asked (the host guard; plain ``http://`` only on loopback or for a pinned file).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import re
 from dataclasses import dataclass, field
 
 from llamaforge.core.errors import FetchError
+from llamaforge.models.urls import check_model_url
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -81,11 +83,16 @@ def scrub(text: str, secrets: tuple[str, ...]) -> str:
     return text
 
 
-def resolve(source: HubSource, revision: str | None) -> HubFile:
-    """Resolve ``source`` at ``revision`` (default branch when None) against its hub."""
+def resolve(source: HubSource, revision: str | None, *, pinned: bool = False) -> HubFile:
+    """Resolve ``source`` at ``revision`` (default branch when None) against its hub.
+
+    The hub's endpoint is checked first (:func:`~llamaforge.models.urls.check_model_url`): a plain ``http://``
+    endpoint on another machine is refused unless the recipe ``pinned`` the file's sha256, since the sha256
+    and commit it would publish could be anyone's.
+    """
     if source.hub == "hf":
-        return _resolve_hf(source, revision or default_revision("hf"))
-    return _resolve_ms(source, revision or default_revision("ms"))
+        return _resolve_hf(source, revision or default_revision("hf"), pinned)
+    return _resolve_ms(source, revision or default_revision("ms"), pinned)
 
 
 # --- Hugging Face ------------------------------------------------------------------------------------------
@@ -104,7 +111,7 @@ def hf_token() -> str | None:
     return os.environ.get("HF_TOKEN") or get_token()
 
 
-def _resolve_hf(source: HubSource, revision: str) -> HubFile:
+def _resolve_hf(source: HubSource, revision: str, pinned: bool) -> HubFile:
     import httpx2
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.errors import (
@@ -121,6 +128,7 @@ def _resolve_hf(source: HubSource, revision: str) -> HubFile:
     secrets = (token,) if token else ()
     where = f"hf://{source.repo_id}/{source.path}@{revision}"
     url = hf_hub_url(source.repo_id, source.path, revision=revision, endpoint=endpoint)
+    check_model_url(url, plain_http_ok=pinned, what="Hugging Face endpoint")
     try:
         meta = get_hf_file_metadata(url, token=token or False, endpoint=endpoint)
     except GatedRepoError:
@@ -156,7 +164,7 @@ def _resolve_hf(source: HubSource, revision: str) -> HubFile:
 # --- ModelScope --------------------------------------------------------------------------------------------
 
 
-def _resolve_ms(source: HubSource, revision: str) -> HubFile:
+def _resolve_ms(source: HubSource, revision: str, pinned: bool) -> HubFile:
     import requests
     from modelscope_hub import HubApi, HubConfig
     from modelscope_hub.errors import HubError
@@ -165,6 +173,9 @@ def _resolve_ms(source: HubSource, revision: str) -> HubFile:
     token = config.token or None
     secrets = (token,) if token else ()
     where = f"ms://{source.repo_id}/{source.path}@{revision}"
+    check_model_url(
+        config.endpoint or "https://modelscope.cn", plain_http_ok=pinned, what="ModelScope endpoint"
+    )
     api = HubApi(config)
     try:
         files = api.list_repo_files(source.repo_id, "model", revision=revision, recursive=True)

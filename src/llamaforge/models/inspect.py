@@ -20,6 +20,7 @@ from typing import Any, Final, Literal
 from llamaforge.core.errors import InvalidOption, ModelError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.gguf.header import ArraySummary, GGUFHeader, LongString, TensorInfo, read_header
+from llamaforge.models.urls import check_model_url, opener, redact_url
 
 LayerKind = Literal["attention", "recurrent", "mtp"]
 
@@ -243,13 +244,6 @@ def resolve_remote_url(source: str, revision: str | None = None) -> tuple[str, d
     )
 
 
-def _display(url: str) -> str:
-    """The URL without query or credentials (signed URLs carry secrets there)."""
-    parts = urllib.parse.urlsplit(url)
-    host = (parts.hostname or "") + (f":{parts.port}" if parts.port is not None else "")
-    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
-
-
 class HttpRangeSource:
     """A remote file read through HTTP range requests: a prefix that grows (doubling) as the parser needs it."""
 
@@ -268,7 +262,7 @@ class HttpRangeSource:
         cancel: CancelToken | None = None,
     ) -> None:
         self.url = url
-        self.name = _display(url)
+        self.name = redact_url(url)
         self._secret_headers = dict(headers or {})
         self._max_bytes = max_bytes
         self._timeout = timeout
@@ -278,6 +272,10 @@ class HttpRangeSource:
         self._data = bytearray()
         self.requests = 0
         self._size = -1
+        # A header read stores nothing and trusts nothing it reads: plain http is allowed, a redirect that
+        # leaves https is not, and the host guard is asked before the first request and at every redirect.
+        check_model_url(url, plain_http_ok=True, what="remote model")
+        self._opener = opener(plain_http_ok=True)
         self._fetch(0, initial_bytes)
 
     @property
@@ -344,7 +342,7 @@ class HttpRangeSource:
 
     def _fetch_once(self, start: int, length: int) -> None:
         self.requests += 1
-        with urllib.request.urlopen(self._request(start, length), timeout=self._timeout) as response:  # noqa: S310
+        with self._opener.open(self._request(start, length), timeout=self._timeout) as response:
             if response.status != 206:
                 raise ModelError(
                     f"{self.name}: the server ignored the Range request (HTTP {response.status})",

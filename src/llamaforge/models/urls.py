@@ -1,0 +1,132 @@
+"""Which URLs a model download or a remote header read may reach, and an HTTP opener that asks again at every
+redirect.
+
+Every URL is first put to the host guard (:func:`llamaforge.core.guard.check_url`: the front's allow-list,
+link-local and cloud-metadata addresses). A download over plain ``http://`` is refused unless its content is
+pinned by a sha256 (the bytes are then checked whatever the network did to them) or its host is this machine
+(a loopback mirror). A redirect goes through the same checks, and one that leaves ``https`` is refused.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+import ssl
+import urllib.parse
+import urllib.request
+from http.client import HTTPMessage
+from typing import IO, Final
+
+from llamaforge.core import guard
+from llamaforge.core.errors import FetchError, InvalidOption, LlamaforgeError
+
+MAX_UNPINNED_ENV: Final = "LLAMAFORGE_MAX_UNPINNED_DOWNLOAD"
+DEFAULT_MAX_UNPINNED: Final = 256 << 30
+_SIZE: Final = re.compile(r"(\d+)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
+_UNITS: Final = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}
+
+
+def redact_url(url: str) -> str:
+    """``url`` without user info, query or fragment (where signed URLs and tokens hide)."""
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.hostname or ""
+    if parts.port:
+        netloc += f":{parts.port}"
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1): this machine, not the network."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_model_url(url: str, *, plain_http_ok: bool, what: str = "model URL") -> None:
+    """Refuse fetching ``url`` when the host guard refuses it, when it is no ``https://`` or ``http://`` URL,
+    or when it is plain ``http://`` to another machine and not ``plain_http_ok`` (a download whose sha256 is
+    pinned, or a read that stores nothing)."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in ("https", "http"):
+        raise FetchError(
+            f"unsupported {what} {redact_url(url)}", hint="use hf://, ms://, https:// or file://"
+        )
+    guard.check_url(url, what=what)
+    if scheme == "http" and not plain_http_ok and not is_loopback(parts.hostname or ""):
+        raise FetchError(
+            f"{what} {redact_url(url)} is plain http:// and nothing pins its content: anyone on the network "
+            "could change what arrives",
+            hint="use https://, or pin the file's sha256 in the model recipe (then a plain http:// mirror is fine)",
+        )
+
+
+class GuardedRedirects(urllib.request.HTTPRedirectHandler):
+    """Redirects checked like the first URL: never from ``https`` to ``http``, and never where
+    :func:`check_model_url` would refuse to go."""
+
+    def __init__(self, *, plain_http_ok: bool) -> None:
+        super().__init__()
+        self._plain_http_ok = plain_http_ok
+
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: IO[bytes],
+        code: int,
+        msg: str,
+        headers: HTTPMessage,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        """Check ``newurl`` before following it."""
+        try:
+            source = redact_url(req.full_url)
+            if urllib.parse.urlsplit(req.full_url).scheme == "https" and not newurl.lower().startswith(
+                "https:"
+            ):
+                raise FetchError(
+                    f"{source} redirects to {redact_url(newurl)}, leaving https",
+                    hint="the server (or someone between) downgrades the download; use a URL that stays on https",
+                )
+            check_model_url(newurl, plain_http_ok=self._plain_http_ok, what=f"redirect target of {source}")
+        except LlamaforgeError:
+            fp.close()  # urllib leaves the redirect response open when the handler raises
+            raise
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def opener(*, plain_http_ok: bool) -> urllib.request.OpenerDirector:
+    """An HTTP(S) opener that honours ``SSL_CERT_FILE`` and checks every redirect (see
+    :class:`GuardedRedirects`)."""
+    context = ssl.create_default_context(cafile=os.environ.get("SSL_CERT_FILE") or None)
+    return urllib.request.build_opener(
+        urllib.request.HTTPSHandler(context=context), GuardedRedirects(plain_http_ok=plain_http_ok)
+    )
+
+
+def max_unpinned_bytes() -> int:
+    """The most bytes a download without a sha256 pin may bring: ``LLAMAFORGE_MAX_UNPINNED_DOWNLOAD`` (bytes,
+    or with a unit: ``500G``, ``2TiB``), 256 GiB by default."""
+    raw = os.environ.get(MAX_UNPINNED_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_UNPINNED
+    match = _SIZE.fullmatch(raw)
+    if not match:
+        raise InvalidOption(
+            f"{MAX_UNPINNED_ENV}={raw!r} is no size", hint="give bytes, or a number with K, M, G or T (500G)"
+        )
+    return int(match.group(1)) << _UNITS[match.group(2).upper()]
+
+
+def human_bytes(count: int) -> str:
+    """``count`` in the largest binary unit that keeps it at least 1 (``3.5 GiB``)."""
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
