@@ -5,6 +5,7 @@ whole output in a pipe. Only cheap tasks run: no build, no Docker."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -14,10 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from llamaforge.core.errors import CacheError, InvalidOption, RecipeError
+from llamaforge.core.events import Event
 from llamaforge.core.registry import Operation, operations
-from llamaforge.fronts.cli import flag_help
+from llamaforge.fronts.cli import ConsoleReporter, flag_help
 from llamaforge.fronts.cli_index import spec_of
 from llamaforge.fronts.cli_invoke import OUTPUT_CLOSED
 
@@ -179,3 +182,23 @@ def test_a_pipe_gets_whole_lines_and_whole_tables(env: dict[str, str]) -> None:
     table = run("llamaforge", ["recipes.list"], env)
     row = next(line for line in table.stdout.splitlines() if "default" in line)
     assert "with the llamaforge patch series" in row, table.stdout  # the description on its row, whole
+
+
+def test_countable_work_in_a_log_prints_a_line_every_30_s_or_10_percent() -> None:
+    """Where no bar can be drawn (CI, nohup, a pipe), a cold build said "» build" and then nothing for minutes."""
+    out = io.StringIO()
+    now = [0.0]
+    reporter = ConsoleReporter(Console(file=out, width=80), verbose=False, clock=lambda: now[0])
+    assert not reporter.console.is_terminal
+    for done in range(1, 475):  # ninja's [n/474], one step a second
+        now[0] = float(done)
+        reporter(Event("progress", f"[{done}/474] compiling", stage="build", completed=done, total=474))
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "build [1/474] 0% 0s"
+    assert lines[1].startswith("build [31/474] 7% 30s, ~")  # 30 s after the first
+    assert lines[-1] == "build [474/474] 100% 7m53s"
+    assert 16 <= len(lines) <= 17  # one per 30 s over 474 s, and the end; none longer than a line
+    middle = next(line for line in lines if line.startswith("build [241/474]"))
+    assert middle == "build [241/474] 51% 4m, ~3m52s left"
+    reporter(Event("progress", "fetching", stage="fetch", completed=5, total=10))  # another count starts
+    assert out.getvalue().splitlines()[-1] == "fetch [5/10] 50% 0s"

@@ -13,7 +13,8 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from invoke.collection import Collection
@@ -53,13 +54,15 @@ class _Console(Console):
 
 
 class ConsoleReporter:
-    """Renders events: stages as lines, countable work as a progress bar, log lines when verbose."""
+    """Renders events: stages as lines, countable work as a progress bar (on a terminal; elsewhere a line every
+    30 s or 10 %, see :class:`_ProgressLines`), log lines when verbose."""
 
-    def __init__(self, console: Console, verbose: bool) -> None:
+    def __init__(self, console: Console, verbose: bool, clock: Callable[[], float] = time.monotonic) -> None:
         self.console = console
         self.verbose = verbose
         self._progress: Progress | None = None
         self._task: Any = None
+        self._lines = _ProgressLines(clock)
 
     def _bar(self) -> Progress:
         if self._progress is None:
@@ -75,7 +78,13 @@ class ConsoleReporter:
         return self._progress
 
     def __call__(self, event: Event) -> None:
-        if event.kind == "progress" and event.total:
+        if event.kind == "progress" and event.total and not self.console.is_terminal:
+            line = self._lines.line(event)
+            if line:
+                self.console.print(line, highlight=False, markup=False)
+            if self.verbose:
+                self.console.print(event.message, highlight=False, markup=False)
+        elif event.kind == "progress" and event.total:
             bar = self._bar()
             description = event.message if len(event.message) < 70 else event.message[:67] + "..."
             bar.update(self._task, completed=event.completed, total=event.total, description=description,
@@ -95,6 +104,48 @@ class ConsoleReporter:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
+
+
+class _ProgressLines:
+    """Countable work where no bar can be drawn (a CI log, ``nohup``, a pipe): one line when the count starts,
+    then at most one per 30 s or 10 % and one at its end, e.g. ``build [251/474] 53% 5m12s, ~4m left``."""
+
+    seconds = 30.0
+    step = 0.10
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._count: tuple[str, float] | None = None  # the stage and total being counted
+        self._start = self._shown_at = 0.0
+        self._shown_fraction = 0.0
+
+    def line(self, event: Event) -> str | None:
+        """The line to print for ``event`` (a progress event with a total), or None for none yet."""
+        assert event.total is not None
+        now, completed = self._clock(), event.completed or 0.0
+        fraction = min(completed / event.total, 1.0)
+        if self._count != (event.stage, event.total) or fraction < self._shown_fraction:
+            self._count, self._start = (event.stage, event.total), now  # a new count
+        elif not (fraction >= 1.0 > self._shown_fraction or fraction >= self._shown_fraction + self.step
+                  or now - self._shown_at >= self.seconds):  # fmt: skip
+            return None
+        self._shown_at, self._shown_fraction = now, fraction
+        elapsed = now - self._start
+        left = (
+            f", ~{_duration(elapsed * (1 - fraction) / fraction)} left"
+            if elapsed and 0 < fraction < 1
+            else ""
+        )
+        count = f"[{completed:g}/{event.total:g}]"
+        return f"{event.stage} {count} {fraction:.0%} {_duration(elapsed)}{left}".strip()
+
+
+def _duration(seconds: float) -> str:
+    """``5m12s``, ``4m``, ``12s``: minutes and seconds, whole."""
+    minutes, rest = divmod(round(seconds), 60)
+    if not minutes:
+        return f"{rest}s"
+    return f"{minutes}m{rest:02d}s" if rest else f"{minutes}m"
 
 
 def run_operation(op: Operation, arguments: dict[str, Any], *, as_json: bool, verbose: bool) -> int:
