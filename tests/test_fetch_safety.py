@@ -283,14 +283,22 @@ def test_https_download_works_through_the_tls_hub(
 
 
 def test_hub_endpoints_are_checked_before_they_are_asked(
-    lf_home: Path, monkeypatch: pytest.MonkeyPatch
+    lf_home: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("MODELSCOPE_API_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no token saved by `hf auth login`
+    monkeypatch.setenv("MODELSCOPE_HOME", str(tmp_path / "ms-home"))
     monkeypatch.setenv("HF_ENDPOINT", "http://169.254.169.254")
     with pytest.raises(PolicyRefused, match="Hugging Face endpoint"):
         resolve(parse_hub_source("hf://org/repo/x.gguf"), None)
     monkeypatch.setenv("HF_ENDPOINT", "http://192.0.2.10")
     with pytest.raises(FetchError, match=r"Hugging Face endpoint .* is plain http://"):
         resolve(parse_hub_source("hf://org/repo/x.gguf"), None)  # what lock and an unpinned fetch do
+    monkeypatch.setenv("HF_TOKEN", "hf_" + "x" * 30)
+    with pytest.raises(FetchError, match="would carry a token in clear"):
+        resolve(parse_hub_source("hf://org/repo/x.gguf"), None, pinned=True)
+    monkeypatch.delenv("HF_TOKEN")
     monkeypatch.setenv("MODELSCOPE_ENDPOINT", "http://169.254.169.254")
     with pytest.raises(PolicyRefused, match="ModelScope endpoint"):
         resolve(parse_hub_source("ms://org/repo/x.gguf"), None)

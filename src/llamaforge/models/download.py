@@ -244,7 +244,10 @@ def _attempt(
     if target.expected_size is not None and progress.done == target.expected_size:
         return  # a complete .part from an earlier run: only the checks are left
     check_model_url(
-        target.url, plain_http_ok=target.expected_sha256 is not None, what=f"download of {target.display}"
+        target.url,
+        plain_http_ok=target.expected_sha256 is not None,
+        what=f"download of {target.display}",
+        token=bool(target.secrets),
     )
     headers = {**target.headers, "Accept-Encoding": "identity"}
     request = urllib.request.Request(target.url, headers=headers)  # noqa: S310 - http(s) only, checked above

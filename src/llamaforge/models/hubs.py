@@ -128,7 +128,7 @@ def _resolve_hf(source: HubSource, revision: str, pinned: bool) -> HubFile:
     secrets = (token,) if token else ()
     where = f"hf://{source.repo_id}/{source.path}@{revision}"
     url = hf_hub_url(source.repo_id, source.path, revision=revision, endpoint=endpoint)
-    check_model_url(url, plain_http_ok=pinned, what="Hugging Face endpoint")
+    check_model_url(url, plain_http_ok=pinned, what="Hugging Face endpoint", token=bool(token))
     try:
         meta = get_hf_file_metadata(url, token=token or False, endpoint=endpoint)
     except GatedRepoError:
@@ -174,7 +174,10 @@ def _resolve_ms(source: HubSource, revision: str, pinned: bool) -> HubFile:
     secrets = (token,) if token else ()
     where = f"ms://{source.repo_id}/{source.path}@{revision}"
     check_model_url(
-        config.endpoint or "https://modelscope.cn", plain_http_ok=pinned, what="ModelScope endpoint"
+        config.endpoint or "https://modelscope.cn",
+        plain_http_ok=pinned,
+        what="ModelScope endpoint",
+        token=bool(token),
     )
     api = HubApi(config)
     try:

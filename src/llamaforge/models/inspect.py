@@ -274,7 +274,7 @@ class HttpRangeSource:
         self._size = -1
         # A header read stores nothing and trusts nothing it reads: plain http is allowed, a redirect that
         # leaves https is not, and the host guard is asked before the first request and at every redirect.
-        check_model_url(url, plain_http_ok=True, what="remote model")
+        check_model_url(url, plain_http_ok=True, what="remote model", token=bool(self._secret_headers))
         self._opener = opener(plain_http_ok=True)
         self._fetch(0, initial_bytes)
 

@@ -46,10 +46,10 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def check_model_url(url: str, *, plain_http_ok: bool, what: str = "model URL") -> None:
+def check_model_url(url: str, *, plain_http_ok: bool, what: str = "model URL", token: bool = False) -> None:
     """Refuse fetching ``url`` when the host guard refuses it, when it is no ``https://`` or ``http://`` URL,
-    or when it is plain ``http://`` to another machine and not ``plain_http_ok`` (a download whose sha256 is
-    pinned, or a read that stores nothing)."""
+    or when it is plain ``http://`` to another machine and either not ``plain_http_ok`` (a download whose
+    sha256 is pinned, or a read that stores nothing) or the request would carry a ``token``."""
     parts = urllib.parse.urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in ("https", "http"):
@@ -57,7 +57,14 @@ def check_model_url(url: str, *, plain_http_ok: bool, what: str = "model URL") -
             f"unsupported {what} {redact_url(url)}", hint="use hf://, ms://, https:// or file://"
         )
     guard.check_url(url, what=what)
-    if scheme == "http" and not plain_http_ok and not is_loopback(parts.hostname or ""):
+    if scheme != "http" or is_loopback(parts.hostname or ""):
+        return
+    if token:
+        raise FetchError(
+            f"{what} {redact_url(url)} is plain http:// and the request would carry a token in clear",
+            hint="use https://, or unset HF_TOKEN / MODELSCOPE_API_TOKEN for this mirror",
+        )
+    if not plain_http_ok:
         raise FetchError(
             f"{what} {redact_url(url)} is plain http:// and nothing pins its content: anyone on the network "
             "could change what arrives",
