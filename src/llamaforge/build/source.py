@@ -25,7 +25,7 @@ from typing import Any
 
 from llamaforge.build.git import SAFE_ENV, git_command
 from llamaforge.build.recipes import ArchiveSource, GitSource, PypiSdistSource, check_git_url, is_scp_like
-from llamaforge.core.errors import ChecksumMismatch, SourceError
+from llamaforge.core.errors import ChecksumMismatch, LlamaforgeError, SourceError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.guard import check_ssh_host, check_url
 from llamaforge.core.paths import home
@@ -79,11 +79,15 @@ def _opener(context: Any) -> Any:
 
     class Redirects(urllib.request.HTTPRedirectHandler):
         def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
-            if urllib.parse.urlsplit(req.full_url).scheme == "https" and not newurl.startswith("https://"):
-                raise SourceError(
-                    f"{req.full_url} redirects to {newurl}, which is not https", hint="use the final URL"
-                )
-            check_url(newurl, what=f"redirect of {req.full_url} to")
+            try:
+                if req.full_url.startswith("https://") and not newurl.startswith("https://"):
+                    raise SourceError(
+                        f"{req.full_url} redirects to {newurl}, which is not https", hint="use the final URL"
+                    )
+                check_url(newurl, what=f"redirect of {req.full_url} to")
+            except LlamaforgeError:
+                fp.close()  # the refused redirect's response: urllib closes it only when it follows one
+                raise
             return super().redirect_request(req, fp, code, msg, headers, newurl)
 
     return urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), Redirects)
