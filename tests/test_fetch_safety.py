@@ -110,8 +110,12 @@ def test_disk_full_mid_download_is_fatal_names_the_file_and_publishes_nothing(
     assert hub.requests(server="cdn", method="GET")[-1].headers["Range"] == f"bytes={written}-"
 
 
-def test_an_io_error_opening_the_part_is_fatal_too(hub: FakeHub, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_io_error_writing_is_fatal_for_downloads_and_local_copies(
+    hub: FakeHub, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     name = hub.add("org/repo", "blob.gguf", BLOB)
+    local = tmp_path / "local.gguf"
+    local.write_bytes(BLOB)
 
     def broken_disk(writer: BinaryIO, chunk: bytes) -> None:
         raise OSError(errno.EIO, "Input/output error")
@@ -119,7 +123,12 @@ def test_an_io_error_opening_the_part_is_fatal_too(hub: FakeHub, monkeypatch: py
     monkeypatch.setattr(download, "_append", broken_disk)
     with pytest.raises(FetchError, match=r"Input/output error \(EIO\)"):
         fetch_model(hub.file_url(name), retries=3, backoff_s=0)
-    assert len(hub.requests(server="cdn", method="GET")) == 1 and published() == []
+    assert len(hub.requests(server="cdn", method="GET")) == 1
+    with pytest.raises(
+        FetchError, match=r"writing \w+\.part for file://.* failed at byte 0: Input/output error"
+    ):
+        fetch_model(local.as_uri())
+    assert published() == []
 
 
 # --- the file on disk is what gets checked -----------------------------------------------------------------

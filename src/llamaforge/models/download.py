@@ -156,17 +156,19 @@ def copy_local(
     _check_room(target, part, 0, total, capped=False)  # a local file: no network to be wary of
     done = 0
     try:
-        with source.open("rb") as reader, part.open("wb", buffering=0) as writer:
-            while chunk := reader.read(_CHUNK):
-                cancel.raise_if_cancelled()
-                _append(writer, chunk)
-                digest.update(chunk)
-                done += len(chunk)
-                reporter(
-                    Event("progress", f"copying {source.name}", stage="fetch", completed=done, total=total)
-                )
+        writer = part.open("wb", buffering=0)
     except OSError as error:
         raise _write_failed(target, part, done, error) from None
+    with source.open("rb") as reader, writer:
+        while chunk := reader.read(_CHUNK):
+            cancel.raise_if_cancelled()
+            try:
+                _append(writer, chunk)
+            except OSError as error:
+                raise _write_failed(target, part, done, error) from None
+            digest.update(chunk)
+            done += len(chunk)
+            reporter(Event("progress", f"copying {source.name}", stage="fetch", completed=done, total=total))
     return digest.hexdigest(), done
 
 
@@ -174,13 +176,19 @@ def hash_file(path: Path, message: str, reporter: Reporter, cancel: CancelToken)
     """The sha256 object and byte count of ``path`` as it is on disk (``message`` labels the progress)."""
     digest = hashlib.sha256()
     done = 0
-    total = path.stat().st_size
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            cancel.raise_if_cancelled()
-            digest.update(chunk)
-            done += len(chunk)
-            reporter(Event("progress", message, stage="fetch", completed=done, total=total))
+    try:
+        total = path.stat().st_size
+        with path.open("rb") as handle:
+            while chunk := handle.read(_CHUNK):
+                cancel.raise_if_cancelled()
+                digest.update(chunk)
+                done += len(chunk)
+                reporter(Event("progress", message, stage="fetch", completed=done, total=total))
+    except OSError as error:
+        raise FetchError(
+            f"cannot read {path} at byte {done}: {error.strerror or error}",
+            hint="check the disk; deleting the file makes the next fetch start afresh",
+        ) from None
     return digest, done
 
 
@@ -303,32 +311,36 @@ def _receive(
     """Append the response body to ``part``: a network error is transient, a local write error fatal."""
     cap = None if target.expected_sha256 is not None else max_unpinned_bytes()
     try:
-        with part.open("ab", buffering=0) as writer:
-            while True:
-                try:
-                    chunk = response.read(_CHUNK)
-                except (OSError, http.client.HTTPException) as error:
-                    raise _Transient(
-                        f"connection lost at byte {progress.done} ({type(error).__name__})"
-                    ) from None
-                if not chunk:
-                    return
-                cancel.raise_if_cancelled()
-                _append(writer, chunk)
-                progress.digest.update(chunk)
-                progress.done += len(chunk)
-                if target.expected_size is not None and progress.done > target.expected_size:
-                    return  # too many bytes: the size check rejects the file
-                if cap is not None and progress.done > cap:
-                    raise FetchError(
-                        f"{target.display} sent more than the {human_bytes(cap)} a download without a sha256 "
-                        f"pin may bring ({MAX_UNPINNED_ENV}); {progress.done} bytes are kept in {part}",
-                        hint=f"pin the file's sha256 in the model recipe, or raise {MAX_UNPINNED_ENV}",
-                    )
-                reporter(Event("progress", f"downloading {target.filename}", stage="fetch",
-                               completed=progress.done, total=total))  # fmt: skip
-    except OSError as error:  # opening, writing or closing the .part: this machine, not the network
+        writer = part.open("ab", buffering=0)
+    except OSError as error:
         raise _write_failed(target, part, progress.done, error) from None
+    with writer:
+        while True:
+            try:
+                chunk = response.read(_CHUNK)
+            except (OSError, http.client.HTTPException) as error:
+                raise _Transient(
+                    f"connection lost at byte {progress.done} ({type(error).__name__})"
+                ) from None
+            if not chunk:
+                return
+            cancel.raise_if_cancelled()
+            try:
+                _append(writer, chunk)
+            except OSError as error:  # this machine, not the network: never retried
+                raise _write_failed(target, part, progress.done, error) from None
+            progress.digest.update(chunk)
+            progress.done += len(chunk)
+            if target.expected_size is not None and progress.done > target.expected_size:
+                return  # too many bytes: the size check rejects the file
+            if cap is not None and progress.done > cap:
+                raise FetchError(
+                    f"{target.display} sent more than the {human_bytes(cap)} a download without a sha256 "
+                    f"pin may bring ({MAX_UNPINNED_ENV}); {progress.done} bytes are kept in {part}",
+                    hint=f"pin the file's sha256 in the model recipe, or raise {MAX_UNPINNED_ENV}",
+                )
+            reporter(Event("progress", f"downloading {target.filename}", stage="fetch",
+                           completed=progress.done, total=total))  # fmt: skip
 
 
 def _http_error(
