@@ -279,6 +279,23 @@ def test_inventory_key_file_and_known_hosts_pass_the_policy(allowed: tuple[Path,
     assert given.ssh.key_file == root / "k"
 
 
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ('[[hosts]]\nname = "a"\naddress = "-oProxyCommand=touch x"\n', "hosts.0.address"),
+        ('[[hosts]]\nname = "a"\naddress = "h"\nuser = "-oProxyCommand=x"\n', "hosts.0.user"),
+        ('user = "root\\nx"\n[[hosts]]\nname = "a"\naddress = "h"\n', "user"),
+    ],
+)
+def test_an_inventory_address_or_user_that_could_be_an_option_is_refused(
+    tmp_path: Path, text: str, field: str
+) -> None:
+    path = _write(tmp_path / "fleet.toml", text)
+    with pytest.raises(RecipeError) as info:
+        inventory_hosts(str(path))
+    assert f"{field}: " in info.value.message
+
+
 def test_matrix_paths_pass_the_policy(allowed: tuple[Path, list[str]]) -> None:
     root, _ = allowed
     cases = {

@@ -29,6 +29,17 @@ from llamaforge.deploy.hosts import DeployHost
 from llamaforge.runners.ssh_connection import SshHost
 
 _HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+# What SSH is given: a DNS name or an IP address, and a login name; neither may read as an option ('-…').
+_ADDRESS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}|\[?[0-9A-Fa-f:.%]+\]?")
+_USER = re.compile(r"[A-Za-z_][A-Za-z0-9._-]{0,31}")
+
+
+def _check_user(value: str | None) -> str | None:
+    if value is not None and not _USER.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is not a user name (letters, digits, '.', '_' and '-', not starting with '-')"
+        )
+    return value
 
 
 class _Strict(BaseModel):
@@ -57,6 +68,18 @@ class InventoryHost(_Strict):
             raise ValueError("use letters, digits, '.', '_' and '-' (at most 63)")
         return value
 
+    @field_validator("address")
+    @classmethod
+    def _address(cls, value: str) -> str:
+        if not _ADDRESS.fullmatch(value):
+            raise ValueError(f"{value!r} is not a DNS name or an IP address")
+        return value
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, value: str | None) -> str | None:
+        return _check_user(value)
+
     @field_validator("gpu")
     @classmethod
     def _gpu(cls, value: str | None) -> str | None:
@@ -82,6 +105,11 @@ class Inventory(_Strict):
         description="The fleet's known_hosts file (relative to the inventory); new keys are recorded here",
     )
     hosts: list[InventoryHost] = Field(min_length=1, description="The hosts, in rollout order")
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, value: str | None) -> str | None:
+        return _check_user(value)
 
     @model_validator(mode="after")
     def _unique(self) -> Inventory:
