@@ -310,3 +310,19 @@ def test_systemd_starts_each_unit_with_exactly_the_arguments(test_hosts: list[Te
         assert got == [payload, f"--x={payload}", "-ctk", payload, f"/opt/{payload}/lib"], (name, got)
         host.exec(["sh", "-c", f"systemctl stop {unit}; rm -f /etc/systemd/system/{unit}"])
     assert host.exec(["test", "-e", "/pwned"])[0] != 0 and not os.path.exists("/tmp/pwned")
+
+
+def test_the_cli_refuses_a_listen_address_that_is_no_ip_before_rendering(tmp_path: Path) -> None:
+    import sys
+
+    from llamaforge.core.errors import InvalidOption
+
+    out = subprocess.run(
+        [sys.executable, "-m", "invoke", "deploy.render", "--target", "compose", "--build", "none", "--listen",
+         "127.0.0.1\nx-injected: 1", "--model", str(tmp_path / "m.gguf")],
+        capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1], check=False,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LLAMAFORGE_HOME": str(tmp_path / "home")},
+    )  # fmt: skip
+    assert out.returncode == InvalidOption.exit_code, out.stderr
+    assert "is not an IP address" in out.stderr and "Traceback" not in out.stderr
+    assert "x-injected" not in out.stdout
