@@ -13,6 +13,7 @@ from llamaforge.core.registry import Operation, Params
 from mcp_server.hostpolicy import HOST_RUN, DeployTargets, Places, host_runs, refuse_host_runs
 from mcp_server.output import Output
 from mcp_server.policy import ConfirmPolicy, PathPolicy, default_roots
+from mcp_server.progress import HEARTBEAT_SECONDS
 
 DEFAULT_MAX_JOBS = 4
 
@@ -32,6 +33,7 @@ class ServerOptions:
     ssh_hosts: tuple[str, ...] | None = None  # None: any host
     max_jobs: int = DEFAULT_MAX_JOBS
     secrets: tuple[str, ...] = ()  # masked in every output besides the environment's (the HTTP bearer token)
+    heartbeat_seconds: float = HEARTBEAT_SECONDS  # longest silence between a call's progress notifications
 
 
 def path_policy(options: ServerOptions) -> PathPolicy:

@@ -27,6 +27,7 @@ from mcp.server.auth.provider import TokenVerifier
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context, ElicitationResult, MCPServer, Resolve
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.tools import Tool
 from mcp_types import CallToolResult, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
@@ -37,6 +38,7 @@ from llamaforge.core.events import CancelToken, Event
 from llamaforge.core.jobs import FINISHED, JobLogs, JobManager, JobStatus
 from llamaforge.core.registry import Operation, OperationContext, Params, operations, result_json
 from llamaforge.core.validation import describe_errors
+from mcp_server.arguments import CheckedTool
 from mcp_server.options import CallPolicy, ServerOptions, host_guard
 from mcp_server.output import Output
 from mcp_server.policy import (
@@ -46,6 +48,7 @@ from mcp_server.policy import (
     confirmation_resolver,
     refusal,
 )
+from mcp_server.progress import Progress
 
 CONTEXT_PARAM = "mcp_context"
 RESERVED = frozenset({CONFIRM_PARAM, CONFIRMATION_PARAM, CONTEXT_PARAM})
@@ -88,36 +91,29 @@ def _validate(op: Operation, arguments: dict[str, Any], output: Output) -> Param
         raise output.error(f"invalid arguments for {op.name}: {describe_errors(error)}") from None
 
 
-def _progress_text(event: Event, output: Output) -> str:
-    return output.text(f"[{event.stage}] {event.message}" if event.stage else event.message)
-
-
 async def _run_inline(
-    op: Operation, params: Params, ctx: Context[Any, Any], output: Output
+    op: Operation, params: Params, ctx: Context[Any, Any], policy: CallPolicy
 ) -> CallToolResult:
-    """Run a short operation in a worker thread; its stage events become progress notifications.
+    """Run a short operation in a worker thread; its stage events become progress notifications, with a
+    heartbeat while it is silent (:mod:`mcp_server.progress`).
 
     When the client gives up, the operation's cancel token fires: what checks it (every process and container
     it runs, every download) stops; plain Python work runs to its end in its thread, and its result is dropped.
     """
+    output = policy.output
     cancel = CancelToken()
-    step = 0
+    progress = Progress(ctx, output, policy.options.heartbeat_seconds)
 
     def reporter(event: Event) -> None:
-        nonlocal step
-        if event.kind == "log":
-            return
-        step += 1
-        # Progress is best effort: a client that went away must not fail the operation.
-        with contextlib.suppress(Exception):
-            anyio.from_thread.run(
-                functools.partial(ctx.report_progress, step, None, _progress_text(event, output))
-            )
+        if event.kind != "log":
+            with contextlib.suppress(Exception):  # the event loop is gone: the call ended
+                anyio.from_thread.run(progress.event, event)
+
+    def run() -> Any:
+        return op.run(params, OperationContext(reporter=reporter, cancel=cancel))
 
     try:
-        result = await anyio.to_thread.run_sync(
-            lambda: op.run(params, OperationContext(reporter=reporter, cancel=cancel)), abandon_on_cancel=True
-        )
+        result = await progress.run(lambda: anyio.to_thread.run_sync(run, abandon_on_cancel=True))
     except anyio.get_cancelled_exc_class():
         cancel.cancel()
         raise
@@ -129,28 +125,33 @@ async def _run_inline(
     return output.result(result_json(result))
 
 
+async def _forward_job(jobs: JobManager, job_id: str, progress: Progress) -> JobStatus:
+    """Forward a job's events as progress until it finishes; its final status."""
+    seen = 0
+    while True:
+        status = await anyio.to_thread.run_sync(
+            functools.partial(jobs.wait, job_id, after=seen, timeout=1.0), abandon_on_cancel=True
+        )
+        for item in jobs.events(job_id, seen):
+            seen = item.index + 1
+            await progress.event(item.event)
+        if status.state in FINISHED:
+            return status
+
+
 async def _run_as_job(
     op: Operation, params: Params, jobs: JobManager, ctx: Context[Any, Any], policy: CallPolicy, tool: str
 ) -> CallToolResult:
-    """Run a long operation as a job and wait for it, forwarding its events as progress notifications.
+    """Run a long operation as a job and wait for it, forwarding its events as progress notifications, with a
+    heartbeat while it is silent (:mod:`mcp_server.progress`).
 
     The job shows in ``jobs_list`` like any other. Cancelling this call (the client gave up) cancels the job.
     """
     output = policy.output
     job_id = policy.start_job(jobs, tool, op, params)
-    seen = step = 0
+    progress = Progress(ctx, output, policy.options.heartbeat_seconds)
     try:
-        while True:
-            status = await anyio.to_thread.run_sync(
-                functools.partial(jobs.wait, job_id, after=seen, timeout=1.0), abandon_on_cancel=True
-            )
-            for item in jobs.events(job_id, seen):
-                seen = item.index + 1
-                if item.event.kind != "log":
-                    step += 1
-                    await ctx.report_progress(step, None, _progress_text(item.event, output))
-            if status.state in FINISHED:
-                break
+        status = await progress.run(functools.partial(_forward_job, jobs, job_id, progress))
     except anyio.get_cancelled_exc_class():
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(functools.partial(jobs.cancel, job_id, wait=60.0))
@@ -268,7 +269,7 @@ def _operation_tool(
             )  # fmt: skip
         if op.long_running:
             return await _run_as_job(op, params, jobs, ctx, policy, name)
-        return await _run_inline(op, params, ctx, output)
+        return await _run_inline(op, params, ctx, policy)
 
     call.__signature__ = inspect.Signature(parameters, return_annotation=returns)  # type: ignore[attr-defined]
     call.__annotations__ = {parameter.name: parameter.annotation for parameter in parameters} | {
@@ -284,7 +285,7 @@ def _annotations(op: Operation, title: str, policy: CallPolicy) -> ToolAnnotatio
     )
 
 
-def _add_job_tools(server: MCPServer[Any], jobs: JobManager, output: Output, *, with_cancel: bool) -> None:
+def _job_tools(jobs: JobManager, output: Output, *, with_cancel: bool) -> list[Tool]:
     def call(function: Callable[[str], _T], job_id: str) -> _T:
         try:
             return function(job_id)
@@ -324,14 +325,14 @@ def _add_job_tools(server: MCPServer[Any], jobs: JobManager, output: Output, *, 
         return shown(JobList(jobs=jobs.list_jobs()))
 
     read_only = ToolAnnotations(read_only_hint=True, destructive_hint=False)
-    for function in (job_status, job_logs, jobs_list):
-        server.add_tool(function, annotations=read_only, structured_output=True)
+    tools: list[Tool] = [
+        CheckedTool.of(function, output, annotations=read_only, structured_output=True)
+        for function in (job_status, job_logs, jobs_list)
+    ]
     if with_cancel:
-        server.add_tool(
-            job_cancel,
-            annotations=ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True),
-            structured_output=True,
-        )
+        cancels = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True)
+        tools.append(CheckedTool.of(job_cancel, output, annotations=cancels, structured_output=True))
+    return tools
 
 
 _INSTRUCTIONS = """llamaforge builds patched llama.cpp reproducibly. Every tool mirrors an `invoke` task.
@@ -373,23 +374,27 @@ def build_server(
         finally:
             guard.install(previous)
 
-    server: MCPServer[Any] = MCPServer(
-        "llamaforge", version=__version__, instructions=_INSTRUCTIONS, token_verifier=token_verifier, auth=auth,
-        log_level="WARNING", warn_on_duplicate_tools=False, lifespan=guarded,
-    )  # fmt: skip
-    names: set[str] = set()
+    tools: list[Tool] = []
     for op in sorted(registry.values(), key=lambda item: item.name):
         if options.read_only and not op.read_only:
             continue
         for background in (False, True) if op.long_running else (False,):
             function, name = _operation_tool(op, jobs, policy, background=background)
-            if name in names or name in JOB_TOOLS:
+            if any(tool.name == name for tool in tools) or name in JOB_TOOLS:
                 raise ValueError(f"operation {op.name}: tool name {name!r} is already taken")
-            names.add(name)
-            server.add_tool(function, name=name, description=_describe(op, background, policy),
-                            annotations=_annotations(op, name, policy), structured_output=True)  # fmt: skip
+            tools.append(
+                CheckedTool.of(
+                    function, policy.output, name=name, description=_describe(op, background, policy),
+                    annotations=_annotations(op, name, policy), structured_output=True,
+                )
+            )  # fmt: skip
+    names = {tool.name for tool in tools}
     with_cancel = any(name.endswith("_start") for name in names)
-    _add_job_tools(server, jobs, policy.output, with_cancel=with_cancel)
+    tools += _job_tools(jobs, policy.output, with_cancel=with_cancel)
+    server: MCPServer[Any] = MCPServer(
+        "llamaforge", version=__version__, instructions=_INSTRUCTIONS, token_verifier=token_verifier, auth=auth,
+        log_level="WARNING", warn_on_duplicate_tools=False, lifespan=guarded, tools=tools,
+    )  # fmt: skip
     add_resources(server, jobs, policy.output)
     add_prompts(server, names | {name for name in JOB_TOOLS if with_cancel or name != "job_cancel"})
     return server
