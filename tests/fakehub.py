@@ -14,7 +14,9 @@ import datetime
 import hashlib
 import ipaddress
 import json
+import random
 import ssl
+import struct
 import threading
 import urllib.parse
 from collections.abc import Iterator
@@ -27,13 +29,33 @@ from typing import Any
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
+def random_gguf(size: int, seed: int) -> bytes:
+    """A well-formed GGUF of ``size`` bytes (at least 128): ``general.architecture`` and one I8 tensor of random
+    bytes, the shape of a model file a download must bring back unchanged (it is no model llama.cpp loads)."""
+
+    def string(text: str) -> bytes:
+        return struct.pack("<Q", len(text)) + text.encode()
+
+    def header(n_bytes: int) -> bytes:
+        kv = string("general.architecture") + struct.pack("<I", 8) + string("llama")
+        tensor = string("blob") + struct.pack("<IQIQ", 1, n_bytes, 24, 0)  # 1 dim of n_bytes, I8, offset 0
+        return b"GGUF" + struct.pack("<IQQ", 3, 1, 1) + kv + tensor
+
+    data_offset = -(-len(header(0)) // 32) * 32  # the data section is 32-byte aligned
+    n_bytes = size - data_offset
+    assert n_bytes > 0, f"a GGUF needs more than {data_offset} bytes"
+    return header(n_bytes).ljust(data_offset, b"\0") + random.Random(seed).randbytes(n_bytes)
+
+
 @dataclass
 class Faults:
     """What the next GETs of file bytes do wrong."""
 
     drops: list[int] = field(default_factory=list)  # each GET pops one: send only N bytes, then hang up
     ignore_range: bool = False  # answer 200 with the whole file even when asked for a range
-    corrupt: bool = False  # flip the first byte of everything served
+    corrupt: bool = (
+        False  # flip the last byte of everything served (the GGUF magic stays: the sha256 differs)
+    )
     extra_bytes: int = 0  # serve this many more bytes than the file has
 
 
@@ -283,7 +305,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve_bytes(self, content: bytes) -> None:
         faults = self.hub.faults
         if faults.corrupt:
-            content = bytes([content[0] ^ 0xFF]) + content[1:]
+            content = content[:-1] + bytes([content[-1] ^ 0xFF])
         if faults.extra_bytes:
             content = content + b"\0" * faults.extra_bytes
         etag = f'"{hashlib.sha256(content).hexdigest()}"'

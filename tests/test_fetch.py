@@ -7,16 +7,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
 import pytest
 
-from fakehub import COMMIT, FakeHub, serve
+from fakehub import COMMIT, FakeHub, random_gguf, serve
 from helpers import invoke, write_mini_vocab
-from llamaforge.core.errors import Cancelled, FetchError, InvalidOption, ModelChecksumMismatch
+from llamaforge.core.errors import Cancelled, FetchError, InvalidOption, ModelChecksumMismatch, ModelError
 from llamaforge.core.events import CancelToken, Event
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.models import store as modelstore
@@ -41,8 +40,8 @@ def tiny_gguf(tmp_path_factory: pytest.TempPathFactory) -> bytes:
 
 @pytest.fixture(scope="module")
 def big_blob() -> bytes:
-    """3.5 MiB of random bytes: several read chunks, so drops land inside and between chunks."""
-    return random.Random(7).randbytes(3 * (1 << 20) + 12345)
+    """A 3 MiB GGUF of random tensor bytes: several read chunks, so drops land inside and between chunks."""
+    return random_gguf(3 * (1 << 20) + 12345, seed=7)
 
 
 @pytest.fixture
@@ -170,7 +169,7 @@ def test_resume_hashes_the_existing_prefix_once(hub: FakeHub, big_blob: bytes) -
 
 
 def test_corrupt_bytes_are_quarantined_and_the_cache_is_untouched(hub: FakeHub, tiny_gguf: bytes) -> None:
-    good = fetch_model(hub.file_url(hub.add("org/repo", "other.gguf", b"GGUF other file")))
+    good = fetch_model(hub.file_url(hub.add("org/repo", "other.gguf", random_gguf(4096, seed=11))))
     store_before = sorted(p.name for p in (modelstore.models_root() / "sha256").iterdir())
     name = hub.add("org/repo", "tiny.gguf", tiny_gguf)
     hub.faults.corrupt = True
@@ -179,7 +178,7 @@ def test_corrupt_bytes_are_quarantined_and_the_cache_is_untouched(hub: FakeHub, 
         fetch_model(recipe, backoff_s=0)
     assert "quarantine" in (caught.value.hint or "")
     rejected = list((modelstore.models_root() / "quarantine").glob("*.rejected"))
-    assert len(rejected) == 1 and rejected[0].read_bytes()[1:] == tiny_gguf[1:]
+    assert len(rejected) == 1 and rejected[0].read_bytes()[:-1] == tiny_gguf[:-1]
     assert sorted(p.name for p in (modelstore.models_root() / "sha256").iterdir()) == store_before
     assert modelstore.lookup(sha(tiny_gguf)) is None and modelstore.lookup(good.sha256) is not None
     assert not list((modelstore.models_root() / "partial").glob("*.part"))
@@ -234,7 +233,7 @@ def test_file_url_is_copied_hashed_and_published(lf_home: Path, tmp_path: Path, 
     result = fetch_model(source.as_uri(), offline=True)
     assert result.sha256 == sha(tiny_gguf) and result.path.name == "local model.gguf"
     assert fetch_model(source.as_uri()).cached
-    with pytest.raises(FetchError, match="does not exist"):
+    with pytest.raises(ModelError, match=r"nope\.gguf does not exist"):
         fetch_model((tmp_path / "nope.gguf").as_uri())
     with pytest.raises(InvalidOption):
         fetch_model(source.as_uri(), revision="main")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import random
 import re
 import time
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from typing import BinaryIO
 
 import pytest
 
-from fakehub import FakeHub, serve, tls_context, tls_files
+from fakehub import FakeHub, random_gguf, serve, tls_context, tls_files
 from llamaforge.core import guard
 from llamaforge.core.errors import FetchError, ModelChecksumMismatch
 from llamaforge.core.events import Event, Reporter
@@ -30,7 +29,7 @@ from llamaforge.models.inspect import HttpRangeSource, inspect_model
 from llamaforge.models.recipes import ModelRecipe
 from llamaforge.models.urls import check_model_url, max_unpinned_bytes
 
-BLOB = random.Random(21).randbytes(3 * (1 << 20) + 4321)
+BLOB = random_gguf(3 * (1 << 20) + 4321, seed=21)
 METADATA = "http://169.254.169.254/latest/meta-data/iam"
 TEST_NET = "http://192.0.2.10/model.gguf"  # RFC 5737: never routed, and an IP needs no DNS
 
@@ -319,12 +318,12 @@ def test_hub_endpoints_are_checked_before_they_are_asked(
 def test_a_read_only_front_downloads_nothing(hub: FakeHub, policy: None) -> None:
     name = hub.add("org/repo", "blob.gguf", BLOB)
     cached = fetch_model(hub.file_url(name), backoff_s=0)
-    other = hub.add("org/repo", "other.gguf", b"GGUF another file")
+    other = hub.add("org/repo", "other.gguf", random_gguf(4096, seed=12))
     guard.install(HostGuard(read_only=True))
     requests = len(hub.requests())
     with pytest.raises(
         PolicyRefused, match=rf"read-only, and this call would download {re.escape(hub.file_url(other))} into"
     ):
         fetch_model(hub.file_url(other), backoff_s=0)
-    assert len(hub.requests()) == requests and modelstore.lookup(sha(b"GGUF another file")) is None
+    assert len(hub.requests()) == requests and modelstore.lookup(other) is None
     assert fetch_model(hub.file_url(name)).path == cached.path  # what the store has is still served

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fakehub import COMMIT, FakeHub, serve
+from fakehub import COMMIT, FakeHub, random_gguf, serve
 from helpers import invoke
 from llamaforge.core.errors import LockError
 from llamaforge.models.fetch import fetch_model
@@ -28,7 +28,7 @@ from llamaforge.models.lock import (
 )
 from llamaforge.models.recipes import load_model_recipe
 
-CONTENT = b"GGUF" + bytes(range(256)) * 40
+CONTENT = random_gguf(10 << 10, seed=3)
 DIGEST = hashlib.sha256(CONTENT).hexdigest()
 TOKEN = "hf_SECRETlocktoken0123456789SECRET"
 

@@ -5,7 +5,8 @@ Network trouble (a reset, a short read, a 5xx) is retried from the bytes the ``.
 machine (the disk full, an I/O error) is not: it ends the download at once, naming the file and the free space,
 and the ``.part`` is cut back to the bytes that were counted, so a later run resumes from a consistent prefix.
 Before a byte is written the free space is checked against the announced size, and a download without a sha256
-pin may bring at most :func:`~llamaforge.models.urls.max_unpinned_bytes`.
+pin may bring at most :func:`~llamaforge.models.urls.max_unpinned_bytes`. A download whose first bytes are not
+the GGUF magic ends at once (an HTML error page, a wrong file). Progress events count bytes (``unit="bytes"``).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from llamaforge.core.errors import FetchError
+from llamaforge.core.errors import FetchError, ModelError
 from llamaforge.core.events import CancelToken, Event, Reporter
+from llamaforge.gguf.header import GGUF_MAGIC
 from llamaforge.models.hubs import scrub
 from llamaforge.models.urls import MAX_UNPINNED_ENV, check_model_url, human_bytes, max_unpinned_bytes, opener
 
@@ -144,11 +146,16 @@ def _check_room(
         )
 
 
+def local_source(target: DownloadTarget) -> Path:
+    """The local file a ``file://`` target names."""
+    return Path(urllib.request.url2pathname(urllib.parse.urlsplit(target.url).path))
+
+
 def copy_local(
     target: DownloadTarget, part: Path, reporter: Reporter, cancel: CancelToken
 ) -> tuple[str, int]:
     """Copy a ``file://`` source into ``part``, hashing it; returns ``(sha256, size)``."""
-    source = Path(urllib.request.url2pathname(urllib.parse.urlsplit(target.url).path))
+    source = local_source(target)
     if not source.is_file():
         raise FetchError(f"{source} does not exist", hint="fix the file:// path")
     digest = hashlib.sha256()
@@ -168,7 +175,8 @@ def copy_local(
                 raise _write_failed(target, part, done, error) from None
             digest.update(chunk)
             done += len(chunk)
-            reporter(Event("progress", f"copying {source.name}", stage="fetch", completed=done, total=total))
+            reporter(Event("progress", f"copying {source.name}", stage="fetch", completed=done, total=total,
+                           unit="bytes"))  # fmt: skip
     return digest.hexdigest(), done
 
 
@@ -183,7 +191,7 @@ def hash_file(path: Path, message: str, reporter: Reporter, cancel: CancelToken)
                 cancel.raise_if_cancelled()
                 digest.update(chunk)
                 done += len(chunk)
-                reporter(Event("progress", message, stage="fetch", completed=done, total=total))
+                reporter(Event("progress", message, stage="fetch", completed=done, total=total, unit="bytes"))
     except OSError as error:
         raise FetchError(
             f"cannot read {path} at byte {done}: {error.strerror or error}",
@@ -325,6 +333,12 @@ def _receive(
             if not chunk:
                 return
             cancel.raise_if_cancelled()
+            if progress.done == 0 and len(chunk) >= len(GGUF_MAGIC) and not chunk.startswith(GGUF_MAGIC):
+                raise ModelError(
+                    f"{target.display} is not a GGUF model: it starts with {chunk[:8]!r}, not the bytes "
+                    "'GGUF'; nothing was kept",
+                    hint="check the URL: it must name a .gguf file (a hub serves an HTML page for some paths)",
+                )
             try:
                 _append(writer, chunk)
             except OSError as error:  # this machine, not the network: never retried
@@ -340,7 +354,7 @@ def _receive(
                     hint=f"pin the file's sha256 in the model recipe, or raise {MAX_UNPINNED_ENV}",
                 )
             reporter(Event("progress", f"downloading {target.filename}", stage="fetch",
-                           completed=progress.done, total=total))  # fmt: skip
+                           completed=progress.done, total=total, unit="bytes"))  # fmt: skip
 
 
 def _http_error(

@@ -4,7 +4,9 @@ One pass over the bytes: they are hashed as they arrive (a resumed download firs
 it already has, then goes on), written to ``partial/<key>.part`` and published into ``sha256/<hex>/`` by one
 rename only once the sha256 and size verify, and a pinned file is hashed once more as it lies on disk before
 that rename (the bytes counted on the way are not the file). A mismatch moves the file to quarantine and fails
-naming both digests; the store is never touched. ``offline=True`` serves only what the store already has.
+naming both digests; the store is never touched. Only a GGUF is published: a file whose header does not parse,
+or that holds neither tensors nor a vocabulary, is refused naming it (:mod:`llamaforge.models.model_file`).
+``offline=True`` serves only what the store already has.
 
 Every URL is checked before it is reached, and again at every redirect (:mod:`llamaforge.models.urls`);
 nothing is written while the front is read-only.
@@ -19,7 +21,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from llamaforge.core import guard
-from llamaforge.core.errors import FetchError, InvalidOption, ModelChecksumMismatch
+from llamaforge.core.errors import FetchError, InvalidOption, ModelChecksumMismatch, ModelError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.models import store as modelstore
 from llamaforge.models.download import (
@@ -28,9 +30,11 @@ from llamaforge.models.download import (
     download,
     hash_file,
     load_sidecar,
+    local_source,
     save_sidecar,
 )
 from llamaforge.models.hubs import HubFile, default_revision, is_commit, parse_hub_source, resolve
+from llamaforge.models.model_file import check_model_file, local_model_path
 from llamaforge.models.recipes import ModelRecipe, load_model_recipe
 from llamaforge.models.urls import check_model_url, redact_url
 
@@ -61,6 +65,9 @@ class FetchResult:
 def _as_recipe(recipe_or_url: ModelRecipe | str) -> ModelRecipe:
     if isinstance(recipe_or_url, ModelRecipe):
         return recipe_or_url
+    local = local_model_path(recipe_or_url)  # a file is a model, never read as a recipe
+    if local is not None and "://" not in recipe_or_url:
+        return ModelRecipe(source=local.resolve().as_uri())
     if "://" in recipe_or_url:
         try:
             return ModelRecipe(source=recipe_or_url)
@@ -112,7 +119,7 @@ def fetch_model(
     #    as immutable (pin their sha256 otherwise); a local file is always hashed afresh.
     moving = hub and not is_commit(revision) and not offline
     use_index = not moving and not recipe.source.startswith("file://")
-    cached = _from_cache(sha256, identity if use_index else None, size)
+    cached = _from_cache(sha256, identity if use_index else None, size, reporter)
     if cached is not None:
         reporter(Event("info", f"cached: {cached.path}", stage="fetch"))
         return FetchResult(cached.path, cached.sha256, cached.size, True, display, revision,
@@ -128,7 +135,7 @@ def fetch_model(
     # 2. Resolve the source to a download target.
     target = _resolve_target(recipe.source, revision, sha256, size, identity, display, reporter)
     if target.expected_sha256:
-        cached = _from_cache(target.expected_sha256, None, target.expected_size)
+        cached = _from_cache(target.expected_sha256, None, target.expected_size, reporter)
         if cached is not None:
             if not guard.current().read_only:  # indexing the source is a write; the file is there already
                 _remember(target, cached)
@@ -143,15 +150,33 @@ def fetch_model(
     return FetchResult(stored.path, stored.sha256, stored.size, reused, display, revision, target.commit)
 
 
-def _from_cache(sha256: str | None, identity: str | None, size: int | None) -> modelstore.StoredModel | None:
+def _from_cache(
+    sha256: str | None, identity: str | None, size: int | None, reporter: Reporter
+) -> modelstore.StoredModel | None:
+    stored = None
     if sha256:
         stored = modelstore.lookup(sha256)
-        return stored if stored is not None and (size is None or stored.size == size) else None
-    if identity:
+        if stored is not None and size is not None and stored.size != size:
+            return None
+    elif identity:
         known = modelstore.find_source(identity)
         if known is not None:
-            return modelstore.lookup(str(known["sha256"]))
-    return None
+            stored = modelstore.lookup(str(known["sha256"]))
+    return _still_a_model(stored, reporter) if stored is not None else None
+
+
+def _still_a_model(stored: modelstore.StoredModel, reporter: Reporter) -> modelstore.StoredModel | None:
+    """``stored`` when it is a GGUF; an entry that is not (published before fetch checked the format) is moved
+    to quarantine and fetched again, or, read-only, refused."""
+    try:
+        check_model_file(stored.path, reporter=reporter)
+    except ModelError as error:
+        if guard.current().read_only:
+            raise
+        moved = modelstore.quarantine_entry(stored.path.parent, reason=error.message)
+        reporter(Event("warning", f"{error.message}: store entry moved to {moved}", stage="fetch"))
+        return None
+    return stored
 
 
 def _remember(target: DownloadTarget, stored: modelstore.StoredModel) -> None:
@@ -222,6 +247,8 @@ def _download_and_publish(
 ) -> tuple[modelstore.StoredModel, bool]:
     """The published file, and whether the store already had these bytes."""
     guard.refuse_if_read_only(f"download {target.display} into the model store")
+    if target.url.startswith("file://"):
+        check_model_file(local_source(target), name=target.display)  # before a byte is copied
     key = modelstore.key_for(target.expected_sha256 or target.identity)
     part, sidecar = modelstore.partial_paths(key)
     with modelstore.download_lock(key):
@@ -248,6 +275,7 @@ def _download_and_publish(
                 "if the new file is trusted, pin its sha256 in the recipe",
             )
         _check_on_disk(target, part, digest, size, reporter, cancel)
+        _check_format(target, part, sidecar, digest, reporter)
         manifest = {
             "source": target.display, "revision": target.revision, "commit": target.commit,
             "fetched_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -274,6 +302,7 @@ def _check_on_disk(
         )
     if target.expected_sha256 is None:
         return
+    reporter(Event("info", f"checking the sha256 of {target.filename} on disk", stage="fetch"))
     rehashed = hash_file(part, f"checking {target.filename} on disk", reporter, cancel)[0].hexdigest()
     if rehashed != digest:
         moved = modelstore.quarantine_file(part, target.filename, rehashed)
@@ -282,3 +311,18 @@ def _check_on_disk(
             hint=f"the disk or another program changed it; the file was moved to {moved}, the cache is "
             "untouched. Fetch again to download afresh",
         )
+
+
+def _check_format(target: DownloadTarget, part: Path, sidecar: Path, digest: str, reporter: Reporter) -> None:
+    """Publish only a GGUF: a ``.part`` that is not one is removed (a copy of a local file) or moved to
+    quarantine (a download), and the error names its source."""
+    try:
+        check_model_file(part, name=target.display, reporter=reporter)
+    except ModelError as error:
+        if target.url.startswith("file://"):
+            part.unlink(missing_ok=True)
+            sidecar.unlink(missing_ok=True)
+            kept = ""
+        else:
+            kept = f"; the file was moved to {modelstore.quarantine_file(part, target.filename, digest)}"
+        raise ModelError(f"{error.message}; nothing was published{kept}", hint=error.hint) from None

@@ -171,6 +171,7 @@ def describe(header: GGUFHeader) -> dict[str, Any]:
         "file_size": header.file_size,
         "header_bytes": header.data_offset,
         "tensor_count": len(header.tensors),
+        "vocab_only": not header.tensors,  # a vocabulary file (llama.cpp's ggml-vocab-*.gguf): nothing to serve
         "kv_count": len(md),
         "alignment": header.alignment,
         "parameters": params,
@@ -379,15 +380,12 @@ def resolve_local_model(target: str) -> tuple[Path | None, Any]:
     The recipe is None for a plain file. For a recipe, the path is its ``file://`` source, else the copy
     ``models.fetch`` left in the model store (found offline), else None.
     """
+    from llamaforge.models.model_file import local_model_path
     from llamaforge.models.recipes import load_model_recipe
 
-    path = Path(target).expanduser()
-    if path.is_file() and path.suffix != ".toml":
+    path = local_model_path(target)  # a directory, or a missing .gguf, is refused here
+    if path is not None:
         return path, None
-    if path.suffix == ".gguf":
-        raise ModelError(f"model file {path} does not exist", hint="check the path, or fetch the model first")
-    if target.startswith("file://"):
-        return Path(urllib.parse.urlsplit(target).path), None
     if _is_url(target):
         return None, None
     recipe = load_model_recipe(target)

@@ -70,13 +70,13 @@ def models_inspect_cli(result: dict[str, Any], console: Console) -> None:
               if result.get("remote") else "")  # fmt: skip
     table = Table(title=f"{result['source']}{remote}", show_header=False)
     table.add_row("architecture", f"{model['architecture']} ({model['name'] or '-'})")
-    table.add_row("parameters", f"{model['parameters_human']} ({model['bits_per_weight']} bits/weight)")
+    table.add_row("parameters", _parameters(model))
     table.add_row("layers", f"{layers['block_count']}: {layers['attention']} attention, {layers['recurrent']} "
                   f"recurrent, {layers['mtp']} MTP")  # fmt: skip
     table.add_row("context", str(model["context_length"]))
     table.add_row("file type", f"{model['file_type'] or '-'} (most bytes {model['dominant_type'] or '-'})")
     table.add_row("quant mix", ", ".join(f"{name} {entry['count']}x {entry['bytes'] / 2**20:.1f} MiB"
-                                         for name, entry in model["quant_histogram"].items()))  # fmt: skip
+                                         for name, entry in model["quant_histogram"].items()) or "-")  # fmt: skip
     table.add_row("size", f"{model['file_size'] / 2**20:.1f} MiB (header {model['header_bytes']} bytes)")
     tokenizer = model["tokenizer"]
     table.add_row("tokenizer", f"{tokenizer['model'] or '-'} / {tokenizer['pre'] or '-'}, "
@@ -86,6 +86,13 @@ def models_inspect_cli(result: dict[str, Any], console: Console) -> None:
     console.print(table)
 
 
+def _parameters(model: dict[str, Any]) -> str:
+    """``1.23 B (4.85 bits/weight)``, or what a file without tensors is."""
+    if model.get("vocab_only") or model.get("tensor_count") == 0:
+        return "none: vocab-only (no tensors, a vocabulary file that cannot be served)"
+    return f"{model.get('parameters_human', '-')} ({model.get('bits_per_weight', '-')} bits/weight)"
+
+
 def _model_rows(model: dict[str, Any]) -> list[tuple[str, Any]]:
     layers = model.get("layers") or {}
     tokenizer = model.get("tokenizer") or {}
@@ -93,10 +100,7 @@ def _model_rows(model: dict[str, Any]) -> list[tuple[str, Any]]:
     histogram = model.get("quant_histogram") or {}
     return [
         ("architecture", f"{model.get('architecture')} ({model.get('name') or '-'})"),
-        (
-            "parameters",
-            f"{model.get('parameters_human', '-')} ({model.get('bits_per_weight', '-')} bits/weight)",
-        ),
+        ("parameters", _parameters(model)),
         (
             "layers",
             f"{layers.get('block_count', '-')}: {layers.get('attention', '-')} attention, "
@@ -109,7 +113,8 @@ def _model_rows(model: dict[str, Any]) -> list[tuple[str, Any]]:
             ", ".join(
                 f"{name} {entry.get('count')}x {html.mib(entry.get('bytes'))}"
                 for name, entry in histogram.items()
-            ),
+            )
+            or "-",
         ),
         ("size", html.mib(model.get("file_size"))),
         (

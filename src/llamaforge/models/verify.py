@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 CHECKS: Final = ("header", "sha256", "structure", "tensors", "expectations", "template", "load")
 # Bump when the analysis changes, so old cache entries are not trusted.
-VERIFY_CACHE_VERSION: Final = 1
+VERIFY_CACHE_VERSION: Final = 2
 _HASH_BUFFER: Final = 8 << 20
 
 
@@ -189,9 +189,10 @@ def hash_file(path: Path, size: int, reporter: Reporter, cancel: CancelToken) ->
         while n := handle.readinto(view):
             digest.update(view[:n])
             done += n
-            if done >= next_report:
+            if done >= next_report or done == size:
                 cancel.raise_if_cancelled()
-                reporter(Event("progress", f"sha256 {path.name}", stage="verify", completed=done, total=size))
+                reporter(Event("progress", f"sha256 {path.name}", stage="verify", completed=done, total=size,
+                               unit="bytes"))  # fmt: skip
                 next_report = done + (256 << 20)
     return digest.hexdigest()
 
@@ -239,7 +240,12 @@ def analyse_header(header: GGUFHeader) -> dict[str, Any]:
     """The recipe-independent verdict on a parsed header: model facts, structure, tensor set, template."""
     from llamaforge.models.inspect import describe
 
-    missing, unknown, tensor_findings = check_tensor_set(header)
+    if header.tensors:
+        missing, unknown, tensor_findings = check_tensor_set(header)
+    else:  # one finding, not one "missing tensor" per tensor the architecture needs
+        missing, unknown = [], []
+        tensor_findings = [Finding("tensors", "fail", "tensors", "vocab-only: no tensors (a vocabulary file: "
+                                   "llama.cpp cannot load it as a model)")]  # fmt: skip
     findings = [*check_structure(header), *tensor_findings, *check_templates(header.metadata)]
     model = describe(header)
     model["missing_tensors"] = missing
