@@ -25,6 +25,7 @@ class Event:
     stage: str = ""
     completed: float | None = None
     total: float | None = None
+    unit: str | None = None  # what ``completed`` and ``total`` count: "bytes", or None for steps
 
 
 Reporter = Callable[[Event], None]

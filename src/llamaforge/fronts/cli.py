@@ -22,6 +22,7 @@ from invoke.exceptions import Exit
 from invoke.program import Program
 from pydantic import ValidationError
 from rich.console import Console
+from rich.text import Text
 
 from llamaforge import __version__
 from llamaforge.core.errors import Cancelled, InvalidOption, LlamaforgeError, OperationFailed, Terminated
@@ -55,7 +56,8 @@ class _Console(Console):
 
 class ConsoleReporter:
     """Renders events: stages as lines, countable work as a progress bar (on a terminal; elsewhere a line every
-    30 s or 10 %, see :class:`_ProgressLines`), log lines when verbose."""
+    30 s or 10 %, see :class:`_ProgressLines`), bytes in MiB, log lines when verbose (a progress message once,
+    not once per event)."""
 
     def __init__(self, console: Console, verbose: bool, clock: Callable[[], float] = time.monotonic) -> None:
         self.console = console
@@ -63,34 +65,40 @@ class ConsoleReporter:
         self._progress: Progress | None = None
         self._task: Any = None
         self._lines = _ProgressLines(clock)
+        self._said = ""  # the last progress message printed when verbose
 
     def _bar(self) -> Progress:
         if self._progress is None:
             # Imported with the first bar: a run without countable work (a cache hit) never needs it.
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
             self._progress = Progress(
-                TextColumn("[bold blue]{task.fields[stage]}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("[bold blue]{task.fields[stage]}"), BarColumn(), TextColumn("{task.fields[count]}"),
                 TimeElapsedColumn(), TextColumn("{task.description}"), console=self.console, transient=True,
             )  # fmt: skip
             self._progress.start()
-            self._task = self._progress.add_task("", total=None, stage="")
+            self._task = self._progress.add_task("", total=None, stage="", count="")
         return self._progress
 
+    def _new_message(self, event: Event) -> bool:
+        """True the first time a progress message is seen in a row (a download says "downloading" per MiB)."""
+        new, self._said = event.message != self._said, event.message
+        return new
+
     def __call__(self, event: Event) -> None:
-        if event.kind == "progress" and event.total and not self.console.is_terminal:
+        if event.kind == "progress" and (event.total or event.unit) and not self.console.is_terminal:
             line = self._lines.line(event)
             if line:
                 self.console.print(line, highlight=False, markup=False)
-            if self.verbose:
+            if self.verbose and self._new_message(event):
                 self.console.print(event.message, highlight=False, markup=False)
-        elif event.kind == "progress" and event.total:
+        elif event.kind == "progress" and (event.total or event.unit):
             bar = self._bar()
             description = event.message if len(event.message) < 70 else event.message[:67] + "..."
             bar.update(self._task, completed=event.completed, total=event.total, description=description,
-                       stage=event.stage)  # fmt: skip
-            if self.verbose:
-                bar.console.print(f"[dim]{event.message}[/dim]", highlight=False)
+                       stage=event.stage, count=_count(event))  # fmt: skip
+            if self.verbose and self._new_message(event):
+                bar.console.print(Text(event.message, style="dim"), highlight=False)
         elif event.kind == "log":
             if self.verbose:
                 self.console.print(f"[dim]{event.message}[/dim]", highlight=False, markup=False)
@@ -108,36 +116,69 @@ class ConsoleReporter:
 
 class _ProgressLines:
     """Countable work where no bar can be drawn (a CI log, ``nohup``, a pipe): one line when the count starts,
-    then at most one per 30 s or 10 % and one at its end, e.g. ``build [251/474] 53% 5m12s, ~4m left``."""
+    then at most one per 30 s or 10 % and one at its end, e.g. ``build [251/474] 53% 5m12s, ~4m left``; bytes
+    as ``fetch 120/400 MiB (30 %) 33 MiB/s, ~8s left`` (without a total, every 30 s: ``fetch 120 MiB 33 MiB/s``)."""
 
     seconds = 30.0
     step = 0.10
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
-        self._count: tuple[str, float] | None = None  # the stage and total being counted
+        self._count: tuple[str, float | None] | None = None  # the stage and total being counted
         self._start = self._shown_at = 0.0
-        self._shown_fraction = 0.0
+        self._shown_fraction = self._shown_completed = self._first = 0.0
 
     def line(self, event: Event) -> str | None:
-        """The line to print for ``event`` (a progress event with a total), or None for none yet."""
-        assert event.total is not None
+        """The line to print for ``event`` (a progress event with a total or a unit), or None for none yet."""
         now, completed = self._clock(), event.completed or 0.0
-        fraction = min(completed / event.total, 1.0)
-        if self._count != (event.stage, event.total) or fraction < self._shown_fraction:
-            self._count, self._start = (event.stage, event.total), now  # a new count
-        elif not (fraction >= 1.0 > self._shown_fraction or fraction >= self._shown_fraction + self.step
-                  or now - self._shown_at >= self.seconds):  # fmt: skip
-            return None
-        self._shown_at, self._shown_fraction = now, fraction
+        fraction = min(completed / event.total, 1.0) if event.total else 0.0
+        if (self._count != (event.stage, event.total) or fraction < self._shown_fraction
+                or completed < self._shown_completed):  # fmt: skip
+            self._count, self._start, self._first = (event.stage, event.total), now, completed  # a new count
+        else:
+            due = now - self._shown_at >= self.seconds
+            if event.total:
+                due = (
+                    due
+                    or fraction >= self._shown_fraction + self.step
+                    or fraction >= 1.0 > self._shown_fraction
+                )
+            if not due:
+                return None
+        self._shown_at, self._shown_fraction, self._shown_completed = now, fraction, completed
         elapsed = now - self._start
         left = (
             f", ~{_duration(elapsed * (1 - fraction) / fraction)} left"
             if elapsed and 0 < fraction < 1
             else ""
         )
+        if event.unit == "bytes":
+            rate = f" {_mib((completed - self._first) / elapsed)} MiB/s" if elapsed else ""
+            if not event.total:
+                return f"{event.stage} {_mib(completed)} MiB{rate}".strip()
+            shown = f"{_mib(completed, event.total)}/{_mib(event.total)} MiB ({fraction * 100:.0f} %)"
+            return f"{event.stage} {shown}{rate}{left}".strip()
+        if not event.total:
+            return None
         count = f"[{completed:g}/{event.total:g}]"
         return f"{event.stage} {count} {fraction:.0%} {_duration(elapsed)}{left}".strip()
+
+
+def _mib(count: float, scale: float | None = None) -> str:
+    """Bytes as MiB: whole from 10 MiB on (of ``scale`` when given, so ``3.5/400`` reads ``4/400``), else one
+    decimal."""
+    mib = count / 2**20
+    return f"{mib:.0f}" if (scale if scale is not None else count) >= 10 * 2**20 else f"{mib:.1f}"
+
+
+def _count(event: Event) -> str:
+    """The bar's count: ``120.0/400.0 MiB`` for bytes, ``251/474`` for steps."""
+    done = event.completed or 0
+    if event.unit == "bytes":
+        return (
+            f"{done / 2**20:.1f}/{event.total / 2**20:.1f} MiB" if event.total else f"{done / 2**20:.1f} MiB"
+        )
+    return f"{done:g}/{event.total:g}" if event.total else f"{done:g}"
 
 
 def _duration(seconds: float) -> str:

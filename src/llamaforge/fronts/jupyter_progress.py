@@ -32,6 +32,7 @@ class _ProgressState:
     message: str = ""
     completed: float | None = None
     total: float | None = None
+    unit: str | None = None
     logs: deque[str] = field(default_factory=lambda: deque(maxlen=6))
     state: str = "running"
     started: float = field(default_factory=time.monotonic)
@@ -44,9 +45,9 @@ class _ProgressState:
             self.stage = event.stage or self.stage
             self.message = event.message if event.kind != "warning" else f"warning: {event.message}"
             if event.kind == "progress":
-                self.completed, self.total = event.completed, event.total
+                self.completed, self.total, self.unit = event.completed, event.total, event.unit
             elif event.kind == "stage":
-                self.completed = self.total = None
+                self.completed = self.total = self.unit = None
         else:
             self.logs.append(event.message)
         now = time.monotonic()
@@ -56,15 +57,23 @@ class _ProgressState:
             return True
         return False
 
+    def counted(self) -> str:
+        """``12/474`` for steps, ``120.0/400.0 MiB`` for bytes; empty without a total."""
+        if not self.total:
+            return ""
+        if self.unit == "bytes":
+            return f"{(self.completed or 0) / 2**20:.1f}/{self.total / 2**20:.1f} MiB"
+        return f"{self.completed or 0:g}/{self.total:g}"
+
     def text(self) -> str:
         """The state as one line of plain text."""
-        counted = f" [{self.completed:g}/{self.total:g}]" if self.total else ""
+        counted = f" [{self.counted()}]" if self.total else ""
         stage = f"{self.stage}: " if self.stage else ""
         return f"{self.operation} {self.state} {self.seconds:.1f} s{counted} {stage}{self.message}".rstrip()
 
     def as_html(self, *, bar: bool = True) -> str:
         """The state as a small HTML block, with a <progress> bar unless the caller draws its own."""
-        counted = f"{self.completed or 0:g}/{self.total:g}" if self.total else ""
+        counted = html.escape(self.counted())
         if bar and self.total:
             value = f'value="{self.completed or 0:g}" max="{self.total:g}"'
             counted = f'<progress {value} style="width:40%"></progress> {counted}'

@@ -124,7 +124,7 @@ class _Progress:
             self.last = self.done
             mib = f"{self.done / 2**20:.1f}/{self.total / 2**20:.1f} MiB"
             self.reporter(Event("progress", f"{self.what} {mib}", stage=_STAGE, completed=self.done,
-                                total=self.total))  # fmt: skip
+                                total=self.total, unit="bytes"))  # fmt: skip
         if self.cancel is not None:
             self.cancel.raise_if_cancelled()
 
