@@ -15,7 +15,7 @@ import pytest
 
 from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.registry import OperationContext, operations
-from llamaforge.deploy.release import ReleaseSpec
+from llamaforge.deploy.release import DEFAULT_PORT, ReleaseSpec
 from llamaforge.deploy.report import DeployStatus, RolloutReport, SwarmReport
 from llamaforge.deploy.swarm import LABEL_RELEASE, monitor_window_s, service_name, slot_tasks, swarm_release
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
@@ -67,8 +67,17 @@ def test_the_service_sets_every_update_and_rollback_field_and_a_health_check_siz
     assert arguments["task_template"]["Networks"] == [{"Target": "llamaforge-web"}]  # its own overlay network
     assert "Resources" not in arguments["task_template"] or not arguments["task_template"]["Resources"]
 
-    gpu = swarm_release(spec(), "web", "img", replicas=2, gpus=1, publish=9000).definition
+    with pytest.raises(InvalidOption, match="API key"):  # every interface of every node: never keyless
+        swarm_release(spec(), "web", "img", replicas=2, publish=9000)
+    secret = ("s3cr3tid", "llamaforge-web-api-key-0123456789ab")
+    gpu = swarm_release(
+        spec(), "web", "img", replicas=2, gpus=1, publish=9000, api_key_secret=secret
+    ).definition
     gpu_arguments = service_arguments(gpu)
+    assert gpu.args[-2:] == ("--api-key-file", "/run/secrets/api-key")
+    assert gpu_arguments["task_template"]["ContainerSpec"]["Secrets"] == [
+        {"SecretID": "s3cr3tid", "SecretName": secret[1],
+         "File": {"Name": "api-key", "UID": "10001", "GID": "10001", "Mode": 0o400}}]  # fmt: skip
     assert gpu.update.order == gpu.rollback.order == "stop-first"  # a whole GPU cannot host old and new
     assert gpu_arguments["task_template"]["Resources"]["Reservations"]["GenericResources"] == [
         {"DiscreteResourceSpec": {"Kind": "NVIDIA-GPU", "Value": 1}}]  # fmt: skip
@@ -145,6 +154,9 @@ def deployment(swarm: Any, patched_build: Path, build_env: dict[str, str], tmp_p
     yield {"name": name, "build": patched_build.name, "model": str(model), "broken": str(broken)}
     remove_service(service_name(name))
     assert service_name(name) not in [network.name for network in swarm.networks.list()]
+    for secret in swarm.secrets.list(filters={"label": f"org.llamaforge.deployment={name}"}):
+        secret.remove()  # a published service's API key
+    (Path(build_env["LLAMAFORGE_HOME"]) / "keys" / f"swarm-{name}.api-key").unlink(missing_ok=True)
 
 
 def answering(report: SwarmReport, release: str, replicas: int) -> None:
@@ -206,3 +218,41 @@ def test_two_replicas_a_rollback_and_a_failed_update_that_swarm_rolls_back(
     failed_s = time.monotonic() - started
     print(f"\nswarm: 2 replicas {first.swarm.wall_s:.1f} s; update {second.swarm.wall_s:.1f} s; rollback "
           f"{back.swarm.wall_s:.1f} s; failed update rolled back by Swarm {failed_s:.1f} s")  # fmt: skip
+
+
+@pytest.mark.docker
+@pytest.mark.llamacpp
+def test_a_published_service_asks_for_the_key_from_its_swarm_secret(
+    deployment: dict[str, Any], swarm: Any
+) -> None:
+    import json
+
+    from llamaforge.core.paths import home
+
+    publish = 19000 + os.getpid() % 500
+    report = run("deploy", target="swarm", name=deployment["name"], build=deployment["build"], replicas=1,
+                 gate_timeout_s=30, model=deployment["model"], publish=publish)  # fmt: skip
+    assert report.passed and report.swarm is not None
+    answering(report.swarm, str(report.release), 1)  # the completion check sent the key from inside
+    key_file = home() / "keys" / f"swarm-{deployment['name']}.api-key"
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    key = key_file.read_text(encoding="utf-8").strip()
+    container = swarm.services.get(service_name(deployment["name"])).attrs["Spec"]["TaskTemplate"][
+        "ContainerSpec"
+    ]
+    assert container["Args"][-2:] == ["--api-key-file", "/run/secrets/api-key"]
+    assert key not in json.dumps(container)  # by reference only
+    # Asked inside the task (the routing mesh of this engine need not reach 127.0.0.1 here): what any client on
+    # the published port gets.
+    (task,) = swarm.containers.list(
+        filters={"label": f"com.docker.swarm.service.name={service_name(deployment['name'])}"}
+    )
+    body = json.dumps({"prompt": "a", "n_predict": 1})
+
+    def ask(*header: str) -> str:
+        argv = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-d", body, *header,
+                f"http://127.0.0.1:{DEFAULT_PORT}/completion"]  # fmt: skip
+        return bytes(task.exec_run(argv).output).decode()
+
+    assert ask() == "401" and ask("-H", "Authorization: Bearer wrong") == "401"
+    assert ask("-H", f"Authorization: Bearer {key}") == "200"

@@ -136,7 +136,8 @@ class DeployParams(HostsParams):
     )
     publish: int | None = Field(
         None, ge=1, le=65535, description="--target swarm: publish the port on EVERY interface of every node "
-        "(Swarm cannot bind one address; default: nothing published)"
+        "(Swarm cannot bind one address; default: nothing published), with an API key: a Swarm secret, kept in "
+        "$LLAMAFORGE_HOME/keys/swarm-NAME.api-key"
     )  # fmt: skip
 
     @field_validator("cache_type")

@@ -8,7 +8,11 @@ rolled back) with every task's state, and asks each running task on this engine 
 completion from inside its container, so nothing needs to listen beyond the container.
 
 Swarm cannot publish a port on one address only (its published ports listen on every interface of every node),
-so by default nothing is published; ``publish`` opts in. The model is a read-only bind mount of the file, which
+so by default nothing is published; ``publish`` opts in, and then llama-server asks for an API key: the Swarm
+secret ``llamaforge-<name>-api-key-<digest>`` mounted as ``/run/secrets/api-key`` (uid of the image's user, mode
+0400) and read with ``--api-key-file``; the completion check sends it from inside the container, never on a
+command line. The key is made once here and kept in ``$LLAMAFORGE_HOME/keys/swarm-<name>.api-key`` (mode 0600).
+The model is a read-only bind mount of the file, which
 must be at the same path on every node (one node here). CUDA builds ask for one ``NVIDIA-GPU`` generic
 resource per task (nodes advertise theirs with dockerd's ``--node-generic-resource``) and replace tasks
 stop-first, since each needs a whole GPU.
@@ -16,13 +20,17 @@ stop-first, since each needs a whole GPU.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from llamaforge.build.runtime_image import HEALTHCHECK, MODEL_PATH
+from llamaforge.build.runtime_image import HEALTHCHECK, MODEL_PATH, UID
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.deploy.health import gate_timeout_s
@@ -32,6 +40,10 @@ from llamaforge.runners import swarm as swarm_api
 from llamaforge.runners.swarm import HealthProbe, ServiceDefinition, UpdatePolicy
 from llamaforge.smoke.answers import GoldenRequest
 
+API_KEY_TARGET = "api-key"
+API_KEY_PATH = f"/run/secrets/{API_KEY_TARGET}"
+# The completion check beyond the routing mesh: the header from the secret, through curl's stdin.
+_AUTHORIZED = 'key=$1; shift; printf "Authorization: Bearer %s" "$(cat "$key")" | curl -H @- "$@"'
 LABEL_RELEASE = "org.llamaforge.release"
 LABEL_MODEL = "org.llamaforge.model.sha256"
 PROBE_INTERVAL_S = 5.0
@@ -71,8 +83,15 @@ def swarm_release(
     gpus: int = 0,
     publish: int | None = None,
     start_period_s: float | None = None,
+    api_key_secret: tuple[str, str] | None = None,
 ) -> SwarmRelease:
-    """The service definition of ``spec`` as deployment ``name`` from the runtime image ``image``."""
+    """The service definition of ``spec`` as deployment ``name`` from the runtime image ``image``; a published
+    port needs ``api_key_secret`` (the secret's id and name), which llama-server reads with ``--api-key-file``."""
+    if publish and api_key_secret is None:
+        raise InvalidOption(
+            "a published port listens on every interface of every node: it needs an API key",
+            hint="deploy through `invoke deploy --target swarm --publish PORT`, which makes the key's secret",
+        )
     if replicas < 1:
         raise InvalidOption("replicas must be at least 1", hint="--replicas 1 or more")
     probe = HealthProbe(HEALTHCHECK, PROBE_INTERVAL_S, PROBE_TIMEOUT_S, PROBE_RETRIES,
@@ -83,7 +102,11 @@ def swarm_release(
     rollback = UpdatePolicy(parallelism, UPDATE_DELAY_S, "pause", monitor, 0.0, order)
     env = {"LLAMA_ARG_HOST": "0.0.0.0", "LLAMA_ARG_PORT": str(spec.port), "LLAMA_ARG_MODEL": MODEL_PATH}  # noqa: S104 - inside the task's own network namespace
     args = ("--no-webui", *spec.flags.args())
+    if publish and api_key_secret:
+        args = (*args, "--api-key-file", API_KEY_PATH)
+    secrets = ((*api_key_secret, API_KEY_TARGET, UID),) if publish and api_key_secret else ()
     identity = {"image": image, "args": args, "env": env, "gpus": gpus, "publish": publish,
+                "secrets": [secret[1] for secret in secrets],
                 "health": probe.__dict__, "update": update.__dict__}  # fmt: skip
     rid = release_id(spec, {"swarm-service.json": json.dumps(identity, sort_keys=True)})
     labels = {LABEL_RELEASE: rid, LABEL_MODEL: spec.model_sha256, "org.llamaforge.build.key": spec.build_key}
@@ -91,16 +114,34 @@ def swarm_release(
         name=service_name(name), image=image, args=args, env=env, labels=labels, replicas=replicas,
         mounts=((str(spec.model), MODEL_PATH),), health=probe, update=update, rollback=rollback,
         generic_resources={"NVIDIA-GPU": gpus} if gpus else {},
-        publish=((publish, spec.port),) if publish else (),
+        publish=((publish, spec.port),) if publish else (), secrets=secrets,
     )  # fmt: skip
     return SwarmRelease(rid, definition)
 
 
-def _completion_in(container_id: str, port: int) -> tuple[bool, str]:
+def api_key_secret(name: str) -> tuple[str, str, Path]:
+    """The API key of deployment ``name``'s published service as a Swarm secret: (its id, its name, the local
+    file that keeps the key, mode 0600). The key is made once; the secret's name carries a digest of it, so a
+    new key (the file removed) is a new secret the service is updated to."""
+    from llamaforge.core.paths import home
+
+    path = home() / "keys" / f"swarm-{name}.api-key"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            file.write(secrets.token_hex(32))
+    key = path.read_text(encoding="utf-8").strip()
+    secret = f"{service_name(name)}-api-key-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    ident = swarm_api.ensure_secret(secret, key, {"org.llamaforge.deployment": name})
+    return ident, secret, path
+
+
+def _completion_in(container_id: str, port: int, *, keyed: bool = False) -> tuple[bool, str]:
     body = json.dumps(GoldenRequest(n_predict=COMPLETION_TOKENS, n_probs=1).body())
-    code, output = swarm_api.exec_in_container(
-        container_id, ["curl", "-fsS", "-m", "60", "-d", body, f"http://127.0.0.1:{port}/completion"]
-    )
+    curl = ["-fsS", "-m", "60", "-d", body, f"http://127.0.0.1:{port}/completion"]
+    argv = ["sh", "-c", _AUTHORIZED, "sh", API_KEY_PATH, *curl] if keyed else ["curl", *curl]
+    code, output = swarm_api.exec_in_container(container_id, argv)
     if code != 0:
         return False, f"completion failed: {output.strip()[-200:]}"
     try:
@@ -147,6 +188,7 @@ def task_reports(service: dict[str, Any], *, query: bool = True) -> list[SwarmTa
     node = swarm_api.local_node_id()
     port = int(dict(item.split("=", 1) for item in service["Spec"]["TaskTemplate"]["ContainerSpec"].get("Env", []))
                .get("LLAMA_ARG_PORT", "8080"))  # fmt: skip
+    keyed = API_KEY_PATH in (service["Spec"]["TaskTemplate"]["ContainerSpec"].get("Args") or [])
     reports = []
     for slot, (newest, history) in slot_tasks(tasks).items():
         status = newest.get("Status", {})
@@ -169,7 +211,7 @@ def task_reports(service: dict[str, Any], *, query: bool = True) -> list[SwarmTa
             )
             report.healthy = code == 0
             if report.healthy:
-                passed, text = _completion_in(container, port)
+                passed, text = _completion_in(container, port, keyed=keyed)
                 report.completion = text if passed else None
                 report.detail = "" if passed else text
                 report.healthy = passed

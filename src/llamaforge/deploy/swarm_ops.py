@@ -47,15 +47,23 @@ def _failed(what: str, report: RolloutReport) -> OperationFailed:
 def swarm_deploy(params: DeployParams, ctx: OperationContext) -> RolloutReport:
     """Deploy to Swarm: the build's runtime image (made when missing), then the service created or updated."""
     from llamaforge.build.runtime_image import ensure_runtime_image
+    from llamaforge.core.events import Event
     from llamaforge.deploy.ops import release_spec
-    from llamaforge.deploy.swarm import deploy_service, swarm_release
+    from llamaforge.deploy.swarm import api_key_secret, deploy_service, swarm_release
 
     _no_hosts(params)
     spec, _checks = release_spec(params, ctx)
     image = ensure_runtime_image(spec.build_key, reporter=ctx.reporter)
     gpus = 1 if image.labels.get("org.llamaforge.build.backend") == "cuda" else 0
+    secret = None
+    if params.publish:  # every interface of every node: never without a key
+        ident, name, path = api_key_secret(params.name)
+        secret = (ident, name)
+        ctx.reporter(Event("stage", f"published on port {params.publish} of every node; API key in {path} "
+                                    f"(the Swarm secret {name})", stage="swarm"))  # fmt: skip
     release = swarm_release(spec, params.name, image.tag, replicas=params.replicas, parallelism=params.batch,
-                            gpus=gpus, publish=params.publish, start_period_s=params.gate_timeout_s)  # fmt: skip
+                            gpus=gpus, publish=params.publish, start_period_s=params.gate_timeout_s,
+                            api_key_secret=secret)  # fmt: skip
     report = _rollout(params, deploy_service(release, params.name, reporter=ctx.reporter, cancel=ctx.cancel))
     if not report.passed:
         raise _failed(f"deploy of {release.id} to Swarm", report)

@@ -62,6 +62,8 @@ class ServiceDefinition:
     publish: tuple[tuple[int, int], ...] = ()  # (published, target) through the ingress routing mesh
     network: str = ""  # the service's own overlay network (default: named like the service)
     restart_delay_s: float = 5.0
+    # (secret id, secret name, file name under /run/secrets, uid that reads it): mode 0400
+    secrets: tuple[tuple[str, str, str, int], ...] = ()
 
 
 def _ns(seconds: float) -> int:
@@ -86,6 +88,8 @@ def service_arguments(definition: ServiceDefinition) -> dict[str, Any]:
         mounts=[*(types.Mount(target, source, type="bind", read_only=True) for source, target in definition.mounts),
                 types.Mount("/tmp", None, type="tmpfs")],
         read_only=True, cap_drop=["ALL"],  # the image's user needs no capability and writes only /tmp
+        secrets=[types.SecretReference(ident, name, filename=target, uid=str(uid), gid=str(uid), mode=0o400)
+                 for ident, name, target, uid in definition.secrets] or None,
         healthcheck=types.Healthcheck(
             test=["CMD-SHELL", probe.command], interval=_ns(probe.interval_s), timeout=_ns(probe.timeout_s),
             retries=probe.retries, start_period=_ns(probe.start_period_s),
@@ -138,6 +142,17 @@ def _api(call: Any, what: str, *args: Any, **kwargs: Any) -> Any:
         return call(*args, **kwargs)
     except docker.errors.APIError as error:
         raise SwarmError(f"{what}: {error.explanation or error}") from None
+
+
+def ensure_secret(name: str, data: str, labels: dict[str, str], config: EngineConfig | None = None) -> str:
+    """The id of the Swarm secret ``name``, made from ``data`` when there is none (a secret never changes: a new
+    value needs a new name)."""
+    client = _client(config)
+    found = [item for item in client.api.secrets(filters={"name": name}) if item["Spec"]["Name"] == name]
+    if found:
+        return str(found[0]["ID"])
+    created = _api(client.api.create_secret, f"creating secret {name}", name, data.encode(), labels=labels)
+    return str(created["ID"])
 
 
 def find_service(name: str, config: EngineConfig | None = None) -> dict[str, Any] | None:
