@@ -256,6 +256,56 @@ async def test_user_error_is_a_tool_error_with_its_hint() -> None:
         assert "no job 'nope'" in text and "hint:" in text
 
 
+async def test_argument_errors_read_like_the_cli_and_unknown_arguments_are_refused(
+    test_operations: list[str],
+) -> None:
+    asked: list[str] = []
+
+    async def ask(context: Any, params: mcp_types.ElicitRequestParams) -> mcp_types.ElicitResult:
+        asked.append(params.message)
+        return mcp_types.ElicitResult(action="accept", content={"confirm": True})
+
+    async with Client(build_server(ServerOptions(confirm="param")), elicitation_callback=ask) as client:
+        tools = (await client.list_tools()).tools
+        for tool in tools:
+            assert tool.input_schema.get("additionalProperties") is False, tool.name
+        texts = {
+            "wrong type": error_text(await client.call_tool("models_fit", {"model": "tiny", "ctx": "lots"})),
+            # Dropped, this call would echo the default ('cache').
+            "unknown": error_text(await client.call_tool("testonly_echo", {"wat": "x"})),
+            "start tool": error_text(await client.call_tool("testonly_sleep_start", {"stepz": 2})),
+            "job tool": error_text(await client.call_tool("job_logs", {"job_id": "x", "limit": 0})),
+            "no arguments": error_text(await client.call_tool("jobs_list", {"all": True})),
+            "reserved": error_text(await client.call_tool("testonly_echo", {"mcp_context": {}})),
+            "confirm": error_text(await client.call_tool("testonly_wipe", {"confirm": "maybe"})),
+            "destructive": error_text(await client.call_tool("testonly_wipe", {"wat": "x", "confirm": True})),
+        }
+    assert texts["wrong type"] == (
+        "invalid arguments for models_fit: ctx: Input should be a valid integer, unable to parse string as an "
+        "integer"
+    )
+    assert texts["unknown"] == (
+        "invalid arguments for testonly_echo: wat: unknown argument\n  hint: did you mean 'what' instead of 'wat'?"
+    )
+    assert "stepz: unknown argument" in texts["start tool"] and "did you mean 'steps'" in texts["start tool"]
+    assert (
+        texts["job tool"]
+        == "invalid arguments for job_logs: limit: Input should be greater than or equal to 1"
+    )
+    assert texts["no arguments"] == (
+        "invalid arguments for jobs_list: all: unknown argument\n  hint: jobs_list takes no arguments"
+    )
+    assert texts["reserved"].startswith("invalid arguments for testonly_echo: mcp_context: unknown argument")
+    assert texts["confirm"].startswith(
+        "invalid arguments for testonly_wipe: confirm: Input should be a valid boolean"
+    )
+    assert texts["destructive"].startswith("invalid arguments for testonly_wipe: wat: unknown argument")
+    for why, text in texts.items():
+        for raw in ("pydantic", "validation error", "input_value", "type=", "Error executing tool"):
+            assert raw not in text, (why, text)
+    assert asked == [] and test_operations == [], "a call with wrong arguments asks nobody and runs nothing"
+
+
 def test_path_fields_are_the_fields_declared_as_paths() -> None:
     from llamaforge.build.ops import BuildParams
     from llamaforge.build.ops_patches import PatchNewParams, PatchRefreshParams
