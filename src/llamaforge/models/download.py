@@ -334,6 +334,8 @@ def _receive(
                 return
             cancel.raise_if_cancelled()
             if progress.done == 0 and len(chunk) >= len(GGUF_MAGIC) and not chunk.startswith(GGUF_MAGIC):
+                part.unlink(missing_ok=True)
+                part.with_suffix(".json").unlink(missing_ok=True)  # its resume state
                 raise ModelError(
                     f"{target.display} is not a GGUF model: it starts with {chunk[:8]!r}, not the bytes "
                     "'GGUF'; nothing was kept",
