@@ -10,12 +10,15 @@ formatter) and each unknown name given the closest known one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.prompts import Prompt
 from mcp.server.mcpserver.tools import Tool
 from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS
 from pydantic import Field, ValidationError, create_model
 
 from llamaforge.core.errors import InvalidOption
@@ -28,6 +31,21 @@ def argument_names(metadata: FuncMetadata) -> list[str]:
     return [info.alias or name for name, info in metadata.arg_model.model_fields.items()]
 
 
+def _refusal(
+    what: str, known: Sequence[str], unknown: Sequence[str], problems: list[str]
+) -> InvalidOption | None:
+    if not problems:
+        return None
+    hints = [
+        f"did you mean {close[0]!r} instead of {name!r}?"
+        for name in unknown
+        if (close := closest(name, known))
+    ]
+    if unknown and not hints:
+        hints.append(f"{what} takes: {', '.join(known)}" if known else f"{what} takes no arguments")
+    return InvalidOption(f"invalid arguments for {what}: {'; '.join(problems)}", hint=" ".join(hints) or None)
+
+
 def argument_error(tool: str, metadata: FuncMetadata, arguments: Mapping[str, Any]) -> InvalidOption | None:
     """Why ``arguments`` do not fit ``tool`` (unknown names, missing or wrong values), or None when they fit."""
     known = argument_names(metadata)
@@ -37,16 +55,7 @@ def argument_error(tool: str, metadata: FuncMetadata, arguments: Mapping[str, An
         metadata.validate_arguments({name: value for name, value in arguments.items() if name in known})
     except ValidationError as error:
         problems.append(describe_errors(error))
-    if not problems:
-        return None
-    hints = [
-        f"did you mean {close[0]!r} instead of {name!r}?"
-        for name in unknown
-        if (close := closest(name, known))
-    ]
-    if unknown and not hints:
-        hints.append(f"{tool} takes: {', '.join(known)}" if known else f"{tool} takes no arguments")
-    return InvalidOption(f"invalid arguments for {tool}: {'; '.join(problems)}", hint=" ".join(hints) or None)
+    return _refusal(tool, known, unknown, problems)
 
 
 class CheckedTool(Tool):
@@ -74,3 +83,31 @@ class CheckedTool(Tool):
         if refused is not None:
             raise self.output.error(refused.render())
         return await super().run(arguments, context, convert_result=convert_result)
+
+
+class CheckedPrompt(Prompt):
+    """A prompt whose arguments are checked like a tool's: an unknown or missing one is an invalid-params error
+    worded like the CLI's (the SDK answers "Internal server error")."""
+
+    output: Output = Field(default_factory=Output, exclude=True)
+
+    @classmethod
+    def of(cls, fn: Callable[..., Any], output: Output, **kwargs: Any) -> CheckedPrompt:
+        """The prompt for ``fn`` (``kwargs`` as for ``Prompt.from_function``), its errors masked by ``output``."""
+        prompt = Prompt.from_function(fn, **kwargs)
+        return cls(**{name: getattr(prompt, name) for name in Prompt.model_fields}, output=output)
+
+    async def render(self, arguments: dict[str, Any] | None, context: Context[Any, Any]) -> Any:
+        """Refuse arguments that do not fit, in the CLI's words; then render as the SDK does."""
+        given = arguments or {}
+        declared = self.arguments or []
+        known = [argument.name for argument in declared]
+        unknown = [name for name in given if name not in known]
+        problems = [f"{name}: unknown argument" for name in unknown]
+        problems += [
+            f"{item.name}: Field required" for item in declared if item.required and item.name not in given
+        ]
+        refused = _refusal(f"prompt {self.name}", known, unknown, problems)
+        if refused is not None:
+            raise MCPError(code=INVALID_PARAMS, message=self.output.text(refused.render()))
+        return await super().render(arguments, context)

@@ -14,6 +14,7 @@ from pydantic import Field
 from llamaforge.core.errors import CacheError, LlamaforgeError
 from llamaforge.core.jobs import JobManager, UnknownJob
 from llamaforge.serve.gpus import cuda_arch_for
+from mcp_server.arguments import CheckedPrompt
 from mcp_server.output import Output
 
 JSON = "application/json"
@@ -82,10 +83,10 @@ def _tool(tools: Set[str], name: str, fallback: str) -> str:
     return f"`{name}`" if name in tools else fallback
 
 
-def add_prompts(server: MCPServer[Any], tools: Set[str]) -> None:
-    """Register the prompts; they name only the tools this server exposes (``tools``)."""
+def add_prompts(server: MCPServer[Any], tools: Set[str], output: Output) -> None:
+    """Register the prompts; they name only the tools this server exposes (``tools``), and their argument errors
+    are masked by ``output``."""
 
-    @server.prompt(name="build_and_serve", title="Build llama.cpp for my GPU and serve this model")
     def build_and_serve(
         gpu: Annotated[str, Field(description="The GPU, e.g. 'RTX 4090', 'A100', 'sm_86', or 'cpu'")],
         model: Annotated[str, Field(description="The GGUF model to serve (a path on this machine)")],
@@ -125,7 +126,6 @@ def add_prompts(server: MCPServer[Any], tools: Set[str]) -> None:
             ]
         )
 
-    @server.prompt(name="refresh_patches", title="Move the patch series to a new llama.cpp")
     def refresh_patches(
         new_source: Annotated[
             str, Field(description="The new llama.cpp: an extracted tree or a .tar.gz archive")
@@ -143,3 +143,9 @@ def add_prompts(server: MCPServer[Any], tools: Set[str]) -> None:
                 "3. Once it is clean, tell the user to update the recipe's source pin, then run the check again.",
             ]
         )
+
+    for function, title in (
+        (build_and_serve, "Build llama.cpp for my GPU and serve this model"),
+        (refresh_patches, "Move the patch series to a new llama.cpp"),
+    ):
+        server.add_prompt(CheckedPrompt.of(function, output, name=function.__name__, title=title))

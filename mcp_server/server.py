@@ -18,7 +18,7 @@ import contextlib
 import functools
 import inspect
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Annotated, Any, TypeVar, cast
+from typing import Annotated, Any, cast
 
 import anyio
 import anyio.from_thread
@@ -35,10 +35,11 @@ from llamaforge import __version__
 from llamaforge.core import guard
 from llamaforge.core.errors import LlamaforgeError, OperationFailed
 from llamaforge.core.events import CancelToken, Event
-from llamaforge.core.jobs import FINISHED, JobLogs, JobManager, JobStatus
+from llamaforge.core.jobs import FINISHED, JobManager, JobStatus
 from llamaforge.core.registry import Operation, OperationContext, Params, operations, result_json
 from llamaforge.core.validation import describe_errors
 from mcp_server.arguments import CheckedTool
+from mcp_server.jobtools import JOB_TOOLS, job_tools
 from mcp_server.options import CallPolicy, ServerOptions, host_guard
 from mcp_server.output import Output
 from mcp_server.policy import (
@@ -52,8 +53,6 @@ from mcp_server.progress import Progress
 
 CONTEXT_PARAM = "mcp_context"
 RESERVED = frozenset({CONFIRM_PARAM, CONFIRMATION_PARAM, CONTEXT_PARAM})
-_T = TypeVar("_T")
-JOB_TOOLS = ("job_status", "job_logs", "job_cancel", "jobs_list")
 
 
 def tool_name(operation: str) -> str:
@@ -73,12 +72,6 @@ class JobStarted(BaseModel):
     operation: str
     state: str
     next_step: str
-
-
-class JobList(BaseModel):
-    """Every job of this server process, newest first."""
-
-    jobs: list[JobStatus]
 
 
 # --- running operations -----------------------------------------------------------------------------------
@@ -285,56 +278,6 @@ def _annotations(op: Operation, title: str, policy: CallPolicy) -> ToolAnnotatio
     )
 
 
-def _job_tools(jobs: JobManager, output: Output, *, with_cancel: bool) -> list[Tool]:
-    def call(function: Callable[[str], _T], job_id: str) -> _T:
-        try:
-            return function(job_id)
-        except LlamaforgeError as error:
-            raise output.error(error.render()) from None
-
-    def shown(model: BaseModel) -> CallToolResult:
-        return output.result(model.model_dump(mode="json", by_alias=True))
-
-    async def job_status(
-        job_id: Annotated[str, Field(description="Id returned by a *_start tool")],
-    ) -> Annotated[CallToolResult, JobStatus]:
-        """State of a background job: running/cancelling/succeeded/failed/cancelled, progress, result or error."""
-        return shown(call(jobs.status, job_id))
-
-    async def job_logs(
-        job_id: Annotated[str, Field(description="Id returned by a *_start tool")],
-        offset: Annotated[
-            int, Field(description="First line; negative counts from the end (-50: the tail)")
-        ] = 0,
-        limit: Annotated[int, Field(ge=1, le=2000, description="Lines per page")] = 200,
-    ) -> Annotated[CallToolResult, JobLogs]:
-        """One page of a job's log; call again from next_offset for more (the job may still be writing)."""
-        return shown(call(functools.partial(jobs.logs, offset=offset, limit=limit), job_id))
-
-    async def job_cancel(
-        job_id: Annotated[str, Field(description="Id returned by a *_start tool")],
-    ) -> Annotated[CallToolResult, JobStatus]:
-        """Cancel a job: its container or process is stopped and removed, nothing is published."""
-        status = call(jobs.status, job_id)
-        if status.state not in FINISHED:
-            status = await anyio.to_thread.run_sync(functools.partial(call, jobs.cancel, job_id))
-        return shown(status)
-
-    async def jobs_list() -> Annotated[CallToolResult, JobList]:
-        """Every background job of this server (running and recently finished), newest first."""
-        return shown(JobList(jobs=jobs.list_jobs()))
-
-    read_only = ToolAnnotations(read_only_hint=True, destructive_hint=False)
-    tools: list[Tool] = [
-        CheckedTool.of(function, output, annotations=read_only, structured_output=True)
-        for function in (job_status, job_logs, jobs_list)
-    ]
-    if with_cancel:
-        cancels = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True)
-        tools.append(CheckedTool.of(job_cancel, output, annotations=cancels, structured_output=True))
-    return tools
-
-
 _INSTRUCTIONS = """llamaforge builds patched llama.cpp reproducibly. Every tool mirrors an `invoke` task.
 Long operations (build, ...) have a *_start twin that returns a job id at once: poll job_status, page job_logs,
 stop with job_cancel. Destructive tools run only when the user accepts the confirmation the server asks
@@ -390,11 +333,13 @@ def build_server(
             )  # fmt: skip
     names = {tool.name for tool in tools}
     with_cancel = any(name.endswith("_start") for name in names)
-    tools += _job_tools(jobs, policy.output, with_cancel=with_cancel)
+    tools += job_tools(jobs, policy.output, with_cancel=with_cancel)
     server: MCPServer[Any] = MCPServer(
         "llamaforge", version=__version__, instructions=_INSTRUCTIONS, token_verifier=token_verifier, auth=auth,
         log_level="WARNING", warn_on_duplicate_tools=False, lifespan=guarded, tools=tools,
     )  # fmt: skip
     add_resources(server, jobs, policy.output)
-    add_prompts(server, names | {name for name in JOB_TOOLS if with_cancel or name != "job_cancel"})
+    add_prompts(
+        server, names | {name for name in JOB_TOOLS if with_cancel or name != "job_cancel"}, policy.output
+    )
     return server

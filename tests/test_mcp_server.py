@@ -28,7 +28,7 @@ if str(REPO) not in sys.path:  # `mcp_server/` sits at the top of the checkout, 
 
 import httpx2
 import mcp_types
-from mcp import Client, StdioServerParameters
+from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp_server import ServerOptions, build_server
 from mcp_server.policy import path_fields
@@ -304,6 +304,24 @@ async def test_argument_errors_read_like_the_cli_and_unknown_arguments_are_refus
         for raw in ("pydantic", "validation error", "input_value", "type=", "Error executing tool"):
             assert raw not in text, (why, text)
     assert asked == [] and test_operations == [], "a call with wrong arguments asks nobody and runs nothing"
+
+
+async def test_prompt_argument_errors_are_invalid_params_in_the_clis_words() -> None:
+    async with Client(build_server()) as client:
+        with pytest.raises(MCPError) as missing:
+            await client.get_prompt("build_and_serve", {"gpu": "cpu"})
+        with pytest.raises(MCPError) as unknown:
+            await client.get_prompt("build_and_serve", {"gpu": "cpu", "model": "m.gguf", "modle": "m.gguf"})
+        rendered = await client.get_prompt("build_and_serve", {"gpu": "cpu", "model": "m.gguf"})
+    assert missing.value.error.code == unknown.value.error.code == mcp_types.INVALID_PARAMS
+    assert (
+        missing.value.error.message == "invalid arguments for prompt build_and_serve: model: Field required"
+    )
+    assert unknown.value.error.message == (
+        "invalid arguments for prompt build_and_serve: modle: unknown argument\n"
+        "  hint: did you mean 'model' instead of 'modle'?"
+    )
+    assert "m.gguf" in str(rendered.messages[0].content)
 
 
 def test_path_fields_are_the_fields_declared_as_paths() -> None:
