@@ -105,8 +105,8 @@ async def test_silent_calls_send_a_heartbeat_only_when_progress_was_asked_for(lf
             assert all(message and "still running" in message for _, _, message in updates), updates
             values = [progress for _, progress, _ in updates]
             assert values == sorted(set(values)), f"progress must increase: {values}"
-            # Each silence about one heartbeat long (a loaded 2-core machine may be slow to wake up).
-            assert max(gaps([at for at, _, _ in updates], elapsed)) < heartbeat + 0.8, (tool, updates)
+            # No silence much longer than a heartbeat (a loaded machine may be slow to wake a thread).
+            assert max(gaps([at for at, _, _ in updates], elapsed)) < heartbeat + 1.0, (tool, updates)
         assert received, "the message handler sees progress notifications"
         received.clear()
         # No progressToken: nothing is sent.
