@@ -136,25 +136,12 @@ def _model_target(
 
     if params.model is None:
         return tiny_smoke_model(ctx.reporter, ctx.cancel), tiny_smoke_label(), None, ()
-    path = Path(params.model)
-    if path.is_file() and path.suffix != ".toml":
-        return path.resolve(), path.stem, None, ()
-    if params.model.endswith(".gguf") and "://" not in params.model:
-        raise InvalidOption(
-            f"model file {path} does not exist", hint="give a GGUF path, a recipe name or a URL"
-        )
-    from llamaforge.models.fetch import fetch_model
+    from llamaforge.models.argument import resolve_model_argument
 
-    fetched = fetch_model(params.model, reporter=ctx.reporter, cancel=ctx.cancel)
-    recipe_smoke: Mapping[str, Any] | None = None
-    answers: tuple[AnswerCheck, ...] = ()
-    if "://" not in params.model:
-        from llamaforge.models.recipes import load_model_recipe
-
-        recipe = load_model_recipe(params.model)
-        recipe_smoke, answers = recipe.smoke, tuple(recipe.answers)
-    label = Path(params.model).stem if "://" not in params.model else fetched.path.stem
-    return fetched.path, label, recipe_smoke, answers
+    model = resolve_model_argument(params.model, reporter=ctx.reporter, cancel=ctx.cancel)
+    if model.recipe is None:
+        return model.path, model.label, None, ()
+    return model.path, model.label, model.recipe.smoke, tuple(model.recipe.answers)
 
 
 class SmokeCheck(Result):

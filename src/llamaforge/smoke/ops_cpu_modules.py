@@ -4,12 +4,11 @@ report."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field
 
-from llamaforge.core.errors import InvalidOption, OperationFailed, SmokeFailed
+from llamaforge.core.errors import OperationFailed, SmokeFailed
 from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
 
 
@@ -123,11 +122,11 @@ def cpu_modules_op(params: CpuModulesParams, ctx: OperationContext) -> CpuModule
 
     if params.model is None:
         model, label = tiny_smoke_model(ctx.reporter, ctx.cancel), tiny_smoke_label()
-    elif Path(params.model).is_file():
-        model, label = Path(params.model).resolve(), Path(params.model).stem
     else:
-        raise InvalidOption(f"model file {params.model} does not exist", hint="give a GGUF file, or no --model "
-                            "for the tiny Q4_0 qwen3")  # fmt: skip
+        from llamaforge.models.argument import resolve_model_argument
+
+        chosen = resolve_model_argument(params.model, reporter=ctx.reporter, cancel=ctx.cancel)
+        model, label = chosen.path, chosen.label
     key, directory, manifest = resolve_build(params.build, params.executor, ctx)
     target = SmokeTarget(
         build_key=key, build_dir=directory, manifest=manifest, model=model, model_label=label
