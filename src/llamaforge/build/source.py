@@ -21,11 +21,10 @@ import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 from llamaforge.build.git import SAFE_ENV, git_command
 from llamaforge.build.recipes import ArchiveSource, GitSource, PypiSdistSource, check_git_url, is_scp_like
-from llamaforge.core.errors import ChecksumMismatch, LlamaforgeError, SourceError
+from llamaforge.core.errors import ChecksumMismatch, SourceError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.guard import check_ssh_host, check_url
 from llamaforge.core.paths import home
@@ -73,34 +72,19 @@ def _verify(path: Path, expected: str, origin: str, cancel: CancelToken | None) 
         )
 
 
-def _opener(context: Any) -> Any:
-    """A urllib opener whose redirects pass the URL policy and never leave https for another scheme."""
-    import urllib.request
-
-    class Redirects(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> Any:
-            try:
-                if req.full_url.startswith("https://") and not newurl.startswith("https://"):
-                    raise SourceError(
-                        f"{req.full_url} redirects to {newurl}, which is not https", hint="use the final URL"
-                    )
-                check_url(newurl, what=f"redirect of {req.full_url} to")
-            except LlamaforgeError:
-                fp.close()  # the refused redirect's response: urllib closes it only when it follows one
-                raise
-            return super().redirect_request(req, fp, code, msg, headers, newurl)
-
-    return urllib.request.build_opener(urllib.request.HTTPSHandler(context=context), Redirects)
+def _check_redirect(source: str, target: str) -> None:
+    check_url(target, what=f"redirect of {source} to")
 
 
 def _download(url: str, target: Path, reporter: Reporter, cancel: CancelToken | None) -> None:
-    import ssl  # here, not at the top: a cached source (every cache hit) never downloads
-    import urllib.error
+    import urllib.error  # here, not at the top: a cached source (every cache hit) never downloads
+
+    from llamaforge.core.http import checked_opener
 
     check_url(url, what="source archive URL")
-    context = ssl.create_default_context(cafile=os.environ.get("SSL_CERT_FILE") or None)
+    web = checked_opener(_check_redirect, error=SourceError)
     try:
-        with _opener(context).open(url, timeout=60) as response:
+        with web.open(url, timeout=60) as response:
             total = int(response.headers.get("Content-Length") or 0) or None
             done = 0
             with target.open("wb") as handle:

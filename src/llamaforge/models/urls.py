@@ -12,28 +12,23 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-import ssl
 import urllib.parse
 import urllib.request
-from http.client import HTTPMessage
-from typing import IO, Final
+from typing import Final
 
 from llamaforge.core import guard
-from llamaforge.core.errors import FetchError, InvalidOption, LlamaforgeError
+from llamaforge.core.errors import FetchError, InvalidOption
+from llamaforge.core.http import checked_opener, redact_url
+
+__all__ = [
+    "DEFAULT_MAX_UNPINNED", "MAX_UNPINNED_ENV", "check_model_url", "human_bytes", "is_loopback",
+    "max_unpinned_bytes", "opener", "redact_url",
+]  # fmt: skip
 
 MAX_UNPINNED_ENV: Final = "LLAMAFORGE_MAX_UNPINNED_DOWNLOAD"
 DEFAULT_MAX_UNPINNED: Final = 256 << 30
 _SIZE: Final = re.compile(r"(\d+)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
 _UNITS: Final = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}
-
-
-def redact_url(url: str) -> str:
-    """``url`` without user info, query or fragment (where signed URLs and tokens hide)."""
-    parts = urllib.parse.urlsplit(url)
-    netloc = parts.hostname or ""
-    if parts.port:
-        netloc += f":{parts.port}"
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def is_loopback(host: str) -> bool:
@@ -72,47 +67,14 @@ def check_model_url(url: str, *, plain_http_ok: bool, what: str = "model URL", t
         )
 
 
-class GuardedRedirects(urllib.request.HTTPRedirectHandler):
-    """Redirects checked like the first URL: never from ``https`` to ``http``, and never where
-    :func:`check_model_url` would refuse to go."""
-
-    def __init__(self, *, plain_http_ok: bool) -> None:
-        super().__init__()
-        self._plain_http_ok = plain_http_ok
-
-    def redirect_request(
-        self,
-        req: urllib.request.Request,
-        fp: IO[bytes],
-        code: int,
-        msg: str,
-        headers: HTTPMessage,
-        newurl: str,
-    ) -> urllib.request.Request | None:
-        """Check ``newurl`` before following it."""
-        try:
-            source = redact_url(req.full_url)
-            if urllib.parse.urlsplit(req.full_url).scheme == "https" and not newurl.lower().startswith(
-                "https:"
-            ):
-                raise FetchError(
-                    f"{source} redirects to {redact_url(newurl)}, leaving https",
-                    hint="the server (or someone between) downgrades the download; use a URL that stays on https",
-                )
-            check_model_url(newurl, plain_http_ok=self._plain_http_ok, what=f"redirect target of {source}")
-        except LlamaforgeError:
-            fp.close()  # urllib leaves the redirect response open when the handler raises
-            raise
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
-
-
 def opener(*, plain_http_ok: bool) -> urllib.request.OpenerDirector:
-    """An HTTP(S) opener that honours ``SSL_CERT_FILE`` and checks every redirect (see
-    :class:`GuardedRedirects`)."""
-    context = ssl.create_default_context(cafile=os.environ.get("SSL_CERT_FILE") or None)
-    return urllib.request.build_opener(
-        urllib.request.HTTPSHandler(context=context), GuardedRedirects(plain_http_ok=plain_http_ok)
-    )
+    """An HTTP(S) opener that honours ``SSL_CERT_FILE`` and checks every redirect like the first URL: never from
+    ``https`` to ``http``, and never where :func:`check_model_url` would refuse to go."""
+
+    def check(source: str, target: str) -> None:
+        check_model_url(target, plain_http_ok=plain_http_ok, what=f"redirect target of {source}")
+
+    return checked_opener(check, error=FetchError)
 
 
 def max_unpinned_bytes() -> int:
