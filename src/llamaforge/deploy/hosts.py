@@ -13,8 +13,10 @@ from llamaforge.runners.ssh import SshProcessRunner
 from llamaforge.runners.ssh_connection import DEFAULT_KNOWN_HOSTS, SshHost
 
 
-def parse_host(text: str, *, key_file: Path | None = None, known_hosts: Path | None = None) -> SshHost:
-    """``[user@]host[:port]`` as an :class:`SshHost` (port 22 when none is given)."""
+def parse_host(text: str, *, key_file: Path | None = None, known_hosts: Path | None = None,
+               origin: str = "") -> SshHost:  # fmt: skip
+    """``[user@]host[:port]`` as an :class:`SshHost` (port 22 when none is given); ``origin`` names the option
+    it came from in hints (``--hosts``)."""
     user, _, rest = text.strip().rpartition("@")
     host, port = rest, 22
     if rest.count(":") == 1:
@@ -26,14 +28,14 @@ def parse_host(text: str, *, key_file: Path | None = None, known_hosts: Path | N
         raise InvalidOption(
             f"host {text!r} names no host", hint="write hosts as user@host:port,user@host:port"
         )
-    return SshHost(host, port, user or None, key_file, known_hosts)
+    return SshHost(host, port, user or None, key_file, known_hosts, origin=origin)
 
 
 def parse_hosts(spec: str | Sequence[str], *, key_file: Path | None = None,
-                known_hosts: Path | None = None) -> list[SshHost]:  # fmt: skip
+                known_hosts: Path | None = None, origin: str = "") -> list[SshHost]:  # fmt: skip
     """Every host of a comma-separated list (or of a list of such), in order; duplicates are refused."""
     items = [spec] if isinstance(spec, str) else list(spec)
-    hosts = [parse_host(part, key_file=key_file, known_hosts=known_hosts)
+    hosts = [parse_host(part, key_file=key_file, known_hosts=known_hosts, origin=origin)
              for item in items for part in item.split(",") if part.strip()]  # fmt: skip
     if not hosts:
         raise InvalidOption("no hosts given", hint="--hosts user@host:port,user@host:port")

@@ -177,9 +177,8 @@ def inventory_hosts(
     for host in chosen:
         field = f"hosts[{host.name}].key_file" if host.key_file else "key_file"
         key = key_file or _path(host.key_file or inventory.key_file, base, f"host inventory {path}: {field}")
-        ssh = SshHost(
-            host.address, host.port or inventory.port, host.user or inventory.user, key, fleet_known
-        )
+        ssh = SshHost(host.address, host.port or inventory.port, host.user or inventory.user, key, fleet_known,
+                      origin=f"the inventory {path}")  # fmt: skip
         hosts.append(DeployHost(ssh=ssh, name=host.name, gpu=host.gpu, labels=dict(host.labels)))
     return hosts
 

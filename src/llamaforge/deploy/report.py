@@ -13,6 +13,18 @@ HostStatus = Literal[
 ]
 
 
+def release_words(release: str | None) -> str:
+    """A host's release in a sentence: its id, or "no previous release" for a host that had none (never
+    "None")."""
+    return release if release is not None else "no previous release"
+
+
+def still_on(release: str | None) -> str:
+    """Where a host that was not switched stays: ``still on R``, or ``still without a release (no previous
+    release)``."""
+    return f"still on {release}" if release is not None else "still without a release (no previous release)"
+
+
 class HostReport(Result):
     """What a rollout (or a rollback) did on one host and where it left it."""
 

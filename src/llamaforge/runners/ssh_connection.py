@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,8 @@ class SshHost:
     user: str | None = None
     key_file: Path | None = None
     known_hosts: Path | None = None
+    # Where the address was given ("--hosts", "the inventory PATH"), for the hints; not part of the host.
+    origin: str = field(default="", compare=False)
 
     @property
     def known_hosts_name(self) -> str:
