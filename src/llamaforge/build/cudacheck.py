@@ -52,7 +52,7 @@ _OUTPUT_TAIL_LINES = 30
 class CudaToolkitMissing(LlamaforgeError):
     """A tool the CUDA probe needs is not installed; the message says what to install."""
 
-    exit_code = 14
+    exit_code = 18
 
 
 class CudaProbeFailed(ToolFailed):

@@ -2,6 +2,9 @@
 
 Each error carries a message that says what went wrong and a hint that says what to do next.
 Only the entry points (tasks.py, the MCP server) turn an error into an exit code or a tool error.
+Each failure class has an exit code of its own, listed in the README's table: a subclass is the same failure
+told more precisely and keeps its parent's code unless it sets one; the only unrelated classes that share a
+code are the bad-input family (2: ``InvalidOption``, ``RecipeError``). tests/test_exit_codes.py holds both.
 An operation that runs to its end with a failing verdict raises :class:`OperationFailed`, which carries the
 operation's full result, so every front fails the same way and can still show why.
 """
@@ -81,7 +84,7 @@ class DockerUnavailable(LlamaforgeError):
 class ImageError(LlamaforgeError):
     """A base or builder image is missing or cannot be built."""
 
-    exit_code = 5
+    exit_code = 17
 
 
 class ToolFailed(LlamaforgeError):

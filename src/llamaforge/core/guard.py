@@ -27,7 +27,7 @@ from llamaforge.core.errors import LlamaforgeError
 class PolicyRefused(LlamaforgeError):
     """The running front's policy does not allow this (a path, host, URL, write or program)."""
 
-    exit_code = 2
+    exit_code = 24
 
 
 PathCheck = Callable[[str, str], None]

@@ -85,7 +85,7 @@ class ReleaseCannotRun(LlamaforgeError):
     """A release's binaries crashed or failed on a host before it was switched there (the probe); ``logs`` are
     the probe's last lines."""
 
-    exit_code = 15
+    exit_code = 22
 
     def __init__(self, message: str, *, hint: str | None = None, logs: Sequence[str] = ()) -> None:
         super().__init__(message, hint=hint)

@@ -117,7 +117,7 @@ class Upload:
 class HostDiskFull(LlamaforgeError):
     """A host lacks the disk space a release needs; nothing was sent and nothing switched."""
 
-    exit_code = 15
+    exit_code = 20
 
 
 FREE_MARGIN = 16 << 20  # bytes left free beyond what a release needs: logs, the service's own files

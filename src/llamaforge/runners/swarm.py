@@ -18,7 +18,7 @@ from llamaforge.runners.engine import EngineConfig, docker_client
 class SwarmError(LlamaforgeError):
     """The engine refused a Swarm request, or is not part of a swarm."""
 
-    exit_code = 15
+    exit_code = 23
 
 
 @dataclass(frozen=True)

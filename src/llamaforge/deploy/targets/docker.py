@@ -54,7 +54,7 @@ KEEP_ARCHIVES = 2  # image archives kept in $LLAMAFORGE_HOME/images, the ones us
 class DockerMissing(LlamaforgeError):
     """A host has no Docker engine the deploy user can drive with ``sudo -n docker``."""
 
-    exit_code = 5
+    exit_code = 19
 
 
 @dataclass(frozen=True)

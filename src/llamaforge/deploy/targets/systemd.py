@@ -106,7 +106,7 @@ class RootNotOwned(LlamaforgeError):
     """A deployment directory on a host exists and is not the deploy user's (or is no directory): it is never
     re-owned."""
 
-    exit_code = 15
+    exit_code = 21
 
 
 NOT_OWNED_EXIT = 3
