@@ -15,6 +15,7 @@ protocol version it answers with.
 from __future__ import annotations
 
 import ipaddress
+import re
 import socket
 import struct
 from collections.abc import Mapping, Sequence
@@ -29,6 +30,7 @@ from llamaforge.serve.launcher import DEFAULT_RPC_PORT
 RPC_SERVER = "ggml-rpc-server"  # the RPC server's target and binary at b11312 (tools/rpc)
 RPC_CMD_HELLO = 14
 _CONN_CAPS = 24  # RPC_CONN_CAPS_SIZE (ggml-rpc/transport.h)
+_SCOPE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}")  # an interface name (IFNAMSIZ 16) or index
 
 
 class BuildMismatch(LlamaforgeError):
@@ -53,7 +55,8 @@ class RpcWorker:
 
 
 def check_rpc_address(address: str, *, worker: str) -> str:
-    """``address`` when it is a private or loopback IP address; InvalidOption naming ``worker`` otherwise."""
+    """``address`` when it is a private or loopback IP address (an IPv6 one may carry a scope id that is a
+    plain interface name or number: ``fe80::2%eth1``); InvalidOption naming ``worker`` otherwise."""
     try:
         ip = ipaddress.ip_address(address.strip())
     except ValueError:
@@ -61,6 +64,13 @@ def check_rpc_address(address: str, *, worker: str) -> str:
             f"RPC address {address!r} of worker {worker} is not an IP address",
             hint="give the worker's private address (e.g. 10.0.0.2): a name could resolve to a public one",
         ) from None
+    scope = ip.scope_id if isinstance(ip, ipaddress.IPv6Address) else None
+    # Python takes anything after '%' (a newline, a space, '$'); the address reaches the head's unit and status
+    if scope is not None and not _SCOPE_ID.fullmatch(scope):
+        raise InvalidOption(
+            f"RPC address {address!r} of worker {worker} has a scope id that is no interface name",
+            hint="write the scope as the interface's name or index (fe80::2%eth1, fe80::2%3), or leave it out",
+        )
     if ip.is_unspecified:
         raise InvalidOption(
             f"RPC address {address} of worker {worker} would listen on every network",

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,7 +152,7 @@ def open_connection(
         if record is None:
             raise InvalidOption(
                 "accepting new host keys needs a known_hosts file to record them in",
-                hint="give the host (or inventory) a known_hosts file",
+                hint="give --known-hosts FILE (or known_hosts in the inventory)",
             )
         client.set_missing_host_key_policy(_AcceptNew(record))
     else:
@@ -160,6 +161,7 @@ def open_connection(
         connection.open()
     except paramiko.BadHostKeyException as error:
         connection.close()
+        also = f", and from {host.known_hosts}" if host.known_hosts else ""
         raise HostKeyChanged(
             f"host key of {host.host}:{host.port} has CHANGED: it presents {error.key.get_name()} "
             f"{error.key.fingerprint}, but known_hosts records {error.expected_key.get_name()} "
@@ -167,7 +169,7 @@ def open_connection(
             "connection, or the host was reinstalled)",
             hint=(
                 "confirm the new key with the host's administrator, then remove the old entry "
-                f"(`ssh-keygen -R '{host.known_hosts_name}'`, and from the inventory's known_hosts) and "
+                f"(`ssh-keygen -R '{host.known_hosts_name}'`{also}) and "
                 "connect again"
             ),
         ) from None
@@ -184,13 +186,38 @@ def open_connection(
         ) from None
     except (paramiko.SSHException, OSError, EOFError) as error:
         connection.close()
+        where = f"the address in {host.origin}" if host.origin else "its address"
         raise SshError(
-            f"cannot reach {host.address}: {error or type(error).__name__}",
-            hint="check that the host is up, that sshd listens on that port, and the address in the "
-            "inventory",
+            f"cannot reach {host.address}: {connect_failure(error)}",
+            hint=f"check that the host is up, that sshd listens on port {host.port} there, and {where}",
         ) from None
     report_exit_signals(connection.transport)
     return connection
+
+
+def connect_failure(error: BaseException) -> str:
+    """Why a connection failed, in words: ``connection refused``, ``timed out``, ``name not known``, … never
+    paramiko's ``[Errno None] Unable to connect`` (its error for a refusal on every address tried, which keeps
+    each address's own error)."""
+    per_address = getattr(error, "errors", None)  # paramiko's NoValidConnectionsError
+    if isinstance(per_address, dict) and per_address:
+        return "; ".join(dict.fromkeys(_failure_words(each) for each in per_address.values()))
+    return _failure_words(error)
+
+
+def _failure_words(error: BaseException) -> str:
+    if isinstance(error, ConnectionRefusedError):
+        return "connection refused (nothing listens on that port)"
+    if isinstance(error, TimeoutError):
+        return "timed out (no answer from the host)"
+    if isinstance(error, socket.gaierror):
+        words = error.strerror or str(error)
+        return "name not known" if "not known" in words else f"name not resolved ({words})"
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror[:1].lower() + error.strerror[1:]
+    if isinstance(error, EOFError):
+        return "the host closed the connection before SSH started"
+    return str(error) or type(error).__name__
 
 
 def report_exit_signals(transport: Any) -> None:

@@ -5,11 +5,17 @@ its listener thread dies on the first refused ``direct-tcpip`` channel, which is
 server is still starting. Here the kernel picks the local port, a refused channel only closes that one local
 connection (the client sees a reset and may try again) and the listener keeps running. Only 127.0.0.1 is
 bound on this side; the host's port is reached on its own loopback, so nothing is opened to any network.
+
+paramiko logs every refused channel as an error (``Secsh channel 3 open FAILED: Connection refused: Connect
+failed``), which Python prints on stderr when nothing configured logging: a health gate polling a starting
+server printed it dozens of times. :func:`forward_local` drops exactly those records; every other record of
+paramiko's goes on as before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import select
 import socket
 import threading
@@ -20,6 +26,22 @@ if TYPE_CHECKING:
     from llamaforge.runners.ssh import SshProcessRunner
 
 _LOOPBACK = "127.0.0.1"
+_TRANSPORT_LOGGER = "paramiko.transport"
+
+
+class _ExpectedRefusals(logging.Filter):
+    """Drops paramiko's record of a channel the host refused to connect (nothing listens there yet): the
+    forward's caller sees the refusal as a reset connection and asks again."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("Secsh channel ") and "open FAILED: Connection refused" in message)
+
+
+def _quiet_expected_refusals() -> None:
+    logger = logging.getLogger(_TRANSPORT_LOGGER)
+    if not any(isinstance(each, _ExpectedRefusals) for each in logger.filters):
+        logger.addFilter(_ExpectedRefusals())
 
 
 def _pump(local: socket.socket, channel: Any, stop: threading.Event) -> None:
@@ -50,6 +72,7 @@ def forward_local(runner: SshProcessRunner, remote_port: int, remote_host: str =
     loopback by default); yields the local port. Every forwarded connection ends when the block does."""
     from llamaforge.runners.ssh import SESSION_OPEN_TIMEOUT_S
 
+    _quiet_expected_refusals()
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind((_LOOPBACK, 0))
     listener.listen(8)
