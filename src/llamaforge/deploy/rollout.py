@@ -49,7 +49,7 @@ from llamaforge.deploy.remote import (
     switch_and_activate,
     upload_release,
 )
-from llamaforge.deploy.report import HostPlan, HostReport, RolloutReport
+from llamaforge.deploy.report import HostPlan, HostReport, RolloutReport, still_on
 from llamaforge.deploy.targets import Target
 from llamaforge.models.recipes import AnswerCheck
 from llamaforge.runners.ssh import SshProcessRunner
@@ -198,7 +198,7 @@ def where_after_loss(runner: SshProcessRunner, layout: Layout, target: Target, r
     connection, given :data:`RECHECK_TIMEOUT_S`, reads ``current`` and the service."""
     before, after = releases
     if not switched:
-        return before, f"still on {before} (nothing was switched)"
+        return before, f"{still_on(before)} (nothing was switched)"
     runner.close()
     again = SshProcessRunner(runner.host, accept_new_host_keys=False, user_known_hosts=runner.user_known_hosts,
                              connect_timeout_s=RECHECK_TIMEOUT_S)  # fmt: skip
@@ -207,7 +207,8 @@ def where_after_loss(runner: SshProcessRunner, layout: Layout, target: Target, r
             now = host_state(again, layout)
             service = target.state(again, layout)
     except Exception:  # noqa: BLE001 - whatever the reason, the host is not answering
-        return None, (f"it runs one whole release, {after} or {before} (switch and restart are one command on "
+        either = f"{after} or {before}" if before else f"{after} or none (no previous release)"
+        return None, (f"it runs one whole release, {either} (switch and restart are one command on "
                       "the host); it did not answer again, `invoke deploy.status` says which")  # fmt: skip
     return now.current, f"it answered again: on {now.current}, service {service.active}, not gated"
 
@@ -287,18 +288,19 @@ def deploy_host(runner: SshProcessRunner, release: Release, state: HostState, fi
             return HostReport(**base, **moved, status="unreachable", release=on,
                               detail=f"connection lost: {message}; {where}")  # fmt: skip
         if isinstance(error, Cancelled) and not switched:
-            step(f"interrupted; still on {state.current}")
+            step(f"interrupted; {still_on(state.current)}")
             return HostReport(**base, **moved, status="interrupted", release=state.current,
-                              detail=f"interrupted before the switch; still on {state.current}")  # fmt: skip
+                              detail=f"interrupted before the switch; {still_on(state.current)}")  # fmt: skip
         if not switched:
             step(f"failed: {message}")
             logs = list(error.logs) if isinstance(error, ReleaseCannotRun) else []
             return HostReport(**base, **moved, **_probed(proven), status="failed", release=state.current,
-                              logs=logs, detail=f"{message}; still on {state.current}")  # fmt: skip
+                              logs=logs, detail=f"{message}; {still_on(state.current)}")  # fmt: skip
         gate = GateOutcome(False, "interrupted" if isinstance(error, Cancelled) else message)
     report = {**base, "sent_bytes": sent, "model_bytes": model, "image_bytes": image}
     if not gate.passed:
-        step(f"gate failed ({gate.detail}); restoring {state.current}")
+        back = f"restoring {state.current}" if state.current else "no previous release to restore"
+        step(f"gate failed ({gate.detail}); {back}")
         restored = _restore(runner, release, state, gate, options, report)
         if options.cancel.cancelled and restored.status == "rolled back":
             restored = restored.model_copy(update={"status": "interrupted"})
