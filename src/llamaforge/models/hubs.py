@@ -149,7 +149,8 @@ def _resolve_hf(source: HubSource, revision: str, pinned: bool) -> HubFile:
     except (HfHubHTTPError, httpx2.HTTPError, OSError) as error:
         raise FetchError(
             f"{where}: the hub did not answer: {scrub(str(error), secrets)}",
-            hint="check the network, or set HF_ENDPOINT to a reachable mirror; --offline serves the cache",
+            hint="check the network, or set HF_ENDPOINT to a reachable mirror (`invoke models.fetch --offline` "
+            "serves a copy already in the model cache)",
         ) from None
     commit = meta.commit_hash if is_commit(meta.commit_hash) else None
     # For LFS/Xet files the (linked) ETag is the sha256 of the content; a git blob's is a sha1.
@@ -185,7 +186,8 @@ def _resolve_ms(source: HubSource, revision: str, pinned: bool) -> HubFile:
     except (HubError, requests.RequestException, OSError) as error:
         raise FetchError(
             f"{where}: ModelScope did not answer: {scrub(str(error), secrets)}",
-            hint="check the repo id and revision, the network, or MODELSCOPE_ENDPOINT; --offline serves the cache",
+            hint="check the repo id and revision, the network, or MODELSCOPE_ENDPOINT (`invoke models.fetch "
+            "--offline` serves a copy already in the model cache)",
         ) from None
     entry = next((item for item in files if item.path == source.path), None)
     if entry is None:
