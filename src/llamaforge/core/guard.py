@@ -103,7 +103,12 @@ def refuse_if_read_only(action: str) -> None:
 
 # What a read-only front still runs: llamaforge's own probes, which read and print. argv[0]'s name -> the
 # arguments allowed after it (None: any). Any program asked only for its version is a probe too (doctor).
-_READ_ONLY_PROBES: dict[str, tuple[str, ...] | None] = {"cat": ("/proc/cpuinfo",), "ldd": None}
+# `llama-server --help` of a build: --server-args are checked against it by plans and renders too.
+_READ_ONLY_PROBES: dict[str, tuple[str, ...] | None] = {
+    "cat": ("/proc/cpuinfo",),
+    "ldd": None,
+    "llama-server": ("--help",),
+}
 
 
 def _is_probe(argv: Sequence[str]) -> bool:
@@ -118,7 +123,7 @@ def _is_probe(argv: Sequence[str]) -> bool:
 
 def check_program(argv: Sequence[str]) -> None:
     """Refuse starting ``argv`` when the front is read-only, unless it is one of llamaforge's probes that only
-    read and print (``cat /proc/cpuinfo``, ``ldd FILE…``, ``TOOL --version``)."""
+    read and print (``cat /proc/cpuinfo``, ``ldd FILE…``, ``TOOL --version``, ``llama-server --help``)."""
     if _guard.read_only and not _is_probe(argv):
         refuse_if_read_only(f"run {Path(argv[0]).name if argv else 'a program'}")
 

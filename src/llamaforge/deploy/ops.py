@@ -128,6 +128,11 @@ class DeployParams(HostsParams):
         True, description="CPU-resident weights in the CPU's repacked/AMX buffers, llama.cpp's default; "
         "--no-repack keeps them in plain buffers (llama-server --no-repack)"
     )  # fmt: skip
+    server_args: str | None = Field(
+        None, description="More llama-server flags, as one string split like a shell would (e.g. \"--jinja --alias "
+        "NAME\"): checked against the build's own `llama-server --help`; flags llamaforge sets itself, secrets and "
+        "downloads are refused"
+    )  # fmt: skip
     listen: str = Field(
         LOOPBACK, description="Address llama-server binds on the hosts; beyond loopback an API key is generated "
         "per deploy, kept on each host (mode 0600, the service user's) and passed with --api-key-file"
@@ -183,16 +188,21 @@ def release_spec(params: DeployParams, ctx: OperationContext) -> tuple[ReleaseSp
     """The release's inputs from the parameters (build, model, flags, port, listen) and the model's answer
     checks."""
     from llamaforge.build.store import build_dir, find_build
-    from llamaforge.deploy.release import listen_address
+    from llamaforge.deploy.release import OWNED_FLAGS, listen_address
     from llamaforge.runners.transfer import file_sha256
+    from llamaforge.serve.server_args import server_args_for
 
     listen = listen_address(params.listen, api_key=params.api_key)
     manifest = find_build(params.build)
     directory = build_dir(str(manifest["key"]))
+    # checked before the model is fetched and any host is reached
+    extra = server_args_for(
+        params.server_args, directory / "bin" / "llama-server", str(manifest["key"]), OWNED_FLAGS
+    )
     model, checks = _model(params, ctx)
     given = LlamaFlags(ctx=params.ctx, threads=params.threads, parallel=params.parallel,
                        n_gpu_layers=params.n_gpu_layers, cache_type_k=params.cache_type,
-                       cache_type_v=params.cache_type, repack=params.repack)  # fmt: skip
+                       cache_type_v=params.cache_type, repack=params.repack, extra=extra)  # fmt: skip
     spec = ReleaseSpec(
         build_key=str(manifest["key"]), build_dir=directory, manifest_sha256=file_sha256(directory / "manifest.json"),
         model=model, model_sha256=file_sha256(model), model_size=model.stat().st_size, flags=given, port=params.port,

@@ -34,6 +34,14 @@ MODEL_LINK = "model.gguf"
 PROBE_LINK = "probe.gguf"  # the model the release was proven with on the host (deploy.probe), in models/
 API_KEY_FILE = "api-key"  # in the release, mode 0600, owned by the service user; never in release.json
 LOOPBACK = "127.0.0.1"
+#: The llama-server flags a deployment writes itself (one name of each option) and what sets each: refused in
+#: --server-args (llamaforge.serve.server_args).
+OWNED_FLAGS = {
+    "-m": "--model", "--host": "--listen", "--port": "--port", "--no-webui": "deployed servers run without the web UI",
+    "-c": "--ctx (or the fit plan)", "--parallel": "--parallel", "-t": "--threads",
+    "-ngl": "--n-gpu-layers (or the fit plan)", "--n-cpu-moe": "the fit plan", "-fa": "the fit plan",
+    "-ctk": "--cache-type", "-ctv": "--cache-type", "--no-repack": "--no-repack",
+}  # fmt: skip
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
 # A deployment root reaches unit files, scripts run as root and `install -d -o`: plain path characters only.
 _ROOT = re.compile(r"^/[A-Za-z0-9._/-]{1,200}$")

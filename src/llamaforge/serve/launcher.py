@@ -60,6 +60,9 @@ class LlamaFlags:
     # --no-repack when False: CPU-resident weights stay in plain buffers, out of the CPU's extra buffer types
     # (CPU_REPACK, AMX), whose kernels and sizes depend on the CPU the binary runs on.
     repack: bool = True
+    # llama-server flags given as they are (--server-args), last on the command line; checked against the
+    # build's own `llama-server --help` by llamaforge.serve.server_args before they get here.
+    extra: tuple[str, ...] = ()
 
     def args(self) -> list[str]:
         """The flags, in a stable order."""
@@ -84,7 +87,19 @@ class LlamaFlags:
             args.append("--no-repack")
         if self.verbose:
             args.append("-v")
-        return args
+        return [*args, *self.extra]
+
+
+#: The flag each field of :class:`LlamaFlags` writes (a switch: the one it writes when set).
+FIELD_FLAGS: Final = {
+    "n_gpu_layers": "-ngl", "n_cpu_moe": "--n-cpu-moe", "ctx": "-c", "parallel": "--parallel",
+    "cache_type_k": "-ctk", "cache_type_v": "-ctv", "flash_attn": "-fa", "ubatch": "-ub", "batch": "-b",
+    "threads": "-t", "threads_batch": "-tb", "fit": "-fit", "log_verbosity": "-lv", "rpc": "--rpc",
+    "tensor_split": "-ts", "warmup": "--no-warmup", "kv_unified": "--kv-unified", "swa_full": "--swa-full",
+    "repack": "--no-repack", "verbose": "-v",
+}  # fmt: skip
+#: The flags :func:`server_argv` writes on every llama-server command line.
+SERVER_FLAGS: Final = ("-m", "--host", "--port", "--no-webui")
 
 
 def server_argv(binary: Path, model: Path, flags: LlamaFlags, *, port: int, host: str = HOST) -> list[str]:
