@@ -29,6 +29,10 @@ class RenderParams(Params):
     threads: int | None = Field(None, ge=1, description="llama-server -t")
     parallel: int | None = Field(None, ge=1, description="llama-server --parallel (slots)")
     n_gpu_layers: int | None = Field(None, ge=0, description="llama-server -ngl")
+    server_args: str | None = Field(
+        None, description="More llama-server flags, as one string split like a shell would (e.g. \"--jinja\"), "
+        "checked against the build's own `llama-server --help` (as deploy's)"
+    )  # fmt: skip
     listen: str = Field(
         "127.0.0.1", description="compose: the host address the port is published on (an IP address); beyond "
         "loopback llama-server asks for the API key in the Docker secret api-key, made from --api-key-file"
@@ -88,7 +92,8 @@ def deploy_render_op(params: RenderParams, ctx: OperationContext) -> RenderedMan
 
     spec, _ = release_spec(
         DeployParams(build=params.build, model=params.model, port=params.port, ctx=params.ctx,
-                     threads=params.threads, parallel=params.parallel, n_gpu_layers=params.n_gpu_layers),
+                     threads=params.threads, parallel=params.parallel, n_gpu_layers=params.n_gpu_layers,
+                     server_args=params.server_args),
         ctx,
     )  # fmt: skip
     manifest = find_build(spec.build_key)

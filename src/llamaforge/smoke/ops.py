@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -12,12 +13,22 @@ from pydantic import Field
 from llamaforge.core.errors import InvalidOption, LlamaforgeError, OperationFailed, SmokeFailed
 from llamaforge.core.events import Event
 from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
+from llamaforge.serve.server_args import precheck_server_args, server_args_for
 from llamaforge.smoke.ops_cpu_modules import CpuModuleSweep
 
 if TYPE_CHECKING:
     from llamaforge.build.plan import BuildPlan
     from llamaforge.models.recipes import AnswerCheck
     from llamaforge.runners import Executor
+
+
+#: The llama-server flags smoke sets itself (one name of each option), refused in --server-args.
+SMOKE_FLAGS = {
+    "-m": "--model", "--host": "smoke serves on 127.0.0.1", "--port": "--port",
+    "--no-webui": "smoke runs llama-server without the web UI", "-c": "--concurrency (1024 tokens a slot)",
+    "--parallel": "--concurrency (a slot each)", "-t": "--threads", "-tb": "--threads",
+    "-lv": "smoke reads the load log at -lv 4",
+}  # fmt: skip
 
 
 class SmokeParams(Params):
@@ -64,6 +75,10 @@ class SmokeParams(Params):
         False, description="Skip the sweep of the build's CPU modules (llama-bench with each one on its own)"
     )
     skip_server: bool = Field(False, description="Skip the llama-server stage")
+    server_args: str | None = Field(
+        None, description="More llama-server flags, as one string split like a shell would (e.g. \"--jinja\"): "
+        "checked against the build's own `llama-server --help`; the flags smoke sets itself are refused"
+    )  # fmt: skip
     bandwidth_gbs: float | None = Field(
         None,
         gt=0,
@@ -226,8 +241,16 @@ def smoke_op(params: SmokeParams, ctx: OperationContext) -> SmokeReport:
             "--skip-bench and --skip-server together leave nothing to measure",
             hint="drop one of them: --skip-server measures llama-bench only, --skip-bench llama-server only",
         )
+    if params.server_args and params.skip_server:
+        raise InvalidOption("--server-args are llama-server's, and --skip-server runs none",
+                            hint="drop --skip-server or --server-args")  # fmt: skip
+    precheck_server_args(params.server_args, SMOKE_FLAGS)  # before a build may start
     cli = parse_threshold_items(params.thresholds)
     key, directory, manifest = resolve_build(params.build, params.executor, ctx)
+    server = next((path for path in (directory / "bin" / "llama-server", directory / "llama-server") if path.is_file()),
+                  directory / "bin" / "llama-server")  # fmt: skip
+    extra = server_args_for(params.server_args, server, key if manifest else None, SMOKE_FLAGS)
+    options = dataclasses.replace(options, server_args=extra)
     model, label, model_smoke, answers = _model_target(params, ctx)
     # A recipe may carry a [smoke] table once its schema has one; the CLI wins over both.
     build_smoke = (manifest.get("recipe") or {}).get("smoke")

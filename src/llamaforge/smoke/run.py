@@ -80,6 +80,7 @@ class SmokeOptions:
     bandwidth_gbs: float | None = None
     golden: Path | None = None  # compare greedy tokens and top-n logprobs with this golden
     record_golden: Path | None = None  # record them to this file (from a reference build)
+    server_args: tuple[str, ...] = ()  # more llama-server flags, checked (llamaforge.serve.server_args)
 
     def __post_init__(self) -> None:
         if self.golden is not None and self.record_golden is not None:
@@ -199,7 +200,7 @@ def _server_stage(
     slots = max(options.concurrency)
     # -lv 4: llama-server logs its system_info line (the CPU features in use) only at trace verbosity.
     flags = LlamaFlags(ctx=slots * options.ctx_per_slot, parallel=slots, threads=options.threads,
-                       threads_batch=options.threads, log_verbosity=4)  # fmt: skip
+                       threads_batch=options.threads, log_verbosity=4, extra=options.server_args)  # fmt: skip
     launch = ServerLaunch(
         binary=target.binary("llama-server"), model=target.model, flags=flags, log_path=run_dir / "server.log",
         port=options.port, load_timeout_s=options.load_timeout_s,
