@@ -1,14 +1,21 @@
 """The hosts of a deploy: ``user@host:port,...`` parsed into :class:`SshHost` (or an inventory's hosts, see
-:mod:`~llamaforge.deploy.inventory`) as :class:`DeployHost`, one SSH runner each."""
+:mod:`~llamaforge.deploy.inventory`) as :class:`DeployHost`, one SSH runner each.
+
+A deploy runs the service manager (or the Docker engine) of each host as root: directly when the deploy user
+is root, through ``sudo -n`` otherwise (:func:`as_root`). :func:`check_root_access` refuses, while planning
+and before anything changes, a host where a deploy user who is not root cannot use sudo without a password
+(or has no sudo at all)."""
 
 from __future__ import annotations
 
 import contextlib
+import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llamaforge.core.errors import InvalidOption
+from llamaforge.core.errors import InvalidOption, LlamaforgeError
 from llamaforge.runners.ssh import SshProcessRunner
 from llamaforge.runners.ssh_connection import DEFAULT_KNOWN_HOSTS, SshHost
 
@@ -78,3 +85,52 @@ def open_runners(hosts: Sequence[SshHost], access: Access) -> Iterator[list[SshP
                                                     user_known_hosts=access.user_known_hosts,
                                                     connect_timeout_s=access.connect_timeout_s))
                for host in hosts]  # fmt: skip
+
+
+class NoRootAccess(LlamaforgeError):
+    """A host's deploy user is not root and cannot run commands as root through ``sudo -n`` (no sudo, or sudo
+    asks for a password)."""
+
+    exit_code = 25
+
+
+_WHO = "id -u && id -un"
+_USERS: weakref.WeakKeyDictionary[SshProcessRunner, tuple[bool, str]] = weakref.WeakKeyDictionary()
+_USERS_LOCK = threading.Lock()
+
+
+def deploy_user(runner: SshProcessRunner) -> tuple[bool, str]:
+    """Whether the deploy user on the runner's host is root, and its name (asked once per runner)."""
+    with _USERS_LOCK:
+        known = _USERS.get(runner)
+    if known is None:
+        uid, _, name = runner.run(["sh", "-c", _WHO]).stdout.strip().partition("\n")
+        known = (uid.strip() == "0", name.strip())
+        with _USERS_LOCK:
+            _USERS[runner] = known
+    return known
+
+
+def as_root(runner: SshProcessRunner, argv: Sequence[str]) -> list[str]:
+    """``argv`` as the host runs it as root: as it is for the root user, through ``sudo -n`` for any other."""
+    return list(argv) if deploy_user(runner)[0] else ["sudo", "-n", *argv]
+
+
+def check_root_access(runner: SshProcessRunner) -> None:
+    """Refuse (:class:`NoRootAccess`, naming the host, the user and the fix) a host where the deploy user is not
+    root and ``sudo -n true`` fails; it changes nothing there."""
+    root, user = deploy_user(runner)
+    if root:
+        return
+    result = runner.run(["sudo", "-n", "true"], warn=True, merge_stderr=True)
+    if result.ok:
+        return
+    said = (result.stdout.strip().splitlines() or [f"exit {result.exit_code}"])[-1]
+    missing = result.exit_code == 127 or "not found" in said
+    how = "there is no sudo there" if missing else f"sudo -n true says: {said}"
+    raise NoRootAccess(
+        f"{runner.host.address}: the deploy user {user} is not root and cannot run commands as root without a "
+        f"password ({how}); a deploy installs and restarts the service as root",
+        hint=f"deploy as root@{runner.host.host} (root's SSH key there), or give {user} passwordless sudo there "
+        f"(a sudoers line '{user} ALL=(ALL) NOPASSWD: ALL'); nothing was changed",
+    )

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Final
 from llamaforge.core.errors import LlamaforgeError, SmokeFailed
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.exits import crash_hint, crash_words, describe_exit, loaded_cpu_module
+from llamaforge.deploy.hosts import as_root
 from llamaforge.deploy.release import SERVICE_USER
 from llamaforge.serve.launcher import LlamaFlags
 from llamaforge.smoke.bench import parse_llama_bench
@@ -131,8 +132,8 @@ def probe_release(runner: SshProcessRunner, target: Target, layout: Layout, rid:
     """Run release ``rid``'s llama-bench on the host as its service would, on the probe ``model`` (already in the
     host's ``models/``), and say whether it ran; ``current`` is not touched."""
     address = runner.host.address
-    command = target.probe_command(layout, rid, service_files, layout.model(model.sha256),
-                                   probe_args(layout.model(model.sha256), flags))  # fmt: skip
+    command = as_root(runner, target.probe_command(layout, rid, service_files, layout.model(model.sha256),
+                                                   probe_args(layout.model(model.sha256), flags)))  # fmt: skip
     started = time.monotonic()
     result = runner.run(command, warn=True, timeout_s=PROBE_LIMIT_S + _SLACK_S, cancel=cancel,
                         what=f"{PROBE_BINARY} of release {rid} on {runner.host.host}")  # fmt: skip

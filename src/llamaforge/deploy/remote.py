@@ -10,8 +10,8 @@ sent to a ``.part`` and renamed over its link: the older release keeps its own).
 Pruning keeps the releases that were current most recently and removes the models no kept release links to
 (and, for the docker target, the images no release left on the host runs).
 A release that listens beyond loopback carries its API key as ``api-key`` (mode 0600, owned by the service
-user, written through sudo from stdin): it reaches the host on no command line and is read back (for the
-health gate) the same way.
+user, written as root from stdin: :func:`~llamaforge.deploy.hosts.as_root`): it reaches the host on no command
+line and is read back (for the health gate) the same way.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from llamaforge.core.errors import LlamaforgeError
 from llamaforge.core.events import CancelToken
+from llamaforge.deploy.hosts import as_root
 from llamaforge.deploy.release import (
     API_KEY_FILE,
     MODEL_LINK,
@@ -210,8 +211,10 @@ def upload_release(
     if spec.api_key:
         if not api_key:
             raise ValueError("a release listening beyond loopback needs its API key")
-        runner.run(["sudo", "-n", "sh", "-c", _WRITE_KEY, "sh", posixpath.join(stage, API_KEY_FILE), SERVICE_USER],
-                   stdin=api_key, what=f"writing the API key on {runner.host.host}")  # fmt: skip
+        write_key = ["sh", "-c", _WRITE_KEY, "sh", posixpath.join(stage, API_KEY_FILE), SERVICE_USER]
+        runner.run(
+            as_root(runner, write_key), stdin=api_key, what=f"writing the API key on {runner.host.host}"
+        )
     _write(runner, posixpath.join(stage, RELEASE_JSON), json.dumps(dict(record), indent=2) + "\n")
     runner.run(["sh", "-c", 'rm -rf "$2" && mv -T "$1" "$2"', "sh", stage, target])
     return Upload(sent, model_bytes)
@@ -228,8 +231,9 @@ def switch_and_activate(runner: SshProcessRunner, layout: Layout, target: Target
     """Point ``current`` at release ``rid`` atomically (a new symlink renamed over it), record ``history`` (its
     last entry is ``rid``), then run the target's activation (install the service files of ``current``,
     restart): one command, which the host finishes even if the connection is lost."""
+    activation = as_root(runner, target.activation(layout))
     runner.run(
-        ["sh", "-c", _SWITCH_AND_ACTIVATE, "sh", layout.root, rid, *target.activation(layout)],
+        ["sh", "-c", _SWITCH_AND_ACTIVATE, "sh", layout.root, rid, *activation],
         stdin="".join(f"{item}\n" for item in history),
         what=f"switching {runner.host.host} to {rid}",
     )
@@ -269,9 +273,9 @@ def release_facts(runner: SshProcessRunner, layout: Layout, rid: str) -> tuple[d
 
 
 def read_api_key(runner: SshProcessRunner, layout: Layout, rid: str) -> str | None:
-    """Release ``rid``'s API key, read through sudo over SSH (None when the release has none)."""
+    """Release ``rid``'s API key, read as root over SSH (None when the release has none)."""
     path = posixpath.join(layout.release(rid), API_KEY_FILE)
-    result = runner.run(["sudo", "-n", "cat", path], warn=True)
+    result = runner.run(as_root(runner, ["cat", path]), warn=True)
     return (result.stdout.strip() or None) if result.ok else None
 
 

@@ -31,6 +31,7 @@ from typing import Any
 from llamaforge.core.errors import Cancelled, LlamaforgeError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.deploy.health import GateOutcome, gate_service
+from llamaforge.deploy.hosts import check_root_access
 from llamaforge.deploy.probe import ProbeModel, ProbeOutcome, ReleaseCannotRun, has_probe_model, prove
 from llamaforge.deploy.release import (
     KEEP_RELEASES,
@@ -122,6 +123,7 @@ def plan_host(runner: SshProcessRunner, release: Release) -> tuple[HostPlan, Hos
     refused = other_target(state, release.target, runner.host.address, layout)
     delivery = ""
     try:
+        check_root_access(runner)  # a deploy user who is not root needs sudo without a password
         release.target.check(runner)  # e.g. no Docker engine there: refused before any host changes
         delivery = release.target.pending(runner)
     except LlamaforgeError as error:

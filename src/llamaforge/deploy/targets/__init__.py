@@ -79,8 +79,9 @@ class Target(Protocol):
         ...
 
     def activation(self, layout: Layout) -> list[str]:
-        """The host command :meth:`activate` runs (run after the switch in the same command, so a lost
-        connection cannot separate them)."""
+        """The host command :meth:`activate` runs as root, without ``sudo`` (the caller adds it for a deploy user
+        who is not root: :func:`~llamaforge.deploy.hosts.as_root`); run after the switch in the same command, so
+        a lost connection cannot separate them."""
         ...
 
     def stop(self, runner: SshProcessRunner, layout: Layout) -> None:
@@ -99,7 +100,8 @@ class Target(Protocol):
                       args: Sequence[str]) -> list[str]:  # fmt: skip
         """The host command that runs release ``rid``'s llama-bench with ``args`` (on ``model``, a host path) as
         the release's service would run (its user, environment, sandbox or image), before ``current`` points at
-        it; llama-bench's stdout and stderr come back as the command's."""
+        it; llama-bench's stdout and stderr come back as the command's. A command for root, without ``sudo`` (the
+        caller adds it: :func:`~llamaforge.deploy.hosts.as_root`)."""
         ...
 
     def probe_signal(self, code: int, stderr: Sequence[str]) -> signal.Signals | None:

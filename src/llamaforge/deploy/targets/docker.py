@@ -1,5 +1,6 @@
 """The docker target: llama-server from the build's runtime image (``invoke images.runtime``) in a container on
-each host's OWN Docker engine, driven over SSH with ``sudo -n docker``.
+each host's OWN Docker engine, driven over SSH as root (``docker`` for the root user, ``sudo -n docker`` for
+any other: :func:`~llamaforge.deploy.hosts.as_root`).
 
 A release holds no binaries here: its service file is ``llama-server.docker.sh``, rendered from
 ``templates/deploy/llama-server.docker.sh.j2``, which (re)creates the container ``llamaforge-<name>`` from the
@@ -31,6 +32,7 @@ from llamaforge.core.errors import InvalidOption, LlamaforgeError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.exits import exit_signal
 from llamaforge.core.templates import render
+from llamaforge.deploy.hosts import as_root
 from llamaforge.deploy.release import API_KEY_FILE, MODEL_LINK, SERVICE_USER, Layout, ReleaseSpec
 from llamaforge.deploy.targets import ServiceState
 from llamaforge.deploy.targets.systemd import SystemdTarget
@@ -52,7 +54,7 @@ KEEP_ARCHIVES = 2  # image archives kept in $LLAMAFORGE_HOME/images, the ones us
 
 
 class DockerMissing(LlamaforgeError):
-    """A host has no Docker engine the deploy user can drive with ``sudo -n docker``."""
+    """A host has no Docker engine the deploy user can drive as root."""
 
     exit_code = 19
 
@@ -135,7 +137,7 @@ base=$1; shift
 for id; do
   grep -qsF -- "$id" "$base"/*/releases/*/llama-server.docker.sh "$base"/*/releases/.*.tmp/llama-server.docker.sh \
     && continue
-  sudo -n docker image rm -- "$id" >/dev/null 2>&1 && echo "$id"
+  docker image rm -- "$id" >/dev/null 2>&1 && echo "$id"
 done
 exit 0
 """
@@ -215,8 +217,8 @@ class DockerTarget:
 
     def check(self, runner: SshProcessRunner) -> None:
         """Refuse (DockerMissing, naming the host and what to do) a host whose Docker engine the deploy user
-        cannot drive with ``sudo -n docker``."""
-        result = runner.run(["sudo", "-n", "docker", "version", "--format", "{{.Server.Version}}"], warn=True,
+        cannot drive as root."""
+        result = runner.run(as_root(runner, ["docker", "version", "--format", "{{.Server.Version}}"]), warn=True,
                             merge_stderr=True)  # fmt: skip
         if result.ok and result.stdout.strip():
             return
@@ -243,7 +245,8 @@ class DockerTarget:
         SystemdTarget().prune(runner, layout, removed)
         if not images:
             return
-        gone = runner.run(["sh", "-c", _UNUSED_IMAGES, "sh", layout.base, *images], warn=True).stdout.split()
+        unused = ["sh", "-c", _UNUSED_IMAGES, "sh", layout.base, *images]
+        gone = runner.run(as_root(runner, unused), warn=True).stdout.split()
         if gone:
             what = ", ".join(image[:19] for image in gone)
             self.reporter(Event("stage", f"{runner.host.address}: removed the image {what} (no release there runs it)",
@@ -263,7 +266,7 @@ class DockerTarget:
         # room for the archive and for the image it loads
         check_free_space(runner, {layout.root: 2 * archive.stat().st_size})
         sent = runner.put(archive, remote, cancel=cancel).sent_bytes
-        runner.run(["sudo", "-n", "docker", "load", "--quiet", "--input", remote],
+        runner.run(as_root(runner, ["docker", "load", "--quiet", "--input", remote]),
                    what=f"loading {image.tag} on {runner.host.host}")  # fmt: skip
         runner.run(["rm", "-f", "--", remote])
         if not self._on_host(runner, image):
@@ -278,30 +281,31 @@ class DockerTarget:
 
     @staticmethod
     def _on_host(runner: SshProcessRunner, image: ContainerImage) -> bool:
-        inspect = ["sudo", "-n", "docker", "image", "inspect", "--format", "{{.Id}}", image.id]
+        inspect = as_root(runner, ["docker", "image", "inspect", "--format", "{{.Id}}", image.id])
         return runner.run(inspect, warn=True).stdout.strip() == image.id
 
     def activation(self, layout: Layout) -> list[str]:
-        """Run ``current``'s container script as root (through sudo): the container is replaced."""
-        return ["sudo", "-n", "sh", posixpath.join(layout.current, CONTAINER_FILE)]
+        """Run ``current``'s container script (a command for root): the container is replaced."""
+        return ["sh", posixpath.join(layout.current, CONTAINER_FILE)]
 
     def activate(self, runner: SshProcessRunner, layout: Layout) -> None:
-        """Run :meth:`activation` on the host."""
-        runner.run(self.activation(layout), what=f"starting {container_name(layout)} on {runner.host.host}")
+        """Run :meth:`activation` on the host, as root."""
+        runner.run(as_root(runner, self.activation(layout)),
+                   what=f"starting {container_name(layout)} on {runner.host.host}")  # fmt: skip
 
     def stop(self, runner: SshProcessRunner, layout: Layout) -> None:
         """``docker stop`` the container (it stays, and ``unless-stopped`` keeps it stopped)."""
-        runner.run(["sudo", "-n", "docker", "stop", container_name(layout)], warn=True)
+        runner.run(as_root(runner, ["docker", "stop", container_name(layout)]), warn=True)
 
     def state(self, runner: SshProcessRunner, layout: Layout) -> ServiceState:
         """The container's state, health and restart count (:func:`state_from_inspect`)."""
-        shown = runner.run(["sudo", "-n", "docker", "inspect", "--type", "container", "--format", _INSPECT,
-                            container_name(layout)], warn=True)  # fmt: skip
+        shown = runner.run(as_root(runner, ["docker", "inspect", "--type", "container", "--format", _INSPECT,
+                                            container_name(layout)]), warn=True)  # fmt: skip
         return state_from_inspect(shown.stdout if shown.ok else "")
 
     def logs(self, runner: SshProcessRunner, layout: Layout, lines: int = 20) -> list[str]:
         """The container's last log lines (llama-server logs to stderr)."""
-        result = runner.run(["sudo", "-n", "docker", "logs", "--tail", str(lines), container_name(layout)],
+        result = runner.run(as_root(runner, ["docker", "logs", "--tail", str(lines), container_name(layout)]),
                             warn=True, merge_stderr=True)  # fmt: skip
         return result.stdout.splitlines()
 
@@ -309,7 +313,7 @@ class DockerTarget:
                       args: Sequence[str]) -> list[str]:  # fmt: skip
         """``docker run --rm`` of the release's image with its llama-bench as the entrypoint, as the service
         user with the container's restrictions, the probe ``model`` mounted read-only (``args`` name it by its
-        host path; inside it is :data:`PROBE_MOUNT`), and the GPUs for a CUDA build."""
+        host path; inside it is :data:`PROBE_MOUNT`), and the GPUs for a CUDA build (a command for root)."""
         from llamaforge.build.runtime_image import PREFIX
         from llamaforge.deploy.probe import PROBE_BINARY
 
@@ -317,7 +321,7 @@ class DockerTarget:
         inside = [PROBE_MOUNT if arg == model else arg for arg in args]
         gpus = ["--gpus", "all"] if image.gpus else []
         entrypoint = posixpath.join(PREFIX, "bin", PROBE_BINARY)
-        return ["sudo", "-n", "sh", "-c", _PROBE, "sh", SERVICE_USER, model, *gpus, "--entrypoint", entrypoint,
+        return ["sh", "-c", _PROBE, "sh", SERVICE_USER, model, *gpus, "--entrypoint", entrypoint,
                 image.id, *inside]  # fmt: skip
 
     def probe_signal(self, code: int, stderr: Sequence[str]) -> signal.Signals | None:

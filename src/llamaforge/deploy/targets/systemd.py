@@ -1,5 +1,6 @@
 """The systemd target: a hardened unit rendered from ``templates/deploy/llama-server.service.j2``, shipped in
-each release and installed from ``current/`` as ``/etc/systemd/system/llamaforge-<name>.service`` with sudo.
+each release and installed from ``current/`` as ``/etc/systemd/system/llamaforge-<name>.service`` as root (the
+deploy user root, or sudo: :func:`~llamaforge.deploy.hosts.as_root`).
 
 The unit runs llama-server as a dedicated system user in the sandbox of ``templates/deploy/sandbox.service.j2``
 (``systemd-analyze security`` rates it "OK"): no capabilities, ``NoNewPrivileges``, ``ProtectSystem=strict`` (so
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 from llamaforge.core.errors import InvalidOption, LlamaforgeError
 from llamaforge.core.exits import exec_main_signal, systemd_signal
 from llamaforge.core.templates import render
+from llamaforge.deploy.hosts import as_root, deploy_user
 from llamaforge.deploy.probe import PROBE_BINARY, PROBE_LIMIT_S
 from llamaforge.deploy.release import SERVICE_USER, Layout, ReleaseSpec, is_loopback
 from llamaforge.deploy.targets import ServiceState
@@ -153,7 +155,8 @@ class SystemdTarget:
         return release_files(spec)
 
     def check(self, runner: SshProcessRunner) -> None:
-        """Nothing to check: the deploy user's sudo is checked by :meth:`prepare`."""
+        """Nothing to check beyond root access, which planning checks for every target
+        (:func:`~llamaforge.deploy.hosts.check_root_access`)."""
 
     def deliver(self, runner: SshProcessRunner, layout: Layout, cancel: CancelToken | None = None) -> int:
         """Nothing beyond the release's files."""
@@ -173,12 +176,14 @@ class SystemdTarget:
 
     def prepare(self, runner: SshProcessRunner, layout: Layout) -> None:
         """Create the service user (a system user without a home or a shell) and the deployment's directories,
-        owned by the deploy user so releases upload without sudo. A directory that is there already is never
+        owned by the deploy user so releases upload as that user. A directory that is there already is never
         re-owned: one the deploy user does not own, or that is no directory (a symlink included), refuses the
         host (:class:`RootNotOwned`)."""
-        deployer = runner.run(["id", "-un"]).stdout.strip()
-        result = runner.run(["sudo", "-n", "sh", "-c", PREPARE_SCRIPT, "sh", SERVICE_USER, deployer, layout.root],
-                            warn=True, what=f"preparing {layout.root} on {runner.host.host}")  # fmt: skip
+        deployer = deploy_user(runner)[1]
+        script = ["sh", "-c", PREPARE_SCRIPT, "sh", SERVICE_USER, deployer, layout.root]
+        result = runner.run(
+            as_root(runner, script), warn=True, what=f"preparing {layout.root} on {runner.host.host}"
+        )
         if result.exit_code == NOT_OWNED_EXIT:
             said = (result.stderr.strip().splitlines() or ["a directory is not the deploy user's"])[-1]
             raise RootNotOwned(
@@ -188,29 +193,30 @@ class SystemdTarget:
             )
         if not result.ok:
             raise RootNotOwned(f"{runner.host.address}: preparing {layout.root} failed: {result.stderr.strip()[-300:]}",
-                               hint="the deploy user needs passwordless sudo there")  # fmt: skip
+                               hint="deploy as root there, or give the deploy user passwordless sudo")  # fmt: skip
 
     def prune(self, runner: SshProcessRunner, layout: Layout, removed: Sequence[str]) -> None:
         """Remove the releases' directories (the unit installed is ``current``'s, never theirs)."""
         runner.run(["rm", "-rf", "--", *(layout.release(rid) for rid in removed)])
 
     def activation(self, layout: Layout) -> list[str]:
-        """Install ``current``'s unit, reload systemd and restart the service (as root, through sudo)."""
+        """Install ``current``'s unit, reload systemd and restart the service (a command for root)."""
         unit = self.unit(layout)
         script = (
             'install -m 0644 -o root -g root "$1" "$2" && systemctl daemon-reload && systemctl reset-failed "$3"'
             ' 2>/dev/null; systemctl enable --quiet "$3" && systemctl restart "$3"'
         )
         source = posixpath.join(layout.current, self.unit_file)
-        return ["sudo", "-n", "sh", "-c", script, "sh", source, posixpath.join(UNIT_DIR, unit), unit]
+        return ["sh", "-c", script, "sh", source, posixpath.join(UNIT_DIR, unit), unit]
 
     def activate(self, runner: SshProcessRunner, layout: Layout) -> None:
-        """Run :meth:`activation` on the host."""
-        runner.run(self.activation(layout), what=f"restarting {self.unit(layout)} on {runner.host.host}")
+        """Run :meth:`activation` on the host, as root."""
+        runner.run(as_root(runner, self.activation(layout)),
+                   what=f"restarting {self.unit(layout)} on {runner.host.host}")  # fmt: skip
 
     def stop(self, runner: SshProcessRunner, layout: Layout) -> None:
         """``systemctl stop`` the unit."""
-        runner.run(["sudo", "-n", "systemctl", "stop", self.unit(layout)], warn=True)
+        runner.run(as_root(runner, ["systemctl", "stop", self.unit(layout)]), warn=True)
 
     def state(self, runner: SshProcessRunner, layout: Layout) -> ServiceState:
         """``ActiveState``, ``NRestarts`` and the signal ``ExecMainCode``/``ExecMainStatus`` name (a main process
@@ -226,19 +232,20 @@ class SystemdTarget:
 
     def logs(self, runner: SshProcessRunner, layout: Layout, lines: int = 20) -> list[str]:
         """The unit's last journal lines."""
-        result = runner.run(["sudo", "-n", "journalctl", "-u", self.unit(layout), "-n", str(lines),
-                             "--no-pager", "-o", "cat"], warn=True)  # fmt: skip
+        result = runner.run(as_root(runner, ["journalctl", "-u", self.unit(layout), "-n", str(lines), "--no-pager",
+                                             "-o", "cat"]), warn=True)  # fmt: skip
         return result.stdout.splitlines()
 
     def probe_command(self, layout: Layout, rid: str, service_files: Mapping[str, str], model: str,
                       args: Sequence[str]) -> list[str]:  # fmt: skip
         """``systemd-run --wait --pipe`` of the release's llama-bench as a transient unit with the settings of
         the release's own unit (:func:`service_properties`), stopped by systemd after
-        :data:`~llamaforge.deploy.probe.PROBE_LIMIT_S`; systemd-run's summary names a signal that ended it."""
+        :data:`~llamaforge.deploy.probe.PROBE_LIMIT_S`; systemd-run's summary names a signal that ended it (a
+        command for root)."""
         directory = layout.release(rid)
         properties = service_properties(service_files[self.unit_file], layout.current, directory)
         name = f"{self.unit(layout).removesuffix('.service')}-probe-{rid}"
-        command = ["sudo", "-n", "systemd-run", "--wait", "--pipe", "--collect", f"--unit={name}",
+        command = ["systemd-run", "--wait", "--pipe", "--collect", f"--unit={name}",
                    f"--property=RuntimeMaxSec={PROBE_LIMIT_S}"]  # fmt: skip
         command += [f"--property={item}" for item in properties]
         return [*command, "--", posixpath.join(directory, "bin", PROBE_BINARY), *args]
