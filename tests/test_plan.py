@@ -22,6 +22,10 @@ VARIANTS: dict[str, BuildOptions] = {
     "cuda-86-89": BuildOptions(cuda_architectures=("86", "89"), no_patches=True),
     "cuda-86-image": BuildOptions(cuda_architectures=("86",), no_patches=True, cuda_toolkit="image"),
     "cpu-ca": BuildOptions(no_patches=True, ca_bundle=CA),
+    "cuda-86-ca": BuildOptions(cuda_architectures=("86",), no_patches=True, ca_bundle=CA),
+    "cuda-86-image-ca": BuildOptions(
+        cuda_architectures=("86",), no_patches=True, cuda_toolkit="image", ca_bundle=CA
+    ),
 }
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
+from llamaforge.build.ca_bundle import find_host_bundle
 from llamaforge.build.images import DEFAULT_TAG
 from llamaforge.core.errors import LlamaforgeError
 from llamaforge.core.paths import home
@@ -15,7 +15,6 @@ from llamaforge.runners.engine import LABEL, OwnedContainer, engine_status
 from llamaforge.runners.process import LOCAL, ProcessRunner
 
 Status = Literal["ok", "warn", "fail"]
-SYSTEM_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 MIN_FREE_GIB = 10.0
 
 
@@ -70,6 +69,35 @@ def _names(containers: Sequence[OwnedContainer]) -> str:
     return ", ".join(f"{c.short_id} ({c.role or 'container'} {c.name}, {c.state})" for c in containers)
 
 
+def _ca_bundle_check() -> Check:
+    """The CA bundle the host's settings name, which builds install in builder images that download over TLS
+    (see :mod:`llamaforge.build.ca_bundle`)."""
+    try:
+        found = find_host_bundle()
+    except LlamaforgeError as error:  # a pip config file that cannot be read
+        return Check("ca bundle", "warn", error.message, error.hint or "")
+    if found is None:
+        return Check(
+            "ca bundle", "ok", "none set (PIP_CERT, SSL_CERT_FILE, REQUESTS_CA_BUNDLE, pip's global.cert)",
+            "behind a TLS-intercepting proxy, set PIP_CERT to the bundle that trusts it, or pass --ca-bundle PATH",
+        )  # fmt: skip
+    if not found.exists:
+        return Check(
+            "ca bundle", "warn", f"{found.path} from {found.origin} does not exist",
+            f"point {found.setting} at a CA bundle file or unset it (builds refuse it), or build with --no-ca-bundle",
+        )  # fmt: skip
+    try:
+        certificates = found.path.read_bytes().count(b"-----BEGIN CERTIFICATE-----")
+    except OSError as error:
+        return Check("ca bundle", "warn", f"{found.path} from {found.origin} cannot be read: {error.strerror}",
+                     "make it readable, or build with --no-ca-bundle")  # fmt: skip
+    counted = f"{certificates} certificate{'' if certificates == 1 else 's'}"
+    return Check(
+        "ca bundle", "ok", f"{found.path} from {found.origin} ({counted}): builder images that download over TLS "
+        "(CUDA) install it", "--no-ca-bundle builds without it, --ca-bundle PATH picks another",
+    )  # fmt: skip
+
+
 def _tool(runner: ProcessRunner, name: str, purpose: str, hint: str, required: bool = False) -> Check:
     path = shutil.which(name)
     if path is None:
@@ -90,10 +118,7 @@ def run_doctor(runner: ProcessRunner = LOCAL) -> list[Check]:
         Check("disk", "ok" if free >= MIN_FREE_GIB else "warn", f"{free:.1f} GiB free at {root}",
               "" if free >= MIN_FREE_GIB else f"a build needs about {MIN_FREE_GIB:.0f} GiB; set LLAMAFORGE_HOME")
     )  # fmt: skip
-    if SYSTEM_CA_BUNDLE.is_file():
-        checks.append(Check("ca bundle", "ok", f"{SYSTEM_CA_BUNDLE} (pass --ca-bundle behind a TLS proxy)"))
-    else:
-        checks.append(Check("ca bundle", "warn", f"{SYSTEM_CA_BUNDLE} missing", "install ca-certificates"))
+    checks.append(_ca_bundle_check())
     checks.append(
         _tool(runner, "git", "git sources and patch application", "apt-get install git", required=True)
     )

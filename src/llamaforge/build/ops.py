@@ -4,6 +4,7 @@ models; the operations around it (``builds.*``, ``doctor``, ``images.bootstrap``
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +50,12 @@ class BuildParams(Params):
     patches: str | None = path_field(None, description="Patch series directory (default: the recipe's)")
     no_patches: bool = Field(False, description="Build stock llama.cpp without the patch series")
     ca_bundle: str | None = path_field(
-        None, description="Extra CA bundle for builds behind a TLS-intercepting proxy"
+        None,
+        description="CA bundle for the builder image behind a TLS-intercepting proxy (default: the one PIP_CERT, "
+        "SSL_CERT_FILE, REQUESTS_CA_BUNDLE or pip's global.cert names, for images that download over TLS)",
+    )
+    no_ca_bundle: bool = Field(
+        False, description="Install no CA bundle, not even the one the host's settings name"
     )
     cmake: list[str] = Field(
         default_factory=empty_list, description="Extra CMake option KEY=VALUE (repeatable)"
@@ -133,11 +139,7 @@ def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
         if not sep or not key:
             raise InvalidOption(f"--cmake {item!r} is not KEY=VALUE", hint="e.g. --cmake GGML_VULKAN=OFF")
         cmake.append((key, value))
-    ca_bundle = Path(params.ca_bundle) if params.ca_bundle else None
-    if ca_bundle and not ca_bundle.is_file():
-        raise InvalidOption(
-            f"CA bundle {ca_bundle} does not exist", hint="e.g. /etc/ssl/certs/ca-certificates.crt"
-        )
+    ca_bundle, ca_from_host = _ca_bundle(params)
     recipe = load_recipe(params.recipe)
     options = BuildOptions(
         backend=params.backend,
@@ -146,14 +148,55 @@ def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
         base_image=params.base_image,
         patches=params.patches,
         no_patches=params.no_patches,
-        ca_bundle=ca_bundle.resolve() if ca_bundle else None,
+        ca_bundle=ca_bundle,
+        ca_bundle_from_host=ca_from_host,
         cmake=tuple(cmake),
         cpu=params.cpu,
         platform=params.platform,
         cuda_toolkit=params.cuda_toolkit,
         toolchain=_toolchain(params, params.platform or recipe.platform),
     )
-    return plan_build(recipe, options), options
+    plan = plan_build(recipe, options)
+    image = plan.environment.image
+    if options.ca_bundle and not (image and image.ca_bundle):
+        # A host's bundle this build's image does not install: not recorded, so a repeat from the manifest
+        # plans the same image.
+        options = replace(options, ca_bundle=None, ca_bundle_from_host=None)
+    return plan, options
+
+
+def _ca_bundle(params: BuildParams) -> tuple[Path | None, str | None]:
+    """The CA bundle and the host setting that named it (None: given): ``--ca-bundle``, else the host's
+    (:mod:`llamaforge.build.ca_bundle`), none with ``--no-ca-bundle``."""
+    from llamaforge.build.ca_bundle import host_bundle
+
+    if params.no_ca_bundle:
+        if params.ca_bundle:
+            raise InvalidOption(
+                "--ca-bundle and --no-ca-bundle contradict each other", hint="drop one of them"
+            )
+        return None, None
+    if params.ca_bundle:
+        given = Path(params.ca_bundle).expanduser()
+        if not given.is_file():
+            raise InvalidOption(
+                f"CA bundle {given} does not exist", hint="e.g. /etc/ssl/certs/ca-certificates.crt"
+            )
+        return _readable(given.resolve(), "--ca-bundle"), None
+    found = host_bundle()
+    return (_readable(found.path.resolve(), found.origin), found.origin) if found else (None, None)
+
+
+def _readable(bundle: Path, origin: str) -> Path:
+    """``bundle``, once it can be read (the key holds its sha256, the image a copy)."""
+    try:
+        bundle.open("rb").close()
+    except OSError as error:
+        raise InvalidOption(
+            f"CA bundle {bundle} ({origin}) cannot be read: {error.strerror}",
+            hint="make it readable, name another with --ca-bundle PATH, or pass --no-ca-bundle",
+        ) from None
+    return bundle
 
 
 def _toolchain(params: BuildParams, platform: str) -> WindowsToolchain | None:

@@ -37,6 +37,9 @@ class BuildOptions:
     patches: str | None = None
     no_patches: bool = False
     ca_bundle: Path | None = None
+    # The host setting that named ca_bundle (PIP_CERT …; None: given with --ca-bundle). A bundle from the host
+    # goes only into builder images that download over TLS; a given one into every builder image.
+    ca_bundle_from_host: str | None = None
     cmake: tuple[tuple[str, str], ...] = ()
     cpu: str | None = None  # a CPU level (llamaforge.build.cpu_level) instead of the recipe's
     platform: PlatformName | None = None  # overrides the recipe's platform
@@ -104,6 +107,11 @@ class BuildPlan:
             "patches": [{"name": p.name, "sha256": p.sha256} for p in self.patches],
             "base_image": image.base.model_dump(mode="json") if image else None,
             "builder_tag": image.tag if image else None,
+            "ca_bundle": (
+                {"path": str(image.ca_bundle), "from": image.ca_bundle_origin}
+                if image and image.ca_bundle
+                else None
+            ),
             "host_tools": [tool.name for tool in self.environment.host_tools],
             "interpreter": list(self.script.interpreter),
             "cmake_args": list(self.cmake_args),

@@ -29,6 +29,7 @@ def build_cli(result: dict[str, Any], console: Console) -> None:
         )
         console.print(f"source: {json.dumps(plan['source'])}")
         console.print("patches: " + (", ".join(p["name"] for p in plan["patches"]) or "none"))
+        console.print(f"ca bundle: {_ca_bundle(plan)}", highlight=False)
         console.print("cmake: " + " ".join(plan["cmake_args"]), highlight=False)
         console.print(f"plan digest: {plan['plan_digest']}")
         console.print(f"cache key: {plan['cache_key'] or '-'} ({plan['cache_key_note']})")
@@ -60,6 +61,11 @@ def build_cli(result: dict[str, Any], console: Console) -> None:
                 console.print(f"  {diff['path']}: sections {sections} differ: {diff['explanation']}")
                 if diff["kept"]:
                     console.print(f"    rebuilt copy kept at {diff['kept']}")
+
+
+def _ca_bundle(plan: dict[str, Any]) -> str:
+    bundle = plan.get("ca_bundle")
+    return f"{bundle['path']} (from {bundle['from']})" if bundle else "none"
 
 
 def _matrix_cli(rows: list[dict[str, Any]], console: Console) -> None:
@@ -126,6 +132,7 @@ def build_html(data: dict[str, Any]) -> str:
             ("builder image", plan.get("builder_tag")),
             ("source", " ".join(f"{k}={v}" for k, v in source.items() if k in ("kind", "version", "commit"))),
             ("patches", ", ".join(p["name"] for p in plan.get("patches") or []) or "none"),
+            ("CA bundle", _ca_bundle(plan)),
             ("targets", ", ".join(plan.get("targets") or [])),
             ("plan digest", plan.get("plan_digest")),
             ("cache key", f"{plan.get('cache_key') or '-'} ({plan.get('cache_key_note', '')})"),

@@ -10,6 +10,7 @@ with the ssh executor (or natively, with the local executor on that system).
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -35,6 +36,7 @@ class BuilderImage:
     base: ImageRef
     dockerfile: str
     ca_bundle: Path | None = None  # copied next to the Dockerfile as ca-bundle.crt
+    ca_bundle_origin: str | None = None  # --ca-bundle, or the host setting that named it (not in the key)
 
     def key_inputs(self) -> dict[str, Any]:
         """The image's part of the build key (the image id itself joins once the image exists)."""
@@ -43,6 +45,24 @@ class BuilderImage:
             "base_image": self.base.model_dump(mode="json"),
             "ca_bundle_sha256": sha256_text(self.ca_bundle.read_bytes()) if self.ca_bundle else None,
         }
+
+
+def image_ca_bundle(options: BuildOptions, downloads_over_tls: bool) -> tuple[Path | None, str | None]:
+    """The CA bundle a builder image installs, and where it came from: one given with ``--ca-bundle`` always;
+    one the host's settings name only where the image downloads over TLS (pip, an https apt repository), so
+    the images and keys of the other builds stay those of a build without one."""
+    if options.ca_bundle is None or (options.ca_bundle_from_host and not downloads_over_tls):
+        return None, None
+    return options.ca_bundle, options.ca_bundle_from_host or "--ca-bundle"
+
+
+def builder_tag(flavour: str, dockerfile: str, base: ImageRef, ca_bundle: Path | None) -> str:
+    """The builder image's tag: a digest of its Dockerfile, base image and CA bundle (another bundle, another
+    image; without one the digest is the one it always was)."""
+    material: list[Any] = [dockerfile, base.model_dump(mode="json")]
+    if ca_bundle is not None:
+        material.append(sha256_text(ca_bundle.read_bytes()))
+    return f"llamaforge-builder:{flavour}-{sha256_text(json.dumps(material, sort_keys=True))[:16]}"
 
 
 @dataclass(frozen=True)

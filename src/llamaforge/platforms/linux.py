@@ -4,7 +4,6 @@ and backend modules the script copies beside them (found once the build has run)
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 from llamaforge.build.recipes import Backend, BuildRecipe, ImageRef
@@ -17,7 +16,8 @@ from llamaforge.platforms import (
     BuildScript,
     HostTool,
     PlatformBuild,
-    sha256_text,
+    builder_tag,
+    image_ca_bundle,
 )
 
 if TYPE_CHECKING:
@@ -42,6 +42,10 @@ PACKAGES: dict[str, list[str]] = {
         "python3-pip",
     ],
 }
+
+# Builder images that download over TLS while they are built: pip's CUDA wheels from PyPI, and the nvidia/cuda
+# image's apt repository (https). The Debian base's apt repository is plain http, signed by its keys.
+TLS_DOWNLOADS = frozenset({"cuda", "cuda-wheels"})
 
 # Top-level parts of a llama.cpp tree that a build with tests and examples off never reads (models/ alone holds
 # about 75 MB of tokenizer GGUFs for the tests): left out of the copy into the builder container.
@@ -121,11 +125,12 @@ class LinuxPlatform:
         """Render the builder Dockerfile and the bash build script."""
         base = base_image(recipe, backend, options)
         flavour = _flavour(recipe, backend, options)
+        ca_bundle, ca_origin = image_ca_bundle(options, downloads_over_tls=flavour in TLS_DOWNLOADS)
         dockerfile = render_cached(
             f"{TEMPLATES}/Dockerfile.{flavour}.j2",
             base_image=pinned(base),
             packages=PACKAGES[flavour],
-            ca_bundle=options.ca_bundle is not None,
+            ca_bundle=ca_bundle is not None,
             release=recipe.cuda.release,
             cuobjdump=recipe.cuda.cuobjdump,
             major=recipe.cuda.major,
@@ -139,12 +144,12 @@ class LinuxPlatform:
             source_date_epoch=source_date_epoch,
             packages=PACKAGES[flavour],
         )
-        material = json.dumps([dockerfile, base.model_dump(mode="json")], sort_keys=True)
         image = BuilderImage(
-            tag=f"llamaforge-builder:{flavour}-{sha256_text(material)[:16]}",
+            tag=builder_tag(flavour, dockerfile, base, ca_bundle),
             base=base,
             dockerfile=dockerfile,
-            ca_bundle=options.ca_bundle,
+            ca_bundle=ca_bundle,
+            ca_bundle_origin=ca_origin,
         )
         tools = HOST_TOOLS + (CUDA_HOST_TOOLS if backend == "cuda" else ())
         return PlatformBuild(

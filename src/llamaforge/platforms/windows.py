@@ -13,14 +13,20 @@ upstream's Windows releases ship."""
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 from llamaforge.build.recipes import Backend, BuildRecipe, WindowsToolchain
 from llamaforge.build.recipes import Platform as PlatformName
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.templates import render_cached
-from llamaforge.platforms import BuildEnvironment, BuilderImage, BuildScript, PlatformBuild, sha256_text
+from llamaforge.platforms import (
+    BuildEnvironment,
+    BuilderImage,
+    BuildScript,
+    PlatformBuild,
+    builder_tag,
+    image_ca_bundle,
+)
 from llamaforge.platforms.linux import SOURCE_UNREAD, base_image, pinned
 
 if TYPE_CHECKING:
@@ -131,11 +137,13 @@ class WindowsPlatform:
                 hint="use --toolchain msvc --executor ssh --build-host user@host:port, or --backend cpu for mingw",
             )
         base = base_image(recipe, "cpu", options)
+        # The mingw image downloads nothing over TLS (the Debian base's apt repository is plain http).
+        ca_bundle, ca_origin = image_ca_bundle(options, downloads_over_tls=False)
         dockerfile = render_cached(
             f"{TEMPLATES}/Dockerfile.mingw.j2",
             base_image=pinned(base),
             packages=MINGW_PACKAGES,
-            ca_bundle=options.ca_bundle is not None,
+            ca_bundle=ca_bundle is not None,
         )
         script = render_cached(
             f"{TEMPLATES}/build-mingw.sh.j2",
@@ -147,12 +155,12 @@ class WindowsPlatform:
             toolchain=mingw_toolchain_file(),
             triplet=TRIPLET,
         )
-        material = json.dumps([dockerfile, base.model_dump(mode="json")], sort_keys=True)
         image = BuilderImage(
-            tag=f"llamaforge-builder:mingw-{sha256_text(material)[:16]}",
+            tag=builder_tag("mingw", dockerfile, base, ca_bundle),
             base=base,
             dockerfile=dockerfile,
-            ca_bundle=options.ca_bundle,
+            ca_bundle=ca_bundle,
+            ca_bundle_origin=ca_origin,
         )
         return PlatformBuild(
             environment=BuildEnvironment(image=image),

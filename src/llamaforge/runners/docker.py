@@ -36,6 +36,20 @@ def _builder_image(plan: BuildPlan) -> BuilderImage:
     return image
 
 
+def _copy_ca_bundle(image: BuilderImage, context: Path, reporter: Reporter) -> None:
+    """Put the image's CA bundle beside its Dockerfile, where its COPY finds it."""
+    assert image.ca_bundle is not None
+    reporter(Event("info", f"CA bundle {image.ca_bundle} (from {image.ca_bundle_origin}) goes into the image",
+                   stage="image"))  # fmt: skip
+    try:
+        shutil.copyfile(image.ca_bundle, context / "ca-bundle.crt")
+    except OSError as error:
+        raise ImageError(
+            f"cannot copy the CA bundle {image.ca_bundle} into the builder image: {error.strerror or error}",
+            hint="check the file (it was read when the build was planned), or pass --no-ca-bundle",
+        ) from None
+
+
 class DockerExecutor:
     """Executor that builds inside containers of the plan's builder image, on the engine ``engine`` names."""
 
@@ -69,7 +83,7 @@ class DockerExecutor:
         with tempfile.TemporaryDirectory(prefix="llamaforge-context-") as context:
             (Path(context) / "Dockerfile").write_text(image.dockerfile, encoding="utf-8")
             if image.ca_bundle:
-                shutil.copyfile(image.ca_bundle, Path(context) / "ca-bundle.crt")
+                _copy_ca_bundle(image, Path(context), reporter)
             return build_image(
                 Path(context),
                 image.tag,
