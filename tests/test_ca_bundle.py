@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,7 +29,7 @@ NO_BUNDLE = {
     "cuda-86": ("16a85cebd82317b60596f7f82b540f35554ca477c9bd66c614c82c471e7ef8a9", "cuda-wheels-b742ec3ca626420e"),
     "windows": ("7e48d7dfb0da58bb0cf8478217e9a8ce1ce1ead17a2c12b84c51c5b617b1f459", "mingw-ea8d03b46519402e"),
 }  # fmt: skip
-PARAMS = {
+PARAMS: dict[str, dict[str, Any]] = {
     "cpu": {"backend": "cpu"},
     "cuda-86": {"arch": "86"},
     "windows": {"platform": "windows", "dry_run": True},

@@ -2,10 +2,11 @@
 from PyPI, and the device-code check every CUDA build runs.
 
 The image is built for real (apt + pip inside `docker build`; behind this network's TLS-intercepting proxy with the
-machine's CA bundle, as `--ca-bundle` does for users). In it, llama.cpp is configured with exactly the plan's cmake
-arguments — nothing added, so the image alone must make the toolkit findable — and a few ggml-cuda translation
-units are compiled for `--arch 86`; the build script's own device-code listing runs over them and the product's
-check reads it. A whole CUDA build takes far longer on 2 cores (see `nox -s cuda_build`); no GPU runs anything."""
+CA bundle the machine's PIP_CERT / SSL_CERT_FILE / pip config names, which `invoke build --arch 86` picks up). In
+it, llama.cpp is configured with exactly the plan's cmake arguments — nothing added, so the image alone must make
+the toolkit findable — and a few ggml-cuda translation units are compiled for `--arch 86`; the build script's own
+device-code listing runs over them and the product's check reads it. A whole CUDA build takes far longer on 2
+cores (see `nox -s cuda_build`); no GPU runs anything."""
 
 from __future__ import annotations
 
@@ -21,11 +22,9 @@ from llamaforge.build.device_code import (
     probe_units,
     problems,
 )
-from llamaforge.build.plan import BuildOptions, plan_build
-from llamaforge.build.recipes import load_recipe
+from llamaforge.build.ops import BuildParams, _plan_from_params
 from llamaforge.core.errors import BuildFailed
 
-CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 UNITS = ("fill.cu", "arange.cu")
 
 # build.sh's listing for a fill.cu object built with CMAKE_CUDA_ARCHITECTURES=86 and a file without device code
@@ -75,8 +74,7 @@ def test_the_wheel_builder_image_compiles_ggml_cuda_for_the_requested_arch_only(
 ) -> None:
     from llamaforge.runners import make_executor
 
-    options = BuildOptions(cuda_architectures=("86",), ca_bundle=CA_BUNDLE if CA_BUNDLE.is_file() else None)
-    plan = plan_build(load_recipe("default"), options)
+    plan, _ = _plan_from_params(BuildParams(arch="86"))  # as `invoke build --arch 86` plans it
     assert (
         plan.environment.image is not None and plan.environment.image.base.tag == "llamaforge/debian:bookworm"
     )

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from fakehub import FakeHub, serve, tls_context, tls_files
 from llamaforge.build.recipes import ArchiveSource, GitSource
 from llamaforge.build.source import fetch_source, make_workspace
 from llamaforge.core.errors import ChecksumMismatch, SourceError
@@ -124,6 +125,37 @@ def test_mirror_directory_serves_offline(
     monkeypatch.setenv("LLAMAFORGE_SOURCE_MIRROR", str(mirror))
     tree = fetch_source(_source("https://unreachable.invalid/src.tar.gz", sha))
     assert (tree / "CMakeLists.txt").is_file()
+
+
+def test_https_download_follows_https_redirects_only(
+    tmp_path: Path, lf_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real TLS server on loopback (trusted through SSL_CERT_FILE), through the opener model downloads use
+    too: an https -> https redirect is followed, one to plain http is refused before the http server is asked."""
+    cert, key = tls_files(tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    archive = tmp_path / "src.tar.gz"
+    sha = _archive(archive, MEMBERS)
+    with serve(FakeHub(), tls=tls_context(cert, key)) as hub:
+        name = hub.add("org/llama.cpp", "src.tar.gz", archive.read_bytes())
+        hub.redirects["/moved.tar.gz"] = f"{hub.url}/api/v1/models/org/llama.cpp/repo?FilePath=src.tar.gz"
+        hub.redirects["/down.tar.gz"] = hub.file_url(name)  # the plain-http server
+        with pytest.raises(
+            SourceError, match=r"/down\.tar\.gz redirects to http://127\.0\.0\.1:\d+/files/\w+, leaving https"
+        ):
+            fetch_source(_source(f"{hub.url}/down.tar.gz", sha))
+        assert hub.requests(server="cdn") == []
+        tree = fetch_source(_source(f"{hub.url}/moved.tar.gz", sha))
+        assert (tree / "CMakeLists.txt").read_bytes() == b"project(x)\n"
+
+
+def test_an_ssl_cert_file_that_is_no_bundle_is_named(
+    tmp_path: Path, lf_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "gone.pem"))
+    with pytest.raises(SourceError, match=r"SSL_CERT_FILE=.*gone\.pem cannot be used as a CA bundle") as info:
+        fetch_source(_source("https://127.0.0.1:9/src.tar.gz", "2" * 64))
+    assert "unset it" in (info.value.hint or "")
 
 
 def _git(*args: str, cwd: Path) -> str:
