@@ -62,9 +62,11 @@ def test_ordinary_roots_are_kept(root: str, name: str) -> None:
 @pytest.mark.parametrize("cache_type", ["q8_0\nExecStartPre=+/bin/sh", "q8_0 --rpc 10.0.0.1:1", "fp8"])
 def test_unknown_cache_types_are_refused(cache_type: str) -> None:
     with pytest.raises(ValidationError) as caught:
-        DeployParams(hosts="lf@127.0.0.1:22", build="k", cache_type=cache_type)
+        DeployParams(hosts="lf@127.0.0.1:22", build="k", model="tiny", cache_type=cache_type)
     assert "is not a KV cache type llama.cpp knows" in str(caught.value)
-    assert DeployParams(hosts="lf@127.0.0.1:22", build="k", cache_type="q8_0").cache_type == "q8_0"
+    assert (
+        DeployParams(hosts="lf@127.0.0.1:22", build="k", model="tiny", cache_type="q8_0").cache_type == "q8_0"
+    )
 
 
 def test_the_cli_refuses_a_newline_in_root_before_rendering(tmp_path: Path) -> None:

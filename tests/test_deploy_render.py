@@ -172,6 +172,20 @@ def test_the_init_script_passes_shellcheck(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout
 
 
+def write_gguf(path: Path) -> Path:
+    """A small well-formed GGUF with one tensor (what the --model resolver accepts); it is never loaded here."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), "qwen3")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 def test_deploy_render_reads_the_build_store_and_is_read_only(lf_home: Path, tmp_path: Path) -> None:
     from llamaforge.core.registry import OperationContext, operations
 
@@ -180,7 +194,7 @@ def test_deploy_render_reads_the_build_store_and_is_read_only(lf_home: Path, tmp
     build.mkdir(parents=True)
     (build / "manifest.json").write_text(json.dumps({"key": key, "backend": "cuda"}), encoding="utf-8")
     model = tmp_path / "m.gguf"
-    model.write_bytes(b"GGUF" + bytes(60))
+    write_gguf(model)
     op = operations()["deploy.render"]
     assert op.read_only and not op.destructive
     result = op.run(

@@ -111,7 +111,7 @@ def test_swarm_takes_no_hosts_and_rolls_back_to_the_previous_spec_only() -> None
     with pytest.raises(InvalidOption, match="not to hosts"):
         run("deploy.status", target="swarm", hosts="lf@127.0.0.1:2201")
     with pytest.raises(InvalidOption, match="Swarm plans and rolls its own"):
-        run("deploy.plan", target="swarm", build="x")
+        run("deploy.plan", target="swarm", build="x", model="tiny")
     with pytest.raises(InvalidOption, match="previous spec only"):
         run("deploy.rollback", target="swarm", release="abc")
 
@@ -149,7 +149,7 @@ def deployment(swarm: Any, patched_build: Path, build_env: dict[str, str], tmp_p
     monkeypatch.setenv("LLAMAFORGE_HOME", build_env["LLAMAFORGE_HOME"])
     model = write_tiny_model(tmp_path / "tiny.gguf", TinyModelSpec(arch="qwen3"), Path(vocab)).path
     broken = tmp_path / "broken.gguf"
-    broken.write_bytes(b"GGUF" + os.urandom(4092))
+    broken.write_bytes(model.read_bytes()[: model.stat().st_size // 2])  # its header reads; it cannot load
     name = f"sw{os.getpid() % 100000}"
     yield {"name": name, "build": patched_build.name, "model": str(model), "broken": str(broken)}
     remove_service(service_name(name))
