@@ -270,3 +270,37 @@ def test_doctor_names_the_bundle_and_where_it_came_from(tmp_path: Path) -> None:
     line = _doctor_line(_env(tmp_path, PIP_CERT=str(tmp_path / "gone.crt")))
     assert line["status"] == "warn" and "from PIP_CERT does not exist" in line["detail"]
     assert "point PIP_CERT at a CA bundle" in line["hint"]
+
+
+# --- the image itself --------------------------------------------------------------------------------------------
+
+
+def _last_certificate(pem: str) -> str:
+    body = pem.rsplit("-----BEGIN CERTIFICATE-----", maxsplit=1)[-1].split("-----END CERTIFICATE-----")[0]
+    return "".join(body.split())
+
+
+@pytest.mark.docker
+def test_the_cuda_wheels_image_trusts_the_hosts_bundle(
+    docker_engine: object, base_image: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The image `invoke build --arch 86` plans, built for real: pip installed the toolkit wheels through this
+    network's proxy with the host's bundle (without it pip fails with CERTIFICATE_VERIFY_FAILED here), the bundle
+    is in the image's store, and pip, Python and requests in the image read that store. Where the host names no
+    bundle the test CA stands in."""
+    from llamaforge.core.events import null_reporter
+    from llamaforge.runners import make_executor
+
+    if find_host_bundle() is None:
+        monkeypatch.setenv("PIP_CERT", str(TEST_CA))
+    plan, _ = _plan_from_params(BuildParams(arch="86"))
+    image = plan.environment.image
+    assert image is not None and image.ca_bundle is not None
+    make_executor("docker", {}).prepare_environment(plan, null_reporter)
+    script = "cat /etc/ssl/certs/ca-certificates.crt; env"
+    shown = docker_engine.containers.run(  # type: ignore[attr-defined]
+        image.tag, ["sh", "-c", script], remove=True, network_mode="none"
+    ).decode()
+    assert _last_certificate(image.ca_bundle.read_text()) in "".join(shown.split())
+    for name in VARIABLES:
+        assert f"{name}=/etc/ssl/certs/ca-certificates.crt" in shown.splitlines()
