@@ -188,6 +188,5 @@ def unanswered(what: str, result: DeployStatus | DeployPlan) -> OperationFailed 
         message = f"{what}: no host answered: {reasons}"
     else:
         message = f"{what}: {len(lost)} of {len(result.hosts)} hosts did not answer: {reasons}"
-    return OperationFailed(
-        message, result=result, exit_code=SshError.exit_code, hint="; ".join(hints) or None
-    )
+    hint = hints[0] + ("; the report gives each host's own hint" if len(hints) > 1 else "") if hints else None
+    return OperationFailed(message, result=result, exit_code=SshError.exit_code, hint=hint)

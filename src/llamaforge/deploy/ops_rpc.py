@@ -390,7 +390,7 @@ def deploy_rpc_smoke_op(params: RpcSmokeParams, ctx: OperationContext) -> RpcSmo
     single = None
     if params.single_host:
         key, known = params._paths()
-        host = parse_host(params.single_host, key_file=key, known_hosts=known)
+        host = parse_host(params.single_host, key_file=key, known_hosts=known, origin="--single-host")
         with open_runners([host], Access(params.accept_new_host_keys)) as (runner,):
             other = host_state(runner, Layout(params.single_name or params.name, params.root)).record or {}
             single = _serve_figures(runner, int(other.get("port", DEFAULT_PORT)), params)

@@ -90,7 +90,7 @@ def parse_workers(hosts: str, addresses: str, *, port: int = DEFAULT_RPC_PORT, m
     """The workers of ``--rpc-workers h2,h3 --rpc-addresses 10.0.0.2,10.0.0.3 [--worker-memory 24GiB,8GiB]``."""
     from llamaforge.serve.fit import parse_size
 
-    ssh = parse_hosts(hosts, key_file=key_file, known_hosts=known_hosts)
+    ssh = parse_hosts(hosts, key_file=key_file, known_hosts=known_hosts, origin="--rpc-workers")
     binds = [part.strip() for part in addresses.split(",") if part.strip()]
     if len(binds) != len(ssh):
         raise InvalidOption(
@@ -116,7 +116,7 @@ def parse_workers(hosts: str, addresses: str, *, port: int = DEFAULT_RPC_PORT, m
 def parse_head(text: str, workers: Sequence[RpcWorker], *, key_file: Path | None = None,
                known_hosts: Path | None = None) -> SshHost:  # fmt: skip
     """The head host; refused when it is one of the workers."""
-    head = parse_host(text, key_file=key_file, known_hosts=known_hosts)
+    head = parse_host(text, key_file=key_file, known_hosts=known_hosts, origin="--head")
     if any(worker.host.address == head.address for worker in workers):
         raise InvalidOption(f"{head.address} is both the head and a worker",
                             hint="the head runs llama-server; give it no RPC server of its own")  # fmt: skip
