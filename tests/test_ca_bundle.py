@@ -276,8 +276,8 @@ def test_doctor_names_the_bundle_and_where_it_came_from(tmp_path: Path) -> None:
 
 
 def _last_certificate(pem: str) -> str:
-    body = pem.rsplit("-----BEGIN CERTIFICATE-----", maxsplit=1)[-1].split("-----END CERTIFICATE-----")[0]
-    return "".join(body.split())
+    body = pem.rsplit("-----BEGIN CERTIFICATE-----", maxsplit=1)[-1]
+    return "".join(body.split("-----END CERTIFICATE-----", maxsplit=1)[0].split())
 
 
 @pytest.mark.docker
