@@ -197,6 +197,21 @@ def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def unloadable_model(path: Path) -> Path:
+    """A well-formed GGUF (it passes the model checks) of an architecture llama.cpp does not know: llama-server
+    exits while loading it."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), "no-such-arch")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
 def on_host(host: TestHost, command: str) -> str:
     code, output = host.exec(["sh", "-c", command])
     assert code == 0, output
@@ -280,8 +295,7 @@ def test_a_release_that_fails_its_gate_is_rolled_back_on_the_canary_only(
     base = {**access, "build": fleet["build"], "port": port, "gate_timeout_s": 120}
     good = run("deploy", **base, model=str(tiny_qwen3), batch=2)
     assert good.passed
-    broken = tmp_path / "truncated.gguf"
-    broken.write_bytes(tiny_qwen3.read_bytes()[: tiny_qwen3.stat().st_size // 2])
+    broken = unloadable_model(tmp_path / "unknown-arch.gguf")
     with pytest.raises(OperationFailed) as caught:
         run("deploy", **base, model=str(broken), batch=2)
     report = caught.value.result
