@@ -40,7 +40,7 @@ from llamaforge.runners.ssh_forward import forward_local
 from llamaforge.runners.transfer import CHUNK
 from llamaforge.serve.launcher import LlamaFlags
 from test_deploy_faults import deploy, post
-from test_deploy_ssh import complete_through_ssh, listening, on_host, run, runner
+from test_deploy_ssh import complete_through_ssh, listening, on_host, run, runner, unloadable_model
 from testhosts import USER, TestHost, write_known_hosts
 
 GOLDEN = Path(__file__).parent / "golden" / "deploy-llama-server.docker.sh"
@@ -281,8 +281,7 @@ def test_a_docker_release_whose_model_does_not_load_is_rolled_back_on_the_canary
     base, known, name, port = fleet["base"], fleet["known"], fleet["name"], fleet["port"]
     good = run("deploy", **base, model=str(tiny_qwen3), batch=2)
     assert good.passed
-    broken = tmp_path / "truncated.gguf"
-    broken.write_bytes(tiny_qwen3.read_bytes()[: tiny_qwen3.stat().st_size // 2])
+    broken = unloadable_model(tmp_path / "unknown-arch.gguf")
     with pytest.raises(OperationFailed) as caught:
         run("deploy", **base, model=str(broken))
     report = caught.value.result

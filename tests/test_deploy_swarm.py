@@ -21,6 +21,7 @@ from llamaforge.deploy.swarm import LABEL_RELEASE, monitor_window_s, service_nam
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.runners.swarm import remove_service, service_arguments
 from llamaforge.serve.launcher import LlamaFlags
+from test_deploy_ssh import unloadable_model
 
 
 def spec(**changes: Any) -> ReleaseSpec:
@@ -148,8 +149,7 @@ def deployment(swarm: Any, patched_build: Path, build_env: dict[str, str], tmp_p
         pytest.skip("set LLAMAFORGE_TEST_VOCAB to llama.cpp's models/ggml-vocab-qwen2.gguf")
     monkeypatch.setenv("LLAMAFORGE_HOME", build_env["LLAMAFORGE_HOME"])
     model = write_tiny_model(tmp_path / "tiny.gguf", TinyModelSpec(arch="qwen3"), Path(vocab)).path
-    broken = tmp_path / "broken.gguf"
-    broken.write_bytes(model.read_bytes()[: model.stat().st_size // 2])  # its header reads; it cannot load
+    broken = unloadable_model(tmp_path / "unknown-arch.gguf")
     name = f"sw{os.getpid() % 100000}"
     yield {"name": name, "build": patched_build.name, "model": str(model), "broken": str(broken)}
     remove_service(service_name(name))
