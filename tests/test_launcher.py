@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 
 from llamaforge.serve.fit import DeviceMemory
-from llamaforge.serve.launcher import HOST, LlamaFlags, cli_argv, server_argv
+from llamaforge.serve.launcher import FIELD_FLAGS, HOST, SERVER_FLAGS, LlamaFlags, cli_argv, server_argv
 from llamaforge.serve.loadlog import BUFFER_KINDS, parse_load_log
 
 MiB = 1 << 20
@@ -24,6 +24,22 @@ def test_flags_leave_llamacpp_defaults_alone() -> None:
         "--no-warmup", "--no-kv-unified", "-v",
     ]  # fmt: skip
     assert LlamaFlags(kv_unified=True).args() == ["--kv-unified"]
+
+
+def test_each_field_writes_the_flag_the_table_names_and_extra_flags_come_last() -> None:
+    """FIELD_FLAGS is what --server-args checks against: the flags llamaforge writes itself."""
+    changed = {"warmup": False, "kv_unified": True, "swa_full": True, "repack": False, "verbose": True,
+               "rpc": ("10.0.0.2:50052",), "tensor_split": (1.0, 1.0), "flash_attn": "on", "fit": "off"}  # fmt: skip
+    for field in dataclasses.fields(LlamaFlags):
+        if field.name == "extra":
+            continue
+        args = LlamaFlags(**{field.name: changed.get(field.name, 1)}).args()
+        assert args[0] == FIELD_FLAGS[field.name], field.name
+    assert set(FIELD_FLAGS) == {field.name for field in dataclasses.fields(LlamaFlags)} - {"extra"}
+    flags = LlamaFlags(ctx=512, repack=False, extra=("--jinja", "--alias", "a b"))
+    assert flags.args() == ["-c", "512", "--no-repack", "--jinja", "--alias", "a b"]
+    argv = server_argv(Path("/b/llama-server"), Path("/m.gguf"), flags, port=1)
+    assert [part for part in argv if part.startswith("-")][: len(SERVER_FLAGS)] == list(SERVER_FLAGS)
 
 
 def test_server_listens_on_loopback_by_default() -> None:

@@ -23,7 +23,7 @@ from pydantic import AfterValidator
 
 from llamaforge.core.errors import InvalidOption
 from llamaforge.runners.process import LOCAL, ProcessRunner
-from llamaforge.serve.launcher import LlamaFlags, server_argv
+from llamaforge.serve.launcher import FIELD_FLAGS, SERVER_FLAGS, LlamaFlags, server_argv
 
 DEFAULT_ROOT = "/opt/llamaforge"
 DEFAULT_PORT = 8080
@@ -36,12 +36,12 @@ API_KEY_FILE = "api-key"  # in the release, mode 0600, owned by the service user
 LOOPBACK = "127.0.0.1"
 #: The llama-server flags a deployment writes itself (one name of each option) and what sets each: refused in
 #: --server-args (llamaforge.serve.server_args).
-OWNED_FLAGS = {
-    "-m": "--model", "--host": "--listen", "--port": "--port", "--no-webui": "deployed servers run without the web UI",
-    "-c": "--ctx (or the fit plan)", "--parallel": "--parallel", "-t": "--threads",
-    "-ngl": "--n-gpu-layers (or the fit plan)", "--n-cpu-moe": "the fit plan", "-fa": "the fit plan",
-    "-ctk": "--cache-type", "-ctv": "--cache-type", "--no-repack": "--no-repack",
-}  # fmt: skip
+OWNED_FLAGS = dict(zip(SERVER_FLAGS, ("--model", "--listen", "--port", "deployed servers run without the web UI"),
+                       strict=True)) | {FIELD_FLAGS[field]: why for field, why in (
+    ("ctx", "--ctx (or the fit plan)"), ("parallel", "--parallel"), ("threads", "--threads"),
+    ("n_gpu_layers", "--n-gpu-layers (or the fit plan)"), ("n_cpu_moe", "the fit plan"), ("flash_attn", "the fit plan"),
+    ("cache_type_k", "--cache-type"), ("cache_type_v", "--cache-type"), ("repack", "--no-repack"),
+)}  # fmt: skip
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
 # A deployment root reaches unit files, scripts run as root and `install -d -o`: plain path characters only.
 _ROOT = re.compile(r"^/[A-Za-z0-9._/-]{1,200}$")

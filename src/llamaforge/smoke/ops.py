@@ -13,6 +13,7 @@ from pydantic import Field
 from llamaforge.core.errors import InvalidOption, LlamaforgeError, OperationFailed, SmokeFailed
 from llamaforge.core.events import Event
 from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
+from llamaforge.serve.launcher import FIELD_FLAGS, SERVER_FLAGS
 from llamaforge.serve.server_args import precheck_server_args, server_args_for
 from llamaforge.smoke.ops_cpu_modules import CpuModuleSweep
 
@@ -23,11 +24,11 @@ if TYPE_CHECKING:
 
 
 #: The llama-server flags smoke sets itself (one name of each option), refused in --server-args.
-SMOKE_FLAGS = {
-    "-m": "--model", "--host": "smoke serves on 127.0.0.1", "--port": "--port",
-    "--no-webui": "smoke runs llama-server without the web UI", "-c": "--concurrency (1024 tokens a slot)",
-    "--parallel": "--concurrency (a slot each)", "-t": "--threads", "-tb": "--threads",
-    "-lv": "smoke reads the load log at -lv 4",
+SMOKE_FLAGS = dict(zip(SERVER_FLAGS, ("--model", "smoke serves on 127.0.0.1", "--port",
+                                      "smoke runs llama-server without the web UI"), strict=True)) | {
+    FIELD_FLAGS["ctx"]: "--concurrency (1024 tokens a slot)", FIELD_FLAGS["parallel"]: "--concurrency (a slot each)",
+    FIELD_FLAGS["threads"]: "--threads", FIELD_FLAGS["threads_batch"]: "--threads",
+    FIELD_FLAGS["log_verbosity"]: "smoke reads the load log at -lv 4",
 }  # fmt: skip
 
 
