@@ -72,7 +72,7 @@ def test_a_bad_inventory_names_the_file_and_field(tmp_path: Path) -> None:
         load_inventory("exampel")
     assert "did you mean 'example'" in (caught.value.hint or "")
     with pytest.raises(InvalidOption, match="no hosts given"):
-        DeployParams(build="k").host_list()
+        DeployParams(build="k", model="tiny").host_list()
 
 
 def _spec(**changes: object) -> ReleaseSpec:

@@ -93,6 +93,19 @@ def test_rpc_addresses_must_be_private_or_loopback() -> None:
         RpcServerTarget("0.0.0.0")
 
 
+def test_an_ipv6_scope_id_is_an_interface_name_or_index() -> None:
+    for good in ("fe80::2%eth1", "fe80::2%3", "fd00::2%enp0s31f6", "fe80::2%br-lan.10"):
+        assert check_rpc_address(good, worker="w") == good
+    # Python's ipaddress takes anything after '%'; the address reaches the head's unit and its --rpc list
+    for bad in ("fe80::2%eth0\nExecStartPre=+x", "fe80::2%eth0\nX=1", "fe80::2%a b", "fd00::1%$(id)",
+                "fe80::2%eth0;reboot", "fe80::2%-x", "fe80::2%sixteen-chars-ifname"):  # fmt: skip
+        with pytest.raises(InvalidOption) as caught:
+            check_rpc_address(bad, worker="lf@gpu2:22")
+        assert "gpu2" in caught.value.message and caught.value.hint
+    with pytest.raises(InvalidOption, match="scope id"):
+        parse_workers("lf@h2:22", "fe80::2%eth0\nX=1")
+
+
 def test_workers_parse_with_their_addresses_and_memory() -> None:
     workers = parse_workers("lf@h2:22,lf@h3:22", "10.0.0.2,10.0.0.3", memory="24GiB,8GiB")
     assert [(w.endpoint, w.memory_bytes) for w in workers] == [
@@ -174,7 +187,7 @@ def test_a_topology_file_fills_the_options_and_typos_are_named(tmp_path: Path) -
                     '[[topology.workers]]\nhost = "lf@h2:22"\nrpc_address = "10.0.0.2"\nmemory = "8GiB"\n'
                     '[[topology.workers]]\nhost = "lf@h3:22"\nrpc_address = "10.0.0.3"\nmemory = "4GiB"\n',
                     encoding="utf-8")  # fmt: skip
-    params = RpcDeployParams(topology=str(good), build="k")
+    params = RpcDeployParams(topology=str(good), build="k", model="tiny")
     assert (params.head, params.rpc_workers, params.rpc_addresses) == ("lf@h1:22", "lf@h2:22,lf@h3:22",
                                                                       "10.0.0.2,10.0.0.3")  # fmt: skip
     assert [w.memory_bytes for w in params.workers(params.worker_memory)] == [8 * GiB, 4 * GiB]
@@ -182,10 +195,10 @@ def test_a_topology_file_fills_the_options_and_typos_are_named(tmp_path: Path) -
     bad.write_text('[topology]\nhead = "lf@h1:22"\n[[topology.workers]]\nhost = "lf@h2:22"\nrpc_adress = "10.0.0.2"\n',
                    encoding="utf-8")  # fmt: skip
     with pytest.raises(RecipeError) as caught:
-        RpcDeployParams(topology=str(bad), build="k")
+        RpcDeployParams(topology=str(bad), build="k", model="tiny")
     assert str(bad) in caught.value.message and "rpc_adress" in caught.value.message
     assert "rpc_address" in (caught.value.hint or "")
     with pytest.raises(InvalidOption):
-        RpcDeployParams(topology=str(good), head="lf@h9:22", build="k")
+        RpcDeployParams(topology=str(good), head="lf@h9:22", build="k", model="tiny")
     with pytest.raises(InvalidOption):
-        RpcDeployParams(build="k").workers()
+        RpcDeployParams(build="k", model="tiny").workers()
