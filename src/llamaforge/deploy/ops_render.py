@@ -76,7 +76,8 @@ class RenderedManifests(Result):
 
 @operation("deploy.render", RenderParams, read_only=True, cli="llamaforge.deploy.render:manifests_cli")
 def deploy_render_op(params: RenderParams, ctx: OperationContext) -> RenderedManifests:
-    """Render compose, Kubernetes or systemd manifests for a build and a model; nothing runs.
+    """Render compose, Kubernetes or systemd manifests for a build and a model; no host, engine or container
+    is touched (a model recipe or URL not in the store is fetched, and `--model tiny` is written on first use).
 
     compose: the runtime image, the model bind-mounted read-only, a healthcheck, the port published on
     127.0.0.1 (--listen), a GPU reservation for CUDA builds. kubernetes: a ClusterIP Service and a Deployment
