@@ -116,3 +116,23 @@ def check_golden(name: str, text: str) -> None:
     if os.environ.get("LLAMAFORGE_UPDATE_GOLDEN") == "1":
         path.write_text(text, encoding="utf-8")
     assert path.read_text(encoding="utf-8") == text, f"{name} drifted; rerun with LLAMAFORGE_UPDATE_GOLDEN=1"
+
+
+def stub_gguf(path: Path, arch: str = "qwen3") -> Path:
+    """A small well-formed GGUF with one zero tensor: it passes the --model checks. llama.cpp cannot serve it, and
+    with an architecture it does not know (``unloadable_model``) llama-server exits while loading it."""
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def unloadable_model(path: Path) -> Path:
+    """A well-formed GGUF of an architecture llama.cpp does not know: llama-server exits while loading it."""
+    return stub_gguf(path, "no-such-arch")

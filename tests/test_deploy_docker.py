@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from helpers import unloadable_model
 from llamaforge.build import runtime_image
 from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.events import CancelToken, Event
@@ -40,7 +41,7 @@ from llamaforge.runners.ssh_forward import forward_local
 from llamaforge.runners.transfer import CHUNK
 from llamaforge.serve.launcher import LlamaFlags
 from test_deploy_faults import deploy, post
-from test_deploy_ssh import complete_through_ssh, listening, on_host, run, runner, unloadable_model
+from test_deploy_ssh import complete_through_ssh, listening, on_host, run, runner
 from testhosts import USER, TestHost, write_known_hosts
 
 GOLDEN = Path(__file__).parent / "golden" / "deploy-llama-server.docker.sh"

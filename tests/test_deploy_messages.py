@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, stub_gguf, unloadable_model
 from llamaforge.core.errors import InvalidOption, ModelError
 from llamaforge.deploy.ops import DeployFailed, target_names
 from llamaforge.runners.ssh_connection import SshError, connect_failure
@@ -77,23 +77,9 @@ def env(tmp_path: Path) -> dict[str, str]:
     return {**environ, "LLAMAFORGE_HOME": str(home), "HOME": str(tmp_path)}
 
 
-def write_gguf(path: Path, arch: str = "qwen3") -> Path:
-    """A small well-formed GGUF with one tensor: it passes the --model checks, and llama.cpp cannot load it."""
-    import gguf
-    import numpy as np
-
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 @pytest.fixture
 def model(tmp_path: Path) -> Path:
-    return write_gguf(tmp_path / "m.gguf")
+    return stub_gguf(tmp_path / "m.gguf")
 
 
 # --- targets and --model ---------------------------------------------------------------------------------------
@@ -294,7 +280,7 @@ def test_a_failed_gate_on_a_host_with_no_release_says_so(
 ) -> None:  # fmt: skip
     """A first deploy whose gate fails (a model of an architecture llama.cpp does not know): no "restoring
     None" or "still on None", and no paramiko line while the gate polls."""
-    broken = write_gguf(tmp_path / "unknown-arch.gguf", "no-such-arch")
+    broken = unloadable_model(tmp_path / "unknown-arch.gguf")
     name = f"msg{os.getpid() % 10000}"
     environ = {**build_env, "HOME": str(tmp_path)}
     environ.pop("SSH_AUTH_SOCK", None)

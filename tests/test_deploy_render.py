@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from helpers import stub_gguf
 from llamaforge.core.errors import InvalidOption
 from llamaforge.deploy.health import gate_timeout_s
 from llamaforge.deploy.manifests import ManifestInputs, render_compose, render_kubernetes, render_manifests
@@ -172,20 +173,6 @@ def test_the_init_script_passes_shellcheck(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout
 
 
-def write_gguf(path: Path) -> Path:
-    """A small well-formed GGUF with one tensor (what the --model resolver accepts); it is never loaded here."""
-    import gguf
-    import numpy as np
-
-    writer = gguf.GGUFWriter(str(path), "qwen3")
-    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 def test_deploy_render_reads_the_build_store_and_is_read_only(lf_home: Path, tmp_path: Path) -> None:
     from llamaforge.core.registry import OperationContext, operations
 
@@ -194,7 +181,7 @@ def test_deploy_render_reads_the_build_store_and_is_read_only(lf_home: Path, tmp
     build.mkdir(parents=True)
     (build / "manifest.json").write_text(json.dumps({"key": key, "backend": "cuda"}), encoding="utf-8")
     model = tmp_path / "m.gguf"
-    write_gguf(model)
+    stub_gguf(model)
     op = operations()["deploy.render"]
     assert op.read_only and not op.destructive
     result = op.run(

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from helpers import unloadable_model
 from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.registry import OperationContext, operations
 from llamaforge.deploy.hosts import parse_hosts
@@ -195,21 +196,6 @@ def listening(host: TestHost, port: int) -> list[str]:
 
 def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def unloadable_model(path: Path) -> Path:
-    """A well-formed GGUF (it passes the model checks) of an architecture llama.cpp does not know: llama-server
-    exits while loading it."""
-    import gguf
-    import numpy as np
-
-    writer = gguf.GGUFWriter(str(path), "no-such-arch")
-    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
 
 
 def on_host(host: TestHost, command: str) -> str:

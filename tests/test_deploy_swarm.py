@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from helpers import unloadable_model
 from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.registry import OperationContext, operations
 from llamaforge.deploy.release import DEFAULT_PORT, ReleaseSpec
@@ -21,7 +22,6 @@ from llamaforge.deploy.swarm import LABEL_RELEASE, monitor_window_s, service_nam
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.runners.swarm import remove_service, service_arguments
 from llamaforge.serve.launcher import LlamaFlags
-from test_deploy_ssh import unloadable_model
 
 
 def spec(**changes: Any) -> ReleaseSpec:

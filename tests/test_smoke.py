@@ -23,7 +23,7 @@ import gguf
 import numpy as np
 import pytest
 
-from helpers import invoke
+from helpers import invoke, unloadable_model
 from llamaforge.core.errors import Cancelled, InvalidOption, SmokeFailed, ToolFailed
 from llamaforge.core.events import CancelToken, Event
 from llamaforge.core.registry import OperationContext, operations, result_json
@@ -529,17 +529,7 @@ def test_smoke_warns_when_a_baseline_build_leaves_cpu_features_unused(
 def test_model_that_fails_to_load_leaves_no_server(
     patched_build: Path, lf_home: Path, tmp_path: Path
 ) -> None:
-    import gguf
-    import numpy as np
-
-    # A well-formed GGUF (it passes the model checks) of an architecture llama.cpp does not know.
-    bad = tmp_path / "bad.gguf"
-    writer = gguf.GGUFWriter(str(bad), "no-such-arch")
-    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    bad = unloadable_model(tmp_path / "bad.gguf")
     with pytest.raises(ToolFailed, match="llama-server exited with code") as error:
         _run_op("smoke", build=str(patched_build), model=str(bad), skip_bench=True)
     assert error.value.log_path and Path(error.value.log_path).is_file()
