@@ -74,6 +74,7 @@ tag = "llamaforge/debian:bookworm"
         encoding="utf-8",
     )
     (tmp_path / "no-series").mkdir(exist_ok=True)
+    (tmp_path / "no-series" / "series").write_text("# no patches\n", encoding="utf-8")
     return path
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from llamaforge.core.errors import CacheError, InvalidOption, RecipeError
+from llamaforge.core.errors import CacheError, InvalidOption, PatchError, RecipeError
 from llamaforge.core.events import Event
 from llamaforge.core.registry import Operation, operations
 from llamaforge.fronts.cli import ConsoleReporter, flag_help
@@ -113,6 +113,7 @@ BAD_INPUTS: list[tuple[list[str], int, str]] = [
     ),
     (["builds.show", "nosuchkey"], CacheError.exit_code, "error: no build with key 'nosuchkey'"),
     (["recipes.show", "nosuch"], RecipeError.exit_code, "error: unknown build recipe 'nosuch'"),
+    (["patches.check", "--series", "/etc"], PatchError.exit_code, "error: /etc is no patch series"),
 ]
 
 

@@ -93,4 +93,15 @@ def test_listed_but_missing_patch(tmp_path: Path) -> None:
 def test_no_series_means_no_patches(tmp_path: Path) -> None:
     assert read_series(None) == []
     (tmp_path / "empty-series").mkdir()
+    (tmp_path / "empty-series" / "series").write_text("# nothing yet\n", encoding="utf-8")
     assert read_series(tmp_path / "empty-series") == []
+
+
+def test_a_directory_without_a_series_file_is_no_series(tmp_path: Path) -> None:
+    """`patches.check --series /etc` passed with nothing checked: a directory is a series only with its listing."""
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "readme.txt").write_text("not a patch\n", encoding="utf-8")
+    with pytest.raises(PatchError, match="no patch series: it has no series file") as info:
+        read_series(tmp_path / "notes")
+    assert info.value.hint and "patches.new" in info.value.hint
+    assert read_series(tmp_path / "notes", new=True) == []  # patches.new starting a series there

@@ -625,3 +625,16 @@ def test_smoke_bench_stage_runs_through_an_injected_runner(tmp_path: Path, lf_ho
         json.loads(Path(report["run_dir"], "bench.json").read_text(encoding="utf-8"))[0]["build_commit"]
         == "0c1e570"
     )
+
+
+def test_model_tiny_names_the_default_smoke_model(
+    lf_home: Path, sdist_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`smoke --model tiny` is the same model as no --model, as `deploy --model tiny` names it."""
+    from llamaforge.smoke.ops import SmokeParams, _model_target
+
+    # The tiny model's vocabulary comes from the llama.cpp source.
+    monkeypatch.setenv("LLAMAFORGE_SOURCE_MIRROR", str(sdist_dir))
+    by_name = _model_target(SmokeParams(model="tiny"), OperationContext())
+    by_default = _model_target(SmokeParams(), OperationContext())
+    assert by_name == by_default and by_name[0].is_file()

@@ -20,7 +20,12 @@ class PatchSeriesParams(Params):
     series: str | None = path_field(None, description="Patch series directory (default: the recipe's)")
 
 
-def _series_and_tree(params: PatchSeriesParams, ctx: OperationContext) -> tuple[str, Path]:
+def _series_and_tree(
+    params: PatchSeriesParams, ctx: OperationContext, *, new: bool = False
+) -> tuple[str, Path]:
+    """The series (its listing read, so a directory that is no series is refused before the source is fetched)
+    and the recipe's pinned source tree; ``new`` lets a directory without a listing start a series."""
+    from llamaforge.build.patches import read_series
     from llamaforge.build.recipes import load_recipe
     from llamaforge.build.source import fetch_source
 
@@ -28,6 +33,7 @@ def _series_and_tree(params: PatchSeriesParams, ctx: OperationContext) -> tuple[
     series = params.series or recipe.patches
     if series is None:
         raise InvalidOption(f"recipe {recipe.name!r} has no patch series", hint="pass --series DIR")
+    read_series(series, new=new)
     return series, fetch_source(recipe.source, reporter=ctx.reporter, cancel=ctx.cancel)
 
 
@@ -139,8 +145,8 @@ def patches_edit_op(params: PatchSeriesParams, ctx: OperationContext) -> EditWor
     from llamaforge.build.patches import read_series
     from llamaforge.build.patchflow import create_workspace
 
-    series, tree = _series_and_tree(params, ctx)
-    workspace = create_workspace(tree, read_series(series), "edit")
+    series, tree = _series_and_tree(params, ctx, new=True)
+    workspace = create_workspace(tree, read_series(series, new=True), "edit")
     return EditWorkspace(workspace=str(workspace), next_step=f"edit files there, then `invoke patches.new NAME "
                          f"--workspace {workspace}`")  # fmt: skip
 

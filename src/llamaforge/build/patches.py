@@ -87,9 +87,12 @@ def _parse_line(listing: Path, number: int, text: str) -> tuple[str, tuple[str, 
     return name, platforms
 
 
-def read_series(series: str | Path | None, platform: str | None = None) -> list[PatchRef]:
-    """The patches of ``series`` in order (empty for ``None`` or a series with no ``series`` file entries);
-    with ``platform``, only those that apply to it (every line is checked either way)."""
+def read_series(
+    series: str | Path | None, platform: str | None = None, *, new: bool = False
+) -> list[PatchRef]:
+    """The patches of ``series`` in order (empty for ``None``); with ``platform``, only those that apply to it
+    (every line is checked either way). A directory without a ``series`` file is no series and is refused,
+    unless ``new`` (``patches.new`` starting one)."""
     if series is None:
         return []
     directory = series_dir(series)
@@ -97,7 +100,14 @@ def read_series(series: str | Path | None, platform: str | None = None) -> list[
         raise PatchError(f"patch series directory {directory} does not exist", patch=str(series))
     listing = directory / "series"
     if not listing.is_file():
-        return []
+        if new:
+            return []
+        raise PatchError(
+            f"{directory} is no patch series: it has no series file",
+            patch=str(series),
+            hint="a series directory holds a file named series that lists its patches in order "
+            "(invoke patches.new starts one)",
+        )
     refs: list[PatchRef] = []
     for number, raw in enumerate(listing.read_text(encoding="utf-8").splitlines(), start=1):
         text = raw.split("#", 1)[0].strip()

@@ -366,7 +366,7 @@ def new_patch(series: str | Path, workspace: Path, name: str, runner: ProcessRun
     if not _git(runner, workspace, "diff", *_DIFF, "--cached", "--name-only").stdout.strip():
         raise LlamaforgeError(f"no changes in {workspace}", hint="edit the source in the workspace first")
     _git(runner, workspace, "commit", "-q", "-m", name)
-    existing = read_series(directory)
+    existing = read_series(directory, new=True)
     numbers = [int(m.group(1)) for p in existing if (m := re.match(r"(\d+)-", p.name))]
     filename = f"{(max(numbers) if numbers else 0) + 1:04d}-{name}.patch"
     header = f"From: llamaforge patches.new\nSubject: {name}\n\n"

@@ -32,11 +32,10 @@ from llamaforge.deploy.release import (
 from llamaforge.deploy.report import DeployPlan, DeployStatus, RolloutReport
 from llamaforge.deploy.rollout import Release, RolloutOptions, plan_host, prepare_release, rollout
 from llamaforge.deploy.targets import get_target, targets
-from llamaforge.models.recipes import AnswerCheck
+from llamaforge.models.recipes import TINY_MODEL, AnswerCheck
 from llamaforge.serve.launcher import CACHE_TYPES, LlamaFlags
 
 SWARM = "swarm"  # not a host target: the service lives on a Docker Swarm (llamaforge.deploy.swarm)
-TINY_MODEL = "tiny"  # --model tiny: the random-weight smoke model, chosen by name, never by default
 
 
 def target_names() -> list[str]:

@@ -88,8 +88,9 @@ def deploy_render_op(params: RenderParams, ctx: OperationContext) -> RenderedMan
     from llamaforge.build.runtime_image import runtime_tag
     from llamaforge.build.store import find_build
     from llamaforge.deploy.manifests import ManifestInputs, render_manifests
-    from llamaforge.deploy.ops import TINY_MODEL, DeployParams, release_spec
+    from llamaforge.deploy.ops import DeployParams, release_spec
     from llamaforge.deploy.release import Layout
+    from llamaforge.models.recipes import TINY_MODEL
 
     spec, _ = release_spec(
         DeployParams(build=params.build, model=params.model, port=params.port, ctx=params.ctx,

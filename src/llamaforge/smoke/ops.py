@@ -41,8 +41,8 @@ class SmokeParams(Params):
     )  # fmt: skip
     model: str | None = path_field(
         None,
-        description="Model recipe name or .toml file, hf://, ms://, https:// URL, or a GGUF file (default: tiny "
-        "Q4_0 qwen3); a recipe's [[answers]] are checked",
+        description="Model recipe name or .toml file, hf://, ms://, https:// URL, or a GGUF file, or `tiny` (the "
+        "default: the random-weight tiny Q4_0 qwen3); a recipe's [[answers]] are checked",
     )
     golden: str | None = path_field(
         None,
@@ -148,9 +148,10 @@ def _model_target(
     params: SmokeParams, ctx: OperationContext
 ) -> tuple[Path, str, Mapping[str, Any] | None, tuple[AnswerCheck, ...]]:
     """The model file, its label, the thresholds and the checked answers its recipe declares (if any)."""
+    from llamaforge.models.recipes import TINY_MODEL
     from llamaforge.smoke.run import tiny_smoke_label, tiny_smoke_model
 
-    if params.model is None:
+    if params.model in (None, TINY_MODEL):
         return tiny_smoke_model(ctx.reporter, ctx.cancel), tiny_smoke_label(), None, ()
     from llamaforge.models.argument import resolve_model_argument
 
