@@ -188,7 +188,10 @@ def test_a_full_disk_switches_nothing_and_max_fail_lets_the_next_batch_go_on(
 ) -> None:
     model = other_model(tmp_path, 3)
     full = site.hosts[1]
-    on_host(full, f"mount -t tmpfs -o size=1m tmpfs {site.root}/models")
+    # The deploy user's own small disk: a directory it does not own is refused before any space is counted.
+    on_host(
+        full, f"mount -t tmpfs -o size=1m,uid=$(id -u {USER}),gid=$(id -g {USER}) tmpfs {site.root}/models"
+    )
     try:
         stopped = failed(**site.params(model=str(model), canary=0, batch=2))
         assert [item.status for item in stopped.hosts] == ["updated", "failed", "untouched"], stopped

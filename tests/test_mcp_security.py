@@ -166,7 +166,7 @@ async def test_host_builds_with_the_flag_are_confirmed_by_a_person(tmp_path: Pat
 
 
 async def test_destructive_calls_need_an_eliciting_client_by_default(lf_home: Path) -> None:
-    arguments = {"hosts": "deploy@127.0.0.1:1", "build": "0123abcd"}
+    arguments = {"hosts": "deploy@127.0.0.1:1", "build": "0123abcd", "model": "tiny"}
     async with Client(build_server()) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
         assert "confirm" not in tools["deploy"].input_schema["properties"]
@@ -181,7 +181,7 @@ async def test_destructive_calls_need_an_eliciting_client_by_default(lf_home: Pa
 
 
 async def test_confirm_param_is_an_explicit_flag_with_a_warning(lf_home: Path) -> None:
-    arguments = {"hosts": "deploy@127.0.0.1:1", "build": "0123abcd"}
+    arguments = {"hosts": "deploy@127.0.0.1:1", "build": "0123abcd", "model": "tiny"}
     errors = (lf_home.parent / "stderr.txt").open("w+", encoding="utf-8")
     from mcp.client.stdio import stdio_client
 
@@ -207,18 +207,23 @@ async def test_destructive_calls_stay_on_the_allowed_hosts_and_inventories(
     answers: list[str] = []
     async with Client(build_server(options), elicitation_callback=asking(answers)) as client:
         for tool, arguments, named in [
-            ("deploy", {"hosts": "deploy@127.0.0.1:1,root@10.9.9.9", "build": "x"}, "10.9.9.9"),
+            ("deploy", {"hosts": "deploy@127.0.0.1:1,root@10.9.9.9", "build": "x", "model": "tiny"}, "10.9.9.9"),
             ("deploy_rollback", {"inventory": str(other)}, "other.toml"),
-            ("topology_deploy", {"head": "me@192.168.7.7", "rpc_workers": "me@127.0.0.1", "build": "x"},
+            ("topology_deploy", {"head": "me@192.168.7.7", "rpc_workers": "me@127.0.0.1", "build": "x",
+                                 "model": "tiny"},
              "192.168.7.7"),
         ]:  # fmt: skip
             text = refused(await client.call_tool(tool, arguments))
             assert "is refused" in text and named in text and "--allow-deploy-host" in text, text
         assert answers == []
-        text = refused(await client.call_tool("deploy", {"hosts": "deploy@127.0.0.1:1", "build": "0123abcd"}))
+        text = refused(
+            await client.call_tool(
+                "deploy", {"hosts": "deploy@127.0.0.1:1", "build": "0123abcd", "model": "tiny"}
+            )
+        )
         assert "no build with key" in text and len(answers) == 1
-        # Read-only calls are not limited by the deploy lists.
-        status = await client.call_tool("deploy_status", {"hosts": "me@10.9.9.9:1"})
+        # Read-only calls are not limited by the deploy lists (127.0.0.2 is on neither; nothing listens there).
+        status = await client.call_tool("deploy_status", {"hosts": "me@127.0.0.2:1"})
         assert "not a host this server allows" not in texts(status)
 
 
