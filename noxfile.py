@@ -96,7 +96,8 @@ def bench_cuda_arch(session: nox.Session) -> None:
 @nox.session
 def cuda_build(session: nox.Session) -> None:
     """One whole `invoke build --arch 86` in the wheel builder image (about half an hour or more on 2 cores; not
-    part of CI). Arguments go to `invoke build`, e.g. `-- --ca-bundle /etc/ssl/certs/ca-certificates.crt`."""
+    part of CI). Arguments go to `invoke build`, e.g. `-- --no-ca-bundle` (the host's CA bundle is used by
+    default)."""
     session.install("-e", ".")
     sdist_dir = _sdist_dir(session)
     session.run(
