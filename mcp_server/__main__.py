@@ -14,8 +14,9 @@ from types import FrameType
 
 from llamaforge.core import guard
 from llamaforge.core.errors import LlamaforgeError
+from llamaforge.core.guard import is_loopback
 from llamaforge.core.jobs import JobManager
-from mcp_server.auth import StaticTokenVerifier, auth_settings, is_loopback, load_token, transport_security
+from mcp_server.auth import StaticTokenVerifier, auth_settings, load_token, transport_security
 from mcp_server.options import DEFAULT_MAX_JOBS, ServerOptions, host_guard
 from mcp_server.policy import check_project_dir
 from mcp_server.server import build_server

@@ -6,7 +6,6 @@ The token comes from ``LLAMAFORGE_MCP_TOKEN`` or a file; without one the HTTP tr
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import os
 import stat
 from pathlib import Path
@@ -16,6 +15,7 @@ from mcp.server.auth.settings import AuthSettings
 from mcp.server.transport_security import TransportSecuritySettings
 
 from llamaforge.core.errors import InvalidOption
+from llamaforge.core.guard import is_loopback
 
 TOKEN_ENV = "LLAMAFORGE_MCP_TOKEN"  # noqa: S105 - the variable that holds it, not a token
 MIN_TOKEN_LENGTH = 16
@@ -66,16 +66,6 @@ def load_token(token_file: Path | None) -> str:
 def auth_settings(host: str, port: int) -> AuthSettings:
     """Resource-server settings for a static token: no OAuth endpoints, no metadata route."""
     return AuthSettings(issuer_url=f"http://{_url_host(host)}:{port}", resource_server_url=None)
-
-
-def is_loopback(host: str) -> bool:
-    """True for 127.0.0.0/8, ::1 and localhost."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _url_host(host: str) -> str:

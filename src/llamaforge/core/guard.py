@@ -128,6 +128,17 @@ def check_program(argv: Sequence[str]) -> None:
         refuse_if_read_only(f"run {Path(argv[0]).name if argv else 'a program'}")
 
 
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1, brackets allowed): this machine, not
+    the network. Anything else, a name or text that is no address included, is not loopback."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def _is_forbidden_address(address: str) -> bool:
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 
 from llamaforge.core.events import CancelToken
 from llamaforge.core.exits import crash_hint, crash_words, loaded_cpu_module, systemd_crash
-from llamaforge.deploy.release import LOOPBACK, Layout, is_loopback
+from llamaforge.core.guard import is_loopback
+from llamaforge.deploy.release import LOOPBACK, Layout
 from llamaforge.deploy.targets import ServiceState, Target
 from llamaforge.models.recipes import AnswerCheck
 from llamaforge.runners.ssh import SshProcessRunner

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING
 
 from llamaforge.build.runtime_image import HEALTHCHECK, MODEL_PATH, UID
 from llamaforge.core.errors import InvalidOption
+from llamaforge.core.guard import is_loopback
 from llamaforge.core.templates import render
 from llamaforge.core.validation import check_image_reference
 from llamaforge.deploy.health import gate_timeout_s
-from llamaforge.deploy.release import ip_address_of, is_loopback
+from llamaforge.deploy.release import ip_address_of
 
 if TYPE_CHECKING:
     from llamaforge.deploy.release import Layout, ReleaseSpec

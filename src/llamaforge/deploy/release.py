@@ -22,6 +22,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator
 
 from llamaforge.core.errors import InvalidOption
+from llamaforge.core.guard import is_loopback
 from llamaforge.runners.process import LOCAL, ProcessRunner
 from llamaforge.serve.launcher import FIELD_FLAGS, SERVER_FLAGS, LlamaFlags, server_argv
 
@@ -169,11 +170,6 @@ class ReleaseSpec:
             "model_sha256": self.model_sha256, "flags": self.flags.args(), "port": self.port,
             "listen": self.listen, "api_key_file": API_KEY_FILE if self.api_key else None,
         }  # fmt: skip
-
-
-def is_loopback(address: str) -> bool:
-    """True for a loopback address (127.0.0.0/8, ::1) or ``localhost``."""
-    return address == "localhost" or ipaddress.ip_address(address).is_loopback
 
 
 def ip_address_of(text: str, option: str) -> str:

@@ -9,7 +9,6 @@ pinned by a sha256 (the bytes are then checked whatever the network did to them)
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import re
 import urllib.parse
@@ -18,10 +17,11 @@ from typing import Final
 
 from llamaforge.core import guard
 from llamaforge.core.errors import FetchError, InvalidOption
+from llamaforge.core.guard import is_loopback
 from llamaforge.core.http import checked_opener, redact_url
 
 __all__ = [
-    "DEFAULT_MAX_UNPINNED", "MAX_UNPINNED_ENV", "check_model_url", "human_bytes", "is_loopback",
+    "DEFAULT_MAX_UNPINNED", "MAX_UNPINNED_ENV", "check_model_url", "human_bytes",
     "max_unpinned_bytes", "opener", "redact_url",
 ]  # fmt: skip
 
@@ -29,16 +29,6 @@ MAX_UNPINNED_ENV: Final = "LLAMAFORGE_MAX_UNPINNED_DOWNLOAD"
 DEFAULT_MAX_UNPINNED: Final = 256 << 30
 _SIZE: Final = re.compile(r"(\d+)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
 _UNITS: Final = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}
-
-
-def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1): this machine, not the network."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def check_model_url(url: str, *, plain_http_ok: bool, what: str = "model URL", token: bool = False) -> None:

@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING
 
 from llamaforge.core.errors import InvalidOption, LlamaforgeError
 from llamaforge.core.exits import exec_main_signal, systemd_signal
+from llamaforge.core.guard import is_loopback
 from llamaforge.core.templates import render
 from llamaforge.deploy.hosts import as_root, deploy_user
 from llamaforge.deploy.probe import PROBE_BINARY, PROBE_LIMIT_S
-from llamaforge.deploy.release import SERVICE_USER, Layout, ReleaseSpec, is_loopback
+from llamaforge.deploy.release import SERVICE_USER, Layout, ReleaseSpec
 from llamaforge.deploy.targets import ServiceState
 
 if TYPE_CHECKING:
