@@ -16,12 +16,10 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import pytest
 import yaml
 
-from conftest import require
 from llamaforge.core.errors import InvalidOption, LlamaforgeError, OperationFailed
 from llamaforge.core.registry import OperationContext, operations
 from llamaforge.deploy.manifests import render_compose, render_kubernetes
@@ -51,25 +49,10 @@ def run(operation: str, **arguments: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def store_build() -> tuple[str, str]:
-    """(LLAMAFORGE_HOME, key) of the newest patched default CPU build in LLAMAFORGE_TEST_HOME's store that has
-    llama-server and llama-bench; skips (fails in strict mode) when there is none. Nothing is built."""
-    from llamaforge.build.store import build_dir, list_builds
-
-    home = os.environ.get("LLAMAFORGE_TEST_HOME", "")
-    require(
-        bool(home) and Path(home, "builds").is_dir(), "set LLAMAFORGE_TEST_HOME to a home with a CPU build"
-    )
-    with mock.patch.dict(os.environ, {"LLAMAFORGE_HOME": home}):
-        found = [
-            build for build in list_builds()
-            if build.get("backend") == "cpu" and (build.get("recipe") or {}).get("name") == "default"
-            and build.get("patches") and all((build_dir(build["key"]) / "bin" / name).is_file()
-                                             for name in ("llama-server", "llama-bench"))
-        ]  # fmt: skip
-    require(bool(found), f"no patched default CPU build in {home}")
-    newest = max(found, key=lambda build: str(build.get("finished_at", "")))
-    return home, str(newest["key"])
+def store_build(patched_build: Path, build_env: dict[str, str]) -> tuple[str, str]:
+    """(LLAMAFORGE_HOME, key) of the suite's patched default CPU build: the one every deploy test shares (made
+    once per session, or reused from LLAMAFORGE_TEST_HOME)."""
+    return build_env["LLAMAFORGE_HOME"], patched_build.name
 
 
 @pytest.fixture
