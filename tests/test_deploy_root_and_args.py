@@ -1,7 +1,7 @@
 """Deploy as root on a host without sudo, and ``--server-args`` (deploy, deploy.plan, deploy.render, smoke).
 
-The flags are checked against the real ``llama-server --help`` of a CPU build already in the store of
-LLAMAFORGE_TEST_HOME (these tests never build one). On the session's systemd + sshd test hosts (tests/testhosts.py)
+The flags are checked against the real ``llama-server --help`` of the suite's shared patched CPU build
+(the `patched_build` fixture). On the session's systemd + sshd test hosts (tests/testhosts.py)
 sudo is hidden for the test, root is given the session's key, and a deploy as ``root@host`` installs, starts and
 gates the release there with the extra flags reaching llama-server (``--alias``, read back from ``/v1/models``),
 while a deploy user without sudo, or whose sudo asks for a password, is refused before anything changes.
