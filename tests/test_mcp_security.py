@@ -317,21 +317,17 @@ def file_server(directory: Path) -> Iterator[tuple[str, list[str]]]:
         thread.join(timeout=5)
 
 
-def _store_with_a_real_build(home: Path) -> str:
-    """``home``'s build store holding one real build of the shared test home (linked, not copied)."""
-    shared = Path(os.environ.get("LLAMAFORGE_TEST_HOME", "")) / "builds"
-    builds = (
-        sorted(path for path in shared.glob("*") if (path / "manifest.json").is_file()) if shared.name else []
-    )
-    if not builds:
-        pytest.skip("set LLAMAFORGE_TEST_HOME to a home with a build (deploy.render needs one)")
+def _store_with_a_real_build(home: Path, build: Path) -> str:
+    """``home``'s build store holding ``build``, the suite's shared build (linked, not copied)."""
     (home / "builds").mkdir(parents=True, exist_ok=True)
-    (home / "builds" / builds[0].name).symlink_to(builds[0])
-    return builds[0].name
+    (home / "builds" / build.name).symlink_to(build)
+    return build.name
 
 
-async def test_read_only_downloads_nothing(tmp_path: Path, lf_home: Path, tiny_model: Path) -> None:
-    key = _store_with_a_real_build(lf_home)
+async def test_read_only_downloads_nothing(
+    tmp_path: Path, lf_home: Path, tiny_model: Path, patched_build: Path
+) -> None:
+    key = _store_with_a_real_build(lf_home, patched_build)
     data = tiny_model.read_bytes()
     recipe = tmp_path / "remote.toml"
     with file_server(tiny_model.parent) as (url, asked):

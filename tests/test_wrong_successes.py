@@ -332,11 +332,9 @@ def test_bare_smoke_says_it_starts_a_cold_build(lf_home: Path, docker_engine: An
 
 @pytest.mark.docker
 def test_smoke_with_the_default_build_in_store_gives_no_cold_note(
-    monkeypatch: pytest.MonkeyPatch, docker_engine: Any
+    monkeypatch: pytest.MonkeyPatch, patched_build: Path, build_env: dict[str, str]
 ) -> None:
-    store = os.environ.get("LLAMAFORGE_TEST_HOME", "")
-    if not store:
-        pytest.skip("LLAMAFORGE_TEST_HOME is not set (the store the suite's builds are in)")
+    store = build_env["LLAMAFORGE_HOME"]  # the suite's store, which holds the default build
     monkeypatch.setenv("LLAMAFORGE_HOME", store)
     events: list[Event] = []
     try:
