@@ -22,9 +22,18 @@ def _sdist_dir(session: nox.Session) -> Path:
     if not (directory / SDIST).is_file():
         directory.mkdir(parents=True, exist_ok=True)
         session.run(
-            "python", "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-            "llama-cpp-python==0.3.36", "-d", str(directory), silent=True,
-        )  # fmt: skip
+            "python",
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "llama-cpp-python==0.3.36",
+            "-d",
+            str(directory),
+            silent=True,
+        )
     return directory
 
 
@@ -33,11 +42,14 @@ def _extracted_source(session: nox.Session, sdist_dir: Path) -> Path:
     target = CACHE / "llama.cpp-b11312"
     if not (target / "CMakeLists.txt").is_file():
         session.run(
-            "python", "-c",
+            "python",
+            "-c",
             "import sys; from pathlib import Path; from llamaforge.build.source import _extract;"
             "_extract(Path(sys.argv[1]), 'llama_cpp_python-0.3.36/vendor/llama.cpp', Path(sys.argv[2]), None)",
-            str(sdist_dir / SDIST), str(target), silent=True,
-        )  # fmt: skip
+            str(sdist_dir / SDIST),
+            str(target),
+            silent=True,
+        )
     return target
 
 
@@ -128,8 +140,12 @@ def cpu_speed(session: nox.Session) -> None:
     ratios (goal >= 0.97 of native), and each build's build time."""
     session.install("-e", ".[test]")
     sdist_dir = _sdist_dir(session)
-    session.run("python", "benchmarks/cpu_speed.py", *session.posargs,
-                env={"LLAMAFORGE_SOURCE_MIRROR": str(sdist_dir)})  # fmt: skip
+    session.run(
+        "python",
+        "benchmarks/cpu_speed.py",
+        *session.posargs,
+        env={"LLAMAFORGE_SOURCE_MIRROR": str(sdist_dir)},
+    )
 
 
 @nox.session
@@ -138,8 +154,13 @@ def reproducible_variants(session: nox.Session) -> None:
     fresh container with ccache off, compare every artifact (the suite proves it on a one-level build)."""
     session.install("-e", ".[test]")
     sdist_dir = _sdist_dir(session)
-    session.run("invoke", "build", "--check-reproducible", *session.posargs,
-                env={"LLAMAFORGE_SOURCE_MIRROR": str(sdist_dir)})  # fmt: skip
+    session.run(
+        "invoke",
+        "build",
+        "--check-reproducible",
+        *session.posargs,
+        env={"LLAMAFORGE_SOURCE_MIRROR": str(sdist_dir)},
+    )
 
 
 @nox.session
@@ -148,8 +169,17 @@ def reproducible_windows(session: nox.Session) -> None:
     rebuild in a fresh container with ccache off, compare every .exe and .dll (a second cold build: not in CI)."""
     session.install("-e", ".[test]")
     sdist_dir = _sdist_dir(session)
-    session.run("invoke", "build", "--platform", "windows", "--cpu", "x86-64-v2", "--check-reproducible",
-                *session.posargs, env={"LLAMAFORGE_SOURCE_MIRROR": str(sdist_dir)})  # fmt: skip
+    session.run(
+        "invoke",
+        "build",
+        "--platform",
+        "windows",
+        "--cpu",
+        "x86-64-v2",
+        "--check-reproducible",
+        *session.posargs,
+        env={"LLAMAFORGE_SOURCE_MIRROR": str(sdist_dir)},
+    )
 
 
 @nox.session

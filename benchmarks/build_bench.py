@@ -58,9 +58,11 @@ def make_series(directory: Path, source: Path, text: str) -> Path:
         (work / side / "common").mkdir(parents=True)
         (work / side / relative).write_text(content, encoding="utf-8")
     diff = subprocess.run(
-        ["git", "diff", "--no-index", "--no-prefix", f"a/{relative}", f"b/{relative}"], cwd=work,
-        capture_output=True, text=True,
-    ).stdout  # fmt: skip
+        ["git", "diff", "--no-index", "--no-prefix", f"a/{relative}", f"b/{relative}"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+    ).stdout
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "0001-banner.patch").write_text(diff, encoding="utf-8")
     (directory / "series").write_text("0001-banner.patch\n", encoding="utf-8")
@@ -104,8 +106,19 @@ def raw_cmake(plan: Any, source: Path, env: dict[str, str]) -> float:
         f" && cmake --build /tmp/b --target {targets} >/dev/null"
     )
     print("P1 raw cmake -G Ninja in the builder image ...", flush=True)
-    command = ["docker", "run", "--rm", "--network", "none", "-v", f"{source}:/src:ro", plan.environment.image.tag,
-               "bash", "-c", raw_script]  # fmt: skip
+    command = [
+        "docker",
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        "-v",
+        f"{source}:/src:ro",
+        plan.environment.image.tag,
+        "bash",
+        "-c",
+        raw_script,
+    ]
     raw, _ = timed(command, env)
     return raw
 
@@ -140,9 +153,11 @@ def p1_only(cpu: str | None) -> None:
         colds.append(cold)
         print(f"   invoke build: {cold:.1f} s", flush=True)
     ratio = sum(colds) / sum(raws)
-    print(f"P1 cold invoke build / raw cmake ({plan.cpu}, {len(plan.targets)} targets) = {sum(colds):.1f} s / "
-          f"{sum(raws):.1f} s = {ratio:.3f}  (runs: raw {[round(v, 1) for v in raws]}, cold "
-          f"{[round(v, 1) for v in colds]}; goal <= 1.05)")  # fmt: skip
+    print(
+        f"P1 cold invoke build / raw cmake ({plan.cpu}, {len(plan.targets)} targets) = {sum(colds):.1f} s / "
+        f"{sum(raws):.1f} s = {ratio:.3f}  (runs: raw {[round(v, 1) for v in raws]}, cold "
+        f"{[round(v, 1) for v in colds]}; goal <= 1.05)"
+    )
 
 
 def p2_only(arguments: argparse.Namespace) -> None:

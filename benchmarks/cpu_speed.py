@@ -105,10 +105,16 @@ def main() -> None:
     print(f"model {model} ({model.stat().st_size / 2**20:.0f} MiB): {replace(WIDE, dtype=args.dtype)}")
     print(f"CPU: {cpu_model()}", flush=True)
     commands = {
-        name: bench_command(Path(manifest["path"]) / "bin" / "llama-bench", model, pp=args.pp, tg=args.tg,
-                            repetitions=args.repetitions, threads=args.threads)
+        name: bench_command(
+            Path(manifest["path"]) / "bin" / "llama-bench",
+            model,
+            pp=args.pp,
+            tg=args.tg,
+            repetitions=args.repetitions,
+            threads=args.threads,
+        )
         for name, manifest in builds.items()
-    }  # fmt: skip
+    }
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in builds}
     loaded: dict[str, str] = {}
     for round_ in range(1, args.rounds + 1):
@@ -128,9 +134,11 @@ def main() -> None:
     print(f"\nmedians over {args.rounds} rounds, {args.threads} thread(s), {args.dtype}, on {cpu_model()}:")
     for name, manifest in builds.items():
         pp, tg = medians[name]
-        print(f"  {name:8s} (cpu {manifest.get('cpu')}, {loaded[name]}, {len(manifest['artifacts'])} artifacts, "
-              f"build {manifest['key'][:12]} took {manifest['duration_s']:.0f} s): "
-              f"pp {pp:.1f} t/s, tg {tg:.2f} t/s")  # fmt: skip
+        print(
+            f"  {name:8s} (cpu {manifest.get('cpu')}, {loaded[name]}, {len(manifest['artifacts'])} artifacts, "
+            f"build {manifest['key'][:12]} took {manifest['duration_s']:.0f} s): "
+            f"pp {pp:.1f} t/s, tg {tg:.2f} t/s"
+        )
     reference = list(builds)[1]
     # Three views of the same runs on a shared machine: ratio of medians; median of each round's pair (the two
     # runs of a round are adjacent, so they share the machine's load); ratio of the best runs (the least
@@ -145,8 +153,10 @@ def main() -> None:
         verdict = (
             ("meets" if ratio >= GOAL else "MISSES") + f" the >= {GOAL} goal" if reference == "native" else ""
         )
-        print(f"  {kind}: default / {reference} = {ratio:.3f} (paired rounds {paired:.3f}, best runs {best:.3f}) "
-              f"{verdict}")  # fmt: skip
+        print(
+            f"  {kind}: default / {reference} = {ratio:.3f} (paired rounds {paired:.3f}, best runs {best:.3f}) "
+            f"{verdict}"
+        )
 
 
 if __name__ == "__main__":

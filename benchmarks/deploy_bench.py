@@ -62,8 +62,16 @@ def scp_and_restart(
 ) -> float:
     """The plain way: scp the release's files to each host, then restart the unit; one host, then two. With
     ``wait_port``, each host's step ends only when its /health answers 200."""
-    options = ["-i", str(key), "-o", f"UserKnownHostsFile={known}", "-o", "StrictHostKeyChecking=yes",
-               "-o", "BatchMode=yes"]  # fmt: skip
+    options = [
+        "-i",
+        str(key),
+        "-o",
+        f"UserKnownHostsFile={known}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+    ]
     target = f"/home/{USER}/{NAME}-scp"
     started = time.monotonic()
 
@@ -117,8 +125,15 @@ def main() -> None:
     hosts = start_hosts(docker_client(), ensure_image(DEFAULT_TAG), key, 3)
     try:
         known = write_known_hosts(work / "known_hosts", hosts)
-        base = {"hosts": ",".join(f"{USER}@127.0.0.1:{host.port}" for host in hosts), "ssh_key": str(key),
-                "known_hosts": str(known), "name": NAME, "build": build, "model": str(model), "batch": 2}  # fmt: skip
+        base = {
+            "hosts": ",".join(f"{USER}@127.0.0.1:{host.port}" for host in hosts),
+            "ssh_key": str(key),
+            "known_hosts": str(known),
+            "name": NAME,
+            "build": build,
+            "model": str(model),
+            "batch": 2,
+        }
         first = deploy(**base)  # the model and a first release on every host
         from llamaforge.build.store import build_dir
 
@@ -147,19 +162,27 @@ def main() -> None:
     ratio = statistics.median(ours) / statistics.median(plain)
     size = sum(path.stat().st_size for path, _ in files) / 2**20
     print(f"first deploy (model + {size:.1f} MiB of release files to 3 hosts): {first.wall_s:.1f} s")
-    print(f"D1 changed release: llamaforge {statistics.median(ours):.2f} s (runs {[round(v, 2) for v in ours]}) / "
-          f"scp + restart {statistics.median(plain):.2f} s (runs {[round(v, 2) for v in plain]}) = {ratio:.2f}"
-          f" (goal <= 1.2)")  # fmt: skip
+    print(
+        f"D1 changed release: llamaforge {statistics.median(ours):.2f} s (runs {[round(v, 2) for v in ours]}) / "
+        f"scp + restart {statistics.median(plain):.2f} s (runs {[round(v, 2) for v in plain]}) = {ratio:.2f}"
+        f" (goal <= 1.2)"
+    )
     healthy = statistics.median(ours) / statistics.median(waited)
-    print(f"D1 beside scp + restart + waiting for /health 200: {statistics.median(waited):.2f} s (runs "
-          f"{[round(v, 2) for v in waited]}) = {healthy:.2f}")  # fmt: skip
-    print(f"D2 already-current no-op: median {statistics.median(noop):.2f} s (runs {[round(v, 2) for v in noop]})"
-          " (goal <= 2 s)")  # fmt: skip
+    print(
+        f"D1 beside scp + restart + waiting for /health 200: {statistics.median(waited):.2f} s (runs "
+        f"{[round(v, 2) for v in waited]}) = {healthy:.2f}"
+    )
+    print(
+        f"D2 already-current no-op: median {statistics.median(noop):.2f} s (runs {[round(v, 2) for v in noop]})"
+        " (goal <= 2 s)"
+    )
     print(f"D3 model bytes sent over {args.rounds} flag-only rollouts: {model_bytes} (goal 0)")
     added = statistics.median(ours) - statistics.median(unprobed)
-    print(f"D4 the probe: rollout {statistics.median(ours):.2f} s with it, {statistics.median(unprobed):.2f} s with "
-          f"--no-probe (runs {[round(v, 2) for v in unprobed]}): +{added:.2f} s; each host's probe median "
-          f"{statistics.median(probes):.2f} s (runs {[round(v, 2) for v in probes]})")  # fmt: skip
+    print(
+        f"D4 the probe: rollout {statistics.median(ours):.2f} s with it, {statistics.median(unprobed):.2f} s with "
+        f"--no-probe (runs {[round(v, 2) for v in unprobed]}): +{added:.2f} s; each host's probe median "
+        f"{statistics.median(probes):.2f} s (runs {[round(v, 2) for v in probes]})"
+    )
 
 
 if __name__ == "__main__":

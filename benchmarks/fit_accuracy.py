@@ -127,15 +127,39 @@ CATEGORIES = ("weights", "kv_cache", "recurrent_state", "compute", "output")
 ROUNDING = 0.005 * MiB  # llama.cpp prints MiB with two decimals
 # Shaped after the published configs (assumed hyper-parameters: the planner needs no weights).
 QWEN35_9B = TinyModelSpec(
-    arch="qwen35", n_layer=32, n_embd=4096, n_head=16, n_head_kv=4, head_dim=256, n_ff=12288,
-    context_length=262144, ssm_conv_kernel=4, ssm_state_size=128, ssm_group_count=16, ssm_time_step_rank=32,
+    arch="qwen35",
+    n_layer=32,
+    n_embd=4096,
+    n_head=16,
+    n_head_kv=4,
+    head_dim=256,
+    n_ff=12288,
+    context_length=262144,
+    ssm_conv_kernel=4,
+    ssm_state_size=128,
+    ssm_group_count=16,
+    ssm_time_step_rank=32,
     full_attention_interval=4,
-)  # fmt: skip
+)
 QWEN35_35B_A3B = TinyModelSpec(
-    arch="qwen35moe", n_layer=40, n_embd=2048, n_head=16, n_head_kv=2, head_dim=256, n_ff=512,
-    context_length=262144, n_expert=256, n_expert_used=8, n_ff_exp=512, n_ff_shexp=512, ssm_conv_kernel=4,
-    ssm_state_size=128, ssm_group_count=16, ssm_time_step_rank=32, full_attention_interval=4,
-)  # fmt: skip
+    arch="qwen35moe",
+    n_layer=40,
+    n_embd=2048,
+    n_head=16,
+    n_head_kv=2,
+    head_dim=256,
+    n_ff=512,
+    context_length=262144,
+    n_expert=256,
+    n_expert_used=8,
+    n_ff_exp=512,
+    n_ff_shexp=512,
+    ssm_conv_kernel=4,
+    ssm_state_size=128,
+    ssm_group_count=16,
+    ssm_time_step_rank=32,
+    full_attention_interval=4,
+)
 
 
 def label(settings: Settings) -> str:
@@ -183,21 +207,31 @@ def compare(
             row["projection"] = projection_row(planned, reported)
             if shape.swa:  # both caches' cells, planned and printed
                 swa_cache = reported.swa_kv_cache
-                row["swa_cells"] = {"estimate": settings.swa_cells(shape.n_swa),
-                                    "llamacpp": swa_cache.cells if swa_cache else None}  # fmt: skip
+                row["swa_cells"] = {
+                    "estimate": settings.swa_cells(shape.n_swa),
+                    "llamacpp": swa_cache.cells if swa_cache else None,
+                }
             for category in CATEGORIES:
                 estimate, actual = getattr(planned, category), reported.total(category)
-                row[category] = {"estimate_mib": estimate / MiB, "llamacpp_mib": actual / MiB,
-                                 "error_pct": error_pct(estimate, actual)}  # fmt: skip
+                row[category] = {
+                    "estimate_mib": estimate / MiB,
+                    "llamacpp_mib": actual / MiB,
+                    "error_pct": error_pct(estimate, actual),
+                }
             rows.append(row)
-            cells = [f"{c[:7]} {row[c]['estimate_mib']:8.2f}/{row[c]['llamacpp_mib']:8.2f} "
-                     f"{row[c]['error_pct']:+5.1f}%" for c in CATEGORIES]  # fmt: skip
+            cells = [
+                f"{c[:7]} {row[c]['estimate_mib']:8.2f}/{row[c]['llamacpp_mib']:8.2f} "
+                f"{row[c]['error_pct']:+5.1f}%"
+                for c in CATEGORIES
+            ]
             if "swa_cells" in row:
                 cells.append(f"swa cells {row['swa_cells']['estimate']}/{row['swa_cells']['llamacpp']}")
             if row["projection"]:
                 total = row["projection"]["total"]
-                cells.append(f"total ours/--fit/real {total['ours_mib']:.2f}/{total['llamacpp_projection_mib']}/"
-                             f"{total['real_mib']:.2f} ({row['projection']['closer']})")  # fmt: skip
+                cells.append(
+                    f"total ours/--fit/real {total['ours_mib']:.2f}/{total['llamacpp_projection_mib']}/"
+                    f"{total['real_mib']:.2f} ({row['projection']['closer']})"
+                )
             print(f"{name:12s} {row['settings']:20s} " + "  ".join(cells), flush=True)
     return rows
 
@@ -210,8 +244,12 @@ def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
         errors = [abs(row[category]["error_pct"]) for row in rows if row[category]["llamacpp_mib"] > 0]
         mean = statistics.fmean(errors) if errors else 0.0
         within = sum(e <= 5.0 for e in errors)
-        summary[category] = {"cases": len(errors), "max_abs_error_pct": max(errors, default=0.0),
-                             "mean_abs_error_pct": mean, "within_5pct": within}  # fmt: skip
+        summary[category] = {
+            "cases": len(errors),
+            "max_abs_error_pct": max(errors, default=0.0),
+            "mean_abs_error_pct": mean,
+            "within_5pct": within,
+        }
         print(
             f"{category:16s} {len(errors):5d} {max(errors, default=0):9.1f}% {mean:10.1f}% {within:6d}/{len(errors)}"
         )
@@ -220,10 +258,15 @@ def summarize_rows(rows: list[dict[str, Any]]) -> dict[str, Any]:
         estimate = sum(row[c]["estimate_mib"] for c in CATEGORIES)
         actual = sum(row[c]["llamacpp_mib"] for c in CATEGORIES)
         totals.append(abs(estimate - actual) / actual * 100)
-    summary["total"] = {"cases": len(totals), "max_abs_error_pct": max(totals),
-                        "mean_abs_error_pct": statistics.fmean(totals)}  # fmt: skip
-    print(f"{'all (sum)':16s} {len(totals):5d} {max(totals):9.1f}% {statistics.fmean(totals):10.1f}% "
-          f"{sum(t <= 5 for t in totals):6d}/{len(totals)}")  # fmt: skip
+    summary["total"] = {
+        "cases": len(totals),
+        "max_abs_error_pct": max(totals),
+        "mean_abs_error_pct": statistics.fmean(totals),
+    }
+    print(
+        f"{'all (sum)':16s} {len(totals):5d} {max(totals):9.1f}% {statistics.fmean(totals):10.1f}% "
+        f"{sum(t <= 5 for t in totals):6d}/{len(totals)}"
+    )
     return summary
 
 
@@ -251,10 +294,14 @@ def mini_vocab(path: Path, n_tokens: int = 1000) -> Path:
 def random_spec(rng: random.Random, arch: str) -> TinyModelSpec:
     n_head_kv = rng.choice([1, 2, 4, 8])
     kwargs: dict[str, Any] = {
-        "arch": arch, "n_layer": 2, "n_embd": rng.choice([256, 512, 1024, 2048]),
-        "n_head": n_head_kv * rng.choice([1, 2, 4]), "n_head_kv": n_head_kv,
-        "head_dim": rng.choice([32, 64, 128, 256]), "n_ff": rng.choice([256, 512, 1024, 2048, 4096, 8192]),
-    }  # fmt: skip
+        "arch": arch,
+        "n_layer": 2,
+        "n_embd": rng.choice([256, 512, 1024, 2048]),
+        "n_head": n_head_kv * rng.choice([1, 2, 4]),
+        "n_head_kv": n_head_kv,
+        "head_dim": rng.choice([32, 64, 128, 256]),
+        "n_ff": rng.choice([256, 512, 1024, 2048, 4096, 8192]),
+    }
     if "moe" in arch:
         kwargs.update(n_expert=rng.choice([8, 16, 32]), n_expert_used=rng.choice([1, 2, 4, 8]))
         kwargs.update(
@@ -262,8 +309,11 @@ def random_spec(rng: random.Random, arch: str) -> TinyModelSpec:
         )
     if arch.startswith("qwen35"):
         groups = rng.choice([2, 4, 8, 16])
-        kwargs.update(ssm_group_count=groups, ssm_time_step_rank=groups * rng.choice([1, 2]),
-                      ssm_state_size=rng.choice([32, 64, 128]))  # fmt: skip
+        kwargs.update(
+            ssm_group_count=groups,
+            ssm_time_step_rank=groups * rng.choice([1, 2]),
+            ssm_state_size=rng.choice([32, 64, 128]),
+        )
     return TinyModelSpec(**kwargs)
 
 
@@ -272,10 +322,15 @@ def features(shape: ModelShape) -> dict[str, float]:
     q = shape.n_head * shape.head_dim_k * (2 if shape.arch in HYBRID_ARCHS else 1)
     conv = 2 * shape.ssm_group_count * shape.ssm_state_size + shape.ssm_inner_size
     return {
-        "E": shape.n_embd, "Q": q, "K": shape.n_head_kv * shape.head_dim_k, "F": shape.n_ff,
-        "U": shape.n_expert_used * shape.n_ff_exp, "UE": shape.n_expert_used * shape.n_embd,
-        "S": shape.n_ff_shexp, "C": conv if shape.recurrent_layers else 0,
-    }  # fmt: skip
+        "E": shape.n_embd,
+        "Q": q,
+        "K": shape.n_head_kv * shape.head_dim_k,
+        "F": shape.n_ff,
+        "U": shape.n_expert_used * shape.n_ff_exp,
+        "UE": shape.n_expert_used * shape.n_embd,
+        "S": shape.n_ff_shexp,
+        "C": conv if shape.recurrent_layers else 0,
+    }
 
 
 def phase_model(c: Any, f: dict[str, float], moe: bool) -> float:
@@ -293,8 +348,22 @@ def phase_model(c: Any, f: dict[str, float], moe: bool) -> float:
     return max(phases)
 
 
-REFIT_NAMES = ("attn.E", "attn.Q", "attn.K", "ffn.E", "ffn.F", "moe_up.E", "moe_up.U", "moe_down.E",
-               "moe_down.UE", "moe_down.U", "shared.E", "shared.S", "recurrent.E", "recurrent.C")  # fmt: skip
+REFIT_NAMES = (
+    "attn.E",
+    "attn.Q",
+    "attn.K",
+    "ffn.E",
+    "ffn.F",
+    "moe_up.E",
+    "moe_up.U",
+    "moe_down.E",
+    "moe_down.UE",
+    "moe_down.U",
+    "shared.E",
+    "shared.S",
+    "recurrent.E",
+    "recurrent.C",
+)
 # what llamaforge.serve.fit uses, in REFIT_NAMES order (for comparison with a refit)
 CURRENT = (3.25, 2.0, 0.75, 2.25, 3.25, 2.5, 3.25, 2.75, 1.25, 0.75, 3.75, 3.25, 3.0, 3.0)
 
@@ -317,13 +386,20 @@ def random_shape_sweep(server: Path, scratch: Path, count: int, refit: bool, see
     errors = [100 * (e - a) / a for _s, e, a, _y in samples]
     rms = math.sqrt(statistics.fmean(x * x for x in errors))
     worst = max(map(abs, errors))
-    print(f"\nrandom shapes: {count} models at ctx 512, compute buffer error rms {rms:.1f} %, max {worst:.1f} %, "
-          f"within 5 %: {sum(abs(x) <= 5 for x in errors)}/{count}")  # fmt: skip
+    print(
+        f"\nrandom shapes: {count} models at ctx 512, compute buffer error rms {rms:.1f} %, max {worst:.1f} %, "
+        f"within 5 %: {sum(abs(x) <= 5 for x in errors)}/{count}"
+    )
     result: dict[str, Any] = {
-        "count": count, "seed": seed, "rms_pct": rms, "max_abs_pct": worst,
-        "samples": [{"arch": s.arch, **features(s), "estimate": e, "llamacpp": a, "per_token": y}
-                    for s, e, a, y in samples],
-    }  # fmt: skip
+        "count": count,
+        "seed": seed,
+        "rms_pct": rms,
+        "max_abs_pct": worst,
+        "samples": [
+            {"arch": s.arch, **features(s), "estimate": e, "llamacpp": a, "per_token": y}
+            for s, e, a, y in samples
+        ],
+    }
     if refit:
         from scipy.optimize import least_squares  # type: ignore[import-untyped]
 
@@ -331,8 +407,10 @@ def random_shape_sweep(server: Path, scratch: Path, count: int, refit: bool, see
             return [(phase_model(c, features(s), s.is_moe) - y) / y for s, _e, _a, y in samples]
 
         start = random.Random(0)
-        trials = [least_squares(residuals, [start.uniform(0, 4) for _ in REFIT_NAMES], bounds=(0, 20))
-                  for _ in range(40)]  # fmt: skip
+        trials = [
+            least_squares(residuals, [start.uniform(0, 4) for _ in REFIT_NAMES], bounds=(0, 20))
+            for _ in range(40)
+        ]
         best = min(trials, key=lambda trial: trial.cost)
         result["refit"] = {name: round(float(v), 2) for name, v in zip(REFIT_NAMES, best.x, strict=True)}
         print("refitted coefficients:", result["refit"])
@@ -351,12 +429,18 @@ def realistic_plots(out: Path) -> list[fit.FitPlan]:
         plan_fit(header, gpu="rtx3090", ctx=131072, cache_type_k="q8_0", cache_type_v="q8_0"),
         plan_fit(header, gpu="rtx3090", ctx=262144, parallel=2),
     ]
-    png = save_fit_chart([plan.to_json() for plan in plans], out / "fit_qwen35_9b_rtx3090.png",
-                         title="Qwen3.5-9B-shaped (Q4_K, synthetic header) on an RTX 3090")  # fmt: skip
+    png = save_fit_chart(
+        [plan.to_json() for plan in plans],
+        out / "fit_qwen35_9b_rtx3090.png",
+        title="Qwen3.5-9B-shaped (Q4_K, synthetic header) on an RTX 3090",
+    )
     moe = synthetic_header(QWEN35_35B_A3B, n_vocab=248320, name="Qwen3.5-35B-A3B-shaped (Q4_K)")
     moe_plans = [plan_fit(moe, gpu="rtx3090", ctx=ctx) for ctx in (32768, 131072, 262144)]
-    moe_png = save_fit_chart([plan.to_json() for plan in moe_plans], out / "fit_qwen35moe_35b_a3b_rtx3090.png",
-                             title="Qwen3.5-35B-A3B-shaped (Q4_K, synthetic header) on an RTX 3090")  # fmt: skip
+    moe_png = save_fit_chart(
+        [plan.to_json() for plan in moe_plans],
+        out / "fit_qwen35moe_35b_a3b_rtx3090.png",
+        title="Qwen3.5-35B-A3B-shaped (Q4_K, synthetic header) on an RTX 3090",
+    )
     print("\nrealistic cases (planner only, no GPU here):")
     for plan in plans + moe_plans:
         print("  " + "\n  ".join(summarize(plan)))

@@ -35,9 +35,13 @@ def projection_row(planned: DeviceMemory, reported: LoadLog) -> dict[str, Any] |
         }
     ours = sum(row[p]["ours_mib"] for p in PARTS)
     real = sum(row[p]["real_mib"] for p in PARTS)
-    row["total"] = {"ours_mib": ours, "llamacpp_projection_mib": projection.total_mib, "real_mib": real,
-                    "ours_error_pct": 100 * (ours - real) / real,
-                    "llamacpp_error_pct": 100 * (projection.total_mib - real) / real}  # fmt: skip
+    row["total"] = {
+        "ours_mib": ours,
+        "llamacpp_projection_mib": projection.total_mib,
+        "real_mib": real,
+        "ours_error_pct": 100 * (ours - real) / real,
+        "llamacpp_error_pct": 100 * (projection.total_mib - real) / real,
+    }
     ours_off, theirs_off = abs(ours - real), abs(projection.total_mib - real)
     row["closer"] = "ours" if ours_off < theirs_off else "llama.cpp" if theirs_off < ours_off else "tie"
     return row
@@ -53,12 +57,17 @@ def summarize_projection(rows: list[dict[str, Any]]) -> dict[str, Any]:
     theirs = [abs(p["total"]["llamacpp_error_pct"]) for p in compared]
     closer = {who: sum(p["closer"] == who for p in compared) for who in ("ours", "llama.cpp", "tie")}
     summary = {
-        "cases": len(compared), "ours_max_abs_error_pct": max(ours), "ours_mean_abs_error_pct": statistics.fmean(ours),
-        "llamacpp_max_abs_error_pct": max(theirs), "llamacpp_mean_abs_error_pct": statistics.fmean(theirs),
+        "cases": len(compared),
+        "ours_max_abs_error_pct": max(ours),
+        "ours_mean_abs_error_pct": statistics.fmean(ours),
+        "llamacpp_max_abs_error_pct": max(theirs),
+        "llamacpp_mean_abs_error_pct": statistics.fmean(theirs),
         "closer": closer,
-    }  # fmt: skip
-    print(f"\ntotal (weights + KV + state + compute) vs the real allocation, {len(compared)} loads: "
-          f"ours max {max(ours):.2f} % mean {statistics.fmean(ours):.2f} %; llama.cpp --fit projection "
-          f"max {max(theirs):.2f} % mean {statistics.fmean(theirs):.2f} % (whole MiB, rounded down); closer: "
-          f"ours {closer['ours']}, llama.cpp {closer['llama.cpp']}, tie {closer['tie']}")  # fmt: skip
+    }
+    print(
+        f"\ntotal (weights + KV + state + compute) vs the real allocation, {len(compared)} loads: "
+        f"ours max {max(ours):.2f} % mean {statistics.fmean(ours):.2f} %; llama.cpp --fit projection "
+        f"max {max(theirs):.2f} % mean {statistics.fmean(theirs):.2f} % (whole MiB, rounded down); closer: "
+        f"ours {closer['ours']}, llama.cpp {closer['llama.cpp']}, tie {closer['tie']}"
+    )
     return summary

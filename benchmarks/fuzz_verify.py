@@ -238,9 +238,15 @@ def run_case(item: tuple[int, tuple[Any, ...]]) -> dict[str, Any]:
         seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
         _current, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-    return {"index": index, "case": case[:4] if case[0] == "set" else (case[0], str(case[1])[:80]),
-            "outcome": outcome, "detail": detail, "seconds": seconds, "cpu_seconds": cpu_seconds,
-            "peak_bytes": peak}  # fmt: skip
+    return {
+        "index": index,
+        "case": case[:4] if case[0] == "set" else (case[0], str(case[1])[:80]),
+        "outcome": outcome,
+        "detail": detail,
+        "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
+        "peak_bytes": peak,
+    }
 
 
 def stock_reader_on_hang_case(path: Path, directory: Path, timeout: float = 10.0) -> str:
@@ -256,8 +262,9 @@ def stock_reader_on_hang_case(path: Path, directory: Path, timeout: float = 10.0
         "gguf.GGUFReader(sys.argv[1])"
     )
     try:
-        done = subprocess.run([sys.executable, "-c", code, str(crafted)], capture_output=True, text=True,
-                              timeout=timeout)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(crafted)], capture_output=True, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired:
         return f"no answer within {timeout:.0f} s (killed)"
     last = (done.stderr.strip().splitlines() or ["ok"])[-1]

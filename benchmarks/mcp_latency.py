@@ -30,9 +30,11 @@ def percentile(samples: list[float], fraction: float) -> float:
 async def measure(calls: int) -> dict[str, float]:
     home = tempfile.mkdtemp(prefix="lf-mcp-bench-")
     params = StdioServerParameters(
-        command=sys.executable, args=["-m", "mcp_server", "--read-only"], cwd=str(ROOT),
+        command=sys.executable,
+        args=["-m", "mcp_server", "--read-only"],
+        cwd=str(ROOT),
         env={"LLAMAFORGE_HOME": home, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+    )
     started = time.perf_counter()
     async with Client(params, read_timeout_seconds=60) as client:
         connected = time.perf_counter() - started

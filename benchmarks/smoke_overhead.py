@@ -51,9 +51,17 @@ def main() -> None:
         sys.exit("no CPU build: run `invoke build` first or pass --build")
     model = Path(args.model) if args.model else tiny_smoke_model()
     # The CPU module sweep is a stage of its own, not the bench stage measured here: left out of each round.
-    params: dict[str, Any] = {"build": build, "model": str(model), "threads": args.threads, "tg": args.tg,
-                              "repetitions": args.repetitions, "concurrency": [1], "requests": 4,
-                              "max_tokens": args.tg, "skip_cpu_modules": True}  # fmt: skip
+    params: dict[str, Any] = {
+        "build": build,
+        "model": str(model),
+        "threads": args.threads,
+        "tg": args.tg,
+        "repetitions": args.repetitions,
+        "concurrency": [1],
+        "requests": 4,
+        "max_tokens": args.tg,
+        "skip_cpu_modules": True,
+    }
     directory = Path(build) if Path(build).is_dir() else build_dir(find_build(build)["key"])
     binary = directory / "bin" / "llama-bench" if (directory / "bin").is_dir() else directory / "llama-bench"
     command = bench_command(
@@ -71,9 +79,12 @@ def main() -> None:
         raw = (raw_before + raw_after) / 2
         decode = result["server"]["levels"][0]["decode_tps"]["p50"]
         rows.append((raw, smoke_tg, decode, smoke_s))
-        print(f"round {round_}: raw llama-bench tg{args.tg} {raw:7.1f} t/s | smoke bench stage {smoke_tg:7.1f} t/s "
-              f"(ratio {smoke_tg / raw:.3f}) | smoke server decode p50 {decode:7.1f} t/s (ratio {decode / raw:.3f}) "
-              f"| smoke run {smoke_s:.1f} s ({result['run_id']})", flush=True)  # fmt: skip
+        print(
+            f"round {round_}: raw llama-bench tg{args.tg} {raw:7.1f} t/s | smoke bench stage {smoke_tg:7.1f} t/s "
+            f"(ratio {smoke_tg / raw:.3f}) | smoke server decode p50 {decode:7.1f} t/s (ratio {decode / raw:.3f}) "
+            f"| smoke run {smoke_s:.1f} s ({result['run_id']})",
+            flush=True,
+        )
     raw_m = statistics.median(r[0] for r in rows)
     smoke_m = statistics.median(r[1] for r in rows)
     decode_m = statistics.median(r[2] for r in rows)

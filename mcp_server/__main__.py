@@ -38,53 +38,79 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--token-file", type=Path, help="File holding the bearer token (default: $LLAMAFORGE_MCP_TOKEN)"
     )
     parser.add_argument(
-        "--allowed-host", action="append", default=[], metavar="NAME",
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
         help="Extra Host header name clients use (e.g. behind a reverse proxy); repeatable",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--read-only", action="store_true",
+        "--read-only",
+        action="store_true",
         help="Expose only read-only tools; nothing is written, downloaded or built and no program runs",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--allow-root", action="append", type=Path, default=[], metavar="DIR",
+        "--allow-root",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="DIR",
         help="Another directory path parameters may point into (repeatable)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--project-dir", type=Path,
+        "--project-dir",
+        type=Path,
         help="The project directory (default: the current one, refused when it is / or the home directory or "
         "a parent of it)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--confirm", choices=["elicit", "param"], default="elicit",
+        "--confirm",
+        choices=["elicit", "param"],
+        default="elicit",
         help="Destructive calls run when the user accepts the server's question through the client (elicit, "
         "default), or also when the caller passes confirm=true (param: the caller decides; prints a warning)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--allow-host-builds", action="store_true",
+        "--allow-host-builds",
+        action="store_true",
         help="Let calls build outside Docker (executor local/ssh, build_host), repeat manifests (from_manifest) "
         "and use recipes, patch series and matrices from outside the project; each such call is confirmed",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--allow-deploy-host", action="append", default=[], metavar="NAME",
+        "--allow-deploy-host",
+        action="append",
+        default=[],
+        metavar="NAME",
         help="A host destructive calls (deploy, rollback, topology) may target; repeatable (default: any)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--allow-inventory", action="append", type=Path, default=[], metavar="FILE",
+        "--allow-inventory",
+        action="append",
+        type=Path,
+        default=[],
+        metavar="FILE",
         help="An inventory or topology file destructive calls may use; repeatable (default: any)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--allow-url-host", action="append", metavar="HOST",
+        "--allow-url-host",
+        action="append",
+        metavar="HOST",
         help="A host downloads and remote reads may reach; repeatable (default: any host except link-local "
         "and cloud-metadata addresses, which only this flag allows)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--allow-ssh-host", action="append", metavar="HOST",
+        "--allow-ssh-host",
+        action="append",
+        metavar="HOST",
         help="A host SSH may dial (deploy, status, build hosts); repeatable (default: any)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--max-jobs", type=int, default=DEFAULT_MAX_JOBS, metavar="N",
+        "--max-jobs",
+        type=int,
+        default=DEFAULT_MAX_JOBS,
+        metavar="N",
         help=f"Jobs that may run at once; more are refused (default: {DEFAULT_MAX_JOBS})",
-    )  # fmt: skip
+    )
     args = parser.parse_args(argv)
     if args.max_jobs < 1:
         parser.error("--max-jobs must be at least 1")
@@ -119,13 +145,18 @@ def main(argv: list[str] | None = None) -> int:
         check_project_dir(project_dir, explicit=args.project_dir is not None)
         token = load_token(args.token_file) if args.http else None
         options = ServerOptions(
-            read_only=args.read_only, project_dir=project_dir.resolve(), allow_roots=tuple(args.allow_root),
-            confirm=args.confirm, allow_host_builds=args.allow_host_builds,
-            deploy_hosts=tuple(args.allow_deploy_host), inventories=tuple(args.allow_inventory),
+            read_only=args.read_only,
+            project_dir=project_dir.resolve(),
+            allow_roots=tuple(args.allow_root),
+            confirm=args.confirm,
+            allow_host_builds=args.allow_host_builds,
+            deploy_hosts=tuple(args.allow_deploy_host),
+            inventories=tuple(args.allow_inventory),
             url_hosts=None if args.allow_url_host is None else tuple(args.allow_url_host),
             ssh_hosts=None if args.allow_ssh_host is None else tuple(args.allow_ssh_host),
-            max_jobs=args.max_jobs, secrets=(token,) if token else (),
-        )  # fmt: skip
+            max_jobs=args.max_jobs,
+            secrets=(token,) if token else (),
+        )
         # For good, not only while a client is connected: jobs outlive their client.
         guard.install(host_guard(options))
         verifier = StaticTokenVerifier(token) if token else None
@@ -142,9 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.http:
             server.run(
-                "streamable-http", host=args.host, port=args.port, streamable_http_path=args.path,
+                "streamable-http",
+                host=args.host,
+                port=args.port,
+                streamable_http_path=args.path,
                 transport_security=transport_security(args.host, args.port, args.allowed_host),
-            )  # fmt: skip
+            )
         else:
             server.run("stdio")
     finally:

@@ -50,11 +50,14 @@ def host_guard(options: ServerOptions) -> HostGuard:
         return None if names is None else frozenset(name.lower() for name in names)
 
     return HostGuard(
-        read_only=options.read_only, minimal_env=True, path_check=path_policy(options).check_file_path,
-        url_hosts=hosts(options.url_hosts), ssh_hosts=hosts(options.ssh_hosts),
+        read_only=options.read_only,
+        minimal_env=True,
+        path_check=path_policy(options).check_file_path,
+        url_hosts=hosts(options.url_hosts),
+        ssh_hosts=hosts(options.ssh_hosts),
         allow_flag_hint="the person who starts the server allows more with --allow-url-host HOST, "
         "--allow-ssh-host HOST or --allow-root DIR",
-    )  # fmt: skip
+    )
 
 
 @dataclass(frozen=True)
@@ -71,9 +74,12 @@ class CallPolicy:
     def of(cls, options: ServerOptions) -> CallPolicy:
         """The checks of a server started with ``options``."""
         return cls(
-            options, path_policy(options), Places(options.project_dir),
-            DeployTargets.of(options.deploy_hosts, options.inventories), Output(options.secrets),
-        )  # fmt: skip
+            options,
+            path_policy(options),
+            Places(options.project_dir),
+            DeployTargets.of(options.deploy_hosts, options.inventories),
+            Output(options.secrets),
+        )
 
     def check(self, tool: str, op: Operation, arguments: dict[str, Any]) -> None:
         """Raise ``ToolError`` for a path outside the roots, a host build the server does not allow, or a

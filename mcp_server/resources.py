@@ -33,9 +33,16 @@ def add_resources(server: MCPServer[Any], jobs: JobManager, output: Output) -> N
         from llamaforge.build.recipes import list_recipes, load_recipe
 
         return _json(
-            [{"name": name, "description": (recipe := load_recipe(name)).description, "backend": recipe.backend,
-              "uri": f"llamaforge://recipes/{name}"} for name in list_recipes()]
-        )  # fmt: skip
+            [
+                {
+                    "name": name,
+                    "description": (recipe := load_recipe(name)).description,
+                    "backend": recipe.backend,
+                    "uri": f"llamaforge://recipes/{name}",
+                }
+                for name in list_recipes()
+            ]
+        )
 
     @server.resource("llamaforge://recipes/{name}", name="recipe", mime_type=JSON)
     def recipe(name: str) -> str:

@@ -169,9 +169,12 @@ def _field_parameters(op: Operation) -> list[inspect.Parameter]:
         # Annotated[...] built at run time: the field type, its constraints, its description and its schema
         # extras (the path marker, so a client sees which inputs are paths).
         annotation = cast(Any, Annotated)[
-            (info.annotation, *info.metadata,
-             Field(description=info.description, json_schema_extra=info.json_schema_extra))
-        ]  # fmt: skip
+            (
+                info.annotation,
+                *info.metadata,
+                Field(description=info.description, json_schema_extra=info.json_schema_extra),
+            )
+        ]
         default = (
             inspect.Parameter.empty if info.is_required() else info.get_default(call_default_factory=True)
         )
@@ -231,16 +234,21 @@ def _operation_tool(
         if confirm == "param":  # only where the server was told to take the caller's word for the user's
             parameters.append(
                 inspect.Parameter(
-                    CONFIRM_PARAM, inspect.Parameter.KEYWORD_ONLY, default=False,
-                    annotation=Annotated[bool, Field(description="Set to true only after the user agreed to run this")],
+                    CONFIRM_PARAM,
+                    inspect.Parameter.KEYWORD_ONLY,
+                    default=False,
+                    annotation=Annotated[
+                        bool, Field(description="Set to true only after the user agreed to run this")
+                    ],
                 )
-            )  # fmt: skip
+            )
         parameters.append(
             inspect.Parameter(
-                CONFIRMATION_PARAM, inspect.Parameter.KEYWORD_ONLY,
+                CONFIRMATION_PARAM,
+                inspect.Parameter.KEYWORD_ONLY,
                 annotation=Annotated[ElicitationResult[Confirmation], Resolve(resolver)],
             )
-        )  # fmt: skip
+        )
     parameters.append(inspect.Parameter(CONTEXT_PARAM, inspect.Parameter.KEYWORD_ONLY, annotation=Context))
     # The operation's result model is the tool's outputSchema; a failing verdict returns the CallToolResult
     # itself (isError, with the result as structuredContent), which the SDK passes through unvalidated.
@@ -257,9 +265,11 @@ def _operation_tool(
         if background:
             job_id = policy.start_job(jobs, name, op, params)
             return JobStarted(
-                job_id=job_id, operation=op.name, state=jobs.status(job_id).state,
+                job_id=job_id,
+                operation=op.name,
+                state=jobs.status(job_id).state,
                 next_step=f"poll job_status(job_id={job_id!r}); job_logs pages the log; job_cancel stops it",
-            )  # fmt: skip
+            )
         if op.long_running:
             return await _run_as_job(op, params, jobs, ctx, policy, name)
         return await _run_inline(op, params, ctx, policy)
@@ -327,17 +337,28 @@ def build_server(
                 raise ValueError(f"operation {op.name}: tool name {name!r} is already taken")
             tools.append(
                 CheckedTool.of(
-                    function, policy.output, name=name, description=_describe(op, background, policy),
-                    annotations=_annotations(op, name, policy), structured_output=True,
+                    function,
+                    policy.output,
+                    name=name,
+                    description=_describe(op, background, policy),
+                    annotations=_annotations(op, name, policy),
+                    structured_output=True,
                 )
-            )  # fmt: skip
+            )
     names = {tool.name for tool in tools}
     with_cancel = any(name.endswith("_start") for name in names)
     tools += job_tools(jobs, policy.output, with_cancel=with_cancel)
     server: MCPServer[Any] = MCPServer(
-        "llamaforge", version=__version__, instructions=_INSTRUCTIONS, token_verifier=token_verifier, auth=auth,
-        log_level="WARNING", warn_on_duplicate_tools=False, lifespan=guarded, tools=tools,
-    )  # fmt: skip
+        "llamaforge",
+        version=__version__,
+        instructions=_INSTRUCTIONS,
+        token_verifier=token_verifier,
+        auth=auth,
+        log_level="WARNING",
+        warn_on_duplicate_tools=False,
+        lifespan=guarded,
+        tools=tools,
+    )
     add_resources(server, jobs, policy.output)
     add_prompts(
         server, names | {name for name in JOB_TOOLS if with_cancel or name != "job_cancel"}, policy.output

@@ -148,13 +148,19 @@ def tls_files(directory: Path) -> tuple[Path, Path]:
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
     now = datetime.datetime.now(datetime.UTC)
     cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False
+        )
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .sign(key, hashes.SHA256())
-    )  # fmt: skip
+    )
     cert_file, key_file = directory / "hub-cert.pem", directory / "hub-key.pem"
     cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     key_file.write_bytes(
@@ -267,10 +273,17 @@ class _Handler(BaseHTTPRequestHandler):
             return
         content = self.hub.files[name]
         # Like huggingface.co for an LFS file: a redirect to the CDN that carries the file's metadata.
-        self._send(302, b"", {
-            "Location": f"{self.hub.cdn_url}/files/{name}", "X-Repo-Commit": self.hub.commit,
-            "X-Linked-Etag": f'"{name}"', "X-Linked-Size": str(len(content)), "ETag": '"pointer-blob-sha1"',
-        })  # fmt: skip
+        self._send(
+            302,
+            b"",
+            {
+                "Location": f"{self.hub.cdn_url}/files/{name}",
+                "X-Repo-Commit": self.hub.commit,
+                "X-Linked-Etag": f'"{name}"',
+                "X-Linked-Size": str(len(content)),
+                "ETag": '"pointer-blob-sha1"',
+            },
+        )
 
     # --- ModelScope: /api/v1/models/{owner}/{repo}/repo/files and /repo?FilePath= ---------------------------
 
@@ -284,10 +297,16 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if parts[3:] == ["repo", "files"]:
             files = [
-                {"Path": path, "Name": path.rsplit("/", 1)[-1], "Size": len(self.hub.files[name]),
-                 "Sha256": name, "Type": "blob", "Revision": "master"}
+                {
+                    "Path": path,
+                    "Name": path.rsplit("/", 1)[-1],
+                    "Size": len(self.hub.files[name]),
+                    "Sha256": name,
+                    "Type": "blob",
+                    "Revision": "master",
+                }
                 for path, name in self.hub.repos[repo].items()
-            ]  # fmt: skip
+            ]
             body = json.dumps({"Code": 200, "Success": True, "Data": {"Files": files}}).encode()
             self._send(200, body, {"Content-Type": "application/json"})
             return

@@ -59,12 +59,25 @@ def wait(params: WaitParams, ctx: OperationContext) -> Waited:
 REGISTRY = {
     op.name: op
     for op in (
-        Operation("silent.wait", "Wait in silence as a job (test only)", WaitParams, Waited, wait,
-                  read_only=True, long_running=True),
-        Operation("silent.pause", "Wait in silence in a worker thread (test only)", WaitParams, Waited, wait,
-                  read_only=True),
+        Operation(
+            "silent.wait",
+            "Wait in silence as a job (test only)",
+            WaitParams,
+            Waited,
+            wait,
+            read_only=True,
+            long_running=True,
+        ),
+        Operation(
+            "silent.pause",
+            "Wait in silence in a worker thread (test only)",
+            WaitParams,
+            Waited,
+            wait,
+            read_only=True,
+        ),
     )
-}  # fmt: skip
+}
 
 
 def main() -> None:

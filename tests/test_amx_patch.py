@@ -35,8 +35,18 @@ MODULE = "libggml-cpu-sapphirerapids.so"
 # tile_config_t: palette_id, start_row, 14 reserved bytes, colsb[16] (uint16), rows[16] (uint8).
 EXPECTED_ROWS = (8, 8, 16, 16, 16, 16, 16, 16) + (0,) * 8
 EXPECTED_COLSB = (64, 64, 32, 32, 64, 64, 64, 64) + (0,) * 8
-TILE_MNEMONICS = ("tilezero", "tileloadd", "tileloaddt1", "tilestored", "tdpbssd", "tdpbsud", "tdpbusd",
-                  "tdpbuud", "tdpbf16ps", "tdpfp16ps")  # fmt: skip
+TILE_MNEMONICS = (
+    "tilezero",
+    "tileloadd",
+    "tileloaddt1",
+    "tilestored",
+    "tdpbssd",
+    "tdpbsud",
+    "tdpbusd",
+    "tdpbuud",
+    "tdpbf16ps",
+    "tdpfp16ps",
+)
 HAS_AMX = "amx_tile" in Path("/proc/cpuinfo").read_text(encoding="utf-8")
 
 _FUNCTION = re.compile(r"^([0-9a-f]+) <(.+)>:$")
@@ -84,9 +94,17 @@ def disassemble(module: Path) -> dict[int, Function]:
 def read_bytes(module: Path, address: int, count: int) -> bytes:
     """``count`` bytes of the module's image at virtual ``address`` (``objdump -s``)."""
     out = subprocess.run(
-        ["objdump", "-s", f"--start-address={address:#x}", f"--stop-address={address + count:#x}", str(module)],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        [
+            "objdump",
+            "-s",
+            f"--start-address={address:#x}",
+            f"--stop-address={address + count:#x}",
+            str(module),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     data = bytearray()
     for line in out.splitlines():
         parts = line.split()
@@ -136,9 +154,10 @@ def test_stock_module_loads_its_tile_configuration_from_the_stack(objdump: str, 
         assert "(%rsp)" in operands, f"{function.name}: {operands}"
         offset = operands.split("(")[0]
         stores = [
-            (mnemonic, ops) for _, mnemonic, ops in function.instructions[max(0, index - 12) : index]
+            (mnemonic, ops)
+            for _, mnemonic, ops in function.instructions[max(0, index - 12) : index]
             if ops.endswith(f"{offset}(%rsp)")
-        ]  # fmt: skip
+        ]
         # Only the zeroing of the whole struct and palette_id = 1: no rows[] / colsb[] store survived.
         assert [m for m, _ in stores] == ["vmovdqa64", "movb"], stores
         assert stores[1][1].startswith("$0x1,"), stores
@@ -197,10 +216,27 @@ def test_tile_instructions_run_only_after_the_thread_loaded_its_configuration(
 
 def _bench(directory: Path, model: Path, threads: int, repack: bool) -> tuple[float, float, str | None]:
     bench = subprocess.run(
-        [str(directory / "llama-bench"), "-m", str(model), "-p", "64", "-n", "16", "-r", "1", "-t", str(threads),
-         "--repack", "1" if repack else "0", "-o", "jsonl"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            str(directory / "llama-bench"),
+            "-m",
+            str(model),
+            "-p",
+            "64",
+            "-n",
+            "16",
+            "-r",
+            "1",
+            "-t",
+            str(threads),
+            "--repack",
+            "1" if repack else "0",
+            "-o",
+            "jsonl",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bench.returncode == 0, f"llama-bench exit {bench.returncode}: {bench.stderr[-2000:]}"
     rows = [json.loads(line) for line in bench.stdout.splitlines() if line.startswith("{")]
     pp = next(r["avg_ts"] for r in rows if r["n_prompt"] > 0)
@@ -226,7 +262,9 @@ def test_amx_runs_quantized_models_on_one_thread_and_two(
     for threads in (1, 2):
         amx_pp, amx_tg, module = _bench(patched_build / "bin", model, threads, repack=True)
         plain_pp, plain_tg, _ = _bench(patched_build / "bin", model, threads, repack=False)
-        print(f"{dtype} t={threads} {module}: AMX pp64 {amx_pp:.1f} tg16 {amx_tg:.1f} | "
-              f"--repack 0 pp64 {plain_pp:.1f} tg16 {plain_tg:.1f}")  # fmt: skip
+        print(
+            f"{dtype} t={threads} {module}: AMX pp64 {amx_pp:.1f} tg16 {amx_tg:.1f} | "
+            f"--repack 0 pp64 {plain_pp:.1f} tg16 {plain_tg:.1f}"
+        )
         assert module == MODULE
         assert amx_pp > 0 and amx_tg > 0

@@ -27,9 +27,13 @@ HOSTILE_IMAGES = [
 
 def invoke(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "invoke", *args], capture_output=True, text=True, timeout=120, cwd=REPO,
+        [sys.executable, "-m", "invoke", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
         env={"PATH": "/usr/bin:/bin", "HOME": str(home), "LLAMAFORGE_HOME": str(home / "lf")},
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("image", HOSTILE_IMAGES)

@@ -39,8 +39,10 @@ def test_series(tmp_path_factory: pytest.TempPathFactory, source_tree: Path) -> 
     )
     diff = subprocess.run(
         ["git", "diff", "--no-index", "--no-prefix", f"a/{relative}", f"b/{relative}"],
-        cwd=work, capture_output=True, text=True,
-    ).stdout  # fmt: skip
+        cwd=work,
+        capture_output=True,
+        text=True,
+    ).stdout
     series = tmp_path_factory.mktemp("series")
     (series / "0001-version-banner.patch").write_text(diff, encoding="utf-8")
     (series / "series").write_text("0001-version-banner.patch\n", encoding="utf-8")
@@ -111,8 +113,13 @@ def test_default_build_loads_the_best_cpu_variant_for_this_host(
 
     bench = Path(shared_build["path"]) / "bin" / "llama-bench"
     env = {key: value for key, value in os.environ.items() if key != "LD_LIBRARY_PATH"}
-    result = subprocess.run([bench, "-m", tiny_qwen3, "-p", "8", "-n", "4", "-r", "1", "-t", "1"],
-                            capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    result = subprocess.run(
+        [bench, "-m", tiny_qwen3, "-p", "8", "-n", "4", "-r", "1", "-t", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     module, variant = loaded_variant(result.stderr)
     assert module is not None and Path(module).parent == bench.parent, result.stderr[-2000:]
@@ -143,8 +150,10 @@ def test_llama_bench_runs_tiny_qwen3(shared_build: dict[str, Any], tiny_qwen3: P
     bench = Path(shared_build["path"]) / "bin" / "llama-bench"
     result = subprocess.run(
         [bench, "-m", tiny_qwen3, "-p", "16", "-n", "16", "-r", "2", "-t", "1", "-o", "json"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     rows = json.loads(result.stdout)
     assert {row["build_commit"] for row in rows} == {"0c1e570"}
@@ -181,8 +190,11 @@ def test_cache_hit_starts_no_container(
     again = invoke_json("build", "--backend", "cpu", "--patches", str(test_series), env=build_env)["build"]
     assert again["cached"] is True
     until = int(time.time()) + 1
-    created = list(docker_client().events(since=since, until=until, decode=True,
-                                          filters={"type": "container", "event": "create"}))  # fmt: skip
+    created = list(
+        docker_client().events(
+            since=since, until=until, decode=True, filters={"type": "container", "event": "create"}
+        )
+    )
     assert created == []
 
 

@@ -66,10 +66,20 @@ def test_names_must_be_unique_and_a_matrix_needs_builds(tmp_path: Path) -> None:
 
 
 def test_entries_become_build_options() -> None:
-    matrix = Matrix(name="m", recipe="github", builds=[
-        MatrixEntry(name="w", platform="windows", arch=["86", "89"], cmake={"GGML_RPC": True, "X": 3},
-                    executor="ssh", build_host="b@h:22"),
-    ])  # fmt: skip
+    matrix = Matrix(
+        name="m",
+        recipe="github",
+        builds=[
+            MatrixEntry(
+                name="w",
+                platform="windows",
+                arch=["86", "89"],
+                cmake={"GGML_RPC": True, "X": 3},
+                executor="ssh",
+                build_host="b@h:22",
+            ),
+        ],
+    )
     arguments = entry_arguments(matrix, matrix.builds[0])
     assert arguments["recipe"] == "github" and arguments["arch"] == "86,89"
     assert arguments["cmake"] == ["GGML_RPC=ON", "X=3"]

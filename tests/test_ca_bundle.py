@@ -26,9 +26,12 @@ VARIABLES = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 # (commit 6f12707): builds published then stay cache hits.
 NO_BUNDLE = {
     "cpu": ("48fe8f9fef75c3ec8cbf5acd179bdca69598805d370f4f319bd933e6b4a54175", "cpu-5deab6154b99080f"),
-    "cuda-86": ("16a85cebd82317b60596f7f82b540f35554ca477c9bd66c614c82c471e7ef8a9", "cuda-wheels-b742ec3ca626420e"),
+    "cuda-86": (
+        "16a85cebd82317b60596f7f82b540f35554ca477c9bd66c614c82c471e7ef8a9",
+        "cuda-wheels-b742ec3ca626420e",
+    ),
     "windows": ("7e48d7dfb0da58bb0cf8478217e9a8ce1ce1ead17a2c12b84c51c5b617b1f459", "mingw-ea8d03b46519402e"),
-}  # fmt: skip
+}
 PARAMS: dict[str, dict[str, Any]] = {
     "cpu": {"backend": "cpu"},
     "cuda-86": {"arch": "86"},
@@ -230,8 +233,14 @@ def test_no_ca_bundle_opts_out_and_contradicts_ca_bundle(
 
 def _env(tmp_path: Path, **settings: str) -> dict[str, str]:
     base = {name: value for name, value in os.environ.items() if name not in VARIABLES}
-    return {**base, "PIP_CONFIG_FILE": os.devnull, "HOME": str(tmp_path), "XDG_CONFIG_DIRS": str(tmp_path / "xdg"),
-            "LLAMAFORGE_HOME": str(tmp_path / "lf-home"), **settings}  # fmt: skip
+    return {
+        **base,
+        "PIP_CONFIG_FILE": os.devnull,
+        "HOME": str(tmp_path),
+        "XDG_CONFIG_DIRS": str(tmp_path / "xdg"),
+        "LLAMAFORGE_HOME": str(tmp_path / "lf-home"),
+        **settings,
+    }
 
 
 def test_a_dry_run_shows_the_bundle_and_where_it_came_from(tmp_path: Path) -> None:

@@ -16,9 +16,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Packages (and the few submodules named) a cache hit must not import: llamaforge's GGUF reader too.
 HEAVY = (
-    "docker", "paramiko", "numpy", "matplotlib", "mcp", "gguf", "filelock", "rich.syntax", "rich.table",
+    "docker",
+    "paramiko",
+    "numpy",
+    "matplotlib",
+    "mcp",
+    "gguf",
+    "filelock",
+    "rich.syntax",
+    "rich.table",
     "llamaforge.gguf",
-)  # fmt: skip
+)
 
 
 def loaded_after(code: str, home: Path | None = None) -> set[str]:
@@ -98,9 +106,13 @@ def test_a_hit_through_invoke_writes_bytecode_unless_python_is_told_not_to(tmp_p
         base = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
         base["LLAMAFORGE_HOME"] = str(tmp_path)
         done = subprocess.run(
-            [sys.executable, "-c", probe], cwd=ROOT, env={**base, **env}, capture_output=True, text=True,
+            [sys.executable, "-c", probe],
+            cwd=ROOT,
+            env={**base, **env},
+            capture_output=True,
+            text=True,
             check=True,
-        )  # fmt: skip
+        )
         assert done.stdout.splitlines()[-1] == expected, env
 
 
@@ -116,8 +128,16 @@ def test_a_result_shown_to_a_person_imports_only_its_operation(tmp_path: Path) -
         tmp_path,
     )
     assert operation_modules(shown) == {"llamaforge.build.ops_store"}
-    hit = {"dry_run": False, "build": {"key": "k", "path": "p", "cached": True, "seconds": 0.1,
-                                       "artifacts": {"bin/llama-cli": {"size": 1, "sha256": "0" * 64}}}}  # fmt: skip
+    hit = {
+        "dry_run": False,
+        "build": {
+            "key": "k",
+            "path": "p",
+            "cached": True,
+            "seconds": 0.1,
+            "artifacts": {"bin/llama-cli": {"size": 1, "sha256": "0" * 64}},
+        },
+    }
     shown = loaded_after(
         "import io, tasks\n"
         "from rich.console import Console\n"

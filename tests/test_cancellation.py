@@ -21,8 +21,20 @@ MARK_JOBS = 5
 def _sigterm_while_compiling(recipe: Path, env: dict[str, str], executor: str) -> tuple[int, str]:
     """Start ``invoke build --force``, send SIGTERM while ninja runs (the slow target takes a minute); exit code
     and stderr."""
-    command = [sys.executable, "-m", "invoke", "build", "--force", "--verbose", "--recipe", str(recipe),
-               "--executor", executor, "--jobs", str(MARK_JOBS)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "invoke",
+        "build",
+        "--force",
+        "--verbose",
+        "--recipe",
+        str(recipe),
+        "--executor",
+        executor,
+        "--jobs",
+        str(MARK_JOBS),
+    ]
     with subprocess.Popen(command, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True) as process:
         assert process.stderr is not None
         seen: list[str] = []

@@ -150,8 +150,11 @@ def test_json_errors_are_on_stdout_too(env: dict[str, str]) -> None:
 
 
 @pytest.mark.parametrize("front", sorted(FRONTS))
-@pytest.mark.parametrize("args", [["--list"], ["build", "--dry-run"], ["build", "--dry-run", "--json"],
-                                  ["models.fit", "--help"]], ids=" ".join)  # fmt: skip
+@pytest.mark.parametrize(
+    "args",
+    [["--list"], ["build", "--dry-run"], ["build", "--dry-run", "--json"], ["models.fit", "--help"]],
+    ids=" ".join,
+)
 def test_a_reader_that_went_away_ends_the_program_quietly(
     front: str, args: list[str], env: dict[str, str]
 ) -> None:
@@ -161,9 +164,14 @@ def test_a_reader_that_went_away_ends_the_program_quietly(
     os.close(read_end)
     try:
         done = subprocess.run(
-            [*FRONTS[front], *args], cwd=REPO, env=env, stdout=write_end, stderr=subprocess.PIPE, text=True,
+            [*FRONTS[front], *args],
+            cwd=REPO,
+            env=env,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
             timeout=120,
-        )  # fmt: skip
+        )
     finally:
         os.close(write_end)
     assert done.returncode == OUTPUT_CLOSED, done.stderr

@@ -46,8 +46,17 @@ HOSTILE = [
     "GGML_RPC;X",
     "",
 ]
-ALLOWED = ["GGML_VULKAN", "GGML_CCACHE", "LLAMA_CURL", "BUILD_SHARED_LIBS", "CMAKE_BUILD_TYPE", "CMAKE_INSTALL_RPATH",
-           "CMAKE_BUILD_WITH_INSTALL_RPATH", "CMAKE_C_FLAGS", "CMAKE_CUDA_ARCHITECTURES"]  # fmt: skip
+ALLOWED = [
+    "GGML_VULKAN",
+    "GGML_CCACHE",
+    "LLAMA_CURL",
+    "BUILD_SHARED_LIBS",
+    "CMAKE_BUILD_TYPE",
+    "CMAKE_INSTALL_RPATH",
+    "CMAKE_BUILD_WITH_INSTALL_RPATH",
+    "CMAKE_C_FLAGS",
+    "CMAKE_CUDA_ARCHITECTURES",
+]
 
 
 @pytest.mark.parametrize("key", HOSTILE)
@@ -79,14 +88,19 @@ def test_a_recipe_that_names_a_launcher_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_manifest_that_names_a_toolchain_file_is_refused(tmp_path: Path) -> None:
-    manifest = {"recipe": load_recipe("default").model_dump(mode="json"),
-                "options": {"cmake": [["CMAKE_TOOLCHAIN_FILE", "/tmp/evil.cmake"]]}}  # fmt: skip
+    manifest = {
+        "recipe": load_recipe("default").model_dump(mode="json"),
+        "options": {"cmake": [["CMAKE_TOOLCHAIN_FILE", "/tmp/evil.cmake"]]},
+    }
     path = tmp_path / "manifest.json"
     path.write_text(json.dumps(manifest), encoding="utf-8")
     out = subprocess.run(
         [sys.executable, "-m", "invoke", "build", "--from-manifest", str(path), "--dry-run"],
-        capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1],
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parents[1],
+    )
     assert out.returncode == InvalidOption.exit_code, out.stderr
     assert "CMAKE_TOOLCHAIN_FILE" in out.stderr and "Traceback" not in out.stderr
 

@@ -35,9 +35,13 @@ def test_best_fit_takes_the_smallest_hole_and_grows_only_when_none_fits() -> Non
 def test_holes_the_attention_leaves_grow_the_buffer() -> None:
     # the 2-unit blocks freed early are too small for the 6-unit tensors: 20 units, not the 18 of c, d, e
     nodes = [
-        _Node("x", 2, ()), _Node("a", 2, ("x",)), _Node("b", 2, ("a",)), _Node("c", 6, ("b",)),
-        _Node("d", 6, ("c",)), _Node("e", 6, ("c", "d")),
-    ]  # fmt: skip
+        _Node("x", 2, ()),
+        _Node("a", 2, ("x",)),
+        _Node("b", 2, ("a",)),
+        _Node("c", 6, ("b",)),
+        _Node("d", 6, ("c",)),
+        _Node("e", 6, ("c", "d")),
+    ]
     assert _replay([], nodes, alignment=1) == 20
 
 

@@ -20,8 +20,14 @@ def _args(cpu: str | None = None) -> set[str]:
 def test_default_recipe_builds_every_variant_as_loadable_modules() -> None:
     assert load_recipe("default").cpu == "variants"
     args = _args()
-    assert {"-DGGML_CPU_ALL_VARIANTS=ON", "-DGGML_BACKEND_DL=ON", "-DBUILD_SHARED_LIBS=ON",
-            "-DGGML_NATIVE=OFF", "-DCMAKE_INSTALL_RPATH=$ORIGIN", "-DGGML_RPC=ON"} <= args  # fmt: skip
+    assert {
+        "-DGGML_CPU_ALL_VARIANTS=ON",
+        "-DGGML_BACKEND_DL=ON",
+        "-DBUILD_SHARED_LIBS=ON",
+        "-DGGML_NATIVE=OFF",
+        "-DCMAKE_INSTALL_RPATH=$ORIGIN",
+        "-DGGML_RPC=ON",
+    } <= args
     assert not any(arg.startswith("-DGGML_AVX") for arg in args)
 
 

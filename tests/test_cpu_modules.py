@@ -57,15 +57,33 @@ def _fake_bin(root: Path, names: Sequence[str]) -> Path:
 def test_a_module_directory_holds_llama_bench_and_every_library_but_the_backend_modules(
     tmp_path: Path,
 ) -> None:
-    bin_dir = _fake_bin(tmp_path, ["llama-bench", "llama-server", "libllama.so.0", "libggml-base.so",
-                                   "libggml-base.so.0", "libggml.so.0", "libggml-rpc.so", "libggml-cuda.so",
-                                   "libggml-cpu-haswell.so", "libggml-cpu-zen4.so"])  # fmt: skip
+    bin_dir = _fake_bin(
+        tmp_path,
+        [
+            "llama-bench",
+            "llama-server",
+            "libllama.so.0",
+            "libggml-base.so",
+            "libggml-base.so.0",
+            "libggml.so.0",
+            "libggml-rpc.so",
+            "libggml-cuda.so",
+            "libggml-cpu-haswell.so",
+            "libggml-cpu-zen4.so",
+        ],
+    )
     assert [path.name for path in cpu_modules(bin_dir)] == ["libggml-cpu-haswell.so", "libggml-cpu-zen4.so"]
     exe = stage_module_dir(bin_dir / "llama-bench", tmp_path / "stage" / "haswell")
     staged = sorted(path.name for path in exe.parent.iterdir())
     # No backend module at all: a GPU backend would take the work away from the CPU module under test.
-    assert staged == ["libggml-base.so", "libggml-base.so.0", "libggml.so.0", "libllama.so", "libllama.so.0",
-                      "llama-bench"]  # fmt: skip
+    assert staged == [
+        "libggml-base.so",
+        "libggml-base.so.0",
+        "libggml.so.0",
+        "libllama.so",
+        "libllama.so.0",
+        "llama-bench",
+    ]
     # A real file, not a symlink: ggml reads the executable's directory from /proc/self/exe, symlinks resolved.
     assert not exe.is_symlink() and exe.read_bytes() == (bin_dir / "llama-bench").read_bytes()
     assert (exe.parent / "libllama.so").resolve() == (bin_dir / "libllama.so.0").resolve()
@@ -83,8 +101,13 @@ class NoProcesses:
 
 def test_a_build_of_one_cpu_level_gets_a_clear_answer(tmp_path: Path) -> None:
     bin_dir = _fake_bin(tmp_path, ["llama-bench", "libggml-cpu.so", "libggml-base.so"])
-    sweep = sweep_cpu_modules(bin_dir / "llama-bench", tmp_path / "m.gguf", tmp_path / "logs",
-                              cpu_level="x86-64-v3", runner=NoProcesses())  # fmt: skip
+    sweep = sweep_cpu_modules(
+        bin_dir / "llama-bench",
+        tmp_path / "m.gguf",
+        tmp_path / "logs",
+        cpu_level="x86-64-v3",
+        runner=NoProcesses(),
+    )
     assert sweep["modules"] == [] and sweep["passed"] and sweep["default"] is None
     assert "one CPU level (x86-64-v3)" in sweep["note"] and "nothing to sweep" in sweep["note"]
     assert cpu_modules_lines(sweep)[-1] == sweep["note"]
@@ -92,9 +115,23 @@ def test_a_build_of_one_cpu_level_gets_a_clear_answer(tmp_path: Path) -> None:
 
 
 def _row(variant: str, status: str, outcome: str, **extra: Any) -> dict[str, Any]:
-    row = {"module": f"libggml-cpu-{variant}.so", "variant": variant, "status": status, "outcome": outcome,
-           "loaded": status == "ran", "default": False, "signal": None, "exit": "exit code 0", "pp_tps": None,
-           "tg_tps": None, "missing": [], "detail": "", "hint": None, "log": "/l", "wall_s": 0.5}  # fmt: skip
+    row = {
+        "module": f"libggml-cpu-{variant}.so",
+        "variant": variant,
+        "status": status,
+        "outcome": outcome,
+        "loaded": status == "ran",
+        "default": False,
+        "signal": None,
+        "exit": "exit code 0",
+        "pp_tps": None,
+        "tg_tps": None,
+        "missing": [],
+        "detail": "",
+        "hint": None,
+        "log": "/l",
+        "wall_s": 0.5,
+    }
     return {**row, **extra}
 
 
@@ -106,21 +143,47 @@ def test_every_view_shows_the_table_and_names_the_crash() -> None:
 
     crash = "killed by SIGILL (illegal instruction)"
     sweep = {
-        "bin_dir": "/b", "model": "/m.gguf", "cpu": {"model": "Some CPU", "features": ["AVX2"]},
-        "options": {"pp": 16, "tg": 8, "repetitions": 1, "threads": 1}, "note": None, "passed": False,
+        "bin_dir": "/b",
+        "model": "/m.gguf",
+        "cpu": {"model": "Some CPU", "features": ["AVX2"]},
+        "options": {"pp": 16, "tg": 8, "repetitions": 1, "threads": 1},
+        "note": None,
+        "passed": False,
         "modules": [
             _row("haswell", "ran", "ran", pp_tps=120.5, tg_tps=30.25, default=True),
-            _row("sapphirerapids", "not_for_this_cpu", "not for this CPU (lacks AMX_INT8)", missing=["AMX_INT8"]),
-            _row("zen4", "crashed", f"crashed: {crash}", signal="SIGILL", exit=crash,
-                 detail=f"{crash} after loading it"),
+            _row(
+                "sapphirerapids",
+                "not_for_this_cpu",
+                "not for this CPU (lacks AMX_INT8)",
+                missing=["AMX_INT8"],
+            ),
+            _row(
+                "zen4",
+                "crashed",
+                f"crashed: {crash}",
+                signal="SIGILL",
+                exit=crash,
+                detail=f"{crash} after loading it",
+            ),
         ],
-        "default": {"module": "libggml-cpu-haswell.so", "variant": "haswell", "signal": None, "exit": "exit code 0",
-                    "detail": "", "hint": None, "log": "/d"},
+        "default": {
+            "module": "libggml-cpu-haswell.so",
+            "variant": "haswell",
+            "signal": None,
+            "exit": "exit code 0",
+            "detail": "",
+            "hint": None,
+            "log": "/d",
+        },
         "problems": [f"libggml-cpu-zen4.so: crashed ({crash} after loading it)"],
         "summary": "3 CPU modules: 1 ran, 1 not for this CPU, 1 crashed; the loader picks libggml-cpu-haswell.so",
-        "logs": "/logs", "wall_s": 2.0, "build_key": "k" * 32, "model_label": "m", "files": {"summary.md": "/s.md"},
+        "logs": "/logs",
+        "wall_s": 2.0,
+        "build_key": "k" * 32,
+        "model_label": "m",
+        "files": {"summary.md": "/s.md"},
         "exit_code": 10,
-    }  # fmt: skip
+    }
     markdown = "\n".join(cpu_modules_lines(sweep))
     assert "| libggml-cpu-haswell.so | yes | **default** | ran | 120.5 | 30.2 |  |" in markdown
     assert (
@@ -165,8 +228,20 @@ async def test_the_mcp_server_has_the_sweep_tool(anyio_backend: str) -> None:
 
 # ggml's x86 score (ggml-cpu/arch/x86/cpu-feats.cpp): 1 plus one bit per feature a variant was built with; the
 # loader picks the highest. SSSE3 stands for the SSE4.2 every x86 variant above x64 has.
-SCORE_BITS = {"FMA": 1, "F16C": 2, "SSSE3": 4, "BMI2": 8, "AVX": 16, "AVX2": 32, "AVX_VNNI": 64, "AVX512": 128,
-              "AVX512_VBMI": 256, "AVX512_BF16": 512, "AVX512_VNNI": 1024, "AMX_INT8": 2048}  # fmt: skip
+SCORE_BITS = {
+    "FMA": 1,
+    "F16C": 2,
+    "SSSE3": 4,
+    "BMI2": 8,
+    "AVX": 16,
+    "AVX2": 32,
+    "AVX_VNNI": 64,
+    "AVX512": 128,
+    "AVX512_VBMI": 256,
+    "AVX512_BF16": 512,
+    "AVX512_VNNI": 1024,
+    "AMX_INT8": 2048,
+}
 
 
 def _runs_here(variant: str) -> bool:
@@ -178,8 +253,16 @@ def _runs_here(variant: str) -> bool:
 def variants_sweep(patched_build: Path, build_env: dict[str, str]) -> dict[str, Any]:
     """`invoke smoke.cpu-modules --build DIR --threads 1 --json` on the default build, with the default model
     (the tiny Q4_0 qwen3 written into the test home)."""
-    result = invoke("smoke.cpu-modules", "--build", str(patched_build), "--threads", "1", "--json",
-                    env=build_env, timeout=1200)  # fmt: skip
+    result = invoke(
+        "smoke.cpu-modules",
+        "--build",
+        str(patched_build),
+        "--threads",
+        "1",
+        "--json",
+        env=build_env,
+        timeout=1200,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     data: dict[str, Any] = json.loads(result.stdout)
     return data
@@ -220,8 +303,10 @@ def test_the_sweep_runs_every_module_this_cpu_can_run(
 @pytest.mark.llamacpp
 def test_the_sapphirerapids_module_runs_with_amx(variants_sweep: dict[str, Any]) -> None:
     if not HAS_AMX:
-        pytest.skip("this CPU has no AMX (no amx_tile/amx_int8 in /proc/cpuinfo): the sapphirerapids module is "
-                    "not for this CPU, so its AMX kernels cannot run here")  # fmt: skip
+        pytest.skip(
+            "this CPU has no AMX (no amx_tile/amx_int8 in /proc/cpuinfo): the sapphirerapids module is "
+            "not for this CPU, so its AMX kernels cannot run here"
+        )
     row = next(row for row in variants_sweep["modules"] if row["variant"] == "sapphirerapids")
     assert row["status"] == "ran" and row["pp_tps"] > 0 and row["tg_tps"] > 0, row
     assert variants_sweep["default"]["module"] == "libggml-cpu-sapphirerapids.so"
@@ -295,8 +380,17 @@ def test_the_cli_exits_10_and_shows_the_crash_in_its_table(
     trap_build: Path, tiny_q4_0: Path, lf_home: Path
 ) -> None:
     env = {**os.environ, "LLAMAFORGE_HOME": str(lf_home), "COLUMNS": "220"}
-    result = invoke("smoke.cpu-modules", "--build", str(trap_build), "--model", str(tiny_q4_0), "--threads", "1",
-                    env=env, timeout=600)  # fmt: skip
+    result = invoke(
+        "smoke.cpu-modules",
+        "--build",
+        str(trap_build),
+        "--model",
+        str(tiny_q4_0),
+        "--threads",
+        "1",
+        env=env,
+        timeout=600,
+    )
     assert result.returncode == 10, result.stderr[-3000:]
     shown = result.stdout + result.stderr
     assert "FAIL" in shown and "crashed: killed by SIGILL (illegal instruction)" in shown, shown[-3000:]

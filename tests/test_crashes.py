@@ -69,8 +69,9 @@ class SignalAtLoad(LocalProcessRunner):
     ) -> ProcessResult:
         return super().run(argv, on_line=self._watch(argv, on_line), **options)
 
-    def start(self, argv: Sequence[str], *, on_line: LineCallback | None = None,
-              **options: Any) -> LocalProcessHandle:  # fmt: skip
+    def start(
+        self, argv: Sequence[str], *, on_line: LineCallback | None = None, **options: Any
+    ) -> LocalProcessHandle:
         return super().start(argv, on_line=self._watch(argv, on_line), **options)
 
 
@@ -96,8 +97,18 @@ def test_llama_bench_killed_by_sigill_names_the_signal_and_its_cpu_module(
 ) -> None:
     runner = SignalAtLoad()
     with pytest.raises(ToolFailed) as caught:
-        run_llama_bench(patched_build / "bin" / "llama-bench", tiny_qwen3, tmp_path, pp=8, tg=4, repetitions=1,
-                        threads=1, timeout_s=120, cancel=CancelToken(), runner=runner)  # fmt: skip
+        run_llama_bench(
+            patched_build / "bin" / "llama-bench",
+            tiny_qwen3,
+            tmp_path,
+            pp=8,
+            tg=4,
+            repetitions=1,
+            threads=1,
+            timeout_s=120,
+            cancel=CancelToken(),
+            runner=runner,
+        )
     assert runner.killed, "the fault was never injected"
     error = caught.value
     module = _module_in(tmp_path / "bench.log")

@@ -43,8 +43,10 @@ def test_requested_entries_mean_sass_and_ptx_as_cmake_does() -> None:
 
 def test_listing_is_read_per_artifact() -> None:
     code = parse_listing(LISTING_86)
-    assert code == {"bin/fill.cu.o": {"sass": ["sm_86"], "ptx": ["sm_86"]},
-                    "bin/llama-server": {"sass": [], "ptx": []}}  # fmt: skip
+    assert code == {
+        "bin/fill.cu.o": {"sass": ["sm_86"], "ptx": ["sm_86"]},
+        "bin/llama-server": {"sass": [], "ptx": []},
+    }
     assert problems(code, ["86"]) == []
 
 

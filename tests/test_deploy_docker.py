@@ -51,9 +51,14 @@ IMAGE = ContainerImage("sha256:" + "e" * 64, "llamaforge/llama-server:0c74679912
 
 
 def spec(**changes: Any) -> ReleaseSpec:
-    base = ReleaseSpec(build_key="0c746799120471183e5949a10bb9dc1e", build_dir=Path("/nowhere"),
-                       manifest_sha256="a" * 64, model=Path("/m.gguf"), model_sha256="b" * 64,
-                       model_size=1000)  # fmt: skip
+    base = ReleaseSpec(
+        build_key="0c746799120471183e5949a10bb9dc1e",
+        build_dir=Path("/nowhere"),
+        manifest_sha256="a" * 64,
+        model=Path("/m.gguf"),
+        model_sha256="b" * 64,
+        model_size=1000,
+    )
     return replace(base, **changes)
 
 
@@ -68,11 +73,16 @@ def test_the_container_script_matches_its_golden_and_passes_shellcheck(tmp_path:
     if UPDATE:
         GOLDEN.write_text(text, encoding="utf-8")
     assert GOLDEN.read_text(encoding="utf-8") == text, "rerun with LLAMAFORGE_UPDATE_GOLDEN=1"
-    for part in ("--network host", "--restart unless-stopped", "--read-only --cap-drop ALL",
-                 '--mount "type=bind,source=$release,target=/release,readonly"',
-                 '--mount "type=bind,source=$model,target=/models/model.gguf,readonly"',
-                 "--user \"$user\"", "curl -fsS http://127.0.0.1:8081/health",
-                 f"  {IMAGE.id} \\\n  -m /models/model.gguf --host 127.0.0.1 --port 8081"):  # fmt: skip
+    for part in (
+        "--network host",
+        "--restart unless-stopped",
+        "--read-only --cap-drop ALL",
+        '--mount "type=bind,source=$release,target=/release,readonly"',
+        '--mount "type=bind,source=$model,target=/models/model.gguf,readonly"',
+        '--user "$user"',
+        "curl -fsS http://127.0.0.1:8081/health",
+        f"  {IMAGE.id} \\\n  -m /models/model.gguf --host 127.0.0.1 --port 8081",
+    ):
         assert part in text
     command = text.split("exec docker run", 1)[1]
     assert "--gpus" not in command and "--api-key-file" not in command
@@ -147,8 +157,14 @@ def docker_hosts(docker_engine: object, base_image: str, ssh_client_key: Path) -
 
     started: list[TestHost] = []
     try:
-        started += start_hosts(docker_engine, ensure_image(base_image, "docker"), ssh_client_key, 2,
-                               flavour="docker", group="docker")  # fmt: skip
+        started += start_hosts(
+            docker_engine,
+            ensure_image(base_image, "docker"),
+            ssh_client_key,
+            2,
+            flavour="docker",
+            group="docker",
+        )
         started += start_hosts(docker_engine, ensure_image(base_image), ssh_client_key, 1, group="nodocker")
     except (LlamaforgeError, RuntimeError, docker.errors.DockerException) as error:
         remove_hosts(started)
@@ -159,8 +175,13 @@ def docker_hosts(docker_engine: object, base_image: str, ssh_client_key: Path) -
 
 
 @pytest.fixture
-def fleet(docker_hosts: list[TestHost], patched_build: Path, build_env: dict[str, str], tmp_path: Path,
-          monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:  # fmt: skip
+def fleet(
+    docker_hosts: list[TestHost],
+    patched_build: Path,
+    build_env: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[dict[str, Any]]:
     """Access to the two docker hosts (their keys trusted), a deployment name and port of this test's own; the
     deployment's container is removed afterwards."""
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -168,9 +189,13 @@ def fleet(docker_hosts: list[TestHost], patched_build: Path, build_env: dict[str
     known = write_known_hosts(tmp_path / "known_hosts", docker_hosts)
     name = f"d{os.getpid() % 10000}-{len(list(tmp_path.parent.iterdir()))}"
     port = next(_PORTS)  # never the port of another test's deployment, whatever its teardown did
-    access = {"hosts": ",".join(f"{USER}@127.0.0.1:{host.port}" for host in docker_hosts[:2]),
-              "ssh_key": str(docker_hosts[0].key_file), "known_hosts": str(known), "name": name,
-              "target": "docker"}  # fmt: skip
+    access = {
+        "hosts": ",".join(f"{USER}@127.0.0.1:{host.port}" for host in docker_hosts[:2]),
+        "ssh_key": str(docker_hosts[0].key_file),
+        "known_hosts": str(known),
+        "name": name,
+        "target": "docker",
+    }
     base = {**access, "build": patched_build.name, "port": port, "gate_timeout_s": 120}
     yield {"access": access, "base": base, "known": known, "name": name, "port": port}
     for host in docker_hosts[:2]:
@@ -242,11 +267,14 @@ def test_docker_deploy_query_redeploy_and_rollback(
             host, f"docker image inspect --format '{{{{.Id}}}}' {shown['Image']}"
         )
         assert {(mount["Destination"], mount["RW"]) for mount in shown["Mounts"]} == {
-            ("/release", False), ("/models/model.gguf", False)}  # fmt: skip
+            ("/release", False),
+            ("/models/model.gguf", False),
+        }
         assert listening(host, port) == ["0100007F"]  # the host's 127.0.0.1 only
     status = settled_status(access)
     assert [(item.current, item.active, item.healthy) for item in status.hosts] == [
-        (first.release, "active", True)] * 2  # fmt: skip
+        (first.release, "active", True)
+    ] * 2
 
     before = [container(host, name)["Id"] for host in hosts]
     second = run("deploy", **base, model=str(tiny_qwen3), ctx=1024, batch=2)
@@ -270,8 +298,10 @@ def test_docker_deploy_query_redeploy_and_rollback(
     assert [item.status for item in caught.value.result.hosts] == ["failed"] * 2
     assert "runs with --target docker" in caught.value.result.hosts[0].detail
     assert on_host(hosts[0], f"readlink {root}/current") == f"releases/{first.release}"
-    print(f"\ndocker: plan (runtime image ready) {plan_s:.1f} s; deploy 2 hosts {first_s:.1f} s "
-          f"(image bytes {[item.image_bytes for item in first.hosts]}); rollback {back.wall_s:.1f} s")  # fmt: skip
+    print(
+        f"\ndocker: plan (runtime image ready) {plan_s:.1f} s; deploy 2 hosts {first_s:.1f} s "
+        f"(image bytes {[item.image_bytes for item in first.hosts]}); rollback {back.wall_s:.1f} s"
+    )
 
 
 @pytest.mark.docker
@@ -417,8 +447,11 @@ def test_an_image_upload_resumes_and_pruning_removes_the_image_only_its_release_
     tag = f"llamaforge-test/empty:{name}"
     with scratch_images(tmp_path, [tag], size=4 * CHUNK) as (empty,), pytest.MonkeyPatch.context() as patch:
         # the next release's build comes with an image that runs nothing: it cannot run llama-bench either
-        patch.setattr(runtime_image, "ensure_runtime_image",
-                      lambda key, **options: replace(real(key, **options), image_id=empty))  # fmt: skip
+        patch.setattr(
+            runtime_image,
+            "ensure_runtime_image",
+            lambda key, **options: replace(real(key, **options), image_id=empty),
+        )
         cancel = CancelAtImageChunk()
         with pytest.raises(OperationFailed) as caught:
             deploy(**one, ctx=1024, cancel=cancel, on_event=cancel.on_event)

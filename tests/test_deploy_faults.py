@@ -39,8 +39,9 @@ from testhosts import USER, TestHost, restart_host, write_known_hosts
 pytestmark = [pytest.mark.docker, pytest.mark.llamacpp]
 
 
-def deploy(operation: str = "deploy", *, cancel: CancelToken | None = None, on_event: Any = None,
-           **arguments: Any) -> Any:  # fmt: skip
+def deploy(
+    operation: str = "deploy", *, cancel: CancelToken | None = None, on_event: Any = None, **arguments: Any
+) -> Any:
     """Run a deploy operation in this process, as the fronts do."""
     op = operations()[operation]
     context = OperationContext(reporter=on_event or (lambda event: None), cancel=cancel or CancelToken())
@@ -70,12 +71,22 @@ class Site:
         return write_known_hosts(self.home / "known_hosts", self.hosts)
 
     def access(self) -> dict[str, Any]:
-        return {"hosts": ",".join(f"{USER}@127.0.0.1:{host.port}" for host in self.hosts),
-                "ssh_key": str(self.hosts[0].key_file), "known_hosts": str(self.known), "name": self.name}  # fmt: skip
+        return {
+            "hosts": ",".join(f"{USER}@127.0.0.1:{host.port}" for host in self.hosts),
+            "ssh_key": str(self.hosts[0].key_file),
+            "known_hosts": str(self.known),
+            "name": self.name,
+        }
 
     def params(self, **more: Any) -> dict[str, Any]:
-        return {**self.access(), "build": self.build, "model": str(self.model), "port": self.port,
-                "gate_timeout_s": 120, **more}  # fmt: skip
+        return {
+            **self.access(),
+            "build": self.build,
+            "model": str(self.model),
+            "port": self.port,
+            "gate_timeout_s": 120,
+            **more,
+        }
 
     def address(self, index: int) -> str:
         return f"{USER}@127.0.0.1:{self.hosts[index].port}"
@@ -92,8 +103,13 @@ class Site:
 
 
 @pytest.fixture(scope="module")
-def site(test_hosts: list[TestHost], patched_build: Path, build_env: dict[str, str], tiny_qwen3: Path,
-         tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:  # fmt: skip
+def site(
+    test_hosts: list[TestHost],
+    patched_build: Path,
+    build_env: dict[str, str],
+    tiny_qwen3: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Site]:
     home = tmp_path_factory.mktemp("deploy-faults-home")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HOME", str(home))  # never this machine's ~/.ssh/known_hosts
@@ -118,8 +134,9 @@ def back_on_good(site: Site) -> Iterator[None]:
 
 def other_model(directory: Path, n_layer: int) -> Path:
     vocab = Path(os.environ["LLAMAFORGE_TEST_VOCAB"])
-    return write_tiny_model(directory / f"tiny-{n_layer}.gguf", TinyModelSpec(arch="qwen3", n_layer=n_layer),
-                            vocab).path  # fmt: skip
+    return write_tiny_model(
+        directory / f"tiny-{n_layer}.gguf", TinyModelSpec(arch="qwen3", n_layer=n_layer), vocab
+    ).path
 
 
 def post(local_port: int, path: str, body: dict[str, Any], key: str | None = None) -> int:
@@ -136,14 +153,25 @@ def test_an_inventory_deploy_listening_beyond_loopback_keeps_its_key_secret(
     site: Site, tmp_path: Path
 ) -> None:
     gpus = ['gpu = "rtx4060"\n', "", ""]  # the first host has a GPU: its flags come from the fit plan
-    hosts = "\n".join(f'[[hosts]]\nname = "h{index}"\naddress = "127.0.0.1"\nport = {host.port}\n{gpus[index]}'
-                      for index, host in enumerate(site.hosts))  # fmt: skip
+    hosts = "\n".join(
+        f'[[hosts]]\nname = "h{index}"\naddress = "127.0.0.1"\nport = {host.port}\n{gpus[index]}'
+        for index, host in enumerate(site.hosts)
+    )
     (tmp_path / "fleet_known_hosts").write_text(site.known.read_text(encoding="utf-8"), encoding="utf-8")
     inventory = tmp_path / "lab.toml"
-    inventory.write_text(f'user = "{USER}"\nkey_file = "{site.hosts[0].key_file}"\n'
-                         f'known_hosts = "fleet_known_hosts"\n{hosts}', encoding="utf-8")  # fmt: skip
-    wide = {"inventory": str(inventory), "name": site.name, "build": site.build, "model": str(site.model),
-            "port": site.port, "gate_timeout_s": 120, "listen": "0.0.0.0"}  # fmt: skip
+    inventory.write_text(
+        f'user = "{USER}"\nkey_file = "{site.hosts[0].key_file}"\nknown_hosts = "fleet_known_hosts"\n{hosts}',
+        encoding="utf-8",
+    )
+    wide = {
+        "inventory": str(inventory),
+        "name": site.name,
+        "build": site.build,
+        "model": str(site.model),
+        "port": site.port,
+        "gate_timeout_s": 120,
+        "listen": "0.0.0.0",
+    }
     with pytest.raises(InvalidOption, match="needs an API key"):
         deploy("deploy.plan", **wide, api_key=False)
     with pytest.raises(InvalidOption) as unknown:
@@ -166,8 +194,11 @@ def test_an_inventory_deploy_listening_beyond_loopback_keeps_its_key_secret(
         assert host.exec(["cat", item.api_key_file], user=USER)[0] != 0  # the deploy user cannot read it
         key = on_host(host, f"cat {item.api_key_file}")
         assert len(key) >= 32
-        for where in (f"cat {unit} {site.root}/current/release.json", "ps -eo args",
-                      f"journalctl -u llamaforge-{site.name} --no-pager -o cat"):  # fmt: skip
+        for where in (
+            f"cat {unit} {site.root}/current/release.json",
+            "ps -eo args",
+            f"journalctl -u llamaforge-{site.name} --no-pager -o cat",
+        ):
             assert key not in on_host(host, where), where
         assert key not in text
         assert "--api-key-file" in on_host(host, f"cat {unit}")
@@ -250,17 +281,22 @@ def sigill_at_load(host: TestHost, site: Site) -> Iterator[None]:
     kills it, where an AMX Xeon's faulting kernel would; the start itself succeeds, as it does there."""
     dropin = f"/etc/systemd/system/llamaforge-{site.name}.service.d"
     script = f"/usr/local/sbin/{site.name}-sigill-at-load"
-    body = "\n".join([
-        "#!/bin/sh",
-        f'[ "$(readlink {site.root}/current)" = releases/{site.good} ] && exit 0',
-        "for i in $(seq 1 500); do",
-        '  journalctl _PID="$MAINPID" -o cat | grep -q "load_model: loading model" && exec kill -ILL "$MAINPID"',
-        "  sleep 0.02",
-        "done </dev/null >/dev/null 2>&1 &",
-    ])  # fmt: skip
+    body = "\n".join(
+        [
+            "#!/bin/sh",
+            f'[ "$(readlink {site.root}/current)" = releases/{site.good} ] && exit 0',
+            "for i in $(seq 1 500); do",
+            '  journalctl _PID="$MAINPID" -o cat | grep -q "load_model: loading model" && exec kill -ILL "$MAINPID"',
+            "  sleep 0.02",
+            "done </dev/null >/dev/null 2>&1 &",
+        ]
+    )
     conf = f"[Service]\nExecStartPost=+/bin/sh {script}\n"
-    on_host(host, f"printf '%s\\n' '{body}' > {script} && mkdir -p {dropin} && "
-                  f"printf '{conf}' > {dropin}/sigill-at-load.conf && systemctl daemon-reload")  # fmt: skip
+    on_host(
+        host,
+        f"printf '%s\\n' '{body}' > {script} && mkdir -p {dropin} && "
+        f"printf '{conf}' > {dropin}/sigill-at-load.conf && systemctl daemon-reload",
+    )
     try:
         yield
     finally:
@@ -275,8 +311,12 @@ def test_a_server_killed_by_sigill_fails_the_gate_naming_the_signal_and_its_cpu_
     assert [item.status for item in report.hosts] == ["rolled back", "untouched", "untouched"], report
     canary = report.hosts[0]
     # The module the loader picks for this build on this CPU (the hosts are containers on it), asked here.
-    listed = subprocess.run([str(patched_build / "bin" / "llama-bench"), "--list-devices"], capture_output=True,
-                            text=True, check=True)  # fmt: skip
+    listed = subprocess.run(
+        [str(patched_build / "bin" / "llama-bench"), "--list-devices"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     module = re.findall(r"load_backend: loaded CPU backend from \S*/(libggml-cpu-\S+\.so)", listed.stderr)[-1]
     assert f"llama-server was killed by SIGILL (illegal instruction) with {module} loaded" in canary.detail
     assert "invoke smoke.cpu-modules" in canary.detail and "--no-repack" in canary.detail, canary.detail
@@ -331,8 +371,9 @@ def signal_invoke(
     argv = [sys.executable, "-m", "invoke", command[0], "--json", *command[1:]]
     argv += [f"--{key.replace('_', '-')}={value}" for key, value in options.items()]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)])}
-    with subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True) as process:  # fmt: skip
+    with subprocess.Popen(
+        argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as process:
         assert process.stderr is not None and process.stdout is not None
         seen = []
         for line in process.stderr:

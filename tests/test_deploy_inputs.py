@@ -71,10 +71,25 @@ def test_unknown_cache_types_are_refused(cache_type: str) -> None:
 
 def test_the_cli_refuses_a_newline_in_root_before_rendering(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "invoke", "deploy.render", "--target", "systemd", "--build", "none", "--root",
-         "/opt/x\nExecStartPre=+/bin/sh", "--model", str(tmp_path / "m.gguf")],
-        capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1],
+        [
+            sys.executable,
+            "-m",
+            "invoke",
+            "deploy.render",
+            "--target",
+            "systemd",
+            "--build",
+            "none",
+            "--root",
+            "/opt/x\nExecStartPre=+/bin/sh",
+            "--model",
+            str(tmp_path / "m.gguf"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parents[1],
         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LLAMAFORGE_HOME": str(tmp_path / "home")},
-    )  # fmt: skip
+    )
     assert out.returncode == InvalidOption.exit_code, out.stderr
     assert "Traceback" not in out.stderr and "ExecStartPre" not in out.stdout

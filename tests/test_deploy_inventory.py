@@ -38,9 +38,10 @@ def test_checked_in_inventory_schema_matches_the_model() -> None:
 def test_the_example_inventory_lists_hosts_in_order_with_defaults_and_gpus() -> None:
     hosts = inventory_hosts("example")
     assert [(host.name, host.ssh.address, host.gpu) for host in hosts] == [
-        ("gpu1", "deploy@10.0.0.11:22", "rtx4090"), ("gpu2", "deploy@10.0.0.12:22", "rtx3090"),
+        ("gpu1", "deploy@10.0.0.11:22", "rtx4090"),
+        ("gpu2", "deploy@10.0.0.12:22", "rtx3090"),
         ("cpu1", "ops@cpu1.lab.example:2222", None),
-    ]  # fmt: skip
+    ]
     inventory, path = load_inventory("example")
     assert hosts[0].ssh.known_hosts == path.parent / "example.known_hosts"  # relative to the inventory
     assert hosts[0].labels == {"rack": "a1"} and inventory.name == "example"
@@ -64,8 +65,10 @@ def test_a_bad_inventory_names_the_file_and_field(tmp_path: Path) -> None:
     with pytest.raises(RecipeError) as caught:
         load_inventory(str(gpu))
     assert "hosts.0.gpu" in caught.value.message and "rtx4090" in caught.value.message
-    twice = write(tmp_path / "twice.toml", '[[hosts]]\nname = "a"\naddress = "h"\n[[hosts]]\nname = "a"\n'
-                  'address = "i"\n')  # fmt: skip
+    twice = write(
+        tmp_path / "twice.toml",
+        '[[hosts]]\nname = "a"\naddress = "h"\n[[hosts]]\nname = "a"\naddress = "i"\n',
+    )
     with pytest.raises(RecipeError, match="given twice: a"):
         load_inventory(str(twice))
     with pytest.raises(RecipeError) as caught:
@@ -76,8 +79,15 @@ def test_a_bad_inventory_names_the_file_and_field(tmp_path: Path) -> None:
 
 
 def _spec(**changes: object) -> ReleaseSpec:
-    return ReleaseSpec(build_key="k", build_dir=Path("/nowhere"), manifest_sha256="a" * 64, model=Path("/m.gguf"),
-                       model_sha256="b" * 64, model_size=1000, **changes)  # type: ignore[arg-type]  # fmt: skip
+    return ReleaseSpec(
+        build_key="k",
+        build_dir=Path("/nowhere"),
+        manifest_sha256="a" * 64,
+        model=Path("/m.gguf"),
+        model_sha256="b" * 64,
+        model_size=1000,
+        **changes,
+    )  # type: ignore[arg-type]
 
 
 def test_listening_beyond_loopback_needs_the_key_file_and_never_holds_the_key() -> None:
@@ -166,16 +176,33 @@ def test_the_cli_tables_show_every_host_and_never_a_key() -> None:
         console,
     )
     planned = [
-        {"host": "lf@a:22", "reachable": True, "current": "r0", "release": "r1", "action": "upload",
-         "model_upload": False, "flags_after": ["-ngl", "3"], "listen": "0.0.0.0", "fit": ["all layers on the GPU"]},
+        {
+            "host": "lf@a:22",
+            "reachable": True,
+            "current": "r0",
+            "release": "r1",
+            "action": "upload",
+            "model_upload": False,
+            "flags_after": ["-ngl", "3"],
+            "listen": "0.0.0.0",
+            "fit": ["all layers on the GPU"],
+        },
         {"host": "lf@b:22", "reachable": False, "release": "r1", "detail": "connection refused"},
-    ]  # fmt: skip
+    ]
     plan_cli({**head, "hosts": planned}, console)
     up = {"host": "lf@a:22", "reachable": True, "current": "r1", "active": "active", "healthy": True}
     status_cli({**head, "hosts": [up]}, console)
     text = console.export_text()
-    for expected in ("lf@a:22", "interrupted", "r1/api-key", "-ngl 3", "all layers on the GPU", "connection refused",
-                     "active", "interrupted in 3.2 s"):  # fmt: skip
+    for expected in (
+        "lf@a:22",
+        "interrupted",
+        "r1/api-key",
+        "-ngl 3",
+        "all layers on the GPU",
+        "connection refused",
+        "active",
+        "interrupted in 3.2 s",
+    ):
         assert expected in text, expected
 
 

@@ -31,8 +31,14 @@ FAKE_BUILD = "f" * 32
 def invoke(
     args: Sequence[str], env: dict[str, str], timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "invoke", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def clean(done: subprocess.CompletedProcess[str]) -> str:
@@ -88,13 +94,16 @@ def model(tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     ("args", "meant"),
     [
-        (["deploy", "--hosts", "lf@127.0.0.1:1", "--build", "x", "--model", "tiny", "--target", "systmd"], "systemd"),
+        (
+            ["deploy", "--hosts", "lf@127.0.0.1:1", "--build", "x", "--model", "tiny", "--target", "systmd"],
+            "systemd",
+        ),
         (["deploy.status", "--target", "swarmm"], "swarm"),
         (["deploy.status", "--hosts", "lf@127.0.0.1:1", "--target", "swarmm"], "swarm"),
         (["deploy.rollback", "--hosts", "lf@127.0.0.1:1", "--target", "dokcer"], "docker"),
     ],
     ids=["deploy-systmd", "status-swarmm", "status-swarmm-hosts", "rollback-dokcer"],
-)  # fmt: skip
+)
 def test_an_unknown_target_gets_did_you_mean_and_every_target(
     args: list[str], meant: str, env: dict[str, str]
 ) -> None:
@@ -120,8 +129,19 @@ def test_the_model_must_be_named(operation: str, env: dict[str, str]) -> None:
 
 
 def test_a_file_that_is_no_model_is_refused_before_any_host(env: dict[str, str], closed_port: int) -> None:
-    done = invoke(["deploy.plan", "--hosts", f"{USER}@127.0.0.1:{closed_port}", "--build", FAKE_BUILD,
-                   "--model", "/etc/passwd", "--no-probe"], env)  # fmt: skip
+    done = invoke(
+        [
+            "deploy.plan",
+            "--hosts",
+            f"{USER}@127.0.0.1:{closed_port}",
+            "--build",
+            FAKE_BUILD,
+            "--model",
+            "/etc/passwd",
+            "--no-probe",
+        ],
+        env,
+    )
     clean(done)
     assert done.returncode == ModelError.exit_code, done.stderr
     assert "/etc/passwd is not a GGUF model" in first_line(done)
@@ -147,11 +167,14 @@ def test_status_of_a_closed_port_fails_naming_the_host_in_words(
     assert [(host["host"], host["reachable"]) for host in result["hosts"]] == [(address, False)]
 
 
-def test_a_hint_names_the_inventory_the_address_came_from(env: dict[str, str], closed_port: int,
-                                                          tmp_path: Path) -> None:  # fmt: skip
+def test_a_hint_names_the_inventory_the_address_came_from(
+    env: dict[str, str], closed_port: int, tmp_path: Path
+) -> None:
     inventory = tmp_path / "lab.toml"
-    inventory.write_text(f'user = "{USER}"\n\n[[hosts]]\nname = "h1"\naddress = "127.0.0.1"\nport = {closed_port}\n',
-                         encoding="utf-8")  # fmt: skip
+    inventory.write_text(
+        f'user = "{USER}"\n\n[[hosts]]\nname = "h1"\naddress = "127.0.0.1"\nport = {closed_port}\n',
+        encoding="utf-8",
+    )
     done = invoke(["deploy.status", "--inventory", str(inventory)], env)
     stderr = clean(done)
     assert done.returncode == SshError.exit_code, stderr
@@ -162,8 +185,9 @@ def test_a_plan_whose_hosts_do_not_answer_fails(
     env: dict[str, str], closed_ports: list[int], model: Path
 ) -> None:
     hosts = ",".join(f"{USER}@127.0.0.1:{port}" for port in closed_ports)
-    done = invoke(["deploy.plan", "--hosts", hosts, "--build", FAKE_BUILD, "--model", str(model), "--no-probe"],
-                  env)  # fmt: skip
+    done = invoke(
+        ["deploy.plan", "--hosts", hosts, "--build", FAKE_BUILD, "--model", str(model), "--no-probe"], env
+    )
     stderr = clean(done)
     assert done.returncode == SshError.exit_code, stderr
     line = first_line(done)
@@ -176,9 +200,11 @@ def test_connection_failures_are_words() -> None:
     import paramiko
 
     refused = paramiko.ssh_exception.NoValidConnectionsError(
-        {("127.0.0.1", 1): ConnectionRefusedError(111, "Connection refused"),
-         ("::1", 1, 0, 0): ConnectionRefusedError(111, "Connection refused")}
-    )  # fmt: skip
+        {
+            ("127.0.0.1", 1): ConnectionRefusedError(111, "Connection refused"),
+            ("::1", 1, 0, 0): ConnectionRefusedError(111, "Connection refused"),
+        }
+    )
     assert "Errno" in str(refused)  # paramiko's own text, which must not reach a message
     assert connect_failure(refused) == "connection refused (nothing listens on that port)"
     assert connect_failure(TimeoutError("timed out")) == "timed out (no answer from the host)"
@@ -193,16 +219,30 @@ def test_connection_failures_are_words() -> None:
 @pytest.fixture
 def host_access(test_hosts: list[TestHost], tmp_path: Path) -> dict[str, str]:
     known = write_known_hosts(tmp_path / "known_hosts", test_hosts[:1])
-    return {"address": f"{USER}@127.0.0.1:{test_hosts[0].port}", "known": str(known),
-            "key": str(test_hosts[0].key_file)}  # fmt: skip
+    return {
+        "address": f"{USER}@127.0.0.1:{test_hosts[0].port}",
+        "known": str(known),
+        "key": str(test_hosts[0].key_file),
+    }
 
 
 @pytest.mark.docker
-def test_status_fails_when_the_host_refuses_the_key(env: dict[str, str], host_access: dict[str, str],
-                                                    tmp_path: Path) -> None:  # fmt: skip
+def test_status_fails_when_the_host_refuses_the_key(
+    env: dict[str, str], host_access: dict[str, str], tmp_path: Path
+) -> None:
     stranger = make_key(tmp_path / "stranger")
-    done = invoke(["deploy.status", "--hosts", host_access["address"], "--ssh-key", str(stranger),
-                   "--known-hosts", host_access["known"]], env)  # fmt: skip
+    done = invoke(
+        [
+            "deploy.status",
+            "--hosts",
+            host_access["address"],
+            "--ssh-key",
+            str(stranger),
+            "--known-hosts",
+            host_access["known"],
+        ],
+        env,
+    )
     stderr = clean(done)
     assert done.returncode == SshError.exit_code, stderr
     assert first_line(done).startswith(
@@ -212,11 +252,23 @@ def test_status_fails_when_the_host_refuses_the_key(env: dict[str, str], host_ac
 
 
 @pytest.mark.docker
-def test_status_fails_when_one_host_of_two_does_not_answer(env: dict[str, str], host_access: dict[str, str],
-                                                           closed_port: int) -> None:  # fmt: skip
+def test_status_fails_when_one_host_of_two_does_not_answer(
+    env: dict[str, str], host_access: dict[str, str], closed_port: int
+) -> None:
     lost = f"{USER}@127.0.0.1:{closed_port}"
-    done = invoke(["deploy.status", "--hosts", f"{host_access['address']},{lost}", "--ssh-key", host_access["key"],
-                   "--known-hosts", host_access["known"], "--json"], env)  # fmt: skip
+    done = invoke(
+        [
+            "deploy.status",
+            "--hosts",
+            f"{host_access['address']},{lost}",
+            "--ssh-key",
+            host_access["key"],
+            "--known-hosts",
+            host_access["known"],
+            "--json",
+        ],
+        env,
+    )
     stderr = clean(done)
     assert done.returncode == SshError.exit_code, stderr
     assert first_line(done).startswith(
@@ -227,8 +279,18 @@ def test_status_fails_when_one_host_of_two_does_not_answer(env: dict[str, str], 
         (host_access["address"], True),
         (lost, False),
     ]
-    alone = invoke(["deploy.status", "--hosts", host_access["address"], "--ssh-key", host_access["key"],
-                    "--known-hosts", host_access["known"]], env)  # fmt: skip
+    alone = invoke(
+        [
+            "deploy.status",
+            "--hosts",
+            host_access["address"],
+            "--ssh-key",
+            host_access["key"],
+            "--known-hosts",
+            host_access["known"],
+        ],
+        env,
+    )
     assert alone.returncode == 0, (
         alone.stderr
     )  # the host answers: no deployment there is a status, not a failure
@@ -259,13 +321,26 @@ FORWARD_SCRIPT = textwrap.dedent("""\
 
 
 @pytest.mark.docker
-def test_a_refused_forward_prints_nothing_on_stderr(host_access: dict[str, str], test_hosts: list[TestHost],
-                                                    closed_port: int, env: dict[str, str]) -> None:  # fmt: skip
+def test_a_refused_forward_prints_nothing_on_stderr(
+    host_access: dict[str, str], test_hosts: list[TestHost], closed_port: int, env: dict[str, str]
+) -> None:
     # the closed port is on this machine; on the host nothing listens on that number either
     done = subprocess.run(
-        [sys.executable, "-c", FORWARD_SCRIPT, str(test_hosts[0].port), host_access["key"], host_access["known"],
-         str(closed_port)], cwd=REPO, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            FORWARD_SCRIPT,
+            str(test_hosts[0].port),
+            host_access["key"],
+            host_access["known"],
+            str(closed_port),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     before, _, after = done.stderr.partition("forwarding")
     assert "open FAILED: Connection refused" in before, done.stderr  # paramiko does log it, unfiltered
@@ -275,9 +350,12 @@ def test_a_refused_forward_prints_nothing_on_stderr(host_access: dict[str, str],
 @pytest.mark.docker
 @pytest.mark.llamacpp
 def test_a_failed_gate_on_a_host_with_no_release_says_so(
-    host_access: dict[str, str], patched_build: Path, build_env: dict[str, str], tmp_path: Path,
+    host_access: dict[str, str],
+    patched_build: Path,
+    build_env: dict[str, str],
+    tmp_path: Path,
     test_hosts: list[TestHost],
-) -> None:  # fmt: skip
+) -> None:
     """A first deploy whose gate fails (a model of an architecture llama.cpp does not know): no "restoring
     None" or "still on None", and no paramiko line while the gate polls."""
     broken = unloadable_model(tmp_path / "unknown-arch.gguf")
@@ -285,10 +363,30 @@ def test_a_failed_gate_on_a_host_with_no_release_says_so(
     environ = {**build_env, "HOME": str(tmp_path)}
     environ.pop("SSH_AUTH_SOCK", None)
     try:
-        done = invoke(["deploy", "--hosts", host_access["address"], "--ssh-key", host_access["key"],
-                       "--known-hosts", host_access["known"], "--build", patched_build.name, "--model", str(broken),
-                       "--name", name, "--port", str(21000 + os.getpid() % 2000), "--gate-timeout-s", "60",
-                       "--no-probe"], environ, timeout=600)  # fmt: skip
+        done = invoke(
+            [
+                "deploy",
+                "--hosts",
+                host_access["address"],
+                "--ssh-key",
+                host_access["key"],
+                "--known-hosts",
+                host_access["known"],
+                "--build",
+                patched_build.name,
+                "--model",
+                str(broken),
+                "--name",
+                name,
+                "--port",
+                str(21000 + os.getpid() % 2000),
+                "--gate-timeout-s",
+                "60",
+                "--no-probe",
+            ],
+            environ,
+            timeout=600,
+        )
     finally:
         test_hosts[0].exec(["systemctl", "stop", f"llamaforge-{name}.service"])
     stderr = clean(done)

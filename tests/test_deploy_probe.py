@@ -44,9 +44,16 @@ RELEASE = f"/opt/llamaforge/lab/releases/{RID}"
 
 
 def spec(**changes: Any) -> ReleaseSpec:
-    base = ReleaseSpec(build_key="0c746799120471183e5949a10bb9dc1e", build_dir=Path("/nowhere"),
-                       manifest_sha256="a" * 64, model=Path("/m.gguf"), model_sha256="b" * 64, model_size=1000,
-                       flags=LlamaFlags(ctx=512, threads=2), port=8081)  # fmt: skip
+    base = ReleaseSpec(
+        build_key="0c746799120471183e5949a10bb9dc1e",
+        build_dir=Path("/nowhere"),
+        manifest_sha256="a" * 64,
+        model=Path("/m.gguf"),
+        model_sha256="b" * 64,
+        model_size=1000,
+        flags=LlamaFlags(ctx=512, threads=2),
+        port=8081,
+    )
     return replace(base, **changes)
 
 
@@ -65,16 +72,37 @@ def test_the_systemd_probe_runs_with_every_setting_of_the_release_unit_but_start
     properties = [part.removeprefix("--property=") for part in command if part.startswith("--property=")]
     unit = files["llama-server.service"]
     service = unit[unit.index("[Service]") : unit.index("[Install]")].splitlines()[1:]
-    expected = [line.replace("/opt/llamaforge/lab/current", RELEASE) for line in service
-                if line and not line.startswith(("ExecStart=", "Restart=", "RestartSec="))]  # fmt: skip
+    expected = [
+        line.replace("/opt/llamaforge/lab/current", RELEASE)
+        for line in service
+        if line and not line.startswith(("ExecStart=", "Restart=", "RestartSec="))
+    ]
     assert properties == [f"RuntimeMaxSec={PROBE_LIMIT_S}", *expected]
-    for setting in ("User=llamaforge", "Group=llamaforge", f"Environment=LD_LIBRARY_PATH={RELEASE}/lib",
-                    "NoNewPrivileges=yes", "ProtectSystem=strict", "ReadOnlyPaths=/opt/llamaforge/lab"):  # fmt: skip
+    for setting in (
+        "User=llamaforge",
+        "Group=llamaforge",
+        f"Environment=LD_LIBRARY_PATH={RELEASE}/lib",
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "ReadOnlyPaths=/opt/llamaforge/lab",
+    ):
         assert setting in properties, setting
     assert not any("current" in part for part in command)
     assert command[command.index("--") + 1 :] == [f"{RELEASE}/bin/llama-bench", *args]
-    assert args == ["-m", "/opt/llamaforge/lab/models/x.gguf", "-p", "16", "-n", "4", "-r", "1", "-o", "json",
-                    "-t", "2"]  # fmt: skip
+    assert args == [
+        "-m",
+        "/opt/llamaforge/lab/models/x.gguf",
+        "-p",
+        "16",
+        "-n",
+        "4",
+        "-r",
+        "1",
+        "-o",
+        "json",
+        "-t",
+        "2",
+    ]
 
 
 def test_an_rpc_worker_is_probed_with_its_own_units_environment() -> None:
@@ -115,8 +143,11 @@ def test_the_docker_probe_runs_the_image_as_the_container_would() -> None:
 
 
 def test_each_target_names_the_signal_that_ended_its_probe() -> None:
-    summary = ["Running as unit: x.service", "Finished with result: signal",
-               "Main processes terminated with: code=killed/status=ILL"]  # fmt: skip
+    summary = [
+        "Running as unit: x.service",
+        "Finished with result: signal",
+        "Main processes terminated with: code=killed/status=ILL",
+    ]
     assert SystemdTarget().probe_signal(255, summary) is signal.SIGILL
     assert SystemdTarget().probe_signal(0, summary) is None
     exited = ["Finished with result: exit-code", "Main processes terminated with: code=exited/status=127"]
@@ -163,8 +194,13 @@ def copy_build(source: Path, home: Path, label: str) -> tuple[str, Path]:
 
 
 @pytest.fixture
-def store(test_hosts: list[TestHost], patched_build: Path, build_env: dict[str, str], tmp_path: Path,
-          monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:  # fmt: skip
+def store(
+    test_hosts: list[TestHost],
+    patched_build: Path,
+    build_env: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[dict[str, Any]]:
     """A build store of this test's own beside the suite's (its build linked in, its sources and tiny models
     shared), access to the three hosts, a deployment name and port of the test's own."""
     shared = Path(build_env["LLAMAFORGE_HOME"])
@@ -179,10 +215,20 @@ def store(test_hosts: list[TestHost], patched_build: Path, build_env: dict[str, 
     monkeypatch.setenv("LLAMAFORGE_SOURCE_MIRROR", build_env["LLAMAFORGE_SOURCE_MIRROR"])
     known = write_known_hosts(tmp_path / "known_hosts", test_hosts)
     name = f"probe{os.getpid() % 10000}"
-    access = {"hosts": ",".join(f"{USER}@127.0.0.1:{host.port}" for host in test_hosts),
-              "ssh_key": str(test_hosts[0].key_file), "known_hosts": str(known), "name": name}  # fmt: skip
-    yield {"access": access, "home": home, "build": patched_build, "known": known, "name": name,
-           "port": 21000 + os.getpid() % 2000}  # fmt: skip
+    access = {
+        "hosts": ",".join(f"{USER}@127.0.0.1:{host.port}" for host in test_hosts),
+        "ssh_key": str(test_hosts[0].key_file),
+        "known_hosts": str(known),
+        "name": name,
+    }
+    yield {
+        "access": access,
+        "home": home,
+        "build": patched_build,
+        "known": known,
+        "name": name,
+        "port": 21000 + os.getpid() % 2000,
+    }
     for host in test_hosts:
         host.exec(["systemctl", "stop", f"llamaforge-{name}.service"])
 
@@ -246,8 +292,10 @@ def test_a_release_is_probed_before_its_switch_and_a_crashing_one_is_refused_on_
     report = refused(events, **base, build=key, canary=0, batch=3)  # every host in one batch: each one probes
     for address, host, item in zip(addresses, test_hosts, report.hosts, strict=True):
         assert item.status == "failed" and item.release == again.release, item
-        assert item.detail.startswith(f"{address}: release {report.release} cannot run there: llama-bench was "
-                                      "killed by SIGILL (illegal instruction)"), item.detail  # fmt: skip
+        assert item.detail.startswith(
+            f"{address}: release {report.release} cannot run there: llama-bench was "
+            "killed by SIGILL (illegal instruction)"
+        ), item.detail
         assert "with libggml-cpu-" in item.detail and "smoke.cpu-modules" in item.detail
         assert item.detail.endswith(f"still on {again.release}")
         assert any("load_backend: loaded CPU backend" in line for line in item.logs), item.logs
@@ -285,16 +333,27 @@ def test_a_release_is_probed_before_its_switch_and_a_crashing_one_is_refused_on_
     assert all(
         on_host(host, f"readlink {root}/current") == f"releases/{again.release}" for host in test_hosts
     )
-    print(f"\ndeploy 3 hosts with the probe {good_s:.1f} s; probe per host: "
-          + ", ".join(f"{item.probe.rsplit(' in ', 1)[-1]}" for item in good.hosts if item.probe))  # fmt: skip
+    print(
+        f"\ndeploy 3 hosts with the probe {good_s:.1f} s; probe per host: "
+        + ", ".join(f"{item.probe.rsplit(' in ', 1)[-1]}" for item in good.hosts if item.probe)
+    )
 
 
 @pytest.mark.docker
 @pytest.mark.llamacpp
 def test_no_probe_switches_without_it(store: dict[str, Any], tiny_qwen3: Path) -> None:
     events: list[str] = []
-    report = run("deploy", events, **store["access"], build=store["build"].name, model=str(tiny_qwen3),
-                 port=store["port"], gate_timeout_s=120, batch=3, probe=False)  # fmt: skip
+    report = run(
+        "deploy",
+        events,
+        **store["access"],
+        build=store["build"].name,
+        model=str(tiny_qwen3),
+        port=store["port"],
+        gate_timeout_s=120,
+        batch=3,
+        probe=False,
+    )
     assert report.passed and all(item.probe is None for item in report.hosts), report
     assert not any(message.startswith("probing release") for message in events)
 

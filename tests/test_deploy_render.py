@@ -30,9 +30,16 @@ GOLDEN = Path(__file__).parent / "golden"
 UPDATE = bool(os.environ.get("LLAMAFORGE_UPDATE_GOLDEN"))
 COMPOSE_SCHEMA = Path(__file__).parent / "data" / "compose-spec.json"
 KUBERNETES_VERSION = "1.33.0"
-SPEC = ReleaseSpec(build_key="0c746799120471183e5949a10bb9dc1e", build_dir=Path("/nowhere"),
-                   manifest_sha256="a" * 64, model=Path("/srv/models/qwen3-8b.gguf"), model_sha256="b" * 64,
-                   model_size=5 * 2**30, flags=LlamaFlags(ctx=8192, n_gpu_layers=99), port=8081)  # fmt: skip
+SPEC = ReleaseSpec(
+    build_key="0c746799120471183e5949a10bb9dc1e",
+    build_dir=Path("/nowhere"),
+    manifest_sha256="a" * 64,
+    model=Path("/srv/models/qwen3-8b.gguf"),
+    model_sha256="b" * 64,
+    model_size=5 * 2**30,
+    flags=LlamaFlags(ctx=8192, n_gpu_layers=99),
+    port=8081,
+)
 CPU = ManifestInputs(name="lab", image="llamaforge/llama-server:" + SPEC.build_key, backend="cpu", replicas=2)
 CUDA = replace(CPU, backend="cuda", init_image="registry.example/llamaforge:0.1", model_recipe="qwen3-8b")
 
@@ -149,14 +156,22 @@ def test_the_systemd_render_is_the_targets_unit_and_passes_systemd_analyze_verif
     units = root / "etc/systemd/system"
     units.mkdir(parents=True)
     (units / unit_name(layout)).write_text(files[unit_name(layout)], encoding="utf-8")
-    result = subprocess.run([analyze, "verify", f"--root={root}", f"/etc/systemd/system/{unit_name(layout)}"],
-                            capture_output=True, text=True, check=False)  # fmt: skip
+    result = subprocess.run(
+        [analyze, "verify", f"--root={root}", f"/etc/systemd/system/{unit_name(layout)}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert (result.returncode, result.stdout + result.stderr) == (0, "")
     (units / unit_name(layout)).write_text(
         files[unit_name(layout)].replace("ProtectHome=yes", "ProtectHome=bogus")
     )
-    result = subprocess.run([analyze, "verify", f"--root={root}", f"/etc/systemd/system/{unit_name(layout)}"],
-                            capture_output=True, text=True, check=False)  # fmt: skip
+    result = subprocess.run(
+        [analyze, "verify", f"--root={root}", f"/etc/systemd/system/{unit_name(layout)}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert "protect home value" in result.stderr  # the check does complain
 
 

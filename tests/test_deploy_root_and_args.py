@@ -158,8 +158,11 @@ def test_what_is_refused_whatever_the_build_is_refused_before_one_exists() -> No
 def test_extra_flags_reach_every_file_exactly(payload: str, tmp_path: Path) -> None:
     spec = replace(SPEC, flags=LlamaFlags(extra=("--alias", payload, "--jinja")))
     script = render_container(spec, Layout("lab"), ContainerImage(f"sha256:{'e' * 64}", "tag"))
-    docker = [args for name, args in run_script(script, tmp_path, ("docker", "id", "readlink"), "sh")
-              if name == "docker"]  # fmt: skip
+    docker = [
+        args
+        for name, args in run_script(script, tmp_path, ("docker", "id", "readlink"), "sh")
+        if name == "docker"
+    ]
     assert docker[-1][-4:] == ["--no-webui", "--alias", payload, "--jinja"], docker
     compose = yaml.safe_load(render_compose(spec, INPUTS))["services"]["llama-server"]
     assert unescaped(compose["command"])[-3:] == ["--alias", payload, "--jinja"]
@@ -195,8 +198,13 @@ def test_an_unknown_server_flag_is_refused_before_any_host_is_reached(
         closed = probe.getsockname()[1]
     for operation in ("deploy.plan", "deploy"):
         with pytest.raises(InvalidOption, match="--mlock is not a flag") as refused:
-            run(operation, hosts=f"{USER}@127.0.0.1:{closed}", build=in_store, model=str(tiny_qwen3),
-                server_args="--jinja --mlock")  # fmt: skip
+            run(
+                operation,
+                hosts=f"{USER}@127.0.0.1:{closed}",
+                build=in_store,
+                model=str(tiny_qwen3),
+                server_args="--jinja --mlock",
+            )
         assert "--load-mode" in (refused.value.hint or "")
 
 
@@ -205,8 +213,15 @@ def test_an_unknown_server_flag_is_refused_before_any_host_is_reached(
 
 @pytest.mark.llamacpp
 def test_smoke_passes_server_args_to_llama_server(in_store: str) -> None:
-    report = run("smoke", build=in_store, skip_bench=True, concurrency=[1], requests=1, max_tokens=4,
-                 server_args="--jinja --alias smoke-alias")  # fmt: skip
+    report = run(
+        "smoke",
+        build=in_store,
+        skip_bench=True,
+        concurrency=[1],
+        requests=1,
+        max_tokens=4,
+        server_args="--jinja --alias smoke-alias",
+    )
     assert report.verdict.passed
     assert report.server["command"][-3:] == ["--jinja", "--alias", "smoke-alias"]
     with pytest.raises(InvalidOption, match="cannot be given"):
@@ -219,8 +234,9 @@ def test_smoke_passes_server_args_to_llama_server(in_store: str) -> None:
 
 
 @pytest.fixture
-def sudoless(test_hosts: list[TestHost], in_store: str, tmp_path: Path,
-             monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:  # fmt: skip
+def sudoless(
+    test_hosts: list[TestHost], in_store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[dict[str, Any]]:
     """The first test host with sudo hidden and root given the session's key; a deployment name and port of
     this test's own. Everything is put back afterwards and the deployment removed."""
     host = test_hosts[0]
@@ -228,17 +244,31 @@ def sudoless(test_hosts: list[TestHost], in_store: str, tmp_path: Path,
     known = write_known_hosts(tmp_path / "known_hosts", [host])
     name = f"root{os.getpid() % 10000}"
     port = 20000 + os.getpid() % 2000
-    setup = ("install -d -m 0700 /root/.ssh && install -m 0600 /home/lf/.ssh/authorized_keys /root/.ssh/"
-             "authorized_keys && mv /usr/bin/sudo /usr/bin/sudo.hidden")  # fmt: skip
+    setup = (
+        "install -d -m 0700 /root/.ssh && install -m 0600 /home/lf/.ssh/authorized_keys /root/.ssh/"
+        "authorized_keys && mv /usr/bin/sudo /usr/bin/sudo.hidden"
+    )
     code, output = host.exec(["sh", "-c", setup])
     assert code == 0, output
     try:
-        yield {"host": host, "known": known, "name": name, "port": port, "build": in_store,
-               "access": {"ssh_key": str(host.key_file), "known_hosts": str(known), "name": name}}  # fmt: skip
+        yield {
+            "host": host,
+            "known": known,
+            "name": name,
+            "port": port,
+            "build": in_store,
+            "access": {"ssh_key": str(host.key_file), "known_hosts": str(known), "name": name},
+        }
     finally:
-        host.exec(["sh", "-c", f"mv /usr/bin/sudo.hidden /usr/bin/sudo; rm -f /root/.ssh/authorized_keys; "
-                   f"systemctl disable --now llamaforge-{name}.service; rm -f /etc/systemd/system/llamaforge-{name}"
-                   f".service; systemctl daemon-reload; rm -rf /opt/llamaforge/{name}"])  # fmt: skip
+        host.exec(
+            [
+                "sh",
+                "-c",
+                f"mv /usr/bin/sudo.hidden /usr/bin/sudo; rm -f /root/.ssh/authorized_keys; "
+                f"systemctl disable --now llamaforge-{name}.service; rm -f /etc/systemd/system/llamaforge-{name}"
+                f".service; systemctl daemon-reload; rm -rf /opt/llamaforge/{name}",
+            ]
+        )
 
 
 def nothing_there(host: TestHost, name: str) -> None:
@@ -248,8 +278,9 @@ def nothing_there(host: TestHost, name: str) -> None:
 
 @pytest.mark.docker
 @pytest.mark.llamacpp
-def test_root_deploys_without_sudo_and_another_user_is_refused_first(sudoless: dict[str, Any],
-                                                                     tiny_qwen3: Path) -> None:  # fmt: skip
+def test_root_deploys_without_sudo_and_another_user_is_refused_first(
+    sudoless: dict[str, Any], tiny_qwen3: Path
+) -> None:
     host, name, port, access = sudoless["host"], sudoless["name"], sudoless["port"], sudoless["access"]
     base = {
         **access,
@@ -311,6 +342,9 @@ def test_root_deploys_without_sudo_and_another_user_is_refused_first(sudoless: d
     assert (state.current, state.active, state.healthy) == (deployed.release, "active", True)
     assert state.flags[-3:] == ["--jinja", "--alias", "lf-root-alias"]
     again = run("deploy.plan", **as_root)
-    assert again.hosts[0].action == "none" and again.hosts[0].flags_after[-3:] == ["--jinja", "--alias",
-                                                                                    "lf-root-alias"]  # fmt: skip
+    assert again.hosts[0].action == "none" and again.hosts[0].flags_after[-3:] == [
+        "--jinja",
+        "--alias",
+        "lf-root-alias",
+    ]
     print(f"\ndeploy as root without sudo: {time.monotonic() - started:.1f} s")

@@ -47,8 +47,13 @@ def split_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def topology(test_hosts: list[TestHost], patched_build: Path, build_env: dict[str, str], tmp_path: Path,
-             monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:  # fmt: skip
+def topology(
+    test_hosts: list[TestHost],
+    patched_build: Path,
+    build_env: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[dict[str, Any]]:
     """Head host 0, workers hosts 1 and 2 on the internal network; a deployment name of this test's own; the
     units it started are stopped afterwards."""
     monkeypatch.setenv("HOME", str(tmp_path))
@@ -61,10 +66,20 @@ def topology(test_hosts: list[TestHost], patched_build: Path, build_env: dict[st
         "head": f"{USER}@127.0.0.1:{head.port}",
         "rpc_workers": ",".join(f"{USER}@127.0.0.1:{host.port}" for host in workers),
         "rpc_addresses": ",".join(host.private_address for host in workers),
-        "ssh_key": str(head.key_file), "known_hosts": str(known), "name": name, "rpc_threads": 1,
-    }  # fmt: skip
-    yield {"hosts": hosts, "build": patched_build.name, "port": port, "known": known, "name": name,
-           "head": head, "workers": workers}  # fmt: skip
+        "ssh_key": str(head.key_file),
+        "known_hosts": str(known),
+        "name": name,
+        "rpc_threads": 1,
+    }
+    yield {
+        "hosts": hosts,
+        "build": patched_build.name,
+        "port": port,
+        "known": known,
+        "name": name,
+        "head": head,
+        "workers": workers,
+    }
     for host in test_hosts:
         for unit in (
             f"llamaforge-{name}.service",
@@ -94,8 +109,16 @@ def test_a_split_over_two_workers_serves_what_one_host_serves(
 ) -> None:
     hosts, known, port, name = topology["hosts"], topology["known"], topology["port"], topology["name"]
     head, workers = topology["head"], topology["workers"]
-    base = {**hosts, "build": topology["build"], "model": str(split_model), "port": port, "ctx": 512,
-            "worker_memory": "2GiB,2GiB", "gate_timeout_s": 120, "threads": 1}  # fmt: skip
+    base = {
+        **hosts,
+        "build": topology["build"],
+        "model": str(split_model),
+        "port": port,
+        "ctx": 512,
+        "worker_memory": "2GiB,2GiB",
+        "gate_timeout_s": 120,
+        "threads": 1,
+    }
     plan = run("topology.plan", **base)
     assert [device.layer_range for device in plan.devices] == ["0-3", "4-5"] and plan.fits
     started = time.monotonic()
@@ -125,9 +148,21 @@ def test_a_split_over_two_workers_serves_what_one_host_serves(
     # plain CPU buffers (ggml-rpc offers no extra buffer types), while a single host would put its weights in
     # the CPU's repacked or AMX buffers, whose kernels round differently (on an AMX Xeon the answers parted at
     # token 3). --no-repack gives the single host the workers' kernels, so the two must agree token for token.
-    single = run("deploy", hosts=hosts["head"], ssh_key=hosts["ssh_key"], known_hosts=hosts["known_hosts"],
-                 name=f"{name}-single", build=topology["build"], model=str(split_model), port=port + 1, ctx=512,
-                 parallel=1, threads=1, gate_timeout_s=120, repack=False)  # fmt: skip
+    single = run(
+        "deploy",
+        hosts=hosts["head"],
+        ssh_key=hosts["ssh_key"],
+        known_hosts=hosts["known_hosts"],
+        name=f"{name}-single",
+        build=topology["build"],
+        model=str(split_model),
+        port=port + 1,
+        ctx=512,
+        parallel=1,
+        threads=1,
+        gate_timeout_s=120,
+        repack=False,
+    )
     assert "--no-repack" in on_host(head, f"systemctl show -p ExecStart llamaforge-{name}-single.service")
     assert single.passed
     assert completion(head, known, port + 1) == split_tokens
@@ -135,7 +170,8 @@ def test_a_split_over_two_workers_serves_what_one_host_serves(
     status = run("topology.status", **hosts)
     assert isinstance(status, TopologyStatus) and status.healthy
     assert [(item.active, item.from_head, item.build_key) for item in status.workers] == [
-        ("active", True, status.head.build_key)] * 2  # fmt: skip
+        ("active", True, status.head.build_key)
+    ] * 2
 
     smoke = run("topology.smoke", **hosts, single_host=hosts["head"], single_name=f"{name}-single", runs=3)
     assert smoke.same_tokens is True
@@ -164,8 +200,17 @@ def test_a_stopped_worker_is_named_and_starting_it_recovers(
 ) -> None:
     hosts, known, port, name = topology["hosts"], topology["known"], topology["port"], topology["name"]
     head, workers = topology["head"], topology["workers"]
-    report = run("topology.deploy", **hosts, build=topology["build"], model=str(split_model), port=port, ctx=512,
-                 worker_memory="2GiB,2GiB", gate_timeout_s=120, threads=1)  # fmt: skip
+    report = run(
+        "topology.deploy",
+        **hosts,
+        build=topology["build"],
+        model=str(split_model),
+        port=port,
+        ctx=512,
+        worker_memory="2GiB,2GiB",
+        gate_timeout_s=120,
+        threads=1,
+    )
     assert report.passed
     before = completion(head, known, port)
     unit = f"llamaforge-{name}-rpc.service"
@@ -200,21 +245,35 @@ def test_a_worker_killed_by_sigill_fails_its_gate_naming_the_signal_and_its_cpu_
     hosts, name, worker = topology["hosts"], topology["name"], topology["workers"][0]
     unit = f"llamaforge-{name}-rpc.service"
     watcher = f"/usr/local/sbin/{name}-sigill-at-load"
-    body = "\n".join([
-        "#!/bin/sh",
-        "for i in $(seq 1 500); do",
-        '  journalctl _PID="$MAINPID" -o cat | grep -q "load_backend: loaded CPU" && exec kill -ILL "$MAINPID"',
-        "  sleep 0.02",
-        "done </dev/null >/dev/null 2>&1 &",
-    ])  # fmt: skip
+    body = "\n".join(
+        [
+            "#!/bin/sh",
+            "for i in $(seq 1 500); do",
+            '  journalctl _PID="$MAINPID" -o cat | grep -q "load_backend: loaded CPU" && exec kill -ILL "$MAINPID"',
+            "  sleep 0.02",
+            "done </dev/null >/dev/null 2>&1 &",
+        ]
+    )
     dropin = f"/etc/systemd/system/{unit}.d"
-    on_host(worker, f"printf '%s\\n' '{body}' > {watcher} && mkdir -p {dropin} && "
-                    f"printf '[Service]\\nExecStartPost=+/bin/sh {watcher}\\n' > {dropin}/sigill.conf"
-                    " && systemctl daemon-reload")  # fmt: skip
+    on_host(
+        worker,
+        f"printf '%s\\n' '{body}' > {watcher} && mkdir -p {dropin} && "
+        f"printf '[Service]\\nExecStartPost=+/bin/sh {watcher}\\n' > {dropin}/sigill.conf"
+        " && systemctl daemon-reload",
+    )
     try:
         with pytest.raises(OperationFailed) as caught:
-            run("topology.deploy", **hosts, build=topology["build"], model=str(split_model), port=topology["port"],
-                ctx=512, worker_memory="2GiB,2GiB", gate_timeout_s=120, threads=1)  # fmt: skip
+            run(
+                "topology.deploy",
+                **hosts,
+                build=topology["build"],
+                model=str(split_model),
+                port=topology["port"],
+                ctx=512,
+                worker_memory="2GiB,2GiB",
+                gate_timeout_s=120,
+                threads=1,
+            )
     finally:
         on_host(worker, f"rm -rf {dropin} {watcher} && systemctl daemon-reload")
     report = caught.value.result
@@ -238,15 +297,22 @@ def test_another_build_and_public_addresses_are_refused_before_anything_starts(
 
     hosts, name = topology["hosts"], topology["name"]
     others = [str(item["key"]) for item in list_builds() if str(item["key"]) != topology["build"]]
-    base = {**hosts, "build": topology["build"], "model": str(split_model), "port": topology["port"],
-            "worker_memory": "2GiB,2GiB"}  # fmt: skip
+    base = {
+        **hosts,
+        "build": topology["build"],
+        "model": str(split_model),
+        "port": topology["port"],
+        "worker_memory": "2GiB,2GiB",
+    }
     if others:
         with pytest.raises(BuildMismatch) as caught:
             run("topology.deploy", **base, worker_build=others[0])
         assert others[0] in caught.value.message and topology["build"] in caught.value.message
     workers = topology["workers"]
-    for addresses, words in ((f"8.8.8.8,{workers[1].private_address}", "public"),
-                             (f"0.0.0.0,{workers[1].private_address}", "every network")):  # fmt: skip
+    for addresses, words in (
+        (f"8.8.8.8,{workers[1].private_address}", "public"),
+        (f"0.0.0.0,{workers[1].private_address}", "every network"),
+    ):
         with pytest.raises(InvalidOption) as refused:
             run("topology.deploy", **{**base, "rpc_addresses": addresses})
         assert words in refused.value.message and hosts["rpc_workers"].split(",")[0] in refused.value.message

@@ -41,9 +41,14 @@ UPDATE = bool(os.environ.get("LLAMAFORGE_UPDATE_GOLDEN"))
 
 
 def spec(**changes: Any) -> ReleaseSpec:
-    base = ReleaseSpec(build_key="0c746799120471183e5949a10bb9dc1e", build_dir=Path("/nowhere"),
-                       manifest_sha256="a" * 64, model=Path("/m.gguf"), model_sha256="b" * 64,
-                       model_size=1000)  # fmt: skip
+    base = ReleaseSpec(
+        build_key="0c746799120471183e5949a10bb9dc1e",
+        build_dir=Path("/nowhere"),
+        manifest_sha256="a" * 64,
+        model=Path("/m.gguf"),
+        model_sha256="b" * 64,
+        model_size=1000,
+    )
     return replace(base, **changes)
 
 
@@ -69,8 +74,13 @@ def test_release_id_follows_the_inputs() -> None:
     files = {"llama-server.service": "unit"}
     first = release_id(spec(), files)
     assert first == release_id(spec(), files) and len(first) == 16
-    changed = [spec(flags=LlamaFlags(ctx=512)), spec(model_sha256="c" * 64), spec(port=9000),
-               spec(build_key="other"), spec(manifest_sha256="d" * 64)]  # fmt: skip
+    changed = [
+        spec(flags=LlamaFlags(ctx=512)),
+        spec(model_sha256="c" * 64),
+        spec(port=9000),
+        spec(build_key="other"),
+        spec(manifest_sha256="d" * 64),
+    ]
     ids = {release_id(item, files) for item in changed} | {release_id(spec(), {"llama-server.service": "x"})}
     assert first not in ids and len(ids) == 6
 
@@ -85,10 +95,12 @@ class LddRunner:
     def run(self, argv: list[str], **options: Any) -> Any:
         from llamaforge.runners.process import ProcessResult
 
-        lines = [f"\tlibllama.so.0 => {self.bin_dir}/libllama.so.0 (0x1)",
-                 f"\tlibggml-base.so.0 => {self.bin_dir}/libggml-base.so.0 (0x1)",
-                 "\tlibgomp.so.1 => /usr/lib/x86_64-linux-gnu/libgomp.so.1 (0x1)",
-                 "\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x1)"]  # fmt: skip
+        lines = [
+            f"\tlibllama.so.0 => {self.bin_dir}/libllama.so.0 (0x1)",
+            f"\tlibggml-base.so.0 => {self.bin_dir}/libggml-base.so.0 (0x1)",
+            "\tlibgomp.so.1 => /usr/lib/x86_64-linux-gnu/libgomp.so.1 (0x1)",
+            "\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x1)",
+        ]
         return ProcessResult(argv=list(argv), exit_code=0, stdout="\n".join(lines), stderr="", duration_s=0.0)
 
 
@@ -107,8 +119,14 @@ def test_release_keeps_the_builds_libraries_beside_the_binaries(tmp_path: Path) 
         "libggml-cpu-x64.so",
     ):
         (bin_dir / name).write_bytes(b"\x7fELF")
-    spec = ReleaseSpec(build_key="k", build_dir=tmp_path, manifest_sha256="0" * 64, model=tmp_path / "m.gguf",
-                       model_sha256="0" * 64, model_size=0)  # fmt: skip
+    spec = ReleaseSpec(
+        build_key="k",
+        build_dir=tmp_path,
+        manifest_sha256="0" * 64,
+        model=tmp_path / "m.gguf",
+        model_sha256="0" * 64,
+        model_size=0,
+    )
     files = {inside: local for local, inside in release_files(spec, LddRunner(bin_dir))}  # type: ignore[arg-type]
     assert {"bin/llama-server", "bin/libllama.so.0", "bin/libggml-cpu-haswell.so"} <= set(files)
     assert sorted(inside for inside in files if inside.startswith("lib/")) == ["lib/libgomp.so.1"]
@@ -134,8 +152,15 @@ def test_the_unit_matches_its_golden_and_refuses_specifiers() -> None:
     if UPDATE:
         GOLDEN.write_text(text, encoding="utf-8")
     assert GOLDEN.read_text(encoding="utf-8") == text, "rerun with LLAMAFORGE_UPDATE_GOLDEN=1"
-    for line in ("NoNewPrivileges=yes", "ProtectSystem=strict", "PrivateTmp=yes", "ProtectHome=yes",
-                 "Restart=on-failure", "User=llamaforge", "ReadOnlyPaths=/opt/llamaforge/lab"):  # fmt: skip
+    for line in (
+        "NoNewPrivileges=yes",
+        "ProtectSystem=strict",
+        "PrivateTmp=yes",
+        "ProtectHome=yes",
+        "Restart=on-failure",
+        "User=llamaforge",
+        "ReadOnlyPaths=/opt/llamaforge/lab",
+    ):
         assert line in text.splitlines()
     assert "--host 127.0.0.1 --port 8081" in text
     with pytest.raises(InvalidOption):
@@ -157,8 +182,13 @@ def test_deploy_and_rollback_are_destructive_plan_and_status_read_only() -> None
 
 
 @pytest.fixture
-def fleet(test_hosts: list[TestHost], patched_build: Path, build_env: dict[str, str], tmp_path: Path,
-          monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:  # fmt: skip
+def fleet(
+    test_hosts: list[TestHost],
+    patched_build: Path,
+    build_env: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[dict[str, Any]]:
     """Access to the three hosts (their real keys trusted), a deployment name and port of this test's own,
     and the build store the suite's build is in; the deployment's service is stopped afterwards."""
     monkeypatch.setenv("HOME", str(tmp_path))  # never this machine's ~/.ssh/known_hosts
@@ -166,8 +196,12 @@ def fleet(test_hosts: list[TestHost], patched_build: Path, build_env: dict[str, 
     known = write_known_hosts(tmp_path / "known_hosts", test_hosts)
     name = f"t{os.getpid() % 10000}-{len(list(tmp_path.parent.iterdir()))}"
     port = 18000 + (os.getpid() + len(name) * 7 + sum(map(ord, tmp_path.name))) % 2000
-    access = {"hosts": ",".join(f"{USER}@127.0.0.1:{host.port}" for host in test_hosts),
-              "ssh_key": str(test_hosts[0].key_file), "known_hosts": str(known), "name": name}  # fmt: skip
+    access = {
+        "hosts": ",".join(f"{USER}@127.0.0.1:{host.port}" for host in test_hosts),
+        "ssh_key": str(test_hosts[0].key_file),
+        "known_hosts": str(known),
+        "name": name,
+    }
     yield {"access": access, "build": patched_build.name, "port": port, "known": known, "name": name}
     for host in test_hosts:
         host.exec(["systemctl", "stop", f"llamaforge-{name}.service"])
@@ -230,10 +264,17 @@ def test_deploy_query_redeploy_second_release_and_rollback(
         assert on_host(host, f"readlink {root}/releases/{first.release}/model.gguf").startswith(
             f"{root}/models/"
         )
-        shown = on_host(host, f"systemctl show -p User -p NoNewPrivileges -p ProtectSystem -p ActiveState "
-                              f"llamaforge-{name}.service")  # fmt: skip
-        assert sorted(shown.splitlines()) == ["ActiveState=active", "NoNewPrivileges=yes", "ProtectSystem=strict",
-                                              "User=llamaforge"]  # fmt: skip
+        shown = on_host(
+            host,
+            f"systemctl show -p User -p NoNewPrivileges -p ProtectSystem -p ActiveState "
+            f"llamaforge-{name}.service",
+        )
+        assert sorted(shown.splitlines()) == [
+            "ActiveState=active",
+            "NoNewPrivileges=yes",
+            "ProtectSystem=strict",
+            "User=llamaforge",
+        ]
         assert listening(host, port) == ["0100007F"]  # 127.0.0.1 only
     with runner(test_hosts[0], known) as opened:
         assert SystemdTarget().verify(opened, Layout(name)) == []
@@ -248,7 +289,8 @@ def test_deploy_query_redeploy_second_release_and_rollback(
     assert [item.action for item in run("deploy.plan", **base).hosts] == ["none"] * 3
     changed = run("deploy.plan", **base, ctx=1024).hosts
     assert [(item.action, item.model_upload, item.flags_before, item.flags_after) for item in changed] == [
-        ("upload", False, [], ["-c", "1024"])] * 3  # fmt: skip
+        ("upload", False, [], ["-c", "1024"])
+    ] * 3
 
     second = run("deploy", **base, ctx=1024, batch=2)
     assert second.passed and second.release != first.release
@@ -258,7 +300,8 @@ def test_deploy_query_redeploy_second_release_and_rollback(
     status = run("deploy.status", **access)
     assert isinstance(status, DeployStatus)
     assert [(item.current, item.active, item.healthy, item.flags) for item in status.hosts] == [
-        (second.release, "active", True, ["-c", "1024"])] * 3  # fmt: skip
+        (second.release, "active", True, ["-c", "1024"])
+    ] * 3
 
     back = run("deploy.rollback", **access, gate_timeout_s=120)
     assert back.passed and [item.status for item in back.hosts] == ["rolled back"] * 3
@@ -311,8 +354,13 @@ def test_an_unknown_host_key_or_a_closed_port_is_refused_before_anything_changes
     access, name = fleet["access"], fleet["name"]
     partial = tmp_path / "partial_known_hosts"
     partial.write_text("".join(f"{line}\n" for line in test_hosts[0].host_key_lines()), encoding="utf-8")
-    params = {**access, "known_hosts": str(partial), "build": fleet["build"], "model": str(tiny_qwen3),
-              "port": fleet["port"]}  # fmt: skip
+    params = {
+        **access,
+        "known_hosts": str(partial),
+        "build": fleet["build"],
+        "model": str(tiny_qwen3),
+        "port": fleet["port"],
+    }
     with pytest.raises(OperationFailed) as caught:
         run("deploy", **params)
     report = caught.value.result

@@ -25,8 +25,14 @@ from llamaforge.serve.launcher import LlamaFlags
 
 
 def spec(**changes: Any) -> ReleaseSpec:
-    base = ReleaseSpec(build_key="k" * 32, build_dir=Path("/nowhere"), manifest_sha256="a" * 64,
-                       model=Path("/m.gguf"), model_sha256="b" * 64, model_size=3 * 2**30)  # fmt: skip
+    base = ReleaseSpec(
+        build_key="k" * 32,
+        build_dir=Path("/nowhere"),
+        manifest_sha256="a" * 64,
+        model=Path("/m.gguf"),
+        model_sha256="b" * 64,
+        model_size=3 * 2**30,
+    )
     return replace(base, **changes)
 
 
@@ -46,8 +52,13 @@ def test_the_service_sets_every_update_and_rollback_field_and_a_health_check_siz
     assert definition.update.monitor_s >= probe.start_period_s + probe.interval_s * probe.retries
     arguments = service_arguments(definition)
     assert dict(arguments["update_config"]) == {
-        "Parallelism": 2, "Delay": 2_000_000_000, "FailureAction": "rollback",
-        "Monitor": int(monitor_window_s(probe) * 1e9), "MaxFailureRatio": 0.0, "Order": "start-first"}  # fmt: skip
+        "Parallelism": 2,
+        "Delay": 2_000_000_000,
+        "FailureAction": "rollback",
+        "Monitor": int(monitor_window_s(probe) * 1e9),
+        "MaxFailureRatio": 0.0,
+        "Order": "start-first",
+    }
     assert dict(arguments["rollback_config"]) == {
         **dict(arguments["update_config"]),
         "FailureAction": "pause",
@@ -57,9 +68,10 @@ def test_the_service_sets_every_update_and_rollback_field_and_a_health_check_siz
         container["Healthcheck"]["StartPeriod"] == 120 * 10**9
         and "/health" in container["Healthcheck"]["Test"][1]
     )
-    assert container["Mounts"] == [{"Target": "/models/model.gguf", "Source": "/m.gguf", "Type": "bind",
-                                    "ReadOnly": True}, {"Target": "/tmp", "Source": None, "Type": "tmpfs",
-                                    "ReadOnly": False}]  # fmt: skip
+    assert container["Mounts"] == [
+        {"Target": "/models/model.gguf", "Source": "/m.gguf", "Type": "bind", "ReadOnly": True},
+        {"Target": "/tmp", "Source": None, "Type": "tmpfs", "ReadOnly": False},
+    ]
     assert container["ReadOnly"] is True and container["CapabilityDrop"] == ["ALL"]
     assert (
         container["Labels"][LABEL_RELEASE] == release.id and arguments["mode"]["replicated"]["Replicas"] == 3
@@ -77,13 +89,19 @@ def test_the_service_sets_every_update_and_rollback_field_and_a_health_check_siz
     gpu_arguments = service_arguments(gpu)
     assert gpu.args[-2:] == ("--api-key-file", "/run/secrets/api-key")
     assert gpu_arguments["task_template"]["ContainerSpec"]["Secrets"] == [
-        {"SecretID": "s3cr3tid", "SecretName": secret[1],
-         "File": {"Name": "api-key", "UID": "10001", "GID": "10001", "Mode": 0o400}}]  # fmt: skip
+        {
+            "SecretID": "s3cr3tid",
+            "SecretName": secret[1],
+            "File": {"Name": "api-key", "UID": "10001", "GID": "10001", "Mode": 0o400},
+        }
+    ]
     assert gpu.update.order == gpu.rollback.order == "stop-first"  # a whole GPU cannot host old and new
     assert gpu_arguments["task_template"]["Resources"]["Reservations"]["GenericResources"] == [
-        {"DiscreteResourceSpec": {"Kind": "NVIDIA-GPU", "Value": 1}}]  # fmt: skip
+        {"DiscreteResourceSpec": {"Kind": "NVIDIA-GPU", "Value": 1}}
+    ]
     assert gpu_arguments["endpoint_spec"]["Ports"] == [
-        {"Protocol": "tcp", "PublishedPort": 9000, "TargetPort": 8080, "PublishMode": "ingress"}]  # fmt: skip
+        {"Protocol": "tcp", "PublishedPort": 9000, "TargetPort": 8080, "PublishMode": "ingress"}
+    ]
 
     assert swarm_release(spec(flags=LlamaFlags(ctx=512)), "web", "img", replicas=1).id != release.id
     with pytest.raises(InvalidOption):
@@ -140,8 +158,13 @@ def swarm(docker_engine: Any) -> Iterator[Any]:
 
 
 @pytest.fixture
-def deployment(swarm: Any, patched_build: Path, build_env: dict[str, str], tmp_path: Path,
-               monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:  # fmt: skip
+def deployment(
+    swarm: Any,
+    patched_build: Path,
+    build_env: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[dict[str, Any]]:
     """A deployment name of this test's own, a tiny model and a model that does not load; the service is
     removed afterwards."""
     vocab = os.environ.get("LLAMAFORGE_TEST_VOCAB", "")
@@ -161,7 +184,8 @@ def deployment(swarm: Any, patched_build: Path, build_env: dict[str, str], tmp_p
 
 def answering(report: SwarmReport, release: str, replicas: int) -> None:
     assert [(task.state, task.release, task.healthy) for task in report.tasks] == [
-        ("running", release, True)] * replicas, report  # fmt: skip
+        ("running", release, True)
+    ] * replicas, report
     assert all(task.completion for task in report.tasks)
 
 
@@ -170,8 +194,13 @@ def answering(report: SwarmReport, release: str, replicas: int) -> None:
 def test_two_replicas_a_rollback_and_a_failed_update_that_swarm_rolls_back(
     deployment: dict[str, Any], swarm: Any
 ) -> None:
-    common = {"target": "swarm", "name": deployment["name"], "build": deployment["build"], "replicas": 2,
-              "gate_timeout_s": 30}  # fmt: skip
+    common = {
+        "target": "swarm",
+        "name": deployment["name"],
+        "build": deployment["build"],
+        "replicas": 2,
+        "gate_timeout_s": 30,
+    }
     # gate_timeout_s is the health check's start period (and so most of each update's monitor window): the tiny
     # model loads in 1-15 s on a loaded 2-core machine
     first = run("deploy", **common, model=deployment["model"])
@@ -216,8 +245,10 @@ def test_two_replicas_a_rollback_and_a_failed_update_that_swarm_rolls_back(
     assert isinstance(status, DeployStatus) and status.swarm is not None
     assert status.swarm.release == first.release and status.swarm.healthy == 2
     failed_s = time.monotonic() - started
-    print(f"\nswarm: 2 replicas {first.swarm.wall_s:.1f} s; update {second.swarm.wall_s:.1f} s; rollback "
-          f"{back.swarm.wall_s:.1f} s; failed update rolled back by Swarm {failed_s:.1f} s")  # fmt: skip
+    print(
+        f"\nswarm: 2 replicas {first.swarm.wall_s:.1f} s; update {second.swarm.wall_s:.1f} s; rollback "
+        f"{back.swarm.wall_s:.1f} s; failed update rolled back by Swarm {failed_s:.1f} s"
+    )
 
 
 @pytest.mark.docker
@@ -230,8 +261,16 @@ def test_a_published_service_asks_for_the_key_from_its_swarm_secret(
     from llamaforge.core.paths import home
 
     publish = 19000 + os.getpid() % 500
-    report = run("deploy", target="swarm", name=deployment["name"], build=deployment["build"], replicas=1,
-                 gate_timeout_s=30, model=deployment["model"], publish=publish)  # fmt: skip
+    report = run(
+        "deploy",
+        target="swarm",
+        name=deployment["name"],
+        build=deployment["build"],
+        replicas=1,
+        gate_timeout_s=30,
+        model=deployment["model"],
+        publish=publish,
+    )
     assert report.passed and report.swarm is not None
     answering(report.swarm, str(report.release), 1)  # the completion check sent the key from inside
     key_file = home() / "keys" / f"swarm-{deployment['name']}.api-key"
@@ -250,8 +289,18 @@ def test_a_published_service_asks_for_the_key_from_its_swarm_secret(
     body = json.dumps({"prompt": "a", "n_predict": 1})
 
     def ask(*header: str) -> str:
-        argv = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-d", body, *header,
-                f"http://127.0.0.1:{DEFAULT_PORT}/completion"]  # fmt: skip
+        argv = [
+            "curl",
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "-d",
+            body,
+            *header,
+            f"http://127.0.0.1:{DEFAULT_PORT}/completion",
+        ]
         return bytes(task.exec_run(argv).output).decode()
 
     assert ask() == "401" and ask("-H", "Authorization: Bearer wrong") == "401"

@@ -123,8 +123,14 @@ def test_crash_words_and_hints_fit_the_signal() -> None:
 
 def test_tool_failed_told_as_the_crash_it_was() -> None:
     output = ["load_backend: loaded CPU backend from /b/bin/libggml-cpu-zen4.so", "main: loading model"]
-    failed = ToolFailed("llama-bench failed", command=["llama-bench"], returncode=-4, tail=["main: loading model"],
-                        log_path="/r/bench.log", hint="e.g. a model file llama.cpp cannot load")  # fmt: skip
+    failed = ToolFailed(
+        "llama-bench failed",
+        command=["llama-bench"],
+        returncode=-4,
+        tail=["main: loading model"],
+        log_path="/r/bench.log",
+        hint="e.g. a model file llama.cpp cannot load",
+    )
     crash = failed.as_crash("llama-bench", output)
     assert (
         crash.message
@@ -137,6 +143,11 @@ def test_tool_failed_told_as_the_crash_it_was() -> None:
     # An exit of its own, and the runner's kill at a timeout, stay as they were.
     exited = ToolFailed("llama-bench failed", command=["llama-bench"], returncode=1, tail=[])
     assert exited.as_crash("llama-bench", output) is exited
-    timed_out = ToolFailed("llama-bench did not finish within 5 s", command=["llama-bench"], returncode=-9,
-                           tail=[], timed_out=True)  # fmt: skip
+    timed_out = ToolFailed(
+        "llama-bench did not finish within 5 s",
+        command=["llama-bench"],
+        returncode=-9,
+        tail=[],
+        timed_out=True,
+    )
     assert timed_out.as_crash("llama-bench", output) is timed_out

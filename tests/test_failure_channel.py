@@ -85,8 +85,13 @@ def test_a_failing_verdict_raises_with_the_result(
     assert data["ok"] is False and data["checks"]["expectations"] == "fail" and data["exit_code"] == 9
 
     fit = operations()["models.fit"]
-    params = {"model": str(tiny_model), "vram": _too_small_vram(tiny_model), "ctx": 4096, "margin": "0",
-              "n_gpu_layers": 5}  # fmt: skip
+    params = {
+        "model": str(tiny_model),
+        "vram": _too_small_vram(tiny_model),
+        "ctx": 4096,
+        "margin": "0",
+        "n_gpu_layers": 5,
+    }
     with pytest.raises(OperationFailed) as refused:
         fit.run(fit.params.model_validate(params), OperationContext())
     assert refused.value.exit_code == DoesNotFit.exit_code and "does not fit" in refused.value.message
@@ -131,8 +136,13 @@ async def test_a_failing_verdict_is_an_mcp_error_with_structured_content(
         assert shown.structured_content["result"]["checks"]["expectations"] == "fail"
         assert shown.structured_content["error"]["exit_code"] == ModelError.exit_code
         # ... and a short one, run inline.
-        arguments = {"model": str(tiny_model), "vram": _too_small_vram(tiny_model), "ctx": 4096, "margin": "0",
-                     "n_gpu_layers": 5}  # fmt: skip
+        arguments = {
+            "model": str(tiny_model),
+            "vram": _too_small_vram(tiny_model),
+            "ctx": 4096,
+            "margin": "0",
+            "n_gpu_layers": 5,
+        }
         text, plan = _failed(await client.call_tool("models_fit", arguments))
         assert "does not fit" in text and plan["fits"] is False and plan["n_gpu_layers"] == 5
         # A passing verdict is still a plain success.
@@ -153,8 +163,21 @@ def test_cli_exit_codes_and_output_of_a_failing_verdict(
     assert "FAILED verification" in failed.stderr
     human = invoke("models.verify", str(wrong_recipe), env=env, timeout=120)
     assert human.returncode == ModelError.exit_code and "FAILED" in human.stdout
-    fit = invoke("models.fit", str(tiny_model), "--vram", _too_small_vram(tiny_model), "--ctx", "4096",
-                 "--margin", "0", "--n-gpu-layers", "5", "--json", env=env, timeout=120)  # fmt: skip
+    fit = invoke(
+        "models.fit",
+        str(tiny_model),
+        "--vram",
+        _too_small_vram(tiny_model),
+        "--ctx",
+        "4096",
+        "--margin",
+        "0",
+        "--n-gpu-layers",
+        "5",
+        "--json",
+        env=env,
+        timeout=120,
+    )
     assert fit.returncode == DoesNotFit.exit_code, fit.stderr
     assert json.loads(fit.stdout)["fits"] is False
 
@@ -182,8 +205,16 @@ async def test_failing_smoke_over_mcp_is_an_error_carrying_its_verdict(
     stock_build: Path, tiny_model: Path, tmp_path: Path, lf_home: Path
 ) -> None:
     roots = (stock_build, tiny_model.parent)
-    arguments = {"build": str(stock_build), "model": str(tiny_model), "thresholds": ["min_tg_tps=100000000"],
-                 "skip_server": True, "repetitions": 1, "pp": 8, "tg": 4, "threads": 1}  # fmt: skip
+    arguments = {
+        "build": str(stock_build),
+        "model": str(tiny_model),
+        "thresholds": ["min_tg_tps=100000000"],
+        "skip_server": True,
+        "repetitions": 1,
+        "pp": 8,
+        "tg": 4,
+        "threads": 1,
+    }
     async with Client(build_server(ServerOptions(allow_roots=roots)), read_timeout_seconds=600) as client:
         text, report = _failed(await client.call_tool("smoke", arguments))
     assert "FAILED its verdict" in text and "min_tg_tps" in text

@@ -71,10 +71,20 @@ SPECS = {
     "gemma3": TinyModelSpec(arch="gemma3", n_layer=6, head_dim=32, sliding_window=256),
 }
 QWEN35_9B = TinyModelSpec(
-    arch="qwen35", n_layer=32, n_embd=4096, n_head=16, n_head_kv=4, head_dim=256, n_ff=12288,
-    context_length=262144, ssm_conv_kernel=4, ssm_state_size=128, ssm_group_count=16, ssm_time_step_rank=32,
+    arch="qwen35",
+    n_layer=32,
+    n_embd=4096,
+    n_head=16,
+    n_head_kv=4,
+    head_dim=256,
+    n_ff=12288,
+    context_length=262144,
+    ssm_conv_kernel=4,
+    ssm_state_size=128,
+    ssm_group_count=16,
+    ssm_time_step_rank=32,
     full_attention_interval=4,
-)  # fmt: skip
+)
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +117,21 @@ def tiny(tmp_path_factory: pytest.TempPathFactory, mini_vocab: Path) -> dict[str
 
 def test_gpu_table_and_names() -> None:
     gpus = load_gpus().gpus
-    planned = {"rtx3090", "rtx3080", "rtx3060-12gb", "rtx4090", "rtx4080", "rtx4070ti", "rtx4060ti-16gb",
-               "rtx4060", "rtx-a6000", "a100-40gb", "a100-80gb", "h100", "l4"}  # fmt: skip
+    planned = {
+        "rtx3090",
+        "rtx3080",
+        "rtx3060-12gb",
+        "rtx4090",
+        "rtx4080",
+        "rtx4070ti",
+        "rtx4060ti-16gb",
+        "rtx4060",
+        "rtx-a6000",
+        "a100-40gb",
+        "a100-80gb",
+        "h100",
+        "l4",
+    }
     assert planned <= set(gpus)
     for gpu in gpus.values():
         assert 200 < gpu.bandwidth_gbs < 10000
@@ -186,9 +209,10 @@ def test_sliding_window_layers_get_window_sized_caches(tiny: dict[str, Path]) ->
     assert kv(Settings(ctx=8192, swa_full=True)) == 4 * row * 8192
     assert kv(Settings(ctx=8192, ubatch=1024)) == 2 * row * 8192 + 2 * row * 1280
     # the per-layer pattern key wins over the arch's default
-    listed = dataclasses.replace(header, metadata={
-        **header.metadata, "gemma2.attention.sliding_window_pattern": [False, True, True, True]
-    })  # fmt: skip
+    listed = dataclasses.replace(
+        header,
+        metadata={**header.metadata, "gemma2.attention.sliding_window_pattern": [False, True, True, True]},
+    )
     assert model_shape(listed).swa == (False, True, True, True)
     numbered = dataclasses.replace(
         header, metadata={**header.metadata, "gemma2.attention.sliding_window_pattern": 4}
@@ -204,8 +228,9 @@ def test_cache_types_and_padding(tiny: dict[str, Path]) -> None:
     shape = model_shape(header)
     f16 = estimate_memory(shape, header.tensors, Settings(ctx=1000), n_gpu_layers=0)[1].kv_cache
     assert f16 == 4 * 2 * 32 * 2 * 1024  # 1000 cells padded to 1024
-    q8 = estimate_memory(shape, header.tensors, Settings(ctx=1000, cache_type_k="q8_0", cache_type_v="q8_0"),
-                         n_gpu_layers=0)[1].kv_cache  # fmt: skip
+    q8 = estimate_memory(
+        shape, header.tensors, Settings(ctx=1000, cache_type_k="q8_0", cache_type_v="q8_0"), n_gpu_layers=0
+    )[1].kv_cache
     assert q8 == f16 * 34 // 64
 
 
@@ -320,8 +345,17 @@ def test_realistic_hybrid_on_rtx3090() -> None:
 
 
 def test_moe_speed_counts_active_experts_only() -> None:
-    spec = TinyModelSpec(arch="qwen3moe", n_layer=8, n_embd=2048, n_head=32, n_head_kv=4, head_dim=128,
-                         n_expert=128, n_expert_used=8, n_ff_exp=768)  # fmt: skip
+    spec = TinyModelSpec(
+        arch="qwen3moe",
+        n_layer=8,
+        n_embd=2048,
+        n_head=32,
+        n_head_kv=4,
+        head_dim=128,
+        n_expert=128,
+        n_expert_used=8,
+        n_ff_exp=768,
+    )
     header = synthetic_header(spec, n_vocab=151936)
     plan = plan_fit(header, gpu="h100", ctx=4096)
     experts = sum(t.nbytes for t in header.tensors if is_expert_tensor(t.name))
@@ -397,8 +431,9 @@ def _run(**params: object) -> dict[str, Any]:
 
 def test_operation_and_plot(tiny: dict[str, Path], tmp_path: Path) -> None:
     png = tmp_path / "fit.png"
-    result = _run(model=str(tiny["qwen35moe"]), gpu="rtx4060", ctx=8192, cache_type="q8_0", parallel=2,
-                  plot=str(png))  # fmt: skip
+    result = _run(
+        model=str(tiny["qwen35moe"]), gpu="rtx4060", ctx=8192, cache_type="q8_0", parallel=2, plot=str(png)
+    )
     assert result["plot"] == str(png) and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert result["arch"] == "qwen35moe" and result["fully_offloaded"] is True
     assert "-ctk q8_0 -ctv q8_0" in str(result["command"])
@@ -474,13 +509,16 @@ def test_plan_matches_llamacpp_buffers(
 @pytest.mark.parametrize(
     "settings",
     [
-        Settings(ctx=1024), Settings(ctx=1024, parallel=3), Settings(ctx=8192), Settings(ctx=8192, parallel=3),
+        Settings(ctx=1024),
+        Settings(ctx=1024, parallel=3),
+        Settings(ctx=8192),
+        Settings(ctx=8192, parallel=3),
         Settings(ctx=2048, parallel=4, kv_unified=True),  # llama-server's default without --parallel
         Settings(ctx=4096, parallel=2, swa_full=True),
         Settings(ctx=4096, parallel=2, cache_type_k="q8_0", cache_type_v="q8_0"),
     ],
     ids=["1k", "1k-x3", "8k", "8k-x3", "2k-x4-unified", "4k-x2-swa-full", "4k-x2-q8_0"],
-)  # fmt: skip
+)
 def test_sliding_window_plan_matches_llamacpp(
     arch: str, settings: Settings, stock_build: Path, real_vocab_models: dict[str, Path]
 ) -> None:

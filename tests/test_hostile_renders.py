@@ -42,8 +42,15 @@ PAYLOADS = {
     "variable": "${HOME}$USER$$",
 }
 IDS = list(PAYLOADS)
-SPEC = ReleaseSpec(build_key="0c746799120471183e5949a10bb9dc1e", build_dir=Path("/nowhere"), manifest_sha256="a" * 64,
-                   model=Path("/srv/models/m.gguf"), model_sha256="b" * 64, model_size=1000, port=8081)  # fmt: skip
+SPEC = ReleaseSpec(
+    build_key="0c746799120471183e5949a10bb9dc1e",
+    build_dir=Path("/nowhere"),
+    manifest_sha256="a" * 64,
+    model=Path("/srv/models/m.gguf"),
+    model_sha256="b" * 64,
+    model_size=1000,
+    port=8081,
+)
 INPUTS = ManifestInputs(name="lab", image="llamaforge/llama-server:" + SPEC.build_key, backend="cpu")
 
 
@@ -56,12 +63,18 @@ def hostile(value: str) -> LlamaFlags:
 
 @pytest.mark.parametrize("payload", PAYLOADS.values(), ids=IDS)
 def test_names_roots_addresses_images_and_claims_are_refused(payload: str) -> None:
-    for make in (lambda: Layout(payload), lambda: Layout("lab", f"/opt/{payload}"), lambda: Layout("lab", payload),
-                 lambda: ip_address_of(payload, "--listen"), lambda: listen_address(payload, api_key=True),
-                 lambda: ip_address_of(f"fe80::1%{payload}", "--listen"),
-                 lambda: replace(INPUTS, listen=f"127.0.0.1{payload}"), lambda: replace(INPUTS, image=payload),
-                 lambda: replace(INPUTS, init_image=f"img:{payload}"),
-                 lambda: replace(INPUTS, model_claim=payload)):  # fmt: skip
+    for make in (
+        lambda: Layout(payload),
+        lambda: Layout("lab", f"/opt/{payload}"),
+        lambda: Layout("lab", payload),
+        lambda: ip_address_of(payload, "--listen"),
+        lambda: listen_address(payload, api_key=True),
+        lambda: ip_address_of(f"fe80::1%{payload}", "--listen"),
+        lambda: replace(INPUTS, listen=f"127.0.0.1{payload}"),
+        lambda: replace(INPUTS, image=payload),
+        lambda: replace(INPUTS, init_image=f"img:{payload}"),
+        lambda: replace(INPUTS, model_claim=payload),
+    ):
         with pytest.raises(LlamaforgeError):
             make()
 
@@ -74,9 +87,12 @@ def stand_ins(directory: Path, names: tuple[str, ...]) -> dict[str, str]:
     directory.mkdir(exist_ok=True)
     for name in names:
         program = directory / name
-        program.write_text(f'#!/bin/sh\n{{ echo "== {name}"; for arg; do printf %s "$arg" | base64 -w0; echo; done; }}'
-                           f' >> "{directory}/calls"\n[ "$1" = -u ] || [ "$1" = -g ] && echo 0\n'
-                           f'[ "$1" = -f ] && echo /release\nexit 0\n', encoding="utf-8")  # fmt: skip
+        program.write_text(
+            f'#!/bin/sh\n{{ echo "== {name}"; for arg; do printf %s "$arg" | base64 -w0; echo; done; }}'
+            f' >> "{directory}/calls"\n[ "$1" = -u ] || [ "$1" = -g ] && echo 0\n'
+            f'[ "$1" = -f ] && echo /release\nexit 0\n',
+            encoding="utf-8",
+        )
         program.chmod(0o755)
     return {"PATH": f"{directory}:/usr/bin:/bin", "HOME": str(directory)}
 
@@ -97,8 +113,13 @@ def run_script(
     script = tmp_path / "script"
     script.write_text(text, encoding="utf-8")
     assert subprocess.run([shell, "-n", str(script)], check=False).returncode == 0
-    env = {**stand_ins(tmp_path / "bin", names), "LLAMAFORGE_SRC": str(tmp_path), "LLAMAFORGE_BUILD": str(tmp_path),
-           "LLAMAFORGE_OUT": str(tmp_path / "out"), "LLAMAFORGE_JOBS": "1"}  # fmt: skip
+    env = {
+        **stand_ins(tmp_path / "bin", names),
+        "LLAMAFORGE_SRC": str(tmp_path),
+        "LLAMAFORGE_BUILD": str(tmp_path),
+        "LLAMAFORGE_OUT": str(tmp_path / "out"),
+        "LLAMAFORGE_JOBS": "1",
+    }
     subprocess.run([shell, str(script)], env=env, cwd=tmp_path, capture_output=True, check=False, timeout=60)
     assert not Path("/tmp/pwned").exists()
     return calls(tmp_path / "bin")
@@ -124,8 +145,15 @@ def test_the_container_script_hands_docker_exactly_the_values(payload: str, tmp_
 
 @pytest.mark.parametrize("payload", PAYLOADS.values(), ids=IDS)
 def test_the_build_script_hands_cmake_exactly_the_values(payload: str, tmp_path: Path) -> None:
-    text = render("linux/build.sh.j2", recipe_name=payload, backend="cpu", cmake_args=[f"-DLLAMA_X={payload}"],
-                  targets=[payload, "llama-server"], source_date_epoch=payload, packages=[payload])  # fmt: skip
+    text = render(
+        "linux/build.sh.j2",
+        recipe_name=payload,
+        backend="cpu",
+        cmake_args=[f"-DLLAMA_X={payload}"],
+        targets=[payload, "llama-server"],
+        source_date_epoch=payload,
+        packages=[payload],
+    )
     cmake = [
         args for name, args in run_script(text, tmp_path, ("cmake", "objdump", "nproc")) if name == "cmake"
     ]
@@ -136,10 +164,22 @@ def test_the_build_script_hands_cmake_exactly_the_values(payload: str, tmp_path:
 @pytest.mark.parametrize("payload", PAYLOADS.values(), ids=IDS)
 def test_the_powershell_script_quotes_each_value_as_one_literal(payload: str) -> None:
     # No PowerShell here: its rule for a single-quoted string (literal, '' for a quote) is read back by hand.
-    text = render("windows/build.ps1.j2", recipe_name=payload, backend="cpu", cmake_args=[payload],
-                  targets=[payload], source_date_epoch=payload)  # fmt: skip
-    baseline = render("windows/build.ps1.j2", recipe_name="x", backend="cpu", cmake_args=["x"], targets=["x"],
-                      source_date_epoch="x")  # fmt: skip
+    text = render(
+        "windows/build.ps1.j2",
+        recipe_name=payload,
+        backend="cpu",
+        cmake_args=[payload],
+        targets=[payload],
+        source_date_epoch=payload,
+    )
+    baseline = render(
+        "windows/build.ps1.j2",
+        recipe_name="x",
+        backend="cpu",
+        cmake_args=["x"],
+        targets=["x"],
+        source_date_epoch="x",
+    )
     assert len(text.splitlines()) == len(baseline.splitlines()) + payload.count("\n") * 4
     literal = "'" + payload.replace("'", "''") + "'"
     assert f"$env:SOURCE_DATE_EPOCH = {literal}\n" in text and f"\n  {literal}\n)" in text
@@ -219,8 +259,16 @@ def docker_double_quoted(word: str) -> str:
 
 @pytest.mark.parametrize("payload", PAYLOADS.values(), ids=IDS)
 def test_runtime_dockerfile_labels_read_back_exactly(payload: str) -> None:
-    context = {"key": payload, "base": "debian:bookworm-slim", "packages": ["curl"], "uid": 10001,
-               "prefix": "/opt/llamaforge", "port": 8080, "missing_ok": [payload], "healthcheck": payload}  # fmt: skip
+    context = {
+        "key": payload,
+        "base": "debian:bookworm-slim",
+        "packages": ["curl"],
+        "uid": 10001,
+        "prefix": "/opt/llamaforge",
+        "port": 8080,
+        "missing_ok": [payload],
+        "healthcheck": payload,
+    }
     try:
         text = render("deploy/Dockerfile.runtime.j2", **context, labels={"org.llamaforge.x": payload})
     except LlamaforgeError:
@@ -240,8 +288,17 @@ def test_runtime_dockerfile_labels_read_back_exactly(payload: str) -> None:
 
 def unit_with(payload: str, root: str = "/usr") -> str:
     argv = ["/usr/local/bin/lf-argv", payload, f"--x={payload}", "-ctk", payload]
-    return render("deploy/llama-server.service.j2", name="lab", user="lfhostile", current=f"/opt/{payload}",
-                  root=root, argv=argv, rpc=False, backend="cpu", ip_allow=["localhost"])  # fmt: skip
+    return render(
+        "deploy/llama-server.service.j2",
+        name="lab",
+        user="lfhostile",
+        current=f"/opt/{payload}",
+        root=root,
+        argv=argv,
+        rpc=False,
+        backend="cpu",
+        ip_allow=["localhost"],
+    )
 
 
 @pytest.mark.parametrize("payload", PAYLOADS.values(), ids=IDS)
@@ -269,8 +326,12 @@ def test_each_unit_adds_no_directive_and_passes_systemd_analyze_verify(payload: 
     shutil.copytree(Path("/lib/systemd/system"), root / "usr/lib/systemd/system", symlinks=True)
     (root / "etc/systemd/system").mkdir(parents=True)
     (root / "etc/systemd/system/lfhostile.service").write_text(text, encoding="utf-8")
-    result = subprocess.run([analyze, "verify", f"--root={root}", "/etc/systemd/system/lfhostile.service"],
-                            capture_output=True, text=True, check=False)  # fmt: skip
+    result = subprocess.run(
+        [analyze, "verify", f"--root={root}", "/etc/systemd/system/lfhostile.service"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert (result.returncode, result.stdout + result.stderr) == (0, "")
 
 
@@ -287,17 +348,25 @@ sleep 30
 @pytest.mark.docker
 def test_systemd_starts_each_unit_with_exactly_the_arguments(test_hosts: list[TestHost]) -> None:
     host = test_hosts[0]
-    setup = (f"id -u lfhostile >/dev/null 2>&1 || useradd --system lfhostile; "
-             f"printf %s {base64.b64encode(ARGV_RECORDER.encode()).decode()} | base64 -d > /usr/local/bin/lf-argv; "
-             "chmod 0755 /usr/local/bin/lf-argv")  # fmt: skip
+    setup = (
+        f"id -u lfhostile >/dev/null 2>&1 || useradd --system lfhostile; "
+        f"printf %s {base64.b64encode(ARGV_RECORDER.encode()).decode()} | base64 -d > /usr/local/bin/lf-argv; "
+        "chmod 0755 /usr/local/bin/lf-argv"
+    )
     assert host.exec(["sh", "-c", setup])[0] == 0
     for name, payload in PAYLOADS.items():
         if "\n" in payload:
             continue  # refused (the unit test above)
         unit = f"lfhostile-{name}.service"
         text = base64.b64encode(unit_with(payload).encode()).decode()
-        code, output = host.exec(["sh", "-c", f"printf %s {text} | base64 -d > /etc/systemd/system/{unit} && "
-                                  f"systemctl daemon-reload && systemctl start {unit}"])  # fmt: skip
+        code, output = host.exec(
+            [
+                "sh",
+                "-c",
+                f"printf %s {text} | base64 -d > /etc/systemd/system/{unit} && "
+                f"systemctl daemon-reload && systemctl start {unit}",
+            ]
+        )
         assert code == 0, output
         words: list[str] = []
         for _ in range(50):
@@ -318,11 +387,27 @@ def test_the_cli_refuses_a_listen_address_that_is_no_ip_before_rendering(tmp_pat
     from llamaforge.core.errors import InvalidOption
 
     out = subprocess.run(
-        [sys.executable, "-m", "invoke", "deploy.render", "--target", "compose", "--build", "none", "--listen",
-         "127.0.0.1\nx-injected: 1", "--model", str(tmp_path / "m.gguf")],
-        capture_output=True, text=True, timeout=120, cwd=Path(__file__).parents[1], check=False,
+        [
+            sys.executable,
+            "-m",
+            "invoke",
+            "deploy.render",
+            "--target",
+            "compose",
+            "--build",
+            "none",
+            "--listen",
+            "127.0.0.1\nx-injected: 1",
+            "--model",
+            str(tmp_path / "m.gguf"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parents[1],
+        check=False,
         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LLAMAFORGE_HOME": str(tmp_path / "home")},
-    )  # fmt: skip
+    )
     assert out.returncode == InvalidOption.exit_code, out.stderr
     assert "is not an IP address" in out.stderr and "Traceback" not in out.stderr
     assert "x-injected" not in out.stdout

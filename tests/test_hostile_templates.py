@@ -91,11 +91,13 @@ def test_joined_constants_are_still_read() -> None:
 
 
 def test_hostile_templates_fail_the_template_check() -> None:
-    findings = check_templates({
-        "tokenizer.chat_template": POWER_TOWER,
-        "tokenizer.chat_template.tool_use": STRING_BOMB,
-        "tokenizer.chat_template.rag": "x" * (LIMIT + 1),
-    })  # fmt: skip
+    findings = check_templates(
+        {
+            "tokenizer.chat_template": POWER_TOWER,
+            "tokenizer.chat_template.tool_use": STRING_BOMB,
+            "tokenizer.chat_template.rag": "x" * (LIMIT + 1),
+        }
+    )
     assert {(f.subject, f.status) for f in findings} == {
         ("tokenizer.chat_template", "fail"),
         ("tokenizer.chat_template.tool_use", "fail"),
@@ -123,8 +125,12 @@ def test_sigterm_during_verify_ends_it_promptly(power_tower_model: Path, tmp_pat
     env = {**os.environ, "LLAMAFORGE_HOME": str(tmp_path / "home")}
     with subprocess.Popen(
         [sys.executable, "-m", "invoke", "models.verify", str(power_tower_model)],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    ) as process:  # fmt: skip
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as process:
         try:
             assert process.stderr is not None
             seen = ""

@@ -48,11 +48,16 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     wide = TinyModelSpec(n_layer=4, n_embd=256, n_ff=1024, dtype="f32")
     return {
         "wide": write_tiny_model(root / "wide.gguf", wide, small_vocab).path,  # ~13 MB, 8 KB header
-        "bigvocab": write_tiny_model(root / "bigvocab.gguf", TinyModelSpec(), big_vocab).path,  # 400 KB header
+        "bigvocab": write_tiny_model(
+            root / "bigvocab.gguf", TinyModelSpec(), big_vocab
+        ).path,  # 400 KB header
         "moe": write_tiny_model(root / "moe.gguf", TinyModelSpec(arch="qwen3moe"), small_vocab).path,
-        "hybrid": write_tiny_model(root / "hybrid.gguf", TinyModelSpec(arch="qwen35", n_layer=8,
-                                                                       full_attention_interval=4), small_vocab).path,
-    }  # fmt: skip
+        "hybrid": write_tiny_model(
+            root / "hybrid.gguf",
+            TinyModelSpec(arch="qwen35", n_layer=8, full_attention_interval=4),
+            small_vocab,
+        ).path,
+    }
 
 
 # --------------------------------------------------------------------------------------------- server
@@ -87,8 +92,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self) -> None:
         state = self.server.state
-        state.requests.append({"path": self.path, "range": self.headers.get("Range", ""),
-                               "authorization": self.headers.get("Authorization", "")})  # fmt: skip
+        state.requests.append(
+            {
+                "path": self.path,
+                "range": self.headers.get("Range", ""),
+                "authorization": self.headers.get("Authorization", ""),
+            }
+        )
         path = state.root / self.path.rsplit("/", 1)[-1]  # /owner/repo/resolve/main/x.gguf -> x.gguf
         if not path.is_file():
             self.send_error(404)
@@ -156,14 +166,26 @@ def test_inspect_local_moe(files: dict[str, Path]) -> None:
     assert model["architecture"] == "qwen3moe"
     assert model["parameters"] == sum(int(t.n_elements) for t in reader.tensors) == 113024
     assert model["parameters_human"] == "113.02 K"  # what llama.cpp prints as "model params"
-    assert model["layers"] == {"block_count": 2, "attention": 2, "recurrent": 0, "mtp": 0,
-                               "full_attention_interval": None, "attention_layers": [0, 1]}  # fmt: skip
+    assert model["layers"] == {
+        "block_count": 2,
+        "attention": 2,
+        "recurrent": 0,
+        "mtp": 0,
+        "full_attention_interval": None,
+        "attention_layers": [0, 1],
+    }
     assert (model["context_length"], model["expert_count"], model["expert_used_count"]) == (4096, 4, 2)
     assert model["file_type"] == model["dominant_type"] == model["guessed_file_type"] == "F16"
     assert model["quant_histogram"]["F16"]["count"] + model["quant_histogram"]["F32"]["count"] == 27
     assert model["file_size"] == files["moe"].stat().st_size
-    assert model["tokenizer"] == {"model": "gpt2", "pre": "qwen2", "vocab_size": 300, "merges": 2,
-                                  "bos_token_id": None, "eos_token_id": 299}  # fmt: skip
+    assert model["tokenizer"] == {
+        "model": "gpt2",
+        "pre": "qwen2",
+        "vocab_size": 300,
+        "merges": 2,
+        "bos_token_id": None,
+        "eos_token_id": 299,
+    }
     assert model["chat_template"]["present"] and model["chat_template"]["bytes"] > 0
 
 
@@ -196,9 +218,17 @@ def test_layer_kinds_variants(tmp_path: Path) -> None:
         "attention"
     ]
     assert header("qwen35", block_count=5, full_attention_interval=2, nextn_predict_layers=1) == [
-        "recurrent", "attention", "recurrent", "attention", "mtp"]  # fmt: skip
+        "recurrent",
+        "attention",
+        "recurrent",
+        "attention",
+        "mtp",
+    ]
     assert header("qwen35moe", block_count=3, **{"attention.recurrent_layers": [True, False, True]}) == [
-        "recurrent", "attention", "recurrent"]  # fmt: skip
+        "recurrent",
+        "attention",
+        "recurrent",
+    ]
     assert header("qwen3", block_count=2) == ["attention", "attention"]
 
 

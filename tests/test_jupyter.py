@@ -201,8 +201,19 @@ def test_model_inspect_verify_and_fit(shell: Any, tiny_model: Path, tmp_path: Pa
 def test_each_operation_names_its_renderers_which_sit_beside_it() -> None:
     with_cli = {name for name, op in operations().items() if op.render_cli}
     with_html = {name for name, op in operations().items() if op.render_html}
-    shown = {"build", "builds.list", "doctor", "recipes.list", "models.fetch", "models.inspect", "models.verify",
-             "models.fit", "smoke", "smoke.compare", "smoke.cpu_modules"}  # fmt: skip
+    shown = {
+        "build",
+        "builds.list",
+        "doctor",
+        "recipes.list",
+        "models.fetch",
+        "models.inspect",
+        "models.verify",
+        "models.fit",
+        "smoke",
+        "smoke.compare",
+        "smoke.cpu_modules",
+    }
     deploy_tables = {"deploy", "deploy.plan", "deploy.status", "deploy.rollback"}  # CLI tables only
     assert with_cli == shown | {"models.lock", "deploy.render"} | deploy_tables and with_html == shown | {
         "builds.show"

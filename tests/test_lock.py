@@ -61,10 +61,13 @@ tag = "nvidia/cuda:12.8.1-devel-ubuntu24.04"
 @pytest.fixture
 def recipes(tmp_path: Path, lf_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root = tmp_path / "recipes"
-    write_recipes(root, {
-        "tiny-hf": 'source = "hf://org/Tiny-GGUF/tiny-Q4_K_M.gguf"\n',
-        "tiny-ms": 'source = "ms://org/Tiny-GGUF/tiny-Q4_K_M.gguf"\n',
-    })  # fmt: skip
+    write_recipes(
+        root,
+        {
+            "tiny-hf": 'source = "hf://org/Tiny-GGUF/tiny-Q4_K_M.gguf"\n',
+            "tiny-ms": 'source = "ms://org/Tiny-GGUF/tiny-Q4_K_M.gguf"\n',
+        },
+    )
     monkeypatch.setenv("LLAMAFORGE_RECIPES_DIR", str(root))
     monkeypatch.delenv("LLAMAFORGE_LOCK_FILE", raising=False)
     monkeypatch.delenv("HF_TOKEN", raising=False)
@@ -99,9 +102,13 @@ def test_lock_resolves_commit_sha256_and_size_and_fetch_uses_them(
     assert TOKEN not in text
     data = tomllib.loads(text)
     assert data["models"]["tiny-hf"] == {
-        "source": "hf://org/Tiny-GGUF/tiny-Q4_K_M.gguf", "requested_revision": "main", "revision": COMMIT,
-        "sha256": DIGEST, "size": len(CONTENT), "resolved_at": data["models"]["tiny-hf"]["resolved_at"],
-    }  # fmt: skip
+        "source": "hf://org/Tiny-GGUF/tiny-Q4_K_M.gguf",
+        "requested_revision": "main",
+        "revision": COMMIT,
+        "sha256": DIGEST,
+        "size": len(CONTENT),
+        "resolved_at": data["models"]["tiny-hf"]["resolved_at"],
+    }
     assert data["models"]["tiny-ms"]["revision"] == "master" and data["models"]["tiny-ms"]["sha256"] == DIGEST
     assert not hub.requests(method="GET") or all("FilePath" not in r.path for r in hub.requests(method="GET"))
 
@@ -175,9 +182,17 @@ def test_url_recipe_locks_from_a_verified_fetch(recipes: Path, tmp_path: Path) -
 
 
 def test_lock_entry_stops_applying_when_the_recipe_moves(recipes: Path) -> None:
-    lock = LockFile(models={"tiny-hf": ModelLock(
-        source="hf://org/Tiny-GGUF/tiny-Q4_K_M.gguf", requested_revision="main", revision=COMMIT, sha256=DIGEST,
-        size=10)})  # fmt: skip
+    lock = LockFile(
+        models={
+            "tiny-hf": ModelLock(
+                source="hf://org/Tiny-GGUF/tiny-Q4_K_M.gguf",
+                requested_revision="main",
+                revision=COMMIT,
+                sha256=DIGEST,
+                size=10,
+            )
+        }
+    )
     write_lock(lock)
     assert read_lock() == lock
     assert apply_lock(load_model_recipe("tiny-hf")).sha256 == DIGEST

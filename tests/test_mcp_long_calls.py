@@ -140,8 +140,13 @@ def ts_calls(
         env.pop(HEARTBEAT_ENV, None)
     done = subprocess.run(
         ["node", str(client), json.dumps(calls), sys.executable, str(LAUNCHER)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     report: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
     return report
@@ -224,9 +229,10 @@ async def test_heartbeat_keeps_progress_values_rising_between_stage_events(lf_ho
 
     registry = {
         "staged.run": Operation("staged.run", "stages", WaitParams, Waited, staged, read_only=True),
-        "staged.job": Operation("staged.job", "stages", WaitParams, Waited, staged, read_only=True,
-                                long_running=True),
-    }  # fmt: skip
+        "staged.job": Operation(
+            "staged.job", "stages", WaitParams, Waited, staged, read_only=True, long_running=True
+        ),
+    }
     server = build_server(ServerOptions(heartbeat_seconds=0.2), registry=registry)
     async with Client(server) as client:
         for tool in ("staged_run", "staged_job"):

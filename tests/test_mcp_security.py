@@ -92,9 +92,11 @@ def tiny_model(tmp_path: Path) -> Path:
 
 def _stdio(*args: str, home: Path, cwd: Path = REPO, **env: str) -> StdioServerParameters:
     return StdioServerParameters(
-        command=sys.executable, args=["-m", "mcp_server", *args], cwd=str(cwd),
+        command=sys.executable,
+        args=["-m", "mcp_server", *args],
+        cwd=str(cwd),
         env={"LLAMAFORGE_HOME": str(home), "PYTHONPATH": CHECKOUT_PATH, "PATH": os.environ["PATH"], **env},
-    )  # fmt: skip
+    )
 
 
 # --- host builds --------------------------------------------------------------------------------------------
@@ -207,12 +209,18 @@ async def test_destructive_calls_stay_on_the_allowed_hosts_and_inventories(
     answers: list[str] = []
     async with Client(build_server(options), elicitation_callback=asking(answers)) as client:
         for tool, arguments, named in [
-            ("deploy", {"hosts": "deploy@127.0.0.1:1,root@10.9.9.9", "build": "x", "model": "tiny"}, "10.9.9.9"),
+            (
+                "deploy",
+                {"hosts": "deploy@127.0.0.1:1,root@10.9.9.9", "build": "x", "model": "tiny"},
+                "10.9.9.9",
+            ),
             ("deploy_rollback", {"inventory": str(other)}, "other.toml"),
-            ("topology_deploy", {"head": "me@192.168.7.7", "rpc_workers": "me@127.0.0.1", "build": "x",
-                                 "model": "tiny"},
-             "192.168.7.7"),
-        ]:  # fmt: skip
+            (
+                "topology_deploy",
+                {"head": "me@192.168.7.7", "rpc_workers": "me@127.0.0.1", "build": "x", "model": "tiny"},
+                "192.168.7.7",
+            ),
+        ]:
             text = refused(await client.call_tool(tool, arguments))
             assert "is refused" in text and named in text and "--allow-deploy-host" in text, text
         assert answers == []
@@ -370,9 +378,13 @@ async def test_secrets_never_come_back_over_stdio(tmp_path: Path, lf_home: Path)
     vocab = write_mini_vocab(tmp_path / "vocab.gguf")
     model = write_tiny_model(model_dir / "tiny.gguf", TinyModelSpec(arch="qwen3"), vocab).path
     parameters = _stdio(
-        "--read-only", "--allow-root", str(tmp_path), home=lf_home, HF_TOKEN=SECRET,
+        "--read-only",
+        "--allow-root",
+        str(tmp_path),
+        home=lf_home,
+        HF_TOKEN=SECRET,
         LLAMAFORGE_MCP_TOKEN="mcp-" + SECRET,
-    )  # fmt: skip
+    )
     async with Client(parameters, read_timeout_seconds=60) as client:
         error = await client.call_tool("recipes_show", {"name": SECRET})  # an error that quotes its argument
         inspected = await client.call_tool("models_inspect", {"target": str(model)})
@@ -406,10 +418,20 @@ async def test_instructions_say_results_are_data(lf_home: Path) -> None:
 
 def _start(cwd: Path, *args: str, home: Path, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "mcp_server", *args], cwd=cwd, input="", capture_output=True, text=True,
-        timeout=60, env={"LLAMAFORGE_HOME": str(home), "PYTHONPATH": CHECKOUT_PATH, "PATH": os.environ["PATH"],
-                         "HOME": env.pop("HOME", os.environ.get("HOME", "/root")), **env},
-    )  # fmt: skip
+        [sys.executable, "-m", "mcp_server", *args],
+        cwd=cwd,
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={
+            "LLAMAFORGE_HOME": str(home),
+            "PYTHONPATH": CHECKOUT_PATH,
+            "PATH": os.environ["PATH"],
+            "HOME": env.pop("HOME", os.environ.get("HOME", "/root")),
+            **env,
+        },
+    )
 
 
 def test_the_server_refuses_root_and_home_as_its_project(tmp_path: Path, lf_home: Path) -> None:

@@ -337,25 +337,38 @@ def test_path_fields_are_the_fields_declared_as_paths() -> None:
     declared = {name: path_fields(op.params) for name, op in operations().items()}
     assert declared == {
         "build": ("recipe", "patches", "ca_bundle", "ssh_key", "known_hosts", "matrix", "from_manifest"),
-        "builds.list": (), "builds.show": (),
+        "builds.list": (),
+        "builds.show": (),
         "deploy": ("inventory", "ssh_key", "known_hosts", "model"),
         "deploy.plan": ("inventory", "ssh_key", "known_hosts", "model"),
         "deploy.rollback": ("inventory", "ssh_key", "known_hosts"),
         "deploy.status": ("inventory", "ssh_key", "known_hosts"),
-        "deploy.render": ("model",), "images.runtime": (),
-        "doctor": (), "images.bootstrap": (), "models.fetch": ("model",), "models.fit": ("model", "plot"),
-        "models.inspect": ("target",), "models.lock": ("recipe",), "models.remap": ("src", "dst", "rules"),
-        "models.verify": ("target", "recipe", "load_check"), "patches.check": ("recipe", "series"),
-        "patches.edit": ("recipe", "series"), "patches.new": ("recipe", "series", "workspace"),
-        "patches.refresh": ("recipe", "series", "to", "resume"), "recipes.list": (), "recipes.show": ("name",),
-        "smoke": ("build", "model", "golden", "record_golden", "thresholds"), "smoke.compare": ("run_a", "run_b"),
+        "deploy.render": ("model",),
+        "images.runtime": (),
+        "doctor": (),
+        "images.bootstrap": (),
+        "models.fetch": ("model",),
+        "models.fit": ("model", "plot"),
+        "models.inspect": ("target",),
+        "models.lock": ("recipe",),
+        "models.remap": ("src", "dst", "rules"),
+        "models.verify": ("target", "recipe", "load_check"),
+        "patches.check": ("recipe", "series"),
+        "patches.edit": ("recipe", "series"),
+        "patches.new": ("recipe", "series", "workspace"),
+        "patches.refresh": ("recipe", "series", "to", "resume"),
+        "recipes.list": (),
+        "recipes.show": ("name",),
+        "smoke": ("build", "model", "golden", "record_golden", "thresholds"),
+        "smoke.compare": ("run_a", "run_b"),
         "smoke.cpu_modules": ("build", "model"),
-        "models.split": ("model",), "topology.deploy": ("topology", "ssh_key", "known_hosts", "model"),
+        "models.split": ("model",),
+        "topology.deploy": ("topology", "ssh_key", "known_hosts", "model"),
         "topology.plan": ("topology", "ssh_key", "known_hosts", "model"),
         "topology.rollback": ("topology", "ssh_key", "known_hosts"),
         "topology.status": ("topology", "ssh_key", "known_hosts"),
         "topology.smoke": ("topology", "ssh_key", "known_hosts"),
-    }  # fmt: skip
+    }
 
 
 def test_path_policy_checks_file_urls_and_leaves_remote_urls_alone(tmp_path: Path) -> None:
@@ -563,9 +576,11 @@ async def test_resources_and_prompts(lf_home: Path) -> None:
 
 def _stdio(*args: str, home: Path) -> StdioServerParameters:
     return StdioServerParameters(
-        command=sys.executable, args=["-m", "mcp_server", *args], cwd=str(REPO),
+        command=sys.executable,
+        args=["-m", "mcp_server", *args],
+        cwd=str(REPO),
         env={"LLAMAFORGE_HOME": str(home), "PYTHONPATH": CHECKOUT_PATH},
-    )  # fmt: skip
+    )
 
 
 async def test_stdio_transport(lf_home: Path) -> None:
@@ -592,8 +607,12 @@ def _free_port() -> int:
 def http_server(port: int, env: dict[str, str], *args: str) -> Iterator[subprocess.Popen[str]]:
     process = subprocess.Popen(
         [sys.executable, "-m", "mcp_server", "--http", "--port", str(port), *args],
-        cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -629,8 +648,12 @@ def test_http_refuses_to_start_without_a_token(lf_home: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "LLAMAFORGE_MCP_TOKEN"}
     result = subprocess.run(
         [sys.executable, "-m", "mcp_server", "--http", "--port", str(_free_port())],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert "needs a bearer token" in result.stderr and "LLAMAFORGE_MCP_TOKEN" in result.stderr
 
@@ -646,9 +669,15 @@ async def test_http_transport_requires_token_and_checks_host(lf_home: Path) -> N
         "PYTHONPATH": CHECKOUT_PATH,
     }
     initialize = {
-        "jsonrpc": "2.0", "id": 1, "method": "initialize",
-        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "0"}},
-    }  # fmt: skip
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "0"},
+        },
+    }
     headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
     with http_server(port, env):
         async with httpx2.AsyncClient(timeout=30) as http:

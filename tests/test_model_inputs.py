@@ -65,8 +65,14 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     truncated.write_bytes(tiny.read_bytes()[:100])
     directory = root / "a-directory"
     directory.mkdir()
-    return {"tiny": tiny, "vocab_only": vocab_only, "nothing": nothing, "empty": empty,
-            "truncated": truncated, "directory": directory}  # fmt: skip
+    return {
+        "tiny": tiny,
+        "vocab_only": vocab_only,
+        "nothing": nothing,
+        "empty": empty,
+        "truncated": truncated,
+        "directory": directory,
+    }
 
 
 @pytest.fixture
@@ -89,35 +95,84 @@ def llamaforge(args: Sequence[str], env: dict[str, str]) -> subprocess.Completed
 def stored(home: Path) -> list[Path]:
     """Every file in the model store's entries, partial downloads and quarantine."""
     root = home / "models"
-    return [path for sub in ("sha256", "partial", "quarantine") for path in (root / sub).rglob("*")
-            if path.is_file() and not path.name.endswith(".lock")]  # fmt: skip
+    return [
+        path
+        for sub in ("sha256", "partial", "quarantine")
+        for path in (root / sub).rglob("*")
+        if path.is_file() and not path.name.endswith(".lock")
+    ]
 
 
 # --- bad model arguments, on the command line -------------------------------------------------------------------
 
 BAD_INPUTS: list[tuple[str, list[str], int, str]] = [
-    ("fetch file:///etc/passwd", ["models.fetch", "file:///etc/passwd"], ModelError.exit_code,
-     "error: file:///etc/passwd is not a GGUF model: it does not start with the bytes 'GGUF'"),
-    ("fetch /etc/passwd", ["models.fetch", "/etc/passwd"], ModelError.exit_code,
-     "error: file:///etc/passwd is not a GGUF model"),
-    ("fetch an empty file", ["models.fetch", "{empty}"], ModelError.exit_code, "is empty (0 bytes): not a GGUF model"),
-    ("fetch file:// of an empty file", ["models.fetch", "file://{empty}"], ModelError.exit_code,
-     "is empty (0 bytes): not a GGUF model"),
-    ("fetch a truncated GGUF", ["models.fetch", "{truncated}"], ModelError.exit_code,
-     "truncated.gguf is not a well-formed GGUF model: "),
-    ("fetch a GGUF with nothing in it", ["models.fetch", "{nothing}"], ModelError.exit_code,
-     "nothing.gguf is a GGUF with no tensors and no vocabulary: there is no model in it"),
-    ("fetch a directory", ["models.fetch", "{directory}"], InvalidOption.exit_code,
-     "a-directory is a directory: name a .gguf file or a recipe"),
-    ("fetch a missing .gguf", ["models.fetch", "{directory}/missing.gguf"], ModelError.exit_code,
-     "missing.gguf does not exist"),
-    ("inspect a directory", ["models.inspect", "{directory}"], InvalidOption.exit_code,
-     "a-directory is a directory: name a .gguf file or a recipe"),
-    ("verify a directory", ["models.verify", "{directory}"], InvalidOption.exit_code,
-     "a-directory is a directory: name a .gguf file or a recipe"),
-    ("inspect /etc/passwd", ["models.inspect", "/etc/passwd"], ModelError.exit_code,
-     "/etc/passwd: not a GGUF file (bad magic)"),
-]  # fmt: skip
+    (
+        "fetch file:///etc/passwd",
+        ["models.fetch", "file:///etc/passwd"],
+        ModelError.exit_code,
+        "error: file:///etc/passwd is not a GGUF model: it does not start with the bytes 'GGUF'",
+    ),
+    (
+        "fetch /etc/passwd",
+        ["models.fetch", "/etc/passwd"],
+        ModelError.exit_code,
+        "error: file:///etc/passwd is not a GGUF model",
+    ),
+    (
+        "fetch an empty file",
+        ["models.fetch", "{empty}"],
+        ModelError.exit_code,
+        "is empty (0 bytes): not a GGUF model",
+    ),
+    (
+        "fetch file:// of an empty file",
+        ["models.fetch", "file://{empty}"],
+        ModelError.exit_code,
+        "is empty (0 bytes): not a GGUF model",
+    ),
+    (
+        "fetch a truncated GGUF",
+        ["models.fetch", "{truncated}"],
+        ModelError.exit_code,
+        "truncated.gguf is not a well-formed GGUF model: ",
+    ),
+    (
+        "fetch a GGUF with nothing in it",
+        ["models.fetch", "{nothing}"],
+        ModelError.exit_code,
+        "nothing.gguf is a GGUF with no tensors and no vocabulary: there is no model in it",
+    ),
+    (
+        "fetch a directory",
+        ["models.fetch", "{directory}"],
+        InvalidOption.exit_code,
+        "a-directory is a directory: name a .gguf file or a recipe",
+    ),
+    (
+        "fetch a missing .gguf",
+        ["models.fetch", "{directory}/missing.gguf"],
+        ModelError.exit_code,
+        "missing.gguf does not exist",
+    ),
+    (
+        "inspect a directory",
+        ["models.inspect", "{directory}"],
+        InvalidOption.exit_code,
+        "a-directory is a directory: name a .gguf file or a recipe",
+    ),
+    (
+        "verify a directory",
+        ["models.verify", "{directory}"],
+        InvalidOption.exit_code,
+        "a-directory is a directory: name a .gguf file or a recipe",
+    ),
+    (
+        "inspect /etc/passwd",
+        ["models.inspect", "/etc/passwd"],
+        ModelError.exit_code,
+        "/etc/passwd: not a GGUF file (bad magic)",
+    ),
+]
 
 
 @pytest.mark.parametrize(
@@ -171,12 +226,19 @@ def test_inspect_and_verify_say_vocab_only(files: dict[str, Path], env: dict[str
 
 @pytest.mark.parametrize(
     ("argument", "error", "words"),
-    [("/etc/passwd", ModelError, "/etc/passwd is not a GGUF model: it does not start with the bytes 'GGUF'"),
-     ("{empty}", ModelError, "is empty (0 bytes)"), ("{truncated}", ModelError, "is not a well-formed GGUF"),
-     ("{directory}", InvalidOption, "is a directory: name a .gguf file or a recipe"),
-     ("{vocab_only}", InvalidOption, "has no tensors: a vocab-only file cannot be served"),
-     ("file:///etc/passwd", ModelError, "file:///etc/passwd is not a GGUF model")],
-)  # fmt: skip
+    [
+        (
+            "/etc/passwd",
+            ModelError,
+            "/etc/passwd is not a GGUF model: it does not start with the bytes 'GGUF'",
+        ),
+        ("{empty}", ModelError, "is empty (0 bytes)"),
+        ("{truncated}", ModelError, "is not a well-formed GGUF"),
+        ("{directory}", InvalidOption, "is a directory: name a .gguf file or a recipe"),
+        ("{vocab_only}", InvalidOption, "has no tensors: a vocab-only file cannot be served"),
+        ("file:///etc/passwd", ModelError, "file:///etc/passwd is not a GGUF model"),
+    ],
+)
 def test_the_model_resolver_refuses_what_cannot_be_served(
     argument: str, error: type[Exception], words: str, files: dict[str, Path], lf_home: Path
 ) -> None:
@@ -296,16 +358,28 @@ def test_byte_counts_print_every_30_s_or_10_percent_with_their_rate() -> None:
     for mib in range(1, 201):  # no total (no Content-Length): every 30 s, at 2 MiB/s
         now[0] = 1000 + mib / 2
         reporter(Event("progress", "downloading", stage="fetch", completed=mib * MiB, unit="bytes"))
-    assert out.getvalue().splitlines() == ["fetch 1.0 MiB", "fetch 61 MiB 2.0 MiB/s", "fetch 121 MiB 2.0 MiB/s",
-                                           "fetch 181 MiB 2.0 MiB/s"]  # fmt: skip
+    assert out.getvalue().splitlines() == [
+        "fetch 1.0 MiB",
+        "fetch 61 MiB 2.0 MiB/s",
+        "fetch 121 MiB 2.0 MiB/s",
+        "fetch 181 MiB 2.0 MiB/s",
+    ]
 
 
 def test_a_terminal_bar_and_a_notebook_count_mib() -> None:
     out = io.StringIO()
     reporter = ConsoleReporter(Console(file=out, force_terminal=True, width=120), verbose=True)
     for mib in (100, 200, 300, 400):
-        reporter(Event("progress", "downloading x.gguf", stage="fetch", completed=mib * MiB, total=400 * MiB,
-                       unit="bytes"))  # fmt: skip
+        reporter(
+            Event(
+                "progress",
+                "downloading x.gguf",
+                stage="fetch",
+                completed=mib * MiB,
+                total=400 * MiB,
+                unit="bytes",
+            )
+        )
     reporter.close()
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue())
     assert "400.0/400.0 MiB" in text and str(400 * MiB) not in text

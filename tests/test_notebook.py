@@ -31,13 +31,15 @@ def _kernel_spec_dir(tmp_path: Path) -> Path:
     spec = tmp_path / "jupyter" / "kernels" / "python3"
     spec.mkdir(parents=True)
     (spec / "kernel.json").write_text(
-        json.dumps({
-            "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-            "display_name": "Python 3 (llamaforge tests)",
-            "language": "python",
-        }),
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "Python 3 (llamaforge tests)",
+                "language": "python",
+            }
+        ),
         encoding="utf-8",
-    )  # fmt: skip
+    )
     return tmp_path / "jupyter"
 
 

@@ -37,8 +37,10 @@ def _diff(tmp: Path, relative: str, before: str, after: str) -> str:
         (work / side / relative).write_text(text)
     diff = subprocess.run(
         ["git", "diff", "--no-index", "--no-prefix", f"a/{relative}", f"b/{relative}"],
-        cwd=work, capture_output=True, text=True,
-    ).stdout  # fmt: skip
+        cwd=work,
+        capture_output=True,
+        text=True,
+    ).stdout
     return "".join(line for line in diff.splitlines(keepends=True) if not line.startswith("index "))
 
 

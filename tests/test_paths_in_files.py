@@ -234,8 +234,13 @@ def test_a_source_download_and_its_redirects_pass_the_url_policy(redirecting: st
 
 
 def _manifest(root: Path, **options: str) -> dict[str, object]:
-    source = {"kind": "archive", "url": str(root / "src.tar.gz"), "sha256": SHA, "commit": COMMIT,
-              "build_number": 1}  # fmt: skip
+    source = {
+        "kind": "archive",
+        "url": str(root / "src.tar.gz"),
+        "sha256": SHA,
+        "commit": COMMIT,
+        "build_number": 1,
+    }
     return {"recipe": {"name": "r", "patches": None, "source": source}, "options": options}
 
 

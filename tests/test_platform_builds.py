@@ -58,8 +58,13 @@ def test_windows_cuda_script_sets_the_arch_the_dev_shell_and_ships_the_cuda_runt
 def test_macos_plan_is_metal_arm64_with_the_library_embedded() -> None:
     plan = plan_build(load_recipe("default"), VARIANTS["macos-metal.build.sh"])
     assert plan.backend == "metal"
-    for arg in ("-DGGML_METAL=ON", "-DGGML_METAL_EMBED_LIBRARY=ON", "-DCMAKE_OSX_ARCHITECTURES=arm64",
-                "-DCMAKE_INSTALL_RPATH=@loader_path", "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON"):  # fmt: skip
+    for arg in (
+        "-DGGML_METAL=ON",
+        "-DGGML_METAL_EMBED_LIBRARY=ON",
+        "-DCMAKE_OSX_ARCHITECTURES=arm64",
+        "-DCMAKE_INSTALL_RPATH=@loader_path",
+        "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
+    ):
         assert arg in plan.cmake_args
     assert any(arg.startswith("-DCMAKE_OSX_DEPLOYMENT_TARGET=") for arg in plan.cmake_args)
     cpu = plan_build(
@@ -79,9 +84,12 @@ def test_macos_script_passes_shellcheck(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("platform", "backend", "valid"),
-    [("windows", "metal", "--backend cpu or --arch 86"), ("macos", "cuda", "--backend metal"),
-     ("linux", "metal", "--backend cpu")],
-)  # fmt: skip
+    [
+        ("windows", "metal", "--backend cpu or --arch 86"),
+        ("macos", "cuda", "--backend metal"),
+        ("linux", "metal", "--backend cpu"),
+    ],
+)
 def test_impossible_combinations_name_the_valid_ones(platform: str, backend: str, valid: str) -> None:
     with pytest.raises(InvalidOption) as info:
         plan_build(load_recipe("default"), BuildOptions(platform=platform, backend=backend, no_patches=True))  # type: ignore[arg-type]
@@ -156,8 +164,10 @@ def _stand_in(plan: BuildPlan, expect: str, suffix: str, *, fail: bool = False) 
 
 
 def _executor(host: TestHost, known_hosts: Path) -> Any:
-    return make_executor("ssh", {"host": f"lf@127.0.0.1:{host.port}", "key": str(host.key_file),
-                                 "known_hosts": str(known_hosts)})  # fmt: skip
+    return make_executor(
+        "ssh",
+        {"host": f"lf@127.0.0.1:{host.port}", "key": str(host.key_file), "known_hosts": str(known_hosts)},
+    )
 
 
 def _mini_plan(
@@ -177,11 +187,16 @@ def _sha256(data: bytes) -> str:
 @pytest.mark.parametrize(
     ("platform", "arch", "suffix", "expect"),
     [("windows", "86", ".exe", "Enter-VsDevShell"), ("macos", None, "", "GGML_METAL_EMBED_LIBRARY")],
-)  # fmt: skip
+)
 def test_build_round_trip_over_ssh(
-    platform: str, arch: str | None, suffix: str, expect: str, test_hosts: list[TestHost], lf_home: Path,
+    platform: str,
+    arch: str | None,
+    suffix: str,
+    expect: str,
+    test_hosts: list[TestHost],
+    lf_home: Path,
     tmp_path: Path,
-) -> None:  # fmt: skip
+) -> None:
     from llamaforge.build.execute import run_build
     from test_ssh_runner import trusted
 
@@ -190,8 +205,12 @@ def test_build_round_trip_over_ssh(
     options = BuildOptions(platform=platform, toolchain=toolchain, cuda_architectures=(arch,) if arch else ())  # type: ignore[arg-type]
     plan = _mini_plan(tmp_path, options, expect, suffix)
     events: list[str] = []
-    result = run_build(plan, options, executor=_executor(host, trusted(host, tmp_path)),
-                       reporter=lambda event: events.append(event.message))  # fmt: skip
+    result = run_build(
+        plan,
+        options,
+        executor=_executor(host, trusted(host, tmp_path)),
+        reporter=lambda event: events.append(event.message),
+    )
     manifest = result.manifest
     assert sorted(manifest["artifacts"]) == [f"bin/llama-cli{suffix}", f"bin/llama-server{suffix}"]
     lines = (result.path / f"bin/llama-cli{suffix}").read_text().splitlines()

@@ -65,9 +65,24 @@ class ServerRun:
 def run_server(binary: Path, model: Path, log_path: Path) -> ServerRun:
     """Start llama-server on 127.0.0.1 (the OS picks a free port), ask for one completion, always stop it."""
     command = [
-        str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", "0",
-        "-t", "1", "-c", "512", "-np", "1", "-lv", "4", "--override-tensor", OVERRIDE,
-    ]  # fmt: skip
+        str(binary),
+        "-m",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "-t",
+        "1",
+        "-c",
+        "512",
+        "-np",
+        "1",
+        "-lv",
+        "4",
+        "--override-tensor",
+        OVERRIDE,
+    ]
     completion: dict[str, Any] | None = None
     with log_path.open("wb") as log:
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)

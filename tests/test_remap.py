@@ -178,8 +178,12 @@ def test_metadata_bytes_kept_exactly(tmp_path: Path) -> None:
     src = tmp_path / "bytes.gguf"
     w = gguf.GGUFWriter(src, "qwen3")
     w.add_block_count(1)
-    w.add_key_value("tokenizer.ggml.tokens", [b"ok", b"\xff\xfebroken", "caf\u00e9".encode()],
-                    gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.STRING)  # fmt: skip
+    w.add_key_value(
+        "tokenizer.ggml.tokens",
+        [b"ok", b"\xff\xfebroken", "caf\u00e9".encode()],
+        gguf.GGUFValueType.ARRAY,
+        sub_type=gguf.GGUFValueType.STRING,
+    )
     w.add_key_value("general.nan", float("nan"), gguf.GGUFValueType.FLOAT32)
     w.add_tensor("output.weight", np.ones((3, 4), dtype=np.float32))
     w.write_header_to_file()
@@ -292,9 +296,15 @@ def test_metadata_set_rename_delete(models: dict[tuple[str, str], TinyModelInfo]
     assert reader.get_field("general.description") is None
     # everything else unchanged, tokenizer included; tensors as in the canonical file
     before = gguf.GGUFReader(src.path)
-    untouched = set(before.fields) - {"general.type", "general.description", "general.name",
-                                      "tokenizer.chat_template", "qwen3.context_length", "qwen3.rope.freq_base",
-                                      "qwen3.attention.layer_norm_rms_epsilon"}  # fmt: skip
+    untouched = set(before.fields) - {
+        "general.type",
+        "general.description",
+        "general.name",
+        "tokenizer.chat_template",
+        "qwen3.context_length",
+        "qwen3.rope.freq_base",
+        "qwen3.attention.layer_norm_rms_epsilon",
+    }
     for key in untouched - {"GGUF.kv_count"}:
         assert _field(reader, key) == _field(before, key), key
     assert _tensors(result.dst) == _tensors(models[("qwen3", "canonical")].path)
@@ -332,8 +342,9 @@ def test_long_context_rules(mini_vocab: Path, tmp_path: Path) -> None:
     result = remap_gguf(qwen3_native.path, tmp_path / "long.gguf", rules)
     reader = gguf.GGUFReader(result.dst)
     assert (_field(reader, "qwen3.context_length"), _field_type(reader, "qwen3.context_length")) == (
-        131072, gguf.GGUFValueType.UINT32,
-    )  # fmt: skip
+        131072,
+        gguf.GGUFValueType.UINT32,
+    )
     assert _field(reader, "qwen3.rope.scaling.type") == "yarn"
     assert _field(reader, "qwen3.rope.scaling.factor") == pytest.approx(4.0)
     assert _field_type(reader, "qwen3.rope.scaling.factor") == gguf.GGUFValueType.FLOAT32
@@ -753,10 +764,28 @@ def _server(binary: Path, model: Path, log: Path) -> Iterator[tuple[subprocess.P
     port = _free_port()
     with log.open("wb") as sink:
         proc = subprocess.Popen(
-            [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-c", "256",
-             "-np", "1", "-t", "2", "--no-warmup", "--seed", "0"],
-            stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+            [
+                str(binary),
+                "-m",
+                str(model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "-c",
+                "256",
+                "-np",
+                "1",
+                "-t",
+                "2",
+                "--no-warmup",
+                "--seed",
+                "0",
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         try:
             yield proc, f"http://127.0.0.1:{port}"
         finally:
@@ -787,8 +816,15 @@ def _wait_ready(proc: subprocess.Popen[bytes], url: str, timeout: float = 180) -
 def _greedy(binary: Path, model: Path, log: Path) -> dict[str, Any]:
     with _server(binary, model, log) as (proc, url):
         assert _wait_ready(proc, url), log.read_text(errors="replace")[-3000:]
-        body = {"prompt": "Hello, my name is", "n_predict": 8, "temperature": 0, "n_probs": 3,
-                "cache_prompt": False, "return_tokens": True, "seed": 0}  # fmt: skip
+        body = {
+            "prompt": "Hello, my name is",
+            "n_predict": 8,
+            "temperature": 0,
+            "n_probs": 3,
+            "cache_prompt": False,
+            "return_tokens": True,
+            "seed": 0,
+        }
         request = urllib.request.Request(
             f"{url}/completion", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
         )

@@ -36,15 +36,58 @@ def _certificates(directory: Path) -> tuple[Path, Path]:
     server, client = directory / "server", directory / "client"
     server.mkdir()
     client.mkdir()
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=llamaforge test CA",
-             "-keyout", "ca-key.pem", "-out", "ca.pem", cwd=directory)  # fmt: skip
-    for name, where, extension in (("server", server, "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth"),
-                                   ("client", client, "extendedKeyUsage=clientAuth")):  # fmt: skip
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=llamaforge test CA",
+        "-keyout",
+        "ca-key.pem",
+        "-out",
+        "ca.pem",
+        cwd=directory,
+    )
+    for name, where, extension in (
+        ("server", server, "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth"),
+        ("client", client, "extendedKeyUsage=clientAuth"),
+    ):
         (directory / f"{name}.ext").write_text(extension + "\n")
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", str(where / "key.pem"),
-                 "-out", f"{name}.csr", cwd=directory)  # fmt: skip
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca-key.pem", "-CAcreateserial",
-                 "-days", "1", "-extfile", f"{name}.ext", "-out", str(where / "cert.pem"), cwd=directory)  # fmt: skip
+        _openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            f"/CN={name}",
+            "-keyout",
+            str(where / "key.pem"),
+            "-out",
+            f"{name}.csr",
+            cwd=directory,
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca-key.pem",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            f"{name}.ext",
+            "-out",
+            str(where / "cert.pem"),
+            cwd=directory,
+        )
         shutil.copy(directory / "ca.pem", where / "ca.pem")
     return server, client
 
@@ -71,15 +114,38 @@ def remote_engine(docker_engine: object, base_image: str) -> Iterator[dict[str, 
     subprocess.run(["ip", "addr", "add", "10.213.0.1/24", "dev", bridge], check=True)
     log = (root / "dockerd.log").open("w")
     daemon = subprocess.Popen(
-        ["dockerd", "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
-         "--pidfile", str(root / "dockerd.pid"), "-H", f"tcp://127.0.0.1:{port}", "--tlsverify",
-         "--tlscacert", str(server / "ca.pem"), "--tlscert", str(server / "cert.pem"),
-         "--tlskey", str(server / "key.pem"), "--bridge", bridge, "--iptables=false", "--ip6tables=false",
-         "--ip-masq=false"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    env = {**os.environ, "DOCKER_HOST": f"tcp://127.0.0.1:{port}", "DOCKER_TLS_VERIFY": "1",
-           "DOCKER_CERT_PATH": str(client)}  # fmt: skip
+        [
+            "dockerd",
+            "--data-root",
+            str(root / "data"),
+            "--exec-root",
+            str(root / "exec"),
+            "--pidfile",
+            str(root / "dockerd.pid"),
+            "-H",
+            f"tcp://127.0.0.1:{port}",
+            "--tlsverify",
+            "--tlscacert",
+            str(server / "ca.pem"),
+            "--tlscert",
+            str(server / "cert.pem"),
+            "--tlskey",
+            str(server / "key.pem"),
+            "--bridge",
+            bridge,
+            "--iptables=false",
+            "--ip6tables=false",
+            "--ip-masq=false",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    env = {
+        **os.environ,
+        "DOCKER_HOST": f"tcp://127.0.0.1:{port}",
+        "DOCKER_TLS_VERIFY": "1",
+        "DOCKER_CERT_PATH": str(client),
+    }
     try:
         deadline = time.monotonic() + 60
         while subprocess.run(["docker", "info"], env=env, capture_output=True).returncode != 0:
@@ -140,8 +206,12 @@ def test_a_build_runs_on_a_remote_engine_over_tls(
         ["docker", "volume", "ls", "-q"], env=remote_engine, capture_output=True, text=True
     )
     assert "llamaforge-ccache" in volumes.stdout.split(), "the remote engine keeps its own ccache volume"
-    leftovers = subprocess.run(["docker", "ps", "-aq", "--filter", "label=org.llamaforge.owned"],
-                               env=remote_engine, capture_output=True, text=True)  # fmt: skip
+    leftovers = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", "label=org.llamaforge.owned"],
+        env=remote_engine,
+        capture_output=True,
+        text=True,
+    )
     assert leftovers.stdout.strip() == "", "the build container was removed on the remote engine"
 
 

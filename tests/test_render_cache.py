@@ -150,10 +150,24 @@ def test_a_read_only_home_still_renders(tmp_path: Path, monkeypatch: pytest.Monk
     blocked = tmp_path / "file"
     blocked.write_text("", encoding="utf-8")
     monkeypatch.setenv("LLAMAFORGE_HOME", str(blocked / "home"))  # under a file: nothing can be written
-    expected = render("linux/build.sh.j2", recipe_name="r", backend="cpu", cmake_args=("-G", "Ninja"),
-                      targets=["llama-cli"], source_date_epoch=0, packages=["cmake"])  # fmt: skip
-    got = render_cached("linux/build.sh.j2", recipe_name="r", backend="cpu", cmake_args=("-G", "Ninja"),
-                        targets=["llama-cli"], source_date_epoch=0, packages=["cmake"])  # fmt: skip
+    expected = render(
+        "linux/build.sh.j2",
+        recipe_name="r",
+        backend="cpu",
+        cmake_args=("-G", "Ninja"),
+        targets=["llama-cli"],
+        source_date_epoch=0,
+        packages=["cmake"],
+    )
+    got = render_cached(
+        "linux/build.sh.j2",
+        recipe_name="r",
+        backend="cpu",
+        cmake_args=("-G", "Ninja"),
+        targets=["llama-cli"],
+        source_date_epoch=0,
+        packages=["cmake"],
+    )
     assert got == expected
 
 

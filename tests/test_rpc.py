@@ -75,7 +75,10 @@ def test_the_plans_flags_are_llama_servers() -> None:
 def test_devices_parse_in_llamacpps_order() -> None:
     devices = parse_devices("10.0.0.2=24GiB, 10.0.0.3:50053=8GiB, gpu=24GiB")
     assert [(d.endpoint, d.memory_bytes // GiB) for d in devices] == [
-        ("10.0.0.2:50052", 24), ("10.0.0.3:50053", 8), (None, 24)]  # fmt: skip
+        ("10.0.0.2:50052", 24),
+        ("10.0.0.3:50053", 8),
+        (None, 24),
+    ]
     for bad in ("10.0.0.2", "gpu=8GiB,10.0.0.2=8GiB", ""):
         with pytest.raises(InvalidOption):
             parse_devices(bad)
@@ -84,8 +87,13 @@ def test_devices_parse_in_llamacpps_order() -> None:
 def test_rpc_addresses_must_be_private_or_loopback() -> None:
     for good in ("10.1.2.3", "172.20.0.2", "192.168.1.5", "127.0.0.1", "fd00::2"):
         assert check_rpc_address(good, worker="w") == good
-    for bad, words in (("0.0.0.0", "every network"), ("::", "every network"), ("8.8.8.8", "public"),
-                       ("gpu2.example.org", "not an IP"), ("2001:4860::8888", "public")):  # fmt: skip
+    for bad, words in (
+        ("0.0.0.0", "every network"),
+        ("::", "every network"),
+        ("8.8.8.8", "public"),
+        ("gpu2.example.org", "not an IP"),
+        ("2001:4860::8888", "public"),
+    ):
         with pytest.raises(InvalidOption) as caught:
             check_rpc_address(bad, worker="lf@gpu2:22")
         assert words in caught.value.message and "gpu2" in caught.value.message
@@ -97,8 +105,15 @@ def test_an_ipv6_scope_id_is_an_interface_name_or_index() -> None:
     for good in ("fe80::2%eth1", "fe80::2%3", "fd00::2%enp0s31f6", "fe80::2%br-lan.10"):
         assert check_rpc_address(good, worker="w") == good
     # Python's ipaddress takes anything after '%'; the address reaches the head's unit and its --rpc list
-    for bad in ("fe80::2%eth0\nExecStartPre=+x", "fe80::2%eth0\nX=1", "fe80::2%a b", "fd00::1%$(id)",
-                "fe80::2%eth0;reboot", "fe80::2%-x", "fe80::2%sixteen-chars-ifname"):  # fmt: skip
+    for bad in (
+        "fe80::2%eth0\nExecStartPre=+x",
+        "fe80::2%eth0\nX=1",
+        "fe80::2%a b",
+        "fd00::1%$(id)",
+        "fe80::2%eth0;reboot",
+        "fe80::2%-x",
+        "fe80::2%sixteen-chars-ifname",
+    ):
         with pytest.raises(InvalidOption) as caught:
             check_rpc_address(bad, worker="lf@gpu2:22")
         assert "gpu2" in caught.value.message and caught.value.hint
@@ -112,8 +127,12 @@ def test_workers_parse_with_their_addresses_and_memory() -> None:
         ("10.0.0.2:50052", 24 * GiB),
         ("10.0.0.3:50052", 8 * GiB),
     ]
-    for hosts, addresses, memory in (("lf@h2", "10.0.0.2,10.0.0.3", None), ("lf@h2,lf@h3", "10.0.0.2,10.0.0.2", None),
-                                     ("lf@h2", "10.0.0.2", "1GiB,2GiB"), ("lf@h2", "1.1.1.1", None)):  # fmt: skip
+    for hosts, addresses, memory in (
+        ("lf@h2", "10.0.0.2,10.0.0.3", None),
+        ("lf@h2,lf@h3", "10.0.0.2,10.0.0.2", None),
+        ("lf@h2", "10.0.0.2", "1GiB,2GiB"),
+        ("lf@h2", "1.1.1.1", None),
+    ):
         with pytest.raises(InvalidOption):
             parse_workers(hosts, addresses, memory=memory)
 
@@ -136,11 +155,14 @@ def test_the_worker_unit_binds_its_address_and_keeps_a_cache() -> None:
     assert "Environment=LLAMA_CACHE=/var/cache/llamaforge-lab-rpc" in lines
     for line in ("NoNewPrivileges=yes", "ProtectSystem=strict", "User=llamaforge", "Restart=on-failure"):
         assert line in lines
-    head = render_unit(ReleaseSpec("k", Path("/b"), "m", Path("/m"), "s", 1, LlamaFlags(rpc=("10.0.0.2:50052",))),
-                       Layout("lab"))  # fmt: skip
+    head = render_unit(
+        ReleaseSpec("k", Path("/b"), "m", Path("/m"), "s", 1, LlamaFlags(rpc=("10.0.0.2:50052",))),
+        Layout("lab"),
+    )
     assert "StartLimitIntervalSec=0" in head.splitlines()  # the head retries until its workers are back
-    assert "StartLimitIntervalSec" not in render_unit(ReleaseSpec("k", Path("/b"), "m", Path("/m"), "s", 1),
-                                                      Layout("lab"))  # fmt: skip
+    assert "StartLimitIntervalSec" not in render_unit(
+        ReleaseSpec("k", Path("/b"), "m", Path("/m"), "s", 1), Layout("lab")
+    )
 
 
 def test_topology_operations_are_registered_with_their_kinds() -> None:
@@ -174,8 +196,12 @@ def test_the_heads_flags_are_the_plans() -> None:
 
     plan = plan_split(HEADER, TWO, Settings(ctx=512, parallel=2), tensor_split=[3, 1])
     assert _plan_flags(plan.flags, None).args() == list(plan.flags)
-    assert _plan_flags(plan.flags, 2).args() == [*plan.flags[: plan.flags.index("-fit")], "-t", "2",
-                                                 *plan.flags[plan.flags.index("-fit") :]]  # fmt: skip
+    assert _plan_flags(plan.flags, 2).args() == [
+        *plan.flags[: plan.flags.index("-fit")],
+        "-t",
+        "2",
+        *plan.flags[plan.flags.index("-fit") :],
+    ]
 
 
 def test_a_topology_file_fills_the_options_and_typos_are_named(tmp_path: Path) -> None:
@@ -183,17 +209,24 @@ def test_a_topology_file_fills_the_options_and_typos_are_named(tmp_path: Path) -
     from llamaforge.deploy.ops_rpc import RpcDeployParams
 
     good = tmp_path / "lab.toml"
-    good.write_text('[hosts]\nother = "inventory tables are left alone"\n[topology]\nhead = "lf@h1:22"\n'
-                    '[[topology.workers]]\nhost = "lf@h2:22"\nrpc_address = "10.0.0.2"\nmemory = "8GiB"\n'
-                    '[[topology.workers]]\nhost = "lf@h3:22"\nrpc_address = "10.0.0.3"\nmemory = "4GiB"\n',
-                    encoding="utf-8")  # fmt: skip
+    good.write_text(
+        '[hosts]\nother = "inventory tables are left alone"\n[topology]\nhead = "lf@h1:22"\n'
+        '[[topology.workers]]\nhost = "lf@h2:22"\nrpc_address = "10.0.0.2"\nmemory = "8GiB"\n'
+        '[[topology.workers]]\nhost = "lf@h3:22"\nrpc_address = "10.0.0.3"\nmemory = "4GiB"\n',
+        encoding="utf-8",
+    )
     params = RpcDeployParams(topology=str(good), build="k", model="tiny")
-    assert (params.head, params.rpc_workers, params.rpc_addresses) == ("lf@h1:22", "lf@h2:22,lf@h3:22",
-                                                                      "10.0.0.2,10.0.0.3")  # fmt: skip
+    assert (params.head, params.rpc_workers, params.rpc_addresses) == (
+        "lf@h1:22",
+        "lf@h2:22,lf@h3:22",
+        "10.0.0.2,10.0.0.3",
+    )
     assert [w.memory_bytes for w in params.workers(params.worker_memory)] == [8 * GiB, 4 * GiB]
     bad = tmp_path / "typo.toml"
-    bad.write_text('[topology]\nhead = "lf@h1:22"\n[[topology.workers]]\nhost = "lf@h2:22"\nrpc_adress = "10.0.0.2"\n',
-                   encoding="utf-8")  # fmt: skip
+    bad.write_text(
+        '[topology]\nhead = "lf@h1:22"\n[[topology.workers]]\nhost = "lf@h2:22"\nrpc_adress = "10.0.0.2"\n',
+        encoding="utf-8",
+    )
     with pytest.raises(RecipeError) as caught:
         RpcDeployParams(topology=str(bad), build="k", model="tiny")
     assert str(bad) in caught.value.message and "rpc_adress" in caught.value.message

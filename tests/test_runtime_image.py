@@ -50,9 +50,14 @@ def fake_build(tmp_path: Path, backend: str = "cpu") -> tuple[dict[str, Any], Pa
     for name in ("llama-server", "libggml-base.so", "libggml-cpu-haswell.so"):
         (build / "bin" / name).write_bytes(b"\x7fELF")
     (build / "manifest.json").write_text("{}", encoding="utf-8")
-    manifest = {"key": "k" * 32, "backend": backend, "finished_at": "2026-12-01T08:36:37+00:00",
-                "source": {"commit": "c" * 40, "build_number": 11312}, "recipe": {"name": "default"},
-                "image": {"base_tag": "llamaforge/debian:bookworm"}}  # fmt: skip
+    manifest = {
+        "key": "k" * 32,
+        "backend": backend,
+        "finished_at": "2026-12-01T08:36:37+00:00",
+        "source": {"commit": "c" * 40, "build_number": 11312},
+        "recipe": {"name": "default"},
+        "image": {"base_tag": "llamaforge/debian:bookworm"},
+    }
     return manifest, build
 
 
@@ -62,7 +67,11 @@ def test_the_plan_installs_owned_libraries_copies_the_rest_and_refuses_missing_o
     assert plan.tag == runtime_tag("k" * 32) == "llamaforge/llama-server:" + "k" * 32
     # Every file of bin/ goes in (the .so variants too); the build's own libraries are not looked up.
     assert [name for _, name in plan.files] == [
-        "bin/libggml-base.so", "bin/libggml-cpu-haswell.so", "bin/llama-server", "lib/libodd.so.3"]  # fmt: skip
+        "bin/libggml-base.so",
+        "bin/libggml-cpu-haswell.so",
+        "bin/llama-server",
+        "lib/libodd.so.3",
+    ]
     assert plan.packages == ("curl", "libgomp1") and plan.copied_libraries == ("lib/libodd.so.3",)
     assert plan.labels[LABEL_KEY] == "k" * 32 and plan.labels["org.opencontainers.image.version"] == "b11312"
     assert f"USER {UID}:{UID}" in plan.dockerfile and "HEALTHCHECK" in plan.dockerfile
@@ -126,8 +135,10 @@ def test_runtime_image_of_the_suite_build_serves_the_tiny_model(
     import hashlib
 
     assert labels[LABEL_KEY] == key and labels == made["labels"] and LABEL_PLAN in labels
-    assert labels["org.llamaforge.build.manifest.sha256"] == hashlib.sha256(
-        (patched_build / "manifest.json").read_bytes()).hexdigest()  # fmt: skip
+    assert (
+        labels["org.llamaforge.build.manifest.sha256"]
+        == hashlib.sha256((patched_build / "manifest.json").read_bytes()).hexdigest()
+    )
     assert labels["org.opencontainers.image.revision"] == manifest["source"]["commit"]
     assert labels["org.llamaforge.llama.cpp.build_number"] == str(manifest["source"]["build_number"])
     assert labels["org.llamaforge.base.id"] == docker_engine.images.get("llamaforge/debian:bookworm").id
@@ -136,9 +147,12 @@ def test_runtime_image_of_the_suite_build_serves_the_tiny_model(
 
     containers, network = started
     container = docker_engine.containers.run(
-        made["tag"], detach=True, ports={"8080/tcp": ("127.0.0.1", None)}, network=network,
+        made["tag"],
+        detach=True,
+        ports={"8080/tcp": ("127.0.0.1", None)},
+        network=network,
         volumes={str(tiny_qwen3): {"bind": "/models/model.gguf", "mode": "ro"}},
-    )  # fmt: skip
+    )
     containers.append(container)
     container.reload()
     binding = container.attrs["NetworkSettings"]["Ports"]["8080/tcp"][0]
@@ -150,7 +164,8 @@ def test_runtime_image_of_the_suite_build_serves_the_tiny_model(
         time.sleep(0.5)
     assert len(greedy_completion(f"http://127.0.0.1:{port}", GoldenRequest(n_predict=6, n_probs=1))) == 6
     assert [(mount["Destination"], mount["RW"]) for mount in container.attrs["Mounts"]] == [
-        ("/models/model.gguf", False)]  # fmt: skip
+        ("/models/model.gguf", False)
+    ]
     assert container.exec_run(["id", "-u"]).output.decode().strip() == str(UID)
     while container.attrs["State"].get("Health", {}).get("Status") != "healthy":  # the image's HEALTHCHECK
         assert time.monotonic() < deadline + 60, container.attrs["State"]

@@ -87,8 +87,13 @@ def test_parse_llama_bench_moe() -> None:
 def test_parse_llama_bench_names_pg_and_depth_like_compare_llama_bench() -> None:
     run = parse_llama_bench((DATA / "llama-bench-qwen3-pg-depth.json").read_text(encoding="utf-8"))
     assert [t.name for t in run.tests] == [
-        "pp32", "tg16", "pp32+tg16", "pp32 @ d64", "tg16 @ d64", "pp32+tg16 @ d64",
-    ]  # fmt: skip
+        "pp32",
+        "tg16",
+        "pp32+tg16",
+        "pp32 @ d64",
+        "tg16 @ d64",
+        "pp32+tg16 @ d64",
+    ]
     assert [t.kind for t in run.tests] == ["pp", "tg", "pg", "pp", "tg", "pg"]
     assert run.test("tg") is run.tests[1]
 
@@ -109,8 +114,21 @@ def test_parse_llama_bench_refuses_broken_output(text: str, message: str) -> Non
 
 def test_bench_command() -> None:
     command = bench_command(Path("/b/llama-bench"), Path("/m.gguf"), pp=64, tg=32, repetitions=3, threads=2)
-    assert command == ["/b/llama-bench", "-m", "/m.gguf", "-p", "64", "-n", "32", "-r", "3", "-o", "json",
-                       "-t", "2"]  # fmt: skip
+    assert command == [
+        "/b/llama-bench",
+        "-m",
+        "/m.gguf",
+        "-p",
+        "64",
+        "-n",
+        "32",
+        "-r",
+        "3",
+        "-o",
+        "json",
+        "-t",
+        "2",
+    ]
     assert "-t" not in bench_command(Path("b"), Path("m"), pp=1, tg=1, repetitions=1, threads=None)
 
 
@@ -176,14 +194,29 @@ def test_smoke_options_are_bounded() -> None:
         SmokeOptions(concurrency=(0,))
 
 
-def _sample(index: int, concurrency: int, ttft: float, *, error: str | None = None, reply: str = "x y z",
-            tps: float = 50.0) -> RequestSample:  # fmt: skip
+def _sample(
+    index: int,
+    concurrency: int,
+    ttft: float,
+    *,
+    error: str | None = None,
+    reply: str = "x y z",
+    tps: float = 50.0,
+) -> RequestSample:
     return RequestSample(
-        index=index, concurrency=concurrency, ttft_ms=ttft, e2e_ms=ttft + 600, itl_ms=[20.0, 20.0, 22.0],
-        chunks=4, completion_tokens=4 if error is None else 0, prompt_tokens=30, decode_tps=tps, reply=reply,
+        index=index,
+        concurrency=concurrency,
+        ttft_ms=ttft,
+        e2e_ms=ttft + 600,
+        itl_ms=[20.0, 20.0, 22.0],
+        chunks=4,
+        completion_tokens=4 if error is None else 0,
+        prompt_tokens=30,
+        decode_tps=tps,
+        reply=reply,
         server_timings={"prompt_ms": ttft - 5, "predicted_per_second": tps, "prompt_per_second": 900.0},
         error=error,
-    )  # fmt: skip
+    )
 
 
 def _report(ttfts: list[float], tg: float = 60.0, reply: str = "Paris") -> dict[str, Any]:
@@ -194,18 +227,35 @@ def _report(ttfts: list[float], tg: float = 60.0, reply: str = "Paris") -> dict[
         )
         levels.append({**summarize_level(run), "samples": [vars(s) for s in run.samples]})
     return {
-        "run_id": "R", "host": {"platform": "Linux", "cpus": 2}, "wall_s": 3.0,
+        "run_id": "R",
+        "host": {"platform": "Linux", "cpus": 2},
+        "wall_s": 3.0,
         "build": {"key": "k" * 32, "recipe": "default", "backend": "cpu", "patches": []},
         "model": {"label": "tiny-qwen3", "size": 2**20, "type": "qwen3 ?B F16", "n_params": 19521920},
-        "bench": {**json.loads('{"build_commit": "0c1e570", "build_number": 11312, "backends": "CPU"}'),
-                  "n_threads": 1, "tests": [
-                      {"name": "pp64", "kind": "pp", "avg_ts": 3000.0, "stddev_ts": 10.0, "samples_ts": [3000.0]},
-                      {"name": "tg32", "kind": "tg", "avg_ts": tg, "stddev_ts": 1.0, "samples_ts": [tg]}]},
-        "server": {"port": 1, "startup_s": 1.0, "levels": levels,
-                   "non_empty_answer": {"reply": reply, "error": None}},
-        "roofline": {"efficiency": 0.5, "measured_tg_tps": tg, "bandwidth_gbs": 10.0, "bandwidth_source": "given",
-                     "bytes_per_token": 2**20, "roof_tps": 2 * tg, "notes": []},
-    }  # fmt: skip
+        "bench": {
+            **json.loads('{"build_commit": "0c1e570", "build_number": 11312, "backends": "CPU"}'),
+            "n_threads": 1,
+            "tests": [
+                {"name": "pp64", "kind": "pp", "avg_ts": 3000.0, "stddev_ts": 10.0, "samples_ts": [3000.0]},
+                {"name": "tg32", "kind": "tg", "avg_ts": tg, "stddev_ts": 1.0, "samples_ts": [tg]},
+            ],
+        },
+        "server": {
+            "port": 1,
+            "startup_s": 1.0,
+            "levels": levels,
+            "non_empty_answer": {"reply": reply, "error": None},
+        },
+        "roofline": {
+            "efficiency": 0.5,
+            "measured_tg_tps": tg,
+            "bandwidth_gbs": 10.0,
+            "bandwidth_source": "given",
+            "bytes_per_token": 2**20,
+            "roof_tps": 2 * tg,
+            "notes": [],
+        },
+    }
 
 
 def test_summarize_level_cross_checks_server_timings() -> None:
@@ -225,8 +275,11 @@ def test_verdict() -> None:
     verdict = evaluate(_report([100.0, 120.0]), thresholds, sources)
     assert verdict["passed"]
     assert [(c["name"], c["status"]) for c in verdict["checks"]] == [
-        ("min_tg_tps", "pass"), ("max_ttft_ms", "pass"), ("no_failed_requests", "pass"), ("non_empty_answer", "pass"),
-    ]  # fmt: skip
+        ("min_tg_tps", "pass"),
+        ("max_ttft_ms", "pass"),
+        ("no_failed_requests", "pass"),
+        ("non_empty_answer", "pass"),
+    ]
     assert verdict["checks"][1]["value"] == pytest.approx(119.0)  # p95 at concurrency 1, not 2
     assert verdict["checks"][0]["source"] == "cli" and verdict["checks"][3]["source"] == "default"
 
@@ -341,8 +394,9 @@ def test_bytes_per_token_counts_dense_one_embedding_row_and_active_experts(tmp_p
 
 
 def test_roofline_math_and_labels() -> None:
-    token_bytes = TokenBytes(dense=10**8, experts_active=0, embedding_row=0, kv_cache=0, recurrent_state=0,
-                             kv_depth=0.0)  # fmt: skip
+    token_bytes = TokenBytes(
+        dense=10**8, experts_active=0, embedding_row=0, kv_cache=0, recurrent_state=0, kv_depth=0.0
+    )
     result = roofline(50.0, Bandwidth(20.0, "given: --bandwidth-gbs"), token_bytes)
     assert result["roof_tps"] == pytest.approx(200.0) and result["efficiency"] == pytest.approx(0.25)
     assert result["estimated"] == ["bytes_per_token"]
@@ -448,8 +502,21 @@ def _run_op(name: str, ctx: OperationContext | None = None, **params: Any) -> di
 def test_smoke_end_to_end(patched_build: Path, smoke_model: Path, smoke_env: dict[str, str]) -> None:
     # 128 tokens: the Q4_0 model decodes some 3000 t/s here, and a 16-token reply (5 ms) can reach the client in
     # one burst on a loaded machine, which makes the client/server decode ratio meaningless (seen: 55).
-    args = ["--build", str(patched_build), "--model", str(smoke_model), "--threads", "1", "--repetitions", "2",
-            "--requests", "3", "--max-tokens", "128", "--json"]  # fmt: skip
+    args = [
+        "--build",
+        str(patched_build),
+        "--model",
+        str(smoke_model),
+        "--threads",
+        "1",
+        "--repetitions",
+        "2",
+        "--requests",
+        "3",
+        "--max-tokens",
+        "128",
+        "--json",
+    ]
     result = invoke("smoke", *args, env=smoke_env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(result.stdout)
@@ -509,8 +576,18 @@ def test_smoke_warns_when_a_baseline_build_leaves_cpu_features_unused(
     host = host_cpu_flags(Path("/proc/cpuinfo").read_text(encoding="utf-8"))
     if "avx2" not in host:
         pytest.skip("this host has no AVX2: a baseline build leaves nothing it has unused")
-    data = _run_op("smoke", build=str(baseline_build), model=str(smoke_model), threads=1, repetitions=1,
-                   concurrency=[1], requests=1, max_tokens=4, pp=8, tg=4)  # fmt: skip
+    data = _run_op(
+        "smoke",
+        build=str(baseline_build),
+        model=str(smoke_model),
+        threads=1,
+        repetitions=1,
+        concurrency=[1],
+        requests=1,
+        max_tokens=4,
+        pp=8,
+        tg=4,
+    )
     cpu = data["cpu_features"]
     assert cpu["build_cpu_level"] == "baseline" and cpu["source"] == "system_info", cpu
     sweep = data["cpu_modules"]  # one CPU level: nothing to sweep, and it says so
@@ -555,8 +632,17 @@ def test_cancel_during_server_stage_stops_the_server(
 
     ctx = OperationContext(reporter=reporter, cancel=cancel)
     with pytest.raises(Cancelled):
-        _run_op("smoke", ctx, build=str(patched_build), model=str(smoke_model), skip_bench=True, threads=1,
-                max_tokens=400, requests=4, concurrency=[1])  # fmt: skip
+        _run_op(
+            "smoke",
+            ctx,
+            build=str(patched_build),
+            model=str(smoke_model),
+            skip_bench=True,
+            threads=1,
+            max_tokens=400,
+            requests=4,
+            concurrency=[1],
+        )
     assert pids and not _alive(pids[0])
     assert _children_named("llama-server") == []
 
@@ -570,8 +656,16 @@ def test_busy_port_is_replaced(
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         busy = holder.getsockname()[1]
-        common = {"build": str(patched_build), "model": str(smoke_model), "skip_bench": True, "threads": 1,
-                  "requests": 1, "max_tokens": 4, "concurrency": [1], "port": busy}  # fmt: skip
+        common = {
+            "build": str(patched_build),
+            "model": str(smoke_model),
+            "skip_bench": True,
+            "threads": 1,
+            "requests": 1,
+            "max_tokens": 4,
+            "concurrency": [1],
+            "port": busy,
+        }
         seen = _run_op("smoke", **common)["server"]  # found busy before starting the server
         assert seen["busy_ports"] == [busy] and seen["port"] != busy
         # The port is taken between the check and the bind: llama-server fails to bind and is started again.
@@ -613,8 +707,9 @@ def test_smoke_bench_stage_runs_through_an_injected_runner(tmp_path: Path, lf_ho
     report = run_smoke(target, options, thresholds, sources, runner=runner)
     call, cpuinfo = runner.calls  # llama-bench, then the CPU flags of the host it ran on
     assert cpuinfo["argv"] == ["cat", "/proc/cpuinfo"]
-    assert call["argv"] == bench_command(build / "bin" / "llama-bench", model, pp=16, tg=8, repetitions=2,
-                                         threads=1)  # fmt: skip
+    assert call["argv"] == bench_command(
+        build / "bin" / "llama-bench", model, pp=16, tg=8, repetitions=2, threads=1
+    )
     assert call["timeout_s"] == options.bench_timeout_s and call["log_path"] == Path(
         report["run_dir"], "bench.log"
     )

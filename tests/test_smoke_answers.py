@@ -46,7 +46,11 @@ def _recipe(tmp_path: Path, answers: str) -> Path:
 
 
 def test_recipe_answers_load(tmp_path: Path) -> None:
-    recipe = load_model_recipe(str(_recipe(tmp_path, """
+    recipe = load_model_recipe(
+        str(
+            _recipe(
+                tmp_path,
+                """
 [[answers]]
 prompt = "What is the capital of France? Answer in one word."
 choices = ["Paris"]
@@ -55,7 +59,10 @@ choices = ["Paris"]
 prompt = "What is 2 + 3? Answer with a number."
 regex = "\\\\b5\\\\b"
 max_tokens = 8
-""")))  # fmt: skip
+""",
+            )
+        )
+    )
     first, second = recipe.answers
     assert first == AnswerCheck(
         prompt="What is the capital of France? Answer in one word.", choices=["Paris"]
@@ -100,8 +107,12 @@ def test_answer_matching() -> None:
 
 def _tok(token_id: int, logprob: float, top: list[tuple[int, float]] | None = None) -> dict[str, Any]:
     top = top if top is not None else [(token_id, logprob), (token_id + 1, logprob - 0.01)]
-    return {"id": token_id, "token": f"t{token_id}", "logprob": logprob,
-            "top": [{"id": i, "token": f"t{i}", "logprob": lp} for i, lp in top]}  # fmt: skip
+    return {
+        "id": token_id,
+        "token": f"t{token_id}",
+        "logprob": logprob,
+        "top": [{"id": i, "token": f"t{i}", "logprob": lp} for i, lp in top],
+    }
 
 
 GOLDEN = [_tok(10, -11.2), _tok(20, -11.3), _tok(30, -11.1)]
@@ -176,12 +187,27 @@ def test_verdict_names_a_wrong_answer_and_the_golden_difference() -> None:
         [("cli", {"non_empty_answer": None, "min_tg_tps": None, "max_ttft_ms": None})]
     )
     difference = first_difference(GOLDEN, [GOLDEN[0], _tok(21, -11.25)])
-    server = {"levels": [], "answers": [
-        {"prompt": "Capital of France?", "expected": "one of 'Paris'", "reply": "Lyon", "passed": False,
-         "error": None},
-        {"prompt": "2 + 3?", "expected": "regex /5/", "reply": "5", "passed": True, "error": None}],
-        "golden": {"mode": "compare", "path": "g.json", "n_tokens": 2, "request": {"n_probs": 2},
-                   "tolerance": LOGPROB_TOLERANCE, "first_difference": difference}}  # fmt: skip
+    server = {
+        "levels": [],
+        "answers": [
+            {
+                "prompt": "Capital of France?",
+                "expected": "one of 'Paris'",
+                "reply": "Lyon",
+                "passed": False,
+                "error": None,
+            },
+            {"prompt": "2 + 3?", "expected": "regex /5/", "reply": "5", "passed": True, "error": None},
+        ],
+        "golden": {
+            "mode": "compare",
+            "path": "g.json",
+            "n_tokens": 2,
+            "request": {"n_probs": 2},
+            "tolerance": LOGPROB_TOLERANCE,
+            "first_difference": difference,
+        },
+    }
     verdict = evaluate({"bench": None, "server": server}, thresholds, sources)
     assert not verdict["passed"]
     checks = [(c["name"], c["status"]) for c in verdict["checks"]]
@@ -224,14 +250,24 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory, source_tree: Path) -> 
     vocab = source_tree / "models" / "ggml-vocab-qwen2.gguf"
     return {
         "reference": write_tiny_model(root / "tiny-qwen3.gguf", TinyModelSpec(arch="qwen3"), vocab).path,
-        "other_seed": write_tiny_model(root / "tiny-qwen3-seed1.gguf", TinyModelSpec(arch="qwen3", seed=1), vocab).path,
-    }  # fmt: skip
+        "other_seed": write_tiny_model(
+            root / "tiny-qwen3-seed1.gguf", TinyModelSpec(arch="qwen3", seed=1), vocab
+        ).path,
+    }
 
 
 def _smoke(build: Path, model: Path, **params: Any) -> dict[str, Any]:
     op = operations()["smoke"]
-    quick = {"build": str(build), "model": str(model), "skip_bench": True, "threads": 1, "requests": 1,
-             "max_tokens": 4, "concurrency": [1], **params}  # fmt: skip
+    quick = {
+        "build": str(build),
+        "model": str(model),
+        "skip_bench": True,
+        "threads": 1,
+        "requests": 1,
+        "max_tokens": 4,
+        "concurrency": [1],
+        **params,
+    }
     return result_json(op.run(op.params.model_validate(quick), OperationContext()))
 
 
@@ -244,8 +280,12 @@ def test_golden_recorded_then_matched_then_differing(
     recorded = _smoke(patched_build, tiny_models["reference"], record_golden=str(golden))
     assert recorded["server"]["golden"]["mode"] == "record"
     document = json.loads(golden.read_text(encoding="utf-8"))
-    assert document["request"] == {"prompt": "The history of the printing press", "n_predict": 16, "n_probs": 5,
-                                   "seed": 42}  # fmt: skip
+    assert document["request"] == {
+        "prompt": "The history of the printing press",
+        "n_predict": 16,
+        "n_probs": 5,
+        "seed": 42,
+    }
     assert len(document["tokens"]) == 16 and all(len(token["top"]) == 5 for token in document["tokens"])
     assert all(token["top"][0]["id"] == token["id"] for token in document["tokens"])  # greedy: the top token
     assert document["source"]["build"] == recorded["build"]["key"]
@@ -283,7 +323,8 @@ def test_golden_recorded_then_matched_then_differing(
 def unanswerable_recipe(tiny_models: dict[str, Path], tmp_path: Path) -> Path:
     """A recipe for the tiny model with one answer anything gives and one it cannot give."""
     recipe = tmp_path / "tiny-answers.toml"
-    recipe.write_text(f'''source = "{tiny_models["reference"].as_uri()}"
+    recipe.write_text(
+        f'''source = "{tiny_models["reference"].as_uri()}"
 [[answers]]
 prompt = "Say anything."
 regex = "(?s)."
@@ -293,7 +334,9 @@ max_tokens = 8
 prompt = "What is the capital of France? Answer in one word."
 regex = "^Paris$"
 max_tokens = 8
-''', encoding="utf-8")  # fmt: skip
+''',
+        encoding="utf-8",
+    )
     return recipe
 
 
@@ -303,9 +346,25 @@ def test_wrong_answer_fails_through_the_cli(
     patched_build: Path, unanswerable_recipe: Path, lf_home: Path
 ) -> None:
     env = {**os.environ, "LLAMAFORGE_HOME": str(lf_home)}
-    result = invoke("smoke", "--build", str(patched_build), "--model", str(unanswerable_recipe), "--skip-bench",
-                    "--threads", "1", "--requests", "1", "--max-tokens", "4", "--concurrency", "1", "--json",
-                    env=env, timeout=600)  # fmt: skip
+    result = invoke(
+        "smoke",
+        "--build",
+        str(patched_build),
+        "--model",
+        str(unanswerable_recipe),
+        "--skip-bench",
+        "--threads",
+        "1",
+        "--requests",
+        "1",
+        "--max-tokens",
+        "4",
+        "--concurrency",
+        "1",
+        "--json",
+        env=env,
+        timeout=600,
+    )
     assert result.returncode == SmokeFailed.exit_code, result.stderr[-3000:]
     assert "FAILED its verdict" in result.stderr
     assert "prompt 'What is the capital of France? Answer in one word.': expected regex /^Paris$/, got" in (
@@ -333,8 +392,15 @@ async def test_wrong_answer_over_mcp_is_an_error_carrying_its_verdict(
     from mcp_server import ServerOptions, build_server
 
     roots = (patched_build, unanswerable_recipe.parent, tiny_models["reference"].parent)
-    arguments = {"build": str(patched_build), "model": str(unanswerable_recipe), "skip_bench": True,
-                 "threads": 1, "requests": 1, "max_tokens": 4, "concurrency": [1]}  # fmt: skip
+    arguments = {
+        "build": str(patched_build),
+        "model": str(unanswerable_recipe),
+        "skip_bench": True,
+        "threads": 1,
+        "requests": 1,
+        "max_tokens": 4,
+        "concurrency": [1],
+    }
     async with Client(build_server(ServerOptions(allow_roots=roots)), read_timeout_seconds=600) as client:
         result = await client.call_tool("smoke", arguments)
     assert result.is_error and result.structured_content is not None

@@ -402,10 +402,28 @@ def test_a_hardened_transient_unit_runs_under_systemd(runner: SshProcessRunner) 
     assert runner.run(["cat", "/proc/1/comm"]).stdout == "systemd\n"
     probe = "id -un; grep NoNewPrivs /proc/self/status; touch /usr/lf-probe 2>/dev/null || echo read-only"
     result = runner.run(
-        ["sudo", "-n", "systemd-run", "--wait", "--pipe", "--quiet", "-p", f"User={USER}",
-         "-p", "NoNewPrivileges=yes", "-p", "ProtectSystem=strict", "-p", "PrivateTmp=yes",
-         "-p", "ProtectHome=yes", "sh", "-c", probe],
-    )  # fmt: skip
+        [
+            "sudo",
+            "-n",
+            "systemd-run",
+            "--wait",
+            "--pipe",
+            "--quiet",
+            "-p",
+            f"User={USER}",
+            "-p",
+            "NoNewPrivileges=yes",
+            "-p",
+            "ProtectSystem=strict",
+            "-p",
+            "PrivateTmp=yes",
+            "-p",
+            "ProtectHome=yes",
+            "sh",
+            "-c",
+            probe,
+        ],
+    )
     assert result.stdout.splitlines() == [USER, "NoNewPrivs:\t1", "read-only"]
 
 

@@ -314,10 +314,17 @@ def test_file_rereads_with_metadata(
     if arch == "qwen35moe":
         expected["expert_shared_feed_forward_length"] = 32
     if arch in HYBRID:
-        expected.update({
-            "ssm.conv_kernel": 4, "ssm.state_size": 16, "ssm.group_count": 2, "ssm.time_step_rank": 4,
-            "ssm.inner_size": 64, "full_attention_interval": 2, "rope.dimension_count": 4,
-        })  # fmt: skip
+        expected.update(
+            {
+                "ssm.conv_kernel": 4,
+                "ssm.state_size": 16,
+                "ssm.group_count": 2,
+                "ssm.time_step_rank": 4,
+                "ssm.inner_size": 64,
+                "full_attention_interval": 2,
+                "rope.dimension_count": 4,
+            }
+        )
         assert list(_field(reader, f"{arch}.rope.dimension_sections")) == [1, 1, 0, 0]
     if arch.startswith("gemma"):
         expected["attention.sliding_window"] = 64

@@ -22,20 +22,32 @@ from llamaforge.serve.launcher import LlamaFlags
 from testhosts import USER, TestHost, write_known_hosts
 
 OK = 4.9  # systemd-analyze's highest "OK" exposure
-SPEC = ReleaseSpec(build_key="0c746799120471183e5949a10bb9dc1e", build_dir=Path("/nowhere"), manifest_sha256="a" * 64,
-                   model=Path("/m.gguf"), model_sha256="b" * 64, model_size=1000,
-                   flags=LlamaFlags(ctx=512, threads=2), port=8081)  # fmt: skip
+SPEC = ReleaseSpec(
+    build_key="0c746799120471183e5949a10bb9dc1e",
+    build_dir=Path("/nowhere"),
+    manifest_sha256="a" * 64,
+    model=Path("/m.gguf"),
+    model_sha256="b" * 64,
+    model_size=1000,
+    flags=LlamaFlags(ctx=512, threads=2),
+    port=8081,
+)
 HEAD = replace(SPEC, flags=LlamaFlags(rpc=("10.0.0.2:50052", "10.0.0.3:50052")))
 UNITS = {
     "cpu-loopback": lambda: render_unit(SPEC, Layout("lab")),
     "cpu-beyond-loopback": lambda: render_unit(replace(SPEC, listen="0.0.0.0"), Layout("lab")),
     "cuda-loopback": lambda: render_unit(replace(SPEC, backend="cuda"), Layout("lab")),
-    "vulkan-beyond-loopback": lambda: render_unit(replace(SPEC, backend="vulkan", listen="10.0.0.5"), Layout("lab")),
+    "vulkan-beyond-loopback": lambda: render_unit(
+        replace(SPEC, backend="vulkan", listen="10.0.0.5"), Layout("lab")
+    ),
     "rpc-head": lambda: render_unit(HEAD, Layout("lab")),
-    "rpc-worker-cpu": lambda: RpcServerTarget("10.0.0.2").service_files(SPEC, Layout("lab"))["rpc-server.service"],
-    "rpc-worker-cuda": lambda: RpcServerTarget("10.0.0.2").service_files(replace(SPEC, backend="cuda"),
-                                                                         Layout("lab"))["rpc-server.service"],
-}  # fmt: skip
+    "rpc-worker-cpu": lambda: RpcServerTarget("10.0.0.2").service_files(SPEC, Layout("lab"))[
+        "rpc-server.service"
+    ],
+    "rpc-worker-cuda": lambda: RpcServerTarget("10.0.0.2").service_files(
+        replace(SPEC, backend="cuda"), Layout("lab")
+    )["rpc-server.service"],
+}
 
 
 def analyze() -> str:
@@ -46,8 +58,13 @@ def analyze() -> str:
 
 def exposure(unit: Path) -> float:
     """The overall exposure ``systemd-analyze security --offline=yes`` gives the unit file."""
-    result = subprocess.run([analyze(), "security", "--offline=yes", "--no-pager", str(unit)], capture_output=True,
-                            text=True, check=False, cwd=unit.parent)  # fmt: skip
+    result = subprocess.run(
+        [analyze(), "security", "--offline=yes", "--no-pager", str(unit)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=unit.parent,
+    )
     found = re.search(r"Overall exposure level for \S+: (\d+\.\d+) (\w+)", result.stdout)
     assert found, result.stdout + result.stderr
     return float(found.group(1))
@@ -65,8 +82,15 @@ def test_every_unit_is_rated_ok_by_systemd_analyze_security(kind: str, tmp_path:
 def test_the_sandbox_opens_only_what_each_unit_needs() -> None:
     lines = {kind: UNITS[kind]().splitlines() for kind in UNITS}
     cpu, cuda = lines["cpu-loopback"], lines["cuda-loopback"]
-    assert {"PrivateDevices=yes", "MemoryDenyWriteExecute=yes", "CapabilityBoundingSet=", "UMask=0077",
-            "IPAddressDeny=any", "IPAddressAllow=localhost", "ProtectProc=invisible"} <= set(cpu)  # fmt: skip
+    assert {
+        "PrivateDevices=yes",
+        "MemoryDenyWriteExecute=yes",
+        "CapabilityBoundingSet=",
+        "UMask=0077",
+        "IPAddressDeny=any",
+        "IPAddressAllow=localhost",
+        "ProtectProc=invisible",
+    } <= set(cpu)
     assert "DeviceAllow=char-nvidia* rw" in cuda and "DevicePolicy=closed" in cuda
     assert "PrivateDevices=yes" not in cuda and "MemoryDenyWriteExecute=yes" not in cuda  # CUDA's JIT
     assert not any(line.startswith("IPAddress") for line in lines["cpu-beyond-loopback"])
@@ -98,8 +122,12 @@ def test_every_unit_passes_systemd_analyze_verify(kind: str, tmp_path: Path) -> 
     shutil.copytree(Path("/lib/systemd/system"), root / "usr/lib/systemd/system", symlinks=True)
     (root / "etc/systemd/system").mkdir(parents=True)
     (root / "etc/systemd/system/llamaforge-lab.service").write_text(UNITS[kind](), encoding="utf-8")
-    result = subprocess.run([analyze(), "verify", f"--root={root}", "/etc/systemd/system/llamaforge-lab.service"],
-                            capture_output=True, text=True, check=False)  # fmt: skip
+    result = subprocess.run(
+        [analyze(), "verify", f"--root={root}", "/etc/systemd/system/llamaforge-lab.service"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert (result.returncode, result.stdout + result.stderr) == (0, "")
 
 
@@ -113,13 +141,21 @@ def test_preparing_creates_the_directories_and_never_reowns_one_that_is_there(
     host = test_hosts[0]
     known = write_known_hosts(tmp_path / "known_hosts", test_hosts)
     base = f"/srv/lf-prepare-{tmp_path.name[-12:].lower().replace('_', '-')}"
-    code, output = host.exec(["sh", "-c", f"mkdir -p {base}/taken {base}/half && chown {USER} {base}/half "
-                                          f"&& ln -s /etc {base}/link"])  # fmt: skip
+    code, output = host.exec(
+        [
+            "sh",
+            "-c",
+            f"mkdir -p {base}/taken {base}/half && chown {USER} {base}/half && ln -s /etc {base}/link",
+        ]
+    )
     assert code == 0, output
     with SshProcessRunner(host.ssh_host(known), user_known_hosts=None) as runner:
         SystemdTarget().prepare(runner, Layout("fresh", base))
-        for refused, words in (("taken", "owned by root, not by the deploy user lf"),
-                               ("half", "releases"), ("link", "no directory")):  # fmt: skip
+        for refused, words in (
+            ("taken", "owned by root, not by the deploy user lf"),
+            ("half", "releases"),
+            ("link", "no directory"),
+        ):
             if refused == "half":  # the deployment's own directory, but a subdirectory someone else made
                 host.exec(["mkdir", f"{base}/half/releases"])
             with pytest.raises(RootNotOwned) as caught:
@@ -127,9 +163,25 @@ def test_preparing_creates_the_directories_and_never_reowns_one_that_is_there(
             assert runner.host.host in caught.value.message and f"{base}/{refused}" in caught.value.message
             assert words in caught.value.message, caught.value.message
         SystemdTarget().prepare(runner, Layout("fresh", base))  # its own directories: fine again
-    _, owners = host.exec(["stat", "-c", "%n %U", f"{base}/fresh", f"{base}/fresh/releases", f"{base}/fresh/models",
-                           f"{base}/taken", f"{base}/half/releases", "/etc"])  # fmt: skip
-    assert owners.split("\n")[:6] == [f"{base}/fresh {USER}", f"{base}/fresh/releases {USER}",
-                                      f"{base}/fresh/models {USER}", f"{base}/taken root",
-                                      f"{base}/half/releases root", "/etc root"]  # fmt: skip
+    _, owners = host.exec(
+        [
+            "stat",
+            "-c",
+            "%n %U",
+            f"{base}/fresh",
+            f"{base}/fresh/releases",
+            f"{base}/fresh/models",
+            f"{base}/taken",
+            f"{base}/half/releases",
+            "/etc",
+        ]
+    )
+    assert owners.split("\n")[:6] == [
+        f"{base}/fresh {USER}",
+        f"{base}/fresh/releases {USER}",
+        f"{base}/fresh/models {USER}",
+        f"{base}/taken root",
+        f"{base}/half/releases root",
+        "/etc root",
+    ]
     host.exec(["rm", "-rf", base])

@@ -149,8 +149,15 @@ def test_tiny_models_verify_clean(arch: str, models: dict[str, Path], lf_home: P
     data = report.to_json()
     assert data["ok"] and data["exit_code"] == 0, data["findings"]
     assert data["findings"] == []
-    assert data["checks"] == {"header": "ok", "sha256": "ok", "structure": "ok", "tensors": "ok",
-                              "expectations": "skipped", "template": "ok", "load": "skipped"}  # fmt: skip
+    assert data["checks"] == {
+        "header": "ok",
+        "sha256": "ok",
+        "structure": "ok",
+        "tensors": "ok",
+        "expectations": "skipped",
+        "template": "ok",
+        "load": "skipped",
+    }
     import hashlib
 
     assert data["sha256"] == hashlib.sha256(models[arch].read_bytes()).hexdigest()
@@ -305,14 +312,23 @@ def test_bad_types_dims_and_names(model: Path) -> None:
     value_type = next(offset for kind, offset, _ in fields(data) if kind == "value_type")
     cases: list[tuple[int, bytes, str, str]] = [
         (value_type, struct.pack("<I", 13), "value type", "unknown value type 13"),
-        (next(o for k, o, _ in fields(data) if k == "array_type"), struct.pack("<I", 9), "array item type",
-         "nested arrays"),
-        (tensor_fields(data, "token_embd.weight")["type"], struct.pack("<I", 4), "ggml type", "unknown ggml type 4"),
+        (
+            next(o for k, o, _ in fields(data) if k == "array_type"),
+            struct.pack("<I", 9),
+            "array item type",
+            "nested arrays",
+        ),
+        (
+            tensor_fields(data, "token_embd.weight")["type"],
+            struct.pack("<I", 4),
+            "ggml type",
+            "unknown ggml type 4",
+        ),
         (tensor_fields(data, "token_embd.weight")["n_dims"], struct.pack("<I", 5), "n_dims", "5 dimensions"),
         (tensor_fields(data, "token_embd.weight")["dims"], u64(1 << 63), "ne[0]", "negative"),
         (tensor_fields(data, "token_embd.weight")["dims"] + 8, u64(1 << 62), "shape", "more than 2"),
         (tensor_fields(data, "token_embd.weight")["type"], struct.pack("<I", 12), "shape", "block size 256"),
-    ]  # fmt: skip
+    ]
     for offset, raw, field, message in cases:
         model.write_bytes(data)
         patch(model, offset, raw)
@@ -320,8 +336,10 @@ def test_bad_types_dims_and_names(model: Path) -> None:
 
 
 def test_alignment_key_checked(tmp_path: Path) -> None:
-    for value, vtype, message in ((48, gguf.GGUFValueType.UINT32, "not a power of 2"),
-                                  (32, gguf.GGUFValueType.UINT64, "must be uint32")):  # fmt: skip
+    for value, vtype, message in (
+        (48, gguf.GGUFValueType.UINT32, "not a power of 2"),
+        (32, gguf.GGUFValueType.UINT64, "must be uint32"),
+    ):
         path = tmp_path / f"align-{value}-{vtype.name}.gguf"
         writer = gguf.GGUFWriter(path, "qwen3")
         writer.add_key_value("general.alignment", value, vtype)
@@ -366,15 +384,23 @@ def test_cancel_before_hashing(model: Path, lf_home: Path) -> None:
 # -------------------------------------------------------------------------------------- tensor set
 
 
-def write_variant(path: Path, vocab: Path, monkeypatch: pytest.MonkeyPatch, arch: str = "qwen3",
-                  drop: tuple[str, ...] = (), extra: tuple[str, ...] = ()) -> Path:  # fmt: skip
+def write_variant(
+    path: Path,
+    vocab: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    arch: str = "qwen3",
+    drop: tuple[str, ...] = (),
+    extra: tuple[str, ...] = (),
+) -> Path:
     """A tiny model without the tensors ``drop`` and with extra ``[4, 64]`` tensors named ``extra``."""
     original = tinymodels.tensor_plan
 
     def plan(spec: TinyModelSpec, n_vocab: int) -> list[TensorPlanEntry]:
         entries = [e for e in original(spec, n_vocab) if e.canonical not in drop]
-        entries += [TensorPlanEntry(name, name, gguf.MODEL_TENSOR.ATTN_Q, (4, 64), np.dtype(np.float16))
-                    for name in extra]  # fmt: skip
+        entries += [
+            TensorPlanEntry(name, name, gguf.MODEL_TENSOR.ATTN_Q, (4, 64), np.dtype(np.float16))
+            for name in extra
+        ]
         return entries
 
     with monkeypatch.context() as patched:
@@ -385,8 +411,13 @@ def write_variant(path: Path, vocab: Path, monkeypatch: pytest.MonkeyPatch, arch
 def test_unknown_and_missing_tensors_named(
     tmp_path: Path, vocab: Path, monkeypatch: pytest.MonkeyPatch, lf_home: Path
 ) -> None:
-    path = write_variant(tmp_path / "odd.gguf", vocab, monkeypatch, drop=("blk.1.ffn_up.weight",),
-                         extra=("blk.0.bogus.weight", "blk.9.attn_q.weight"))  # fmt: skip
+    path = write_variant(
+        tmp_path / "odd.gguf",
+        vocab,
+        monkeypatch,
+        drop=("blk.1.ffn_up.weight",),
+        extra=("blk.0.bogus.weight", "blk.9.attn_q.weight"),
+    )
     report = verify_model(path).to_json()
     assert not report["ok"] and report["exit_code"] == 9 and report["checks"]["tensors"] == "fail"
     assert report["model"]["unknown_tensors"] == ["blk.0.bogus.weight", "blk.9.attn_q.weight"]
@@ -411,8 +442,13 @@ def test_optional_tensors_not_missing(
 def test_hybrid_layer_rules(
     tmp_path: Path, vocab: Path, monkeypatch: pytest.MonkeyPatch, lf_home: Path
 ) -> None:
-    path = write_variant(tmp_path / "h.gguf", vocab, monkeypatch, arch="qwen35",
-                         drop=("blk.0.ssm_a", "blk.1.attn_k.weight", "blk.2.ssm_conv1d.weight"))  # fmt: skip
+    path = write_variant(
+        tmp_path / "h.gguf",
+        vocab,
+        monkeypatch,
+        arch="qwen35",
+        drop=("blk.0.ssm_a", "blk.1.attn_k.weight", "blk.2.ssm_conv1d.weight"),
+    )
     report = verify_model(path)
     assert report.model["layers"]["attention_layers"] == [1, 3]
     assert report.model["missing_tensors"] == [
@@ -434,24 +470,50 @@ def test_recipe_expectations_met(models: dict[str, Path], lf_home: Path) -> None
     import hashlib
 
     path = models["qwen3moe"]
-    recipe = recipe_for(path, sha256=hashlib.sha256(path.read_bytes()).hexdigest(), size=path.stat().st_size,
-                        expect={"architecture": "qwen3moe", "min_context_length": 4096, "file_type": "F16",
-                                "block_count": 4, "expert_count": 4, "expert_used_count": 2,
-                                "chat_template": True})  # fmt: skip
+    recipe = recipe_for(
+        path,
+        sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+        size=path.stat().st_size,
+        expect={
+            "architecture": "qwen3moe",
+            "min_context_length": 4096,
+            "file_type": "F16",
+            "block_count": 4,
+            "expert_count": 4,
+            "expert_used_count": 2,
+            "chat_template": True,
+        },
+    )
     report = verify_model(path, recipe)
     assert report.ok and report.checks()["expectations"] == "ok" and report.recipe == "tiny"
 
 
 def test_recipe_mismatches_named(models: dict[str, Path], lf_home: Path) -> None:
     path = models["qwen3"]
-    recipe = recipe_for(path, sha256="0" * 64, size=123,
-                        expect={"architecture": "qwen3moe", "min_context_length": 32768, "file_type": "UD-Q4_K_M",
-                                "block_count": 28, "expert_count": 128})  # fmt: skip
+    recipe = recipe_for(
+        path,
+        sha256="0" * 64,
+        size=123,
+        expect={
+            "architecture": "qwen3moe",
+            "min_context_length": 32768,
+            "file_type": "UD-Q4_K_M",
+            "block_count": 28,
+            "expert_count": 128,
+        },
+    )
     report = verify_model(path, recipe).to_json()
     assert not report["ok"] and report["exit_code"] == 9
     failed = {f["subject"]: f["message"] for f in report["findings"] if f["status"] == "fail"}
-    assert set(failed) == {"sha256", "size", "architecture", "context_length", "file_type", "block_count",
-                           "expert_count"}  # fmt: skip
+    assert set(failed) == {
+        "sha256",
+        "size",
+        "architecture",
+        "context_length",
+        "file_type",
+        "block_count",
+        "expert_count",
+    }
     assert failed["block_count"] == "block_count is 4, the recipe expects 28"
     assert failed["file_type"] == "file_type is F16, the recipe expects UD-Q4_K_M"
     assert failed["architecture"] == "architecture is 'qwen3', the recipe expects 'qwen3moe'"
@@ -655,8 +717,10 @@ def test_operation_through_registry(models: dict[str, Path], lf_home: Path, tmp_
     by_recipe = result_json(failed.value.result)
     assert not by_recipe["ok"] and by_recipe["exit_code"] == 9 and by_recipe["recipe"] == "tiny"
     with pytest.raises(OperationFailed) as against:
-        op.run(op.params.model_validate({"target": str(models["qwen3"]), "recipe": str(recipe)}),
-               OperationContext())  # fmt: skip
+        op.run(
+            op.params.model_validate({"target": str(models["qwen3"]), "recipe": str(recipe)}),
+            OperationContext(),
+        )
     assert result_json(against.value.result)["findings"] == by_recipe["findings"]
 
 
@@ -689,9 +753,13 @@ llama_memory_recurrent: size =    0.01 MiB (     1 cells,   4 layers,  1 seqs  1
 sched_reserve:        CPU compute buffer size =     0.51 MiB
 """
     parsed = parse_load_log(log.splitlines())
-    assert parsed.buffers_mib() == {"weights": {"CPU_Mapped": 0.22}, "output": {"CPU": 0.58},
-                                    "kv_cache": {"CPU": 0.06}, "recurrent_state": {"CPU": 0.01},
-                                    "compute": {"CPU": 0.51}}  # fmt: skip
+    assert parsed.buffers_mib() == {
+        "weights": {"CPU_Mapped": 0.22},
+        "output": {"CPU": 0.58},
+        "kv_cache": {"CPU": 0.06},
+        "recurrent_state": {"CPU": 0.01},
+        "compute": {"CPU": 0.51},
+    }
     assert parsed.kv_cache == CacheSize(mib=0.06, cells=256, layers=2)
     assert parsed.recurrent_state == CacheSize(mib=0.01, cells=1, layers=4)
     assert parsed.model_params == "113.02 K"

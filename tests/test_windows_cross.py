@@ -33,9 +33,12 @@ def _mingw_plan(**changes: object) -> BuildPlan:
 def test_toolchain_file_matches_golden_and_says_what_the_cross_build_needs() -> None:
     text = mingw_toolchain_file()
     check_golden("windows-mingw-toolchain.cmake", text)
-    for line in ("set(CMAKE_SYSTEM_NAME Windows)", "set(CMAKE_C_COMPILER x86_64-w64-mingw32-gcc-posix)",
-                 "set(CMAKE_CXX_COMPILER x86_64-w64-mingw32-g++-posix)",
-                 'set(CMAKE_C_FLAGS_INIT "-D_WIN32_WINNT=0x0A00 -DWINVER=0x0A00")'):  # fmt: skip
+    for line in (
+        "set(CMAKE_SYSTEM_NAME Windows)",
+        "set(CMAKE_C_COMPILER x86_64-w64-mingw32-gcc-posix)",
+        "set(CMAKE_CXX_COMPILER x86_64-w64-mingw32-g++-posix)",
+        'set(CMAKE_C_FLAGS_INIT "-D_WIN32_WINNT=0x0A00 -DWINVER=0x0A00")',
+    ):
         assert line in text
     link = re.search(r'set\(_llamaforge_link "([^"]*)"\)', text)
     assert link is not None
@@ -105,9 +108,7 @@ def test_the_build_key_differs_between_toolchains_and_linux_keys_stay() -> None:
     assert [patch.name for patch in linux.patches] == ["0001-qwen3-tensor-name-remap.patch", AMX_PATCH]
 
 
-@pytest.mark.parametrize(
-    ("executor", "expected"), [("docker", "mingw"), ("ssh", "msvc"), ("local", "msvc")]
-)  # fmt: skip
+@pytest.mark.parametrize(("executor", "expected"), [("docker", "mingw"), ("ssh", "msvc"), ("local", "msvc")])
 def test_the_executor_picks_the_toolchain(executor: str, expected: str) -> None:
     plan, options = _plan_from_params(BuildParams(platform="windows", executor=executor))
     assert options.toolchain == expected and plan.toolchain == expected
@@ -122,16 +123,29 @@ def test_a_dry_run_shows_the_msvc_plan_without_a_build_host() -> None:
 @pytest.mark.parametrize(
     ("arguments", "message", "hint"),
     [
-        ({"platform": "windows", "arch": "86"}, "CUDA builds for Windows need MSVC",
-         "--toolchain msvc --executor ssh --build-host"),
-        ({"platform": "windows", "toolchain": "msvc"}, "msvc toolchain builds on a Windows host",
-         "--toolchain mingw"),
-        ({"platform": "windows", "toolchain": "mingw", "executor": "ssh"}, "cross-compiles in Docker",
-         "--executor docker"),
+        (
+            {"platform": "windows", "arch": "86"},
+            "CUDA builds for Windows need MSVC",
+            "--toolchain msvc --executor ssh --build-host",
+        ),
+        (
+            {"platform": "windows", "toolchain": "msvc"},
+            "msvc toolchain builds on a Windows host",
+            "--toolchain mingw",
+        ),
+        (
+            {"platform": "windows", "toolchain": "mingw", "executor": "ssh"},
+            "cross-compiles in Docker",
+            "--executor docker",
+        ),
         ({"toolchain": "mingw"}, "--toolchain is for Windows builds", "--platform windows"),
-        ({"platform": "windows", "backend": "metal"}, "'metal' cannot be built for Windows", "--platform macos"),
+        (
+            {"platform": "windows", "backend": "metal"},
+            "'metal' cannot be built for Windows",
+            "--platform macos",
+        ),
     ],
-)  # fmt: skip
+)
 def test_impossible_toolchain_combinations_name_the_valid_ones(
     arguments: dict[str, str], message: str, hint: str
 ) -> None:
@@ -163,9 +177,13 @@ def test_a_platform_tag_keeps_a_patch_to_its_platforms(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("line", "message"),
-    [("w.patch [windwos]", "unknown platform(s) 'windwos'"), ("w.patch []", "names no platform"),
-     ("w.patch windows", "is not a series line"), ("w.patch [windows", "is not a series line")],
-)  # fmt: skip
+    [
+        ("w.patch [windwos]", "unknown platform(s) 'windwos'"),
+        ("w.patch []", "names no platform"),
+        ("w.patch windows", "is not a series line"),
+        ("w.patch [windows", "is not a series line"),
+    ],
+)
 def test_a_bad_platform_tag_is_refused_naming_the_series_file_and_line(
     tmp_path: Path, line: str, message: str
 ) -> None:
@@ -207,8 +225,9 @@ def _pe(stamp: int, text: bytes, rdata: bytes) -> bytes:
     data += b"PE\0\0" + struct.pack("<HHIIIHH", 0x8664, 2, stamp, 0, 0, 0, 0x2022)
     for index, (name, body) in enumerate(((b".text", text), (b".rdata", rdata))):
         offset = first + index * 16
-        data += name.ljust(8, b"\0") + struct.pack("<IIIIIIHHI", len(body), 0x1000 * (index + 1), len(body),
-                                                   offset, 0, 0, 0, 0, 0)  # fmt: skip
+        data += name.ljust(8, b"\0") + struct.pack(
+            "<IIIIIIHHI", len(body), 0x1000 * (index + 1), len(body), offset, 0, 0, 0, 0, 0
+        )
     for body in (text, rdata):
         data += body.ljust(16, b"\0")
     return bytes(data)

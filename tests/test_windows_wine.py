@@ -25,8 +25,18 @@ pytestmark = [pytest.mark.docker, pytest.mark.llamacpp]
 BUILD_ARGS = ("build", "--platform", "windows", "--cpu", "x86-64-v2")
 EXES = ("llama-server.exe", "llama-bench.exe", "llama-cli.exe", "ggml-rpc-server.exe")
 # ggml drops the lib prefix on Windows; llama's own libraries keep it.
-DLLS = ("ggml.dll", "ggml-base.dll", "ggml-cpu.dll", "ggml-rpc.dll", "libllama.dll", "libllama-common.dll",
-        "libmtmd.dll", "libllama-server-impl.dll", "libllama-bench-impl.dll", "libllama-cli-impl.dll")  # fmt: skip
+DLLS = (
+    "ggml.dll",
+    "ggml-base.dll",
+    "ggml-cpu.dll",
+    "ggml-rpc.dll",
+    "libllama.dll",
+    "libllama-common.dll",
+    "libmtmd.dll",
+    "libllama-server-impl.dll",
+    "libllama-bench-impl.dll",
+    "libllama-cli-impl.dll",
+)
 MODEL = "/models/tiny-qwen3.gguf"
 
 
@@ -46,8 +56,9 @@ def wine_image(base_image: str) -> str:
     return ensure_image(base_image)
 
 
-def _run(client: Any, image: str, command: list[str], build: Path, model: Path | None = None,
-         timeout: int = 300) -> tuple[int, str]:  # fmt: skip
+def _run(
+    client: Any, image: str, command: list[str], build: Path, model: Path | None = None, timeout: int = 300
+) -> tuple[int, str]:
     """Run ``command`` in a fresh, network-less container of ``image`` with the build's bin/ (and the model)
     mounted read-only; the exit code and the output. The container is removed whatever happens."""
     volumes = {str(build / "bin"): {"bind": "/opt/build/bin", "mode": "ro"}}
@@ -89,8 +100,9 @@ def test_no_artifact_imports_a_mingw_runtime_dll(mingw_build: dict[str, Any], do
     """Read with the builder image's own objdump: only Windows' DLLs and the build's own are imported."""
     builder = mingw_build["manifest"]["image"]["builder_tag"]
     script = "for f in *.exe *.dll; do x86_64-w64-mingw32-objdump -p $f | awk -v f=$f '/DLL Name:/ {print f, $3}'; done"
-    code, output = _run(docker_engine, builder, ["bash", "-c", f"cd /opt/build/bin && {script}"],
-                        mingw_build["path"])  # fmt: skip
+    code, output = _run(
+        docker_engine, builder, ["bash", "-c", f"cd /opt/build/bin && {script}"], mingw_build["path"]
+    )
     assert code == 0, output
     imports = {tuple(line.split()) for line in output.splitlines() if line.strip()}
     assert ("libllama.dll", "ggml.dll") in imports and ("ggml.dll", "ggml-base.dll") in imports
@@ -116,8 +128,22 @@ def test_llama_cli_version_runs_under_wine(
 def test_llama_bench_runs_the_tiny_model_under_wine(
     mingw_build: dict[str, Any], wine_image: str, docker_engine: Any, tiny_qwen3: Path
 ) -> None:
-    command = ["wine", "llama-bench.exe", "-m", f"Z:{MODEL}", "-p", "16", "-n", "4", "-r", "1", "-t", "2",
-               "-o", "json"]  # fmt: skip
+    command = [
+        "wine",
+        "llama-bench.exe",
+        "-m",
+        f"Z:{MODEL}",
+        "-p",
+        "16",
+        "-n",
+        "4",
+        "-r",
+        "1",
+        "-t",
+        "2",
+        "-o",
+        "json",
+    ]
     code, output = _run(docker_engine, wine_image, command, mingw_build["path"], tiny_qwen3)
     assert code == 0, output
     rows = json.loads(output[output.index("[") : output.rindex("]") + 1])

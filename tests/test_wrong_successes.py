@@ -80,30 +80,62 @@ FIT = ["--vram", "8GiB", "--ctx", "512"]
 SPLIT = ["--ctx", "512", "--devices"]
 
 BAD_INPUTS: list[tuple[str, list[str], str]] = [
-    ("smoke measuring nothing", ["smoke", "--skip-bench", "--skip-server", "--build", ABSENT_BUILD],
-     "--skip-bench and --skip-server together leave nothing to measure"),
-    ("build --jobs 0", ["build", "--dry-run", "--jobs", "0"], "--jobs: Input should be greater than or equal to 1"),
-    ("build --jobs -3", ["build", "--dry-run", "--jobs", "-3"], "--jobs: Input should be greater than or equal"),
+    (
+        "smoke measuring nothing",
+        ["smoke", "--skip-bench", "--skip-server", "--build", ABSENT_BUILD],
+        "--skip-bench and --skip-server together leave nothing to measure",
+    ),
+    (
+        "build --jobs 0",
+        ["build", "--dry-run", "--jobs", "0"],
+        "--jobs: Input should be greater than or equal to 1",
+    ),
+    (
+        "build --jobs -3",
+        ["build", "--dry-run", "--jobs", "-3"],
+        "--jobs: Input should be greater than or equal",
+    ),
     ("build --arch ''", ["build", "--dry-run", "--arch", ""], "empty CUDA arch list"),
     ("build --arch rtx4909", ["build", "--dry-run", "--arch", "rtx4909"], "invalid CUDA arch 'rtx4909'"),
     ("build --arch 'RTX 4909'", ["build", "--dry-run", "--arch", "RTX 4909"], "invalid CUDA arch 'RTX 4909'"),
-    ("split port out of range", ["models.split", "{dense}", *SPLIT, "10.0.0.2:99999=1GiB"],
-     "port 99999 is out of range (1-65535)"),
-    ("split port not a number", ["models.split", "{dense}", *SPLIT, "10.0.0.2:abc=1GiB"],
-     "port 'abc' is not a number"),
+    (
+        "split port out of range",
+        ["models.split", "{dense}", *SPLIT, "10.0.0.2:99999=1GiB"],
+        "port 99999 is out of range (1-65535)",
+    ),
+    (
+        "split port not a number",
+        ["models.split", "{dense}", *SPLIT, "10.0.0.2:abc=1GiB"],
+        "port 'abc' is not a number",
+    ),
     ("split without a host", ["models.split", "{dense}", *SPLIT, ":50052=1GiB"], "has no valid host"),
-    ("fit of a vocab-only file", ["models.fit", "{vocab_only}", *FIT],
-     "vocab-only.gguf has no tensors: a vocab-only file cannot be served"),
-    ("split of a vocab-only file", ["models.split", "{vocab_only}", *SPLIT, "gpu=8GiB"],
-     "has no tensors: a vocab-only file cannot be served"),
-    ("--n-cpu-moe on a dense model", ["models.fit", "{dense}", *FIT, "--n-cpu-moe", "1"],
-     "is a dense model, it has no experts to keep on the CPU"),
+    (
+        "fit of a vocab-only file",
+        ["models.fit", "{vocab_only}", *FIT],
+        "vocab-only.gguf has no tensors: a vocab-only file cannot be served",
+    ),
+    (
+        "split of a vocab-only file",
+        ["models.split", "{vocab_only}", *SPLIT, "gpu=8GiB"],
+        "has no tensors: a vocab-only file cannot be served",
+    ),
+    (
+        "--n-cpu-moe on a dense model",
+        ["models.fit", "{dense}", *FIT, "--n-cpu-moe", "1"],
+        "is a dense model, it has no experts to keep on the CPU",
+    ),
     ("--plot DIR/", ["models.fit", "{dense}", *FIT, "--plot", "{tmp}/"], "is a directory"),
-    ("--plot x.bmp", ["models.fit", "{dense}", *FIT, "--plot", "{tmp}/x.bmp"],
-     "the chart is written as PNG, SVG or PDF, not .bmp"),
-    ("compare absolute paths that are no runs", ["smoke.compare", "{tmp}", "{tmp}/nothing-here"],
-     "is not a smoke run directory (it has no report.json)"),
-]  # fmt: skip
+    (
+        "--plot x.bmp",
+        ["models.fit", "{dense}", *FIT, "--plot", "{tmp}/x.bmp"],
+        "the chart is written as PNG, SVG or PDF, not .bmp",
+    ),
+    (
+        "compare absolute paths that are no runs",
+        ["smoke.compare", "{tmp}", "{tmp}/nothing-here"],
+        "is not a smoke run directory (it has no report.json)",
+    ),
+]
 
 
 @pytest.mark.parametrize(
@@ -128,10 +160,21 @@ def test_bad_input_is_refused_with_one_error_line(
 
 @pytest.mark.parametrize(
     ("arch", "cmake"),
-    [("8.6", "86"), ("sm_86", "86"), ("compute_86", "86"), ("8.6,8.9", "86;89"), ("12.0", "120"),
-     ("9.0a-real", "90a-real"), ("RTX 4090", "89"), ("a10", "86"), ("l40", "89"), ("h100-nvl", "90"),
-     ("NVIDIA A10", "86"), ("86 89", "86;89")],
-)  # fmt: skip
+    [
+        ("8.6", "86"),
+        ("sm_86", "86"),
+        ("compute_86", "86"),
+        ("8.6,8.9", "86;89"),
+        ("12.0", "120"),
+        ("9.0a-real", "90a-real"),
+        ("RTX 4090", "89"),
+        ("a10", "86"),
+        ("l40", "89"),
+        ("h100-nvl", "90"),
+        ("NVIDIA A10", "86"),
+        ("86 89", "86;89"),
+    ],
+)
 def test_arch_spellings_reach_the_plan(arch: str, cmake: str) -> None:
     plan, _options = _plan_from_params(BuildParams(arch=arch, dry_run=True))
     assert plan.backend == "cuda"
@@ -173,8 +216,9 @@ def _png_size(png: bytes) -> tuple[int, int]:
 
 
 def test_fit_chart_keeps_the_legend_and_label_and_writes_the_suffix(tmp_path: Path) -> None:
-    plan = plan_fit(synthetic_header(TinyModelSpec(arch="qwen3", n_layer=2), n_vocab=1024), gpu="rtx4090",
-                    ctx=4096).to_json()  # fmt: skip
+    plan = plan_fit(
+        synthetic_header(TinyModelSpec(arch="qwen3", n_layer=2), n_vocab=1024), gpu="rtx4090", ctx=4096
+    ).to_json()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     figure = _figure([plan], None)
@@ -200,9 +244,12 @@ def test_fit_says_where_the_plot_went(models: dict[str, Path], env: dict[str, st
 
 def _run(directory: Path, run_id: str, tg: float) -> Path:
     report: dict[str, Any] = {
-        "run_id": run_id, "host": {"platform": "Linux"}, "build": {"key": "k" * 32}, "model": {"label": "tiny"},
+        "run_id": run_id,
+        "host": {"platform": "Linux"},
+        "build": {"key": "k" * 32},
+        "model": {"label": "tiny"},
         "bench": {"tests": [{"name": "tg32", "avg_ts": tg}]},
-    }  # fmt: skip
+    }
     directory.mkdir(parents=True)
     (directory / "report.json").write_text(json.dumps(report), encoding="utf-8")
     return directory
@@ -224,16 +271,25 @@ def test_compare_takes_absolute_paths_outside_the_store(tmp_path: Path) -> None:
 
 
 def _manifest(key: str) -> dict[str, Any]:
-    return {"key": key, "recipe": {"name": "default"}, "backend": "cpu", "cuda_architectures": [],
-            "patches": [{"name": "0001-example.patch"}], "finished_at": "2026-01-01T00:00:00Z",
-            "image": {"executor": "docker"}}  # fmt: skip
+    return {
+        "key": key,
+        "recipe": {"name": "default"},
+        "backend": "cpu",
+        "cuda_architectures": [],
+        "patches": [{"name": "0001-example.patch"}],
+        "finished_at": "2026-01-01T00:00:00Z",
+        "image": {"executor": "docker"},
+    }
 
 
 def test_builds_list_names_a_damaged_entry_and_lists_the_others(env: dict[str, str]) -> None:
     builds = Path(env["LLAMAFORGE_HOME"]) / "builds"
     good, not_json, incomplete = "a" * 32, "b" * 32, "c" * 32
-    for key, text in ((good, json.dumps(_manifest(good))), (not_json, '{"key": "bbb'),
-                      (incomplete, json.dumps({"key": incomplete, "backend": "cpu"}))):  # fmt: skip
+    for key, text in (
+        (good, json.dumps(_manifest(good))),
+        (not_json, '{"key": "bbb'),
+        (incomplete, json.dumps({"key": incomplete, "backend": "cpu"})),
+    ):
         (builds / key).mkdir(parents=True)
         (builds / key / "manifest.json").write_text(text, encoding="utf-8")
     shown = invoke("builds.list", env=env, timeout=120)
@@ -265,9 +321,13 @@ def build_container(docker_engine: Any, base_image: str) -> Iterator[Any]:
     from llamaforge.runners.engine import LABEL
 
     container = docker_engine.containers.run(
-        base_image, ["sleep", "300"], labels={LABEL: "1", "org.llamaforge.role": "build"}, detach=True,
-        network_mode="none", init=True,
-    )  # fmt: skip
+        base_image,
+        ["sleep", "300"],
+        labels={LABEL: "1", "org.llamaforge.role": "build"},
+        detach=True,
+        network_mode="none",
+        init=True,
+    )
     try:
         yield container
     finally:

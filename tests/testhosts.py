@@ -279,8 +279,9 @@ def start_hosts(
     public = client.networks.create(
         f"llamaforge-testssh-{group}{os.getpid()}", driver="bridge", labels=labels
     )
-    network = client.networks.create(f"llamaforge-testnet-{group}{os.getpid()}", driver="bridge", internal=True,
-                                     labels=labels)  # fmt: skip
+    network = client.networks.create(
+        f"llamaforge-testnet-{group}{os.getpid()}", driver="bridge", internal=True, labels=labels
+    )
     try:
         for index in range(count):
             name = f"llamaforge-testhost-{group}{os.getpid()}-{index}"

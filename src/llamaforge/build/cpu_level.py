@@ -29,9 +29,21 @@ BASELINE = "baseline"
 # ggml's x86 feature options (ggml/CMakeLists.txt); ggml_add_cpu_backend_variant turns the same list off
 # before it switches a variant's features on.
 X86_FEATURES = (
-    "SSE42", "AVX", "AVX2", "BMI2", "AVX_VNNI", "FMA", "F16C",
-    "AVX512", "AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16", "AMX_TILE", "AMX_INT8", "AMX_BF16",
-)  # fmt: skip
+    "SSE42",
+    "AVX",
+    "AVX2",
+    "BMI2",
+    "AVX_VNNI",
+    "FMA",
+    "F16C",
+    "AVX512",
+    "AVX512_VBMI",
+    "AVX512_VNNI",
+    "AVX512_BF16",
+    "AMX_TILE",
+    "AMX_INT8",
+    "AMX_BF16",
+)
 _V2 = ("SSE42",)
 _V3 = (*_V2, "AVX", "AVX2", "BMI2", "FMA", "F16C")
 # The psABI micro-architecture levels, in ggml's feature names (x86-64-v4 adds AVX-512 F/BW/CD/DQ/VL: AVX512).
@@ -82,8 +94,12 @@ def cpu_cmake(level: str) -> dict[str, str]:
     """The CMake options that build ggml-cpu for ``level`` (a checked level)."""
     if level == VARIANTS:
         # The variants are modules ggml loads at run time: they need shared libraries and the backend loader.
-        return {"GGML_NATIVE": "OFF", "GGML_CPU_ALL_VARIANTS": "ON", "GGML_BACKEND_DL": "ON",
-                "BUILD_SHARED_LIBS": "ON"}  # fmt: skip
+        return {
+            "GGML_NATIVE": "OFF",
+            "GGML_CPU_ALL_VARIANTS": "ON",
+            "GGML_BACKEND_DL": "ON",
+            "BUILD_SHARED_LIBS": "ON",
+        }
     # One module, libggml-cpu.so, loaded like the variants (the other compile flags stay those of the variants
     # build, so ccache serves them); native links ggml-cpu in: ggml refuses GGML_NATIVE with the loader on x86.
     options = {

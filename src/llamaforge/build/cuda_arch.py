@@ -14,10 +14,37 @@ from llamaforge.serve.gpus import GpuTable, closest_names, cuda_arch_for, find_c
 
 # Compute capabilities that CUDA 12.x/13.x nvcc accept as CMAKE_CUDA_ARCHITECTURES entries.
 KNOWN_ARCHS: tuple[str, ...] = (
-    "50", "52", "53", "60", "61", "62", "70", "72", "75", "80", "86", "87", "88", "89",
-    "90", "90a", "100", "100a", "100f", "101", "101a", "103", "103a", "110", "110a",
-    "120", "120a", "120f", "121", "121a",
-)  # fmt: skip
+    "50",
+    "52",
+    "53",
+    "60",
+    "61",
+    "62",
+    "70",
+    "72",
+    "75",
+    "80",
+    "86",
+    "87",
+    "88",
+    "89",
+    "90",
+    "90a",
+    "100",
+    "100a",
+    "100f",
+    "101",
+    "101a",
+    "103",
+    "103a",
+    "110",
+    "110a",
+    "120",
+    "120a",
+    "120f",
+    "121",
+    "121a",
+)
 
 _ENTRY = re.compile(r"^(?P<arch>[0-9]+[af]?)(?:-(?P<kind>real|virtual))?$")
 # A compute capability as NVIDIA's tables and nvidia-smi print it: 8.6, 12.0, 9.0a (-real/-virtual allowed).

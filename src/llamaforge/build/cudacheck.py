@@ -64,8 +64,10 @@ class CudaProbeFailed(ToolFailed):
         self.output_tail = "\n".join(tail)
         super().__init__(
             f"CUDA probe step failed: {' '.join(command)} exited with {returncode}",
-            command=command, returncode=returncode, tail=tail,
-        )  # fmt: skip
+            command=command,
+            returncode=returncode,
+            tail=tail,
+        )
 
 
 @dataclass(frozen=True)

@@ -89,18 +89,27 @@ def check_device_code(out: Path, requested: Sequence[str], log_path: str | None 
     listing = out / LISTING
     if not listing.is_file():
         raise BuildFailed(
-            f"the CUDA build wrote no {LISTING}: its device code cannot be checked", command=["cuobjdump"],
-            returncode=0, tail=[], log_path=log_path, hint="the builder image needs cuobjdump on PATH",
-        )  # fmt: skip
+            f"the CUDA build wrote no {LISTING}: its device code cannot be checked",
+            command=["cuobjdump"],
+            returncode=0,
+            tail=[],
+            log_path=log_path,
+            hint="the builder image needs cuobjdump on PATH",
+        )
     code = parse_listing(listing.read_text(encoding="utf-8"))
     found = problems(code, requested)
     if found:
         raise BuildFailed(
-            "the CUDA build's device code does not match --arch " + ",".join(requested) + ": " + "; ".join(found),
-            command=["cuobjdump", "--list-elf", "--list-ptx"], returncode=0,
-            tail=listing.read_text(encoding="utf-8").splitlines()[-40:], log_path=log_path,
+            "the CUDA build's device code does not match --arch "
+            + ",".join(requested)
+            + ": "
+            + "; ".join(found),
+            command=["cuobjdump", "--list-elf", "--list-ptx"],
+            returncode=0,
+            tail=listing.read_text(encoding="utf-8").splitlines()[-40:],
+            log_path=log_path,
             hint="check CMAKE_CUDA_ARCHITECTURES in the plan (`invoke build --dry-run`) and any --cmake override",
-        )  # fmt: skip
+        )
     return code
 
 

@@ -53,15 +53,25 @@ def _container_checks(containers: Sequence[OwnedContainer]) -> list[Check]:
     running = [c for c in containers if c.running]
     if stopped:
         ids = " ".join(c.short_id for c in stopped)
-        checks.append(Check("containers", "warn", f"stopped llamaforge containers left behind: {_names(stopped)}",
-                            f"remove them with `docker rm {ids}` (they are labelled {LABEL})"))  # fmt: skip
+        checks.append(
+            Check(
+                "containers",
+                "warn",
+                f"stopped llamaforge containers left behind: {_names(stopped)}",
+                f"remove them with `docker rm {ids}` (they are labelled {LABEL})",
+            )
+        )
     if running:
         ids = " ".join(c.short_id for c in running)
-        checks.append(Check(
-            "running containers", "ok", f"llamaforge containers running now: {_names(running)}",
-            "a build or smoke in progress uses them: let it finish, or stop it with Ctrl-C (or cancel its job), "
-            f"which removes its container; only if no llamaforge process is left, `docker stop {ids}`",
-        ))  # fmt: skip
+        checks.append(
+            Check(
+                "running containers",
+                "ok",
+                f"llamaforge containers running now: {_names(running)}",
+                "a build or smoke in progress uses them: let it finish, or stop it with Ctrl-C (or cancel its job), "
+                f"which removes its container; only if no llamaforge process is left, `docker stop {ids}`",
+            )
+        )
     return checks
 
 
@@ -78,24 +88,35 @@ def _ca_bundle_check() -> Check:
         return Check("ca bundle", "warn", error.message, error.hint or "")
     if found is None:
         return Check(
-            "ca bundle", "ok", "none set (PIP_CERT, SSL_CERT_FILE, REQUESTS_CA_BUNDLE, pip's global.cert)",
+            "ca bundle",
+            "ok",
+            "none set (PIP_CERT, SSL_CERT_FILE, REQUESTS_CA_BUNDLE, pip's global.cert)",
             "behind a TLS-intercepting proxy, set PIP_CERT to the bundle that trusts it, or pass --ca-bundle PATH",
-        )  # fmt: skip
+        )
     if not found.exists:
         return Check(
-            "ca bundle", "warn", f"{found.path} from {found.origin} does not exist",
+            "ca bundle",
+            "warn",
+            f"{found.path} from {found.origin} does not exist",
             f"point {found.setting} at a CA bundle file or unset it (builds refuse it), or build with --no-ca-bundle",
-        )  # fmt: skip
+        )
     try:
         certificates = found.path.read_bytes().count(b"-----BEGIN CERTIFICATE-----")
     except OSError as error:
-        return Check("ca bundle", "warn", f"{found.path} from {found.origin} cannot be read: {error.strerror}",
-                     "make it readable, or build with --no-ca-bundle")  # fmt: skip
+        return Check(
+            "ca bundle",
+            "warn",
+            f"{found.path} from {found.origin} cannot be read: {error.strerror}",
+            "make it readable, or build with --no-ca-bundle",
+        )
     counted = f"{certificates} certificate{'' if certificates == 1 else 's'}"
     return Check(
-        "ca bundle", "ok", f"{found.path} from {found.origin} ({counted}): builder images that download over TLS "
-        "(CUDA) install it", "--no-ca-bundle builds without it, --ca-bundle PATH picks another",
-    )  # fmt: skip
+        "ca bundle",
+        "ok",
+        f"{found.path} from {found.origin} ({counted}): builder images that download over TLS "
+        "(CUDA) install it",
+        "--no-ca-bundle builds without it, --ca-bundle PATH picks another",
+    )
 
 
 def _tool(runner: ProcessRunner, name: str, purpose: str, hint: str, required: bool = False) -> Check:
@@ -115,9 +136,15 @@ def run_doctor(runner: ProcessRunner = LOCAL) -> list[Check]:
     root.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(root).free / 2**30
     checks.append(
-        Check("disk", "ok" if free >= MIN_FREE_GIB else "warn", f"{free:.1f} GiB free at {root}",
-              "" if free >= MIN_FREE_GIB else f"a build needs about {MIN_FREE_GIB:.0f} GiB; set LLAMAFORGE_HOME")
-    )  # fmt: skip
+        Check(
+            "disk",
+            "ok" if free >= MIN_FREE_GIB else "warn",
+            f"{free:.1f} GiB free at {root}",
+            ""
+            if free >= MIN_FREE_GIB
+            else f"a build needs about {MIN_FREE_GIB:.0f} GiB; set LLAMAFORGE_HOME",
+        )
+    )
     checks.append(_ca_bundle_check())
     checks.append(
         _tool(runner, "git", "git sources and patch application", "apt-get install git", required=True)

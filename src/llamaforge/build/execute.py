@@ -120,18 +120,22 @@ def _collect_artifacts(plan: BuildPlan, out: Path) -> dict[str, dict[str, Any]]:
         if not (out / relative).is_file():
             raise BuildFailed(
                 f"the build finished but {relative} is missing",
-                command=[plan.script.name], returncode=0, tail=[],
+                command=[plan.script.name],
+                returncode=0,
+                tail=[],
                 hint="check that every recipe target is an executable that lands in build/bin",
-            )  # fmt: skip
+            )
     artifacts: dict[str, dict[str, Any]] = {}
     for path in sorted(out.rglob("*")):
         relative = path.relative_to(out).as_posix()
         if path.is_symlink():
             raise BuildFailed(
                 f"the build left a symlink, {relative}, among its artifacts",
-                command=[plan.script.name], returncode=0, tail=[],
+                command=[plan.script.name],
+                returncode=0,
+                tail=[],
                 hint="the build script must copy the file the link points to under the link's name",
-            )  # fmt: skip
+            )
         if path.is_file() and relative not in _BUILD_RECORDS:
             artifacts[relative] = {"sha256": sha256_file(path), "size": path.stat().st_size}
     return artifacts

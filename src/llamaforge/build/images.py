@@ -97,10 +97,13 @@ def bootstrap_image(
         command = ["debootstrap", "--variant=minbase", suite, str(rootfs), mirror]
         reporter(Event("stage", f"debootstrap {suite} from {mirror}", stage="bootstrap"))
         runner.run(
-            command, merge_stderr=True, cancel=cancel, what="debootstrap",
+            command,
+            merge_stderr=True,
+            cancel=cancel,
+            what="debootstrap",
             on_line=lambda line: reporter(Event("log", line, stage="bootstrap")),
             hint="debootstrap needs root and a reachable Debian mirror",
-        )  # fmt: skip
+        )
         reporter(Event("stage", f"docker import as {tag}", stage="bootstrap"))
         archive = Path(scratch) / "rootfs.tar"
         with tarfile.open(archive, "w") as tar:

@@ -99,8 +99,12 @@ def load_matrix(name_or_path: str) -> Matrix:
     try:
         matrix = Matrix.model_validate({**data, "name": path.stem})
     except ValidationError as error:
-        raise recipe_error(error, what=f"build matrix {path}", root=Matrix,
-                           hint="each [[builds]] takes the options of `invoke build`") from None  # fmt: skip
+        raise recipe_error(
+            error,
+            what=f"build matrix {path}",
+            root=Matrix,
+            hint="each [[builds]] takes the options of `invoke build`",
+        ) from None
     _check_paths(matrix, f"build matrix {path}")
     return matrix
 
@@ -123,12 +127,19 @@ def _check_paths(matrix: Matrix, what: str) -> None:
 def entry_arguments(matrix: Matrix, entry: MatrixEntry) -> dict[str, Any]:
     """The entry as ``build`` parameters (the matrix's recipe filled in)."""
     return {
-        "recipe": entry.recipe or matrix.recipe, "platform": entry.platform, "toolchain": entry.toolchain,
+        "recipe": entry.recipe or matrix.recipe,
+        "platform": entry.platform,
+        "toolchain": entry.toolchain,
         "backend": entry.backend,
-        "arch": ",".join(entry.arch) or None, "patches": entry.patches, "no_patches": entry.no_patches,
-        "cmake": [f"{key}={_cmake(value)}" for key, value in entry.cmake.items()], "executor": entry.executor,
-        "build_host": entry.build_host, "ssh_key": entry.ssh_key, "known_hosts": entry.known_hosts,
-    }  # fmt: skip
+        "arch": ",".join(entry.arch) or None,
+        "patches": entry.patches,
+        "no_patches": entry.no_patches,
+        "cmake": [f"{key}={_cmake(value)}" for key, value in entry.cmake.items()],
+        "executor": entry.executor,
+        "build_host": entry.build_host,
+        "ssh_key": entry.ssh_key,
+        "known_hosts": entry.known_hosts,
+    }
 
 
 def _cmake(value: str | int | bool) -> str:
@@ -147,14 +158,22 @@ def run_matrix(
         try:
             row = MatrixRow.model_validate({"name": entry.name, **build_one(entry)})
         except Cancelled:
-            rows.append(MatrixRow(name=entry.name, result="not run", error="cancelled",
-                                  exit_code=Cancelled.exit_code))  # fmt: skip
+            rows.append(
+                MatrixRow(name=entry.name, result="not run", error="cancelled", exit_code=Cancelled.exit_code)
+            )
             rows.extend(MatrixRow(name=rest.name, result="not run") for rest in matrix.builds[index + 1 :])
             raise MatrixStopped(rows) from None
         except LlamaforgeError as error:
-            row = MatrixRow(name=entry.name, result="failed", error=error.message, hint=error.hint,
-                            exit_code=error.exit_code, platform=entry.platform, backend=entry.backend,
-                            archs=entry.arch)  # fmt: skip
+            row = MatrixRow(
+                name=entry.name,
+                result="failed",
+                error=error.message,
+                hint=error.hint,
+                exit_code=error.exit_code,
+                platform=entry.platform,
+                backend=entry.backend,
+                archs=entry.arch,
+            )
         row.seconds = round(time.monotonic() - started, 1)
         rows.append(row)
     return rows

@@ -44,9 +44,10 @@ class BuildParams(Params):
         None, description="Base image for the builder (overrides the recipe)"
     )
     cuda_toolkit: CudaToolkitKind | None = Field(
-        None, description="CUDA toolkit: wheels (NVIDIA's PyPI wheels on the local base, no registry) or image "
+        None,
+        description="CUDA toolkit: wheels (NVIDIA's PyPI wheels on the local base, no registry) or image "
         "(the recipe's nvidia/cuda image); default: the recipe's [cuda] toolkit",
-    )  # fmt: skip
+    )
     patches: str | None = path_field(None, description="Patch series directory (default: the recipe's)")
     no_patches: bool = Field(False, description="Build stock llama.cpp without the patch series")
     ca_bundle: str | None = path_field(
@@ -71,9 +72,10 @@ class BuildParams(Params):
         "default: the recipe's",
     )
     toolchain: WindowsToolchain | None = Field(
-        None, description="Windows toolchain: mingw (cross build in Docker) or msvc (a Windows build host); "
+        None,
+        description="Windows toolchain: mingw (cross build in Docker) or msvc (a Windows build host); "
         "default: mingw with --executor docker, msvc with ssh or local",
-    )  # fmt: skip
+    )
     executor: str = Field(
         "docker", description="Where to build: docker, local (this host, no Docker) or ssh (a build host)"
     )
@@ -219,8 +221,12 @@ def _toolchain(params: BuildParams, platform: str) -> WindowsToolchain | None:
 
 def _executor_settings(params: BuildParams) -> dict[str, str]:
     """The ssh executor's settings from the build host options (which no other executor takes)."""
-    given = {"host": params.build_host, "key": params.ssh_key, "known_hosts": params.known_hosts,
-             "accept_new_host_keys": "true" if params.accept_new_host_keys else None}  # fmt: skip
+    given = {
+        "host": params.build_host,
+        "key": params.ssh_key,
+        "known_hosts": params.known_hosts,
+        "accept_new_host_keys": "true" if params.accept_new_host_keys else None,
+    }
     settings = {name: value for name, value in given.items() if value}
     if settings and params.executor != "ssh":
         raise InvalidOption(
@@ -302,9 +308,14 @@ def _build_one(params: BuildParams, ctx: OperationContext) -> BuildOutput:
         )
         return BuildOutput(dry_run=True, plan=data)
     result = run_build(
-        plan, options, executor=executor, force=params.force, jobs=params.jobs,
-        reporter=ctx.reporter, cancel=ctx.cancel,
-    )  # fmt: skip
+        plan,
+        options,
+        executor=executor,
+        force=params.force,
+        jobs=params.jobs,
+        reporter=ctx.reporter,
+        cancel=ctx.cancel,
+    )
     output = BuildOutput(dry_run=False, build=PublishedBuild.model_validate(result.to_json()))
     if params.check_reproducible:
         from llamaforge.build.reproducible import check_reproducible
@@ -317,9 +328,10 @@ def _build_one(params: BuildParams, ctx: OperationContext) -> BuildOutput:
             differing = ", ".join(item.path for item in report.different)
             raise OperationFailed(
                 f"build {result.key} is not reproducible: {differing} differ(s) when rebuilt from scratch",
-                result=output, exit_code=NotReproducible.exit_code,
+                result=output,
+                exit_code=NotReproducible.exit_code,
                 hint="the result lists the differing ELF sections and keeps each rebuilt copy to compare",
-            )  # fmt: skip
+            )
     return output
 
 
@@ -338,15 +350,24 @@ def _build_matrix(params: BuildParams, ctx: OperationContext) -> BuildOutput:
         output = _build_one(BuildParams.model_validate({**entry_arguments(matrix, entry), **shared}), ctx)
         if output.plan is not None:
             plan = output.plan
-            return {"result": "planned", "key": plan["cache_key"], "platform": plan["platform"],
-                    "backend": plan["backend"], "archs": plan["cuda_architectures"]}  # fmt: skip
+            return {
+                "result": "planned",
+                "key": plan["cache_key"],
+                "platform": plan["platform"],
+                "backend": plan["backend"],
+                "archs": plan["cuda_architectures"],
+            }
         assert output.build is not None
         from llamaforge.build.store import load_manifest
 
         manifest = load_manifest(output.build.key) or {}
-        return {"result": "cache hit" if output.build.cached else "built", "key": output.build.key,
-                "platform": manifest.get("recipe", {}).get("platform"), "backend": manifest.get("backend"),
-                "archs": manifest.get("cuda_architectures") or []}  # fmt: skip
+        return {
+            "result": "cache hit" if output.build.cached else "built",
+            "key": output.build.key,
+            "platform": manifest.get("recipe", {}).get("platform"),
+            "backend": manifest.get("backend"),
+            "archs": manifest.get("cuda_architectures") or [],
+        }
 
     def progress(message: str) -> None:
         ctx.reporter(Event("stage", message, stage="matrix"))
@@ -356,15 +377,19 @@ def _build_matrix(params: BuildParams, ctx: OperationContext) -> BuildOutput:
     except MatrixStopped as stopped:
         stopped_output = BuildOutput(dry_run=params.dry_run, matrix=stopped.rows)
         raise OperationFailed(
-            f"matrix {matrix.name} was cancelled", result=stopped_output, exit_code=130,
+            f"matrix {matrix.name} was cancelled",
+            result=stopped_output,
+            exit_code=130,
             hint="the table says which builds ran",
-        ) from None  # fmt: skip
+        ) from None
     output = BuildOutput(dry_run=params.dry_run, matrix=rows)
     failed = [row for row in rows if row.result == "failed"]
     if failed:
         raise OperationFailed(
             f"{len(failed)} of {len(rows)} builds of matrix {matrix.name} failed: "
-            + ", ".join(row.name for row in failed), result=output, exit_code=failed[0].exit_code,
+            + ", ".join(row.name for row in failed),
+            result=output,
+            exit_code=failed[0].exit_code,
             hint="each failed row carries its error and next step; the other builds are published",
-        )  # fmt: skip
+        )
     return output

@@ -16,7 +16,7 @@ class RuntimeImageParams(Params):
         description="Build key (or unique prefix) from the build store; the image is llamaforge/llama-server:KEY. "
         "Run it with the model read-only at /models/model.gguf and the port on loopback: docker run "
         "-p 127.0.0.1:8080:8080 -v $PWD/m.gguf:/models/model.gguf:ro IMAGE [llama-server flags]"
-    )  # fmt: skip
+    )
     base: ImageReference | None = Field(
         None,
         description="Base image on the local engine (default: the one the build was made on); a RUN ldd "
@@ -57,7 +57,12 @@ def images_runtime_op(params: RuntimeImageParams, ctx: OperationContext) -> Runt
 
     made = ensure_runtime_image(params.build, base=params.base, force=params.force, reporter=ctx.reporter)
     return RuntimeImage(
-        tag=made.tag, image_id=made.image_id, reused=made.reused, base=made.plan.base,
-        packages=list(made.plan.packages), files=[name for _, name in made.plan.files],
-        copied_libraries=list(made.plan.copied_libraries), labels=made.labels,
-    )  # fmt: skip
+        tag=made.tag,
+        image_id=made.image_id,
+        reused=made.reused,
+        base=made.plan.base,
+        packages=list(made.plan.packages),
+        files=[name for _, name in made.plan.files],
+        copied_libraries=list(made.plan.copied_libraries),
+        labels=made.labels,
+    )

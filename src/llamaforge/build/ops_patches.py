@@ -126,8 +126,10 @@ def patches_refresh_op(params: PatchRefreshParams, ctx: OperationContext) -> Ser
         raise OperationFailed(
             f"{len(result.conflicts)} patch(es) conflict with the new source: "
             + ", ".join(conflict.patch for conflict in result.conflicts),
-            result=SeriesRefresh.model_validate(data), exit_code=PatchError.exit_code, hint=data["next_step"],
-        )  # fmt: skip
+            result=SeriesRefresh.model_validate(data),
+            exit_code=PatchError.exit_code,
+            hint=data["next_step"],
+        )
     data["next_step"] = "update the recipe's source pin to the new llama.cpp, then `invoke patches.check`"
     return SeriesRefresh.model_validate(data)
 
@@ -147,8 +149,10 @@ def patches_edit_op(params: PatchSeriesParams, ctx: OperationContext) -> EditWor
 
     series, tree = _series_and_tree(params, ctx, new=True)
     workspace = create_workspace(tree, read_series(series, new=True), "edit")
-    return EditWorkspace(workspace=str(workspace), next_step=f"edit files there, then `invoke patches.new NAME "
-                         f"--workspace {workspace}`")  # fmt: skip
+    return EditWorkspace(
+        workspace=str(workspace),
+        next_step=f"edit files there, then `invoke patches.new NAME --workspace {workspace}`",
+    )
 
 
 class PatchNewParams(PatchSeriesParams):

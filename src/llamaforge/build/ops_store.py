@@ -163,8 +163,10 @@ def doctor_op(params: NoParams, ctx: OperationContext) -> DoctorReport:
         failed = [check.name for check in checks if check.status == "fail"]
         raise OperationFailed(
             f"this machine cannot build yet: {', '.join(failed)} failed",
-            result=data, exit_code=1, hint="each failing check names its next step",
-        )  # fmt: skip
+            result=data,
+            exit_code=1,
+            hint="each failing check names its next step",
+        )
     return data
 
 
@@ -193,9 +195,13 @@ def images_bootstrap_op(params: BootstrapParams, ctx: OperationContext) -> Boots
     from llamaforge.build.images import bootstrap_image
 
     result = bootstrap_image(
-        params.tag, suite=params.suite, mirror=params.mirror, force=params.force,
-        reporter=ctx.reporter, cancel=ctx.cancel,
-    )  # fmt: skip
+        params.tag,
+        suite=params.suite,
+        mirror=params.mirror,
+        force=params.force,
+        reporter=ctx.reporter,
+        cancel=ctx.cancel,
+    )
     return BootstrappedImage.model_validate(result.__dict__)
 
 
@@ -225,13 +231,19 @@ def recipes_list_op(params: NoParams, ctx: OperationContext) -> RecipeList:
     """List the shipped build recipes."""
     from llamaforge.build.recipes import list_recipes, load_recipe
 
-    return RecipeList.model_validate({
-        "recipes": [
-            {"name": name, "description": (recipe := load_recipe(name)).description, "backend": recipe.backend,
-             "source": recipe.source.kind}
-            for name in list_recipes()
-        ]
-    })  # fmt: skip
+    return RecipeList.model_validate(
+        {
+            "recipes": [
+                {
+                    "name": name,
+                    "description": (recipe := load_recipe(name)).description,
+                    "backend": recipe.backend,
+                    "source": recipe.source.kind,
+                }
+                for name in list_recipes()
+            ]
+        }
+    )
 
 
 class RecipeParams(Params):

@@ -127,8 +127,9 @@ def read_series(
                 patch=name,
                 hint=f"add {path} or remove the line from the series file",
             )
-        ref = PatchRef(name=name, path=path, sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
-                       platforms=platforms)  # fmt: skip
+        ref = PatchRef(
+            name=name, path=path, sha256=hashlib.sha256(path.read_bytes()).hexdigest(), platforms=platforms
+        )
         if platform is None or ref.applies_to(platform):
             refs.append(ref)
     return refs

@@ -237,9 +237,17 @@ def _header(original: str) -> str:
 
 def _render_patch(runner: ProcessRunner, workspace: Path, revision: str, original: str) -> str:
     diff = _git(
-        runner, workspace, "diff", *_DIFF, "--no-renames", "--src-prefix=a/", "--dst-prefix=b/", "-U3",
-        f"{revision}~1", revision,
-    ).stdout  # fmt: skip
+        runner,
+        workspace,
+        "diff",
+        *_DIFF,
+        "--no-renames",
+        "--src-prefix=a/",
+        "--dst-prefix=b/",
+        "-U3",
+        f"{revision}~1",
+        revision,
+    ).stdout
     # `index <blob>..<blob>` lines carry content hashes that say nothing to git apply; drop them for clean diffs.
     diff = "".join(line for line in diff.splitlines(keepends=True) if not line.startswith("index "))
     return _header(original) + diff

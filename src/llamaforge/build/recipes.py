@@ -183,13 +183,15 @@ class CudaToolkit(_Strict):
 
     toolkit: CudaToolkitKind = "wheels"
     release: str = Field(
-        "13.0.2", pattern=r"^\d+\.\d+\.\d+$",
+        "13.0.2",
+        pattern=r"^\d+\.\d+\.\d+$",
         description="cuda-toolkit meta-package release on PyPI; it pins nvcc, cudart and cuBLAS",
-    )  # fmt: skip
+    )
     cuobjdump: str = Field(
-        "13.2.51", pattern=r"^\d+\.\d+\.\d+$",
+        "13.2.51",
+        pattern=r"^\d+\.\d+\.\d+$",
         description="nvidia-cuda-cuobjdump wheel (lists the device code of every CUDA build)",
-    )  # fmt: skip
+    )
 
     @property
     def major(self) -> int:
@@ -310,9 +312,12 @@ def parse_recipe(data: dict[str, Any], *, name: str, origin: Path) -> BuildRecip
         recipe = BuildRecipe.model_validate({**data, "name": name})
     except ValidationError as error:
         raise recipe_error(
-            error, what=f"recipe {origin}", root=BuildRecipe, tags=_SOURCE_TAGS,
+            error,
+            what=f"recipe {origin}",
+            root=BuildRecipe,
+            tags=_SOURCE_TAGS,
             hint="see recipes/schema/build-recipe.schema.json for the fields",
-        ) from None  # fmt: skip
+        ) from None
     check_recipe_paths(recipe, f"recipe {origin}")
     return recipe
 

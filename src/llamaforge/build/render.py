@@ -72,9 +72,15 @@ def _matrix_cli(rows: list[dict[str, Any]], console: Console) -> None:
     table = Table("build", "key", "platform", "backend", "archs", "time", "result")
     for row in rows:
         state = {"failed": "[red]failed[/red]", "not run": "[yellow]not run[/yellow]"}.get(row["result"], "")
-        table.add_row(row["name"], row["key"] or "-", row["platform"] or "-", row["backend"] or "-",
-                      ",".join(row["archs"]) or "-", f"{row['seconds']:.1f} s",
-                      state or f"[green]{row['result']}[/green]")  # fmt: skip
+        table.add_row(
+            row["name"],
+            row["key"] or "-",
+            row["platform"] or "-",
+            row["backend"] or "-",
+            ",".join(row["archs"]) or "-",
+            f"{row['seconds']:.1f} s",
+            state or f"[green]{row['result']}[/green]",
+        )
     console.print(table)
     for row in rows:
         if row["error"]:
@@ -87,12 +93,22 @@ def builds_list_cli(result: dict[str, Any], console: Console) -> None:
     """``builds.list`` as a table."""
     table = Table("key", "recipe", "backend", "archs", "patches", "executor", "finished")
     for item in result["builds"]:
-        table.add_row(item["key"], item["recipe"], item["backend"], ",".join(item["cuda_architectures"]) or "-",
-                      ",".join(item["patches"]) or "-", item["executor"], item["finished_at"])  # fmt: skip
+        table.add_row(
+            item["key"],
+            item["recipe"],
+            item["backend"],
+            ",".join(item["cuda_architectures"]) or "-",
+            ",".join(item["patches"]) or "-",
+            item["executor"],
+            item["finished_at"],
+        )
     console.print(table if result["builds"] or result.get("broken") else "no builds yet: `invoke build`")
     for entry in result.get("broken") or []:
-        console.print(f"[yellow]warning:[/yellow] damaged store entry {entry['path']}: {entry['error']}",
-                      highlight=False, soft_wrap=True)  # fmt: skip
+        console.print(
+            f"[yellow]warning:[/yellow] damaged store entry {entry['path']}: {entry['error']}",
+            highlight=False,
+            soft_wrap=True,
+        )
 
 
 def doctor_cli(result: dict[str, Any], console: Console) -> None:
@@ -114,9 +130,19 @@ def recipes_list_cli(result: dict[str, Any], console: Console) -> None:
 def build_html(data: dict[str, Any]) -> str:
     """``build`` in a notebook: the plan, or the build and its artifacts; a matrix as one table."""
     if data.get("matrix") is not None:
-        table = [(row["name"], row.get("key") or "-", row.get("platform") or "-", row.get("backend") or "-",
-                 ",".join(row.get("archs") or []) or "-", f"{row.get('seconds', 0):.1f} s", row["result"],
-                 row.get("error") or "") for row in data["matrix"]]  # fmt: skip
+        table = [
+            (
+                row["name"],
+                row.get("key") or "-",
+                row.get("platform") or "-",
+                row.get("backend") or "-",
+                ",".join(row.get("archs") or []) or "-",
+                f"{row.get('seconds', 0):.1f} s",
+                row["result"],
+                row.get("error") or "",
+            )
+            for row in data["matrix"]
+        ]
         headers = ["build", "key", "platform", "backend", "archs", "time", "result", "error"]
         return html.section("build matrix", html.table(headers, table))
     if data.get("dry_run"):

@@ -187,9 +187,18 @@ def check_reproducible(
             rebuilt = scratch / relative
             if not rebuilt.is_file():
                 different.append(
-                    ArtifactDiff(relative, expected["sha256"], None, expected["size"], None, None, (),
-                                 "the rebuild did not produce this file", None)
-                )  # fmt: skip
+                    ArtifactDiff(
+                        relative,
+                        expected["sha256"],
+                        None,
+                        expected["size"],
+                        None,
+                        None,
+                        (),
+                        "the rebuild did not produce this file",
+                        None,
+                    )
+                )
                 continue
             actual = sha256_file(rebuilt)
             if actual == expected["sha256"]:
@@ -206,9 +215,18 @@ def check_reproducible(
             kept.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(rebuilt, kept)
             different.append(
-                ArtifactDiff(relative, expected["sha256"], actual, expected["size"], rebuilt.stat().st_size,
-                             offset, sections, explanation, str(kept))
-            )  # fmt: skip
+                ArtifactDiff(
+                    relative,
+                    expected["sha256"],
+                    actual,
+                    expected["size"],
+                    rebuilt.stat().st_size,
+                    offset,
+                    sections,
+                    explanation,
+                    str(kept),
+                )
+            )
         for path in sorted(scratch.rglob("*")):
             relative = path.relative_to(scratch).as_posix()
             if (
@@ -217,9 +235,18 @@ def check_reproducible(
                 and relative != "toolchain.json"
             ):
                 different.append(
-                    ArtifactDiff(relative, "", sha256_file(path), 0, path.stat().st_size, None, (),
-                                 "the rebuild made a file the published build does not have", None)
-                )  # fmt: skip
+                    ArtifactDiff(
+                        relative,
+                        "",
+                        sha256_file(path),
+                        0,
+                        path.stat().st_size,
+                        None,
+                        (),
+                        "the rebuild made a file the published build does not have",
+                        None,
+                    )
+                )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return ReproducibilityReport(

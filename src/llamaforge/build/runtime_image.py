@@ -80,8 +80,11 @@ def build_files(build_dir: Path) -> list[tuple[Path, str]]:
     for part in ("bin", "lib"):
         folder = build_dir / part
         if folder.is_dir():
-            found += [(path, f"{part}/{path.relative_to(folder)}") for path in sorted(folder.rglob("*"))
-                      if path.is_file()]  # fmt: skip
+            found += [
+                (path, f"{part}/{path.relative_to(folder)}")
+                for path in sorted(folder.rglob("*"))
+                if path.is_file()
+            ]
     if not any(name == "bin/llama-server" for _, name in found):
         raise ImageError(f"{build_dir} has no bin/llama-server", hint="build with the llama-server target")
     return found
@@ -167,11 +170,26 @@ def plan_runtime_image(
     labels = provenance_labels(manifest, file_sha256(build_dir / "manifest.json"), base_id)
     everything = tuple(files + copied)
     dockerfile = render(
-        "deploy/Dockerfile.runtime.j2", key=manifest["key"], base=base, packages=sorted(packages), uid=UID,
-        prefix=PREFIX, port=PORT, missing_ok=allowed, labels=labels, healthcheck=HEALTHCHECK,
-    )  # fmt: skip
-    return RuntimePlan(runtime_tag(str(manifest["key"])), base, everything, tuple(sorted(packages)),
-                       tuple(name for _, name in copied), labels, dockerfile)  # fmt: skip
+        "deploy/Dockerfile.runtime.j2",
+        key=manifest["key"],
+        base=base,
+        packages=sorted(packages),
+        uid=UID,
+        prefix=PREFIX,
+        port=PORT,
+        missing_ok=allowed,
+        labels=labels,
+        healthcheck=HEALTHCHECK,
+    )
+    return RuntimePlan(
+        runtime_tag(str(manifest["key"])),
+        base,
+        everything,
+        tuple(sorted(packages)),
+        tuple(name for _, name in copied),
+        labels,
+        dockerfile,
+    )
 
 
 @dataclass(frozen=True)
@@ -203,8 +221,10 @@ def ensure_runtime_image(
     base = base or str(manifest.get("image", {}).get("base_tag") or DEFAULT_TAG)
     base_id = image_id(base)
     if base_id is None:
-        raise ImageError(f"the base image {base} is not on the Docker engine",
-                         hint="`invoke images.bootstrap` makes llamaforge/debian:bookworm")  # fmt: skip
+        raise ImageError(
+            f"the base image {base} is not on the Docker engine",
+            hint="`invoke images.bootstrap` makes llamaforge/debian:bookworm",
+        )
     plan = plan_runtime_image(manifest, build_dir(str(manifest["key"])), base, base_id, runner)
     existing = image_id(plan.tag)
     if existing is not None and not force:

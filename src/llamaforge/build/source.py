@@ -130,9 +130,18 @@ def _fetch_archive_file(
         reporter(Event("info", f"pip download {source.package}=={source.version} (sdist)", stage="source"))
         with tempfile.TemporaryDirectory(dir=directory) as scratch:
             command = [
-                sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                "--disable-pip-version-check", "-d", scratch, f"{source.package}=={source.version}",
-            ]  # fmt: skip
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "--disable-pip-version-check",
+                "-d",
+                scratch,
+                f"{source.package}=={source.version}",
+            ]
             result = runner.run(command, cancel=cancel, warn=True)
             files = list(Path(scratch).iterdir())
             if result.exit_code != 0 or len(files) != 1:

@@ -139,9 +139,13 @@ class ToolFailed(LlamaforgeError):
             return self
         module = loaded_cpu_module(output)
         return ToolFailed(
-            crash_words(program, sig, module, when=when), command=self.command, returncode=self.returncode,
-            tail=self.tail, log_path=self.log_path, hint=crash_hint(sig, module),
-        )  # fmt: skip
+            crash_words(program, sig, module, when=when),
+            command=self.command,
+            returncode=self.returncode,
+            tail=self.tail,
+            log_path=self.log_path,
+            hint=crash_hint(sig, module),
+        )
 
 
 class BuildFailed(ToolFailed):

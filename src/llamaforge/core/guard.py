@@ -39,11 +39,31 @@ METADATA_HOSTS = frozenset({"metadata", "metadata.google.internal", "metadata.go
 _METADATA_ADDRESSES = frozenset({"100.100.100.200", "fd00:ec2::254"})
 
 # Variables a child process needs to run at all; everything else is dropped under a minimal environment.
-_CHILD_ENV_KEEP = frozenset({
-    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TERM", "TZ", "TMPDIR", "SHELL",
-    "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "SSL_CERT_FILE", "SSL_CERT_DIR", "SSH_AUTH_SOCK",
-    "DOCKER_HOST", "DOCKER_CONFIG", "DOCKER_CERT_PATH", "DOCKER_TLS_VERIFY", "XDG_CACHE_HOME", "XDG_RUNTIME_DIR",
-})  # fmt: skip
+_CHILD_ENV_KEEP = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "LANG",
+        "LANGUAGE",
+        "TERM",
+        "TZ",
+        "TMPDIR",
+        "SHELL",
+        "LD_LIBRARY_PATH",
+        "CUDA_VISIBLE_DEVICES",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "SSH_AUTH_SOCK",
+        "DOCKER_HOST",
+        "DOCKER_CONFIG",
+        "DOCKER_CERT_PATH",
+        "DOCKER_TLS_VERIFY",
+        "XDG_CACHE_HOME",
+        "XDG_RUNTIME_DIR",
+    }
+)
 _CHILD_ENV_PREFIXES = ("LC_", "LLAMAFORGE_")
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|API_?KEY|CREDENTIAL|PRIVATE|AUTH", re.IGNORECASE)
 # Secret shapes worth masking even when they did not come from this environment (a hub token in a log line).

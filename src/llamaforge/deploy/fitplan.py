@@ -47,11 +47,18 @@ def fit_for_gpu(
     per_slot = max(total // parallel, 1)
     try:
         plan = plan_fit(
-            header, gpu=gpu, ctx=per_slot, parallel=parallel, cache_type_k=given.cache_type_k or "f16",
-            cache_type_v=given.cache_type_v or "f16", flash_attn=_flash_attn(given),
-            n_gpu_layers=given.n_gpu_layers, n_cpu_moe=given.n_cpu_moe, kv_unified=bool(given.kv_unified),
+            header,
+            gpu=gpu,
+            ctx=per_slot,
+            parallel=parallel,
+            cache_type_k=given.cache_type_k or "f16",
+            cache_type_v=given.cache_type_v or "f16",
+            flash_attn=_flash_attn(given),
+            n_gpu_layers=given.n_gpu_layers,
+            n_cpu_moe=given.n_cpu_moe,
+            kv_unified=bool(given.kv_unified),
             swa_full=given.swa_full,
-        )  # fmt: skip
+        )
     except DoesNotFit as error:
         if force:
             return HostFit(given, (f"does not fit ({error.message}); --force: flags as given",))
@@ -60,14 +67,23 @@ def fit_for_gpu(
     lines = tuple(summarize(plan))
     if not plan.fits:
         needed = (plan.gpu_memory.total + plan.margin_bytes) / GiB
-        message = (f"{host} ({plan.gpu}): -ngl {plan.n_gpu_layers} needs {needed:.2f} GiB with the margin, the "
-                   f"GPU has {plan.vram_bytes / GiB:.1f} GiB")  # fmt: skip
+        message = (
+            f"{host} ({plan.gpu}): -ngl {plan.n_gpu_layers} needs {needed:.2f} GiB with the margin, the "
+            f"GPU has {plan.vram_bytes / GiB:.1f} GiB"
+        )
         if not force:
-            raise DoesNotFit(message, hint="leave --n-gpu-layers out to let the fit plan place the layers, lower "
-                             "--ctx, or --force to deploy anyway")  # fmt: skip
+            raise DoesNotFit(
+                message,
+                hint="leave --n-gpu-layers out to let the fit plan place the layers, lower "
+                "--ctx, or --force to deploy anyway",
+            )
         lines = (*lines, f"does not fit ({message}); --force: deployed anyway")
     flags = dataclasses.replace(
-        given, n_gpu_layers=plan.n_gpu_layers, n_cpu_moe=plan.n_cpu_moe or None, ctx=per_slot * parallel,
-        parallel=parallel, flash_attn=given.flash_attn or "on",
-    )  # fmt: skip
+        given,
+        n_gpu_layers=plan.n_gpu_layers,
+        n_cpu_moe=plan.n_cpu_moe or None,
+        ctx=per_slot * parallel,
+        parallel=parallel,
+        flash_attn=given.flash_attn or "on",
+    )
     return HostFit(flags, lines)

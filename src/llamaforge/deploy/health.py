@@ -93,16 +93,26 @@ def loader_module(runner: SshProcessRunner, layout: Layout) -> str | None:
     binary itself (``-lv 4 --list-devices``, with the unit's library path): a server's log names it from level 4
     only, and the loader's choice follows from the host's CPU and the release's files alone."""
     current = layout.current
-    result = runner.run([posixpath.join(current, "bin", SERVER), "-lv", "4", "--list-devices"],
-                        env={"LD_LIBRARY_PATH": posixpath.join(current, "lib")}, merge_stderr=True, warn=True,
-                        timeout_s=30)  # fmt: skip
+    result = runner.run(
+        [posixpath.join(current, "bin", SERVER), "-lv", "4", "--list-devices"],
+        env={"LD_LIBRARY_PATH": posixpath.join(current, "lib")},
+        merge_stderr=True,
+        warn=True,
+        timeout_s=30,
+    )
     return loaded_cpu_module(result.stdout.splitlines())
 
 
 def service_down(
-    runner: SshProcessRunner, target: Target, layout: Layout, state: ServiceState, *, started: float,
-    service: str = "the service", program: str = SERVER,
-) -> GateOutcome:  # fmt: skip
+    runner: SshProcessRunner,
+    target: Target,
+    layout: Layout,
+    state: ServiceState,
+    *,
+    started: float,
+    service: str = "the service",
+    program: str = SERVER,
+) -> GateOutcome:
     """The failed gate of a service its manager had to restart, or that failed: a crash is named with its
     signal and the CPU module it ran (from the manager's ``ExecMainCode``/``ExecMainStatus``, else the journal's
     exit line, and ggml's ``load_backend`` line, else :func:`loader_module`) and a hint that fits; the last log
@@ -184,5 +194,15 @@ def gate_service(
     if own is not None:
         outcome: GateOutcome = own(runner, layout, timeout_s=timeout_s, cancel=cancel)
         return outcome
-    return health_gate(runner, target, layout, port, model_size=model_size, checks=checks, timeout_s=timeout_s,
-                       cancel=cancel, api_key=api_key, listen=listen)  # fmt: skip
+    return health_gate(
+        runner,
+        target,
+        layout,
+        port,
+        model_size=model_size,
+        checks=checks,
+        timeout_s=timeout_s,
+        cancel=cancel,
+        api_key=api_key,
+        listen=listen,
+    )

@@ -20,8 +20,9 @@ from llamaforge.runners.ssh import SshProcessRunner
 from llamaforge.runners.ssh_connection import DEFAULT_KNOWN_HOSTS, SshHost
 
 
-def parse_host(text: str, *, key_file: Path | None = None, known_hosts: Path | None = None,
-               origin: str = "") -> SshHost:  # fmt: skip
+def parse_host(
+    text: str, *, key_file: Path | None = None, known_hosts: Path | None = None, origin: str = ""
+) -> SshHost:
     """``[user@]host[:port]`` as an :class:`SshHost` (port 22 when none is given); ``origin`` names the option
     it came from in hints (``--hosts``)."""
     user, _, rest = text.strip().rpartition("@")
@@ -38,12 +39,21 @@ def parse_host(text: str, *, key_file: Path | None = None, known_hosts: Path | N
     return SshHost(host, port, user or None, key_file, known_hosts, origin=origin)
 
 
-def parse_hosts(spec: str | Sequence[str], *, key_file: Path | None = None,
-                known_hosts: Path | None = None, origin: str = "") -> list[SshHost]:  # fmt: skip
+def parse_hosts(
+    spec: str | Sequence[str],
+    *,
+    key_file: Path | None = None,
+    known_hosts: Path | None = None,
+    origin: str = "",
+) -> list[SshHost]:
     """Every host of a comma-separated list (or of a list of such), in order; duplicates are refused."""
     items = [spec] if isinstance(spec, str) else list(spec)
-    hosts = [parse_host(part, key_file=key_file, known_hosts=known_hosts, origin=origin)
-             for item in items for part in item.split(",") if part.strip()]  # fmt: skip
+    hosts = [
+        parse_host(part, key_file=key_file, known_hosts=known_hosts, origin=origin)
+        for item in items
+        for part in item.split(",")
+        if part.strip()
+    ]
     if not hosts:
         raise InvalidOption("no hosts given", hint="--hosts user@host:port,user@host:port")
     addresses = [host.address for host in hosts]
@@ -81,10 +91,17 @@ class Access:
 def open_runners(hosts: Sequence[SshHost], access: Access) -> Iterator[list[SshProcessRunner]]:
     """One runner per host (each connects on first use), all closed when the block ends."""
     with contextlib.ExitStack() as stack:
-        yield [stack.enter_context(SshProcessRunner(host, accept_new_host_keys=access.accept_new_host_keys,
-                                                    user_known_hosts=access.user_known_hosts,
-                                                    connect_timeout_s=access.connect_timeout_s))
-               for host in hosts]  # fmt: skip
+        yield [
+            stack.enter_context(
+                SshProcessRunner(
+                    host,
+                    accept_new_host_keys=access.accept_new_host_keys,
+                    user_known_hosts=access.user_known_hosts,
+                    connect_timeout_s=access.connect_timeout_s,
+                )
+            )
+            for host in hosts
+        ]
 
 
 class NoRootAccess(LlamaforgeError):

@@ -138,8 +138,12 @@ def load_inventory(name_or_path: str) -> tuple[Inventory, Path]:
     try:
         return Inventory.model_validate({**data, "name": path.stem}), path
     except ValidationError as error:
-        raise recipe_error(error, what=f"host inventory {path}", root=Inventory,
-                           hint="see recipes/schema/host-inventory.schema.json for the fields") from None  # fmt: skip
+        raise recipe_error(
+            error,
+            what=f"host inventory {path}",
+            root=Inventory,
+            hint="see recipes/schema/host-inventory.schema.json for the fields",
+        ) from None
 
 
 def _path(text: str | None, base: Path, what: str) -> Path | None:
@@ -153,16 +157,23 @@ def _path(text: str | None, base: Path, what: str) -> Path | None:
 
 
 def inventory_hosts(
-    name_or_path: str, select: str | Sequence[str] | None = None, *, key_file: Path | None = None,
+    name_or_path: str,
+    select: str | Sequence[str] | None = None,
+    *,
+    key_file: Path | None = None,
     known_hosts: Path | None = None,
-) -> list[DeployHost]:  # fmt: skip
+) -> list[DeployHost]:
     """The inventory's hosts in its order (only those named in ``select``, comma-separated, when given); an
     unknown name gets "did you mean"; ``key_file`` / ``known_hosts`` replace the inventory's when given."""
     inventory, path = load_inventory(name_or_path)
     chosen = inventory.hosts
     if select:
-        wanted = [part.strip() for item in ([select] if isinstance(select, str) else select)
-                  for part in item.split(",") if part.strip()]  # fmt: skip
+        wanted = [
+            part.strip()
+            for item in ([select] if isinstance(select, str) else select)
+            for part in item.split(",")
+            if part.strip()
+        ]
         names = [host.name for host in inventory.hosts]
         for name in wanted:
             if name not in names:
@@ -177,8 +188,14 @@ def inventory_hosts(
     for host in chosen:
         field = f"hosts[{host.name}].key_file" if host.key_file else "key_file"
         key = key_file or _path(host.key_file or inventory.key_file, base, f"host inventory {path}: {field}")
-        ssh = SshHost(host.address, host.port or inventory.port, host.user or inventory.user, key, fleet_known,
-                      origin=f"the inventory {path}")  # fmt: skip
+        ssh = SshHost(
+            host.address,
+            host.port or inventory.port,
+            host.user or inventory.user,
+            key,
+            fleet_known,
+            origin=f"the inventory {path}",
+        )
         hosts.append(DeployHost(ssh=ssh, name=host.name, gpu=host.gpu, labels=dict(host.labels)))
     return hosts
 

@@ -32,8 +32,9 @@ def _read(runner: SshProcessRunner, layout: Layout) -> HostState | HostReport:
     try:
         return host_state(runner, layout)
     except LlamaforgeError as error:
-        return HostReport(host=runner.host.address, status="unreachable", release=None, previous=None,
-                          detail=error.render())  # fmt: skip
+        return HostReport(
+            host=runner.host.address, status="unreachable", release=None, previous=None, detail=error.render()
+        )
 
 
 def _wanted(
@@ -55,8 +56,14 @@ def _wanted(
     return wanted
 
 
-def rollback_host(runner: SshProcessRunner, layout: Layout, target: Target, to: str | None,
-                  options: RolloutOptions, state: HostState | None = None) -> HostReport:  # fmt: skip
+def rollback_host(
+    runner: SshProcessRunner,
+    layout: Layout,
+    target: Target,
+    to: str | None,
+    options: RolloutOptions,
+    state: HostState | None = None,
+) -> HostReport:
     """Switch the host to release ``to`` (default: the previous one), restart and gate it; a failed gate
     switches it back to where it was. Ctrl-C or SIGTERM (``options.cancel``) before the switch leaves it on its
     release; after it, on the release it was rolled back to (a release it ran before, restarted, not gated);
@@ -87,9 +94,17 @@ def rollback_host(runner: SshProcessRunner, layout: Layout, target: Target, to: 
         switch_and_activate(runner, layout, target, wanted, history)  # not cancelled half-way: one command
         step(f"switched to {wanted}; gating")
         key = read_api_key(runner, layout, wanted) if record.get("api_key_file") else None
-        gate = gate_service(runner, target, layout, int(record["port"]), model_size=size,
-                            timeout_s=options.gate_timeout_s, cancel=options.cancel, api_key=key,
-                            listen=str(record.get("listen", LOOPBACK)))  # fmt: skip
+        gate = gate_service(
+            runner,
+            target,
+            layout,
+            int(record["port"]),
+            model_size=size,
+            timeout_s=options.gate_timeout_s,
+            cancel=options.cancel,
+            api_key=key,
+            listen=str(record.get("listen", LOOPBACK)),
+        )
     except Cancelled:
         on = wanted if switched else state.current
         what = f"on {wanted}, restarted, not gated" if switched else still_on(state.current)
@@ -97,18 +112,31 @@ def rollback_host(runner: SshProcessRunner, layout: Layout, target: Target, to: 
         return HostReport(**base, status="interrupted", release=on, detail=f"interrupted: {what}")
     except SshError as error:
         on, where = where_after_loss(runner, layout, target, (state.current, wanted), switched)
-        return HostReport(**base, status="unreachable", release=on,
-                          detail=f"connection lost: {error.render()}; {where}")  # fmt: skip
+        return HostReport(
+            **base, status="unreachable", release=on, detail=f"connection lost: {error.render()}; {where}"
+        )
     if gate.passed:
-        return HostReport(**base, status="rolled back", release=wanted, health_s=gate.health_s,
-                          completion=gate.completion, detail=gate.detail)  # fmt: skip
-    failed = HostReport(**base, status="failed", release=wanted, logs=gate.logs,
-                        detail=f"{wanted} failed its gate ({gate.detail})")  # fmt: skip
+        return HostReport(
+            **base,
+            status="rolled back",
+            release=wanted,
+            health_s=gate.health_s,
+            completion=gate.completion,
+            detail=gate.detail,
+        )
+    failed = HostReport(
+        **base,
+        status="failed",
+        release=wanted,
+        logs=gate.logs,
+        detail=f"{wanted} failed its gate ({gate.detail})",
+    )
     return _back(runner, layout, target, state, failed)
 
 
-def _back(runner: SshProcessRunner, layout: Layout, target: Target, state: HostState,
-          failed: HostReport) -> HostReport:  # fmt: skip
+def _back(
+    runner: SshProcessRunner, layout: Layout, target: Target, state: HostState, failed: HostReport
+) -> HostReport:
     """Put a host whose rollback failed its gate back where it was (``state``): its release, or, when it had
     none, the service stopped."""
     if state.current is None:
@@ -124,8 +152,13 @@ def _back(runner: SshProcessRunner, layout: Layout, target: Target, state: HostS
     )
 
 
-def rollback(runners: Sequence[SshProcessRunner], layout: Layout, target: Target, to: str | None,
-             options: RolloutOptions) -> RolloutReport:  # fmt: skip
+def rollback(
+    runners: Sequence[SshProcessRunner],
+    layout: Layout,
+    target: Target,
+    to: str | None,
+    options: RolloutOptions,
+) -> RolloutReport:
     """Roll every host back, one at a time (each host read first, so the report names every host's release);
     the first failure, or Ctrl-C / SIGTERM, stops it and the rest stay untouched."""
     started = time.monotonic()
@@ -136,17 +169,29 @@ def rollback(runners: Sequence[SshProcessRunner], layout: Layout, target: Target
             reports and reports[-1].status not in ("rolled back", "unchanged")
         )
         if stopped and isinstance(state, HostState):
-            reports.append(HostReport(host=runner.host.address, status="untouched", release=state.current,
-                                      previous=state.current))  # fmt: skip
+            reports.append(
+                HostReport(
+                    host=runner.host.address,
+                    status="untouched",
+                    release=state.current,
+                    previous=state.current,
+                )
+            )
         elif isinstance(state, HostReport):  # unreachable
             reports.append(state)
         else:
             call = partial(rollback_host, runner, layout, target, to, options, state)
             reports.append(settle({0: call}, options.cancel)[0])
     passed = all(report.status in ("rolled back", "unchanged") for report in reports)
-    return RolloutReport(release=to, target=target.name, name=layout.name, passed=passed,
-                         interrupted=options.cancel.cancelled, hosts=reports,
-                         wall_s=round(time.monotonic() - started, 3))  # fmt: skip
+    return RolloutReport(
+        release=to,
+        target=target.name,
+        name=layout.name,
+        passed=passed,
+        interrupted=options.cancel.cancelled,
+        hosts=reports,
+        wall_s=round(time.monotonic() - started, 3),
+    )
 
 
 def host_status(runner: SshProcessRunner, layout: Layout, target: Target) -> HostStatusReport:
@@ -162,16 +207,25 @@ def host_status(runner: SshProcessRunner, layout: Layout, target: Target) -> Hos
         with forward_local(runner, int(record["port"])) as port:
             healthy = request_json(port, "GET", "/health", timeout=5.0)[0] == 200
     return HostStatusReport(
-        host=runner.host.address, reachable=True, current=state.current, releases=list(state.releases),
-        active=service.active, healthy=healthy, build_key=record.get("build_key"),
-        model_sha256=record.get("model_sha256"), flags=record.get("flags"),
-    )  # fmt: skip
+        host=runner.host.address,
+        reachable=True,
+        current=state.current,
+        releases=list(state.releases),
+        active=service.active,
+        healthy=healthy,
+        build_key=record.get("build_key"),
+        model_sha256=record.get("model_sha256"),
+        flags=record.get("flags"),
+    )
 
 
 def status(runners: Sequence[SshProcessRunner], layout: Layout, target: Target) -> DeployStatus:
     """``host_status`` of every host."""
-    return DeployStatus(target=target.name, name=layout.name,
-                        hosts=[host_status(runner, layout, target) for runner in runners])  # fmt: skip
+    return DeployStatus(
+        target=target.name,
+        name=layout.name,
+        hosts=[host_status(runner, layout, target) for runner in runners],
+    )
 
 
 def unanswered(what: str, result: DeployStatus | DeployPlan) -> OperationFailed | None:
@@ -182,8 +236,14 @@ def unanswered(what: str, result: DeployStatus | DeployPlan) -> OperationFailed 
     if not lost:
         return None
     reasons = "; ".join(host.detail.split("\n", 1)[0] or f"{host.host} did not answer" for host in lost)
-    hints = list(dict.fromkeys(line.split("hint: ", 1)[1] for host in lost
-                               for line in host.detail.splitlines() if "hint: " in line))  # fmt: skip
+    hints = list(
+        dict.fromkeys(
+            line.split("hint: ", 1)[1]
+            for host in lost
+            for line in host.detail.splitlines()
+            if "hint: " in line
+        )
+    )
     if len(lost) == len(result.hosts):
         message = f"{what}: no host answered: {reasons}"
     else:

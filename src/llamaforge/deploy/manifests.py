@@ -75,8 +75,10 @@ class ManifestInputs:
                         str(error), hint="an image reference such as registry/name:tag"
                     ) from None
         if self.model_claim is not None and not _CLAIM.fullmatch(self.model_claim):
-            raise InvalidOption(f"--model-claim {self.model_claim!r} is not a Kubernetes name",
-                                hint="lower-case letters, digits and '-', at most 63")  # fmt: skip
+            raise InvalidOption(
+                f"--model-claim {self.model_claim!r} is not a Kubernetes name",
+                hint="lower-case letters, digits and '-', at most 63",
+            )
 
     @property
     def gpus(self) -> int:
@@ -86,11 +88,20 @@ class ManifestInputs:
 
 def _common(spec: ReleaseSpec, inputs: ManifestInputs) -> dict[str, object]:
     return {
-        "name": inputs.name, "image": inputs.image, "build_key": spec.build_key, "model_sha256": spec.model_sha256,
-        "port": spec.port, "args": ["--no-webui", *spec.flags.args()], "gpus": inputs.gpus, "uid": UID,
+        "name": inputs.name,
+        "image": inputs.image,
+        "build_key": spec.build_key,
+        "model_sha256": spec.model_sha256,
+        "port": spec.port,
+        "args": ["--no-webui", *spec.flags.args()],
+        "gpus": inputs.gpus,
+        "uid": UID,
         "start_period_s": gate_timeout_s(spec.model_size),
-        "labels": {"org.llamaforge.build.key": spec.build_key, "org.llamaforge.model.sha256": spec.model_sha256},
-    }  # fmt: skip
+        "labels": {
+            "org.llamaforge.build.key": spec.build_key,
+            "org.llamaforge.model.sha256": spec.model_sha256,
+        },
+    }
 
 
 def render_compose(spec: ReleaseSpec, inputs: ManifestInputs) -> str:
@@ -102,9 +113,15 @@ def render_compose(spec: ReleaseSpec, inputs: ManifestInputs) -> str:
     if secret:
         common["args"] = ["--no-webui", *spec.flags.args(), "--api-key-file", SECRET_TARGET]
     return render(
-        "deploy/compose.yaml.j2", **common, listen=inputs.listen, model=str(spec.model), model_target=MODEL_PATH,
-        healthcheck=HEALTHCHECK, user=f"{UID}:{UID}", api_key_file=secret,
-    )  # fmt: skip
+        "deploy/compose.yaml.j2",
+        **common,
+        listen=inputs.listen,
+        model=str(spec.model),
+        model_target=MODEL_PATH,
+        healthcheck=HEALTHCHECK,
+        user=f"{UID}:{UID}",
+        api_key_file=secret,
+    )
 
 
 def render_kubernetes(spec: ReleaseSpec, inputs: ManifestInputs) -> str:
@@ -118,12 +135,17 @@ def render_kubernetes(spec: ReleaseSpec, inputs: ManifestInputs) -> str:
     common = _common(spec, inputs)
     start = float(str(common["start_period_s"]))
     return render(
-        "deploy/kubernetes.yaml.j2", **common, replicas=inputs.replicas,
+        "deploy/kubernetes.yaml.j2",
+        **common,
+        replicas=inputs.replicas,
         model_claim=inputs.model_claim or f"llamaforge-{inputs.name}-models",
-        model_target=f"/models/{spec.model_sha256}.gguf", init_image=inputs.init_image,
-        model_recipe=inputs.model_recipe or "", fetch_script=FETCH_SCRIPT, probe_period_s=PROBE_PERIOD_S,
+        model_target=f"/models/{spec.model_sha256}.gguf",
+        init_image=inputs.init_image,
+        model_recipe=inputs.model_recipe or "",
+        fetch_script=FETCH_SCRIPT,
+        probe_period_s=PROBE_PERIOD_S,
         startup_failures=math.ceil(start / PROBE_PERIOD_S),
-    )  # fmt: skip
+    )
 
 
 def render_manifests(

@@ -53,13 +53,15 @@ class HostsParams(Params):
     """Where a deployment lives: hosts, how to reach them, its name, root and target."""
 
     hosts: str | None = Field(
-        None, description="Hosts as user@host:port, comma-separated, in rollout order (not for swarm); with "
-        "--inventory, the names of the inventory's hosts to deploy to (default: all of them)"
-    )  # fmt: skip
+        None,
+        description="Hosts as user@host:port, comma-separated, in rollout order (not for swarm); with "
+        "--inventory, the names of the inventory's hosts to deploy to (default: all of them)",
+    )
     inventory: str | None = path_field(
-        None, description="Host inventory: recipes/hosts/NAME.toml by name, or a path (hosts in rollout order, "
-        "users, ports, keys, its own known_hosts, each host's GPU for the fit plan)"
-    )  # fmt: skip
+        None,
+        description="Host inventory: recipes/hosts/NAME.toml by name, or a path (hosts in rollout order, "
+        "users, ports, keys, its own known_hosts, each host's GPU for the fit plan)",
+    )
     ssh_key: str | None = path_field(None, description="Private key file (default: the SSH agent)")
     known_hosts: str | None = path_field(
         None, description="The hosts' known_hosts file (read with ~/.ssh/known_hosts; new keys go here)"
@@ -70,9 +72,10 @@ class HostsParams(Params):
     name: str = Field("default", description="Deployment name: the service llamaforge-NAME, root ROOT/NAME")
     root: DeployRoot = Field(DEFAULT_ROOT, description="Directory on the hosts that holds the deployments")
     target: str = Field(
-        "systemd", description="How the release runs: systemd (on the hosts), docker (a container from the build's "
-        "runtime image on each host's own Docker engine), or swarm (a service on this engine's Docker Swarm, no hosts)"
-    )  # fmt: skip
+        "systemd",
+        description="How the release runs: systemd (on the hosts), docker (a container from the build's "
+        "runtime image on each host's own Docker engine), or swarm (a service on this engine's Docker Swarm, no hosts)",
+    )
     gate_timeout_s: float | None = Field(
         None, gt=0, description="Seconds /health may take (default: scaled to the model size, capped)"
     )
@@ -116,7 +119,7 @@ class DeployParams(HostsParams):
         description="Model recipe name or .toml, a GGUF file or a URL, or `tiny`: the random-weight tiny qwen3 "
         "smoke model, written here on first use (it serves, but answers nothing useful); a recipe's [[answers]] "
         "are checked by the health gate"
-    )  # fmt: skip
+    )
     port: int = Field(DEFAULT_PORT, ge=1, le=65535, description="llama-server's port on the hosts' 127.0.0.1")
     ctx: int | None = Field(None, ge=1, description="llama-server -c (total context)")
     threads: int | None = Field(None, ge=1, description="llama-server -t")
@@ -124,18 +127,21 @@ class DeployParams(HostsParams):
     n_gpu_layers: int | None = Field(None, ge=0, description="llama-server -ngl (default: from the fit plan)")
     cache_type: str | None = Field(None, description="KV cache type of K and V (-ctk/-ctv), e.g. q8_0")
     repack: bool = Field(
-        True, description="CPU-resident weights in the CPU's repacked/AMX buffers, llama.cpp's default; "
-        "--no-repack keeps them in plain buffers (llama-server --no-repack)"
-    )  # fmt: skip
+        True,
+        description="CPU-resident weights in the CPU's repacked/AMX buffers, llama.cpp's default; "
+        "--no-repack keeps them in plain buffers (llama-server --no-repack)",
+    )
     server_args: str | None = Field(
-        None, description="More llama-server flags, as one string split like a shell would (e.g. \"--jinja --alias "
+        None,
+        description='More llama-server flags, as one string split like a shell would (e.g. "--jinja --alias '
         "NAME\"): checked against the build's own `llama-server --help`; flags llamaforge sets itself, secrets and "
-        "downloads are refused"
-    )  # fmt: skip
+        "downloads are refused",
+    )
     listen: str = Field(
-        LOOPBACK, description="Address llama-server binds on the hosts; beyond loopback an API key is generated "
-        "per deploy, kept on each host (mode 0600, the service user's) and passed with --api-key-file"
-    )  # fmt: skip
+        LOOPBACK,
+        description="Address llama-server binds on the hosts; beyond loopback an API key is generated "
+        "per deploy, kept on each host (mode 0600, the service user's) and passed with --api-key-file",
+    )
     api_key: bool = Field(
         True, description="With --listen beyond loopback, the API key (--no-api-key is refused)"
     )
@@ -145,23 +151,30 @@ class DeployParams(HostsParams):
     canary: int = Field(1, ge=0, description="Hosts deployed and gated first, before any batch")
     batch: int = Field(1, ge=1, description="Hosts deployed together after the canary")
     max_fail: float = Field(
-        0, ge=0, le=100, description="Go on after a batch unless MORE than this percent of its hosts failed "
-        "(Ansible's max_fail_percentage; 0: stop at the first failure)"
-    )  # fmt: skip
+        0,
+        ge=0,
+        le=100,
+        description="Go on after a batch unless MORE than this percent of its hosts failed "
+        "(Ansible's max_fail_percentage; 0: stop at the first failure)",
+    )
     keep: int = Field(KEEP_RELEASES, ge=1, description="Releases kept on each host")
     probe: bool = Field(
-        True, description="Before its switch each host runs the release's llama-bench as the service would (its "
+        True,
+        description="Before its switch each host runs the release's llama-bench as the service would (its "
         "user, environment, sandbox or image) on a tiny Q4_0 model; a crash or failure refuses the host "
-        "(--no-probe: switch without it)"
-    )  # fmt: skip
+        "(--no-probe: switch without it)",
+    )
     replicas: int = Field(
         1, ge=1, description="--target swarm: tasks of the service (--batch: replaced at a time)"
     )
     publish: int | None = Field(
-        None, ge=1, le=65535, description="--target swarm: publish the port on EVERY interface of every node "
+        None,
+        ge=1,
+        le=65535,
+        description="--target swarm: publish the port on EVERY interface of every node "
         "(Swarm cannot bind one address; default: nothing published), with an API key: a Swarm secret, kept in "
-        "$LLAMAFORGE_HOME/keys/swarm-NAME.api-key"
-    )  # fmt: skip
+        "$LLAMAFORGE_HOME/keys/swarm-NAME.api-key",
+    )
 
     @field_validator("cache_type")
     @classmethod
@@ -199,14 +212,28 @@ def release_spec(params: DeployParams, ctx: OperationContext) -> tuple[ReleaseSp
         params.server_args, directory / "bin" / "llama-server", str(manifest["key"]), OWNED_FLAGS
     )
     model, checks = _model(params, ctx)
-    given = LlamaFlags(ctx=params.ctx, threads=params.threads, parallel=params.parallel,
-                       n_gpu_layers=params.n_gpu_layers, cache_type_k=params.cache_type,
-                       cache_type_v=params.cache_type, repack=params.repack, extra=extra)  # fmt: skip
+    given = LlamaFlags(
+        ctx=params.ctx,
+        threads=params.threads,
+        parallel=params.parallel,
+        n_gpu_layers=params.n_gpu_layers,
+        cache_type_k=params.cache_type,
+        cache_type_v=params.cache_type,
+        repack=params.repack,
+        extra=extra,
+    )
     spec = ReleaseSpec(
-        build_key=str(manifest["key"]), build_dir=directory, manifest_sha256=file_sha256(directory / "manifest.json"),
-        model=model, model_sha256=file_sha256(model), model_size=model.stat().st_size, flags=given, port=params.port,
-        listen=listen, backend=str(manifest.get("backend") or "cpu"),
-    )  # fmt: skip
+        build_key=str(manifest["key"]),
+        build_dir=directory,
+        manifest_sha256=file_sha256(directory / "manifest.json"),
+        model=model,
+        model_sha256=file_sha256(model),
+        model_size=model.stat().st_size,
+        flags=given,
+        port=params.port,
+        listen=listen,
+        backend=str(manifest.get("backend") or "cpu"),
+    )
     return spec, checks
 
 
@@ -264,14 +291,21 @@ def _failed(what: str, report: RolloutReport) -> OperationFailed:
         where = ", ".join(
             f"{host.host} {host.status} on {host.release or 'unknown'}" for host in report.hosts
         )
-        return OperationFailed(f"{what} was interrupted: {where}", result=report, exit_code=Cancelled.exit_code,
-                               hint="every host runs a whole release; deploy again to finish")  # fmt: skip
+        return OperationFailed(
+            f"{what} was interrupted: {where}",
+            result=report,
+            exit_code=Cancelled.exit_code,
+            hint="every host runs a whole release; deploy again to finish",
+        )
     bad = [
         f"{host.host} {host.status}" for host in report.hosts if host.status not in ("updated", "unchanged")
     ]
-    return OperationFailed(f"{what} did not finish on every host: " + ", ".join(bad), result=report,
-                           exit_code=DeployFailed.exit_code,
-                           hint="the report says where each host was left and why")  # fmt: skip
+    return OperationFailed(
+        f"{what} did not finish on every host: " + ", ".join(bad),
+        result=report,
+        exit_code=DeployFailed.exit_code,
+        hint="the report says where each host was left and why",
+    )
 
 
 @operation(
@@ -291,8 +325,18 @@ def deploy_op(params: DeployParams, ctx: OperationContext) -> RolloutReport:
     hosts = params.host_list()
     releases = _releases(params, hosts, ctx)
     with open_runners(_ssh(hosts), params.access()) as runners:
-        report = rollout(runners, releases, _options(params, ctx, canary=params.canary, batch=params.batch,
-                                                     max_fail_percent=params.max_fail, keep=params.keep))  # fmt: skip
+        report = rollout(
+            runners,
+            releases,
+            _options(
+                params,
+                ctx,
+                canary=params.canary,
+                batch=params.batch,
+                max_fail_percent=params.max_fail,
+                keep=params.keep,
+            ),
+        )
     if not report.passed:
         raise _failed(f"deploy of {report.release or 'the releases'}", report)
     return report
@@ -305,15 +349,18 @@ def deploy_plan_op(params: DeployParams, ctx: OperationContext) -> DeployPlan:
     Exits 14 (naming each host and why) when a host did not answer: unreachable, its key refused, its host key
     unknown; the plan of the hosts that answered is still shown."""
     if params.target == SWARM:
-        raise InvalidOption("deploy.plan covers SSH hosts; Swarm plans and rolls its own updates",
-                            hint="`invoke deploy.status --target swarm` shows the service and replicas")  # fmt: skip
+        raise InvalidOption(
+            "deploy.plan covers SSH hosts; Swarm plans and rolls its own updates",
+            hint="`invoke deploy.status --target swarm` shows the service and replicas",
+        )
     hosts = params.host_list()
     releases = _releases(params, hosts, ctx)
     with open_runners(_ssh(hosts), params.access()) as runners:
         plans = [plan_host(runner, release)[0] for runner, release in zip(runners, releases, strict=True)]
     first = releases[0]
-    plan = DeployPlan(release=first.id, target=first.target.name, name=first.layout.name, record=first.record,
-                      hosts=plans)  # fmt: skip
+    plan = DeployPlan(
+        release=first.id, target=first.target.name, name=first.layout.name, record=first.record, hosts=plans
+    )
     failure = unanswered("deploy.plan", plan)
     if failure is not None:
         raise failure

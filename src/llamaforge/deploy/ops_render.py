@@ -22,7 +22,7 @@ class RenderParams(Params):
         "smoke model. A recipe or URL not in the model store yet is downloaded into it; `tiny` is written here "
         "on first use from llama.cpp's vocabulary, which fetches the llama.cpp source (the 76 MB sdist) when "
         "this machine has no copy"
-    )  # fmt: skip
+    )
     name: str = Field("default", description="Deployment name: the service/unit llamaforge-NAME")
     port: int = Field(DEFAULT_PORT, ge=1, le=65535, description="llama-server's port")
     ctx: int | None = Field(None, ge=1, description="llama-server -c (total context)")
@@ -30,26 +30,30 @@ class RenderParams(Params):
     parallel: int | None = Field(None, ge=1, description="llama-server --parallel (slots)")
     n_gpu_layers: int | None = Field(None, ge=0, description="llama-server -ngl")
     server_args: str | None = Field(
-        None, description="More llama-server flags, as one string split like a shell would (e.g. \"--jinja\"), "
-        "checked against the build's own `llama-server --help` (as deploy's)"
-    )  # fmt: skip
+        None,
+        description='More llama-server flags, as one string split like a shell would (e.g. "--jinja"), '
+        "checked against the build's own `llama-server --help` (as deploy's)",
+    )
     listen: str = Field(
-        "127.0.0.1", description="compose: the host address the port is published on (an IP address); beyond "
-        "loopback llama-server asks for the API key in the Docker secret api-key, made from --api-key-file"
-    )  # fmt: skip
+        "127.0.0.1",
+        description="compose: the host address the port is published on (an IP address); beyond "
+        "loopback llama-server asks for the API key in the Docker secret api-key, made from --api-key-file",
+    )
     api_key_file: str = Field(
-        "api-key", description="compose beyond loopback: the file (relative to compose.yaml) holding the API key; "
-        "make it readable by uid 10001 only"
-    )  # fmt: skip
+        "api-key",
+        description="compose beyond loopback: the file (relative to compose.yaml) holding the API key; "
+        "make it readable by uid 10001 only",
+    )
     replicas: int = Field(1, ge=1, description="kubernetes: the Deployment's replicas")
     model_claim: str | None = Field(
         None,
         description="kubernetes: the PersistentVolumeClaim holding <sha256>.gguf (default llamaforge-NAME-models)",
     )
     init_image: str | None = Field(
-        None, description="kubernetes: an image with llamaforge; its init container fetches --model RECIPE into "
-        "the claim and checks its sha256"
-    )  # fmt: skip
+        None,
+        description="kubernetes: an image with llamaforge; its init container fetches --model RECIPE into "
+        "the claim and checks its sha256",
+    )
     root: DeployRoot = Field(
         DEFAULT_ROOT, description="systemd: the directory on the hosts that holds the deployments"
     )
@@ -93,19 +97,32 @@ def deploy_render_op(params: RenderParams, ctx: OperationContext) -> RenderedMan
     from llamaforge.models.recipes import TINY_MODEL
 
     spec, _ = release_spec(
-        DeployParams(build=params.build, model=params.model, port=params.port, ctx=params.ctx,
-                     threads=params.threads, parallel=params.parallel, n_gpu_layers=params.n_gpu_layers,
-                     server_args=params.server_args),
+        DeployParams(
+            build=params.build,
+            model=params.model,
+            port=params.port,
+            ctx=params.ctx,
+            threads=params.threads,
+            parallel=params.parallel,
+            n_gpu_layers=params.n_gpu_layers,
+            server_args=params.server_args,
+        ),
         ctx,
-    )  # fmt: skip
+    )
     manifest = find_build(spec.build_key)
     given = Path(params.model)  # a recipe or URL (not a file here) is what an init container can fetch
     fetched = params.model != TINY_MODEL and (given.suffix == ".toml" or not given.exists())
     recipe = params.model if fetched else None
     inputs = ManifestInputs(
-        name=params.name, image=runtime_tag(spec.build_key), backend=str(manifest.get("backend", "")),
-        replicas=params.replicas, listen=params.listen, model_claim=params.model_claim,
-        init_image=params.init_image, model_recipe=recipe, api_key_file=params.api_key_file,
-    )  # fmt: skip
+        name=params.name,
+        image=runtime_tag(spec.build_key),
+        backend=str(manifest.get("backend", "")),
+        replicas=params.replicas,
+        listen=params.listen,
+        model_claim=params.model_claim,
+        init_image=params.init_image,
+        model_recipe=recipe,
+        api_key_file=params.api_key_file,
+    )
     files = render_manifests(params.target, spec, inputs, Layout(params.name, params.root))
     return RenderedManifests(target=params.target, image=inputs.image, files=files)

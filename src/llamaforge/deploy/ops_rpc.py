@@ -45,13 +45,15 @@ class RpcHostsParams(Params):
         "", description="The RPC workers as user@host:port, comma-separated, in device order"
     )
     rpc_addresses: str = Field(
-        "", description="Each worker's private address its RPC server binds (same order); public addresses and "
-        "0.0.0.0 are refused"
-    )  # fmt: skip
+        "",
+        description="Each worker's private address its RPC server binds (same order); public addresses and "
+        "0.0.0.0 are refused",
+    )
     topology: str | None = path_field(
-        None, description="A TOML file whose [topology] table names the head and the workers (instead of --head, "
-        "--rpc-workers, --rpc-addresses)"
-    )  # fmt: skip
+        None,
+        description="A TOML file whose [topology] table names the head and the workers (instead of --head, "
+        "--rpc-workers, --rpc-addresses)",
+    )
     rpc_port: int = Field(DEFAULT_RPC_PORT, ge=1, le=65535, description="The RPC servers' port")
     ssh_key: str | None = path_field(None, description="Private key file (default: the SSH agent)")
     known_hosts: str | None = path_field(None, description="The hosts' known_hosts file")
@@ -71,8 +73,10 @@ class RpcHostsParams(Params):
 
         given = [name for name in ("head", "rpc_workers", "rpc_addresses") if data.get(name)]
         if given:
-            raise InvalidOption(f"--topology and --{given[0].replace('_', '-')} both name the topology",
-                                hint="give the file or the options, not both")  # fmt: skip
+            raise InvalidOption(
+                f"--topology and --{given[0].replace('_', '-')} both name the topology",
+                hint="give the file or the options, not both",
+            )
         options = topology_options(load_topology(Path(str(data["topology"]))))
         filled = {
             name: value for name, value in options.items() if value is not None and name in cls.model_fields
@@ -87,12 +91,20 @@ class RpcHostsParams(Params):
                 hint="--head H --rpc-workers H2,H3 --rpc-addresses A2,A3, or --topology FILE",
             )
         key, known = self._paths()
-        return parse_workers(self.rpc_workers, self.rpc_addresses, port=self.rpc_port, memory=memory,
-                             key_file=key, known_hosts=known)  # fmt: skip
+        return parse_workers(
+            self.rpc_workers,
+            self.rpc_addresses,
+            port=self.rpc_port,
+            memory=memory,
+            key_file=key,
+            known_hosts=known,
+        )
 
     def _paths(self) -> tuple[Path | None, Path | None]:
-        return (Path(self.ssh_key).expanduser() if self.ssh_key else None,
-                Path(self.known_hosts).expanduser() if self.known_hosts else None)  # fmt: skip
+        return (
+            Path(self.ssh_key).expanduser() if self.ssh_key else None,
+            Path(self.known_hosts).expanduser() if self.known_hosts else None,
+        )
 
     def layout(self) -> Layout:
         """The deployment's layout on every host."""
@@ -125,8 +137,12 @@ class RpcDeployParams(RpcHostsParams):
 
 
 @contextlib.contextmanager
-def _members(params: RpcHostsParams, workers: list[RpcWorker], head_release: Any = None,
-             worker_releases: list[Any] | None = None) -> Iterator[tuple[Member, list[Member]]]:  # fmt: skip
+def _members(
+    params: RpcHostsParams,
+    workers: list[RpcWorker],
+    head_release: Any = None,
+    worker_releases: list[Any] | None = None,
+) -> Iterator[tuple[Member, list[Member]]]:
     from llamaforge.deploy.rollout import prepare_release
 
     key, known = params._paths()
@@ -137,9 +153,13 @@ def _members(params: RpcHostsParams, workers: list[RpcWorker], head_release: Any
         if head_release is None:  # status and rollback: the release objects only name layout and target
             head_release, worker_releases = _bare_releases(params, workers, prepare_release)
         assert worker_releases is not None
-        yield (Member(runners[0], head_release),
-               [Member(runner, release, worker.endpoint)
-                for runner, release, worker in zip(runners[1:], worker_releases, workers, strict=True)])  # fmt: skip
+        yield (
+            Member(runners[0], head_release),
+            [
+                Member(runner, release, worker.endpoint)
+                for runner, release, worker in zip(runners[1:], worker_releases, workers, strict=True)
+            ],
+        )
 
 
 def _bare_releases(params: RpcHostsParams, workers: list[RpcWorker], prepare: Any) -> tuple[Any, list[Any]]:
@@ -150,8 +170,10 @@ def _bare_releases(params: RpcHostsParams, workers: list[RpcWorker], prepare: An
     spec = ReleaseSpec("", Path(), "", Path(), "", 0)
     layout = params.layout()
     head = prepare(spec, layout, get_target("systemd"))
-    return head, [prepare(spec, layout, RpcServerTarget(worker.address, worker.port, params.rpc_threads))
-                  for worker in workers]  # fmt: skip
+    return head, [
+        prepare(spec, layout, RpcServerTarget(worker.address, worker.port, params.rpc_threads))
+        for worker in workers
+    ]
 
 
 def _worker_memory(params: RpcDeployParams, workers: list[RpcWorker]) -> list[RpcWorker]:
@@ -188,25 +210,42 @@ def _prepare(params: RpcDeployParams, ctx: OperationContext) -> tuple[list[RpcWo
     check_rpc_build(head_key, build_dir(head_key))
     parse_head(params.head, workers)
     workers = _worker_memory(params, workers)
-    head_params = DeployParams(hosts=params.head, build=head_key, model=params.model, port=params.port,
-                               name=params.name, root=params.root)  # fmt: skip
+    head_params = DeployParams(
+        hosts=params.head,
+        build=head_key,
+        model=params.model,
+        port=params.port,
+        name=params.name,
+        root=params.root,
+    )
     head = _releases(head_params, head_params.host_list(), ctx)[0]
     devices = [
         SplitDevice(f"RPC {worker.endpoint}", worker.memory_bytes or 0, worker.endpoint) for worker in workers
     ]
     if params.head_gpu_memory:
         devices.append(SplitDevice("head GPU0", parse_size(params.head_gpu_memory)))
-    plan = plan_split(head.spec.model, devices, Settings(params.ctx, params.parallel),
-                      tensor_split=parse_tensor_split(params.tensor_split) if params.tensor_split else None,
-                      margin_bytes=parse_size(params.margin))  # fmt: skip
+    plan = plan_split(
+        head.spec.model,
+        devices,
+        Settings(params.ctx, params.parallel),
+        tensor_split=parse_tensor_split(params.tensor_split) if params.tensor_split else None,
+        margin_bytes=parse_size(params.margin),
+    )
     flags = _plan_flags(plan.flags, params.threads)
     spec = replace(head.spec, flags=flags)
     head = prepare_release(spec, params.layout(), get_target("systemd"), head.checks, probe=head.probe)
-    worker_spec = replace(spec, model=Path(), model_sha256="", model_size=0, port=params.rpc_port,
-                          flags=type(flags)())  # fmt: skip
-    releases = [prepare_release(worker_spec, params.layout(),
-                                RpcServerTarget(worker.address, worker.port, params.rpc_threads), probe=head.probe)
-                for worker in workers]  # fmt: skip
+    worker_spec = replace(
+        spec, model=Path(), model_sha256="", model_size=0, port=params.rpc_port, flags=type(flags)()
+    )
+    releases = [
+        prepare_release(
+            worker_spec,
+            params.layout(),
+            RpcServerTarget(worker.address, worker.port, params.rpc_threads),
+            probe=head.probe,
+        )
+        for worker in workers
+    ]
     pairs = [
         {"endpoint": worker.endpoint, "release": release.id}
         for worker, release in zip(workers, releases, strict=True)
@@ -222,23 +261,49 @@ def _plan_flags(flags: tuple[str, ...], threads: int | None) -> Any:
 
     values = dict(zip(flags[::2], flags[1::2], strict=False))
     return LlamaFlags(
-        n_gpu_layers=int(values["-ngl"]), ctx=int(values["-c"]), parallel=int(values["--parallel"]),
-        cache_type_k=values["-ctk"], cache_type_v=values["-ctv"], flash_attn=values["-fa"],  # type: ignore[arg-type]
-        fit="off", threads=threads, rpc=tuple(values["--rpc"].split(",")), log_verbosity=int(values["-lv"]),
+        n_gpu_layers=int(values["-ngl"]),
+        ctx=int(values["-c"]),
+        parallel=int(values["--parallel"]),
+        cache_type_k=values["-ctk"],
+        cache_type_v=values["-ctv"],
+        flash_attn=values["-fa"],  # type: ignore[arg-type]
+        fit="off",
+        threads=threads,
+        rpc=tuple(values["--rpc"].split(",")),
+        log_verbosity=int(values["-lv"]),
         tensor_split=tuple(float(part) for part in values["-ts"].split(",")),
-    )  # fmt: skip
+    )
 
 
 def _split_rows(plan: Any) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = [
-        {"device": share.name, "endpoint": share.endpoint, "layers": share.layer_range, "output": share.output,
-         "weights": share.memory.weights, "kv_cache": share.memory.kv_cache, "compute": share.memory.compute,
-         "bytes": share.memory.total, "fits": share.fits}
+        {
+            "device": share.name,
+            "endpoint": share.endpoint,
+            "layers": share.layer_range,
+            "output": share.output,
+            "weights": share.memory.weights,
+            "kv_cache": share.memory.kv_cache,
+            "compute": share.memory.compute,
+            "bytes": share.memory.total,
+            "fits": share.fits,
+        }
         for share in plan.devices
-    ]  # fmt: skip
+    ]
     host = plan.head_host
-    rows.append({"device": "head", "endpoint": None, "layers": "-", "output": False, "weights": host.weights,
-                 "kv_cache": host.kv_cache, "compute": host.compute, "bytes": host.total, "fits": True})  # fmt: skip
+    rows.append(
+        {
+            "device": "head",
+            "endpoint": None,
+            "layers": "-",
+            "output": False,
+            "weights": host.weights,
+            "kv_cache": host.kv_cache,
+            "compute": host.compute,
+            "bytes": host.total,
+            "fits": True,
+        }
+    )
     return rows
 
 
@@ -251,11 +316,17 @@ def _options(params: RpcHostsParams, ctx: OperationContext, **more: Any) -> Any:
 
 
 def _failed(what: str, report: TopologyReport) -> OperationFailed:
-    bad = [f"{host.host} {host.status}" for host in [*report.workers, report.head]
-           if host.status not in ("updated", "unchanged", "rolled back")]  # fmt: skip
-    return OperationFailed(f"{what} did not finish on every host: " + ", ".join(bad), result=report,
-                           exit_code=_DEPLOY_FAILED,
-                           hint="the report says where each host was left and why")  # fmt: skip
+    bad = [
+        f"{host.host} {host.status}"
+        for host in [*report.workers, report.head]
+        if host.status not in ("updated", "unchanged", "rolled back")
+    ]
+    return OperationFailed(
+        f"{what} did not finish on every host: " + ", ".join(bad),
+        result=report,
+        exit_code=_DEPLOY_FAILED,
+        hint="the report says where each host was left and why",
+    )
 
 
 @operation("topology.deploy", RpcDeployParams, read_only=False, destructive=True, long_running=True)
@@ -267,13 +338,23 @@ def deploy_rpc_op(params: RpcDeployParams, ctx: OperationContext) -> TopologyRep
     workers, head_release, worker_releases, plan = _prepare(params, ctx)
     if not plan.fits:
         short = ", ".join(share.name for share in plan.devices if not share.fits)
-        raise OperationFailed(f"the split does not fit on {short}", result=_plan_result(plan), exit_code=13,
-                              hint="add a worker, give --tensor-split, or lower --ctx")  # fmt: skip
+        raise OperationFailed(
+            f"the split does not fit on {short}",
+            result=_plan_result(plan),
+            exit_code=13,
+            hint="add a worker, give --tensor-split, or lower --ctx",
+        )
     with _members(params, workers, head_release, worker_releases) as (head, members):
         worker_reports, head_report = deploy_topology(head, members, _options(params, ctx, keep=params.keep))
-    report = TopologyReport(name=params.name, head=head_report, workers=worker_reports, flags=list(plan.flags),
-                            split=_split_rows(plan), passed=topology_passed(worker_reports, head_report),
-                            wall_s=elapsed(started))  # fmt: skip
+    report = TopologyReport(
+        name=params.name,
+        head=head_report,
+        workers=worker_reports,
+        flags=list(plan.flags),
+        split=_split_rows(plan),
+        passed=topology_passed(worker_reports, head_report),
+        wall_s=elapsed(started),
+    )
     if not report.passed:
         raise _failed(f"topology.deploy of {head_release.id}", report)
     return report
@@ -296,8 +377,12 @@ def deploy_rpc_status_op(params: RpcHostsParams, ctx: OperationContext) -> Topol
     with _members(params, params.workers()) as (head, members):
         status = topology_status(head, members)
     if not status.healthy:
-        raise OperationFailed(f"topology {params.name} is not serving: {status.detail}", result=status,
-                              exit_code=_DEPLOY_FAILED, hint="restart the worker named, then check again")  # fmt: skip
+        raise OperationFailed(
+            f"topology {params.name} is not serving: {status.detail}",
+            result=status,
+            exit_code=_DEPLOY_FAILED,
+            hint="restart the worker named, then check again",
+        )
     return status
 
 
@@ -317,9 +402,14 @@ def deploy_rpc_rollback_op(params: RpcRollbackParams, ctx: OperationContext) -> 
     started = time.monotonic()
     with _members(params, params.workers()) as (head, members):
         worker_reports, head_report = rollback_topology(head, members, params.release, _options(params, ctx))
-    report = TopologyReport(name=params.name, head=head_report, workers=worker_reports, flags=[],
-                            passed=topology_passed(worker_reports, head_report, rollback=True),
-                            wall_s=elapsed(started))  # fmt: skip
+    report = TopologyReport(
+        name=params.name,
+        head=head_report,
+        workers=worker_reports,
+        flags=[],
+        passed=topology_passed(worker_reports, head_report, rollback=True),
+        wall_s=elapsed(started),
+    )
     if not report.passed:
         raise _failed("topology.rollback", report)
     return report
@@ -369,9 +459,14 @@ def _device_rows(planned: list[dict[str, Any]], allocated: dict[str, dict[str, i
             else by_endpoint.get(str(row["endpoint"]), {})
         )
         kinds = ("weights", "kv_cache", "compute")
-        rows.append({"device": row["device"], "layers": row["layers"],
-                     **{f"planned_{kind}": row[kind] for kind in kinds},
-                     **{f"allocated_{kind}": got.get(kind, 0) for kind in kinds}})  # fmt: skip
+        rows.append(
+            {
+                "device": row["device"],
+                "layers": row["layers"],
+                **{f"planned_{kind}": row[kind] for kind in kinds},
+                **{f"allocated_{kind}": got.get(kind, 0) for kind in kinds},
+            }
+        )
     return rows
 
 
@@ -395,7 +490,9 @@ def deploy_rpc_smoke_op(params: RpcSmokeParams, ctx: OperationContext) -> RpcSmo
             other = host_state(runner, Layout(params.single_name or params.name, params.root)).record or {}
             single = _serve_figures(runner, int(other.get("port", DEFAULT_PORT)), params)
     return RpcSmokeReport(
-        name=params.name, head=figures, single=single,
+        name=params.name,
+        head=figures,
+        single=single,
         same_tokens=figures["tokens"] == single["tokens"] if single else None,
         devices=_device_rows(list(record.get("rpc_split") or []), allocated),
-    )  # fmt: skip
+    )

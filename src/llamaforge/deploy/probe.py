@@ -109,15 +109,27 @@ class ProbeOutcome:
         return self.refusal is None
 
 
-def prove(runner: SshProcessRunner, release: Release, reporter: Reporter | None = None,
-          cancel: CancelToken | None = None) -> ProbeOutcome | None:  # fmt: skip
+def prove(
+    runner: SshProcessRunner,
+    release: Release,
+    reporter: Reporter | None = None,
+    cancel: CancelToken | None = None,
+) -> ProbeOutcome | None:
     """Run ``release``'s probe on the host (:func:`probe_release`); None when the release has no probe model."""
     if release.probe is None:
         return None
     if reporter is not None:
         reporter(Event("stage", f"probing release on {runner.host.address}", stage="deploy"))
-    return probe_release(runner, release.target, release.layout, release.id, release.service_files,
-                         release.spec.flags, release.probe, cancel)  # fmt: skip
+    return probe_release(
+        runner,
+        release.target,
+        release.layout,
+        release.id,
+        release.service_files,
+        release.spec.flags,
+        release.probe,
+        cancel,
+    )
 
 
 def has_probe_model(runner: SshProcessRunner, release: Release) -> bool:
@@ -126,17 +138,37 @@ def has_probe_model(runner: SshProcessRunner, release: Release) -> bool:
     return probe is not None and runner.run(["test", "-e", release.layout.model(probe.sha256)], warn=True).ok
 
 
-def probe_release(runner: SshProcessRunner, target: Target, layout: Layout, rid: str,
-                  service_files: Mapping[str, str], flags: LlamaFlags, model: ProbeModel,
-                  cancel: CancelToken | None = None) -> ProbeOutcome:  # fmt: skip
+def probe_release(
+    runner: SshProcessRunner,
+    target: Target,
+    layout: Layout,
+    rid: str,
+    service_files: Mapping[str, str],
+    flags: LlamaFlags,
+    model: ProbeModel,
+    cancel: CancelToken | None = None,
+) -> ProbeOutcome:
     """Run release ``rid``'s llama-bench on the host as its service would, on the probe ``model`` (already in the
     host's ``models/``), and say whether it ran; ``current`` is not touched."""
     address = runner.host.address
-    command = as_root(runner, target.probe_command(layout, rid, service_files, layout.model(model.sha256),
-                                                   probe_args(layout.model(model.sha256), flags)))  # fmt: skip
+    command = as_root(
+        runner,
+        target.probe_command(
+            layout,
+            rid,
+            service_files,
+            layout.model(model.sha256),
+            probe_args(layout.model(model.sha256), flags),
+        ),
+    )
     started = time.monotonic()
-    result = runner.run(command, warn=True, timeout_s=PROBE_LIMIT_S + _SLACK_S, cancel=cancel,
-                        what=f"{PROBE_BINARY} of release {rid} on {runner.host.host}")  # fmt: skip
+    result = runner.run(
+        command,
+        warn=True,
+        timeout_s=PROBE_LIMIT_S + _SLACK_S,
+        cancel=cancel,
+        what=f"{PROBE_BINARY} of release {rid} on {runner.host.host}",
+    )
     seconds = time.monotonic() - started
     logs = result.stderr.splitlines()
     tail = logs[-TAIL_LINES:]
@@ -151,16 +183,19 @@ def probe_release(runner: SshProcessRunner, target: Target, layout: Layout, rid:
         how = f"ran past {PROBE_LIMIT_S} s" if result.timed_out else _ended(result.exit_code)
         last = _last_words(logs)
         refusal = ReleaseCannotRun(
-            f"{where}: {PROBE_BINARY} {how} as {SERVICE_USER} on the Q4_0 probe model" + (f": {last}" if last else ""),
+            f"{where}: {PROBE_BINARY} {how} as {SERVICE_USER} on the Q4_0 probe model"
+            + (f": {last}" if last else ""),
             hint="the lines below are its log; a missing library means the release lacks it (`ldd` of the build's "
-            "binaries there), a start failure names the service manager's complaint", logs=tail,
-        )  # fmt: skip
+            "binaries there), a start failure names the service manager's complaint",
+            logs=tail,
+        )
     else:
         try:
             bench = parse_llama_bench(result.stdout)
         except SmokeFailed as failed:
-            refusal = ReleaseCannotRun(f"{where}: {PROBE_BINARY} exited 0 but {failed.message}", hint=failed.hint,
-                                       logs=tail)  # fmt: skip
+            refusal = ReleaseCannotRun(
+                f"{where}: {PROBE_BINARY} exited 0 but {failed.message}", hint=failed.hint, logs=tail
+            )
     if refusal is not None:
         return ProbeOutcome(refusal.render(), seconds, tuple(tail), refusal)
     figures = ", ".join(f"{test.name} {test.avg_ts:.0f} t/s" for test in bench.tests)

@@ -37,21 +37,66 @@ API_KEY_FILE = "api-key"  # in the release, mode 0600, owned by the service user
 LOOPBACK = "127.0.0.1"
 #: The llama-server flags a deployment writes itself (one name of each option) and what sets each: refused in
 #: --server-args (llamaforge.serve.server_args).
-OWNED_FLAGS = dict(zip(SERVER_FLAGS, ("--model", "--listen", "--port", "deployed servers run without the web UI"),
-                       strict=True)) | {FIELD_FLAGS[field]: why for field, why in (
-    ("ctx", "--ctx (or the fit plan)"), ("parallel", "--parallel"), ("threads", "--threads"),
-    ("n_gpu_layers", "--n-gpu-layers (or the fit plan)"), ("n_cpu_moe", "the fit plan"), ("flash_attn", "the fit plan"),
-    ("cache_type_k", "--cache-type"), ("cache_type_v", "--cache-type"), ("repack", "--no-repack"),
-)}  # fmt: skip
+OWNED_FLAGS = dict(
+    zip(
+        SERVER_FLAGS,
+        ("--model", "--listen", "--port", "deployed servers run without the web UI"),
+        strict=True,
+    )
+) | {
+    FIELD_FLAGS[field]: why
+    for field, why in (
+        ("ctx", "--ctx (or the fit plan)"),
+        ("parallel", "--parallel"),
+        ("threads", "--threads"),
+        ("n_gpu_layers", "--n-gpu-layers (or the fit plan)"),
+        ("n_cpu_moe", "the fit plan"),
+        ("flash_attn", "the fit plan"),
+        ("cache_type_k", "--cache-type"),
+        ("cache_type_v", "--cache-type"),
+        ("repack", "--no-repack"),
+    )
+}
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
 # A deployment root reaches unit files, scripts run as root and `install -d -o`: plain path characters only.
 _ROOT = re.compile(r"^/[A-Za-z0-9._/-]{1,200}$")
 # Trees of the system that a deployment may neither be put in place of nor re-own.
-SYSTEM_DIRS = frozenset({
-    "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media", "/mnt", "/opt",
-    "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/usr/bin", "/usr/lib", "/usr/local",
-    "/usr/local/bin", "/usr/sbin", "/usr/share", "/var", "/var/lib", "/var/log", "/var/run", "/var/tmp",
-})  # fmt: skip
+SYSTEM_DIRS = frozenset(
+    {
+        "/",
+        "/bin",
+        "/boot",
+        "/dev",
+        "/etc",
+        "/home",
+        "/lib",
+        "/lib32",
+        "/lib64",
+        "/libx32",
+        "/media",
+        "/mnt",
+        "/opt",
+        "/proc",
+        "/root",
+        "/run",
+        "/sbin",
+        "/srv",
+        "/sys",
+        "/tmp",
+        "/usr",
+        "/usr/bin",
+        "/usr/lib",
+        "/usr/local",
+        "/usr/local/bin",
+        "/usr/sbin",
+        "/usr/share",
+        "/var",
+        "/var/lib",
+        "/var/log",
+        "/var/run",
+        "/var/tmp",
+    }
+)
 # Libraries every glibc system has; anything else the binaries need travels with the release.
 _SYSTEM_LIBRARIES = re.compile(r"^(ld-linux.*|libc|libm|libdl|libpthread|librt|libresolv|linux-vdso)\.so")
 
@@ -159,17 +204,26 @@ class ReleaseSpec:
         """llama-server's command line on the host: from ``current/``, on ``listen`` (127.0.0.1 by default);
         beyond loopback with ``--api-key-file`` (the key itself is never on a command line)."""
         current = Path(layout.current)
-        argv = server_argv(current / "bin" / "llama-server", current / MODEL_LINK, self.flags, port=self.port,
-                           host=self.listen)  # fmt: skip
+        argv = server_argv(
+            current / "bin" / "llama-server",
+            current / MODEL_LINK,
+            self.flags,
+            port=self.port,
+            host=self.listen,
+        )
         return [*argv, "--api-key-file", str(current / API_KEY_FILE)] if self.api_key else argv
 
     def identity(self) -> dict[str, Any]:
         """What decides the release id (with the rendered service files)."""
         return {
-            "build_key": self.build_key, "manifest_sha256": self.manifest_sha256,
-            "model_sha256": self.model_sha256, "flags": self.flags.args(), "port": self.port,
-            "listen": self.listen, "api_key_file": API_KEY_FILE if self.api_key else None,
-        }  # fmt: skip
+            "build_key": self.build_key,
+            "manifest_sha256": self.manifest_sha256,
+            "model_sha256": self.model_sha256,
+            "flags": self.flags.args(),
+            "port": self.port,
+            "listen": self.listen,
+            "api_key_file": API_KEY_FILE if self.api_key else None,
+        }
 
 
 def ip_address_of(text: str, option: str) -> str:

@@ -226,8 +226,9 @@ def upload_release(
 _SWITCH_AND_ACTIVATE = f'trap "" HUP PIPE\n{_SWITCH.strip()} && shift 2 && exec "$@"'
 
 
-def switch_and_activate(runner: SshProcessRunner, layout: Layout, target: Target, rid: str,
-                        history: Sequence[str]) -> None:  # fmt: skip
+def switch_and_activate(
+    runner: SshProcessRunner, layout: Layout, target: Target, rid: str, history: Sequence[str]
+) -> None:
     """Point ``current`` at release ``rid`` atomically (a new symlink renamed over it), record ``history`` (its
     last entry is ``rid``), then run the target's activation (install the service files of ``current``,
     restart): one command, which the host finishes even if the connection is lost."""
@@ -250,8 +251,9 @@ def releases_to_prune(state: HostState, keep: int) -> list[str]:
     return [rid for rid in state.releases if rid not in kept]
 
 
-def prune_releases(runner: SshProcessRunner, layout: Layout, target: Target, state: HostState,
-                   keep: int) -> list[str]:  # fmt: skip
+def prune_releases(
+    runner: SshProcessRunner, layout: Layout, target: Target, state: HostState, keep: int
+) -> list[str]:
     """Remove :func:`releases_to_prune` from the host with what ``target`` put there for them alone
     (:meth:`~llamaforge.deploy.targets.Target.prune`), then every model no release left links to; returns the
     release ids removed."""

@@ -7,8 +7,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from rich.console import Console
 
-_COLOURS = {"updated": "green", "unchanged": "green", "rolled back": "yellow", "interrupted": "yellow",
-            "untouched": "dim", "failed": "red", "unreachable": "red"}  # fmt: skip
+_COLOURS = {
+    "updated": "green",
+    "unchanged": "green",
+    "rolled back": "yellow",
+    "interrupted": "yellow",
+    "untouched": "dim",
+    "failed": "red",
+    "unreachable": "red",
+}
 
 
 def _table(title: str, columns: list[str], rows: list[list[str]]) -> Any:
@@ -28,9 +35,18 @@ def _mib(value: Any) -> str:
 
 def _swarm(swarm: dict[str, Any], console: Console) -> None:
     """A Swarm service: Swarm's update verdict and one row per replica slot."""
-    rows = [[str(task.get("slot")), str(task.get("task")), str(task.get("node")), str(task.get("state")),
-             str(task.get("release") or "-"), {True: "yes", False: "[red]no[/]"}.get(task.get("healthy"), "-"),
-             str(task.get("last_failure") or "")] for task in swarm.get("tasks") or []]  # fmt: skip
+    rows = [
+        [
+            str(task.get("slot")),
+            str(task.get("task")),
+            str(task.get("node")),
+            str(task.get("state")),
+            str(task.get("release") or "-"),
+            {True: "yes", False: "[red]no[/]"}.get(task.get("healthy"), "-"),
+            str(task.get("last_failure") or ""),
+        ]
+        for task in swarm.get("tasks") or []
+    ]
     update = swarm.get("update_state") or "never updated"
     title = f"swarm service {swarm.get('service')}: release {swarm.get('release') or '-'}, update {update}"
     console.print(
@@ -50,8 +66,15 @@ def rollout_cli(result: dict[str, Any], console: Console) -> None:
     for host in result.get("hosts", []):
         status = str(host.get("status"))
         coloured = f"[{_COLOURS.get(status, 'white')}]{status}[/]"
-        rows.append([str(host.get("host")), coloured, str(host.get("release") or "-"),
-                     _mib(host.get("sent_bytes")), str(host.get("detail") or "")])  # fmt: skip
+        rows.append(
+            [
+                str(host.get("host")),
+                coloured,
+                str(host.get("release") or "-"),
+                _mib(host.get("sent_bytes")),
+                str(host.get("detail") or ""),
+            ]
+        )
     title = f"{result.get('name')} ({result.get('target')}): release {result.get('release') or 'per host'}"
     console.print(_table(title, ["host", "status", "release", "sent MiB", "detail"], rows))
     for host in result.get("hosts", []):
@@ -74,8 +97,17 @@ def plan_cli(result: dict[str, Any], console: Console) -> None:
             str(host.get("action")) if host.get("reachable") else f"[red]unreachable[/] {host.get('detail')}"
         )
         flags = " ".join(host.get("flags_after") or []) or "(defaults)"
-        rows.append([str(host.get("host")), str(host.get("current") or "-"), str(host.get("release")), action,
-                     model, flags, str(host.get("listen"))])  # fmt: skip
+        rows.append(
+            [
+                str(host.get("host")),
+                str(host.get("current") or "-"),
+                str(host.get("release")),
+                action,
+                model,
+                flags,
+                str(host.get("listen")),
+            ]
+        )
     title = f"{result.get('name')} ({result.get('target')}): plan"
     console.print(_table(title, ["host", "current", "release", "action", "model", "flags", "listen"], rows))
     for host in result.get("hosts", []):
@@ -100,9 +132,17 @@ def status_cli(result: dict[str, Any], console: Console) -> None:
             )
             continue
         healthy = {True: "[green]yes[/]", False: "[red]no[/]", None: "-"}[host.get("healthy")]
-        rows.append([str(host.get("host")), str(host.get("current") or "-"), str(host.get("active")), healthy,
-                     str(host.get("build_key") or "-")[:12], str(host.get("model_sha256") or "-")[:12],
-                     " ".join(host.get("flags") or [])])  # fmt: skip
+        rows.append(
+            [
+                str(host.get("host")),
+                str(host.get("current") or "-"),
+                str(host.get("active")),
+                healthy,
+                str(host.get("build_key") or "-")[:12],
+                str(host.get("model_sha256") or "-")[:12],
+                " ".join(host.get("flags") or []),
+            ]
+        )
     title = f"{result.get('name')} ({result.get('target')}): status"
     console.print(_table(title, ["host", "current", "service", "healthy", "build", "model", "flags"], rows))
 

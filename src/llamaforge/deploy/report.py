@@ -51,13 +51,15 @@ class HostReport(Result):
         default_factory=list, description="The service's last log lines when a gate failed"
     )
     api_key_file: str | None = Field(
-        None, description="Where the host keeps the API key of a server listening beyond loopback (read it "
-        "there with sudo; the key itself is never reported)"
-    )  # fmt: skip
+        None,
+        description="Where the host keeps the API key of a server listening beyond loopback (read it "
+        "there with sudo; the key itself is never reported)",
+    )
     probe: str | None = Field(
-        None, description="What the release's llama-bench did on the host before the switch, as the service "
-        "user on the Q4_0 probe model: its figures and CPU module, or the crash that refused the host"
-    )  # fmt: skip
+        None,
+        description="What the release's llama-bench did on the host before the switch, as the service "
+        "user on the Q4_0 probe model: its figures and CPU module, or the crash that refused the host",
+    )
     probe_s: float | None = Field(
         None, description="Seconds the probe took on the host (its command, end to end)"
     )
@@ -96,16 +98,18 @@ class HostPlan(Result):
     listen: str = Field("127.0.0.1", description="The address llama-server binds")
     api_key: bool = Field(False, description="Whether the release carries an API key (beyond loopback)")
     delivery: str = Field(
-        "", description="What the target would send besides the release (the docker target's image; empty: "
-        "nothing, the host has it)"
-    )  # fmt: skip
+        "",
+        description="What the target would send besides the release (the docker target's image; empty: "
+        "nothing, the host has it)",
+    )
     fit: list[str] = Field(
         default_factory=list, description="The fit plan for the host's GPU, when it has one"
     )
     probe: str = Field(
-        "", description="A release already on the host is probed while planning: what its llama-bench did "
-        "(empty: it is probed after its upload, before the switch)"
-    )  # fmt: skip
+        "",
+        description="A release already on the host is probed while planning: what its llama-bench did "
+        "(empty: it is probed after its upload, before the switch)",
+    )
     detail: str = ""
 
 
@@ -176,9 +180,10 @@ class SwarmReport(Result):
     replicas: int = 0
     healthy: int = Field(0, description="Replicas on the service's release that answered")
     update_state: str | None = Field(
-        None, description="Swarm's UpdateStatus.State: completed, rollback_completed (Swarm rolled back by "
-        "itself), paused, …; None for a service never updated"
-    )  # fmt: skip
+        None,
+        description="Swarm's UpdateStatus.State: completed, rollback_completed (Swarm rolled back by "
+        "itself), paused, …; None for a service never updated",
+    )
     update_message: str | None = None
     rolled_back: bool = False
     passed: bool = False

@@ -74,16 +74,32 @@ class Release:
 
 
 def prepare_release(
-    spec: ReleaseSpec, layout: Layout, target: Target, checks: Sequence[AnswerCheck] = (), *,
-    api_key: str | None = None, fit: Sequence[str] = (), probe: ProbeModel | None = None,
-) -> Release:  # fmt: skip
+    spec: ReleaseSpec,
+    layout: Layout,
+    target: Target,
+    checks: Sequence[AnswerCheck] = (),
+    *,
+    api_key: str | None = None,
+    fit: Sequence[str] = (),
+    probe: ProbeModel | None = None,
+) -> Release:
     """Render the release's service files and derive its id (no host needed); ``api_key`` is the key a
     release listening beyond loopback gets (no part of its id or ``release.json``); with a ``probe`` model each
     host runs the release on it before it is switched there (:mod:`~llamaforge.deploy.probe`)."""
     files = target.service_files(spec, layout)
     rid = release_id(spec, files)
-    return Release(spec, layout, target, rid, files, release_record(spec, rid, target.name), tuple(checks),
-                   api_key, tuple(fit), probe)  # fmt: skip
+    return Release(
+        spec,
+        layout,
+        target,
+        rid,
+        files,
+        release_record(spec, rid, target.name),
+        tuple(checks),
+        api_key,
+        tuple(fit),
+        probe,
+    )
 
 
 @dataclass(frozen=True)
@@ -117,9 +133,19 @@ def plan_host(runner: SshProcessRunner, release: Release) -> tuple[HostPlan, Hos
             not spec.model_sha256 or runner.run(["test", "-e", layout.model(spec.model_sha256)], warn=True).ok
         )
     except LlamaforgeError as error:
-        return HostPlan(host=runner.host.address, reachable=False, current=None, release=release.id,
-                        action="upload", model_upload=True, model_bytes=spec.model_size, restart=True,
-                        flags_before=None, flags_after=flags_after, detail=error.render()), None  # fmt: skip
+        return HostPlan(
+            host=runner.host.address,
+            reachable=False,
+            current=None,
+            release=release.id,
+            action="upload",
+            model_upload=True,
+            model_bytes=spec.model_size,
+            restart=True,
+            flags_before=None,
+            flags_after=flags_after,
+            detail=error.render(),
+        ), None
     refused = other_target(state, release.target, runner.host.address, layout)
     delivery = ""
     try:
@@ -145,11 +171,23 @@ def plan_host(runner: SshProcessRunner, release: Release) -> tuple[HostPlan, Hos
             "stop what listens there (nothing was changed)"
         )
     return HostPlan(
-        host=runner.host.address, reachable=True, current=state.current, release=release.id, action=action,
-        model_upload=not has_model, model_bytes=0 if has_model else spec.model_size, restart=action != "none",
-        flags_before=before, flags_after=flags_after, listen=spec.listen, api_key=spec.api_key,
-        delivery=delivery, fit=list(release.fit), probe=proven.detail if proven else "", detail=refused,
-    ), None if refused else state  # fmt: skip
+        host=runner.host.address,
+        reachable=True,
+        current=state.current,
+        release=release.id,
+        action=action,
+        model_upload=not has_model,
+        model_bytes=0 if has_model else spec.model_size,
+        restart=action != "none",
+        flags_before=before,
+        flags_after=flags_after,
+        listen=spec.listen,
+        api_key=spec.api_key,
+        delivery=delivery,
+        fit=list(release.fit),
+        probe=proven.detail if proven else "",
+        detail=refused,
+    ), None if refused else state
 
 
 def other_target(state: HostState, target: Target, address: str, layout: Layout) -> str:
@@ -164,13 +202,29 @@ def other_target(state: HostState, target: Target, address: str, layout: Layout)
     )
 
 
-def _gate(runner: SshProcessRunner, release: Release, options: RolloutOptions, rid: str,
-          record: dict[str, Any], size: int, cancel: CancelToken | None = None) -> GateOutcome:  # fmt: skip
+def _gate(
+    runner: SshProcessRunner,
+    release: Release,
+    options: RolloutOptions,
+    rid: str,
+    record: dict[str, Any],
+    size: int,
+    cancel: CancelToken | None = None,
+) -> GateOutcome:
     """Gate release ``rid`` (``record``: its release.json), with the key it carries when it has one."""
     key = read_api_key(runner, release.layout, rid) if record.get("api_key_file") else None
-    return gate_service(runner, release.target, release.layout, int(record["port"]), model_size=size,
-                        checks=release.checks, timeout_s=options.gate_timeout_s, cancel=cancel or options.cancel,
-                        api_key=key, listen=str(record.get("listen", LOOPBACK)))  # fmt: skip
+    return gate_service(
+        runner,
+        release.target,
+        release.layout,
+        int(record["port"]),
+        model_size=size,
+        checks=release.checks,
+        timeout_s=options.gate_timeout_s,
+        cancel=cancel or options.cancel,
+        api_key=key,
+        listen=str(record.get("listen", LOOPBACK)),
+    )
 
 
 def _lost(runner: SshProcessRunner, error: BaseException) -> bool:
@@ -193,8 +247,9 @@ PLAN_THREADS = 16  # hosts connected to and read at once before a rollout
 RECHECK_TIMEOUT_S = 10.0  # how long a host that lost its connection gets to answer once more
 
 
-def where_after_loss(runner: SshProcessRunner, layout: Layout, target: Target, releases: tuple[str | None, str],
-                     switched: bool) -> tuple[str | None, str]:  # fmt: skip
+def where_after_loss(
+    runner: SshProcessRunner, layout: Layout, target: Target, releases: tuple[str | None, str], switched: bool
+) -> tuple[str | None, str]:
     """Where a host that lost its connection while going from ``releases[0]`` to ``releases[1]`` was left:
     the release it is on (None when it does not answer again) and a sentence that says so; one new
     connection, given :data:`RECHECK_TIMEOUT_S`, reads ``current`` and the service."""
@@ -202,21 +257,33 @@ def where_after_loss(runner: SshProcessRunner, layout: Layout, target: Target, r
     if not switched:
         return before, f"{still_on(before)} (nothing was switched)"
     runner.close()
-    again = SshProcessRunner(runner.host, accept_new_host_keys=False, user_known_hosts=runner.user_known_hosts,
-                             connect_timeout_s=RECHECK_TIMEOUT_S)  # fmt: skip
+    again = SshProcessRunner(
+        runner.host,
+        accept_new_host_keys=False,
+        user_known_hosts=runner.user_known_hosts,
+        connect_timeout_s=RECHECK_TIMEOUT_S,
+    )
     try:
         with again:
             now = host_state(again, layout)
             service = target.state(again, layout)
     except Exception:  # noqa: BLE001 - whatever the reason, the host is not answering
         either = f"{after} or {before}" if before else f"{after} or none (no previous release)"
-        return None, (f"it runs one whole release, {either} (switch and restart are one command on "
-                      "the host); it did not answer again, `invoke deploy.status` says which")  # fmt: skip
+        return None, (
+            f"it runs one whole release, {either} (switch and restart are one command on "
+            "the host); it did not answer again, `invoke deploy.status` says which"
+        )
     return now.current, f"it answered again: on {now.current}, service {service.active}, not gated"
 
 
-def _restore(runner: SshProcessRunner, release: Release, state: HostState, failed: GateOutcome,
-             options: RolloutOptions, report: dict[str, Any]) -> HostReport:  # fmt: skip
+def _restore(
+    runner: SshProcessRunner,
+    release: Release,
+    state: HostState,
+    failed: GateOutcome,
+    options: RolloutOptions,
+    report: dict[str, Any],
+) -> HostReport:
     """Put the host back on the release that was current before ``release`` and gate it again."""
     layout, target = release.layout, release.target
     if state.current is None:
@@ -241,12 +308,24 @@ def _restore(runner: SshProcessRunner, release: Release, state: HostState, faile
     detail = f"{failed.detail}; back on {state.current}: " + (
         "healthy" if again.passed else f"NOT healthy: {again.detail}"
     )
-    return HostReport(**report, status=status, release=state.current, logs=failed.logs, health_s=again.health_s,
-                      completion=again.completion or None, detail=detail)  # fmt: skip
+    return HostReport(
+        **report,
+        status=status,
+        release=state.current,
+        logs=failed.logs,
+        health_s=again.health_s,
+        completion=again.completion or None,
+        detail=detail,
+    )
 
 
-def deploy_host(runner: SshProcessRunner, release: Release, state: HostState, files: Sequence[tuple[Path, str]],
-                options: RolloutOptions) -> HostReport:  # fmt: skip
+def deploy_host(
+    runner: SshProcessRunner,
+    release: Release,
+    state: HostState,
+    files: Sequence[tuple[Path, str]],
+    options: RolloutOptions,
+) -> HostReport:
     """Ship, switch, restart and gate one host; a failed gate restores its previous release."""
     base: dict[str, Any] = {"host": runner.host.address, "previous": state.current}
     if state.current == release.id:
@@ -264,9 +343,18 @@ def deploy_host(runner: SshProcessRunner, release: Release, state: HostState, fi
         options.cancel.raise_if_cancelled()
         target.prepare(runner, layout)
         step("uploading" if release.id not in state.releases else "release already on the host")
-        upload = upload_release(runner, layout, release.spec, release.id, files, release.service_files,
-                                release.record, api_key=release.api_key, probe=release.probe,
-                                cancel=options.cancel)  # fmt: skip
+        upload = upload_release(
+            runner,
+            layout,
+            release.spec,
+            release.id,
+            files,
+            release.service_files,
+            release.record,
+            api_key=release.api_key,
+            probe=release.probe,
+            cancel=options.cancel,
+        )
         sent, model = upload.sent_bytes, upload.model_bytes
         options.cancel.raise_if_cancelled()
         image = target.deliver(runner, layout, options.cancel)
@@ -287,17 +375,34 @@ def deploy_host(runner: SshProcessRunner, release: Release, state: HostState, fi
         if _lost(runner, error):
             on, where = where_after_loss(runner, layout, target, (state.current, release.id), switched)
             step(f"unreachable: {message}; {where}")
-            return HostReport(**base, **moved, status="unreachable", release=on,
-                              detail=f"connection lost: {message}; {where}")  # fmt: skip
+            return HostReport(
+                **base,
+                **moved,
+                status="unreachable",
+                release=on,
+                detail=f"connection lost: {message}; {where}",
+            )
         if isinstance(error, Cancelled) and not switched:
             step(f"interrupted; {still_on(state.current)}")
-            return HostReport(**base, **moved, status="interrupted", release=state.current,
-                              detail=f"interrupted before the switch; {still_on(state.current)}")  # fmt: skip
+            return HostReport(
+                **base,
+                **moved,
+                status="interrupted",
+                release=state.current,
+                detail=f"interrupted before the switch; {still_on(state.current)}",
+            )
         if not switched:
             step(f"failed: {message}")
             logs = list(error.logs) if isinstance(error, ReleaseCannotRun) else []
-            return HostReport(**base, **moved, **_probed(proven), status="failed", release=state.current,
-                              logs=logs, detail=f"{message}; {still_on(state.current)}")  # fmt: skip
+            return HostReport(
+                **base,
+                **moved,
+                **_probed(proven),
+                status="failed",
+                release=state.current,
+                logs=logs,
+                detail=f"{message}; {still_on(state.current)}",
+            )
         gate = GateOutcome(False, "interrupted" if isinstance(error, Cancelled) else message)
     report = {**base, "sent_bytes": sent, "model_bytes": model, "image_bytes": image}
     if not gate.passed:
@@ -310,9 +415,16 @@ def deploy_host(runner: SshProcessRunner, release: Release, state: HostState, fi
         return restored
     prune_releases(runner, layout, target, host_state(runner, layout), options.keep)
     step(f"updated: {release.id} healthy")
-    return HostReport(**report, status="updated", release=release.id, health_s=gate.health_s,
-                      completion=gate.completion, detail=gate.detail, api_key_file=_key_path(release),
-                      **_probed(proven))  # fmt: skip
+    return HostReport(
+        **report,
+        status="updated",
+        release=release.id,
+        health_s=gate.health_s,
+        completion=gate.completion,
+        detail=gate.detail,
+        api_key_file=_key_path(release),
+        **_probed(proven),
+    )
 
 
 def _probed(proven: ProbeOutcome | None) -> dict[str, Any]:
@@ -351,20 +463,32 @@ def settle(calls: Mapping[int, Callable[[], HostReport]], cancel: CancelToken) -
     return {index: future.result() for index, future in futures.items()}
 
 
-def _run_batch(runners: Sequence[SshProcessRunner], releases: Sequence[Release],
-               plans: Sequence[tuple[HostPlan, HostState | None]], files: dict[str, list[tuple[Path, str]]],
-               group: Sequence[int], options: RolloutOptions) -> dict[int, HostReport]:  # fmt: skip
+def _run_batch(
+    runners: Sequence[SshProcessRunner],
+    releases: Sequence[Release],
+    plans: Sequence[tuple[HostPlan, HostState | None]],
+    files: dict[str, list[tuple[Path, str]]],
+    group: Sequence[int],
+    options: RolloutOptions,
+) -> dict[int, HostReport]:
     """Deploy one batch, its hosts in parallel (:func:`settle`)."""
     calls: dict[int, Callable[[], HostReport]] = {
-        index: partial(deploy_host, runners[index], releases[index], plans[index][1],  # type: ignore[arg-type]
-                       files[releases[index].id], options)
+        index: partial(
+            deploy_host,
+            runners[index],
+            releases[index],
+            plans[index][1],  # type: ignore[arg-type]
+            files[releases[index].id],
+            options,
+        )
         for index in group
-    }  # fmt: skip
+    }
     return settle(calls, options.cancel)
 
 
-def rollout(runners: Sequence[SshProcessRunner], release: Release | Sequence[Release],
-            options: RolloutOptions) -> RolloutReport:  # fmt: skip
+def rollout(
+    runners: Sequence[SshProcessRunner], release: Release | Sequence[Release], options: RolloutOptions
+) -> RolloutReport:
     """Deploy ``release`` (or one release per host, e.g. flags fitted to each host's GPU) to every host in
     order (see the module docstring)."""
     started = time.monotonic()
@@ -384,17 +508,24 @@ def rollout(runners: Sequence[SshProcessRunner], release: Release | Sequence[Rel
             if options.cancel.cancelled or too_many_failed(list(done.values()), options.max_fail_percent):
                 break
     final = [
-        report if report is not None
+        report
+        if report is not None
         else HostReport(host=plan.host, status="unreachable", release=None, previous=None, detail=plan.detail)
         if not plan.reachable
-        else HostReport(host=plan.host, status="failed", release=plan.current, previous=plan.current,
-                        detail=plan.detail)
+        else HostReport(
+            host=plan.host, status="failed", release=plan.current, previous=plan.current, detail=plan.detail
+        )
         if state is None  # reached, but the target refused the host (Target.check)
         else HostReport(host=plan.host, status="untouched", release=plan.current, previous=plan.current)
         for report, (plan, state) in zip(reports, plans, strict=True)
-    ]  # fmt: skip
+    ]
     ids = {item.id for item in releases}
-    return RolloutReport(release=ids.pop() if len(ids) == 1 else None, target=releases[0].target.name,
-                         name=releases[0].layout.name, passed=all(_passed(report) for report in final),
-                         interrupted=options.cancel.cancelled, hosts=final,
-                         wall_s=round(time.monotonic() - started, 3))  # fmt: skip
+    return RolloutReport(
+        release=ids.pop() if len(ids) == 1 else None,
+        target=releases[0].target.name,
+        name=releases[0].layout.name,
+        passed=all(_passed(report) for report in final),
+        interrupted=options.cancel.cancelled,
+        hosts=final,
+        wall_s=round(time.monotonic() - started, 3),
+    )

@@ -91,8 +91,9 @@ def _undo(
     undone = []
     for member, report in zip(members, reports, strict=True):
         if report.status == "updated" and report.previous is not None:
-            back = rollback_host(member.runner, member.release.layout, member.release.target, report.previous,
-                                 options)  # fmt: skip
+            back = rollback_host(
+                member.runner, member.release.layout, member.release.target, report.previous, options
+            )
             undone.append(back.model_copy(update={"detail": f"undone: {back.detail}"}))
         else:
             undone.append(report)
@@ -109,9 +110,10 @@ def deploy_topology(
     if unreachable:
         reports = [
             HostReport(host=plan.host, status="unreachable", release=None, previous=None, detail=plan.detail)
-            if state is None else _untouched(member, "another host of the topology is unreachable")
+            if state is None
+            else _untouched(member, "another host of the topology is unreachable")
             for member, (plan, state) in zip(members, plans, strict=True)
-        ]  # fmt: skip
+        ]
         return reports[:-1], reports[-1]
     files = release_files(head.release.spec)
     worker_reports: list[HostReport] = []
@@ -149,13 +151,25 @@ def _restart_head(head: Member, options: RolloutOptions) -> HostReport:
     """Restart the head on its current release (its workers restarted) and gate it."""
     release = head.release
     release.target.activate(head.runner, release.layout)
-    gate = gate_service(head.runner, release.target, release.layout, release.spec.port,
-                        model_size=release.spec.model_size, checks=release.checks,
-                        timeout_s=options.gate_timeout_s, cancel=options.cancel)  # fmt: skip
+    gate = gate_service(
+        head.runner,
+        release.target,
+        release.layout,
+        release.spec.port,
+        model_size=release.spec.model_size,
+        checks=release.checks,
+        timeout_s=options.gate_timeout_s,
+        cancel=options.cancel,
+    )
     base = {"host": head.runner.host.address, "release": release.id, "previous": release.id}
     if gate.passed:
-        return HostReport(**base, status="unchanged", health_s=gate.health_s, completion=gate.completion,
-                          detail=f"restarted for its workers: {gate.detail}")  # fmt: skip
+        return HostReport(
+            **base,
+            status="unchanged",
+            health_s=gate.health_s,
+            completion=gate.completion,
+            detail=f"restarted for its workers: {gate.detail}",
+        )
     return HostReport(
         **base, status="failed", logs=gate.logs, detail=f"restarted for its workers: {gate.detail}"
     )
@@ -175,8 +189,9 @@ def paired_workers(head: Member, to: str | None) -> tuple[str | None, dict[str, 
     return wanted, {str(pair["endpoint"]): str(pair["release"]) for pair in pairs}
 
 
-def rollback_topology(head: Member, workers: Sequence[Member], to: str | None,
-                      options: RolloutOptions) -> tuple[list[HostReport], HostReport]:  # fmt: skip
+def rollback_topology(
+    head: Member, workers: Sequence[Member], to: str | None, options: RolloutOptions
+) -> tuple[list[HostReport], HostReport]:
     """The head's previous release (or ``to``) and, first, the worker releases it was deployed with; each is
     gated, and the first failure stops the rest."""
     try:
@@ -200,11 +215,21 @@ def rollback_topology(head: Member, workers: Sequence[Member], to: str | None,
         target_release = pairs.get(member.endpoint or "")
         if target_release is None:
             detail = f"the head's release {wanted} names no release for {member.endpoint}"
-            reports.append(HostReport(host=member.runner.host.address, status="failed", release=None,
-                                      previous=None, detail=detail))  # fmt: skip
+            reports.append(
+                HostReport(
+                    host=member.runner.host.address,
+                    status="failed",
+                    release=None,
+                    previous=None,
+                    detail=detail,
+                )
+            )
             continue
-        reports.append(rollback_host(member.runner, member.release.layout, member.release.target,
-                                     target_release, options))  # fmt: skip
+        reports.append(
+            rollback_host(
+                member.runner, member.release.layout, member.release.target, target_release, options
+            )
+        )
     if not all(report.status in ("rolled back", "unchanged") for report in reports):
         return reports, _untouched(head, "a worker did not roll back")
     head_report = rollback_host(head.runner, head.release.layout, head.release.target, wanted, options)
@@ -218,8 +243,9 @@ def _reaches(runner: SshProcessRunner, endpoint: str) -> bool:
     sshd). Nothing is sent: the RPC server serves one client at a time, and the head is that client."""
     host, _, port = endpoint.rpartition(":")
     try:
-        channel = runner.connection.transport.open_channel("direct-tcpip", (host.strip("[]"), int(port)),
-                                                           ("127.0.0.1", 0), timeout=5.0)  # fmt: skip
+        channel = runner.connection.transport.open_channel(
+            "direct-tcpip", (host.strip("[]"), int(port)), ("127.0.0.1", 0), timeout=5.0
+        )
     except Exception:  # noqa: BLE001 - refused, unreachable or timed out: the head cannot reach it
         return False
     channel.close()
@@ -237,9 +263,15 @@ def worker_status(runner: SshProcessRunner, member: Member, head: SshProcessRunn
             host=runner.host.address, endpoint=endpoint, reachable=False, detail=error.render()
         )
     from_head = _reaches(head, endpoint) if head is not None else None
-    return WorkerStatus(host=runner.host.address, endpoint=endpoint, reachable=True, active=service.active,
-                        current=state.current, build_key=(state.record or {}).get("build_key"),
-                        from_head=from_head)  # fmt: skip
+    return WorkerStatus(
+        host=runner.host.address,
+        endpoint=endpoint,
+        reachable=True,
+        active=service.active,
+        current=state.current,
+        build_key=(state.record or {}).get("build_key"),
+        from_head=from_head,
+    )
 
 
 def topology_status(head: Member, workers: Sequence[Member]) -> TopologyStatus:
@@ -264,8 +296,9 @@ def topology_status(head: Member, workers: Sequence[Member]) -> TopologyStatus:
                 f"worker {report.host} runs build {report.build_key}, the head {head_report.build_key}"
             )
     detail = "; ".join(problems) or "head and every worker serve"
-    return TopologyStatus(name=head.release.layout.name, head=head_report, workers=reports,
-                          healthy=not problems, detail=detail)  # fmt: skip
+    return TopologyStatus(
+        name=head.release.layout.name, head=head_report, workers=reports, healthy=not problems, detail=detail
+    )
 
 
 def topology_passed(workers: Sequence[HostReport], head: HostReport, *, rollback: bool = False) -> bool:

@@ -94,8 +94,13 @@ def swarm_release(
         )
     if replicas < 1:
         raise InvalidOption("replicas must be at least 1", hint="--replicas 1 or more")
-    probe = HealthProbe(HEALTHCHECK, PROBE_INTERVAL_S, PROBE_TIMEOUT_S, PROBE_RETRIES,
-                        start_period_s if start_period_s is not None else gate_timeout_s(spec.model_size))  # fmt: skip
+    probe = HealthProbe(
+        HEALTHCHECK,
+        PROBE_INTERVAL_S,
+        PROBE_TIMEOUT_S,
+        PROBE_RETRIES,
+        start_period_s if start_period_s is not None else gate_timeout_s(spec.model_size),
+    )
     monitor = monitor_window_s(probe)
     order = "stop-first" if gpus else "start-first"  # a whole-GPU task cannot start beside its old one
     update = UpdatePolicy(parallelism, UPDATE_DELAY_S, "rollback", monitor, 0.0, order)
@@ -105,17 +110,33 @@ def swarm_release(
     if publish and api_key_secret:
         args = (*args, "--api-key-file", API_KEY_PATH)
     secrets = ((*api_key_secret, API_KEY_TARGET, UID),) if publish and api_key_secret else ()
-    identity = {"image": image, "args": args, "env": env, "gpus": gpus, "publish": publish,
-                "secrets": [secret[1] for secret in secrets],
-                "health": probe.__dict__, "update": update.__dict__}  # fmt: skip
+    identity = {
+        "image": image,
+        "args": args,
+        "env": env,
+        "gpus": gpus,
+        "publish": publish,
+        "secrets": [secret[1] for secret in secrets],
+        "health": probe.__dict__,
+        "update": update.__dict__,
+    }
     rid = release_id(spec, {"swarm-service.json": json.dumps(identity, sort_keys=True)})
     labels = {LABEL_RELEASE: rid, LABEL_MODEL: spec.model_sha256, "org.llamaforge.build.key": spec.build_key}
     definition = ServiceDefinition(
-        name=service_name(name), image=image, args=args, env=env, labels=labels, replicas=replicas,
-        mounts=((str(spec.model), MODEL_PATH),), health=probe, update=update, rollback=rollback,
+        name=service_name(name),
+        image=image,
+        args=args,
+        env=env,
+        labels=labels,
+        replicas=replicas,
+        mounts=((str(spec.model), MODEL_PATH),),
+        health=probe,
+        update=update,
+        rollback=rollback,
         generic_resources={"NVIDIA-GPU": gpus} if gpus else {},
-        publish=((publish, spec.port),) if publish else (), secrets=secrets,
-    )  # fmt: skip
+        publish=((publish, spec.port),) if publish else (),
+        secrets=secrets,
+    )
     return SwarmRelease(rid, definition)
 
 
@@ -177,8 +198,14 @@ def _failure(task: dict[str, Any]) -> str:
     status = task.get("Status", {})
     container = status.get("ContainerStatus", {})
     exit_code = container.get("ExitCode")
-    return " ".join(part for part in (str(status.get("Err") or status.get("Message") or ""),
-                                      f"(exit {exit_code})" if exit_code else "") if part)  # fmt: skip
+    return " ".join(
+        part
+        for part in (
+            str(status.get("Err") or status.get("Message") or ""),
+            f"(exit {exit_code})" if exit_code else "",
+        )
+        if part
+    )
 
 
 def task_reports(service: dict[str, Any], *, query: bool = True) -> list[SwarmTask]:
@@ -186,8 +213,11 @@ def task_reports(service: dict[str, Any], *, query: bool = True) -> list[SwarmTa
     inside its container when it runs on this engine's node."""
     tasks = swarm_api.service_tasks(service["ID"])
     node = swarm_api.local_node_id()
-    port = int(dict(item.split("=", 1) for item in service["Spec"]["TaskTemplate"]["ContainerSpec"].get("Env", []))
-               .get("LLAMA_ARG_PORT", "8080"))  # fmt: skip
+    port = int(
+        dict(
+            item.split("=", 1) for item in service["Spec"]["TaskTemplate"]["ContainerSpec"].get("Env", [])
+        ).get("LLAMA_ARG_PORT", "8080")
+    )
     keyed = API_KEY_PATH in (service["Spec"]["TaskTemplate"]["ContainerSpec"].get("Args") or [])
     reports = []
     for slot, (newest, history) in slot_tasks(tasks).items():
@@ -195,11 +225,16 @@ def task_reports(service: dict[str, Any], *, query: bool = True) -> list[SwarmTa
         failures = [task for task in history if task.get("Status", {}).get("State") in ("failed", "rejected")]
         labels = newest["Spec"]["ContainerSpec"].get("Labels") or {}
         report = SwarmTask(
-            slot=slot, task=str(newest["ID"])[:12], node=str(newest.get("NodeID", ""))[:12],
-            state=str(status.get("State", "")), desired=str(newest.get("DesiredState", "")),
-            release=labels.get(LABEL_RELEASE), detail=str(status.get("Err") or status.get("Message") or ""),
-            failed_tasks=len(failures), last_failure=_failure(failures[-1]) if failures else "",
-        )  # fmt: skip
+            slot=slot,
+            task=str(newest["ID"])[:12],
+            node=str(newest.get("NodeID", ""))[:12],
+            state=str(status.get("State", "")),
+            desired=str(newest.get("DesiredState", "")),
+            release=labels.get(LABEL_RELEASE),
+            detail=str(status.get("Err") or status.get("Message") or ""),
+            failed_tasks=len(failures),
+            last_failure=_failure(failures[-1]) if failures else "",
+        )
         container = status.get("ContainerStatus", {}).get("ContainerID")
         if query and report.state == "running" and newest.get("NodeID") != node:
             report.detail = (
@@ -232,10 +267,12 @@ def _wait(condition: Callable[[], bool], limit_s: float, cancel: CancelToken) ->
 def _running(service_id: str, replicas: int, release: str | None) -> bool:
     tasks = swarm_api.service_tasks(service_id)
     ready = [
-        task for task in tasks
-        if task.get("DesiredState") == "running" and task.get("Status", {}).get("State") == "running"
+        task
+        for task in tasks
+        if task.get("DesiredState") == "running"
+        and task.get("Status", {}).get("State") == "running"
         and release in (None, (task["Spec"]["ContainerSpec"].get("Labels") or {}).get(LABEL_RELEASE))
-    ]  # fmt: skip
+    ]
     return len(ready) == replicas
 
 
@@ -262,30 +299,53 @@ def _limit(definition: ServiceDefinition) -> float:
     return 2 * batches * per_batch + 60
 
 
-def report(name: str, requested: str | None, previous: str | None, wall_start: float,
-           update: dict[str, Any] | None = None) -> SwarmReport:  # fmt: skip
+def report(
+    name: str,
+    requested: str | None,
+    previous: str | None,
+    wall_start: float,
+    update: dict[str, Any] | None = None,
+) -> SwarmReport:
     """The service's state now: release, update state and every replica's task."""
     service = swarm_api.find_service(service_name(name))
     if service is None:
-        return SwarmReport(service=service_name(name), exists=False, requested=requested, previous=previous,
-                           wall_s=time.monotonic() - wall_start)  # fmt: skip
+        return SwarmReport(
+            service=service_name(name),
+            exists=False,
+            requested=requested,
+            previous=previous,
+            wall_s=time.monotonic() - wall_start,
+        )
     update = update if update is not None else dict(service.get("UpdateStatus") or {})
     tasks = task_reports(service)
     replicas = int(service["Spec"].get("Mode", {}).get("Replicated", {}).get("Replicas", 0))
     current = (service["Spec"].get("Labels") or {}).get(LABEL_RELEASE)
     healthy = sum(1 for task in tasks if task.healthy and task.release == current)
     return SwarmReport(
-        service=service_name(name), exists=True, service_id=str(service["ID"])[:12], release=current,
-        requested=requested, previous=previous, replicas=replicas, healthy=healthy,
-        update_state=update.get("State"), update_message=update.get("Message"),
+        service=service_name(name),
+        exists=True,
+        service_id=str(service["ID"])[:12],
+        release=current,
+        requested=requested,
+        previous=previous,
+        replicas=replicas,
+        healthy=healthy,
+        update_state=update.get("State"),
+        update_message=update.get("Message"),
         rolled_back=update.get("State") in ("rollback_completed", "rollback_paused"),
-        passed=healthy == replicas and (requested is None or current == requested), tasks=tasks,
+        passed=healthy == replicas and (requested is None or current == requested),
+        tasks=tasks,
         wall_s=time.monotonic() - wall_start,
-    )  # fmt: skip
+    )
 
 
-def deploy_service(release: SwarmRelease, deployment: str, *, reporter: Reporter = null_reporter,
-                   cancel: CancelToken | None = None) -> SwarmReport:  # fmt: skip
+def deploy_service(
+    release: SwarmRelease,
+    deployment: str,
+    *,
+    reporter: Reporter = null_reporter,
+    cancel: CancelToken | None = None,
+) -> SwarmReport:
     """Create the service, or update it to ``release`` (nothing when it already runs it with as many replicas),
     wait for Swarm's verdict and report it."""
     cancel = cancel or CancelToken()
@@ -321,8 +381,9 @@ def deploy_service(release: SwarmRelease, deployment: str, *, reporter: Reporter
     return report(deployment, release.id, previous, started)
 
 
-def rollback_service(deployment: str, *, reporter: Reporter = null_reporter,
-                     cancel: CancelToken | None = None) -> SwarmReport:  # fmt: skip
+def rollback_service(
+    deployment: str, *, reporter: Reporter = null_reporter, cancel: CancelToken | None = None
+) -> SwarmReport:
     """Swarm's rollback of the service to its previous spec; waits for it and reports."""
     from llamaforge.runners.swarm import SwarmError
 

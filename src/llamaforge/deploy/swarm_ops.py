@@ -18,13 +18,22 @@ TARGET = "swarm"
 
 def _no_hosts(params: HostsParams) -> None:
     if params.hosts:
-        raise InvalidOption("--target swarm deploys to this engine's swarm, not to hosts",
-                            hint="leave out --hosts (DOCKER_HOST chooses the engine)")  # fmt: skip
+        raise InvalidOption(
+            "--target swarm deploys to this engine's swarm, not to hosts",
+            hint="leave out --hosts (DOCKER_HOST chooses the engine)",
+        )
 
 
 def _rollout(params: HostsParams, swarm: SwarmReport) -> RolloutReport:
-    return RolloutReport(release=swarm.release, target=TARGET, name=params.name, passed=swarm.passed, hosts=[],
-                         wall_s=swarm.wall_s, swarm=swarm)  # fmt: skip
+    return RolloutReport(
+        release=swarm.release,
+        target=TARGET,
+        name=params.name,
+        passed=swarm.passed,
+        hosts=[],
+        wall_s=swarm.wall_s,
+        swarm=swarm,
+    )
 
 
 def _failed(what: str, report: RolloutReport) -> OperationFailed:
@@ -36,12 +45,16 @@ def _failed(what: str, report: RolloutReport) -> OperationFailed:
         "Swarm rolled the update back by itself" if swarm.rolled_back else f"update {swarm.update_state}"
     )
     return OperationFailed(
-        f"{what}: {verdict}" + (f" ({swarm.update_message})" if swarm.update_message else "")
+        f"{what}: {verdict}"
+        + (f" ({swarm.update_message})" if swarm.update_message else "")
         + f"; the service runs {swarm.release}, {swarm.healthy} of {swarm.replicas} replicas answering"
         + "".join(f"; slot {task.slot}: {task.last_failure}" for task in swarm.tasks if task.last_failure),
-        result=report, exit_code=DeployFailed.exit_code,
-        hint="the report lists every replica's task; `docker service ps " + swarm.service + "` shows the history",
-    )  # fmt: skip
+        result=report,
+        exit_code=DeployFailed.exit_code,
+        hint="the report lists every replica's task; `docker service ps "
+        + swarm.service
+        + "` shows the history",
+    )
 
 
 def swarm_deploy(params: DeployParams, ctx: OperationContext) -> RolloutReport:
@@ -59,11 +72,25 @@ def swarm_deploy(params: DeployParams, ctx: OperationContext) -> RolloutReport:
     if params.publish:  # every interface of every node: never without a key
         ident, name, path = api_key_secret(params.name)
         secret = (ident, name)
-        ctx.reporter(Event("stage", f"published on port {params.publish} of every node; API key in {path} "
-                                    f"(the Swarm secret {name})", stage="swarm"))  # fmt: skip
-    release = swarm_release(spec, params.name, image.tag, replicas=params.replicas, parallelism=params.batch,
-                            gpus=gpus, publish=params.publish, start_period_s=params.gate_timeout_s,
-                            api_key_secret=secret)  # fmt: skip
+        ctx.reporter(
+            Event(
+                "stage",
+                f"published on port {params.publish} of every node; API key in {path} "
+                f"(the Swarm secret {name})",
+                stage="swarm",
+            )
+        )
+    release = swarm_release(
+        spec,
+        params.name,
+        image.tag,
+        replicas=params.replicas,
+        parallelism=params.batch,
+        gpus=gpus,
+        publish=params.publish,
+        start_period_s=params.gate_timeout_s,
+        api_key_secret=secret,
+    )
     report = _rollout(params, deploy_service(release, params.name, reporter=ctx.reporter, cancel=ctx.cancel))
     if not report.passed:
         raise _failed(f"deploy of {release.id} to Swarm", report)
@@ -77,8 +104,9 @@ def swarm_status(params: HostsParams) -> DeployStatus:
     from llamaforge.deploy.swarm import report
 
     _no_hosts(params)
-    return DeployStatus(target=TARGET, name=params.name, hosts=[], swarm=report(params.name, None, None,
-                                                                                time.monotonic()))  # fmt: skip
+    return DeployStatus(
+        target=TARGET, name=params.name, hosts=[], swarm=report(params.name, None, None, time.monotonic())
+    )
 
 
 def swarm_rollback(params: RollbackParams, ctx: OperationContext) -> RolloutReport:
@@ -87,8 +115,10 @@ def swarm_rollback(params: RollbackParams, ctx: OperationContext) -> RolloutRepo
 
     _no_hosts(params)
     if params.release is not None:
-        raise InvalidOption("--target swarm rolls back to the previous spec only",
-                            hint="leave out --release, or deploy the release you want")  # fmt: skip
+        raise InvalidOption(
+            "--target swarm rolls back to the previous spec only",
+            hint="leave out --release, or deploy the release you want",
+        )
     report = _rollout(params, rollback_service(params.name, reporter=ctx.reporter, cancel=ctx.cancel))
     if not report.passed:
         raise _failed("Swarm rollback", report)

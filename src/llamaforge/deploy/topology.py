@@ -85,8 +85,15 @@ def check_rpc_address(address: str, *, worker: str) -> str:
     return str(ip)
 
 
-def parse_workers(hosts: str, addresses: str, *, port: int = DEFAULT_RPC_PORT, memory: str | None = None,
-                  key_file: Path | None = None, known_hosts: Path | None = None) -> list[RpcWorker]:  # fmt: skip
+def parse_workers(
+    hosts: str,
+    addresses: str,
+    *,
+    port: int = DEFAULT_RPC_PORT,
+    memory: str | None = None,
+    key_file: Path | None = None,
+    known_hosts: Path | None = None,
+) -> list[RpcWorker]:
     """The workers of ``--rpc-workers h2,h3 --rpc-addresses 10.0.0.2,10.0.0.3 [--worker-memory 24GiB,8GiB]``."""
     from llamaforge.serve.fit import parse_size
 
@@ -101,11 +108,15 @@ def parse_workers(hosts: str, addresses: str, *, port: int = DEFAULT_RPC_PORT, m
     if memory:
         parts = [part.strip() for part in memory.split(",") if part.strip()]
         if len(parts) != len(ssh):
-            raise InvalidOption(f"{len(ssh)} RPC workers but {len(parts)} memory sizes",
-                                hint="one size per worker (its GPU memory, or RAM for a CPU worker)")  # fmt: skip
+            raise InvalidOption(
+                f"{len(ssh)} RPC workers but {len(parts)} memory sizes",
+                hint="one size per worker (its GPU memory, or RAM for a CPU worker)",
+            )
         sizes = [parse_size(part) for part in parts]
-    workers = [RpcWorker(host, check_rpc_address(bind, worker=host.address), port, size)
-               for host, bind, size in zip(ssh, binds, sizes, strict=True)]  # fmt: skip
+    workers = [
+        RpcWorker(host, check_rpc_address(bind, worker=host.address), port, size)
+        for host, bind, size in zip(ssh, binds, sizes, strict=True)
+    ]
     endpoints = [worker.endpoint for worker in workers]
     twice = sorted({endpoint for endpoint in endpoints if endpoints.count(endpoint) > 1})
     if twice:
@@ -113,13 +124,16 @@ def parse_workers(hosts: str, addresses: str, *, port: int = DEFAULT_RPC_PORT, m
     return workers
 
 
-def parse_head(text: str, workers: Sequence[RpcWorker], *, key_file: Path | None = None,
-               known_hosts: Path | None = None) -> SshHost:  # fmt: skip
+def parse_head(
+    text: str, workers: Sequence[RpcWorker], *, key_file: Path | None = None, known_hosts: Path | None = None
+) -> SshHost:
     """The head host; refused when it is one of the workers."""
     head = parse_host(text, key_file=key_file, known_hosts=known_hosts, origin="--head")
     if any(worker.host.address == head.address for worker in workers):
-        raise InvalidOption(f"{head.address} is both the head and a worker",
-                            hint="the head runs llama-server; give it no RPC server of its own")  # fmt: skip
+        raise InvalidOption(
+            f"{head.address} is both the head and a worker",
+            hint="the head runs llama-server; give it no RPC server of its own",
+        )
     return head
 
 

@@ -65,8 +65,12 @@ def load_topology(path: Path) -> TopologyEntry:
     try:
         return TopologyFile.model_validate(data).topology
     except ValidationError as error:
-        raise recipe_error(error, what=f"topology file {path}", root=TopologyFile,
-                           hint="see docs: [topology] head, rpc_port, [[topology.workers]]") from None  # fmt: skip
+        raise recipe_error(
+            error,
+            what=f"topology file {path}",
+            root=TopologyFile,
+            hint="see docs: [topology] head, rpc_port, [[topology.workers]]",
+        ) from None
 
 
 def topology_options(entry: TopologyEntry) -> dict[str, str | int | None]:
@@ -76,7 +80,9 @@ def topology_options(entry: TopologyEntry) -> dict[str, str | int | None]:
     if any(memory) and not all(memory):
         raise InvalidOption("give every worker's memory in the topology file, or none")
     return {
-        "head": entry.head, "rpc_workers": ",".join(worker.host for worker in entry.workers),
-        "rpc_addresses": ",".join(worker.rpc_address for worker in entry.workers), "rpc_port": entry.rpc_port,
+        "head": entry.head,
+        "rpc_workers": ",".join(worker.host for worker in entry.workers),
+        "rpc_addresses": ",".join(worker.rpc_address for worker in entry.workers),
+        "rpc_port": entry.rpc_port,
         "worker_memory": ",".join(m for m in memory if m) or None,
-    }  # fmt: skip
+    }

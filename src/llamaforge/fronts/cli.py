@@ -73,9 +73,14 @@ class ConsoleReporter:
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
             self._progress = Progress(
-                TextColumn("[bold blue]{task.fields[stage]}"), BarColumn(), TextColumn("{task.fields[count]}"),
-                TimeElapsedColumn(), TextColumn("{task.description}"), console=self.console, transient=True,
-            )  # fmt: skip
+                TextColumn("[bold blue]{task.fields[stage]}"),
+                BarColumn(),
+                TextColumn("{task.fields[count]}"),
+                TimeElapsedColumn(),
+                TextColumn("{task.description}"),
+                console=self.console,
+                transient=True,
+            )
             self._progress.start()
             self._task = self._progress.add_task("", total=None, stage="", count="")
         return self._progress
@@ -95,8 +100,14 @@ class ConsoleReporter:
         elif event.kind == "progress" and (event.total or event.unit):
             bar = self._bar()
             description = event.message if len(event.message) < 70 else event.message[:67] + "..."
-            bar.update(self._task, completed=event.completed, total=event.total, description=description,
-                       stage=event.stage, count=_count(event))  # fmt: skip
+            bar.update(
+                self._task,
+                completed=event.completed,
+                total=event.total,
+                description=description,
+                stage=event.stage,
+                count=_count(event),
+            )
             if self.verbose and self._new_message(event):
                 bar.console.print(Text(event.message, style="dim"), highlight=False)
         elif event.kind == "log":
@@ -132,8 +143,11 @@ class _ProgressLines:
         """The line to print for ``event`` (a progress event with a total or a unit), or None for none yet."""
         now, completed = self._clock(), event.completed or 0.0
         fraction = min(completed / event.total, 1.0) if event.total else 0.0
-        if (self._count != (event.stage, event.total) or fraction < self._shown_fraction
-                or completed < self._shown_completed):  # fmt: skip
+        if (
+            self._count != (event.stage, event.total)
+            or fraction < self._shown_fraction
+            or completed < self._shown_completed
+        ):
             self._count, self._start, self._first = (event.stage, event.total), now, completed  # a new count
         else:
             due = now - self._shown_at >= self.seconds
@@ -333,8 +347,14 @@ def _task_for(spec: OperationSpec) -> Any:
     body.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
     body.__doc__ = spec.summary
     body.__name__ = spec.name.rsplit(".", 1)[-1].replace("-", "_")
-    return OperationTask(body, name=spec.name.rsplit(".", 1)[-1], help=help_text, iterable=iterable,
-                         auto_shortflags=False, positional=list(spec.positional))  # fmt: skip
+    return OperationTask(
+        body,
+        name=spec.name.rsplit(".", 1)[-1],
+        help=help_text,
+        iterable=iterable,
+        auto_shortflags=False,
+        positional=list(spec.positional),
+    )
 
 
 def flag_help(flag: FlagSpec) -> str:

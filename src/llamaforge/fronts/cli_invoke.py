@@ -37,10 +37,18 @@ class OperationTask(Task[Any]):
 
     def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
         return [
-            _Flag(names=arg.names, kind=arg.kind, default=arg.default, help=arg.help, positional=arg.positional,
-                  optional=arg.optional, incrementable=arg.incrementable, attr_name=arg.attr_name)
+            _Flag(
+                names=arg.names,
+                kind=arg.kind,
+                default=arg.default,
+                help=arg.help,
+                positional=arg.positional,
+                optional=arg.optional,
+                incrementable=arg.incrementable,
+                attr_name=arg.attr_name,
+            )
             for arg in super().get_arguments(ignore_unknown_help)
-        ]  # fmt: skip
+        ]
 
 
 class _Flag(Argument):

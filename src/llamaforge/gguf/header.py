@@ -84,27 +84,58 @@ class GGMLType:
 GGML_TYPES: Final[dict[int, GGMLType]] = {
     t.id: t
     for t in (
-        GGMLType(0, "F32", 1, 4), GGMLType(1, "F16", 1, 2), GGMLType(2, "Q4_0", 32, 18),
-        GGMLType(3, "Q4_1", 32, 20), GGMLType(6, "Q5_0", 32, 22), GGMLType(7, "Q5_1", 32, 24),
-        GGMLType(8, "Q8_0", 32, 34), GGMLType(9, "Q8_1", 32, 40), GGMLType(10, "Q2_K", 256, 84),
-        GGMLType(11, "Q3_K", 256, 110), GGMLType(12, "Q4_K", 256, 144), GGMLType(13, "Q5_K", 256, 176),
-        GGMLType(14, "Q6_K", 256, 210), GGMLType(15, "Q8_K", 256, 292), GGMLType(16, "IQ2_XXS", 256, 66),
-        GGMLType(17, "IQ2_XS", 256, 74), GGMLType(18, "IQ3_XXS", 256, 98), GGMLType(19, "IQ1_S", 256, 50),
-        GGMLType(20, "IQ4_NL", 32, 18), GGMLType(21, "IQ3_S", 256, 110), GGMLType(22, "IQ2_S", 256, 82),
-        GGMLType(23, "IQ4_XS", 256, 136), GGMLType(24, "I8", 1, 1), GGMLType(25, "I16", 1, 2),
-        GGMLType(26, "I32", 1, 4), GGMLType(27, "I64", 1, 8), GGMLType(28, "F64", 1, 8),
-        GGMLType(29, "IQ1_M", 256, 56), GGMLType(30, "BF16", 1, 2), GGMLType(34, "TQ1_0", 256, 54),
-        GGMLType(35, "TQ2_0", 256, 66), GGMLType(39, "MXFP4", 32, 17), GGMLType(40, "NVFP4", 64, 36),
-        GGMLType(41, "Q1_0", 128, 18), GGMLType(42, "Q2_0", 64, 18),
+        GGMLType(0, "F32", 1, 4),
+        GGMLType(1, "F16", 1, 2),
+        GGMLType(2, "Q4_0", 32, 18),
+        GGMLType(3, "Q4_1", 32, 20),
+        GGMLType(6, "Q5_0", 32, 22),
+        GGMLType(7, "Q5_1", 32, 24),
+        GGMLType(8, "Q8_0", 32, 34),
+        GGMLType(9, "Q8_1", 32, 40),
+        GGMLType(10, "Q2_K", 256, 84),
+        GGMLType(11, "Q3_K", 256, 110),
+        GGMLType(12, "Q4_K", 256, 144),
+        GGMLType(13, "Q5_K", 256, 176),
+        GGMLType(14, "Q6_K", 256, 210),
+        GGMLType(15, "Q8_K", 256, 292),
+        GGMLType(16, "IQ2_XXS", 256, 66),
+        GGMLType(17, "IQ2_XS", 256, 74),
+        GGMLType(18, "IQ3_XXS", 256, 98),
+        GGMLType(19, "IQ1_S", 256, 50),
+        GGMLType(20, "IQ4_NL", 32, 18),
+        GGMLType(21, "IQ3_S", 256, 110),
+        GGMLType(22, "IQ2_S", 256, 82),
+        GGMLType(23, "IQ4_XS", 256, 136),
+        GGMLType(24, "I8", 1, 1),
+        GGMLType(25, "I16", 1, 2),
+        GGMLType(26, "I32", 1, 4),
+        GGMLType(27, "I64", 1, 8),
+        GGMLType(28, "F64", 1, 8),
+        GGMLType(29, "IQ1_M", 256, 56),
+        GGMLType(30, "BF16", 1, 2),
+        GGMLType(34, "TQ1_0", 256, 54),
+        GGMLType(35, "TQ2_0", 256, 66),
+        GGMLType(39, "MXFP4", 32, 17),
+        GGMLType(40, "NVFP4", 64, 36),
+        GGMLType(41, "Q1_0", 128, 18),
+        GGMLType(42, "Q2_0", 64, 18),
     )
-}  # fmt: skip
+}
 
 # GGUF value types: id -> (name, struct format or None for string/array, size in bytes).
 _SCALARS: Final[dict[int, tuple[str, str, int]]] = {
-    0: ("uint8", "B", 1), 1: ("int8", "b", 1), 2: ("uint16", "H", 2), 3: ("int16", "h", 2),
-    4: ("uint32", "I", 4), 5: ("int32", "i", 4), 6: ("float32", "f", 4), 7: ("bool", "B", 1),
-    10: ("uint64", "Q", 8), 11: ("int64", "q", 8), 12: ("float64", "d", 8),
-}  # fmt: skip
+    0: ("uint8", "B", 1),
+    1: ("int8", "b", 1),
+    2: ("uint16", "H", 2),
+    3: ("int16", "h", 2),
+    4: ("uint32", "I", 4),
+    5: ("int32", "i", 4),
+    6: ("float32", "f", 4),
+    7: ("bool", "B", 1),
+    10: ("uint64", "Q", 8),
+    11: ("int64", "q", 8),
+    12: ("float64", "d", 8),
+}
 _STRING: Final = 8
 _ARRAY: Final = 9
 _BOOL: Final = 7
@@ -458,8 +489,11 @@ def _read_tensor_info(cursor: _Cursor, index: int, alignment: int, seen: set[str
     offset_at = cursor.pos
     offset: int = cursor.unpack("<Q", 8, f"{where} offset")
     if offset % alignment:
-        raise cursor.fail(f"data offset {offset} is not a multiple of the alignment {alignment}",
-                          f"{where} offset", offset_at)  # fmt: skip
+        raise cursor.fail(
+            f"data offset {offset} is not a multiple of the alignment {alignment}",
+            f"{where} offset",
+            offset_at,
+        )
     return TensorInfo(name, tuple(shape), ggml_type, offset, nbytes), offset_at
 
 
@@ -516,8 +550,9 @@ def read_header(
         raise cursor.fail("not a GGUF file (bad magic)", "magic", 0)
     version: int = cursor.unpack("<I", 4, "version")
     if version & 0xFFFF == 0 and version:
-        raise cursor.fail(f"version {version:#x} looks byte-swapped: big-endian GGUF is not supported",
-                          "version", 4)  # fmt: skip
+        raise cursor.fail(
+            f"version {version:#x} looks byte-swapped: big-endian GGUF is not supported", "version", 4
+        )
     if version not in (2, 3):
         raise cursor.fail(f"unsupported GGUF version {version} (llama.cpp reads 2 and 3)", "version", 4)
     n_tensors = cursor.length("tensor count", limits.max_tensors, _MIN_TENSOR_INFO)
@@ -530,8 +565,9 @@ def read_header(
     header_end = cursor.pos
     data_offset = -(-header_end // alignment) * alignment if tensors else header_end
     if data_offset > cursor.size:
-        raise cursor.fail(f"data section would start at {data_offset}, past the end of the file",
-                          "data section", header_end)  # fmt: skip
+        raise cursor.fail(
+            f"data section would start at {data_offset}, past the end of the file", "data section", header_end
+        )
     packed = _check_layout(cursor, tensors, [at for _tensor, at in infos], data_offset, alignment)
     return GGUFHeader(
         source=source.name,

@@ -367,9 +367,18 @@ _ATTENTION_ONLY: Final[frozenset[gguf.MODEL_TENSOR]] = frozenset(
     {_T.ATTN_Q, _T.ATTN_K, _T.ATTN_V, _T.ATTN_OUT, _T.ATTN_Q_NORM, _T.ATTN_K_NORM}
 )
 _RECURRENT_ONLY: Final[frozenset[gguf.MODEL_TENSOR]] = frozenset(
-    {_T.ATTN_QKV, _T.ATTN_GATE, _T.SSM_A, _T.SSM_CONV1D, _T.SSM_DT, _T.SSM_NORM, _T.SSM_BETA,
-     _T.SSM_ALPHA, _T.SSM_OUT}
-)  # fmt: skip
+    {
+        _T.ATTN_QKV,
+        _T.ATTN_GATE,
+        _T.SSM_A,
+        _T.SSM_CONV1D,
+        _T.SSM_DT,
+        _T.SSM_NORM,
+        _T.SSM_BETA,
+        _T.SSM_ALPHA,
+        _T.SSM_OUT,
+    }
+)
 
 
 def _hybrid_block_kinds(s: TinyModelSpec, bid: int) -> frozenset[gguf.MODEL_TENSOR]:
@@ -487,7 +496,12 @@ def write_tiny_model(path: Path, spec: TinyModelSpec, vocab_gguf: Path) -> TinyM
     plan = tensor_plan(spec, n_vocab)
     support = _ARCHS[spec.arch]
     info = write_gguf_file(
-        Path(path), spec.arch, spec.default_name, spec.dtype, lambda w: support.write_hparams(w, spec),
-        tokenizer_kvs, ((item.name, tensor_data(spec, item)) for item in plan),
-    )  # fmt: skip
+        Path(path),
+        spec.arch,
+        spec.default_name,
+        spec.dtype,
+        lambda w: support.write_hparams(w, spec),
+        tokenizer_kvs,
+        ((item.name, tensor_data(spec, item)) for item in plan),
+    )
     return dataclasses.replace(info, tensor_count=len(plan), name_style=spec.name_style, n_vocab=n_vocab)

@@ -187,9 +187,15 @@ def write_gguf_file(
         tmp.unlink(missing_ok=True)
         raise
     return TinyModelInfo(
-        path=path, sha256=_file_sha256(path), size=path.stat().st_size, tensor_count=len(names), arch=arch,
-        name_style="canonical", n_vocab=0, tensor_names=tuple(names),
-    )  # fmt: skip
+        path=path,
+        sha256=_file_sha256(path),
+        size=path.stat().st_size,
+        tensor_count=len(names),
+        arch=arch,
+        name_style="canonical",
+        n_vocab=0,
+        tensor_names=tuple(names),
+    )
 
 
 Shapes = Callable[[int], Iterable[tuple[str, tuple[int, ...]]]]

@@ -40,8 +40,17 @@ class TinyMLASpec:
     dtype: DType = "f16"
 
     def __post_init__(self) -> None:
-        for name in ("n_layer", "n_embd", "n_head", "n_ff", "kv_lora_rank", "qk_nope_dim", "rope_dim",
-                     "v_head_dim", "context_length"):  # fmt: skip
+        for name in (
+            "n_layer",
+            "n_embd",
+            "n_head",
+            "n_ff",
+            "kv_lora_rank",
+            "qk_nope_dim",
+            "rope_dim",
+            "v_head_dim",
+            "context_length",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, not {value!r}")
@@ -111,6 +120,12 @@ def _shapes(s: TinyMLASpec, n_vocab: int) -> list[tuple[str, tuple[int, ...]]]:
 def write_tiny_mla_model(path: Path, spec: TinyMLASpec, vocab_gguf: Path) -> TinyModelInfo:
     """Write the tiny MLA model ``spec`` to ``path`` with the tokenizer of ``vocab_gguf`` (atomically)."""
     return write_noise_model(
-        Path(path), _ARCH, spec.default_name, spec.dtype, spec.seed, lambda w: _hparams(w, spec),
-        lambda n_vocab: _shapes(spec, n_vocab), vocab_gguf,
-    )  # fmt: skip
+        Path(path),
+        _ARCH,
+        spec.default_name,
+        spec.dtype,
+        spec.seed,
+        lambda w: _hparams(w, spec),
+        lambda n_vocab: _shapes(spec, n_vocab),
+        vocab_gguf,
+    )

@@ -41,8 +41,16 @@ class TinySharedKVSpec:
     dtype: DType = "f16"
 
     def __post_init__(self) -> None:
-        for name in ("n_embd", "n_head", "n_head_kv", "head_dim", "head_dim_swa", "n_ff", "sliding_window",
-                     "context_length"):  # fmt: skip
+        for name in (
+            "n_embd",
+            "n_head",
+            "n_head_kv",
+            "head_dim",
+            "head_dim_swa",
+            "n_ff",
+            "sliding_window",
+            "context_length",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, not {value!r}")
@@ -109,8 +117,10 @@ def _shapes(s: TinySharedKVSpec, n_vocab: int) -> list[tuple[str, tuple[int, ...
         own_kv = il < s.n_layer_kv
         shapes += [(p + "attn_norm.weight", (s.n_embd,)), (p + "attn_q.weight", (s.n_head * hd, s.n_embd))]
         if own_kv:
-            shapes += [(p + "attn_k.weight", (s.n_head_kv * hd, s.n_embd)),
-                       (p + "attn_v.weight", (s.n_head_kv * hd, s.n_embd))]  # fmt: skip
+            shapes += [
+                (p + "attn_k.weight", (s.n_head_kv * hd, s.n_embd)),
+                (p + "attn_v.weight", (s.n_head_kv * hd, s.n_embd)),
+            ]
         shapes += [(p + "attn_output.weight", (s.n_embd, s.n_head * hd)), (p + "attn_q_norm.weight", (hd,))]
         if own_kv:
             shapes.append((p + "attn_k_norm.weight", (hd,)))
@@ -129,6 +139,12 @@ def _shapes(s: TinySharedKVSpec, n_vocab: int) -> list[tuple[str, tuple[int, ...
 def write_tiny_shared_kv_model(path: Path, spec: TinySharedKVSpec, vocab_gguf: Path) -> TinyModelInfo:
     """Write the tiny Gemma 4 model ``spec`` to ``path`` with the tokenizer of ``vocab_gguf`` (atomically)."""
     return write_noise_model(
-        Path(path), _ARCH, spec.default_name, spec.dtype, spec.seed, lambda w: _hparams(w, spec),
-        lambda n_vocab: _shapes(spec, n_vocab), vocab_gguf,
-    )  # fmt: skip
+        Path(path),
+        _ARCH,
+        spec.default_name,
+        spec.dtype,
+        spec.seed,
+        lambda w: _hparams(w, spec),
+        lambda n_vocab: _shapes(spec, n_vocab),
+        vocab_gguf,
+    )

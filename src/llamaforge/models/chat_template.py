@@ -24,29 +24,101 @@ MAX_FLAGS: Final = 50
 MAX_REPEAT: Final = 10_000  # a larger constant factor in ``*`` is flagged
 
 # Names and attributes a chat template never needs but template-injection payloads reach for.
-_DANGEROUS_NAMES: Final = frozenset({
-    "os", "sys", "subprocess", "builtins", "__builtins__", "import", "__import__", "importlib", "eval", "exec",
-    "compile", "open", "getattr", "setattr", "delattr", "globals", "locals", "vars", "config", "request",
-    "self", "lipsum", "cycler", "joiner", "url_for", "get_flashed_messages", "session", "g", "application",
-})  # fmt: skip
+_DANGEROUS_NAMES: Final = frozenset(
+    {
+        "os",
+        "sys",
+        "subprocess",
+        "builtins",
+        "__builtins__",
+        "import",
+        "__import__",
+        "importlib",
+        "eval",
+        "exec",
+        "compile",
+        "open",
+        "getattr",
+        "setattr",
+        "delattr",
+        "globals",
+        "locals",
+        "vars",
+        "config",
+        "request",
+        "self",
+        "lipsum",
+        "cycler",
+        "joiner",
+        "url_for",
+        "get_flashed_messages",
+        "session",
+        "g",
+        "application",
+    }
+)
 # Python introspection only: never a chat message's field, as an attribute or as an item.
-_INTROSPECTION: Final = frozenset({
-    "mro", "func_globals", "func_code", "f_globals", "f_locals", "f_back", "f_builtins", "gi_frame", "gi_code",
-    "cr_frame", "cr_code", "ag_frame", "ag_code", "co_code", "tb_frame", "tb_next", "im_func", "im_self",
-    "im_class", "import_module", "load_module", "jinja_env",
-})  # fmt: skip
-_DANGEROUS_ATTRS: Final = _INTROSPECTION | frozenset({
-    "os", "popen", "system", "environ", "modules", "eval", "exec", "compile", "open", "builtins", "globals",
-    "locals", "getattr", "setattr", "subclasses", "spawn", "check_output", "environment",
-})  # fmt: skip
+_INTROSPECTION: Final = frozenset(
+    {
+        "mro",
+        "func_globals",
+        "func_code",
+        "f_globals",
+        "f_locals",
+        "f_back",
+        "f_builtins",
+        "gi_frame",
+        "gi_code",
+        "cr_frame",
+        "cr_code",
+        "ag_frame",
+        "ag_code",
+        "co_code",
+        "tb_frame",
+        "tb_next",
+        "im_func",
+        "im_self",
+        "im_class",
+        "import_module",
+        "load_module",
+        "jinja_env",
+    }
+)
+_DANGEROUS_ATTRS: Final = _INTROSPECTION | frozenset(
+    {
+        "os",
+        "popen",
+        "system",
+        "environ",
+        "modules",
+        "eval",
+        "exec",
+        "compile",
+        "open",
+        "builtins",
+        "globals",
+        "locals",
+        "getattr",
+        "setattr",
+        "subclasses",
+        "spawn",
+        "check_output",
+        "environment",
+    }
+)
 _DUNDER: Final = re.compile(r"__\w+__")
 # "{0.__class__}", "{x[key]}": str.format walking objects
 _FORMAT_TRAVERSAL: Final = re.compile(r"\{[^{}]*[.\[]")
 # Filters that only reshape a string (never to more than a few times its length): followed when joining.
 _STRING_FILTERS: Final[Mapping[str, Callable[[str], str]]] = {
-    "lower": str.lower, "upper": str.upper, "trim": str.strip, "title": str.title,
-    "capitalize": str.capitalize, "string": str, "reverse": lambda text: text[::-1],
-}  # fmt: skip
+    "lower": str.lower,
+    "upper": str.upper,
+    "trim": str.strip,
+    "title": str.title,
+    "capitalize": str.capitalize,
+    "string": str,
+    "reverse": lambda text: text[::-1],
+}
 
 
 class _TooLarge(Exception):

@@ -175,8 +175,16 @@ def copy_local(
                 raise _write_failed(target, part, done, error) from None
             digest.update(chunk)
             done += len(chunk)
-            reporter(Event("progress", f"copying {source.name}", stage="fetch", completed=done, total=total,
-                           unit="bytes"))  # fmt: skip
+            reporter(
+                Event(
+                    "progress",
+                    f"copying {source.name}",
+                    stage="fetch",
+                    completed=done,
+                    total=total,
+                    unit="bytes",
+                )
+            )
     return digest.hexdigest(), done
 
 
@@ -355,8 +363,16 @@ def _receive(
                     f"pin may bring ({MAX_UNPINNED_ENV}); {progress.done} bytes are kept in {part}",
                     hint=f"pin the file's sha256 in the model recipe, or raise {MAX_UNPINNED_ENV}",
                 )
-            reporter(Event("progress", f"downloading {target.filename}", stage="fetch",
-                           completed=progress.done, total=total, unit="bytes"))  # fmt: skip
+            reporter(
+                Event(
+                    "progress",
+                    f"downloading {target.filename}",
+                    stage="fetch",
+                    completed=progress.done,
+                    total=total,
+                    unit="bytes",
+                )
+            )
 
 
 def _http_error(

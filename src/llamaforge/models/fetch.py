@@ -57,9 +57,14 @@ class FetchResult:
     def to_json(self) -> dict[str, Any]:
         """JSON-able form (the source is already redacted)."""
         return {
-            "path": str(self.path), "sha256": self.sha256, "size": self.size, "cached": self.cached,
-            "source": self.source, "revision": self.revision, "commit": self.commit,
-        }  # fmt: skip
+            "path": str(self.path),
+            "sha256": self.sha256,
+            "size": self.size,
+            "cached": self.cached,
+            "source": self.source,
+            "revision": self.revision,
+            "commit": self.commit,
+        }
 
 
 def _as_recipe(recipe_or_url: ModelRecipe | str) -> ModelRecipe:
@@ -122,8 +127,9 @@ def fetch_model(
     cached = _from_cache(sha256, identity if use_index else None, size, reporter)
     if cached is not None:
         reporter(Event("info", f"cached: {cached.path}", stage="fetch"))
-        return FetchResult(cached.path, cached.sha256, cached.size, True, display, revision,
-                           cached.manifest.get("commit"))  # fmt: skip
+        return FetchResult(
+            cached.path, cached.sha256, cached.size, True, display, revision, cached.manifest.get("commit")
+        )
     if offline and not recipe.source.startswith("file://"):
         raise FetchError(
             f"{display}{'@' + revision if revision else ''} is not in the model cache and --offline forbids "
@@ -182,9 +188,13 @@ def _still_a_model(stored: modelstore.StoredModel, reporter: Reporter) -> models
 def _remember(target: DownloadTarget, stored: modelstore.StoredModel) -> None:
     """Index the file under its source + revision (and + commit), for offline runs and for the lock."""
     data = {
-        "source": target.display, "revision": target.revision, "commit": target.commit,
-        "sha256": stored.sha256, "size": stored.size, "path": str(stored.path),
-    }  # fmt: skip
+        "source": target.display,
+        "revision": target.revision,
+        "commit": target.commit,
+        "sha256": stored.sha256,
+        "size": stored.size,
+        "path": str(stored.path),
+    }
     modelstore.record_source(target.identity, data)
     if target.commit and target.commit != target.revision:
         source = target.identity.rpartition("@")[0]
@@ -232,11 +242,17 @@ def _hub_target(
             hint="the file changed upstream: pin a commit (`invoke models.lock`) or update the recipe",
         )
     return DownloadTarget(
-        identity=identity, display=display, filename=_safe_filename(hub_file.source.filename), url=hub_file.url,
-        expected_sha256=sha256 or hub_file.sha256, expected_size=size or hub_file.size,
-        revision=hub_file.revision, commit=hub_file.commit,
-        headers=hub_file.headers, private_headers=hub_file.private_headers,
-    )  # fmt: skip
+        identity=identity,
+        display=display,
+        filename=_safe_filename(hub_file.source.filename),
+        url=hub_file.url,
+        expected_sha256=sha256 or hub_file.sha256,
+        expected_size=size or hub_file.size,
+        revision=hub_file.revision,
+        commit=hub_file.commit,
+        headers=hub_file.headers,
+        private_headers=hub_file.private_headers,
+    )
 
 
 # --- download, check, publish ------------------------------------------------------------------------------
@@ -277,9 +293,11 @@ def _download_and_publish(
         _check_on_disk(target, part, digest, size, reporter, cancel)
         _check_format(target, part, sidecar, digest, reporter)
         manifest = {
-            "source": target.display, "revision": target.revision, "commit": target.commit,
+            "source": target.display,
+            "revision": target.revision,
+            "commit": target.commit,
             "fetched_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        }  # fmt: skip
+        }
         reused = modelstore.lookup(digest) is not None
         stored = modelstore.publish(part, sha256=digest, filename=target.filename, manifest=manifest)
         sidecar.unlink(missing_ok=True)

@@ -30,12 +30,34 @@ _DEFAULT_FULL_ATTENTION_INTERVAL: Final = 4
 
 # The file type llama.cpp guesses from the most common tensor type (llama-model-loader.cpp).
 _GUESSED_FILE_TYPE: Final[Mapping[str, str]] = {
-    "F32": "F32", "F16": "F16", "BF16": "BF16", "Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q5_0": "Q5_0",
-    "Q5_1": "Q5_1", "Q8_0": "Q8_0", "Q2_K": "Q2_K", "Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M",
-    "Q6_K": "Q6_K", "TQ1_0": "TQ1_0", "TQ2_0": "TQ2_0", "IQ2_XXS": "IQ2_XXS", "IQ2_XS": "IQ2_XS",
-    "IQ2_S": "IQ2_S", "IQ3_XXS": "IQ3_XXS", "IQ1_S": "IQ1_S", "IQ1_M": "IQ1_M", "IQ4_NL": "IQ4_NL",
-    "IQ4_XS": "IQ4_XS", "IQ3_S": "IQ3_S", "NVFP4": "NVFP4", "Q1_0": "Q1_0", "Q2_0": "Q2_0",
-}  # fmt: skip
+    "F32": "F32",
+    "F16": "F16",
+    "BF16": "BF16",
+    "Q4_0": "Q4_0",
+    "Q4_1": "Q4_1",
+    "Q5_0": "Q5_0",
+    "Q5_1": "Q5_1",
+    "Q8_0": "Q8_0",
+    "Q2_K": "Q2_K",
+    "Q3_K": "Q3_K_M",
+    "Q4_K": "Q4_K_M",
+    "Q5_K": "Q5_K_M",
+    "Q6_K": "Q6_K",
+    "TQ1_0": "TQ1_0",
+    "TQ2_0": "TQ2_0",
+    "IQ2_XXS": "IQ2_XXS",
+    "IQ2_XS": "IQ2_XS",
+    "IQ2_S": "IQ2_S",
+    "IQ3_XXS": "IQ3_XXS",
+    "IQ1_S": "IQ1_S",
+    "IQ1_M": "IQ1_M",
+    "IQ4_NL": "IQ4_NL",
+    "IQ4_XS": "IQ4_XS",
+    "IQ3_S": "IQ3_S",
+    "NVFP4": "NVFP4",
+    "Q1_0": "Q1_0",
+    "Q2_0": "Q2_0",
+}
 
 
 # ------------------------------------------------------------------------------------------------- facts
@@ -160,9 +182,12 @@ def describe(header: GGUFHeader) -> dict[str, Any]:
     guessed = _most_tensors_type(header.tensors)
     template = md.get("tokenizer.chat_template")
     template_bytes = (
-        template.length if isinstance(template, LongString)
-        else len(template.encode("utf-8")) if isinstance(template, str) else None
-    )  # fmt: skip
+        template.length
+        if isinstance(template, LongString)
+        else len(template.encode("utf-8"))
+        if isinstance(template, str)
+        else None
+    )
     return {
         "architecture": arch,
         "name": _short(md.get("general.name")),
@@ -301,9 +326,12 @@ class HttpRangeSource:
     def _request(self, start: int, length: int) -> urllib.request.Request:
         request = urllib.request.Request(  # noqa: S310 - the scheme was checked by resolve_remote_url
             self.url,
-            headers={"Range": f"bytes={start}-{start + length - 1}", "Accept-Encoding": "identity",
-                     "User-Agent": "llamaforge"},
-        )  # fmt: skip
+            headers={
+                "Range": f"bytes={start}-{start + length - 1}",
+                "Accept-Encoding": "identity",
+                "User-Agent": "llamaforge",
+            },
+        )
         for key, value in self._secret_headers.items():
             # unredirected: a hub redirects to a CDN host that must not see the token
             request.add_unredirected_header(key, value)
@@ -336,9 +364,12 @@ class HttpRangeSource:
             time.sleep(0.2 * attempt)
 
     def _http_error(self, error: urllib.error.HTTPError) -> ModelError:
-        hint = {401: "set HF_TOKEN for gated or private hub files", 403: "set HF_TOKEN for gated hub files",
-                404: "check the repository, revision and file name",
-                416: "the server refused the byte range"}.get(error.code)  # fmt: skip
+        hint = {
+            401: "set HF_TOKEN for gated or private hub files",
+            403: "set HF_TOKEN for gated hub files",
+            404: "check the repository, revision and file name",
+            416: "the server refused the byte range",
+        }.get(error.code)
         return ModelError(f"{self.name}: HTTP {error.code} {error.reason}", hint=hint)
 
     def _fetch_once(self, start: int, length: int) -> None:
@@ -356,15 +387,24 @@ class HttpRangeSource:
                 raise ModelError(f"{self.name}: range response without a usable Content-Range header")
             first, last, total = (int(group) for group in match.groups())
             if first != start or last < first or last >= total or (self._size >= 0 and total != self._size):
-                raise ModelError(f"{self.name}: the server answered bytes {first}-{last}/{total} "
-                                 f"to a request for {start}-{start + length - 1}")  # fmt: skip
+                raise ModelError(
+                    f"{self.name}: the server answered bytes {first}-{last}/{total} "
+                    f"to a request for {start}-{start + length - 1}"
+                )
             body = response.read(last - first + 1)
         if len(body) != last - first + 1:
             raise ModelError(f"{self.name}: short range response ({len(body)} of {last - first + 1} bytes)")
         self._size = total
         self._data += body
-        self._reporter(Event("progress", f"fetched {len(self._data)} bytes of the header", stage="inspect",
-                             completed=len(self._data), total=None))  # fmt: skip
+        self._reporter(
+            Event(
+                "progress",
+                f"fetched {len(self._data)} bytes of the header",
+                stage="inspect",
+                completed=len(self._data),
+                total=None,
+            )
+        )
 
 
 # --------------------------------------------------------------------------------------------- operation

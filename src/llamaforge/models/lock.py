@@ -202,8 +202,14 @@ def _resolve_model(recipe: ModelRecipe, reporter: Reporter) -> ModelLock:
                 hint="fetch it once (`invoke models.fetch`) and lock again: the lock then uses the verified copy",
             )
         revision = hub_file.commit or requested
-        return ModelLock(source=recipe.source, requested_revision=requested, revision=revision, sha256=sha256,
-                         size=size, resolved_at=_now())  # fmt: skip
+        return ModelLock(
+            source=recipe.source,
+            requested_revision=requested,
+            revision=revision,
+            sha256=sha256,
+            size=size,
+            resolved_at=_now(),
+        )
     # https:// and file://: nothing to ask; a fetched copy pins it (lock never downloads gigabytes).
     known = modelstore.find_source(f"{recipe.source}@")
     if known is None:
@@ -279,22 +285,41 @@ def lock_models(
         try:
             entry = _resolve_model(recipe, reporter)
         except LockError as error:
-            report.unresolved.append({"kind": "model", "name": recipe.name, "source": recipe.source,
-                                      "reason": error.message, "hint": error.hint or ""})  # fmt: skip
+            report.unresolved.append(
+                {
+                    "kind": "model",
+                    "name": recipe.name,
+                    "source": recipe.source,
+                    "reason": error.message,
+                    "hint": error.hint or "",
+                }
+            )
             continue
         lock.models[recipe.name] = entry
         report.locked.append({"kind": "model", "name": recipe.name, **entry.model_dump(exclude_none=True)})
     if with_images:
         for tag in _image_tags():
             if tag.startswith(LOCAL_IMAGE_PREFIX):
-                report.skipped.append({"kind": "image", "name": tag,
-                                       "reason": "made locally by `invoke images.bootstrap`: no registry"})  # fmt: skip
+                report.skipped.append(
+                    {
+                        "kind": "image",
+                        "name": tag,
+                        "reason": "made locally by `invoke images.bootstrap`: no registry",
+                    }
+                )
                 continue
             try:
                 digest = _resolve_image(tag)
             except LockError as error:
-                report.unresolved.append({"kind": "image", "name": tag, "source": tag, "reason": error.message,
-                                          "hint": error.hint or ""})  # fmt: skip
+                report.unresolved.append(
+                    {
+                        "kind": "image",
+                        "name": tag,
+                        "source": tag,
+                        "reason": error.message,
+                        "hint": error.hint or "",
+                    }
+                )
                 continue
             lock.images[tag] = ImageLock(digest=digest, resolved_at=_now())
             report.locked.append({"kind": "image", "name": tag, "digest": digest})

@@ -51,7 +51,12 @@ def models_remap_op(params: ModelRemapParams, ctx: OperationContext) -> Remapped
 
     rules = load_rules(params.rules) if params.rules else None
     result = remap_gguf(
-        Path(params.src), Path(params.dst), rules, target_arch=params.target_arch, overwrite=params.overwrite,
-        reporter=ctx.reporter, cancel=ctx.cancel,
-    )  # fmt: skip
+        Path(params.src),
+        Path(params.dst),
+        rules,
+        target_arch=params.target_arch,
+        overwrite=params.overwrite,
+        reporter=ctx.reporter,
+        cancel=ctx.cancel,
+    )
     return RemappedModel.model_validate(result.to_json())

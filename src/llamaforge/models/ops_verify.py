@@ -91,9 +91,13 @@ def models_verify_op(params: ModelVerifyParams, ctx: OperationContext) -> Verifi
         )
     build = _build_dir(params.load_check) if params.load_check else None
     report = verify_model(
-        path, recipe, load_check_build=build, use_cache=not params.no_cache, reporter=ctx.reporter,
+        path,
+        recipe,
+        load_check_build=build,
+        use_cache=not params.no_cache,
+        reporter=ctx.reporter,
         cancel=ctx.cancel,
-    )  # fmt: skip
+    )
     data = VerifiedModel.model_validate(report.to_json())
     if not report.ok:
         failed = sorted(name for name, status in report.checks().items() if status == "fail")

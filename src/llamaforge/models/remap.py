@@ -123,8 +123,16 @@ class _Progress:
         if final or self.done - self.last >= _PROGRESS_STEP:
             self.last = self.done
             mib = f"{self.done / 2**20:.1f}/{self.total / 2**20:.1f} MiB"
-            self.reporter(Event("progress", f"{self.what} {mib}", stage=_STAGE, completed=self.done,
-                                total=self.total, unit="bytes"))  # fmt: skip
+            self.reporter(
+                Event(
+                    "progress",
+                    f"{self.what} {mib}",
+                    stage=_STAGE,
+                    completed=self.done,
+                    total=self.total,
+                    unit="bytes",
+                )
+            )
         if self.cancel is not None:
             self.cancel.raise_if_cancelled()
 
@@ -147,8 +155,13 @@ def _write(
             block, type_size = tensor.ggml_type.block_size, tensor.ggml_type.type_size
             # numpy-order byte shape; GGUFWriter turns it back into ggml's element shape for raw_dtype
             byte_shape = (*reversed(tensor.shape[1:]), tensor.shape[0] // block * type_size)
-            writer.add_tensor_info(item.name, byte_shape, np.dtype(np.uint8), tensor.nbytes,
-                                   raw_dtype=gguf.GGMLQuantizationType(tensor.ggml_type.id))  # fmt: skip
+            writer.add_tensor_info(
+                item.name,
+                byte_shape,
+                np.dtype(np.uint8),
+                tensor.nbytes,
+                raw_dtype=gguf.GGMLQuantizationType(tensor.ggml_type.id),
+            )
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
@@ -183,9 +196,13 @@ def _write(
 
 
 def _verify(
-    tmp: Path, plan: MetadataPlan, alignment: int, mapped: list[Mapped], hashes: Mapping[str, str],
+    tmp: Path,
+    plan: MetadataPlan,
+    alignment: int,
+    mapped: list[Mapped],
+    hashes: Mapping[str, str],
     progress: _Progress,
-) -> str:  # fmt: skip
+) -> str:
     """Re-read the written file and compare it with what was intended; returns its sha256."""
     out = read_header(tmp, exact=True)
     problems: list[str] = []
@@ -339,11 +356,25 @@ def remap_gguf(
         raise
     renamed = tuple((item.tensor.name, item.name) for item in mapped if item.tensor.name != item.name)
     edits = sum(1 for change in plan.changes if not change.note.startswith(("unchanged", "already")))
-    reporter(Event("info", f"wrote {dst}: {len(renamed)} of {len(mapped)} tensors renamed, {edits} metadata "
-                           "edits, verified", stage=_STAGE))  # fmt: skip
+    reporter(
+        Event(
+            "info",
+            f"wrote {dst}: {len(renamed)} of {len(mapped)} tensors renamed, {edits} metadata edits, verified",
+            stage=_STAGE,
+        )
+    )
     return RemapResult(
-        src=src, dst=dst, rules=rules.origin if rules else None, arch=arch, target_arch=plan.arch,
-        tensor_count=len(mapped), tensor_bytes=tensor_bytes, renamed=renamed,
-        metadata_changes=tuple(plan.changes), warnings=tuple(plan.warnings), size=size, sha256=sha256,
+        src=src,
+        dst=dst,
+        rules=rules.origin if rules else None,
+        arch=arch,
+        target_arch=plan.arch,
+        tensor_count=len(mapped),
+        tensor_bytes=tensor_bytes,
+        renamed=renamed,
+        metadata_changes=tuple(plan.changes),
+        warnings=tuple(plan.warnings),
+        size=size,
+        sha256=sha256,
         seconds=time.monotonic() - started,
-    )  # fmt: skip
+    )

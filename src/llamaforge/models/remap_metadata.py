@@ -171,8 +171,10 @@ def _apply_edits(plan: MetadataPlan, header: GGUFHeader, rules: RemapRules) -> s
         if new in plan.kvs and new not in renames and new not in deletes:
             raise ModelError(f"remap rules {origin}: metadata.rename: {name} already has {new}")
     if renames:
-        plan.kvs = {renames.get(k, k): KeyValue(renames.get(k, k), kv.vtype, kv.value, kv.sub_type)
-                    for k, kv in plan.kvs.items()}  # fmt: skip
+        plan.kvs = {
+            renames.get(k, k): KeyValue(renames.get(k, k), kv.vtype, kv.value, kv.sub_type)
+            for k, kv in plan.kvs.items()
+        }
         plan.changes.extend(MetadataChange("rename", new, old=old, new=new) for old, new in renames.items())
     for key in sorted(deletes):
         removed = plan.kvs.pop(key, None)
@@ -234,12 +236,19 @@ def plan_metadata(
             raise ModelError(
                 f"cannot relabel {Path(header.source).name} to {out_arch}: it has both {old} and {new}"
             )
-    plan.kvs = {moved.get(k, k): KeyValue(moved.get(k, k), kv.vtype, kv.value, kv.sub_type)
-                for k, kv in plan.kvs.items()}  # fmt: skip
+    plan.kvs = {
+        moved.get(k, k): KeyValue(moved.get(k, k), kv.vtype, kv.value, kv.sub_type)
+        for k, kv in plan.kvs.items()
+    }
     plan.kvs[ARCH_KEY] = KeyValue(ARCH_KEY, _V.STRING, out_arch.encode("utf-8"))
     plan.changes.append(
-        MetadataChange("relabel", ARCH_KEY, old=arch, new=out_arch,
-                       note=f"{len(moved)} {arch}.* keys renamed to {out_arch}.*")
-    )  # fmt: skip
+        MetadataChange(
+            "relabel",
+            ARCH_KEY,
+            old=arch,
+            new=out_arch,
+            note=f"{len(moved)} {arch}.* keys renamed to {out_arch}.*",
+        )
+    )
     plan.arch = out_arch
     return plan

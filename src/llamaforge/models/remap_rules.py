@@ -61,9 +61,19 @@ _ALIGNMENT_KEY: Final[str] = _K.General.ALIGNMENT
 _BLOCK_COUNT_KEY: Final[str] = _K.LLM.BLOCK_COUNT
 
 GGUFTypeName = Literal[
-    "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64", "float32", "float64", "bool",
+    "uint8",
+    "int8",
+    "uint16",
+    "int16",
+    "uint32",
+    "int32",
+    "uint64",
+    "int64",
+    "float32",
+    "float64",
+    "bool",
     "string",
-]  # fmt: skip
+]
 GGUF_TYPES: Final[Mapping[str, gguf.GGUFValueType]] = {
     name: gguf.GGUFValueType[name.upper()] for name in get_args(GGUFTypeName)
 }
@@ -92,11 +102,15 @@ _PROTECTED: Final[Mapping[str, str]] = {
 }
 
 _INT_RANGES: Final[Mapping[gguf.GGUFValueType, tuple[int, int]]] = {
-    _V.UINT8: (0, 2**8 - 1), _V.INT8: (-(2**7), 2**7 - 1),
-    _V.UINT16: (0, 2**16 - 1), _V.INT16: (-(2**15), 2**15 - 1),
-    _V.UINT32: (0, 2**32 - 1), _V.INT32: (-(2**31), 2**31 - 1),
-    _V.UINT64: (0, 2**64 - 1), _V.INT64: (-(2**63), 2**63 - 1),
-}  # fmt: skip
+    _V.UINT8: (0, 2**8 - 1),
+    _V.INT8: (-(2**7), 2**7 - 1),
+    _V.UINT16: (0, 2**16 - 1),
+    _V.INT16: (-(2**15), 2**15 - 1),
+    _V.UINT32: (0, 2**32 - 1),
+    _V.INT32: (-(2**31), 2**31 - 1),
+    _V.UINT64: (0, 2**64 - 1),
+    _V.INT64: (-(2**63), 2**63 - 1),
+}
 _FLOAT32_MAX: Final[float] = 3.4028234663852886e38
 _KEY_RE: Final[re.Pattern[str]] = re.compile(r"^(?:\{arch\}|[A-Za-z0-9_-]+)(?:\.[A-Za-z0-9_-]+)*$")
 
@@ -234,8 +248,11 @@ class MetadataRules(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> MetadataRules:
         seen: dict[str, str] = {}
-        for op, keys in (("rename", [*self.rename, *self.rename.values()]), ("delete", self.delete),
-                         ("set", list(self.set_))):  # fmt: skip
+        for op, keys in (
+            ("rename", [*self.rename, *self.rename.values()]),
+            ("delete", self.delete),
+            ("set", list(self.set_)),
+        ):
             for key in keys:
                 _check_key_syntax(key)
                 if key in seen and not (op == "rename" and seen[key] == "rename"):

@@ -55,8 +55,11 @@ def models_verify_cli(result: dict[str, Any], console: Console) -> None:
     models_inspect_cli({"source": result["path"], "model": result["model"]}, console)
     load = result.get("load_check")
     if load:
-        buffers = ", ".join(f"{kind} {name} {mib:.2f} MiB" for kind, per in load["buffers_mib"].items()
-                            for name, mib in per.items())  # fmt: skip
+        buffers = ", ".join(
+            f"{kind} {name} {mib:.2f} MiB"
+            for kind, per in load["buffers_mib"].items()
+            for name, mib in per.items()
+        )
         console.print(
             f"  load check (-c {load['context']}): {'loaded' if load['loaded'] else 'failed'}; {buffers}"
         )
@@ -66,21 +69,35 @@ def models_inspect_cli(result: dict[str, Any], console: Console) -> None:
     """``models.inspect`` as a table."""
     model = result["model"]
     layers = model["layers"]
-    remote = (f" (header only: {result['bytes_fetched']} bytes in {result['requests']} range requests)"
-              if result.get("remote") else "")  # fmt: skip
+    remote = (
+        f" (header only: {result['bytes_fetched']} bytes in {result['requests']} range requests)"
+        if result.get("remote")
+        else ""
+    )
     table = Table(title=f"{result['source']}{remote}", show_header=False)
     table.add_row("architecture", f"{model['architecture']} ({model['name'] or '-'})")
     table.add_row("parameters", _parameters(model))
-    table.add_row("layers", f"{layers['block_count']}: {layers['attention']} attention, {layers['recurrent']} "
-                  f"recurrent, {layers['mtp']} MTP")  # fmt: skip
+    table.add_row(
+        "layers",
+        f"{layers['block_count']}: {layers['attention']} attention, {layers['recurrent']} "
+        f"recurrent, {layers['mtp']} MTP",
+    )
     table.add_row("context", str(model["context_length"]))
     table.add_row("file type", f"{model['file_type'] or '-'} (most bytes {model['dominant_type'] or '-'})")
-    table.add_row("quant mix", ", ".join(f"{name} {entry['count']}x {entry['bytes'] / 2**20:.1f} MiB"
-                                         for name, entry in model["quant_histogram"].items()) or "-")  # fmt: skip
+    table.add_row(
+        "quant mix",
+        ", ".join(
+            f"{name} {entry['count']}x {entry['bytes'] / 2**20:.1f} MiB"
+            for name, entry in model["quant_histogram"].items()
+        )
+        or "-",
+    )
     table.add_row("size", f"{model['file_size'] / 2**20:.1f} MiB (header {model['header_bytes']} bytes)")
     tokenizer = model["tokenizer"]
-    table.add_row("tokenizer", f"{tokenizer['model'] or '-'} / {tokenizer['pre'] or '-'}, "
-                  f"{tokenizer['vocab_size']} tokens")  # fmt: skip
+    table.add_row(
+        "tokenizer",
+        f"{tokenizer['model'] or '-'} / {tokenizer['pre'] or '-'}, {tokenizer['vocab_size']} tokens",
+    )
     template = model["chat_template"]
     table.add_row("chat template", f"{template['bytes']} bytes" if template["present"] else "none")
     console.print(table)

@@ -25,8 +25,11 @@ _QKV: Final[_Alternatives] = (("ATTN_QKV",), ("ATTN_Q", "ATTN_K", "ATTN_V"))
 _GATE_UP_EXPS: Final[_Alternatives] = (("FFN_GATE_UP_EXP",), ("FFN_GATE_EXP", "FFN_UP_EXP"))
 _QWEN3_ATTN: Final = (_QKV, *_need("ATTN_OUT", "ATTN_Q_NORM", "ATTN_K_NORM"))
 _DENSE_FFN: Final = _need("FFN_GATE", "FFN_DOWN", "FFN_UP")
-_SHARED_MOE: Final = (*_need("FFN_GATE_INP", "FFN_DOWN_EXP"), _GATE_UP_EXPS,
-                      *_need("FFN_GATE_INP_SHEXP", "FFN_GATE_SHEXP", "FFN_UP_SHEXP", "FFN_DOWN_SHEXP"))  # fmt: skip
+_SHARED_MOE: Final = (
+    *_need("FFN_GATE_INP", "FFN_DOWN_EXP"),
+    _GATE_UP_EXPS,
+    *_need("FFN_GATE_INP_SHEXP", "FFN_GATE_SHEXP", "FFN_UP_SHEXP", "FFN_DOWN_SHEXP"),
+)
 _DELTANET: Final = _need("SSM_CONV1D", "SSM_DT", "SSM_A", "SSM_NORM", "SSM_OUT")
 
 
@@ -44,25 +47,54 @@ _GLOBAL_REQUIRED: Final = ("TOKEN_EMBD", "OUTPUT_NORM")
 _ARCH_RULES: Final[Mapping[str, _ArchRules]] = {
     "qwen2": _ArchRules(every=(*_need("ATTN_NORM", "ATTN_OUT", "FFN_NORM"), _QKV, *_DENSE_FFN)),
     "qwen3": _ArchRules(every=(*_need("ATTN_NORM", "FFN_NORM"), *_QWEN3_ATTN, *_DENSE_FFN)),
-    "qwen3moe": _ArchRules(every=(*_need("ATTN_NORM", "FFN_NORM", "FFN_GATE_INP"), *_QWEN3_ATTN,
-                                  *_need("FFN_GATE_EXP", "FFN_DOWN_EXP", "FFN_UP_EXP"))),
-    "qwen35": _ArchRules(every=(*_need("ATTN_NORM", "ATTN_POST_NORM"), *_DENSE_FFN), attention=_QWEN3_ATTN,
-                         recurrent=(*_DELTANET, *_need("SSM_BETA", "SSM_ALPHA"))),
-    "qwen35moe": _ArchRules(every=(*_need("ATTN_NORM", "ATTN_POST_NORM"), *_SHARED_MOE), attention=_QWEN3_ATTN,
-                            recurrent=(*_DELTANET, *_need("SSM_BETA", "SSM_ALPHA"))),
-    "qwen3next": _ArchRules(every=(*_need("ATTN_NORM", "ATTN_POST_NORM"), *_SHARED_MOE), attention=_QWEN3_ATTN,
-                            recurrent=(*_DELTANET, *_need("SSM_BETA_ALPHA"),
-                                       (("SSM_IN",), ("ATTN_QKV", "ATTN_GATE")))),
+    "qwen3moe": _ArchRules(
+        every=(
+            *_need("ATTN_NORM", "FFN_NORM", "FFN_GATE_INP"),
+            *_QWEN3_ATTN,
+            *_need("FFN_GATE_EXP", "FFN_DOWN_EXP", "FFN_UP_EXP"),
+        )
+    ),
+    "qwen35": _ArchRules(
+        every=(*_need("ATTN_NORM", "ATTN_POST_NORM"), *_DENSE_FFN),
+        attention=_QWEN3_ATTN,
+        recurrent=(*_DELTANET, *_need("SSM_BETA", "SSM_ALPHA")),
+    ),
+    "qwen35moe": _ArchRules(
+        every=(*_need("ATTN_NORM", "ATTN_POST_NORM"), *_SHARED_MOE),
+        attention=_QWEN3_ATTN,
+        recurrent=(*_DELTANET, *_need("SSM_BETA", "SSM_ALPHA")),
+    ),
+    "qwen3next": _ArchRules(
+        every=(*_need("ATTN_NORM", "ATTN_POST_NORM"), *_SHARED_MOE),
+        attention=_QWEN3_ATTN,
+        recurrent=(*_DELTANET, *_need("SSM_BETA_ALPHA"), (("SSM_IN",), ("ATTN_QKV", "ATTN_GATE"))),
+    ),
     # src/models/gemma2.cpp, gemma3.cpp at b11312: post-norms after attention and FFN (gguf calls blk.N.ffn_norm
     # FFN_PRE_NORM for these archs); gemma3 adds Q/K norms.
-    "gemma2": _ArchRules(every=(*_need("ATTN_NORM", "ATTN_OUT", "ATTN_POST_NORM", "FFN_PRE_NORM", "FFN_POST_NORM"),
-                                _QKV, *_DENSE_FFN)),
-    "gemma3": _ArchRules(every=(*_need("ATTN_NORM", "ATTN_POST_NORM", "FFN_PRE_NORM", "FFN_POST_NORM"),
-                                *_QWEN3_ATTN, *_DENSE_FFN)),
-}  # fmt: skip
+    "gemma2": _ArchRules(
+        every=(
+            *_need("ATTN_NORM", "ATTN_OUT", "ATTN_POST_NORM", "FFN_PRE_NORM", "FFN_POST_NORM"),
+            _QKV,
+            *_DENSE_FFN,
+        )
+    ),
+    "gemma3": _ArchRules(
+        every=(
+            *_need("ATTN_NORM", "ATTN_POST_NORM", "FFN_PRE_NORM", "FFN_POST_NORM"),
+            *_QWEN3_ATTN,
+            *_DENSE_FFN,
+        )
+    ),
+}
 _SUFFIX: Final[Mapping[str, str]] = {"SSM_A": "", "SSM_DT": ".bias"}
-_NEXTN: Final = ("NEXTN_EH_PROJ", "NEXTN_EMBED_TOKENS", "NEXTN_ENORM", "NEXTN_HNORM",
-                 "NEXTN_SHARED_HEAD_HEAD", "NEXTN_SHARED_HEAD_NORM")  # fmt: skip
+_NEXTN: Final = (
+    "NEXTN_EH_PROJ",
+    "NEXTN_EMBED_TOKENS",
+    "NEXTN_ENORM",
+    "NEXTN_HNORM",
+    "NEXTN_SHARED_HEAD_HEAD",
+    "NEXTN_SHARED_HEAD_NORM",
+)
 
 
 def _tensor_name(kind: str, bid: int | None) -> str:
@@ -86,8 +118,18 @@ def check_tensor_set(header: GGUFHeader) -> tuple[list[str], list[str], list[Fin
     arch = header.architecture or ""
     model_arch = next((m for m, name in gguf.MODEL_ARCH_NAMES.items() if name == arch), None)
     if model_arch is None:
-        return [], [], [Finding("tensors", "fail", "general.architecture",
-                                f"architecture {arch!r} is not known to gguf 0.19.0 / llama.cpp")]  # fmt: skip
+        return (
+            [],
+            [],
+            [
+                Finding(
+                    "tensors",
+                    "fail",
+                    "general.architecture",
+                    f"architecture {arch!r} is not known to gguf 0.19.0 / llama.cpp",
+                )
+            ],
+        )
     kinds = layer_kinds(header)
     templates: dict[str, str] = {}  # "blk.{bid}.attn_q" / "output" -> kind name
     for tensor_kind in [*gguf.MODEL_TENSORS[model_arch], *(gguf.MODEL_TENSOR[k] for k in _NEXTN)]:
@@ -108,8 +150,14 @@ def check_tensor_set(header: GGUFHeader) -> tuple[list[str], list[str], list[Fin
     if rules is None:
         # Without llama.cpp's per-layer rules (dense/MoE and attention/recurrent patterns vary by arch), a
         # guess would raise false alarms: only names and the global tensors are checked.
-        findings.append(Finding("tensors", "ok", arch, f"no per-layer rules for {arch}: checked tensor names "
-                                "and the global tensors only"))  # fmt: skip
+        findings.append(
+            Finding(
+                "tensors",
+                "ok",
+                arch,
+                f"no per-layer rules for {arch}: checked tensor names and the global tensors only",
+            )
+        )
     else:
         for bid, kind in enumerate(kinds):
             if kind == "mtp":

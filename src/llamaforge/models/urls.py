@@ -21,9 +21,14 @@ from llamaforge.core.guard import is_loopback
 from llamaforge.core.http import checked_opener, redact_url
 
 __all__ = [
-    "DEFAULT_MAX_UNPINNED", "MAX_UNPINNED_ENV", "check_model_url", "human_bytes",
-    "max_unpinned_bytes", "opener", "redact_url",
-]  # fmt: skip
+    "DEFAULT_MAX_UNPINNED",
+    "MAX_UNPINNED_ENV",
+    "check_model_url",
+    "human_bytes",
+    "max_unpinned_bytes",
+    "opener",
+    "redact_url",
+]
 
 MAX_UNPINNED_ENV: Final = "LLAMAFORGE_MAX_UNPINNED_DOWNLOAD"
 DEFAULT_MAX_UNPINNED: Final = 256 << 30

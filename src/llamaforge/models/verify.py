@@ -109,12 +109,19 @@ def check_structure(header: GGUFHeader) -> list[Finding]:
     elif not isinstance(header.metadata.get(f"{arch}.block_count"), int):
         findings.append(Finding("structure", "fail", f"{arch}.block_count", f"{arch}.block_count is missing"))
     if not header.packed:
-        findings.append(Finding("structure", "fail", "tensor offsets",
-                                "tensor data is not packed in order; llama.cpp b11312 refuses such files"))  # fmt: skip
+        findings.append(
+            Finding(
+                "structure",
+                "fail",
+                "tensor offsets",
+                "tensor data is not packed in order; llama.cpp b11312 refuses such files",
+            )
+        )
     trailing = header.file_size - header.data_end
     if trailing >= header.alignment:
-        findings.append(Finding("structure", "warn", "file size",
-                                f"{trailing} bytes after the last tensor's data"))  # fmt: skip
+        findings.append(
+            Finding("structure", "warn", "file size", f"{trailing} bytes after the last tensor's data")
+        )
     n_vocab = array_length(header.metadata.get("tokenizer.ggml.tokens"))
     if n_vocab is None:
         findings.append(Finding("structure", "warn", "tokenizer.ggml.tokens", "no vocabulary in the file"))
@@ -149,20 +156,29 @@ def check_expectations(
         mismatch("expectations", "size", f"size is {size} bytes, the recipe pins {recipe.size}")
     expect = recipe.expect
     if expect.architecture and model["architecture"] != expect.architecture:
-        mismatch("expectations", "architecture",
-                 f"architecture is {model['architecture']!r}, the recipe expects {expect.architecture!r}")  # fmt: skip
+        mismatch(
+            "expectations",
+            "architecture",
+            f"architecture is {model['architecture']!r}, the recipe expects {expect.architecture!r}",
+        )
     context = model["context_length"]
     if expect.min_context_length and not (isinstance(context, int) and context >= expect.min_context_length):
-        mismatch("expectations", "context_length",
-                 f"context_length is {context}, the recipe expects at least {expect.min_context_length}")  # fmt: skip
+        mismatch(
+            "expectations",
+            "context_length",
+            f"context_length is {context}, the recipe expects at least {expect.min_context_length}",
+        )
     if expect.file_type:
         actual = model["file_type"] or model["guessed_file_type"] or "?"
         if _normal_file_type(actual) != _normal_file_type(expect.file_type):
             mismatch(
                 "expectations", "file_type", f"file_type is {actual}, the recipe expects {expect.file_type}"
             )
-    for key, actual in (("block_count", model["layers"]["block_count"]), ("expert_count", model["expert_count"]),
-                        ("expert_used_count", model["expert_used_count"])):  # fmt: skip
+    for key, actual in (
+        ("block_count", model["layers"]["block_count"]),
+        ("expert_count", model["expert_count"]),
+        ("expert_used_count", model["expert_used_count"]),
+    ):
         wanted = getattr(expect, key)
         if wanted is not None and actual != wanted:
             mismatch("expectations", key, f"{key} is {actual}, the recipe expects {wanted}")
@@ -191,8 +207,16 @@ def hash_file(path: Path, size: int, reporter: Reporter, cancel: CancelToken) ->
             done += n
             if done >= next_report or done == size:
                 cancel.raise_if_cancelled()
-                reporter(Event("progress", f"sha256 {path.name}", stage="verify", completed=done, total=size,
-                               unit="bytes"))  # fmt: skip
+                reporter(
+                    Event(
+                        "progress",
+                        f"sha256 {path.name}",
+                        stage="verify",
+                        completed=done,
+                        total=size,
+                        unit="bytes",
+                    )
+                )
                 next_report = done + (256 << 20)
     return digest.hexdigest()
 
@@ -244,8 +268,14 @@ def analyse_header(header: GGUFHeader) -> dict[str, Any]:
         missing, unknown, tensor_findings = check_tensor_set(header)
     else:  # one finding, not one "missing tensor" per tensor the architecture needs
         missing, unknown = [], []
-        tensor_findings = [Finding("tensors", "fail", "tensors", "vocab-only: no tensors (a vocabulary file: "
-                                   "llama.cpp cannot load it as a model)")]  # fmt: skip
+        tensor_findings = [
+            Finding(
+                "tensors",
+                "fail",
+                "tensors",
+                "vocab-only: no tensors (a vocabulary file: llama.cpp cannot load it as a model)",
+            )
+        ]
     findings = [*check_structure(header), *tensor_findings, *check_templates(header.metadata)]
     model = describe(header)
     model["missing_tensors"] = missing
@@ -296,9 +326,16 @@ def load_check(
             result[name] = dataclasses.asdict(cache)
     if loaded.model_params is not None:
         result["model_params"] = loaded.model_params
-    result.update({"command": command, "returncode": run.exit_code, "context": context,
-                   "loaded": run.ok and "weights" in loaded.buffers, "errors": errors[-10:],
-                   "tail": lines[-15:] if run.exit_code else []})  # fmt: skip
+    result.update(
+        {
+            "command": command,
+            "returncode": run.exit_code,
+            "context": context,
+            "loaded": run.ok and "weights" in loaded.buffers,
+            "errors": errors[-10:],
+            "tail": lines[-15:] if run.exit_code else [],
+        }
+    )
     result.update(_ending(run.exit_code, lines))
     return result
 
@@ -372,9 +409,15 @@ def verify_model(
         findings += check_expectations(analysis["model"], recipe, stat.st_size, sha256)
         checks_run.add("expectations")
     report = VerifyReport(
-        path=str(file), size=stat.st_size, sha256=sha256, model=analysis["model"], findings=findings,
-        recipe=recipe.name if recipe else None, cached=entry is not None, checks_run=checks_run,
-    )  # fmt: skip
+        path=str(file),
+        size=stat.st_size,
+        sha256=sha256,
+        model=analysis["model"],
+        findings=findings,
+        recipe=recipe.name if recipe else None,
+        cached=entry is not None,
+        checks_run=checks_run,
+    )
     if load_check_build is not None:
         result = load_check(file, load_check_build, reporter=reporter, cancel=cancel, runner=runner)
         report.load_check = result

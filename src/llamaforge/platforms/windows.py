@@ -42,14 +42,25 @@ WIN32_WINNT = "0x0A00"
 # --exclude-libs: the static runtime's symbols (libgcc's _Unwind_Resume …) stay out of each DLL's exports, or
 # the next DLL that links against it finds them twice.
 MINGW_LINK_FLAGS = (
-    "-static-libgcc", "-static-libstdc++", "-static", "-Wl,--exclude-libs,ALL", "-Wl,--no-insert-timestamp",
-)  # fmt: skip
+    "-static-libgcc",
+    "-static-libstdc++",
+    "-static",
+    "-Wl,--exclude-libs,ALL",
+    "-Wl,--no-insert-timestamp",
+)
 MINGW_CMAKE = {"GGML_OPENMP": "OFF"}
 # Installed into the mingw builder image, and listed with their versions in each build's toolchain.json.
 MINGW_PACKAGES = [
-    "binutils-mingw-w64-x86-64", "ca-certificates", "ccache", "cmake", "g++-mingw-w64-x86-64-posix",
-    "gcc-mingw-w64-x86-64-posix", "make", "mingw-w64-x86-64-dev", "ninja-build",
-]  # fmt: skip
+    "binutils-mingw-w64-x86-64",
+    "ca-certificates",
+    "ccache",
+    "cmake",
+    "g++-mingw-w64-x86-64-posix",
+    "gcc-mingw-w64-x86-64-posix",
+    "make",
+    "mingw-w64-x86-64-dev",
+    "ninja-build",
+]
 
 
 def default_toolchain(executor: str) -> WindowsToolchain:

@@ -39,8 +39,13 @@ def _builder_image(plan: BuildPlan) -> BuilderImage:
 def _copy_ca_bundle(image: BuilderImage, context: Path, reporter: Reporter) -> None:
     """Put the image's CA bundle beside its Dockerfile, where its COPY finds it."""
     assert image.ca_bundle is not None
-    reporter(Event("info", f"CA bundle {image.ca_bundle} (from {image.ca_bundle_origin}) goes into the image",
-                   stage="image"))  # fmt: skip
+    reporter(
+        Event(
+            "info",
+            f"CA bundle {image.ca_bundle} (from {image.ca_bundle_origin}) goes into the image",
+            stage="image",
+        )
+    )
     try:
         shutil.copyfile(image.ca_bundle, context / "ca-bundle.crt")
     except OSError as error:

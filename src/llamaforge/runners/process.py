@@ -225,17 +225,26 @@ def _spawn(
     """Start ``command`` in a new process group; ToolFailed (exit code 127) when it cannot start."""
     try:
         return subprocess.Popen(
-            command, cwd=cwd, env=child_env(env), text=True, errors="replace",
-            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT if merge else subprocess.PIPE, start_new_session=True,
-        )  # fmt: skip
+            command,
+            cwd=cwd,
+            env=child_env(env),
+            text=True,
+            errors="replace",
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if merge else subprocess.PIPE,
+            start_new_session=True,
+        )
     except OSError as error:
         if log is not None:
             log.close()
         raise ToolFailed(
-            f"{Path(command[0]).name} could not be started: {error.strerror or error}", command=command,
-            returncode=127, tail=[], hint=hint or f"check that {command[0]} exists and is executable",
-        ) from None  # fmt: skip
+            f"{Path(command[0]).name} could not be started: {error.strerror or error}",
+            command=command,
+            returncode=127,
+            tail=[],
+            hint=hint or f"check that {command[0]} exists and is executable",
+        ) from None
 
 
 class OutputHandle:
@@ -276,8 +285,9 @@ class OutputHandle:
 class LocalProcessHandle(OutputHandle):
     """A process on this host, its output read by a thread into memory (and the log file, when given)."""
 
-    def __init__(self, process: subprocess.Popen[str], command: list[str], output: _Output,
-                 cleanup: Callable[[], None]) -> None:  # fmt: skip
+    def __init__(
+        self, process: subprocess.Popen[str], command: list[str], output: _Output, cleanup: Callable[[], None]
+    ) -> None:
         super().__init__(output)
         self._process = process
         self._cleanup = cleanup
@@ -330,17 +340,25 @@ def finished_run(
     """The result of a command that ended, or its ToolFailed (a timeout or a non-zero exit, unless ``warn``): one
     rule for every runner, wherever the command ran."""
     result = ProcessResult(
-        argv=command, exit_code=exit_code, stdout="".join(f"{line}\n" for line in out_lines),
-        stderr="".join(f"{line}\n" for line in err_lines), duration_s=time.monotonic() - started,
+        argv=command,
+        exit_code=exit_code,
+        stdout="".join(f"{line}\n" for line in out_lines),
+        stderr="".join(f"{line}\n" for line in err_lines),
+        duration_s=time.monotonic() - started,
         timed_out=timed_out,
-    )  # fmt: skip
+    )
     log_name = str(log_path) if log_path is not None else None
     tail = (err_lines or out_lines)[-TAIL_LINES:]
     if timed_out and not warn:
         raise ToolFailed(
-            f"{what} did not finish within {timeout_s:g} s", command=command, returncode=exit_code, tail=tail,
-            log_path=log_name, hint=hint or "raise the timeout, or give it less work", timed_out=True,
-        )  # fmt: skip
+            f"{what} did not finish within {timeout_s:g} s",
+            command=command,
+            returncode=exit_code,
+            tail=tail,
+            log_path=log_name,
+            hint=hint or "raise the timeout, or give it less work",
+            timed_out=True,
+        )
     if exit_code != 0 and not warn:
         raise ToolFailed(
             f"{what} failed", command=command, returncode=exit_code, tail=tail, log_path=log_name, hint=hint
@@ -418,9 +436,18 @@ class LocalProcessRunner:
                 log.close()
         cancel.raise_if_cancelled()
         return finished_run(
-            command, process.returncode, out_lines, err_lines, started=started, timed_out=timed_out, warn=warn,
-            what=what, hint=hint, timeout_s=timeout_s, log_path=log_path,
-        )  # fmt: skip
+            command,
+            process.returncode,
+            out_lines,
+            err_lines,
+            started=started,
+            timed_out=timed_out,
+            warn=warn,
+            what=what,
+            hint=hint,
+            timeout_s=timeout_s,
+            log_path=log_path,
+        )
 
     def start(
         self,

@@ -106,8 +106,15 @@ def remote_command(argv: Sequence[str], *, env: bool, cwd: str | None, merge: bo
 class SshProcessHandle(OutputHandle):
     """A process started on the host by :meth:`SshProcessRunner.start`; its output read by a thread."""
 
-    def __init__(self, runner: SshProcessRunner, channel: Any, command: list[str], pid: int,
-                 output: _Output, cleanup: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        runner: SshProcessRunner,
+        channel: Any,
+        command: list[str],
+        pid: int,
+        output: _Output,
+        cleanup: Any,
+    ) -> None:
         super().__init__(output)
         self._runner = runner
         self._channel = channel
@@ -213,8 +220,14 @@ class SshProcessRunner:
             channel.recv_exit_status()
             channel.close()
 
-    def _open(self, command: list[str], env: Mapping[str, str] | None, cwd: Path | None,
-              stdin: str | None, merge: bool) -> tuple[Any, int, io.TextIOWrapper]:  # fmt: skip
+    def _open(
+        self,
+        command: list[str],
+        env: Mapping[str, str] | None,
+        cwd: Path | None,
+        stdin: str | None,
+        merge: bool,
+    ) -> tuple[Any, int, io.TextIOWrapper]:
         """Start ``command``: the channel, the remote pid and the stderr stream after the pid line."""
         import paramiko
 
@@ -249,12 +262,17 @@ class SshProcessRunner:
         code = channel.recv_exit_status()
         if not self.connection_alive():
             self.close()
-            raise SshError(f"the connection to {self.host.address} was lost while {command[0]} started",
-                           hint="check the host and its network, then run it again")  # fmt: skip
+            raise SshError(
+                f"the connection to {self.host.address} was lost while {command[0]} started",
+                hint="check the host and its network, then run it again",
+            )
         raise ToolFailed(
-            f"{self.host.address} could not start {command[0]}", command=command, returncode=code,
-            tail=before[-TAIL_LINES:], hint="check that the user's login shell on the host is a POSIX shell",
-        )  # fmt: skip
+            f"{self.host.address} could not start {command[0]}",
+            command=command,
+            returncode=code,
+            tail=before[-TAIL_LINES:],
+            hint="check that the user's login shell on the host is a POSIX shell",
+        )
 
     def run(
         self,
@@ -328,9 +346,18 @@ class SshProcessRunner:
                 hint="check the host and its network, then run it again",
             )
         return finished_run(
-            command, code, out_lines, err_lines, started=started, timed_out=timed_out, warn=warn, what=what,
-            hint=hint, timeout_s=timeout_s, log_path=log_path,
-        )  # fmt: skip
+            command,
+            code,
+            out_lines,
+            err_lines,
+            started=started,
+            timed_out=timed_out,
+            warn=warn,
+            what=what,
+            hint=hint,
+            timeout_s=timeout_s,
+            log_path=log_path,
+        )
 
     def start(
         self,

@@ -161,15 +161,18 @@ class SshBuildExecutor:
             **request.script_environment(),
         }
         command = request.plan.script.command(script)
-        result = self.runner.run(command, env=environment, merge_stderr=True, on_line=request.log,
-                                 cancel=request.cancel, warn=True)  # fmt: skip
+        result = self.runner.run(
+            command, env=environment, merge_stderr=True, on_line=request.log, cancel=request.cancel, warn=True
+        )
         if result.exit_code != 0:
             raise BuildFailed(
                 f"the build failed on {self.host.address} (exit code {result.exit_code})",
-                command=command, returncode=result.exit_code, tail=list(request.log.tail),
+                command=command,
+                returncode=result.exit_code,
+                tail=list(request.log.tail),
                 log_path=str(request.log.path),
                 hint="read the full log; the script names a missing toolchain itself (Visual Studio, CUDA, Xcode)",
-            )  # fmt: skip
+            )
 
     def close(self) -> None:
         """Close the SSH connection."""

@@ -137,9 +137,12 @@ def open_connection(
     if host.key_file is not None:
         connect_kwargs["key_filename"] = [str(host.key_file)]
     connection = Connection(
-        host.host, user=host.user, port=host.port, connect_timeout=max(1, round(connect_timeout_s)),
+        host.host,
+        user=host.user,
+        port=host.port,
+        connect_timeout=max(1, round(connect_timeout_s)),
         connect_kwargs=connect_kwargs,
-    )  # fmt: skip
+    )
     # Fabric's configuration files may carry a password: key authentication only, so it is dropped.
     connection.connect_kwargs.pop("password", None)
     client = connection.client

@@ -72,9 +72,13 @@ def _ns(seconds: float) -> int:
 
 def _policy(kind: Any, policy: UpdatePolicy) -> Any:
     return kind(
-        parallelism=policy.parallelism, delay=_ns(policy.delay_s), failure_action=policy.failure_action,
-        monitor=_ns(policy.monitor_s), max_failure_ratio=policy.max_failure_ratio, order=policy.order,
-    )  # fmt: skip
+        parallelism=policy.parallelism,
+        delay=_ns(policy.delay_s),
+        failure_action=policy.failure_action,
+        monitor=_ns(policy.monitor_s),
+        max_failure_ratio=policy.max_failure_ratio,
+        order=policy.order,
+    )
 
 
 def service_arguments(definition: ServiceDefinition) -> dict[str, Any]:
@@ -83,18 +87,32 @@ def service_arguments(definition: ServiceDefinition) -> dict[str, Any]:
 
     probe = definition.health
     container = types.ContainerSpec(
-        image=definition.image, args=list(definition.args), labels=dict(definition.labels),
+        image=definition.image,
+        args=list(definition.args),
+        labels=dict(definition.labels),
         env=[f"{key}={value}" for key, value in sorted(definition.env.items())],
-        mounts=[*(types.Mount(target, source, type="bind", read_only=True) for source, target in definition.mounts),
-                types.Mount("/tmp", None, type="tmpfs")],
-        read_only=True, cap_drop=["ALL"],  # the image's user needs no capability and writes only /tmp
-        secrets=[types.SecretReference(ident, name, filename=target, uid=str(uid), gid=str(uid), mode=0o400)
-                 for ident, name, target, uid in definition.secrets] or None,
+        mounts=[
+            *(
+                types.Mount(target, source, type="bind", read_only=True)
+                for source, target in definition.mounts
+            ),
+            types.Mount("/tmp", None, type="tmpfs"),
+        ],
+        read_only=True,
+        cap_drop=["ALL"],  # the image's user needs no capability and writes only /tmp
+        secrets=[
+            types.SecretReference(ident, name, filename=target, uid=str(uid), gid=str(uid), mode=0o400)
+            for ident, name, target, uid in definition.secrets
+        ]
+        or None,
         healthcheck=types.Healthcheck(
-            test=["CMD-SHELL", probe.command], interval=_ns(probe.interval_s), timeout=_ns(probe.timeout_s),
-            retries=probe.retries, start_period=_ns(probe.start_period_s),
+            test=["CMD-SHELL", probe.command],
+            interval=_ns(probe.interval_s),
+            timeout=_ns(probe.timeout_s),
+            retries=probe.retries,
+            start_period=_ns(probe.start_period_s),
         ),
-    )  # fmt: skip
+    )
     resources = types.Resources(generic_resources=definition.generic_resources or None)
     restart = types.RestartPolicy(
         condition="any", delay=_ns(definition.restart_delay_s), max_attempts=0, window=0
@@ -120,8 +138,14 @@ def network_name(definition: ServiceDefinition) -> str:
 
 def _ensure_network(client: Any, name: str) -> None:
     if not client.networks.list(names=[name]):
-        _api(client.networks.create, f"creating network {name}", name, driver="overlay", attachable=False,
-             labels={"org.llamaforge.service": name})  # fmt: skip
+        _api(
+            client.networks.create,
+            f"creating network {name}",
+            name,
+            driver="overlay",
+            attachable=False,
+            labels={"org.llamaforge.service": name},
+        )
 
 
 def _client(config: EngineConfig | None) -> Any:
@@ -178,8 +202,13 @@ def update_service(
     """Replace the service's spec with ``definition``'s (Swarm rolls the tasks by its update policy)."""
     client = _client(config)
     _ensure_network(client, network_name(definition))
-    _api(client.api.update_service, f"updating service {definition.name}", current["ID"],
-         current["Version"]["Index"], **service_arguments(definition))  # fmt: skip
+    _api(
+        client.api.update_service,
+        f"updating service {definition.name}",
+        current["ID"],
+        current["Version"]["Index"],
+        **service_arguments(definition),
+    )
 
 
 def rollback_service(current: dict[str, Any], config: EngineConfig | None = None) -> None:

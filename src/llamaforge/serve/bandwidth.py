@@ -66,10 +66,17 @@ class TokenBytes:
     def to_json(self) -> dict[str, Any]:
         """The parts, with the weights and the total."""
         return {
-            "dense": self.dense, "experts_active": self.experts_active, "embedding_row": self.embedding_row,
-            "weights": self.weights, "kv_cache": self.kv_cache, "recurrent_state": self.recurrent_state,
-            "total": self.total, "kv_depth": self.kv_depth, "gpu": self.gpu, "host": self.host,
-        }  # fmt: skip
+            "dense": self.dense,
+            "experts_active": self.experts_active,
+            "embedding_row": self.embedding_row,
+            "weights": self.weights,
+            "kv_cache": self.kv_cache,
+            "recurrent_state": self.recurrent_state,
+            "total": self.total,
+            "kv_depth": self.kv_depth,
+            "gpu": self.gpu,
+            "host": self.host,
+        }
 
 
 def bytes_per_token(
@@ -124,7 +131,12 @@ def bytes_per_token(
     if parts["state"]:
         notes.append("recurrent layers: their state is read and written once per token")
     return TokenBytes(
-        dense=int(parts["dense"]), experts_active=int(parts["experts"]), embedding_row=embedding_row,
-        kv_cache=int(parts["kv"]), recurrent_state=int(parts["state"]), kv_depth=kv_depth, gpu=int(gpu),
+        dense=int(parts["dense"]),
+        experts_active=int(parts["experts"]),
+        embedding_row=embedding_row,
+        kv_cache=int(parts["kv"]),
+        recurrent_state=int(parts["state"]),
+        kv_depth=kv_depth,
+        gpu=int(gpu),
         notes=tuple(notes),
-    )  # fmt: skip
+    )

@@ -112,8 +112,14 @@ def _replay(inputs: Sequence[tuple[str, int]], nodes: Sequence[_Node], alignment
     for node in nodes:
         reused = None
         if node.inplace:
-            reused = next((s for s in node.srcs if s in where and children[s] == 1 and s not in outputs
-                           and sizes[s] == node.size), None)  # fmt: skip
+            reused = next(
+                (
+                    s
+                    for s in node.srcs
+                    if s in where and children[s] == 1 and s not in outputs and sizes[s] == node.size
+                ),
+                None,
+            )
         if reused is not None:
             where[node.name] = where.pop(reused)
             children[reused] = 0

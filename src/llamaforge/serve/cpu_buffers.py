@@ -38,8 +38,15 @@ CpuBuffers = Literal["plain", "avx2", "avx512", "amx"]
 CPU_BUFFERS: Final[tuple[str, ...]] = get_args(CpuBuffers)
 
 _AMX_ROWS: Final[dict[str, int]] = {
-    "Q4_0": 32, "Q4_1": 32, "Q8_0": 32, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256, "IQ4_XS": 256, "F16": 16,
-}  # fmt: skip
+    "Q4_0": 32,
+    "Q4_1": 32,
+    "Q8_0": 32,
+    "Q4_K": 256,
+    "Q5_K": 256,
+    "Q6_K": 256,
+    "IQ4_XS": 256,
+    "F16": 16,
+}
 # Extra bytes per block of a VNNI-packed AMX weight (get_row_size in ggml-cpu/amx/mmq.cpp).
 _AMX_BLOCK_EXTRA: Final[dict[str, int]] = {"Q8_0": 4, "Q4_K": 4, "Q5_K": 4, "IQ4_XS": 2}
 _REPACK_AVX2: Final = frozenset({"Q4_0", "Q4_K", "IQ4_NL", "MXFP4"})

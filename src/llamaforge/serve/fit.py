@@ -147,11 +147,17 @@ def _flags(
     model: str, settings: Settings, ngl: int, n_cpu_moe: int, flash_attn_flag: Switch
 ) -> tuple[str, ...]:
     flags = LlamaFlags(
-        n_gpu_layers=ngl, n_cpu_moe=n_cpu_moe or None, ctx=settings.ctx * settings.parallel,
-        parallel=settings.parallel, cache_type_k=settings.cache_type_k, cache_type_v=settings.cache_type_v,
-        flash_attn=flash_attn_flag, ubatch=settings.ubatch if settings.ubatch != 512 else None,
-        kv_unified=True if settings.kv_unified else None, swa_full=settings.swa_full,
-    )  # fmt: skip
+        n_gpu_layers=ngl,
+        n_cpu_moe=n_cpu_moe or None,
+        ctx=settings.ctx * settings.parallel,
+        parallel=settings.parallel,
+        cache_type_k=settings.cache_type_k,
+        cache_type_v=settings.cache_type_v,
+        flash_attn=flash_attn_flag,
+        ubatch=settings.ubatch if settings.ubatch != 512 else None,
+        kv_unified=True if settings.kv_unified else None,
+        swa_full=settings.swa_full,
+    )
     return ("-m", model, *flags.args())
 
 
@@ -304,8 +310,13 @@ def plan_fit(
         notes.append(
             f"MLA: the KV cache holds one latent K row of {shape.kv_widths(0)[0]} values per cell and layer, no V"
         )
-    read = bytes_per_token(header, kv_depth=ctx, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
-                           placement=Placement(ngl, ncmoe))  # fmt: skip
+    read = bytes_per_token(
+        header,
+        kv_depth=ctx,
+        cache_type_k=cache_type_k,
+        cache_type_v=cache_type_v,
+        placement=Placement(ngl, ncmoe),
+    )
     gpu_bytes, host_bytes = read.gpu, read.host
     bandwidth = card.bandwidth_gbs if card is not None else None
     ceiling = None
@@ -315,10 +326,23 @@ def plan_fit(
         notes.append(f"tg ceiling: bytes read per token with the KV cache at depth {ctx} (one full slot)")
     fa_flag: Switch = "auto" if flash_attn == "auto" else ("on" if settings.flash_attn else "off")
     return FitPlan(
-        model=name, arch=shape.arch, gpu=card.name if card else None, vram_bytes=vram,
-        margin_bytes=margin_bytes, settings=settings, n_layer=shape.n_layer,
-        attention_layers=len(shape.attention_layers), recurrent_layers=len(shape.recurrent_layers),
-        n_gpu_layers=ngl, max_gpu_layers=max_ngl, n_cpu_moe=ncmoe, gpu_memory=gpu_memory,
-        host_memory=host_memory, flags=_flags(name, settings, ngl, ncmoe, fa_flag), tg_ceiling_tps=ceiling,
-        bytes_per_token_gpu=gpu_bytes, bytes_per_token_host=host_bytes, notes=tuple(notes),
-    )  # fmt: skip
+        model=name,
+        arch=shape.arch,
+        gpu=card.name if card else None,
+        vram_bytes=vram,
+        margin_bytes=margin_bytes,
+        settings=settings,
+        n_layer=shape.n_layer,
+        attention_layers=len(shape.attention_layers),
+        recurrent_layers=len(shape.recurrent_layers),
+        n_gpu_layers=ngl,
+        max_gpu_layers=max_ngl,
+        n_cpu_moe=ncmoe,
+        gpu_memory=gpu_memory,
+        host_memory=host_memory,
+        flags=_flags(name, settings, ngl, ncmoe, fa_flag),
+        tg_ceiling_tps=ceiling,
+        bytes_per_token_gpu=gpu_bytes,
+        bytes_per_token_host=host_bytes,
+        notes=tuple(notes),
+    )

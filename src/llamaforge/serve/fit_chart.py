@@ -54,8 +54,15 @@ def _draw(figure: Any, plans: Sequence[Plan], title: str | None) -> None:
                 if value <= 0:
                     continue
                 drawn.add(category)
-                axes.bar(x, value, 0.36, bottom=bottom, color=colour, hatch="//" if device == "host" else None,
-                         edgecolor="white")  # fmt: skip
+                axes.bar(
+                    x,
+                    value,
+                    0.36,
+                    bottom=bottom,
+                    color=colour,
+                    hatch="//" if device == "host" else None,
+                    edgecolor="white",
+                )
                 bottom += value
             axes.text(x, bottom, f"{bottom:.1f}", ha="center", va="bottom", fontsize=8)
             tallest = max(tallest, bottom)
@@ -65,9 +72,16 @@ def _draw(figure: Any, plans: Sequence[Plan], title: str | None) -> None:
         placement = f"-ngl {plan.get('n_gpu_layers')}" + (
             f" --n-cpu-moe {plan['n_cpu_moe']}" if plan.get("n_cpu_moe") else ""
         )
-        axes.text(index, -0.13, f"ctx {int(settings.get('ctx') or 0):,} x{settings.get('parallel', 1)}  "
-                  f"{settings.get('cache_type_k', 'f16')}/{settings.get('cache_type_v', 'f16')}\n{placement}",
-                  ha="center", va="top", transform=axes.get_xaxis_transform(), fontsize=8)  # fmt: skip
+        axes.text(
+            index,
+            -0.13,
+            f"ctx {int(settings.get('ctx') or 0):,} x{settings.get('parallel', 1)}  "
+            f"{settings.get('cache_type_k', 'f16')}/{settings.get('cache_type_v', 'f16')}\n{placement}",
+            ha="center",
+            va="top",
+            transform=axes.get_xaxis_transform(),
+            fontsize=8,
+        )
     handles: list[Artist] = [
         Patch(color=CATEGORIES[c][1], label=CATEGORIES[c][0]) for c in CATEGORIES if c in drawn
     ]
@@ -78,8 +92,11 @@ def _draw(figure: Any, plans: Sequence[Plan], title: str | None) -> None:
         axes.axhline(vram, color="black", linewidth=1.2)
         axes.axhline(usable, color="black", linestyle="--", linewidth=0.8)
         handles.append(Line2D([], [], color="black", linewidth=1.2, label=f"VRAM {vram:.0f} GiB"))
-        handles.append(Line2D([], [], color="black", linestyle="--", linewidth=0.8,
-                              label=f"VRAM - margin {usable:.1f} GiB"))  # fmt: skip
+        handles.append(
+            Line2D(
+                [], [], color="black", linestyle="--", linewidth=0.8, label=f"VRAM - margin {usable:.1f} GiB"
+            )
+        )
     axes.set_xticks(positions, labels, fontsize=8)
     axes.set_ylabel("GiB")
     model = Path(str(plans[0].get("model", "model"))).name

@@ -20,9 +20,17 @@ from llamaforge.core.paths import data_dir
 from llamaforge.core.validation import closest, did_you_mean
 
 __all__ = [
-    "GPU", "GpuTable", "closest_names", "cuda_arch_for", "find_card", "find_gpu", "gpu_for_device", "gpu_names",
-    "load_gpus", "normalise",
-]  # fmt: skip
+    "GPU",
+    "GpuTable",
+    "closest_names",
+    "cuda_arch_for",
+    "find_card",
+    "find_gpu",
+    "gpu_for_device",
+    "gpu_names",
+    "load_gpus",
+    "normalise",
+]
 
 GiB: Final = 1 << 30
 
@@ -68,10 +76,13 @@ def _load(path: Path) -> GpuTable:
         vram = item.get("vram_gib")
         arch = item.get("cuda_arch")
         gpus[key] = GPU(
-            key=key, name=str(item["name"]), bandwidth_gbs=float(item["bandwidth_gbs"]),
+            key=key,
+            name=str(item["name"]),
+            bandwidth_gbs=float(item["bandwidth_gbs"]),
             vram_bytes=int(float(vram) * GiB) if vram is not None else None,
-            cuda_arch=str(arch) if arch is not None else None, aliases=tuple(item.get("aliases", ())),
-        )  # fmt: skip
+            cuda_arch=str(arch) if arch is not None else None,
+            aliases=tuple(item.get("aliases", ())),
+        )
     families = {str(key): str(item["cuda_arch"]) for key, item in data.get("families", {}).items()}
     return GpuTable(gpus, families)
 

@@ -67,11 +67,20 @@ class LlamaFlags:
     def args(self) -> list[str]:
         """The flags, in a stable order."""
         valued = (
-            ("-ngl", self.n_gpu_layers), ("--n-cpu-moe", self.n_cpu_moe), ("-c", self.ctx),
-            ("--parallel", self.parallel), ("-ctk", self.cache_type_k), ("-ctv", self.cache_type_v),
-            ("-fa", self.flash_attn), ("-ub", self.ubatch), ("-b", self.batch), ("-t", self.threads),
-            ("-tb", self.threads_batch), ("-fit", self.fit), ("-lv", self.log_verbosity),
-        )  # fmt: skip
+            ("-ngl", self.n_gpu_layers),
+            ("--n-cpu-moe", self.n_cpu_moe),
+            ("-c", self.ctx),
+            ("--parallel", self.parallel),
+            ("-ctk", self.cache_type_k),
+            ("-ctv", self.cache_type_v),
+            ("-fa", self.flash_attn),
+            ("-ub", self.ubatch),
+            ("-b", self.batch),
+            ("-t", self.threads),
+            ("-tb", self.threads_batch),
+            ("-fit", self.fit),
+            ("-lv", self.log_verbosity),
+        )
         args = [part for flag, value in valued if value is not None for part in (flag, str(value))]
         if self.rpc:
             args += ["--rpc", ",".join(self.rpc)]
@@ -92,12 +101,27 @@ class LlamaFlags:
 
 #: The flag each field of :class:`LlamaFlags` writes (a switch: the one it writes when set).
 FIELD_FLAGS: Final = {
-    "n_gpu_layers": "-ngl", "n_cpu_moe": "--n-cpu-moe", "ctx": "-c", "parallel": "--parallel",
-    "cache_type_k": "-ctk", "cache_type_v": "-ctv", "flash_attn": "-fa", "ubatch": "-ub", "batch": "-b",
-    "threads": "-t", "threads_batch": "-tb", "fit": "-fit", "log_verbosity": "-lv", "rpc": "--rpc",
-    "tensor_split": "-ts", "warmup": "--no-warmup", "kv_unified": "--kv-unified", "swa_full": "--swa-full",
-    "repack": "--no-repack", "verbose": "-v",
-}  # fmt: skip
+    "n_gpu_layers": "-ngl",
+    "n_cpu_moe": "--n-cpu-moe",
+    "ctx": "-c",
+    "parallel": "--parallel",
+    "cache_type_k": "-ctk",
+    "cache_type_v": "-ctv",
+    "flash_attn": "-fa",
+    "ubatch": "-ub",
+    "batch": "-b",
+    "threads": "-t",
+    "threads_batch": "-tb",
+    "fit": "-fit",
+    "log_verbosity": "-lv",
+    "rpc": "--rpc",
+    "tensor_split": "-ts",
+    "warmup": "--no-warmup",
+    "kv_unified": "--kv-unified",
+    "swa_full": "--swa-full",
+    "repack": "--no-repack",
+    "verbose": "-v",
+}
 #: The flags :func:`server_argv` writes on every llama-server command line.
 SERVER_FLAGS: Final = ("-m", "--host", "--port", "--no-webui")
 
@@ -258,10 +282,13 @@ class LlamaServer:
                 if any(_BIND_FAILURE in line for line in tail):
                     return False
                 raise ToolFailed(
-                    f"llama-server exited with code {code} before it was ready", command=self.command,
-                    returncode=code, tail=tail, log_path=str(launch.log_path),
+                    f"llama-server exited with code {code} before it was ready",
+                    command=self.command,
+                    returncode=code,
+                    tail=tail,
+                    log_path=str(launch.log_path),
                     hint="the log says why: e.g. a model file llama.cpp cannot load, or not enough memory",
-                ).as_crash("llama-server", process.lines(timeout_s=0), when="before it was ready")  # fmt: skip
+                ).as_crash("llama-server", process.lines(timeout_s=0), when="before it was ready")
             if time.monotonic() > deadline:
                 raise SmokeFailed(
                     f"llama-server was not ready within {launch.load_timeout_s:.0f} s (it was stopped)",

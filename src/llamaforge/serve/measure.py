@@ -30,13 +30,21 @@ def measure_with_llamacpp(
     ``settings.cpu_buffers == "plain"`` runs it with ``--no-repack``; any other value lets the CPU module
     choose its extra buffer types, so the figures are those of this host's CPU."""
     flags = LlamaFlags(
-        ctx=settings.ctx * settings.parallel, parallel=settings.parallel, cache_type_k=settings.cache_type_k,
-        cache_type_v=settings.cache_type_v, flash_attn="on" if settings.flash_attn else "off",
-        ubatch=settings.ubatch, batch=max(N_BATCH, settings.ubatch), threads=threads,
-        fit="on" if fit_projection else "off", warmup=False,
-        kv_unified=settings.kv_unified, swa_full=settings.swa_full, log_verbosity=4,
+        ctx=settings.ctx * settings.parallel,
+        parallel=settings.parallel,
+        cache_type_k=settings.cache_type_k,
+        cache_type_v=settings.cache_type_v,
+        flash_attn="on" if settings.flash_attn else "off",
+        ubatch=settings.ubatch,
+        batch=max(N_BATCH, settings.ubatch),
+        threads=threads,
+        fit="on" if fit_projection else "off",
+        warmup=False,
+        kv_unified=settings.kv_unified,
+        swa_full=settings.swa_full,
+        log_verbosity=4,
         repack=settings.cpu_buffers != "plain",
-    )  # fmt: skip
+    )
     with tempfile.TemporaryDirectory(prefix="llamaforge-fit-") as scratch:
         launch = ServerLaunch(
             llama_server, model, flags, Path(scratch) / "server.log", load_timeout_s=timeout_s
@@ -46,7 +54,9 @@ def measure_with_llamacpp(
     reported = parse_load_log(lines)
     if not reported.buffers.get("compute"):
         raise ToolFailed(
-            f"llama-server did not report its buffers loading {model.name}", command=server.command,
-            returncode=0, tail=lines[-15:],
-        )  # fmt: skip
+            f"llama-server did not report its buffers loading {model.name}",
+            command=server.command,
+            returncode=0,
+            tail=lines[-15:],
+        )
     return reported

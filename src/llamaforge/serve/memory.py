@@ -247,10 +247,13 @@ def _graph_compute(
     ):
         return None  # not a replayed graph, or no trunk layer here: the formulas below
     graph = GraphSettings(
-        n_tokens=settings.n_tokens, n_outputs=min(settings.parallel, settings.n_tokens),
-        full_cells=settings.n_ctx_seq, swa_cells=settings.swa_cells(shape.n_swa),
-        flash_attn=settings.flash_attn, cache_type_k=settings.cache_type_k,
-    )  # fmt: skip
+        n_tokens=settings.n_tokens,
+        n_outputs=min(settings.parallel, settings.n_tokens),
+        full_cells=settings.n_ctx_seq,
+        swa_cells=settings.swa_cells(shape.n_swa),
+        flash_attn=settings.flash_attn,
+        cache_type_k=settings.cache_type_k,
+    )
     return simulate_compute(shape, layers, graph, with_output=with_output)
 
 

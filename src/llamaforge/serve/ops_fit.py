@@ -36,9 +36,10 @@ class ModelFitParams(Params):
     n_cpu_moe: int | None = Field(None, description="Evaluate this --n-cpu-moe instead of searching", ge=0)
     margin: str = Field("1GiB", description="GPU memory to keep free (CUDA context, driver, headroom)")
     cpu_buffers: Literal["auto", "plain", "avx2", "avx512", "amx"] = Field(
-        "auto", description="Buffer types of the host CPU's module for CPU-resident weights: amx (Xeons with "
-        "AMX), avx512, avx2 (repacked Q4_0/Q4_K/IQ4_NL), plain (--no-repack); auto: this machine's CPU"
-    )  # fmt: skip
+        "auto",
+        description="Buffer types of the host CPU's module for CPU-resident weights: amx (Xeons with "
+        "AMX), avx512, avx2 (repacked Q4_0/Q4_K/IQ4_NL), plain (--no-repack); auto: this machine's CPU",
+    )
     plot: str | None = path_field(
         None, description="Write the memory breakdown chart to this file: .png, .svg or .pdf by its suffix"
     )
@@ -129,12 +130,22 @@ def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> FitOutcome:
     cache_v = params.cache_type_v or params.cache_type or "f16"
     flash_attn: bool | Literal["auto"] = "auto" if params.flash_attn == "auto" else params.flash_attn == "on"
     plan = plan_fit(
-        path, gpu=params.gpu, vram_bytes=parse_size(params.vram) if params.vram else None, ctx=params.ctx,
-        cache_type_k=cache_k, cache_type_v=cache_v, parallel=params.parallel, ubatch=params.ubatch,
-        flash_attn=flash_attn, n_gpu_layers=params.n_gpu_layers, n_cpu_moe=params.n_cpu_moe,
-        kv_unified=params.kv_unified, swa_full=params.swa_full, margin_bytes=parse_size(params.margin),
+        path,
+        gpu=params.gpu,
+        vram_bytes=parse_size(params.vram) if params.vram else None,
+        ctx=params.ctx,
+        cache_type_k=cache_k,
+        cache_type_v=cache_v,
+        parallel=params.parallel,
+        ubatch=params.ubatch,
+        flash_attn=flash_attn,
+        n_gpu_layers=params.n_gpu_layers,
+        n_cpu_moe=params.n_cpu_moe,
+        kv_unified=params.kv_unified,
+        swa_full=params.swa_full,
+        margin_bytes=parse_size(params.margin),
         cpu_buffers=host_cpu_buffers() if params.cpu_buffers == "auto" else params.cpu_buffers,
-    )  # fmt: skip
+    )
     data = plan.to_json()
     data["summary"] = summarize(plan)
     data["exit_code"] = 0 if plan.fits else DoesNotFit.exit_code  # a pinned placement that does not fit
@@ -148,9 +159,10 @@ def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> FitOutcome:
             f"the pinned placement (-ngl {plan.n_gpu_layers}, --n-cpu-moe {plan.n_cpu_moe}) does not fit: it needs "
             f"{(plan.gpu_memory.total + plan.margin_bytes) / GiB:.2f} GiB with the margin, the GPU has "
             f"{plan.vram_bytes / GiB:.1f} GiB",
-            result=outcome, exit_code=DoesNotFit.exit_code,
+            result=outcome,
+            exit_code=DoesNotFit.exit_code,
             hint="leave --n-gpu-layers/--n-cpu-moe out to search for a placement that fits",
-        )  # fmt: skip
+        )
     return outcome
 
 
@@ -159,9 +171,11 @@ def summarize(plan: FitPlan) -> list[str]:
     from llamaforge.serve.fit import GiB
 
     gpu, host = plan.gpu_memory, plan.host_memory
-    where = "all layers on the GPU" if plan.n_gpu_layers == plan.max_gpu_layers else (
-        f"{plan.n_gpu_layers}/{plan.max_gpu_layers} layers on the GPU"
-    )  # fmt: skip
+    where = (
+        "all layers on the GPU"
+        if plan.n_gpu_layers == plan.max_gpu_layers
+        else (f"{plan.n_gpu_layers}/{plan.max_gpu_layers} layers on the GPU")
+    )
     if plan.n_cpu_moe:
         where += f", experts of the first {plan.n_cpu_moe} layers on the CPU"
     lines = [

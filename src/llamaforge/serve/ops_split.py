@@ -71,19 +71,30 @@ def models_split_op(params: ModelSplitParams, ctx: OperationContext) -> SplitOut
     from llamaforge.serve.ops_fit import resolve_model_file
     from llamaforge.serve.split import parse_devices, parse_tensor_split, plan_split
 
-    settings = Settings(params.ctx, params.parallel, params.cache_type, params.cache_type, params.ubatch,
-                        params.flash_attn == "on")  # fmt: skip
+    settings = Settings(
+        params.ctx,
+        params.parallel,
+        params.cache_type,
+        params.cache_type,
+        params.ubatch,
+        params.flash_attn == "on",
+    )
     plan = plan_split(
-        resolve_model_file(params.model), parse_devices(params.devices), settings,
+        resolve_model_file(params.model),
+        parse_devices(params.devices),
+        settings,
         tensor_split=parse_tensor_split(params.tensor_split) if params.tensor_split else None,
-        n_gpu_layers=params.n_gpu_layers, margin_bytes=parse_size(params.margin),
-    )  # fmt: skip
+        n_gpu_layers=params.n_gpu_layers,
+        margin_bytes=parse_size(params.margin),
+    )
     data: dict[str, Any] = plan.to_json()
     outcome = SplitOutcome.model_validate(data)
     if not plan.fits:
         short = [device.name for device in plan.devices if not device.fits]
         raise OperationFailed(
-            f"the split does not fit on {', '.join(short)}", result=outcome, exit_code=DoesNotFit.exit_code,
+            f"the split does not fit on {', '.join(short)}",
+            result=outcome,
+            exit_code=DoesNotFit.exit_code,
             hint="add a worker, give --tensor-split to move blocks, lower --ctx or pick a smaller quant",
-        )  # fmt: skip
+        )
     return outcome

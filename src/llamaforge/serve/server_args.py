@@ -43,24 +43,30 @@ ALWAYS_REFUSED: Final = {
     "stays here) and pass --model",
     "--ssl-key-file": "llamaforge passes no secret this way: terminate TLS in a proxy in front of llama-server",
     # the model is llamaforge's -m
-    "--model-url": "llamaforge sets the model: use --model", "--hf-repo": "llamaforge sets the model: use --model",
-    "--hf-file": "llamaforge sets the model: use --model", "--docker-repo": "llamaforge sets the model: use --model",
+    "--model-url": "llamaforge sets the model: use --model",
+    "--hf-repo": "llamaforge sets the model: use --model",
+    "--hf-file": "llamaforge sets the model: use --model",
+    "--docker-repo": "llamaforge sets the model: use --model",
     "--models-dir": "llamaforge sets the model: use --model",
     "--models-preset": "llamaforge sets the model: use --model",
     # clients of the server would reach the host's files or run programs there
-    "--path": "it serves the host's files to every client", "--media-path": "it lets clients read the host's files",
+    "--path": "it serves the host's files to every client",
+    "--media-path": "it lets clients read the host's files",
     "--tools": "it lets clients run tools (read files, run commands) on the host",
-    "--tools-runtime": "it lets clients run tools on the host", "--agent": "it lets clients run tools on the host",
+    "--tools-runtime": "it lets clients run tools on the host",
+    "--agent": "it lets clients run tools on the host",
     "--mcp-servers-config": "it lets clients run tools on the host",
     "--mcp-servers-json": "it lets clients run tools on the host",
     "--ui-mcp-proxy": "it lets clients reach other servers through the host",
     "--slot-save-path": "it lets clients write files on the host",
     "--log-prompts-dir": "it writes every prompt to the host's disk",
     # print and exit
-    "--help": "it makes llama-server print and exit instead of serving", "--version": "it makes llama-server exit",
-    "--cache-list": "it makes llama-server exit", "--list-devices": "it makes llama-server exit",
+    "--help": "it makes llama-server print and exit instead of serving",
+    "--version": "it makes llama-server exit",
+    "--cache-list": "it makes llama-server exit",
+    "--list-devices": "it makes llama-server exit",
     "--completion-bash": "it makes llama-server exit",
-}  # fmt: skip
+}
 _DOWNLOADS = (
     "it downloads files on the host: fetch a model with `invoke models.fetch` and pass it with --model"
 )
@@ -138,16 +144,20 @@ def server_help(binary: Path, build_key: str | None, runner: ProcessRunner = LOC
     if cached is not None and cached.is_file():
         return cached.read_text(encoding="utf-8")
     if not binary.is_file():
-        raise InvalidOption(f"the build has no {binary.name} to check {OPTION} with ({binary})",
-                            hint="add llama-server to the recipe's targets")  # fmt: skip
+        raise InvalidOption(
+            f"the build has no {binary.name} to check {OPTION} with ({binary})",
+            hint="add llama-server to the recipe's targets",
+        )
     result = runner.run([str(binary), "--help"], warn=True, timeout_s=60)
     if not result.ok or "--port" not in result.stdout:
         raise ToolFailed(
             f"{binary} --help did not print llama-server's options, so {OPTION} cannot be checked",
-            command=result.argv, returncode=result.exit_code, tail=(result.stdout + result.stderr).splitlines()[-10:],
+            command=result.argv,
+            returncode=result.exit_code,
+            tail=(result.stdout + result.stderr).splitlines()[-10:],
             hint="the build's llama-server must run on this machine to be asked (a CUDA build needs no GPU for "
             "--help, but its libraries); drop --server-args to go on without them",
-        )  # fmt: skip
+        )
     if cached is not None:
         write_text_atomic(cached, result.stdout)
     return result.stdout
@@ -170,8 +180,10 @@ def split_server_args(text: str | None) -> tuple[str, ...]:
     if not text or not text.strip():
         return ()
     if _CONTROL.search(text):
-        raise InvalidOption(f"{OPTION} holds a control character (a newline or tab): {text!r}",
-                            hint="give the flags on one line, separated by spaces")  # fmt: skip
+        raise InvalidOption(
+            f"{OPTION} holds a control character (a newline or tab): {text!r}",
+            hint="give the flags on one line, separated by spaces",
+        )
     try:
         return tuple(shlex.split(text))
     except ValueError as error:
@@ -193,8 +205,9 @@ def _unknown(flag: str, options: Mapping[str, ServerOption]) -> InvalidOption:
     )
 
 
-def check_server_args(args: Sequence[str], options: Mapping[str, ServerOption],
-                      owned: Mapping[str, str]) -> tuple[str, ...]:  # fmt: skip
+def check_server_args(
+    args: Sequence[str], options: Mapping[str, ServerOption], owned: Mapping[str, str]
+) -> tuple[str, ...]:
     """``args`` read against ``options`` (see the module docstring); ``owned`` maps the flags llamaforge sets
     itself (any one name of each) to what sets them. Returns the flags as given, long names normalized."""
     out: list[str] = []
@@ -218,15 +231,22 @@ def check_server_args(args: Sequence[str], options: Mapping[str, ServerOption],
         values = list(args[index + 1 : index + 1 + option.values])
         if len(values) < option.values:
             needs = "a value" if option.values == 1 else f"{option.values} values"
-            raise InvalidOption(f"{OPTION}: {word} needs {needs} ({option.placeholder})",
-                                hint=f"e.g. {word} {option.placeholder}")  # fmt: skip
+            raise InvalidOption(
+                f"{OPTION}: {word} needs {needs} ({option.placeholder})",
+                hint=f"e.g. {word} {option.placeholder}",
+            )
         out += [flag, *values]
         index, before = index + 1 + option.values, word
     return tuple(out)
 
 
-def server_args_for(text: str | None, binary: Path, build_key: str | None, owned: Mapping[str, str],
-                    runner: ProcessRunner = LOCAL) -> tuple[str, ...]:  # fmt: skip
+def server_args_for(
+    text: str | None,
+    binary: Path,
+    build_key: str | None,
+    owned: Mapping[str, str],
+    runner: ProcessRunner = LOCAL,
+) -> tuple[str, ...]:
     """``--server-args`` split and checked against the build's llama-server (nothing is run for none)."""
     args = split_server_args(text)
     return check_server_args(args, server_options(binary, build_key, runner), owned) if args else ()

@@ -185,19 +185,36 @@ def model_shape(header: GGUFHeader) -> ModelShape:
     elif arch == "gemma4":
         n_layer_kv = n_layer_all - _int(key("attention.shared_kv_layers"))
     return ModelShape(
-        arch=arch, n_layer_all=n_layer_all, n_layer=n_layer, n_embd=n_embd, n_head=n_head,
-        n_head_kv=_int(key("attention.head_count_kv"), n_head), head_dim_k=head_dim_k,
-        head_dim_v=_int(key("attention.value_length"), head_dim_k), n_ff=_int(key("feed_forward_length")),
-        n_vocab=n_vocab, n_ctx_train=_int(key("context_length")), n_expert=_int(key("expert_count")),
-        n_expert_used=_int(key("expert_used_count")), n_ff_exp=_int(key("expert_feed_forward_length")),
-        n_ff_shexp=_int(key("expert_shared_feed_forward_length")), recurrent=tuple(recurrent),
-        ssm_conv_kernel=_int(key("ssm.conv_kernel")), ssm_state_size=_int(key("ssm.state_size")),
-        ssm_group_count=_int(key("ssm.group_count")), ssm_inner_size=_int(key("ssm.inner_size")),
-        swa=swa, n_swa=n_swa, head_dim_k_swa=_int(key("attention.key_length_swa")),
-        head_dim_v_swa=_int(key("attention.value_length_swa")), kv_heads=kv_heads, n_layer_kv=n_layer_kv,
+        arch=arch,
+        n_layer_all=n_layer_all,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=_int(key("attention.head_count_kv"), n_head),
+        head_dim_k=head_dim_k,
+        head_dim_v=_int(key("attention.value_length"), head_dim_k),
+        n_ff=_int(key("feed_forward_length")),
+        n_vocab=n_vocab,
+        n_ctx_train=_int(key("context_length")),
+        n_expert=_int(key("expert_count")),
+        n_expert_used=_int(key("expert_used_count")),
+        n_ff_exp=_int(key("expert_feed_forward_length")),
+        n_ff_shexp=_int(key("expert_shared_feed_forward_length")),
+        recurrent=tuple(recurrent),
+        ssm_conv_kernel=_int(key("ssm.conv_kernel")),
+        ssm_state_size=_int(key("ssm.state_size")),
+        ssm_group_count=_int(key("ssm.group_count")),
+        ssm_inner_size=_int(key("ssm.inner_size")),
+        swa=swa,
+        n_swa=n_swa,
+        head_dim_k_swa=_int(key("attention.key_length_swa")),
+        head_dim_v_swa=_int(key("attention.value_length_swa")),
+        kv_heads=kv_heads,
+        n_layer_kv=n_layer_kv,
         mla=arch in MLA_ARCHS and _int(key("attention.key_length_mla")) > 0,
-        head_dim_k_mla=_int(key("attention.key_length_mla")), head_dim_v_mla=_int(key("attention.value_length_mla")),
-    )  # fmt: skip
+        head_dim_k_mla=_int(key("attention.key_length_mla")),
+        head_dim_v_mla=_int(key("attention.value_length_mla")),
+    )
 
 
 def _sliding_window(arch: str, n_layer: int, key: Callable[..., Any]) -> tuple[tuple[bool, ...], int]:

@@ -175,9 +175,11 @@ def plan_split(
     layout = weight_layout(shape, header.tensors)
     n_layer = shape.n_layer_all
     ngl = n_layer + 1 if n_gpu_layers is None else min(n_gpu_layers, n_layer + 1)
-    weights = tuple(tensor_split) if tensor_split is not None else tuple(
-        float(device.memory_bytes) for device in devices
-    )  # fmt: skip
+    weights = (
+        tuple(tensor_split)
+        if tensor_split is not None
+        else tuple(float(device.memory_bytes) for device in devices)
+    )
     placement = assign_layers(n_layer, weights, ngl)
     per_device: list[list[int]] = [[] for _ in devices]
     for il, where in enumerate(placement[:n_layer]):
@@ -200,8 +202,11 @@ def plan_split(
             compute = max(mask + layer_peak(shape, layers, settings), logits if holds_output else 0)
         memory = DeviceMemory(weight, kv, state, compute)
         fits = memory.total + margin_bytes <= device.memory_bytes
-        shares.append(DeviceShare(device.name, device.endpoint, device.memory_bytes, tuple(layers),
-                                  holds_output, memory, fits))  # fmt: skip
+        shares.append(
+            DeviceShare(
+                device.name, device.endpoint, device.memory_bytes, tuple(layers), holds_output, memory, fits
+            )
+        )
     cpu_layers = [il for il, where in enumerate(placement[:n_layer]) if where is None]
     host_weights = layout.token_embd + sum(layout.dense[il] + layout.experts[il] for il in cpu_layers)
     host_kv = sum(kv_layer_bytes(shape, settings, il) for il in cpu_layers if not shape.recurrent[il])
@@ -210,24 +215,41 @@ def plan_split(
     if output_at is None:
         host_weights += layout.output + layout.other
         host_compute = max(host_compute, logits)
-    head_host = DeviceMemory(host_weights, host_kv, host_state, host_compute,
-                             shape.n_vocab * settings.parallel * 4)  # fmt: skip
+    head_host = DeviceMemory(
+        host_weights, host_kv, host_state, host_compute, shape.n_vocab * settings.parallel * 4
+    )
     proportions = _proportions(weights)
     rpc = [device.endpoint for device in devices if device.endpoint]
     flags = LlamaFlags(
-        n_gpu_layers=ngl, ctx=settings.ctx * settings.parallel, parallel=settings.parallel,
-        cache_type_k=settings.cache_type_k, cache_type_v=settings.cache_type_v,
-        flash_attn="on" if settings.flash_attn else "off", fit="off", rpc=tuple(rpc) or None,
-        tensor_split=proportions, kv_unified=True if settings.kv_unified else None, swa_full=settings.swa_full,
+        n_gpu_layers=ngl,
+        ctx=settings.ctx * settings.parallel,
+        parallel=settings.parallel,
+        cache_type_k=settings.cache_type_k,
+        cache_type_v=settings.cache_type_v,
+        flash_attn="on" if settings.flash_attn else "off",
+        fit="off",
+        rpc=tuple(rpc) or None,
+        tensor_split=proportions,
+        kv_unified=True if settings.kv_unified else None,
+        swa_full=settings.swa_full,
         log_verbosity=4,  # llama-server logs its load (which device holds which buffer) from level 4 only
-    )  # fmt: skip
+    )
     notes = [] if tensor_split is not None else ["split in proportion to each device's memory"]
     short = [share.name for share in shares if not share.fits]
     if short:
         notes.append("does not fit on " + ", ".join(short))
-    return SplitPlan(model=name, arch=shape.arch, n_layer=n_layer, n_gpu_layers=ngl, tensor_split=proportions,
-                     devices=tuple(shares), head_host=head_host, flags=tuple(flags.args()),
-                     margin_bytes=margin_bytes, notes=tuple(notes))  # fmt: skip
+    return SplitPlan(
+        model=name,
+        arch=shape.arch,
+        n_layer=n_layer,
+        n_gpu_layers=ngl,
+        tensor_split=proportions,
+        devices=tuple(shares),
+        head_host=head_host,
+        flags=tuple(flags.args()),
+        margin_bytes=margin_bytes,
+        notes=tuple(notes),
+    )
 
 
 def _proportions(weights: Sequence[float]) -> tuple[float, ...]:
@@ -244,8 +266,10 @@ def parse_devices(spec: str, *, default_port: int = DEFAULT_RPC_PORT) -> list[Sp
             continue
         where, sep, size = part.partition("=")
         if not sep or not where:
-            raise InvalidOption(f"device {part!r} has no memory size", hint="write ADDR:PORT=SIZE, e.g. "
-                                "10.0.0.2:50052=24GiB, or gpu=24GiB for the head's own GPU")  # fmt: skip
+            raise InvalidOption(
+                f"device {part!r} has no memory size",
+                hint="write ADDR:PORT=SIZE, e.g. 10.0.0.2:50052=24GiB, or gpu=24GiB for the head's own GPU",
+            )
         if where == "gpu":
             gpus = len([device for device in devices if device.endpoint is None])
             devices.append(SplitDevice(f"head GPU{gpus}", parse_size(size)))
@@ -258,8 +282,10 @@ def parse_devices(spec: str, *, default_port: int = DEFAULT_RPC_PORT) -> list[Sp
         )
     heads = [device for device in devices if device.endpoint is None]
     if heads and devices.index(heads[0]) < len(devices) - len(heads):
-        raise InvalidOption("the head's GPUs come after the RPC workers",
-                            hint="llama.cpp orders RPC servers first; list gpu=SIZE last")  # fmt: skip
+        raise InvalidOption(
+            "the head's GPUs come after the RPC workers",
+            hint="llama.cpp orders RPC servers first; list gpu=SIZE last",
+        )
     return devices
 
 

@@ -30,26 +30,40 @@ def synthetic_header(
     types = {t.name.lower(): t for t in GGML_TYPES.values()}
     arch = spec.arch
     meta: dict[str, Any] = {
-        "general.architecture": arch, "general.name": name or spec.default_name,
-        f"{arch}.block_count": spec.n_layer, f"{arch}.context_length": spec.context_length,
-        f"{arch}.embedding_length": spec.n_embd, f"{arch}.feed_forward_length": spec.n_ff,
-        f"{arch}.attention.head_count": spec.n_head, f"{arch}.attention.head_count_kv": spec.n_head_kv,
-        f"{arch}.attention.key_length": spec.head_dim, f"{arch}.attention.value_length": spec.head_dim,
-    }  # fmt: skip
+        "general.architecture": arch,
+        "general.name": name or spec.default_name,
+        f"{arch}.block_count": spec.n_layer,
+        f"{arch}.context_length": spec.context_length,
+        f"{arch}.embedding_length": spec.n_embd,
+        f"{arch}.feed_forward_length": spec.n_ff,
+        f"{arch}.attention.head_count": spec.n_head,
+        f"{arch}.attention.head_count_kv": spec.n_head_kv,
+        f"{arch}.attention.key_length": spec.head_dim,
+        f"{arch}.attention.value_length": spec.head_dim,
+    }
     if "moe" in arch:
-        meta.update({f"{arch}.expert_count": spec.n_expert, f"{arch}.expert_used_count": spec.n_expert_used,
-                     f"{arch}.expert_feed_forward_length": spec.n_ff_exp})  # fmt: skip
+        meta.update(
+            {
+                f"{arch}.expert_count": spec.n_expert,
+                f"{arch}.expert_used_count": spec.n_expert_used,
+                f"{arch}.expert_feed_forward_length": spec.n_ff_exp,
+            }
+        )
         if arch in HYBRID_ARCHS:
             meta[f"{arch}.expert_shared_feed_forward_length"] = spec.n_ff_shexp
     if arch in SWA_ARCHS:
         meta[f"{arch}.attention.sliding_window"] = spec.sliding_window
     if arch in HYBRID_ARCHS:
-        meta.update({
-            f"{arch}.ssm.conv_kernel": spec.ssm_conv_kernel, f"{arch}.ssm.state_size": spec.ssm_state_size,
-            f"{arch}.ssm.group_count": spec.ssm_group_count, f"{arch}.ssm.time_step_rank": spec.ssm_time_step_rank,
-            f"{arch}.ssm.inner_size": spec.ssm_inner_size,
-            f"{arch}.full_attention_interval": spec.full_attention_interval,
-        })  # fmt: skip
+        meta.update(
+            {
+                f"{arch}.ssm.conv_kernel": spec.ssm_conv_kernel,
+                f"{arch}.ssm.state_size": spec.ssm_state_size,
+                f"{arch}.ssm.group_count": spec.ssm_group_count,
+                f"{arch}.ssm.time_step_rank": spec.ssm_time_step_rank,
+                f"{arch}.ssm.inner_size": spec.ssm_inner_size,
+                f"{arch}.full_attention_interval": spec.full_attention_interval,
+            }
+        )
     tensors: list[TensorInfo] = []
     offset = 0
     for entry in tensor_plan(spec, n_vocab):
@@ -66,6 +80,13 @@ def synthetic_header(
         tensors.append(TensorInfo(entry.canonical, tuple(ne), ggml_type, offset, nbytes))
         offset += pad(nbytes, 32)
     return GGUFHeader(
-        source=name or spec.default_name, file_size=offset, version=3, metadata=meta, value_types={},
-        tensors=tensors, alignment=32, header_end=0, data_offset=0,
-    )  # fmt: skip
+        source=name or spec.default_name,
+        file_size=offset,
+        version=3,
+        metadata=meta,
+        value_types={},
+        tensors=tensors,
+        alignment=32,
+        header_end=0,
+        data_offset=0,
+    )

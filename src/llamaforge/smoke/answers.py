@@ -93,10 +93,19 @@ class AnswerOutcome:
 def ask(base_url: str, prompt: str, *, max_tokens: int, timeout: float, api_key: str | None = None) -> str:
     """The reply of one greedy, non-streaming chat completion (thinking off, so the reply is the answer);
     ``api_key`` is sent as a bearer token when the server wants one."""
-    data = _post(base_url, "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0.0,
-        "seed": GoldenRequest.seed, "chat_template_kwargs": {"enable_thinking": False},
-    }, timeout, api_key)  # fmt: skip
+    data = _post(
+        base_url,
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "seed": GoldenRequest.seed,
+            "chat_template_kwargs": {"enable_thinking": False},
+        },
+        timeout,
+        api_key,
+    )
     message = (data.get("choices") or [{}])[0].get("message") or {}
     return str(message.get("content") or "")
 
@@ -123,11 +132,17 @@ def greedy_completion(
     """Per generated token: ``id``, ``token``, ``logprob`` and ``top`` (the top-n ``id``/``token``/``logprob``)."""
     data = _post(base_url, "/completion", request.body(), timeout, api_key)
     return [
-        {"id": entry["id"], "token": entry["token"], "logprob": entry["logprob"],
-         "top": [{"id": top["id"], "token": top["token"], "logprob": top["logprob"]}
-                 for top in entry.get("top_logprobs") or []]}
+        {
+            "id": entry["id"],
+            "token": entry["token"],
+            "logprob": entry["logprob"],
+            "top": [
+                {"id": top["id"], "token": top["token"], "logprob": top["logprob"]}
+                for top in entry.get("top_logprobs") or []
+            ],
+        }
         for entry in data.get("completion_probabilities") or []
-    ]  # fmt: skip
+    ]
 
 
 def first_difference(
@@ -141,8 +156,13 @@ def first_difference(
     ``tolerance``, or when the top-n candidates disagree by more than that (:func:`_top_difference`)."""
     for position in range(max(len(expected), len(got))):
         if position >= len(got) or position >= len(expected):
-            return {"position": position, "expected": _token(expected, position), "got": _token(got, position),
-                    "logprob_delta": None, "reason": "the completions have different lengths"}  # fmt: skip
+            return {
+                "position": position,
+                "expected": _token(expected, position),
+                "got": _token(got, position),
+                "logprob_delta": None,
+                "reason": "the completions have different lengths",
+            }
         want, have = expected[position], got[position]
         delta = have["logprob"] - want["logprob"]
         reason: str | None
@@ -154,8 +174,13 @@ def first_difference(
             reason = _top_difference(want["top"], have["top"], tolerance)
             if reason is None:
                 continue
-        return {"position": position, "expected": _token(expected, position), "got": _token(got, position),
-                "logprob_delta": delta, "reason": reason}  # fmt: skip
+        return {
+            "position": position,
+            "expected": _token(expected, position),
+            "got": _token(got, position),
+            "logprob_delta": delta,
+            "reason": reason,
+        }
     return None
 
 
@@ -195,9 +220,12 @@ def describe_difference(difference: Mapping[str, Any]) -> str:
         )
 
     delta = difference["logprob_delta"]
-    return (f"token {difference['position']}: expected {shown(difference['expected'])}, got "
-            f"{shown(difference['got'])}" + ("" if delta is None else f", logprob delta {delta:+.4g}")
-            + f" ({difference['reason']})")  # fmt: skip
+    return (
+        f"token {difference['position']}: expected {shown(difference['expected'])}, got "
+        f"{shown(difference['got'])}"
+        + ("" if delta is None else f", logprob delta {delta:+.4g}")
+        + f" ({difference['reason']})"
+    )
 
 
 def load_golden(path: Path) -> tuple[GoldenRequest, list[dict[str, Any]]]:
@@ -231,11 +259,19 @@ def golden_stage(
         tokens = greedy_completion(base_url, request, timeout=timeout)
     except (OSError, http.client.HTTPException, ValueError, KeyError) as error:
         raise SmokeFailed(f"the greedy completion for the golden {path} failed: {error}") from None
-    result: dict[str, Any] = {"path": str(path), "request": dataclasses.asdict(request), "n_tokens": len(tokens),
-                              "tolerance": LOGPROB_TOLERANCE}  # fmt: skip
+    result: dict[str, Any] = {
+        "path": str(path),
+        "request": dataclasses.asdict(request),
+        "n_tokens": len(tokens),
+        "tolerance": LOGPROB_TOLERANCE,
+    }
     if record_golden:
-        document = {"schema": GOLDEN_SCHEMA, "request": dataclasses.asdict(request), "tokens": tokens,
-                    "source": dict(source)}  # fmt: skip
+        document = {
+            "schema": GOLDEN_SCHEMA,
+            "request": dataclasses.asdict(request),
+            "tokens": tokens,
+            "source": dict(source),
+        }
         record_golden.parent.mkdir(parents=True, exist_ok=True)
         record_golden.write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
         return {**result, "mode": "record", "first_difference": None}
@@ -249,16 +285,32 @@ def answer_verdict_checks(server: Mapping[str, Any]) -> list[dict[str, Any]]:
     for outcome in server.get("answers") or []:
         reply = outcome["reply"].strip()[:200]
         detail = f"prompt {outcome['prompt']!r}: expected {outcome['expected']}, got {reply!r}"
-        checks.append({"name": "answer", "status": "pass" if outcome["passed"] else "fail", "value": reply,
-                       "threshold": outcome["expected"], "source": "model recipe",
-                       "detail": detail + (f" ({outcome['error']})" if outcome["error"] else "")})  # fmt: skip
+        checks.append(
+            {
+                "name": "answer",
+                "status": "pass" if outcome["passed"] else "fail",
+                "value": reply,
+                "threshold": outcome["expected"],
+                "source": "model recipe",
+                "detail": detail + (f" ({outcome['error']})" if outcome["error"] else ""),
+            }
+        )
     golden = server.get("golden")
     if golden and golden["mode"] == "compare":
         difference = golden["first_difference"]
-        matched = (f"{golden['n_tokens']} greedy tokens and their top-{golden['request']['n_probs']} logprobs "
-                   f"match the golden (tolerance {golden['tolerance']})")  # fmt: skip
+        matched = (
+            f"{golden['n_tokens']} greedy tokens and their top-{golden['request']['n_probs']} logprobs "
+            f"match the golden (tolerance {golden['tolerance']})"
+        )
         detail = describe_difference(difference) if difference else matched
-        checks.append({"name": "golden_tokens", "status": "fail" if difference else "pass",
-                       "value": None if difference is None else difference["position"], "threshold": golden["path"],
-                       "source": "cli", "detail": detail})  # fmt: skip
+        checks.append(
+            {
+                "name": "golden_tokens",
+                "status": "fail" if difference else "pass",
+                "value": None if difference is None else difference["position"],
+                "threshold": golden["path"],
+                "source": "cli",
+                "detail": detail,
+            }
+        )
     return checks

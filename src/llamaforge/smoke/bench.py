@@ -80,21 +80,33 @@ def parse_llama_bench(text: str) -> BenchRun:
             name, kind = _test_name(int(row["n_prompt"]), int(row["n_gen"]), int(row.get("n_depth", 0)))
             tests.append(
                 BenchTest(
-                    name=name, kind=kind, n_prompt=int(row["n_prompt"]), n_gen=int(row["n_gen"]),
-                    n_depth=int(row.get("n_depth", 0)), avg_ts=float(row["avg_ts"]),
-                    stddev_ts=float(row["stddev_ts"]), avg_ns=int(row["avg_ns"]), stddev_ns=int(row["stddev_ns"]),
+                    name=name,
+                    kind=kind,
+                    n_prompt=int(row["n_prompt"]),
+                    n_gen=int(row["n_gen"]),
+                    n_depth=int(row.get("n_depth", 0)),
+                    avg_ts=float(row["avg_ts"]),
+                    stddev_ts=float(row["stddev_ts"]),
+                    avg_ns=int(row["avg_ns"]),
+                    stddev_ns=int(row["stddev_ns"]),
                     samples_ts=[float(v) for v in row.get("samples_ts", [])],
                     samples_ns=[int(v) for v in row.get("samples_ns", [])],
                 )
-            )  # fmt: skip
+            )
         first: dict[str, Any] = rows[0]
         return BenchRun(
-            build_commit=str(first["build_commit"]), build_number=int(first["build_number"]),
-            backends=str(first.get("backends", "")), cpu_info=str(first.get("cpu_info", "")),
-            gpu_info=str(first.get("gpu_info", "")), model_type=str(first["model_type"]),
-            model_size=int(first["model_size"]), model_n_params=int(first["model_n_params"]),
-            n_threads=int(first.get("n_threads", 0)), n_gpu_layers=int(first.get("n_gpu_layers", 0)), tests=tests,
-        )  # fmt: skip
+            build_commit=str(first["build_commit"]),
+            build_number=int(first["build_number"]),
+            backends=str(first.get("backends", "")),
+            cpu_info=str(first.get("cpu_info", "")),
+            gpu_info=str(first.get("gpu_info", "")),
+            model_type=str(first["model_type"]),
+            model_size=int(first["model_size"]),
+            model_n_params=int(first["model_n_params"]),
+            n_threads=int(first.get("n_threads", 0)),
+            n_gpu_layers=int(first.get("n_gpu_layers", 0)),
+            tests=tests,
+        )
     except (KeyError, TypeError, ValueError) as error:
         raise SmokeFailed(
             f"llama-bench JSON lacks an expected field or value: {error}",
@@ -149,9 +161,14 @@ def run_llama_bench(
 
     try:
         result = runner.run(
-            command, timeout_s=timeout_s, cancel=cancel, log_path=log, what="llama-bench", on_line=keep_loader,
+            command,
+            timeout_s=timeout_s,
+            cancel=cancel,
+            log_path=log,
+            what="llama-bench",
+            on_line=keep_loader,
             hint="the log says why, e.g. a model file llama.cpp cannot load; on a timeout use fewer tokens",
-        )  # fmt: skip
+        )
     except ToolFailed as error:
         raise error.as_crash("llama-bench", loader) from None
     (run_dir / "bench.json").write_text(result.stdout, encoding="utf-8")

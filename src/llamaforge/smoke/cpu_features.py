@@ -18,12 +18,26 @@ from llamaforge.runners.process import LOCAL, ProcessRunner
 
 # ggml's system_info feature name -> the /proc/cpuinfo flag of the same instructions (x86 and arm64).
 HOST_FLAGS: dict[str, str] = {
-    "SSE3": "pni", "SSSE3": "ssse3", "AVX": "avx", "AVX2": "avx2", "F16C": "f16c", "FMA": "fma",
-    "BMI2": "bmi2", "AVX_VNNI": "avx_vnni", "AVX512": "avx512f", "AVX512_VBMI": "avx512vbmi",
-    "AVX512_VNNI": "avx512_vnni", "AVX512_BF16": "avx512_bf16", "AMX_INT8": "amx_int8",
-    "NEON": "asimd", "FP16_VA": "asimdhp", "DOTPROD": "asimddp", "MATMUL_INT8": "i8mm", "SVE": "sve",
+    "SSE3": "pni",
+    "SSSE3": "ssse3",
+    "AVX": "avx",
+    "AVX2": "avx2",
+    "F16C": "f16c",
+    "FMA": "fma",
+    "BMI2": "bmi2",
+    "AVX_VNNI": "avx_vnni",
+    "AVX512": "avx512f",
+    "AVX512_VBMI": "avx512vbmi",
+    "AVX512_VNNI": "avx512_vnni",
+    "AVX512_BF16": "avx512_bf16",
+    "AMX_INT8": "amx_int8",
+    "NEON": "asimd",
+    "FP16_VA": "asimdhp",
+    "DOTPROD": "asimddp",
+    "MATMUL_INT8": "i8mm",
+    "SVE": "sve",
     "SME": "sme",
-}  # fmt: skip
+}
 
 _SSE = ("SSE3", "SSSE3")  # what ggml reports for SSE4.2 builds (-msse4.2 implies both)
 _HASWELL = (*_SSE, "AVX", "F16C", "FMA", "AVX2", "BMI2")
@@ -31,18 +45,29 @@ _SKYLAKEX = (*_HASWELL, "AVX512")
 _ZEN4 = (*_SKYLAKEX, "AVX512_VBMI", "AVX512_VNNI", "AVX512_BF16")
 # The features (system_info names) of each CPU variant ggml builds (ggml/src/CMakeLists.txt, b11312).
 VARIANT_FEATURES: dict[str, tuple[str, ...]] = {
-    "x64": (), "sse42": _SSE, "sandybridge": (*_SSE, "AVX"), "ivybridge": (*_SSE, "AVX", "F16C"),
-    "piledriver": (*_SSE, "AVX", "F16C", "FMA"), "haswell": _HASWELL, "skylakex": _SKYLAKEX,
-    "cannonlake": (*_SKYLAKEX, "AVX512_VBMI"), "cascadelake": (*_SKYLAKEX, "AVX512_VNNI"),
-    "icelake": (*_SKYLAKEX, "AVX512_VBMI", "AVX512_VNNI"), "cooperlake": (*_SKYLAKEX, "AVX512_VNNI", "AVX512_BF16"),
-    "zen4": _ZEN4, "alderlake": (*_HASWELL, "AVX_VNNI"), "sapphirerapids": (*_ZEN4, "AMX_INT8"),
-    "armv8.0_1": ("NEON",), "armv8.2_1": ("NEON", "DOTPROD"), "armv8.2_2": ("NEON", "DOTPROD", "FP16_VA"),
+    "x64": (),
+    "sse42": _SSE,
+    "sandybridge": (*_SSE, "AVX"),
+    "ivybridge": (*_SSE, "AVX", "F16C"),
+    "piledriver": (*_SSE, "AVX", "F16C", "FMA"),
+    "haswell": _HASWELL,
+    "skylakex": _SKYLAKEX,
+    "cannonlake": (*_SKYLAKEX, "AVX512_VBMI"),
+    "cascadelake": (*_SKYLAKEX, "AVX512_VNNI"),
+    "icelake": (*_SKYLAKEX, "AVX512_VBMI", "AVX512_VNNI"),
+    "cooperlake": (*_SKYLAKEX, "AVX512_VNNI", "AVX512_BF16"),
+    "zen4": _ZEN4,
+    "alderlake": (*_HASWELL, "AVX_VNNI"),
+    "sapphirerapids": (*_ZEN4, "AMX_INT8"),
+    "armv8.0_1": ("NEON",),
+    "armv8.2_1": ("NEON", "DOTPROD"),
+    "armv8.2_2": ("NEON", "DOTPROD", "FP16_VA"),
     "armv8.2_3": ("NEON", "DOTPROD", "FP16_VA", "SVE"),
     "armv8.6_1": ("NEON", "DOTPROD", "FP16_VA", "SVE", "MATMUL_INT8"),
     "armv8.6_2": ("NEON", "DOTPROD", "FP16_VA", "SVE", "MATMUL_INT8"),
     "armv9.2_1": ("NEON", "DOTPROD", "FP16_VA", "SVE", "MATMUL_INT8", "SME"),
     "armv9.2_2": ("NEON", "DOTPROD", "FP16_VA", "SVE", "MATMUL_INT8", "SME"),
-}  # fmt: skip
+}
 
 _SYSTEM_INFO_CPU = re.compile(r"\bCPU : ((?:[A-Z0-9_]+ = [^|]*\|\s*)+)")
 
@@ -126,10 +151,17 @@ def diagnose(logs: Iterable[str], host_flags: set[str], manifest: Mapping[str, A
         used, source = set(VARIANT_FEATURES[variant]), f"the features of ggml's {variant} variant"
     level = build_cpu_level(manifest)
     result: dict[str, Any] = {
-        "build_cpu_level": level, "loaded_module": module, "variant": variant, "used": None,
+        "build_cpu_level": level,
+        "loaded_module": module,
+        "variant": variant,
+        "used": None,
         "host": sorted(feature for feature, flag in HOST_FLAGS.items() if flag in host_flags),
-        "unused": [], "source": None, "warning": None, "cause": None, "fix": None,
-    }  # fmt: skip
+        "unused": [],
+        "source": None,
+        "warning": None,
+        "cause": None,
+        "fix": None,
+    }
     if used is None or not host_flags:
         result["note"] = "not checked: " + (
             "no system_info line or loaded CPU variant in the logs"

@@ -45,9 +45,12 @@ ModuleStatus = Literal["ran", "not_for_this_cpu", "crashed", "failed", "timed_ou
 FAILED: Final[frozenset[str]] = frozenset({"crashed", "failed", "timed_out"})
 #: Each status in words.
 STATUS_WORDS: Final[dict[str, str]] = {
-    "ran": "ran", "not_for_this_cpu": "not for this CPU", "crashed": "crashed", "failed": "failed",
+    "ran": "ran",
+    "not_for_this_cpu": "not for this CPU",
+    "crashed": "crashed",
+    "failed": "failed",
     "timed_out": "timed out",
-}  # fmt: skip
+}
 
 _MODULE_GLOB = "libggml-cpu-*.so"
 # A backend module ggml loads at run time: libggml-cpu-haswell.so, libggml-cuda.so (not libggml-base.so.0).
@@ -91,8 +94,14 @@ def stage_module_dir(bench: Path, into: Path) -> Path:
 
 def _host_cpu(runner: ProcessRunner) -> dict[str, Any]:
     text = runner.run(["cat", "/proc/cpuinfo"], warn=True).stdout
-    model = next((line.partition(":")[2].strip() for line in text.splitlines()
-                  if line.partition(":")[0].strip() in ("model name", "Model")), "")  # fmt: skip
+    model = next(
+        (
+            line.partition(":")[2].strip()
+            for line in text.splitlines()
+            if line.partition(":")[0].strip() in ("model name", "Model")
+        ),
+        "",
+    )
     flags = host_cpu_flags(text)
     return {
         "model": model or "unknown",
@@ -115,19 +124,34 @@ def _outcome(result: ProcessResult, module: Path) -> dict[str, Any]:
     loaded = loaded_cpu_module(text.splitlines()) == module.name
     sig = None if result.timed_out else exit_signal(result.exit_code)
     outcome: dict[str, Any] = {
-        "loaded": loaded, "signal": sig.name if sig else None, "exit": describe_exit(result.exit_code),
-        "pp_tps": None, "tg_tps": None, "hint": None,
-    }  # fmt: skip
+        "loaded": loaded,
+        "signal": sig.name if sig else None,
+        "exit": describe_exit(result.exit_code),
+        "pp_tps": None,
+        "tg_tps": None,
+        "hint": None,
+    }
     if result.timed_out:
-        return {**outcome, "status": "timed_out", "exit": "timed out (killed)",
-                "detail": "llama-bench did not finish in time; give fewer tokens or more time"}  # fmt: skip
+        return {
+            **outcome,
+            "status": "timed_out",
+            "exit": "timed out (killed)",
+            "detail": "llama-bench did not finish in time; give fewer tokens or more time",
+        }
     if sig is not None:
         phase = "after loading it" if loaded else "while loading it"
-        return {**outcome, "status": "crashed", "hint": crash_hint(sig, module.name),
-                "detail": f"{describe_exit(result.exit_code)} {phase}"}  # fmt: skip
+        return {
+            **outcome,
+            "status": "crashed",
+            "hint": crash_hint(sig, module.name),
+            "detail": f"{describe_exit(result.exit_code)} {phase}",
+        }
     if _NOT_SUPPORTED in text:
-        return {**outcome, "status": "not_for_this_cpu",
-                "detail": "ggml's score for this CPU is 0: it needs instructions this CPU lacks"}  # fmt: skip
+        return {
+            **outcome,
+            "status": "not_for_this_cpu",
+            "detail": "ggml's score for this CPU is 0: it needs instructions this CPU lacks",
+        }
     if result.exit_code != 0:
         reason = next((line for line in text.splitlines() if _LOAD_FAILED in line), None)
         return {**outcome, "status": "failed", "detail": reason or _last_words(result)}
@@ -137,32 +161,63 @@ def _outcome(result: ProcessResult, module: Path) -> dict[str, Any]:
         return {**outcome, "status": "failed", "detail": error.message}
     pp, tg = bench.test("pp"), bench.test("tg")
     threads = f"{bench.n_threads} thread{'s' if bench.n_threads != 1 else ''}" if bench.n_threads else ""
-    return {**outcome, "status": "ran", "pp_tps": pp.avg_ts if pp else None, "tg_tps": tg.avg_ts if tg else None,
-            "detail": threads}  # fmt: skip
+    return {
+        **outcome,
+        "status": "ran",
+        "pp_tps": pp.avg_ts if pp else None,
+        "tg_tps": tg.avg_ts if tg else None,
+        "detail": threads,
+    }
 
 
 def _run_module(
-    module: Path, bench: Path, model: Path, options: SweepOptions, staging: Path, logs: Path,
-    cancel: CancelToken, runner: ProcessRunner,
-) -> dict[str, Any]:  # fmt: skip
+    module: Path,
+    bench: Path,
+    model: Path,
+    options: SweepOptions,
+    staging: Path,
+    logs: Path,
+    cancel: CancelToken,
+    runner: ProcessRunner,
+) -> dict[str, Any]:
     variant = cpu_variant(module.name) or module.name
     exe = stage_module_dir(bench, staging / variant)
     log = logs / f"{variant}.log"
-    command = bench_command(exe, model, pp=options.pp, tg=options.tg, repetitions=options.repetitions,
-                            threads=options.threads)  # fmt: skip
+    command = bench_command(
+        exe, model, pp=options.pp, tg=options.tg, repetitions=options.repetitions, threads=options.threads
+    )
     started = time.monotonic()
     try:
         result = runner.run(
-            command, env={"GGML_BACKEND_PATH": str(module.absolute())}, cwd=exe.parent, timeout_s=options.timeout_s,
-            cancel=cancel, warn=True, log_path=log, what=f"llama-bench with {module.name}",
-        )  # fmt: skip
+            command,
+            env={"GGML_BACKEND_PATH": str(module.absolute())},
+            cwd=exe.parent,
+            timeout_s=options.timeout_s,
+            cancel=cancel,
+            warn=True,
+            log_path=log,
+            what=f"llama-bench with {module.name}",
+        )
     except ToolFailed as error:  # it could not even start
-        outcome = {"loaded": False, "signal": None, "exit": describe_exit(error.returncode), "pp_tps": None,
-                   "tg_tps": None, "hint": error.hint, "status": "failed", "detail": error.message}  # fmt: skip
+        outcome = {
+            "loaded": False,
+            "signal": None,
+            "exit": describe_exit(error.returncode),
+            "pp_tps": None,
+            "tg_tps": None,
+            "hint": error.hint,
+            "status": "failed",
+            "detail": error.message,
+        }
     else:
         outcome = _outcome(result, module)
-    return {"module": module.name, "variant": variant, **outcome, "log": str(log),
-            "wall_s": round(time.monotonic() - started, 2)}  # fmt: skip
+    return {
+        "module": module.name,
+        "variant": variant,
+        **outcome,
+        "log": str(log),
+        "wall_s": round(time.monotonic() - started, 2),
+    }
 
 
 def _default_pick(
@@ -171,8 +226,15 @@ def _default_pick(
     """The module ggml's loader picks with every module present: ``llama-bench --list-devices`` loads the
     backends (and initialises the CPU one) and exits, without a model."""
     log = logs / "default.log"
-    result = runner.run([str(bench), "--list-devices"], cwd=cwd, timeout_s=120, cancel=cancel, warn=True,
-                        log_path=log, what="llama-bench --list-devices")  # fmt: skip
+    result = runner.run(
+        [str(bench), "--list-devices"],
+        cwd=cwd,
+        timeout_s=120,
+        cancel=cancel,
+        warn=True,
+        log_path=log,
+        what="llama-bench --list-devices",
+    )
     module = loaded_cpu_module((result.stdout + result.stderr).splitlines())
     sig = None if result.timed_out else exit_signal(result.exit_code)
     if sig is not None:
@@ -181,14 +243,23 @@ def _default_pick(
         detail = f"no CPU module was loaded ({_last_words(result)})"
     else:
         detail = "what every llama.cpp binary of this build loads on this CPU"
-    return {"module": module, "variant": cpu_variant(module) if module else None,
-            "exit": describe_exit(result.exit_code), "signal": sig.name if sig else None, "detail": detail,
-            "hint": crash_hint(sig, module), "log": str(log)}  # fmt: skip
+    return {
+        "module": module,
+        "variant": cpu_variant(module) if module else None,
+        "exit": describe_exit(result.exit_code),
+        "signal": sig.name if sig else None,
+        "detail": detail,
+        "hint": crash_hint(sig, module),
+        "log": str(log),
+    }
 
 
 def _summary(rows: Sequence[Mapping[str, Any]], default: Mapping[str, Any] | None) -> tuple[list[str], str]:
-    problems = [f"{row['module']}: {STATUS_WORDS[row['status']]} ({row['detail']})" for row in rows
-                if row["status"] in FAILED]  # fmt: skip
+    problems = [
+        f"{row['module']}: {STATUS_WORDS[row['status']]} ({row['detail']})"
+        for row in rows
+        if row["status"] in FAILED
+    ]
     if default is not None and default["signal"]:
         problems.append(f"the loader's default pick: {default['detail']}")
     counts = {status: sum(row["status"] == status for row in rows) for status in STATUS_WORDS}
@@ -216,11 +287,24 @@ def sweep_cpu_modules(
     started = time.monotonic()
     modules = cpu_modules(bench.parent)
     sweep: dict[str, Any] = {
-        "bin_dir": str(bench.parent), "model": str(model), "cpu": None, "modules": [], "default": None,
-        "options": {"pp": options.pp, "tg": options.tg, "repetitions": options.repetitions,
-                    "threads": options.threads},
-        "note": None, "problems": [], "passed": True, "summary": "", "logs": str(logs), "wall_s": 0.0,
-    }  # fmt: skip
+        "bin_dir": str(bench.parent),
+        "model": str(model),
+        "cpu": None,
+        "modules": [],
+        "default": None,
+        "options": {
+            "pp": options.pp,
+            "tg": options.tg,
+            "repetitions": options.repetitions,
+            "threads": options.threads,
+        },
+        "note": None,
+        "problems": [],
+        "passed": True,
+        "summary": "",
+        "logs": str(logs),
+        "wall_s": 0.0,
+    }
     if not modules:
         level = f" ({cpu_level})" if cpu_level else ""
         sweep["note"] = (
@@ -235,15 +319,29 @@ def sweep_cpu_modules(
     try:
         for index, module in enumerate(modules):
             cancel.raise_if_cancelled()
-            reporter(Event("progress", f"CPU module {module.name}", stage="cpu-modules", completed=index,
-                           total=len(modules)))  # fmt: skip
+            reporter(
+                Event(
+                    "progress",
+                    f"CPU module {module.name}",
+                    stage="cpu-modules",
+                    completed=index,
+                    total=len(modules),
+                )
+            )
             row = _run_module(module, bench, model, options, staging, logs, cancel, runner)
             row["missing"] = _missing(row["variant"], sweep["cpu"]["features"])
             row["outcome"] = _outcome_words(row)
             sweep["modules"].append(row)
             reporter(Event("info", _row_line(row), stage="cpu-modules"))
-        reporter(Event("progress", "the loader's default pick", stage="cpu-modules", completed=len(modules),
-                       total=len(modules)))  # fmt: skip
+        reporter(
+            Event(
+                "progress",
+                "the loader's default pick",
+                stage="cpu-modules",
+                completed=len(modules),
+                total=len(modules),
+            )
+        )
         sweep["default"] = _default_pick(bench, staging, logs, cancel, runner)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -24,21 +24,29 @@ if TYPE_CHECKING:
 
 
 #: The llama-server flags smoke sets itself (one name of each option), refused in --server-args.
-SMOKE_FLAGS = dict(zip(SERVER_FLAGS, ("--model", "smoke serves on 127.0.0.1", "--port",
-                                      "smoke runs llama-server without the web UI"), strict=True)) | {
-    FIELD_FLAGS["ctx"]: "--concurrency (1024 tokens a slot)", FIELD_FLAGS["parallel"]: "--concurrency (a slot each)",
-    FIELD_FLAGS["threads"]: "--threads", FIELD_FLAGS["threads_batch"]: "--threads",
+SMOKE_FLAGS = dict(
+    zip(
+        SERVER_FLAGS,
+        ("--model", "smoke serves on 127.0.0.1", "--port", "smoke runs llama-server without the web UI"),
+        strict=True,
+    )
+) | {
+    FIELD_FLAGS["ctx"]: "--concurrency (1024 tokens a slot)",
+    FIELD_FLAGS["parallel"]: "--concurrency (a slot each)",
+    FIELD_FLAGS["threads"]: "--threads",
+    FIELD_FLAGS["threads_batch"]: "--threads",
     FIELD_FLAGS["log_verbosity"]: "smoke reads the load log at -lv 4",
-}  # fmt: skip
+}
 
 
 class SmokeParams(Params):
     """Parameters of ``smoke``."""
 
     build: str | None = path_field(
-        None, description="Build key (or unique prefix) or build directory (default: the default recipe's CPU "
-        "build, built if missing)"
-    )  # fmt: skip
+        None,
+        description="Build key (or unique prefix) or build directory (default: the default recipe's CPU "
+        "build, built if missing)",
+    )
     model: str | None = path_field(
         None,
         description="Model recipe name or .toml file, hf://, ms://, https:// URL, or a GGUF file, or `tiny` (the "
@@ -77,9 +85,10 @@ class SmokeParams(Params):
     )
     skip_server: bool = Field(False, description="Skip the llama-server stage")
     server_args: str | None = Field(
-        None, description="More llama-server flags, as one string split like a shell would (e.g. \"--jinja\"): "
-        "checked against the build's own `llama-server --help`; the flags smoke sets itself are refused"
-    )  # fmt: skip
+        None,
+        description='More llama-server flags, as one string split like a shell would (e.g. "--jinja"): '
+        "checked against the build's own `llama-server --help`; the flags smoke sets itself are refused",
+    )
     bandwidth_gbs: float | None = Field(
         None,
         gt=0,
@@ -231,26 +240,39 @@ def smoke_op(params: SmokeParams, ctx: OperationContext) -> SmokeReport:
     from llamaforge.smoke.verdict import parse_threshold_items, resolve_thresholds
 
     options = SmokeOptions(
-        pp=params.pp, tg=params.tg, repetitions=params.repetitions, threads=params.threads,
-        concurrency=tuple(params.concurrency) or (1, 2), requests=params.requests, max_tokens=params.max_tokens,
-        port=params.port, load_timeout_s=params.load_timeout_s, skip_bench=params.skip_bench,
-        skip_server=params.skip_server, skip_cpu_modules=params.skip_cpu_modules, bandwidth_gbs=params.bandwidth_gbs,
+        pp=params.pp,
+        tg=params.tg,
+        repetitions=params.repetitions,
+        threads=params.threads,
+        concurrency=tuple(params.concurrency) or (1, 2),
+        requests=params.requests,
+        max_tokens=params.max_tokens,
+        port=params.port,
+        load_timeout_s=params.load_timeout_s,
+        skip_bench=params.skip_bench,
+        skip_server=params.skip_server,
+        skip_cpu_modules=params.skip_cpu_modules,
+        bandwidth_gbs=params.bandwidth_gbs,
         golden=Path(params.golden) if params.golden else None,
         record_golden=Path(params.record_golden) if params.record_golden else None,
-    )  # fmt: skip
+    )
     if params.skip_bench and params.skip_server:
         raise InvalidOption(
             "--skip-bench and --skip-server together leave nothing to measure",
             hint="drop one of them: --skip-server measures llama-bench only, --skip-bench llama-server only",
         )
     if params.server_args and params.skip_server:
-        raise InvalidOption("--server-args are llama-server's, and --skip-server runs none",
-                            hint="drop --skip-server or --server-args")  # fmt: skip
+        raise InvalidOption(
+            "--server-args are llama-server's, and --skip-server runs none",
+            hint="drop --skip-server or --server-args",
+        )
     precheck_server_args(params.server_args, SMOKE_FLAGS)  # before a build may start
     cli = parse_threshold_items(params.thresholds)
     key, directory, manifest = resolve_build(params.build, params.executor, ctx)
-    server = next((path for path in (directory / "bin" / "llama-server", directory / "llama-server") if path.is_file()),
-                  directory / "bin" / "llama-server")  # fmt: skip
+    server = next(
+        (path for path in (directory / "bin" / "llama-server", directory / "llama-server") if path.is_file()),
+        directory / "bin" / "llama-server",
+    )
     extra = server_args_for(params.server_args, server, key if manifest else None, SMOKE_FLAGS)
     options = dataclasses.replace(options, server_args=extra)
     model, label, model_smoke, answers = _model_target(params, ctx)
@@ -270,11 +292,14 @@ def smoke_op(params: SmokeParams, ctx: OperationContext) -> SmokeReport:
         failed = [check for check in report["verdict"]["checks"] if check["status"] == "fail"]
         raise OperationFailed(
             f"smoke run {report['run_id']} FAILED its verdict: "
-            + "; ".join(f"{check['name']} {check['value']!r} (threshold {check['threshold']!r}): {check['detail']}"
-                        for check in failed),
-            result=result, exit_code=SmokeFailed.exit_code,
+            + "; ".join(
+                f"{check['name']} {check['value']!r} (threshold {check['threshold']!r}): {check['detail']}"
+                for check in failed
+            ),
+            result=result,
+            exit_code=SmokeFailed.exit_code,
             hint=f"the verdict lists every check; summary: {report['files']['summary.md']}",
-        )  # fmt: skip
+        )
     return result
 
 

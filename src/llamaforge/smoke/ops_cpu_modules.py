@@ -16,13 +16,15 @@ class CpuModulesParams(Params):
     """Parameters of ``smoke.cpu_modules``."""
 
     build: str | None = path_field(
-        None, description="Build key (or unique prefix) or build directory (default: the default recipe's CPU "
-        "build, built if missing)"
-    )  # fmt: skip
+        None,
+        description="Build key (or unique prefix) or build directory (default: the default recipe's CPU "
+        "build, built if missing)",
+    )
     model: str | None = path_field(
-        None, description="GGUF file each module runs (default: the tiny Q4_0 qwen3, which reaches the quantized "
-        "kernels)"
-    )  # fmt: skip
+        None,
+        description="GGUF file each module runs (default: the tiny Q4_0 qwen3, which reaches the quantized "
+        "kernels)",
+    )
     pp: int = Field(16, ge=1, description="llama-bench prompt tokens per module")
     tg: int = Field(8, ge=1, description="llama-bench generated tokens per module")
     repetitions: int = Field(1, ge=1, le=10, description="llama-bench repetitions per module")
@@ -131,20 +133,32 @@ def cpu_modules_op(params: CpuModulesParams, ctx: OperationContext) -> CpuModule
     target = SmokeTarget(
         build_key=key, build_dir=directory, manifest=manifest, model=model, model_label=label
     )
-    options = SweepOptions(pp=params.pp, tg=params.tg, repetitions=params.repetitions, threads=params.threads,
-                           timeout_s=params.timeout_s)  # fmt: skip
+    options = SweepOptions(
+        pp=params.pp,
+        tg=params.tg,
+        repetitions=params.repetitions,
+        threads=params.threads,
+        timeout_s=params.timeout_s,
+    )
     run_dir = new_sweep_dir(key)
     sweep = sweep_cpu_modules(
-        target.binary("llama-bench"), model, run_dir, options, cpu_level=build_cpu_level(manifest),
-        reporter=ctx.reporter, cancel=ctx.cancel,
-    )  # fmt: skip
+        target.binary("llama-bench"),
+        model,
+        run_dir,
+        options,
+        cpu_level=build_cpu_level(manifest),
+        reporter=ctx.reporter,
+        cancel=ctx.cancel,
+    )
     sweep.update(build_key=key, model_label=label, exit_code=0 if sweep["passed"] else SmokeFailed.exit_code)
     sweep["files"] = write_sweep_files(sweep, run_dir)
     result = CpuModulesReport.model_validate(sweep)
     if not sweep["passed"]:
         crash = next((row["hint"] for row in sweep["modules"] if row["hint"]), None)
         raise OperationFailed(
-            f"CPU module sweep of build {key[:12]} with {label}: " + "; ".join(sweep["problems"]), result=result,
-            exit_code=SmokeFailed.exit_code, hint=f"{crash + '; ' if crash else ''}per-module logs: {run_dir}",
-        )  # fmt: skip
+            f"CPU module sweep of build {key[:12]} with {label}: " + "; ".join(sweep["problems"]),
+            result=result,
+            exit_code=SmokeFailed.exit_code,
+            hint=f"{crash + '; ' if crash else ''}per-module logs: {run_dir}",
+        )
     return result

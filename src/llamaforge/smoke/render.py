@@ -18,8 +18,10 @@ def smoke_cli(result: dict[str, Any], console: Console) -> None:
     """``smoke``: the verdict, llama-bench and llama-server tables, the checks."""
     verdict = result["verdict"]
     state = "[green]PASS[/green]" if verdict["passed"] else "[red]FAIL[/red]"
-    console.print(f"{state} smoke run {result['run_id']} ({result['wall_s']:.1f} s): build {result['build']['key']}, "
-                  f"model {result['model']['label']}")  # fmt: skip
+    console.print(
+        f"{state} smoke run {result['run_id']} ({result['wall_s']:.1f} s): build {result['build']['key']}, "
+        f"model {result['model']['label']}"
+    )
     if result.get("bench"):
         table = Table("llama-bench", "t/s", "stddev", title=f"build {result['bench']['build_commit']}")
         for test in result["bench"]["tests"]:
@@ -28,35 +30,57 @@ def smoke_cli(result: dict[str, Any], console: Console) -> None:
     if result.get("cpu_modules"):
         _print_cpu_modules(result["cpu_modules"], console)
     if result.get("server"):
-        table = Table("c", "requests", "TTFT p50/p95 ms", "ITL p50/p95 ms", "decode t/s", "aggregate t/s",
-                      "e2e p50 ms", "client/server", title="llama-server streaming")  # fmt: skip
+        table = Table(
+            "c",
+            "requests",
+            "TTFT p50/p95 ms",
+            "ITL p50/p95 ms",
+            "decode t/s",
+            "aggregate t/s",
+            "e2e p50 ms",
+            "client/server",
+            title="llama-server streaming",
+        )
         for level in result["server"]["levels"]:
             ratio = level["cross_check"]["client_over_server_decode"]
-            table.add_row(str(level["concurrency"]), f"{level['requests']} ({len(level['errors'])} failed)",
-                          _p50_p95(level["ttft_ms"]), _p50_p95(level["itl_ms"], 2),
-                          f"{level['decode_tps']['p50']:.1f}" if level["decode_tps"] else "-",
-                          f"{level['aggregate_tps']:.1f}" if level["aggregate_tps"] else "-",
-                          f"{level['e2e_ms']['p50']:.0f}" if level["e2e_ms"] else "-",
-                          f"{ratio['p50']:.3f}" if ratio else "-")  # fmt: skip
+            table.add_row(
+                str(level["concurrency"]),
+                f"{level['requests']} ({len(level['errors'])} failed)",
+                _p50_p95(level["ttft_ms"]),
+                _p50_p95(level["itl_ms"], 2),
+                f"{level['decode_tps']['p50']:.1f}" if level["decode_tps"] else "-",
+                f"{level['aggregate_tps']:.1f}" if level["aggregate_tps"] else "-",
+                f"{level['e2e_ms']['p50']:.0f}" if level["e2e_ms"] else "-",
+                f"{ratio['p50']:.3f}" if ratio else "-",
+            )
         console.print(table)
     roof = result.get("roofline") or {}
     if roof.get("efficiency") is not None:
-        console.print(f"roofline (estimated): {roof['efficiency'] * 100:.1f} % of {roof['roof_tps']:.0f} t/s "
-                      f"({roof['bandwidth_gbs']:.1f} GB/s {roof['bandwidth_source']}; "
-                      f"{roof['bytes_per_token'] / 2**20:.1f} MiB/token)", highlight=False)  # fmt: skip
+        console.print(
+            f"roofline (estimated): {roof['efficiency'] * 100:.1f} % of {roof['roof_tps']:.0f} t/s "
+            f"({roof['bandwidth_gbs']:.1f} GB/s {roof['bandwidth_source']}; "
+            f"{roof['bytes_per_token'] / 2**20:.1f} MiB/token)",
+            highlight=False,
+        )
     elif roof.get("error"):
         console.print(f"roofline: not computed ({roof['error']})", highlight=False)
     if roof.get("cpu_diagnosis"):
         warned = (result.get("cpu_features") or {}).get("warning")
-        console.print(f"[yellow]{roof['cpu_diagnosis']}[/yellow]" if warned else roof["cpu_diagnosis"],
-                      highlight=False)  # fmt: skip
+        console.print(
+            f"[yellow]{roof['cpu_diagnosis']}[/yellow]" if warned else roof["cpu_diagnosis"], highlight=False
+        )
     table = Table("check", "status", "value", "threshold", "source")
     for check in verdict["checks"]:
         status = {"pass": "ok", "fail": "fail", "skipped": "warn"}[check["status"]]
         raw = check["value"]
         value = f"{raw:.1f}" if isinstance(raw, float) else " ".join(str(raw).split())
-        table.add_row(check["name"], STATUS[status].replace(status, check["status"]), value[:40],
-                      str(check["threshold"])[:40], check["source"])  # fmt: skip
+        table.add_row(
+            check["name"],
+            STATUS[status].replace(status, check["status"]),
+            value[:40],
+            str(check["threshold"])[:40],
+            check["source"],
+        )
     console.print(table)
     console.print(f"summary: {result['files']['summary.md']}", highlight=False)
 
@@ -86,13 +110,19 @@ def _print_cpu_modules(sweep: Mapping[str, Any], console: Console) -> None:
     for row in sweep["modules"]:
         style = _OUTCOME_STYLE.get(row["status"], "red")
         label = f"[{style}]{escape(row['outcome'])}[/{style}]"
-        table.add_row(row.get("variant") or row["module"], "default" if row.get("default") else "", label,
-                      _tps(row["pp_tps"]), _tps(row["tg_tps"]))  # fmt: skip
+        table.add_row(
+            row.get("variant") or row["module"],
+            "default" if row.get("default") else "",
+            label,
+            _tps(row["pp_tps"]),
+            _tps(row["tg_tps"]),
+        )
     console.print(table)  # what went wrong, in full, follows as the problems
     default = sweep.get("default") or {}
     if default.get("signal") or not default.get("module"):
-        console.print(f"[red]loader's default pick: {escape(str(default.get('detail', '-')))}[/red]",
-                      highlight=False)  # fmt: skip
+        console.print(
+            f"[red]loader's default pick: {escape(str(default.get('detail', '-')))}[/red]", highlight=False
+        )
     for problem in sweep.get("problems") or []:
         console.print(f"[red]{escape(problem)}[/red]", highlight=False)
 
@@ -100,8 +130,10 @@ def _print_cpu_modules(sweep: Mapping[str, Any], console: Console) -> None:
 def cpu_modules_cli(result: dict[str, Any], console: Console) -> None:
     """``smoke.cpu_modules``: one row per module, the loader's pick, what failed."""
     state = "[green]PASS[/green]" if result["passed"] else "[red]FAIL[/red]"
-    console.print(f"{state} build {result['build_key'][:12]}, model {result['model_label']} "
-                  f"({result['wall_s']:.1f} s)", highlight=False)  # fmt: skip
+    console.print(
+        f"{state} build {result['build_key'][:12]}, model {result['model_label']} ({result['wall_s']:.1f} s)",
+        highlight=False,
+    )
     _print_cpu_modules(result, console)
     if result.get("files"):
         console.print(f"summary: {result['files']['summary.md']}", highlight=False)
@@ -150,10 +182,14 @@ def smoke_compare_cli(result: dict[str, Any], console: Console) -> None:
     table = Table("metric", "A", "B", "B/A", "speedup", "better")
     for row in result["rows"]:
         color = {"B": "green", "A": "red"}.get(row["better"], "white")
-        table.add_row(f"{row['metric']} ({row['unit']})" if row["unit"] else row["metric"], f"{row['a']:.4g}",
-                      f"{row['b']:.4g}", f"{row['ratio']:.3f}" if row["ratio"] is not None else "-",
-                      f"[{color}]{row['speedup']:.3f}[/{color}]" if row["speedup"] is not None else "-",
-                      row["better"])  # fmt: skip
+        table.add_row(
+            f"{row['metric']} ({row['unit']})" if row["unit"] else row["metric"],
+            f"{row['a']:.4g}",
+            f"{row['b']:.4g}",
+            f"{row['ratio']:.3f}" if row["ratio"] is not None else "-",
+            f"[{color}]{row['speedup']:.3f}[/{color}]" if row["speedup"] is not None else "-",
+            row["better"],
+        )
     console.print(table)
     console.print(f"files: {result['files']['compare.md']}", highlight=False)
 

@@ -44,36 +44,75 @@ def render_summary(report: Mapping[str, Any]) -> str:
     patches = ", ".join(build.get("patches") or []) or "none"
     params = f"{model['n_params'] / 1e6:.1f} M params, " if model.get("n_params") else ""
     lines = [f"# Smoke run {report['run_id']}: {state}", ""]
-    lines += _table(["", ""], [
-        ["build", f"{build['key']} (recipe {build.get('recipe') or '-'}, {build.get('backend') or '?'}, "
-                  f"patches: {patches})"],
-        ["model", f"{model['label']} ({model.get('type', '?')}, {params}{model['size'] / 2**20:.1f} MiB)"],
-        ["host", f"{report['host']['platform']}, {report['host']['cpus']} CPUs"],
-        ["wall time", f"{report.get('wall_s', 0):.1f} s"],
-    ])  # fmt: skip
+    lines += _table(
+        ["", ""],
+        [
+            [
+                "build",
+                f"{build['key']} (recipe {build.get('recipe') or '-'}, {build.get('backend') or '?'}, "
+                f"patches: {patches})",
+            ],
+            [
+                "model",
+                f"{model['label']} ({model.get('type', '?')}, {params}{model['size'] / 2**20:.1f} MiB)",
+            ],
+            ["host", f"{report['host']['platform']}, {report['host']['cpus']} CPUs"],
+            ["wall time", f"{report.get('wall_s', 0):.1f} s"],
+        ],
+    )
     bench = report.get("bench")
     if bench:
-        lines += ["", f"## llama-bench ({bench['build_commit']}, b{bench['build_number']}, {bench['backends']}, "
-                  f"{bench['n_threads']} threads)", ""]  # fmt: skip
-        lines += _table(["test", "t/s", "stddev", "samples t/s"], [
-            [t["name"], t["avg_ts"], t["stddev_ts"], ", ".join(f"{v:.1f}" for v in t["samples_ts"])]
-            for t in bench["tests"]
-        ])  # fmt: skip
+        lines += [
+            "",
+            f"## llama-bench ({bench['build_commit']}, b{bench['build_number']}, {bench['backends']}, "
+            f"{bench['n_threads']} threads)",
+            "",
+        ]
+        lines += _table(
+            ["test", "t/s", "stddev", "samples t/s"],
+            [
+                [t["name"], t["avg_ts"], t["stddev_ts"], ", ".join(f"{v:.1f}" for v in t["samples_ts"])]
+                for t in bench["tests"]
+            ],
+        )
     if report.get("cpu_modules"):
         lines += ["", *cpu_modules_lines(report["cpu_modules"])]
     server = report.get("server")
     if server:
-        lines += ["", f"## llama-server (streaming /v1/chat/completions on 127.0.0.1:{server['port']}, "
-                  f"ready in {server['startup_s']:.1f} s)", ""]  # fmt: skip
+        lines += [
+            "",
+            f"## llama-server (streaming /v1/chat/completions on 127.0.0.1:{server['port']}, "
+            f"ready in {server['startup_s']:.1f} s)",
+            "",
+        ]
         rows = []
         for level in server["levels"]:
             ratio = level["cross_check"]["client_over_server_decode"]
-            rows.append([level["concurrency"], f"{level['requests']} ({len(level['errors'])} failed)",
-                         _pair(level["ttft_ms"]), _pair(level["itl_ms"], 2),
-                         level["decode_tps"]["p50"] if level["decode_tps"] else None, level["aggregate_tps"],
-                         _pair(level["e2e_ms"]), f"{ratio['p50']:.3f}" if ratio else "-"])  # fmt: skip
-        lines += _table(["concurrency", "requests", "TTFT p50 / p95 ms", "ITL p50 / p95 ms", "decode t/s p50",
-                         "aggregate t/s", "e2e p50 / p95 ms", "client/server decode"], rows)  # fmt: skip
+            rows.append(
+                [
+                    level["concurrency"],
+                    f"{level['requests']} ({len(level['errors'])} failed)",
+                    _pair(level["ttft_ms"]),
+                    _pair(level["itl_ms"], 2),
+                    level["decode_tps"]["p50"] if level["decode_tps"] else None,
+                    level["aggregate_tps"],
+                    _pair(level["e2e_ms"]),
+                    f"{ratio['p50']:.3f}" if ratio else "-",
+                ]
+            )
+        lines += _table(
+            [
+                "concurrency",
+                "requests",
+                "TTFT p50 / p95 ms",
+                "ITL p50 / p95 ms",
+                "decode t/s p50",
+                "aggregate t/s",
+                "e2e p50 / p95 ms",
+                "client/server decode",
+            ],
+            rows,
+        )
         answer = server.get("non_empty_answer")
         if answer:
             reply = answer["reply"].strip().replace("\n", " ")[:120]
@@ -84,10 +123,13 @@ def render_summary(report: Mapping[str, Any]) -> str:
     lines += ["", *_roofline_lines(report.get("roofline"))]
     if verdict:
         lines += ["", f"## Verdict: {state}", ""]
-        lines += _table(["check", "status", "value", "threshold", "source", "detail"], [
-            [c["name"], c["status"].upper(), c["value"], c["threshold"], c["source"], c["detail"]]
-            for c in verdict["checks"]
-        ])  # fmt: skip
+        lines += _table(
+            ["check", "status", "value", "threshold", "source", "detail"],
+            [
+                [c["name"], c["status"].upper(), c["value"], c["threshold"], c["source"], c["detail"]]
+                for c in verdict["checks"]
+            ],
+        )
     if report.get("error"):
         lines += ["", "## Error", "", "```", report["error"], "```"]
     files = report.get("files") or {}
@@ -107,14 +149,26 @@ def cpu_modules_lines(sweep: Mapping[str, Any]) -> list[str]:
     if not sweep.get("modules"):
         return [*lines, sweep.get("note") or sweep.get("summary") or "no CPU modules"]
     options = sweep.get("options") or {}
-    lines += [f"{sweep['summary']}. CPU: {cpu.get('model', '?')}; pp{options.get('pp')} tg{options.get('tg')} "
-              f"x{options.get('repetitions')}; logs: `{sweep.get('logs')}`", ""]  # fmt: skip
+    lines += [
+        f"{sweep['summary']}. CPU: {cpu.get('model', '?')}; pp{options.get('pp')} tg{options.get('tg')} "
+        f"x{options.get('repetitions')}; logs: `{sweep.get('logs')}`",
+        "",
+    ]
     rows = []
     for row in sweep["modules"]:
         detail = row["detail"] if row["status"] not in ("ran", "not_for_this_cpu") else ""
         pick = "**default**" if row.get("default") else ""
-        rows.append([row["module"], "yes" if row["status"] != "not_for_this_cpu" else "no", pick, row["outcome"],
-                     _tps(row["pp_tps"]), _tps(row["tg_tps"]), detail])  # fmt: skip
+        rows.append(
+            [
+                row["module"],
+                "yes" if row["status"] != "not_for_this_cpu" else "no",
+                pick,
+                row["outcome"],
+                _tps(row["pp_tps"]),
+                _tps(row["tg_tps"]),
+                detail,
+            ]
+        )
     lines += _table(["module", "loads here", "pick", "result", "pp t/s", "tg t/s", "detail"], rows)
     default = sweep.get("default") or {}
     if default.get("signal") or not default.get("module"):
@@ -129,13 +183,14 @@ def _roofline_lines(roof: Mapping[str, Any] | None) -> list[str]:
         return ["## Roofline", "", f"not computed: {roof['error']}"]
     efficiency = roof["efficiency"]
     lines = [
-        "## Roofline (estimated)", "",
+        "## Roofline (estimated)",
+        "",
         f"- measured tg: {roof['measured_tg_tps']:.1f} t/s (llama-bench)",
         f"- memory bandwidth: {roof['bandwidth_gbs']:.1f} GB/s ({roof['bandwidth_source']})",
         f"- bytes read per generated token: {roof['bytes_per_token'] / 2**20:.2f} MiB (estimated from the GGUF header)",
         f"- roof: {roof['roof_tps']:.1f} t/s; efficiency: "
         + (f"{efficiency * 100:.1f} % of the memory roofline" if efficiency is not None else "-"),
-    ]  # fmt: skip
+    ]
     lines += [f"- note: {note}" for note in roof.get("notes", [])]
     if roof.get("cpu_diagnosis"):
         lines.append(f"- {roof['cpu_diagnosis']}")
@@ -162,15 +217,27 @@ def _plot_throughput(report: Mapping[str, Any], path: Path) -> None:
                 (f"server c={level['concurrency']}\n(its timings)", server_pp["p50"], 0.0, "tab:orange")
             )
         if level["decode_tps"]:
-            generate.append((f"server c={level['concurrency']}\nper request", level["decode_tps"]["p50"], 0.0,
-                             "tab:orange"))  # fmt: skip
+            generate.append(
+                (
+                    f"server c={level['concurrency']}\nper request",
+                    level["decode_tps"]["p50"],
+                    0.0,
+                    "tab:orange",
+                )
+            )
         if level["aggregate_tps"]:
-            generate.append((f"server c={level['concurrency']}\naggregate", level["aggregate_tps"], 0.0,
-                             "tab:green"))  # fmt: skip
+            generate.append(
+                (f"server c={level['concurrency']}\naggregate", level["aggregate_tps"], 0.0, "tab:green")
+            )
     for ax, bars, title in ((left, prompt, "prompt processing"), (right, generate, "token generation")):
         if bars:
-            ax.bar([b[0] for b in bars], [b[1] for b in bars], yerr=[b[2] for b in bars],
-                   color=[b[3] for b in bars], capsize=4)  # fmt: skip
+            ax.bar(
+                [b[0] for b in bars],
+                [b[1] for b in bars],
+                yerr=[b[2] for b in bars],
+                color=[b[3] for b in bars],
+                capsize=4,
+            )
         ax.set_title(title)
         ax.set_ylabel("tokens/s")
     fig.suptitle(f"tokens/s per stage (bench: mean ± stddev; server: p50): {report['run_id']}")
@@ -253,8 +320,16 @@ def _metric(label: str, unit: str, higher_is_better: bool, a: Any, b: Any) -> di
     better = (
         "-" if speedup is None else "same" if abs(speedup - 1) < SAME_BAND else "B" if speedup > 1 else "A"
     )
-    return {"metric": label, "unit": unit, "higher_is_better": higher_is_better, "a": a, "b": b, "ratio": ratio,
-            "speedup": speedup, "better": better}  # fmt: skip
+    return {
+        "metric": label,
+        "unit": unit,
+        "higher_is_better": higher_is_better,
+        "a": a,
+        "b": b,
+        "ratio": ratio,
+        "speedup": speedup,
+        "better": better,
+    }
 
 
 def _p(dist: Mapping[str, float] | None, key: str) -> float | None:
@@ -280,10 +355,12 @@ def comparison_rows(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict[str
             _metric(f"{c} TTFT p95", "ms", False, _p(level["ttft_ms"], "p95"), _p(other["ttft_ms"], "p95")),
             _metric(f"{c} ITL p50", "ms", False, _p(level["itl_ms"], "p50"), _p(other["itl_ms"], "p50")),
             _metric(f"{c} ITL p95", "ms", False, _p(level["itl_ms"], "p95"), _p(other["itl_ms"], "p95")),
-            _metric(f"{c} decode p50", "t/s", True, _p(level["decode_tps"], "p50"), _p(other["decode_tps"], "p50")),
+            _metric(
+                f"{c} decode p50", "t/s", True, _p(level["decode_tps"], "p50"), _p(other["decode_tps"], "p50")
+            ),
             _metric(f"{c} aggregate", "t/s", True, level["aggregate_tps"], other["aggregate_tps"]),
             _metric(f"{c} e2e p50", "ms", False, _p(level["e2e_ms"], "p50"), _p(other["e2e_ms"], "p50")),
-        ]  # fmt: skip
+        ]
     roof_a, roof_b = a.get("roofline") or {}, b.get("roofline") or {}
     rows.append(
         _metric("roofline efficiency (est.)", "", True, roof_a.get("efficiency"), roof_b.get("efficiency"))
@@ -294,24 +371,43 @@ def comparison_rows(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict[str
 def _identity(report: Mapping[str, Any]) -> dict[str, Any]:
     build, model, bench = report["build"], report["model"], report.get("bench") or {}
     return {
-        "build": build["key"], "recipe": build.get("recipe"), "backend": build.get("backend"),
+        "build": build["key"],
+        "recipe": build.get("recipe"),
+        "backend": build.get("backend"),
         "cuda_architectures": ",".join(build.get("cuda_architectures") or []) or "-",
-        "patches": ",".join(build.get("patches") or []) or "none", "commit": bench.get("build_commit"),
-        "model": model["label"], "model_type": model.get("type"), "threads": bench.get("n_threads"),
+        "patches": ",".join(build.get("patches") or []) or "none",
+        "commit": bench.get("build_commit"),
+        "model": model["label"],
+        "model_type": model.get("type"),
+        "threads": bench.get("n_threads"),
         "host": report["host"]["platform"],
-    }  # fmt: skip
+    }
 
 
 def render_compare(data: Mapping[str, Any]) -> str:
     """compare.md: what differs between the runs, then the metrics with ratios."""
     lines = [f"# Smoke comparison: A = {data['a']['run_id']}, B = {data['b']['run_id']}", ""]
-    lines += _table(["", "A", "B"], [[key, data["a"][key], data["b"][key]] for key in data["differs"]]
-                    or [["(same build, model and host)", "", ""]])  # fmt: skip
+    lines += _table(
+        ["", "A", "B"],
+        [[key, data["a"][key], data["b"][key]] for key in data["differs"]]
+        or [["(same build, model and host)", "", ""]],
+    )
     lines += ["", "speedup > 1: B is better (tokens/s up or latency down); ratio = B / A", ""]
-    lines += _table(["metric", "unit", "A", "B", "B / A", "speedup", "better"], [
-        [r["metric"], r["unit"], r["a"], r["b"], f"{r['ratio']:.3f}" if r["ratio"] is not None else "-",
-         f"{r['speedup']:.3f}" if r["speedup"] is not None else "-", r["better"]] for r in data["rows"]
-    ])  # fmt: skip
+    lines += _table(
+        ["metric", "unit", "A", "B", "B / A", "speedup", "better"],
+        [
+            [
+                r["metric"],
+                r["unit"],
+                r["a"],
+                r["b"],
+                f"{r['ratio']:.3f}" if r["ratio"] is not None else "-",
+                f"{r['speedup']:.3f}" if r["speedup"] is not None else "-",
+                r["better"],
+            ]
+            for r in data["rows"]
+        ],
+    )
     return "\n".join(lines) + "\n"
 
 

@@ -175,46 +175,94 @@ def _bench_stage(
     target: SmokeTarget, options: SmokeOptions, run_dir: Path, cancel: CancelToken, runner: ProcessRunner
 ) -> BenchRun:
     return run_llama_bench(
-        target.binary("llama-bench"), target.model, run_dir, pp=options.pp, tg=options.tg,
-        repetitions=options.repetitions, threads=options.threads, timeout_s=options.bench_timeout_s, cancel=cancel,
+        target.binary("llama-bench"),
+        target.model,
+        run_dir,
+        pp=options.pp,
+        tg=options.tg,
+        repetitions=options.repetitions,
+        threads=options.threads,
+        timeout_s=options.bench_timeout_s,
+        cancel=cancel,
         runner=runner,
-    )  # fmt: skip
+    )
 
 
 def _cpu_modules_stage(
-    target: SmokeTarget, options: SmokeOptions, run_dir: Path, reporter: Reporter, cancel: CancelToken,
+    target: SmokeTarget,
+    options: SmokeOptions,
+    run_dir: Path,
+    reporter: Reporter,
+    cancel: CancelToken,
     runner: ProcessRunner,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     reporter(Event("stage", "CPU modules: llama-bench with each one on its own", stage="cpu-modules"))
     sweep_options = SweepOptions(threads=options.threads, timeout_s=options.bench_timeout_s)
     return sweep_cpu_modules(
-        target.binary("llama-bench"), target.model, run_dir / "cpu-modules", sweep_options,
-        cpu_level=build_cpu_level(target.manifest), reporter=reporter, cancel=cancel, runner=runner,
-    )  # fmt: skip
+        target.binary("llama-bench"),
+        target.model,
+        run_dir / "cpu-modules",
+        sweep_options,
+        cpu_level=build_cpu_level(target.manifest),
+        reporter=reporter,
+        cancel=cancel,
+        runner=runner,
+    )
 
 
 def _server_stage(
-    target: SmokeTarget, options: SmokeOptions, thresholds: SmokeThresholds, run_dir: Path,
-    reporter: Reporter, cancel: CancelToken, runner: ProcessRunner,
-) -> dict[str, Any]:  # fmt: skip
+    target: SmokeTarget,
+    options: SmokeOptions,
+    thresholds: SmokeThresholds,
+    run_dir: Path,
+    reporter: Reporter,
+    cancel: CancelToken,
+    runner: ProcessRunner,
+) -> dict[str, Any]:
     slots = max(options.concurrency)
     # -lv 4: llama-server logs its system_info line (the CPU features in use) only at trace verbosity.
-    flags = LlamaFlags(ctx=slots * options.ctx_per_slot, parallel=slots, threads=options.threads,
-                       threads_batch=options.threads, log_verbosity=4, extra=options.server_args)  # fmt: skip
+    flags = LlamaFlags(
+        ctx=slots * options.ctx_per_slot,
+        parallel=slots,
+        threads=options.threads,
+        threads_batch=options.threads,
+        log_verbosity=4,
+        extra=options.server_args,
+    )
     launch = ServerLaunch(
-        binary=target.binary("llama-server"), model=target.model, flags=flags, log_path=run_dir / "server.log",
-        port=options.port, load_timeout_s=options.load_timeout_s,
-    )  # fmt: skip
+        binary=target.binary("llama-server"),
+        model=target.model,
+        flags=flags,
+        log_path=run_dir / "server.log",
+        port=options.port,
+        load_timeout_s=options.load_timeout_s,
+    )
     data: dict[str, Any] = {}
     with LlamaServer(launch, reporter, cancel, runner) as server:
-        data.update(pid=server.pid, port=server.port, command=server.command, startup_s=server.startup_s,
-                    busy_ports=server.busy_ports)  # fmt: skip
-        reporter(Event("info", f"llama-server ready on 127.0.0.1:{server.port} in {server.startup_s:.1f} s",
-                       stage="server"))  # fmt: skip
+        data.update(
+            pid=server.pid,
+            port=server.port,
+            command=server.command,
+            startup_s=server.startup_s,
+            busy_ports=server.busy_ports,
+        )
+        reporter(
+            Event(
+                "info",
+                f"llama-server ready on 127.0.0.1:{server.port} in {server.startup_s:.1f} s",
+                stage="server",
+            )
+        )
         # The non-empty-answer request goes first: it also warms the server up before anything is timed.
         prompt = thresholds.non_empty_answer or "Say hello."
-        answer = stream_chat(server.port, ChatRequest(prompt, 64, ignore_eos=False), index=0, concurrency=1,
-                             timeout=options.request_timeout_s, t0=time.perf_counter())  # fmt: skip
+        answer = stream_chat(
+            server.port,
+            ChatRequest(prompt, 64, ignore_eos=False),
+            index=0,
+            concurrency=1,
+            timeout=options.request_timeout_s,
+            t0=time.perf_counter(),
+        )
         cancel.raise_if_cancelled()
         data["non_empty_answer"] = dataclasses.asdict(answer) if thresholds.non_empty_answer else None
         data["warmup"] = None if thresholds.non_empty_answer else dataclasses.asdict(answer)
@@ -227,17 +275,35 @@ def _server_stage(
             path = options.record_golden or options.golden
             reporter(Event("stage", f"server: greedy tokens for the golden {path}", stage="server"))
             data["golden"] = golden_stage(
-                base_url, golden=options.golden, record_golden=options.record_golden, timeout=options.request_timeout_s,
-                source={"build": target.build_key, "model": target.model_label, "size": target.model.stat().st_size},
-            )  # fmt: skip
+                base_url,
+                golden=options.golden,
+                record_golden=options.record_golden,
+                timeout=options.request_timeout_s,
+                source={
+                    "build": target.build_key,
+                    "model": target.model_label,
+                    "size": target.model.stat().st_size,
+                },
+            )
         cancel.raise_if_cancelled()
         levels = []
         for concurrency in options.concurrency:
-            reporter(Event("stage", f"server: {options.requests} streaming requests at concurrency {concurrency}",
-                           stage="server"))  # fmt: skip
-            level = run_level(server.port, ChatRequest(options.prompt, options.max_tokens), concurrency=concurrency,
-                              requests=options.requests, timeout=options.request_timeout_s, reporter=reporter,
-                              cancel=cancel)  # fmt: skip
+            reporter(
+                Event(
+                    "stage",
+                    f"server: {options.requests} streaming requests at concurrency {concurrency}",
+                    stage="server",
+                )
+            )
+            level = run_level(
+                server.port,
+                ChatRequest(options.prompt, options.max_tokens),
+                concurrency=concurrency,
+                requests=options.requests,
+                timeout=options.request_timeout_s,
+                reporter=reporter,
+                cancel=cancel,
+            )
             levels.append(
                 {**summarize_level(level), "samples": [dataclasses.asdict(s) for s in level.samples]}
             )
@@ -271,18 +337,30 @@ def _roofline_stage(
 def _cpu_features_stage(
     target: SmokeTarget, run_dir: Path, reporter: Reporter, runner: ProcessRunner
 ) -> dict[str, Any]:
-    logs = [path.read_text(encoding="utf-8", errors="replace") for path in
-            (run_dir / "server.log", run_dir / "bench.log") if path.is_file()]  # fmt: skip
+    logs = [
+        path.read_text(encoding="utf-8", errors="replace")
+        for path in (run_dir / "server.log", run_dir / "bench.log")
+        if path.is_file()
+    ]
     diagnosis = diagnose(logs, read_host_flags(runner), target.manifest)
     if diagnosis["warning"]:
-        reporter(Event("warning", f"{diagnosis['warning']}: {diagnosis['cause']}; fix: {diagnosis['fix']}",
-                       stage="cpu"))  # fmt: skip
+        reporter(
+            Event(
+                "warning",
+                f"{diagnosis['warning']}: {diagnosis['cause']}; fix: {diagnosis['fix']}",
+                stage="cpu",
+            )
+        )
     return diagnosis
 
 
 def _host() -> dict[str, Any]:
-    return {"platform": platform.platform(), "machine": platform.machine(), "cpus": cpu_threads_default(),
-            "python": platform.python_version()}  # fmt: skip
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpus": cpu_threads_default(),
+        "python": platform.python_version(),
+    }
 
 
 def run_smoke(
@@ -304,18 +382,35 @@ def run_smoke(
     started, started_at = time.monotonic(), datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     run_id, run_dir = new_run_dir(target.model_label, target.build_key)
     report: dict[str, Any] = {
-        "schema": 1, "run_id": run_id, "run_dir": str(run_dir), "started_at": started_at,
-        "llamaforge_version": __version__, "host": _host(),
-        "build": {"key": target.build_key, "path": str(target.build_dir),
-                  "recipe": (target.manifest.get("recipe") or {}).get("name"),
-                  "backend": target.manifest.get("backend"),
-                  "cuda_architectures": target.manifest.get("cuda_architectures", []),
-                  "patches": [p["name"] for p in target.manifest.get("patches", [])]},
-        "model": {"path": str(target.model), "label": target.model_label, "size": target.model.stat().st_size},
-        "options": {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(options).items()},
+        "schema": 1,
+        "run_id": run_id,
+        "run_dir": str(run_dir),
+        "started_at": started_at,
+        "llamaforge_version": __version__,
+        "host": _host(),
+        "build": {
+            "key": target.build_key,
+            "path": str(target.build_dir),
+            "recipe": (target.manifest.get("recipe") or {}).get("name"),
+            "backend": target.manifest.get("backend"),
+            "cuda_architectures": target.manifest.get("cuda_architectures", []),
+            "patches": [p["name"] for p in target.manifest.get("patches", [])],
+        },
+        "model": {
+            "path": str(target.model),
+            "label": target.model_label,
+            "size": target.model.stat().st_size,
+        },
+        "options": {
+            k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(options).items()
+        },
         "thresholds": {**thresholds.model_dump(), "sources": dict(sources)},
-        "bench": None, "server": None, "roofline": None, "cpu_features": None, "cpu_modules": None,
-    }  # fmt: skip
+        "bench": None,
+        "server": None,
+        "roofline": None,
+        "cpu_features": None,
+        "cpu_modules": None,
+    }
     reporter(Event("info", f"smoke run {run_id} in {run_dir}", stage="smoke"))
     try:
         bench = None
@@ -323,8 +418,13 @@ def run_smoke(
         if not options.skip_bench and not options.skip_cpu_modules:
             report["cpu_modules"] = _cpu_modules_stage(target, options, run_dir, reporter, cancel, runner)
         if not options.skip_bench:
-            reporter(Event("stage", f"llama-bench: pp{options.pp} tg{options.tg} x{options.repetitions}",
-                           stage="bench"))  # fmt: skip
+            reporter(
+                Event(
+                    "stage",
+                    f"llama-bench: pp{options.pp} tg{options.tg} x{options.repetitions}",
+                    stage="bench",
+                )
+            )
             bench = _bench_stage(target, options, run_dir, cancel, runner)
             report["bench"] = dataclasses.asdict(bench)
             report["model"].update(

@@ -82,8 +82,12 @@ def stream_chat(
     started = time.perf_counter()
     sample.start_s = started - t0
     try:
-        connection.request("POST", "/v1/chat/completions", body=json.dumps(request.body()).encode(),
-                           headers={"Content-Type": "application/json", "Accept": "text/event-stream"})  # fmt: skip
+        connection.request(
+            "POST",
+            "/v1/chat/completions",
+            body=json.dumps(request.body()).encode(),
+            headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
+        )
         response = connection.getresponse()
         if response.status != 200:
             sample.error = f"HTTP {response.status}: {response.read()[:300].decode(errors='replace')}"
@@ -158,8 +162,15 @@ def run_level(
         sample = stream_chat(port, request, index=index, concurrency=concurrency, timeout=timeout, t0=t0)
         with lock:
             done += 1
-            reporter(Event("progress", f"c={concurrency}: request {done}/{requests}", stage="server",
-                           completed=done, total=requests))  # fmt: skip
+            reporter(
+                Event(
+                    "progress",
+                    f"c={concurrency}: request {done}/{requests}",
+                    stage="server",
+                    completed=done,
+                    total=requests,
+                )
+            )
         return sample
 
     t0 = time.perf_counter()

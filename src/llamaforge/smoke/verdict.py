@@ -72,8 +72,9 @@ def resolve_thresholds(
                 raise InvalidOption(
                     f"unknown threshold {key!r} (from {origin})",
                     hint=suggest(key, SmokeThresholds.model_fields, end=" ")
-                    + "known: " + ", ".join(SmokeThresholds.model_fields),
-                )  # fmt: skip
+                    + "known: "
+                    + ", ".join(SmokeThresholds.model_fields),
+                )
             merged[key] = value
             sources[key] = origin
     try:
@@ -99,8 +100,14 @@ def distribution(values: Sequence[float]) -> dict[str, float] | None:
     """n, min, p50, p95, max and mean of ``values`` (None when there are none)."""
     if not values:
         return None
-    return {"n": len(values), "min": min(values), "p50": percentile(values, 50), "p95": percentile(values, 95),
-            "max": max(values), "mean": sum(values) / len(values)}  # fmt: skip
+    return {
+        "n": len(values),
+        "min": min(values),
+        "p50": percentile(values, 50),
+        "p95": percentile(values, 95),
+        "max": max(values),
+        "mean": sum(values) / len(values),
+    }
 
 
 def summarize_level(level: LevelRun) -> dict[str, Any]:
@@ -112,9 +119,10 @@ def summarize_level(level: LevelRun) -> dict[str, Any]:
     ]
     client_tps = [s.decode_tps for s in ok if s.decode_tps]
     ratios = [
-        s.decode_tps / s.server_timings["predicted_per_second"] for s in ok
+        s.decode_tps / s.server_timings["predicted_per_second"]
+        for s in ok
         if s.decode_tps and s.server_timings.get("predicted_per_second")
-    ]  # fmt: skip
+    ]
     server_pp = [s.server_timings["prompt_per_second"] for s in ok if "prompt_per_second" in s.server_timings]
     ttft_gap = [
         s.ttft_ms - s.server_timings["prompt_ms"] for s in ok if s.ttft_ms and "prompt_ms" in s.server_timings
@@ -142,8 +150,14 @@ def summarize_level(level: LevelRun) -> dict[str, Any]:
 
 
 def _check(name: str, status: str, value: Any, threshold: Any, source: str, detail: str) -> dict[str, Any]:
-    return {"name": name, "status": status, "value": value, "threshold": threshold, "source": source,
-            "detail": detail}  # fmt: skip
+    return {
+        "name": name,
+        "status": status,
+        "value": value,
+        "threshold": threshold,
+        "source": source,
+        "detail": detail,
+    }
 
 
 def evaluate(
@@ -155,43 +169,107 @@ def evaluate(
     tg = next((t for t in bench["tests"] if t["kind"] == "tg"), None) if bench else None
     if thresholds.min_tg_tps is not None:
         if tg is None:
-            checks.append(_check("min_tg_tps", "skipped", None, thresholds.min_tg_tps, sources["min_tg_tps"],
-                                 "llama-bench stage did not run"))  # fmt: skip
+            checks.append(
+                _check(
+                    "min_tg_tps",
+                    "skipped",
+                    None,
+                    thresholds.min_tg_tps,
+                    sources["min_tg_tps"],
+                    "llama-bench stage did not run",
+                )
+            )
         else:
             passed = tg["avg_ts"] >= thresholds.min_tg_tps
-            checks.append(_check("min_tg_tps", "pass" if passed else "fail", tg["avg_ts"], thresholds.min_tg_tps,
-                                 sources["min_tg_tps"], f"llama-bench {tg['name']} average tokens/s"))  # fmt: skip
+            checks.append(
+                _check(
+                    "min_tg_tps",
+                    "pass" if passed else "fail",
+                    tg["avg_ts"],
+                    thresholds.min_tg_tps,
+                    sources["min_tg_tps"],
+                    f"llama-bench {tg['name']} average tokens/s",
+                )
+            )
     levels = server["levels"] if server else []
     if thresholds.max_ttft_ms is not None:
         lowest = min(levels, key=lambda level: level["concurrency"]) if levels else {}
         ttft = lowest.get("ttft_ms")
         if ttft is None:
-            checks.append(_check("max_ttft_ms", "skipped" if not server else "fail", None, thresholds.max_ttft_ms,
-                                 sources["max_ttft_ms"], "no time to first token was measured"))  # fmt: skip
+            checks.append(
+                _check(
+                    "max_ttft_ms",
+                    "skipped" if not server else "fail",
+                    None,
+                    thresholds.max_ttft_ms,
+                    sources["max_ttft_ms"],
+                    "no time to first token was measured",
+                )
+            )
         else:
             passed = ttft["p95"] <= thresholds.max_ttft_ms
             detail = f"p95 TTFT at concurrency {lowest['concurrency']}"
-            checks.append(_check("max_ttft_ms", "pass" if passed else "fail", ttft["p95"], thresholds.max_ttft_ms,
-                                 sources["max_ttft_ms"], detail))  # fmt: skip
+            checks.append(
+                _check(
+                    "max_ttft_ms",
+                    "pass" if passed else "fail",
+                    ttft["p95"],
+                    thresholds.max_ttft_ms,
+                    sources["max_ttft_ms"],
+                    detail,
+                )
+            )
     if server:
         errors = [error for level in levels for error in level["errors"]]
-        checks.append(_check("no_failed_requests", "fail" if errors else "pass", len(errors), 0, "built-in",
-                             "; ".join(errors[:3]) or "every request streamed tokens"))  # fmt: skip
+        checks.append(
+            _check(
+                "no_failed_requests",
+                "fail" if errors else "pass",
+                len(errors),
+                0,
+                "built-in",
+                "; ".join(errors[:3]) or "every request streamed tokens",
+            )
+        )
     if thresholds.non_empty_answer is not None:
         answer = server.get("non_empty_answer") if server else None
         source = sources["non_empty_answer"]
         if answer is None:
-            checks.append(_check("non_empty_answer", "skipped", None, thresholds.non_empty_answer, source,
-                                 "server stage did not run"))  # fmt: skip
+            checks.append(
+                _check(
+                    "non_empty_answer",
+                    "skipped",
+                    None,
+                    thresholds.non_empty_answer,
+                    source,
+                    "server stage did not run",
+                )
+            )
         else:
             reply = answer["reply"].strip()
             detail = answer.get("error") or "a non-empty reply"
-            checks.append(_check("non_empty_answer", "pass" if reply else "fail", reply[:200],
-                                 thresholds.non_empty_answer, source, detail))  # fmt: skip
+            checks.append(
+                _check(
+                    "non_empty_answer",
+                    "pass" if reply else "fail",
+                    reply[:200],
+                    thresholds.non_empty_answer,
+                    source,
+                    detail,
+                )
+            )
     sweep = report.get("cpu_modules")
     if sweep and sweep.get("modules"):
         problems = sweep.get("problems") or []
-        checks.append(_check("cpu_modules", "fail" if problems else "pass", len(problems), 0, "built-in",
-                             "; ".join(problems[:3]) or sweep.get("summary") or ""))  # fmt: skip
+        checks.append(
+            _check(
+                "cpu_modules",
+                "fail" if problems else "pass",
+                len(problems),
+                0,
+                "built-in",
+                "; ".join(problems[:3]) or sweep.get("summary") or "",
+            )
+        )
     checks += answer_verdict_checks(server or {})
     return {"passed": not any(check["status"] == "fail" for check in checks), "checks": checks}

@@ -96,8 +96,9 @@ class Target(Protocol):
         """The service's last log lines on the host."""
         ...
 
-    def probe_command(self, layout: Layout, rid: str, service_files: Mapping[str, str], model: str,
-                      args: Sequence[str]) -> list[str]:  # fmt: skip
+    def probe_command(
+        self, layout: Layout, rid: str, service_files: Mapping[str, str], model: str, args: Sequence[str]
+    ) -> list[str]:
         """The host command that runs release ``rid``'s llama-bench with ``args`` (on ``model``, a host path) as
         the release's service would run (its user, environment, sandbox or image), before ``current`` points at
         it; llama-bench's stdout and stderr come back as the command's. A command for root, without ``sudo`` (the

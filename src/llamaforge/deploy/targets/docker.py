@@ -95,17 +95,34 @@ def render_container(
     from llamaforge.deploy.health import gate_address, gate_timeout_s
 
     if any(char in layout.root for char in ',"'):  # the --mount value is comma-separated
-        raise InvalidOption(f"--root {layout.base!r}: a comma or a quote cannot be in a docker --mount path",
-                            hint="use a root directory without , or \"")  # fmt: skip
+        raise InvalidOption(
+            f"--root {layout.base!r}: a comma or a quote cannot be in a docker --mount path",
+            hint='use a root directory without , or "',
+        )
     url = f"http://{_url_host(gate_address(spec.listen))}:{spec.port}/health"
-    health = {"interval": f"{HEALTH_INTERVAL_S}s", "timeout": f"{HEALTH_TIMEOUT_S}s", "retries": HEALTH_RETRIES,
-              "start_period": f"{int(gate_timeout_s(spec.model_size))}s"}  # fmt: skip
+    health = {
+        "interval": f"{HEALTH_INTERVAL_S}s",
+        "timeout": f"{HEALTH_TIMEOUT_S}s",
+        "retries": HEALTH_RETRIES,
+        "start_period": f"{int(gate_timeout_s(spec.model_size))}s",
+    }
     return render(
-        "deploy/llama-server.docker.sh.j2", name=layout.name, container=container_name(layout), image=image.id,
-        tag=image.tag, current=layout.current, model_link=MODEL_LINK, user=user, listen=spec.listen,
-        release_mount=RELEASE_MOUNT, model_mount=MODEL_PATH, health_cmd=f"curl -fsS {url} >/dev/null || exit 1",
-        health=health, gpus=image.gpus, args=container_args(spec),
-    )  # fmt: skip
+        "deploy/llama-server.docker.sh.j2",
+        name=layout.name,
+        container=container_name(layout),
+        image=image.id,
+        tag=image.tag,
+        current=layout.current,
+        model_link=MODEL_LINK,
+        user=user,
+        listen=spec.listen,
+        release_mount=RELEASE_MOUNT,
+        model_mount=MODEL_PATH,
+        health_cmd=f"curl -fsS {url} >/dev/null || exit 1",
+        health=health,
+        gpus=image.gpus,
+        args=container_args(spec),
+    )
 
 
 def state_from_inspect(text: str) -> ServiceState:
@@ -151,8 +168,10 @@ exec docker run --rm --network none --user "$user" --read-only --cap-drop ALL --
 """
 PROBE_MOUNT = "/models/probe.gguf"
 
-_INSPECT = "{{.State.Status}} {{.RestartCount}} {{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}} " \
-    "{{.State.ExitCode}}"  # fmt: skip
+_INSPECT = (
+    "{{.State.Status}} {{.RestartCount}} {{if .State.Health}}{{.State.Health.Status}}{{else}}none{{end}} "
+    "{{.State.ExitCode}}"
+)
 
 
 def saved_image(image: ContainerImage) -> Path:
@@ -218,8 +237,11 @@ class DockerTarget:
     def check(self, runner: SshProcessRunner) -> None:
         """Refuse (DockerMissing, naming the host and what to do) a host whose Docker engine the deploy user
         cannot drive as root."""
-        result = runner.run(as_root(runner, ["docker", "version", "--format", "{{.Server.Version}}"]), warn=True,
-                            merge_stderr=True)  # fmt: skip
+        result = runner.run(
+            as_root(runner, ["docker", "version", "--format", "{{.Server.Version}}"]),
+            warn=True,
+            merge_stderr=True,
+        )
         if result.ok and result.stdout.strip():
             return
         said = (result.stdout.strip().splitlines() or ["no answer"])[-1]
@@ -229,8 +251,10 @@ class DockerTarget:
             hint = "install Docker there (Debian: apt-get install docker.io) or deploy with --target systemd"
         else:
             hint = "start its Docker engine (systemctl start docker) and deploy again"
-        raise DockerMissing(f"{runner.host.address}: --target docker needs a Docker engine there: {said}",
-                            hint=f"{hint}; nothing was sent or switched there")  # fmt: skip
+        raise DockerMissing(
+            f"{runner.host.address}: --target docker needs a Docker engine there: {said}",
+            hint=f"{hint}; nothing was sent or switched there",
+        )
 
     def prepare(self, runner: SshProcessRunner, layout: Layout) -> None:
         """The service user (its uid runs the container) and the deployment's directories, as for systemd."""
@@ -249,8 +273,13 @@ class DockerTarget:
         gone = runner.run(as_root(runner, unused), warn=True).stdout.split()
         if gone:
             what = ", ".join(image[:19] for image in gone)
-            self.reporter(Event("stage", f"{runner.host.address}: removed the image {what} (no release there runs it)",
-                                stage="deploy"))  # fmt: skip
+            self.reporter(
+                Event(
+                    "stage",
+                    f"{runner.host.address}: removed the image {what} (no release there runs it)",
+                    stage="deploy",
+                )
+            )
 
     def deliver(self, runner: SshProcessRunner, layout: Layout, cancel: CancelToken | None = None) -> int:
         """Load the runtime image into the host's engine unless it has that image id; returns the bytes sent.
@@ -266,12 +295,16 @@ class DockerTarget:
         # room for the archive and for the image it loads
         check_free_space(runner, {layout.root: 2 * archive.stat().st_size})
         sent = runner.put(archive, remote, cancel=cancel).sent_bytes
-        runner.run(as_root(runner, ["docker", "load", "--quiet", "--input", remote]),
-                   what=f"loading {image.tag} on {runner.host.host}")  # fmt: skip
+        runner.run(
+            as_root(runner, ["docker", "load", "--quiet", "--input", remote]),
+            what=f"loading {image.tag} on {runner.host.host}",
+        )
         runner.run(["rm", "-f", "--", remote])
         if not self._on_host(runner, image):
-            raise DockerMissing(f"{runner.host.address}: the engine loaded {archive.name} but has no image {image.id}",
-                                hint="see `docker images` there; deploy again")  # fmt: skip
+            raise DockerMissing(
+                f"{runner.host.address}: the engine loaded {archive.name} but has no image {image.id}",
+                hint="see `docker images` there; deploy again",
+            )
         return sent
 
     def pending(self, runner: SshProcessRunner) -> str:
@@ -290,8 +323,10 @@ class DockerTarget:
 
     def activate(self, runner: SshProcessRunner, layout: Layout) -> None:
         """Run :meth:`activation` on the host, as root."""
-        runner.run(as_root(runner, self.activation(layout)),
-                   what=f"starting {container_name(layout)} on {runner.host.host}")  # fmt: skip
+        runner.run(
+            as_root(runner, self.activation(layout)),
+            what=f"starting {container_name(layout)} on {runner.host.host}",
+        )
 
     def stop(self, runner: SshProcessRunner, layout: Layout) -> None:
         """``docker stop`` the container (it stays, and ``unless-stopped`` keeps it stopped)."""
@@ -299,18 +334,27 @@ class DockerTarget:
 
     def state(self, runner: SshProcessRunner, layout: Layout) -> ServiceState:
         """The container's state, health and restart count (:func:`state_from_inspect`)."""
-        shown = runner.run(as_root(runner, ["docker", "inspect", "--type", "container", "--format", _INSPECT,
-                                            container_name(layout)]), warn=True)  # fmt: skip
+        shown = runner.run(
+            as_root(
+                runner,
+                ["docker", "inspect", "--type", "container", "--format", _INSPECT, container_name(layout)],
+            ),
+            warn=True,
+        )
         return state_from_inspect(shown.stdout if shown.ok else "")
 
     def logs(self, runner: SshProcessRunner, layout: Layout, lines: int = 20) -> list[str]:
         """The container's last log lines (llama-server logs to stderr)."""
-        result = runner.run(as_root(runner, ["docker", "logs", "--tail", str(lines), container_name(layout)]),
-                            warn=True, merge_stderr=True)  # fmt: skip
+        result = runner.run(
+            as_root(runner, ["docker", "logs", "--tail", str(lines), container_name(layout)]),
+            warn=True,
+            merge_stderr=True,
+        )
         return result.stdout.splitlines()
 
-    def probe_command(self, layout: Layout, rid: str, service_files: Mapping[str, str], model: str,
-                      args: Sequence[str]) -> list[str]:  # fmt: skip
+    def probe_command(
+        self, layout: Layout, rid: str, service_files: Mapping[str, str], model: str, args: Sequence[str]
+    ) -> list[str]:
         """``docker run --rm`` of the release's image with its llama-bench as the entrypoint, as the service
         user with the container's restrictions, the probe ``model`` mounted read-only (``args`` name it by its
         host path; inside it is :data:`PROBE_MOUNT`), and the GPUs for a CUDA build (a command for root)."""
@@ -321,8 +365,19 @@ class DockerTarget:
         inside = [PROBE_MOUNT if arg == model else arg for arg in args]
         gpus = ["--gpus", "all"] if image.gpus else []
         entrypoint = posixpath.join(PREFIX, "bin", PROBE_BINARY)
-        return ["sh", "-c", _PROBE, "sh", SERVICE_USER, model, *gpus, "--entrypoint", entrypoint,
-                image.id, *inside]  # fmt: skip
+        return [
+            "sh",
+            "-c",
+            _PROBE,
+            "sh",
+            SERVICE_USER,
+            model,
+            *gpus,
+            "--entrypoint",
+            entrypoint,
+            image.id,
+            *inside,
+        ]
 
     def probe_signal(self, code: int, stderr: Sequence[str]) -> signal.Signals | None:
         """``docker run`` exits 128 + N when a signal ended the container's process."""

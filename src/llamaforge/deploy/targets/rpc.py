@@ -74,14 +74,27 @@ class RpcServerTarget(SystemdTarget):
         cache = rpc_cache_dir(layout)
         # no IP restriction: the worker answers its head, whose address it is not told
         text = render(
-            "deploy/rpc-server.service.j2", name=layout.name, user=SERVICE_USER, current=layout.current,
-            root=layout.root, argv=argv, cache=cache, cache_name=posixpath.basename(cache), backend=spec.backend,
+            "deploy/rpc-server.service.j2",
+            name=layout.name,
+            user=SERVICE_USER,
+            current=layout.current,
+            root=layout.root,
+            argv=argv,
+            cache=cache,
+            cache_name=posixpath.basename(cache),
+            backend=spec.backend,
             ip_allow=[],
-        )  # fmt: skip
+        )
         return {RPC_UNIT_FILE: text}
 
-    def gate(self, runner: SshProcessRunner, layout: Layout, *, timeout_s: float | None = None,
-             cancel: CancelToken | None = None) -> GateOutcome:  # fmt: skip
+    def gate(
+        self,
+        runner: SshProcessRunner,
+        layout: Layout,
+        *,
+        timeout_s: float | None = None,
+        cancel: CancelToken | None = None,
+    ) -> GateOutcome:
         """The service is active and answers the RPC HELLO on its address (asked on the worker, over SSH)."""
         cancel = cancel or CancelToken()
         limit = timeout_s if timeout_s is not None else WORKER_GATE_S
@@ -92,16 +105,27 @@ class RpcServerTarget(SystemdTarget):
                 cancel.raise_if_cancelled()
                 state = self.state(runner, layout)
                 if state.restarts > 0 or state.active == "failed":
-                    return service_down(runner, self, layout, state, started=started, service="the RPC server",
-                                        program=RPC_SERVER)  # fmt: skip
+                    return service_down(
+                        runner,
+                        self,
+                        layout,
+                        state,
+                        started=started,
+                        service="the RPC server",
+                        program=RPC_SERVER,
+                    )
                 try:
                     major, minor, patch = rpc_hello(local, timeout=5.0)
                     break
                 except OSError as error:
                     last = str(error) or type(error).__name__
                 if time.monotonic() - started > limit:
-                    return GateOutcome(False, f"the RPC server did not answer HELLO within {limit:g} s ({last})",
-                                       time.monotonic() - started, logs=self.logs(runner, layout))  # fmt: skip
+                    return GateOutcome(
+                        False,
+                        f"the RPC server did not answer HELLO within {limit:g} s ({last})",
+                        time.monotonic() - started,
+                        logs=self.logs(runner, layout),
+                    )
                 time.sleep(0.5)
         detail = f"RPC HELLO answered on {self.address}:{self.port} (protocol {major}.{minor}.{patch})"
         return GateOutcome(True, detail, time.monotonic() - started, completion=f"{major}.{minor}.{patch}")

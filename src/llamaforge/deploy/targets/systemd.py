@@ -39,8 +39,16 @@ if TYPE_CHECKING:
 UNIT_FILE = "llama-server.service"
 UNIT_DIR = "/etc/systemd/system"
 # [Service] settings a probe does not take from the unit: it runs llama-bench once, not the server.
-_NOT_FOR_PROBE = ("ExecStart", "ExecStartPre", "ExecStartPost", "ExecStop", "ExecStopPost", "ExecReload",
-                  "Restart", "RestartSec")  # fmt: skip
+_NOT_FOR_PROBE = (
+    "ExecStart",
+    "ExecStartPre",
+    "ExecStartPost",
+    "ExecStop",
+    "ExecStopPost",
+    "ExecReload",
+    "Restart",
+    "RestartSec",
+)
 
 
 def unit_name(layout: Layout) -> str:
@@ -53,11 +61,15 @@ def check_command(argv: Sequence[str], program: str) -> None:
     prefixes such as ``+`` — run as root — from it after unquoting), and no word has a ``%`` (the unit quotes
     it, but a probe passes the unit's settings to ``systemd-run``, which would not)."""
     if not argv or not argv[0].startswith("/"):
-        raise InvalidOption(f"{program}'s path {argv[0] if argv else ''!r} is not absolute",
-                            hint="deployments live under an absolute --root")  # fmt: skip
+        raise InvalidOption(
+            f"{program}'s path {argv[0] if argv else ''!r} is not absolute",
+            hint="deployments live under an absolute --root",
+        )
     if any("%" in part for part in argv):
-        raise InvalidOption(f"a % in {program}'s command line would be a systemd specifier",
-                            hint="use paths and flag values without %")  # fmt: skip
+        raise InvalidOption(
+            f"a % in {program}'s command line would be a systemd specifier",
+            hint="use paths and flag values without %",
+        )
 
 
 def loopback_allow(spec: ReleaseSpec) -> list[str]:
@@ -82,9 +94,16 @@ def render_unit(spec: ReleaseSpec, layout: Layout, *, user: str = SERVICE_USER) 
     argv = spec.server_argv(layout)
     check_command(argv, "llama-server")
     return render(
-        "deploy/llama-server.service.j2", name=layout.name, user=user, current=layout.current, root=layout.root,
-        argv=argv, rpc=bool(spec.flags.rpc), backend=spec.backend, ip_allow=loopback_allow(spec),
-    )  # fmt: skip
+        "deploy/llama-server.service.j2",
+        name=layout.name,
+        user=user,
+        current=layout.current,
+        root=layout.root,
+        argv=argv,
+        rpc=bool(spec.flags.rpc),
+        backend=spec.backend,
+        ip_allow=loopback_allow(spec),
+    )
 
 
 def service_properties(unit: str, current: str, directory: str) -> list[str]:
@@ -193,8 +212,10 @@ class SystemdTarget:
                 "(if it is this deployment's, give it to the deploy user there yourself); nothing was changed",
             )
         if not result.ok:
-            raise RootNotOwned(f"{runner.host.address}: preparing {layout.root} failed: {result.stderr.strip()[-300:]}",
-                               hint="deploy as root there, or give the deploy user passwordless sudo")  # fmt: skip
+            raise RootNotOwned(
+                f"{runner.host.address}: preparing {layout.root} failed: {result.stderr.strip()[-300:]}",
+                hint="deploy as root there, or give the deploy user passwordless sudo",
+            )
 
     def prune(self, runner: SshProcessRunner, layout: Layout, removed: Sequence[str]) -> None:
         """Remove the releases' directories (the unit installed is ``current``'s, never theirs)."""
@@ -212,8 +233,10 @@ class SystemdTarget:
 
     def activate(self, runner: SshProcessRunner, layout: Layout) -> None:
         """Run :meth:`activation` on the host, as root."""
-        runner.run(as_root(runner, self.activation(layout)),
-                   what=f"restarting {self.unit(layout)} on {runner.host.host}")  # fmt: skip
+        runner.run(
+            as_root(runner, self.activation(layout)),
+            what=f"restarting {self.unit(layout)} on {runner.host.host}",
+        )
 
     def stop(self, runner: SshProcessRunner, layout: Layout) -> None:
         """``systemctl stop`` the unit."""
@@ -222,23 +245,43 @@ class SystemdTarget:
     def state(self, runner: SshProcessRunner, layout: Layout) -> ServiceState:
         """``ActiveState``, ``NRestarts`` and the signal ``ExecMainCode``/``ExecMainStatus`` name (a main process
         that was killed, until it is started again) from ``systemctl show``."""
-        shown = runner.run(["systemctl", "show", "-p", "ActiveState", "-p", "NRestarts", "-p", "ExecMainCode",
-                            "-p", "ExecMainStatus", self.unit(layout)], warn=True).stdout  # fmt: skip
+        shown = runner.run(
+            [
+                "systemctl",
+                "show",
+                "-p",
+                "ActiveState",
+                "-p",
+                "NRestarts",
+                "-p",
+                "ExecMainCode",
+                "-p",
+                "ExecMainStatus",
+                self.unit(layout),
+            ],
+            warn=True,
+        ).stdout
         values = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
         restarts = values.get("NRestarts", "0")
         return ServiceState(
-            values.get("ActiveState", "unknown"), int(restarts) if restarts.isdigit() else 0,
+            values.get("ActiveState", "unknown"),
+            int(restarts) if restarts.isdigit() else 0,
             exec_main_signal(values.get("ExecMainCode", ""), values.get("ExecMainStatus", "")),
-        )  # fmt: skip
+        )
 
     def logs(self, runner: SshProcessRunner, layout: Layout, lines: int = 20) -> list[str]:
         """The unit's last journal lines."""
-        result = runner.run(as_root(runner, ["journalctl", "-u", self.unit(layout), "-n", str(lines), "--no-pager",
-                                             "-o", "cat"]), warn=True)  # fmt: skip
+        result = runner.run(
+            as_root(
+                runner, ["journalctl", "-u", self.unit(layout), "-n", str(lines), "--no-pager", "-o", "cat"]
+            ),
+            warn=True,
+        )
         return result.stdout.splitlines()
 
-    def probe_command(self, layout: Layout, rid: str, service_files: Mapping[str, str], model: str,
-                      args: Sequence[str]) -> list[str]:  # fmt: skip
+    def probe_command(
+        self, layout: Layout, rid: str, service_files: Mapping[str, str], model: str, args: Sequence[str]
+    ) -> list[str]:
         """``systemd-run --wait --pipe`` of the release's llama-bench as a transient unit with the settings of
         the release's own unit (:func:`service_properties`), stopped by systemd after
         :data:`~llamaforge.deploy.probe.PROBE_LIMIT_S`; systemd-run's summary names a signal that ended it (a
@@ -246,8 +289,14 @@ class SystemdTarget:
         directory = layout.release(rid)
         properties = service_properties(service_files[self.unit_file], layout.current, directory)
         name = f"{self.unit(layout).removesuffix('.service')}-probe-{rid}"
-        command = ["systemd-run", "--wait", "--pipe", "--collect", f"--unit={name}",
-                   f"--property=RuntimeMaxSec={PROBE_LIMIT_S}"]  # fmt: skip
+        command = [
+            "systemd-run",
+            "--wait",
+            "--pipe",
+            "--collect",
+            f"--unit={name}",
+            f"--property=RuntimeMaxSec={PROBE_LIMIT_S}",
+        ]
         command += [f"--property={item}" for item in properties]
         return [*command, "--", posixpath.join(directory, "bin", PROBE_BINARY), *args]
 
@@ -257,8 +306,11 @@ class SystemdTarget:
 
     def verify(self, runner: SshProcessRunner, layout: Layout) -> list[str]:
         """``systemd-analyze verify`` of the installed unit on the host: its complaints (empty when clean)."""
-        result = runner.run(["systemd-analyze", "verify", posixpath.join(UNIT_DIR, self.unit(layout))],
-                            warn=True, merge_stderr=True)  # fmt: skip
+        result = runner.run(
+            ["systemd-analyze", "verify", posixpath.join(UNIT_DIR, self.unit(layout))],
+            warn=True,
+            merge_stderr=True,
+        )
         return (
             [line for line in result.stdout.splitlines() if line.strip()]
             if not result.ok or result.stdout
