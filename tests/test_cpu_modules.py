@@ -212,7 +212,8 @@ def test_the_operation_is_registered_with_its_cli_spelling_and_mcp_tool() -> Non
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_the_mcp_server_has_the_sweep_tool(anyio_backend: str) -> None:
     from mcp import Client
-    from mcp_server.server import build_server
+
+    from llamaforge.fronts.mcp.server import build_server
 
     async with Client(build_server()) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
