@@ -9,8 +9,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from llamaforge.fronts import render_html as html
-from llamaforge.fronts.render_cli import STATUS
+from llamaforge.core.views import html
+from llamaforge.core.views.console import STATUS
 
 
 def build_cli(result: dict[str, Any], console: Console) -> None:

@@ -11,9 +11,6 @@ from rich.console import Console
 if TYPE_CHECKING:
     from llamaforge.core.registry import Operation
 
-# A check's status in colour, shared by the renderers of every operation that has checks.
-STATUS = {"ok": "[green]ok[/green]", "warn": "[yellow]warn[/yellow]", "fail": "[red]fail[/red]"}
-
 
 def render_human(name: str, result: dict[str, Any], console: Console) -> None:
     """Print ``result`` of operation ``name`` for a person (pretty JSON when it has no renderer)."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.console import Console
 
-from llamaforge.fronts import render_html as html
+from llamaforge.core.views import html
 from llamaforge.serve.fit import GiB
 from llamaforge.serve.fit_chart import CATEGORIES, fit_chart_png
 

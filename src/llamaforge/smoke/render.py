@@ -10,8 +10,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from llamaforge.fronts import render_html as html
-from llamaforge.fronts.render_cli import STATUS
+from llamaforge.core.views import html
+from llamaforge.core.views.console import STATUS
 
 
 def smoke_cli(result: dict[str, Any], console: Console) -> None:
