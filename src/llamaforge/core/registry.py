@@ -92,9 +92,11 @@ def result_json(result: BaseModel) -> dict[str, Any]:
 
 # How a result looks to a person: printed on a rich Console for the CLI, as HTML in a notebook. Each operation
 # names its own (they sit beside it) as "module:function", imported only when a result is shown: a front that
-# prints JSON never imports rich's tables or the chart code. The fronts fall back to a generic view.
-CliRenderer = Callable[[dict[str, Any], Any], None]
-HtmlRenderer = Callable[[dict[str, Any]], str]
+# prints JSON never imports rich's tables or the chart code. A renderer takes the operation's typed Result model
+# (its parameter is annotated with it, so mypy checks every field it reads); the fronts fall back to a generic
+# view of the JSON.
+CliRenderer = Callable[[Any, Any], None]
+HtmlRenderer = Callable[[Any], str]
 
 
 def _renderer(where: str | None) -> Any:
@@ -201,8 +203,8 @@ def operation(
 ) -> Callable[[OperationFunction[_R]], OperationFunction[_R]]:
     """Register the decorated function as operation ``name``: its docstring's first paragraph (on one line) is
     the summary, its return annotation (a :class:`Result` model) the result every front publishes; ``cli`` and
-    ``html`` name (``"module:function"``) the functions that render that result's JSON for a person (default: a
-    generic view)."""
+    ``html`` name (``"module:function"``) the functions that show that result (the typed model) to a person
+    (default: a generic view of its JSON)."""
 
     def register(function: OperationFunction[_R]) -> OperationFunction[_R]:
         summary = " ".join(inspect.cleandoc(function.__doc__ or name).split("\n\n")[0].split())

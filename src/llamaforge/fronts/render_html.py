@@ -11,6 +11,7 @@ import io
 from typing import Any
 
 from llamaforge.core.views.html import badge, details, escape, json_view, kv_table, section, table
+from llamaforge.fronts.render_cli import typed_result
 
 
 def _generic_html(operation: str, data: dict[str, Any]) -> str:
@@ -31,15 +32,19 @@ def _generic_html(operation: str, data: dict[str, Any]) -> str:
 
 
 def render_html(operation: str, data: dict[str, Any], *, seconds: float | None = None) -> str:
-    """``data`` (the result of ``operation``) as HTML; a generic table/JSON view when there is no special one."""
+    """``data`` (the JSON of a result of ``operation``, as a job keeps it) as HTML: its renderer's view of the typed
+    result; a generic table/JSON view when there is no renderer or the data does not fit the result model."""
     from llamaforge.core.registry import operations
 
     op = operations().get(operation)
     renderer = op.render_html if op is not None else None
+    typed = typed_result(op, data) if renderer is not None else None
     try:
-        body = renderer(data) if renderer else _generic_html(operation, data)
+        body = (
+            renderer(typed) if renderer is not None and typed is not None else _generic_html(operation, data)
+        )
     except (KeyError, TypeError, ValueError, AttributeError):
-        # A result whose shape moved on from its renderer still shows, as data.
+        # A result whose untyped parts (a plan, a model's header) moved on from its renderer still shows, as data.
         body = _generic_html(operation, data)
     code = int(data.get("exit_code", 0) or 0)
     warning = f"<p>{badge('fail')} exit code {code}</p>" if code else ""
