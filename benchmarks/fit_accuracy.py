@@ -45,11 +45,11 @@ from llamaforge.serve.fit import (
     Settings,
     estimate_memory,
     plan_fit,
+    summarize,
     synthetic_header,
 )
 from llamaforge.serve.fit_chart import save_fit_chart
 from llamaforge.serve.measure import measure_with_llamacpp
-from llamaforge.serve.ops_fit import summarize
 from llamaforge.serve.shape import HYBRID_ARCHS, ModelShape, model_shape
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -33,7 +34,7 @@ async def measure(calls: int) -> dict[str, float]:
         command=sys.executable,
         args=["-m", "mcp_server", "--read-only"],
         cwd=str(ROOT),
-        env={"LLAMAFORGE_HOME": home, "PYTHONPATH": str(ROOT)},
+        env={"LLAMAFORGE_HOME": home, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])},
     )
     started = time.perf_counter()
     async with Client(params, read_timeout_seconds=60) as client:

@@ -1,4 +1,4 @@
-"""A stdio MCP server for the long-call tests: the real server (``mcp_server.server.build_server``) over a
+"""A stdio MCP server for the long-call tests: the real server (``llamaforge.fronts.mcp.server.build_server``) over a
 registry of two test operations that wait in silence, reporting no event at all.
 
     python tests/silent_server.py
@@ -23,11 +23,11 @@ for entry in (str(REPO / "src"), str(REPO)):  # this checkout's mcp_server/ and 
     if entry not in sys.path:
         sys.path.insert(0, entry)
 
-from mcp_server.options import ServerOptions  # noqa: E402
-from mcp_server.server import build_server  # noqa: E402
 from pydantic import Field  # noqa: E402
 
 from llamaforge.core.registry import Operation, OperationContext, Params, Result  # noqa: E402
+from llamaforge.fronts.mcp.options import ServerOptions  # noqa: E402
+from llamaforge.fronts.mcp.server import build_server  # noqa: E402
 
 HEARTBEAT_ENV = "LLAMAFORGE_TEST_HEARTBEAT_SECONDS"
 

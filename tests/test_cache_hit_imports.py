@@ -54,7 +54,7 @@ def test_importing_tasks_loads_no_heavy_library(tmp_path: Path) -> None:
     # The first run has no index yet: it imports every operation to make it ...
     first = loaded_after("import tasks", tmp_path)
     assert heavy_in(first) == []
-    assert {"llamaforge.build.ops", "llamaforge.smoke.ops", "llamaforge.serve.ops_fit"} <= first
+    assert {"llamaforge.build.ops", "llamaforge.smoke.ops", "llamaforge.models.ops_fit"} <= first
     # ... but no renderer module is imported until a result is shown.
     assert not {name for name in first if name.startswith("llamaforge.") and name.endswith(".render")}
     # Later runs read the index and import no operation at all.
@@ -143,7 +143,8 @@ def test_a_result_shown_to_a_person_imports_only_its_operation(tmp_path: Path) -
         "from rich.console import Console\n"
         "from llamaforge.fronts.cli_index import operation_index\n"
         "from llamaforge.fronts.render_cli import render_result\n"
-        f"render_result(operation_index()['build'].load(), {hit!r}, Console(file=io.StringIO()))",
+        "op = operation_index()['build'].load()\n"
+        f"render_result(op, op.result.model_validate({hit!r}), Console(file=io.StringIO()))",
         tmp_path,
     )
     assert operation_modules(shown) == {"llamaforge.build.ops"}

@@ -27,7 +27,7 @@ from llamaforge.core.registry import OperationContext, operations, result_json
 from llamaforge.runners.process import ProcessHandle, ProcessResult
 from llamaforge.smoke.cpu_features import HOST_FLAGS, VARIANT_FEATURES, host_cpu_flags
 from llamaforge.smoke.cpu_modules import cpu_modules, stage_module_dir, sweep_cpu_modules
-from llamaforge.smoke.ops_cpu_modules import CpuModuleSweep
+from llamaforge.smoke.ops_cpu_modules import CpuModulesResult, CpuModuleSweep
 from llamaforge.smoke.report import cpu_modules_lines
 
 CPUINFO = Path("/proc/cpuinfo").read_text(encoding="utf-8") if Path("/proc/cpuinfo").is_file() else ""
@@ -193,7 +193,7 @@ def test_every_view_shows_the_table_and_names_the_crash() -> None:
         f"| libggml-cpu-zen4.so | yes |  | crashed: {crash} | - | - | {crash} after loading it |" in markdown
     )
     console = Console(record=True, width=200)
-    cpu_modules_cli(sweep, console)
+    cpu_modules_cli(CpuModulesResult.model_validate(sweep), console)
     text = console.export_text()
     assert "FAIL" in text and f"crashed: {crash}" in text and "not for this CPU (lacks AMX_INT8)" in text
     page = render_html("smoke.cpu_modules", sweep)
@@ -212,7 +212,8 @@ def test_the_operation_is_registered_with_its_cli_spelling_and_mcp_tool() -> Non
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])
 async def test_the_mcp_server_has_the_sweep_tool(anyio_backend: str) -> None:
     from mcp import Client
-    from mcp_server.server import build_server
+
+    from llamaforge.fronts.mcp.server import build_server
 
     async with Client(build_server()) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from mcp_server.resources import gpu_arch
 
 from llamaforge.build.cuda_arch import parse_cuda_archs
 from llamaforge.core.errors import InvalidOption
+from llamaforge.fronts.mcp.resources import gpu_arch
 from llamaforge.gguf.tiny import TinyModelSpec
 from llamaforge.serve.fit import plan_fit, synthetic_header
 from llamaforge.serve.gpus import cuda_arch_for, find_gpu, gpu_for_device, load_gpus

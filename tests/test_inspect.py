@@ -349,9 +349,11 @@ def test_file_type_line_names_the_type_with_most_bytes(tmp_path: Path) -> None:
 
     from rich.console import Console
 
+    from llamaforge.models.ops_verify import ModelInspectResult
     from llamaforge.models.render import models_inspect_cli, models_inspect_html
 
     console = Console(record=True, width=160)
-    models_inspect_cli(result, console)
+    typed = ModelInspectResult.model_validate(result)
+    models_inspect_cli(typed, console)
     assert re.search(r"file type\s+│?\s*- \(most bytes F16\)", console.export_text())
-    assert "most bytes F16" in models_inspect_html(result)
+    assert "most bytes F16" in models_inspect_html(typed)

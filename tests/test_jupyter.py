@@ -7,6 +7,7 @@ operations (recipes, a CUDA dry-run plan, a tiny GGUF for inspect/verify/fit).
 from __future__ import annotations
 
 import base64
+import inspect
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -222,6 +223,50 @@ def test_each_operation_names_its_renderers_which_sit_beside_it() -> None:
         for renderer in (op.render_cli, op.render_html):
             if renderer is not None:  # same domain package as the operation: llamaforge.<domain>.render
                 assert renderer.__module__ == op.run.__module__.rsplit(".", 1)[0] + ".render", op.name
+
+
+def test_each_renderer_takes_its_operations_typed_result() -> None:
+    """A renderer reads the Result model (attribute access, checked by mypy), not the JSON by string keys: a
+    renamed field is then a type error instead of a view that silently shows less. deploy's renderers still take
+    the JSON and get it through the registry's adapter."""
+    typed = set()
+    for op in operations().values():
+        for renderer in (op.render_cli, op.render_html):
+            if renderer is None:
+                continue
+            original = getattr(renderer, "__wrapped__", renderer)
+            first = next(iter(inspect.signature(original).parameters.values()))
+            if renderer is original:
+                assert first.annotation == op.result.__name__, (op.name, first.annotation)
+                typed.add(op.name)
+            else:
+                assert op.name.startswith("deploy"), f"{op.name}: its renderer reads the JSON"
+    assert {
+        "build",
+        "builds.list",
+        "doctor",
+        "models.fit",
+        "models.verify",
+        "smoke",
+        "smoke.cpu_modules",
+    } <= typed
+
+
+def test_a_json_renderer_is_handed_the_json() -> None:
+    from rich.console import Console
+
+    op = operations()["deploy.render"]
+    assert op.render_cli is not None
+    result = op.result.model_validate(
+        {
+            "target": "compose",
+            "image": "llamaforge/llama-server:k",
+            "files": {"compose.yaml": "services: {}\n"},
+        }
+    )
+    console = Console(record=True, width=200)
+    op.render_cli(result, console)
+    assert console.export_text() == "services: {}\n"
 
 
 def test_generic_view_and_unknown_shapes() -> None:

@@ -34,8 +34,8 @@ from helpers import REPO
 if str(REPO) not in sys.path:  # `mcp_server/` sits at the top of the checkout, next to tasks.py
     sys.path.insert(0, str(REPO))
 
-from mcp_server.options import ServerOptions
-from mcp_server.progress import HEARTBEAT_SECONDS
+from llamaforge.fronts.mcp.options import ServerOptions
+from llamaforge.fronts.mcp.progress import HEARTBEAT_SECONDS
 
 TS_CLIENT = REPO / "tests" / "ts-client"
 LAUNCHER = REPO / "tests" / "silent_server.py"

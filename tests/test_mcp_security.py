@@ -33,13 +33,13 @@ if str(REPO) not in sys.path:  # `mcp_server/` sits at the top of the checkout, 
 import mcp_types
 from mcp import Client, StdioServerParameters
 from mcp_server import ServerOptions, build_server
-from mcp_server.hostpolicy import HOST_RUN, HOST_RUN_FIELDS
-from mcp_server.output import DATA_NOTE
 
 from llamaforge.core import guard
 from llamaforge.core.events import CancelToken
 from llamaforge.core.jobs import JobManager
 from llamaforge.core.registry import OperationContext, Params, Result, operation, operations
+from llamaforge.fronts.mcp.hostpolicy import HOST_RUN, HOST_RUN_FIELDS
+from llamaforge.fronts.mcp.output import DATA_NOTE
 
 pytestmark = pytest.mark.anyio
 CHECKOUT_PATH = os.pathsep.join([str(REPO), str(REPO / "src")])
@@ -450,7 +450,7 @@ def test_the_server_refuses_root_and_home_as_its_project(tmp_path: Path, lf_home
 def test_the_token_file_must_be_private_and_the_token_leaves_the_environment(
     tmp_path: Path, lf_home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from mcp_server.auth import TOKEN_ENV, load_token
+    from llamaforge.fronts.mcp.auth import TOKEN_ENV, load_token
 
     token = tmp_path / "token"
     token.write_text("t0k3n-" + SECRET, encoding="utf-8")

@@ -31,12 +31,12 @@ import mcp_types
 from mcp import Client, MCPError, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp_server import ServerOptions, build_server
-from mcp_server.policy import path_fields
 
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.events import Event
 from llamaforge.core.jobs import JobManager
 from llamaforge.core.registry import OperationContext, Params, Result, operation, operations
+from llamaforge.fronts.mcp.policy import path_fields
 
 pytestmark = pytest.mark.anyio
 # A server subprocess imports this checkout's mcp_server/ and src/ (not whatever llamaforge is installed).
@@ -373,7 +373,8 @@ def test_path_fields_are_the_fields_declared_as_paths() -> None:
 
 def test_path_policy_checks_file_urls_and_leaves_remote_urls_alone(tmp_path: Path) -> None:
     from mcp.server.mcpserver.exceptions import ToolError
-    from mcp_server.policy import PathPolicy
+
+    from llamaforge.fronts.mcp.policy import PathPolicy
 
     policy = PathPolicy(roots=(tmp_path.resolve(),), base=tmp_path)
     (tmp_path / "model.gguf").write_bytes(b"")

@@ -258,7 +258,7 @@ class ReproducibilityCheck(Result):
     log: str
 
 
-class BuildOutput(Result):
+class BuildResult(Result):
     """The plan of a dry run, or the published build (and the reproducibility check when asked for)."""
 
     dry_run: bool
@@ -278,7 +278,7 @@ class BuildOutput(Result):
     cli="llamaforge.build.render:build_cli",
     html="llamaforge.build.render:build_html",
 )
-def build_op(params: BuildParams, ctx: OperationContext) -> BuildOutput:
+def build_op(params: BuildParams, ctx: OperationContext) -> BuildResult:
     """Build llama.cpp from a pinned, patched source in Docker or on a build host (or reuse the cached build);
     with --matrix, every build of a matrix file, one after another."""
     if params.matrix:
@@ -286,7 +286,7 @@ def build_op(params: BuildParams, ctx: OperationContext) -> BuildOutput:
     return _build_one(params, ctx)
 
 
-def _build_one(params: BuildParams, ctx: OperationContext) -> BuildOutput:
+def _build_one(params: BuildParams, ctx: OperationContext) -> BuildResult:
     from llamaforge.build.execute import run_build
     from llamaforge.runners import make_executor
 
@@ -306,7 +306,7 @@ def _build_one(params: BuildParams, ctx: OperationContext) -> BuildOutput:
             if environment_id
             else "the key also covers the builder image id, known once the image is built"
         )
-        return BuildOutput(dry_run=True, plan=data)
+        return BuildResult(dry_run=True, plan=data)
     result = run_build(
         plan,
         options,
@@ -316,7 +316,7 @@ def _build_one(params: BuildParams, ctx: OperationContext) -> BuildOutput:
         reporter=ctx.reporter,
         cancel=ctx.cancel,
     )
-    output = BuildOutput(dry_run=False, build=PublishedBuild.model_validate(result.to_json()))
+    output = BuildResult(dry_run=False, build=PublishedBuild.model_validate(result.to_json()))
     if params.check_reproducible:
         from llamaforge.build.reproducible import check_reproducible
 
@@ -335,7 +335,7 @@ def _build_one(params: BuildParams, ctx: OperationContext) -> BuildOutput:
     return output
 
 
-def _build_matrix(params: BuildParams, ctx: OperationContext) -> BuildOutput:
+def _build_matrix(params: BuildParams, ctx: OperationContext) -> BuildResult:
     from llamaforge.build.matrix import MatrixEntry, MatrixStopped, entry_arguments, load_matrix, run_matrix
     from llamaforge.core.events import Event
 
@@ -375,14 +375,14 @@ def _build_matrix(params: BuildParams, ctx: OperationContext) -> BuildOutput:
     try:
         rows = run_matrix(matrix, build_one, progress=progress)
     except MatrixStopped as stopped:
-        stopped_output = BuildOutput(dry_run=params.dry_run, matrix=stopped.rows)
+        stopped_output = BuildResult(dry_run=params.dry_run, matrix=stopped.rows)
         raise OperationFailed(
             f"matrix {matrix.name} was cancelled",
             result=stopped_output,
             exit_code=130,
             hint="the table says which builds ran",
         ) from None
-    output = BuildOutput(dry_run=params.dry_run, matrix=rows)
+    output = BuildResult(dry_run=params.dry_run, matrix=rows)
     failed = [row for row in rows if row.result == "failed"]
     if failed:
         raise OperationFailed(

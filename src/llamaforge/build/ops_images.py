@@ -1,4 +1,5 @@
-"""Operation ``images.runtime``: a build's runtime image on the local Docker engine (see
+"""Operations ``images.*``: ``images.bootstrap``, a Debian base image made with debootstrap (see
+:mod:`llamaforge.build.images`), and ``images.runtime``, a build's runtime image on the local Docker engine (see
 :mod:`llamaforge.build.runtime_image`)."""
 
 from __future__ import annotations
@@ -7,6 +8,41 @@ from pydantic import Field
 
 from llamaforge.core.registry import OperationContext, Params, Result, operation
 from llamaforge.core.validation import ImageReference
+
+
+class BootstrapParams(Params):
+    """Parameters of ``images.bootstrap``."""
+
+    tag: str = Field("llamaforge/debian:bookworm", description="Tag of the image to create")
+    suite: str = Field("bookworm", description="Debian suite")
+    mirror: str | None = Field(None, description="Debian mirror (default: the one this machine's apt uses)")
+    force: bool = Field(False, description="Recreate the image even if it exists")
+
+
+class BootstrapResult(Result):
+    """The imported base image (or the existing one, reused)."""
+
+    tag: str
+    image_id: str
+    mirror: str
+    suite: str
+    reused: bool
+
+
+@operation("images.bootstrap", BootstrapParams, read_only=False, long_running=True)
+def images_bootstrap_op(params: BootstrapParams, ctx: OperationContext) -> BootstrapResult:
+    """Make a local Debian base image with debootstrap + docker import (no registry needed)."""
+    from llamaforge.build.images import bootstrap_image
+
+    result = bootstrap_image(
+        params.tag,
+        suite=params.suite,
+        mirror=params.mirror,
+        force=params.force,
+        reporter=ctx.reporter,
+        cancel=ctx.cancel,
+    )
+    return BootstrapResult.model_validate(result.__dict__)
 
 
 class RuntimeImageParams(Params):
@@ -28,7 +64,7 @@ class RuntimeImageParams(Params):
     )
 
 
-class RuntimeImage(Result):
+class RuntimeImageResult(Result):
     """The runtime image: its tag and id, whether it was reused, what went into it, and its labels."""
 
     tag: str = Field(description="llamaforge/llama-server:<build key>")
@@ -42,7 +78,7 @@ class RuntimeImage(Result):
 
 
 @operation("images.runtime", RuntimeImageParams, read_only=False, long_running=True)
-def images_runtime_op(params: RuntimeImageParams, ctx: OperationContext) -> RuntimeImage:
+def images_runtime_op(params: RuntimeImageParams, ctx: OperationContext) -> RuntimeImageResult:
     """Make a build's runtime image on the local engine (no registry): bin/ + lib/, non-root, HEALTHCHECK, labels.
 
     The image is the base image (no registry) plus the Debian packages the build's binaries need (found with
@@ -56,7 +92,7 @@ def images_runtime_op(params: RuntimeImageParams, ctx: OperationContext) -> Runt
     from llamaforge.build.runtime_image import ensure_runtime_image
 
     made = ensure_runtime_image(params.build, base=params.base, force=params.force, reporter=ctx.reporter)
-    return RuntimeImage(
+    return RuntimeImageResult(
         tag=made.tag,
         image_id=made.image_id,
         reused=made.reused,

@@ -49,7 +49,7 @@ class PatchState(Result):
     )
 
 
-class SeriesCheck(Result):
+class PatchCheckResult(Result):
     """The series applies cleanly, in order (a patch that does not raises instead)."""
 
     ok: bool
@@ -58,13 +58,13 @@ class SeriesCheck(Result):
 
 
 @operation("patches.check", PatchSeriesParams, read_only=True)
-def patches_check_op(params: PatchSeriesParams, ctx: OperationContext) -> SeriesCheck:
+def patches_check_op(params: PatchSeriesParams, ctx: OperationContext) -> PatchCheckResult:
     """Check that the patch series applies cleanly, in order, to the recipe's pinned source."""
     from llamaforge.build.patchflow import check_series
 
     series, tree = _series_and_tree(params, ctx)
     statuses = check_series(series, tree, ctx.reporter)
-    return SeriesCheck.model_validate(
+    return PatchCheckResult.model_validate(
         {"ok": True, "series": str(series), "patches": [status.__dict__ for status in statuses]}
     )
 
@@ -87,7 +87,7 @@ class PatchConflict(Result):
     files: dict[str, list[str]]
 
 
-class SeriesRefresh(Result):
+class PatchRefreshResult(Result):
     """The rewritten series, or the conflicts to resolve in the workspace (then ``patches.refresh`` fails)."""
 
     workspace: str
@@ -100,7 +100,7 @@ class SeriesRefresh(Result):
 
 
 @operation("patches.refresh", PatchRefreshParams, read_only=False)
-def patches_refresh_op(params: PatchRefreshParams, ctx: OperationContext) -> SeriesRefresh:
+def patches_refresh_op(params: PatchRefreshParams, ctx: OperationContext) -> PatchRefreshResult:
     """Re-apply the series onto a new llama.cpp with 3-way merges and rewrite the patches deterministically."""
     import tempfile
 
@@ -126,15 +126,15 @@ def patches_refresh_op(params: PatchRefreshParams, ctx: OperationContext) -> Ser
         raise OperationFailed(
             f"{len(result.conflicts)} patch(es) conflict with the new source: "
             + ", ".join(conflict.patch for conflict in result.conflicts),
-            result=SeriesRefresh.model_validate(data),
+            result=PatchRefreshResult.model_validate(data),
             exit_code=PatchError.exit_code,
             hint=data["next_step"],
         )
     data["next_step"] = "update the recipe's source pin to the new llama.cpp, then `invoke patches.check`"
-    return SeriesRefresh.model_validate(data)
+    return PatchRefreshResult.model_validate(data)
 
 
-class EditWorkspace(Result):
+class PatchEditResult(Result):
     """A git workspace of the pinned source with the series applied."""
 
     workspace: str
@@ -142,14 +142,14 @@ class EditWorkspace(Result):
 
 
 @operation("patches.edit", PatchSeriesParams, read_only=False)
-def patches_edit_op(params: PatchSeriesParams, ctx: OperationContext) -> EditWorkspace:
+def patches_edit_op(params: PatchSeriesParams, ctx: OperationContext) -> PatchEditResult:
     """Make a git workspace of the pinned source with the series applied, to edit into a new patch."""
     from llamaforge.build.patches import read_series
     from llamaforge.build.patchflow import create_workspace
 
     series, tree = _series_and_tree(params, ctx, new=True)
     workspace = create_workspace(tree, read_series(series, new=True), "edit")
-    return EditWorkspace(
+    return PatchEditResult(
         workspace=str(workspace),
         next_step=f"edit files there, then `invoke patches.new NAME --workspace {workspace}`",
     )
@@ -162,7 +162,7 @@ class PatchNewParams(PatchSeriesParams):
     workspace: str = path_field(description="Workspace made by `patches.edit`, with your edits")
 
 
-class NewPatch(Result):
+class PatchNewResult(Result):
     """The new patch file and the series file that now lists it."""
 
     patch: str
@@ -170,7 +170,7 @@ class NewPatch(Result):
 
 
 @operation("patches.new", PatchNewParams, read_only=False, positional=("name",))
-def patches_new_op(params: PatchNewParams, ctx: OperationContext) -> NewPatch:
+def patches_new_op(params: PatchNewParams, ctx: OperationContext) -> PatchNewResult:
     """Turn the edits in a workspace into a new patch at the end of the series."""
     from llamaforge.build.patchflow import new_patch
     from llamaforge.build.recipes import load_recipe
@@ -179,4 +179,4 @@ def patches_new_op(params: PatchNewParams, ctx: OperationContext) -> NewPatch:
     if series is None:
         raise InvalidOption("no patch series", hint="pass --series DIR")
     path = new_patch(series, Path(params.workspace), params.name)
-    return NewPatch(patch=str(path), series=str(path.parent / "series"))
+    return PatchNewResult(patch=str(path), series=str(path.parent / "series"))

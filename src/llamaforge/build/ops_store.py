@@ -1,6 +1,6 @@
-"""Operations on what surrounds a build: ``builds.list``, ``builds.show``, ``doctor``, ``images.bootstrap`` and
-``recipes.*`` (registered with the operation registry on import), with their result models. Apart from
-``build.ops`` so that a build, a cache hit above all, makes none of their models."""
+"""Operations on what surrounds a build: ``builds.list``, ``builds.show``, ``doctor`` and ``recipes.*``
+(registered with the operation registry on import), with their result models. Apart from ``build.ops`` so that a
+build, a cache hit above all, makes none of their models."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ class BrokenBuild(Result):
     error: str
 
 
-class BuildList(Result):
+class BuildListResult(Result):
     """Published builds, newest first, and the store entries that cannot be read (each named)."""
 
     builds: list[BuildEntry]
@@ -60,7 +60,7 @@ class BuildList(Result):
     cli="llamaforge.build.render:builds_list_cli",
     html="llamaforge.build.render:builds_list_html",
 )
-def builds_list_op(params: NoParams, ctx: OperationContext) -> BuildList:
+def builds_list_op(params: NoParams, ctx: OperationContext) -> BuildListResult:
     """List published builds, newest first."""
     from llamaforge.build.store import build_dir, scan_builds
 
@@ -84,7 +84,7 @@ def builds_list_op(params: NoParams, ctx: OperationContext) -> BuildList:
             broken.append(
                 BrokenBuild(path=str(build_dir(item["key"])), error=f"manifest.json is malformed: {error}")
             )
-    return BuildList(builds=builds, broken=broken)
+    return BuildListResult(builds=builds, broken=broken)
 
 
 def _entry(item: dict[str, Any]) -> BuildEntry:
@@ -102,7 +102,7 @@ def _entry(item: dict[str, Any]) -> BuildEntry:
     )
 
 
-class BuildShown(Result):
+class BuildShowResult(Result):
     """A build's directory and its provenance manifest."""
 
     path: str
@@ -118,12 +118,12 @@ class BuildShown(Result):
     positional=("key",),
     html="llamaforge.build.render:builds_show_html",
 )
-def builds_show_op(params: KeyParams, ctx: OperationContext) -> BuildShown:
+def builds_show_op(params: KeyParams, ctx: OperationContext) -> BuildShowResult:
     """Show a build's provenance manifest."""
     from llamaforge.build.store import build_dir, find_build
 
     manifest = find_build(params.key)
-    return BuildShown(path=str(build_dir(manifest["key"])), manifest=manifest)
+    return BuildShowResult(path=str(build_dir(manifest["key"])), manifest=manifest)
 
 
 class DoctorCheck(Result):
@@ -135,7 +135,7 @@ class DoctorCheck(Result):
     hint: str
 
 
-class DoctorReport(Result):
+class DoctorResult(Result):
     """Every readiness check; ``ok`` is false (and ``doctor`` fails) when one of them failed."""
 
     ok: bool
@@ -150,13 +150,13 @@ class DoctorReport(Result):
     cli="llamaforge.build.render:doctor_cli",
     html="llamaforge.build.render:doctor_html",
 )
-def doctor_op(params: NoParams, ctx: OperationContext) -> DoctorReport:
+def doctor_op(params: NoParams, ctx: OperationContext) -> DoctorResult:
     """Check that this machine can build: Docker, base image, disk, CA bundle, toolchains."""
     from llamaforge.build.doctor import run_doctor
 
     checks = run_doctor()
     ok = all(check.status != "fail" for check in checks)
-    data = DoctorReport.model_validate(
+    data = DoctorResult.model_validate(
         {"ok": ok, "checks": [check.__dict__ for check in checks], "exit_code": 0 if ok else 1}
     )
     if not ok:
@@ -170,41 +170,6 @@ def doctor_op(params: NoParams, ctx: OperationContext) -> DoctorReport:
     return data
 
 
-class BootstrapParams(Params):
-    """Parameters of ``images.bootstrap``."""
-
-    tag: str = Field("llamaforge/debian:bookworm", description="Tag of the image to create")
-    suite: str = Field("bookworm", description="Debian suite")
-    mirror: str | None = Field(None, description="Debian mirror (default: the one this machine's apt uses)")
-    force: bool = Field(False, description="Recreate the image even if it exists")
-
-
-class BootstrappedImage(Result):
-    """The imported base image (or the existing one, reused)."""
-
-    tag: str
-    image_id: str
-    mirror: str
-    suite: str
-    reused: bool
-
-
-@operation("images.bootstrap", BootstrapParams, read_only=False, long_running=True)
-def images_bootstrap_op(params: BootstrapParams, ctx: OperationContext) -> BootstrappedImage:
-    """Make a local Debian base image with debootstrap + docker import (no registry needed)."""
-    from llamaforge.build.images import bootstrap_image
-
-    result = bootstrap_image(
-        params.tag,
-        suite=params.suite,
-        mirror=params.mirror,
-        force=params.force,
-        reporter=ctx.reporter,
-        cancel=ctx.cancel,
-    )
-    return BootstrappedImage.model_validate(result.__dict__)
-
-
 class RecipeEntry(Result):
     """One shipped build recipe."""
 
@@ -214,7 +179,7 @@ class RecipeEntry(Result):
     source: str = Field(description="Kind of source: git, archive or pypi-sdist")
 
 
-class RecipeList(Result):
+class RecipeListResult(Result):
     """The shipped build recipes."""
 
     recipes: list[RecipeEntry]
@@ -227,11 +192,11 @@ class RecipeList(Result):
     cli="llamaforge.build.render:recipes_list_cli",
     html="llamaforge.build.render:recipes_list_html",
 )
-def recipes_list_op(params: NoParams, ctx: OperationContext) -> RecipeList:
+def recipes_list_op(params: NoParams, ctx: OperationContext) -> RecipeListResult:
     """List the shipped build recipes."""
     from llamaforge.build.recipes import list_recipes, load_recipe
 
-    return RecipeList.model_validate(
+    return RecipeListResult.model_validate(
         {
             "recipes": [
                 {
@@ -252,15 +217,15 @@ class RecipeParams(Params):
     name: str = path_field(description="Recipe name or path to a .toml file")
 
 
-class RecipeShown(Result):
+class RecipeResult(Result):
     """A build recipe after validation, defaults filled in."""
 
     recipe: dict[str, Any] = Field(description="The recipe, as recipes/builds/schema.json describes it")
 
 
 @operation("recipes.show", RecipeParams, read_only=True, positional=("name",))
-def recipes_show_op(params: RecipeParams, ctx: OperationContext) -> RecipeShown:
+def recipes_show_op(params: RecipeParams, ctx: OperationContext) -> RecipeResult:
     """Show a build recipe after validation (with defaults filled in)."""
     from llamaforge.build.recipes import load_recipe
 
-    return RecipeShown(recipe=load_recipe(params.name).model_dump(mode="json"))
+    return RecipeResult(recipe=load_recipe(params.name).model_dump(mode="json"))

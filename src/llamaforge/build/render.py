@@ -1,25 +1,31 @@
 """How the build operations' results look: rich output for the CLI, HTML for notebooks (registered with each
-operation in :mod:`llamaforge.build.ops`)."""
+operation in :mod:`llamaforge.build.ops` and :mod:`llamaforge.build.ops_store`). Each takes the operation's typed
+result, so a renamed field is a type error here, not a view that silently shows less."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
-from llamaforge.fronts import render_html as html
-from llamaforge.fronts.render_cli import STATUS
+from llamaforge.core.views import html
+from llamaforge.core.views.console import STATUS
+
+if TYPE_CHECKING:  # showing a build's result imports no other operation's module
+    from llamaforge.build.matrix import MatrixRow
+    from llamaforge.build.ops import BuildResult
+    from llamaforge.build.ops_store import BuildListResult, BuildShowResult, DoctorResult, RecipeListResult
 
 
-def build_cli(result: dict[str, Any], console: Console) -> None:
+def build_cli(result: BuildResult, console: Console) -> None:
     """``build`` for a person: the plan of a dry run, or the build and its artifacts; a matrix as one table."""
-    if result.get("matrix") is not None:
-        _matrix_cli(result["matrix"], console)
+    if result.matrix is not None:
+        _matrix_cli(result.matrix, console)
         return
-    if result["dry_run"]:
-        plan = result["plan"]
+    if result.dry_run:
+        plan = result.plan or {}
         archs = ",".join(plan["cuda_architectures"]) or "-"
         where = f"base={plan['base_image']['tag']}" if plan.get("base_image") else "on a build host"
         toolchain = f" toolchain={plan['toolchain']}" if plan.get("toolchain") else ""
@@ -43,20 +49,22 @@ def build_cli(result: dict[str, Any], console: Console) -> None:
             else:  # a pipe, a file, a log: the file's text as it is
                 console.out(text, end="" if text.endswith("\n") else "\n", highlight=False)
         return
-    build = result["build"]
-    state = "[green]cache hit[/green]" if build["cached"] else "[green]built[/green]"
-    console.print(f"{state} {build['key']} in {build['seconds']:.1f} s\n  {build['path']}")
+    build = result.build
+    if build is None:
+        raise ValueError("a build result without a plan, a build or a matrix")
+    state = "[green]cache hit[/green]" if build.cached else "[green]built[/green]"
+    console.print(f"{state} {build.key} in {build.seconds:.1f} s\n  {build.path}")
     table = Table("artifact", "size", "sha256")
-    for name, info in sorted(build["artifacts"].items()):
+    for name, info in sorted(build.artifacts.items()):
         table.add_row(name, f"{info['size'] / 2**20:.1f} MiB", info["sha256"][:16] + "…")
     console.print(table)
-    report = result.get("reproducibility")
+    report = result.reproducibility
     if report:
-        if report["reproducible"]:
-            console.print(f"[green]reproducible[/green]: {len(report['identical'])} artifacts bit-identical")
+        if report.reproducible:
+            console.print(f"[green]reproducible[/green]: {len(report.identical)} artifacts bit-identical")
         else:
-            console.print(f"[red]not reproducible[/red]: {len(report['different'])} artifacts differ")
-            for diff in report["different"]:
+            console.print(f"[red]not reproducible[/red]: {len(report.different)} artifacts differ")
+            for diff in report.different:
                 sections = ", ".join(diff["sections"]) or "?"
                 console.print(f"  {diff['path']}: sections {sections} differ: {diff['explanation']}")
                 if diff["kept"]:
@@ -68,85 +76,85 @@ def _ca_bundle(plan: dict[str, Any]) -> str:
     return f"{bundle['path']} (from {bundle['from']})" if bundle else "none"
 
 
-def _matrix_cli(rows: list[dict[str, Any]], console: Console) -> None:
+def _matrix_cli(rows: list[MatrixRow], console: Console) -> None:
     table = Table("build", "key", "platform", "backend", "archs", "time", "result")
     for row in rows:
-        state = {"failed": "[red]failed[/red]", "not run": "[yellow]not run[/yellow]"}.get(row["result"], "")
+        state = {"failed": "[red]failed[/red]", "not run": "[yellow]not run[/yellow]"}.get(row.result, "")
         table.add_row(
-            row["name"],
-            row["key"] or "-",
-            row["platform"] or "-",
-            row["backend"] or "-",
-            ",".join(row["archs"]) or "-",
-            f"{row['seconds']:.1f} s",
-            state or f"[green]{row['result']}[/green]",
+            row.name,
+            row.key or "-",
+            row.platform or "-",
+            row.backend or "-",
+            ",".join(row.archs) or "-",
+            f"{row.seconds:.1f} s",
+            state or f"[green]{row.result}[/green]",
         )
     console.print(table)
     for row in rows:
-        if row["error"]:
-            console.print(f"[red]{row['name']}[/red]: {row['error']}", highlight=False)
-            if row["hint"]:
-                console.print(f"  hint: {row['hint']}", highlight=False)
+        if row.error:
+            console.print(f"[red]{row.name}[/red]: {row.error}", highlight=False)
+            if row.hint:
+                console.print(f"  hint: {row.hint}", highlight=False)
 
 
-def builds_list_cli(result: dict[str, Any], console: Console) -> None:
+def builds_list_cli(result: BuildListResult, console: Console) -> None:
     """``builds.list`` as a table."""
     table = Table("key", "recipe", "backend", "archs", "patches", "executor", "finished")
-    for item in result["builds"]:
+    for item in result.builds:
         table.add_row(
-            item["key"],
-            item["recipe"],
-            item["backend"],
-            ",".join(item["cuda_architectures"]) or "-",
-            ",".join(item["patches"]) or "-",
-            item["executor"],
-            item["finished_at"],
+            item.key,
+            item.recipe,
+            item.backend,
+            ",".join(item.cuda_architectures) or "-",
+            ",".join(item.patches) or "-",
+            item.executor,
+            item.finished_at,
         )
-    console.print(table if result["builds"] or result.get("broken") else "no builds yet: `invoke build`")
-    for entry in result.get("broken") or []:
+    console.print(table if result.builds or result.broken else "no builds yet: `invoke build`")
+    for entry in result.broken:
         console.print(
-            f"[yellow]warning:[/yellow] damaged store entry {entry['path']}: {entry['error']}",
+            f"[yellow]warning:[/yellow] damaged store entry {entry.path}: {entry.error}",
             highlight=False,
             soft_wrap=True,
         )
 
 
-def doctor_cli(result: dict[str, Any], console: Console) -> None:
+def doctor_cli(result: DoctorResult, console: Console) -> None:
     """``doctor`` as a table of checks."""
     table = Table("check", "status", "detail", "next step")
-    for check in result["checks"]:
-        table.add_row(check["name"], STATUS[check["status"]], check["detail"], check["hint"])
+    for check in result.checks:
+        table.add_row(check.name, STATUS[check.status], check.detail, check.hint)
     console.print(table)
 
 
-def recipes_list_cli(result: dict[str, Any], console: Console) -> None:
+def recipes_list_cli(result: RecipeListResult, console: Console) -> None:
     """``recipes.list`` as a table."""
     table = Table("recipe", "backend", "source", "description")
-    for item in result["recipes"]:
-        table.add_row(item["name"], item["backend"], item["source"], item["description"])
+    for item in result.recipes:
+        table.add_row(item.name, item.backend, item.source, item.description)
     console.print(table)
 
 
-def build_html(data: dict[str, Any]) -> str:
+def build_html(data: BuildResult) -> str:
     """``build`` in a notebook: the plan, or the build and its artifacts; a matrix as one table."""
-    if data.get("matrix") is not None:
+    if data.matrix is not None:
         table = [
             (
-                row["name"],
-                row.get("key") or "-",
-                row.get("platform") or "-",
-                row.get("backend") or "-",
-                ",".join(row.get("archs") or []) or "-",
-                f"{row.get('seconds', 0):.1f} s",
-                row["result"],
-                row.get("error") or "",
+                row.name,
+                row.key or "-",
+                row.platform or "-",
+                row.backend or "-",
+                ",".join(row.archs) or "-",
+                f"{row.seconds:.1f} s",
+                row.result,
+                row.error or "",
             )
-            for row in data["matrix"]
+            for row in data.matrix
         ]
         headers = ["build", "key", "platform", "backend", "archs", "time", "result", "error"]
         return html.section("build matrix", html.table(headers, table))
-    if data.get("dry_run"):
-        plan = data["plan"]
+    if data.dry_run:
+        plan = data.plan or {}
         source = plan.get("source") or {}
         rows = [
             ("recipe", plan.get("recipe")),
@@ -168,13 +176,15 @@ def build_html(data: dict[str, Any]) -> str:
             html.details(name, html.pre(text)) for name, text in sorted((plan.get("files") or {}).items())
         )
         return html.section("build plan (dry run)", html.kv_table(rows) + files)
-    build = data["build"]
-    state = html.badge("ok") if build.get("cached") else html.badge("succeeded")
+    build = data.build
+    if build is None:
+        raise ValueError("a build result without a plan, a build or a matrix")
+    state = html.badge("ok") if build.cached else html.badge("succeeded")
     rows = [
-        ("result", html.Raw(f"{state} {'cache hit' if build.get('cached') else 'built'}")),
-        ("key", build.get("key")),
-        ("path", build.get("path")),
-        ("seconds", f"{build.get('seconds', 0):.1f}"),
+        ("result", html.Raw(f"{state} {'cache hit' if build.cached else 'built'}")),
+        ("key", build.key),
+        ("path", build.path),
+        ("seconds", f"{build.seconds:.1f}"),
     ]
     artifacts = html.table(
         ["artifact", "size", "sha256"],
@@ -184,29 +194,29 @@ def build_html(data: dict[str, Any]) -> str:
                 html.mib(info.get("size")),
                 _short_sha256(info.get("sha256", "")),
             )
-            for name, info in sorted((build.get("artifacts") or {}).items())
+            for name, info in sorted(build.artifacts.items())
         ],
     )
     body = html.kv_table(rows) + artifacts
-    report = data.get("reproducibility")
+    report = data.reproducibility
     if report:
-        verdict = html.badge("ok" if report.get("reproducible") else "fail")
+        verdict = html.badge("ok" if report.reproducible else "fail")
         body += f"<p>reproducible: {verdict}</p>" + html.table(
             ["artifact", "differs in", "explanation"],
             [
                 (d.get("path"), ", ".join(d.get("sections") or []), d.get("explanation"))
-                for d in report.get("different", [])
+                for d in report.different
             ],
         )
     return html.section("build", body)
 
 
-def builds_list_html(data: dict[str, Any]) -> str:
+def builds_list_html(data: BuildListResult) -> str:
     """``builds.list`` in a notebook."""
-    builds = data.get("builds") or []
+    builds = data.builds
     broken = "".join(
-        f"<p>damaged store entry {html.escape(entry['path'])}: {html.escape(entry['error'])}</p>"
-        for entry in data.get("broken") or []
+        f"<p>damaged store entry {html.escape(entry.path)}: {html.escape(entry.error)}</p>"
+        for entry in data.broken
     )
     if not builds:
         return html.section("builds", broken or "<p>no builds yet: <code>%llamaforge build</code></p>")
@@ -217,13 +227,13 @@ def builds_list_html(data: dict[str, Any]) -> str:
             ["key", "recipe", "backend", "archs", "patches", "executor", "finished"],
             [
                 (
-                    b["key"],
-                    b.get("recipe"),
-                    b.get("backend"),
-                    ",".join(b.get("cuda_architectures") or []) or "-",
-                    ",".join(b.get("patches") or []) or "-",
-                    b.get("executor"),
-                    b.get("finished_at"),
+                    b.key,
+                    b.recipe,
+                    b.backend,
+                    ",".join(b.cuda_architectures) or "-",
+                    ",".join(b.patches) or "-",
+                    b.executor,
+                    b.finished_at,
                 )
                 for b in builds
             ],
@@ -231,13 +241,13 @@ def builds_list_html(data: dict[str, Any]) -> str:
     )
 
 
-def builds_show_html(data: dict[str, Any]) -> str:
+def builds_show_html(data: BuildShowResult) -> str:
     """``builds.show`` in a notebook: the manifest's main facts."""
-    manifest = data.get("manifest") or {}
+    manifest = data.manifest
     recipe = manifest.get("recipe") or {}
     rows = [
         ("key", manifest.get("key")),
-        ("path", data.get("path")),
+        ("path", data.path),
         ("recipe", recipe.get("name")),
         ("backend", manifest.get("backend")),
         ("finished", manifest.get("finished_at")),
@@ -258,29 +268,23 @@ def builds_show_html(data: dict[str, Any]) -> str:
     return html.section("build manifest", html.kv_table(rows) + table + manifest_json)
 
 
-def doctor_html(data: dict[str, Any]) -> str:
+def doctor_html(data: DoctorResult) -> str:
     """``doctor`` in a notebook."""
-    verdict = html.badge("ok" if data.get("ok") else "fail")
+    verdict = html.badge("ok" if data.ok else "fail")
     table = html.table(
         ["check", "status", "detail", "next step"],
-        [
-            (c["name"], html.badge(c["status"]), c.get("detail"), c.get("hint"))
-            for c in data.get("checks", [])
-        ],
+        [(c.name, html.badge(c.status), c.detail, c.hint) for c in data.checks],
     )
     return html.section("doctor", f"<p>this machine can build: {verdict}</p>{table}")
 
 
-def recipes_list_html(data: dict[str, Any]) -> str:
+def recipes_list_html(data: RecipeListResult) -> str:
     """``recipes.list`` in a notebook."""
     return html.section(
         "build recipes",
         html.table(
             ["recipe", "backend", "source", "description"],
-            [
-                (r["name"], r.get("backend"), r.get("source"), r.get("description"))
-                for r in data.get("recipes", [])
-            ],
+            [(r.name, r.backend, r.source, r.description) for r in data.recipes],
         ),
     )
 

@@ -9,6 +9,7 @@ views all read ``result_json(result)``.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import pkgutil
@@ -92,16 +93,35 @@ def result_json(result: BaseModel) -> dict[str, Any]:
 
 # How a result looks to a person: printed on a rich Console for the CLI, as HTML in a notebook. Each operation
 # names its own (they sit beside it) as "module:function", imported only when a result is shown: a front that
-# prints JSON never imports rich's tables or the chart code. The fronts fall back to a generic view.
-CliRenderer = Callable[[dict[str, Any], Any], None]
-HtmlRenderer = Callable[[dict[str, Any]], str]
+# prints JSON never imports rich's tables or the chart code. A renderer takes the operation's typed Result model
+# (its parameter is annotated with it, so mypy checks every field it reads); the fronts fall back to a generic
+# view of the JSON.
+CliRenderer = Callable[[Any, Any], None]
+HtmlRenderer = Callable[[Any], str]
 
 
 def _renderer(where: str | None) -> Any:
     if where is None:
         return None
-    module, _, function = where.partition(":")
-    return getattr(importlib.import_module(module), function)
+    module, _, name = where.partition(":")
+    function = getattr(importlib.import_module(module), name)
+    return _on_json(function) if _takes_json(function) else function
+
+
+def _takes_json(function: Callable[..., Any]) -> bool:
+    """Whether a renderer still takes the result's JSON (``dict[str, Any]``) instead of its Result model."""
+    first = next(iter(inspect.signature(function).parameters.values()), None)
+    return first is not None and str(first.annotation).startswith(("dict", "Mapping"))
+
+
+def _on_json(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Adapter for a renderer written against the JSON (deploy's): it is handed ``result_json(result)``."""
+
+    @functools.wraps(function)
+    def render(result: BaseModel, *rest: Any) -> Any:
+        return function(result_json(result), *rest)
+
+    return render
 
 
 _R = TypeVar("_R", bound=Result)
@@ -201,8 +221,8 @@ def operation(
 ) -> Callable[[OperationFunction[_R]], OperationFunction[_R]]:
     """Register the decorated function as operation ``name``: its docstring's first paragraph (on one line) is
     the summary, its return annotation (a :class:`Result` model) the result every front publishes; ``cli`` and
-    ``html`` name (``"module:function"``) the functions that render that result's JSON for a person (default: a
-    generic view)."""
+    ``html`` name (``"module:function"``) the functions that show that result (the typed model) to a person
+    (default: a generic view of its JSON)."""
 
     def register(function: OperationFunction[_R]) -> OperationFunction[_R]:
         summary = " ".join(inspect.cleandoc(function.__doc__ or name).split("\n\n")[0].split())

@@ -37,8 +37,7 @@ def fit_for_gpu(
     if gpu is None:
         return HostFit(given)
     from llamaforge.gguf.header import read_header
-    from llamaforge.serve.fit import GiB, plan_fit
-    from llamaforge.serve.ops_fit import summarize
+    from llamaforge.serve.fit import GiB, plan_fit, summarize
     from llamaforge.serve.shape import model_shape
 
     header = read_header(model)

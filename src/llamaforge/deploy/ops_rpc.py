@@ -31,8 +31,8 @@ from llamaforge.deploy.rpc import (
     topology_status,
 )
 from llamaforge.deploy.topology import RpcWorker, parse_head, parse_workers
+from llamaforge.models.ops_split import ModelSplitResult
 from llamaforge.serve.launcher import DEFAULT_RPC_PORT
-from llamaforge.serve.ops_split import SplitOutcome
 
 _DEPLOY_FAILED = 15  # DeployFailed's exit code (deploy.ops)
 
@@ -360,12 +360,12 @@ def deploy_rpc_op(params: RpcDeployParams, ctx: OperationContext) -> TopologyRep
     return report
 
 
-def _plan_result(plan: Any) -> SplitOutcome:
-    return SplitOutcome.model_validate(plan.to_json())
+def _plan_result(plan: Any) -> ModelSplitResult:
+    return ModelSplitResult.model_validate(plan.to_json())
 
 
 @operation("topology.plan", RpcDeployParams, read_only=True)
-def deploy_rpc_plan_op(params: RpcDeployParams, ctx: OperationContext) -> SplitOutcome:
+def deploy_rpc_plan_op(params: RpcDeployParams, ctx: OperationContext) -> ModelSplitResult:
     """The split plan of a topology deploy (blocks and memory per worker, the head's flags); nothing changes."""
     _workers, _head, _releases, plan = _prepare(params, ctx)
     return _plan_result(plan)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from invoke.collection import Collection
 from invoke.exceptions import Exit
 from invoke.program import Program
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.text import Text
 
@@ -219,9 +219,9 @@ def run_operation(op: Operation, arguments: dict[str, Any], *, as_json: bool, ve
     failure: OperationFailed | None = None
     try:
         with _cancel_on_sigterm(cancel):
-            result = result_json(op.run(params, OperationContext(reporter=reporter, cancel=cancel)))
+            result: BaseModel = op.run(params, OperationContext(reporter=reporter, cancel=cancel))
     except OperationFailed as error:  # a failing verdict: the result is still printed, then the error
-        failure, result = error, result_json(error.result)
+        failure, result = error, error.result
     except Cancelled as error:
         reporter.close()
         return _refuse(err, error, as_json=as_json, label="[yellow]cancelled:[/yellow]")
@@ -242,12 +242,12 @@ def run_operation(op: Operation, arguments: dict[str, Any], *, as_json: bool, ve
     return 0 if shown else OUTPUT_CLOSED
 
 
-def _show(op: Operation, result: dict[str, Any], *, as_json: bool) -> bool:
-    """Print the result on stdout; False when stdout's reader went away before it was all read (``| head -1``):
-    the rest is dropped quietly."""
+def _show(op: Operation, result: BaseModel, *, as_json: bool) -> bool:
+    """Print the result on stdout (its JSON, or its renderer's view of the typed result); False when stdout's
+    reader went away before it was all read (``| head -1``): the rest is dropped quietly."""
     try:
         if as_json:
-            sys.stdout.write(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
+            sys.stdout.write(json.dumps(result_json(result), indent=2, sort_keys=True, default=str) + "\n")
             sys.stdout.flush()
         else:
             render_result(op, result, result_console())

@@ -26,8 +26,9 @@ from llamaforge.core.errors import InvalidOption, LlamaforgeError
 from llamaforge.core.jobs import FINISHED, JobManager, JobStatus
 from llamaforge.core.registry import Operation, Params, find_operation, operations
 from llamaforge.core.validation import describe_errors
+from llamaforge.core.views.html import badge, kv_table, section
 from llamaforge.fronts.jupyter_progress import ProgressView, progress_view
-from llamaforge.fronts.render_html import badge, kv_table, render_html, render_text, section
+from llamaforge.fronts.render_html import render_html, render_text
 
 _FRONT_FLAGS = ("help", "background")
 

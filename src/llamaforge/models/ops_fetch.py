@@ -24,7 +24,7 @@ class ModelFetchParams(Params):
     )
 
 
-class FetchedModel(Result):
+class ModelFetchResult(Result):
     """A verified model file in the store (downloaded now, or found there)."""
 
     path: str
@@ -45,7 +45,7 @@ class FetchedModel(Result):
     cli="llamaforge.models.render:models_fetch_cli",
     html="llamaforge.models.render:models_fetch_html",
 )
-def models_fetch_op(params: ModelFetchParams, ctx: OperationContext) -> FetchedModel:
+def models_fetch_op(params: ModelFetchParams, ctx: OperationContext) -> ModelFetchResult:
     """Download a model into the verified, content-addressed cache (resumable; sha256-checked; --offline)."""
     from llamaforge.models.fetch import fetch_model
 
@@ -56,7 +56,7 @@ def models_fetch_op(params: ModelFetchParams, ctx: OperationContext) -> FetchedM
         reporter=ctx.reporter,
         cancel=ctx.cancel,
     )
-    return FetchedModel.model_validate(result.to_json())
+    return ModelFetchResult.model_validate(result.to_json())
 
 
 class ModelLockParams(Params):
@@ -68,7 +68,7 @@ class ModelLockParams(Params):
     frozen: bool = Field(False, description="Resolve nothing; fail naming every input that is not pinned")
 
 
-class LockOutcome(Result):
+class ModelLockResult(Result):
     """What a lock run resolved, found pinned, skipped and could not resolve (then ``models.lock`` fails)."""
 
     lock_file: str
@@ -83,14 +83,14 @@ class LockOutcome(Result):
 
 
 @operation("models.lock", ModelLockParams, read_only=False, cli="llamaforge.models.render:models_lock_cli")
-def models_lock_op(params: ModelLockParams, ctx: OperationContext) -> LockOutcome:
+def models_lock_op(params: ModelLockParams, ctx: OperationContext) -> ModelLockResult:
     """Resolve model revisions to commits + sha256 and base images to digests; write recipes/lock.toml."""
     from llamaforge.models.lock import lock_models
 
     report = lock_models(
         [params.recipe] if params.recipe else None, frozen=params.frozen, reporter=ctx.reporter
     )
-    data = LockOutcome.model_validate(report.to_json())
+    data = ModelLockResult.model_validate(report.to_json())
     if report.unresolved:
         raise OperationFailed(
             "could not lock " + ", ".join(f"{item['kind']} {item['name']}" for item in report.unresolved),

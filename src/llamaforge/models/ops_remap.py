@@ -24,7 +24,7 @@ class ModelRemapParams(Params):
     overwrite: bool = Field(False, description="Replace an existing output file")
 
 
-class RemappedModel(Result):
+class ModelRemapResult(Result):
     """The verified copy: renamed tensors, metadata edits and the new file's size and sha256."""
 
     src: str
@@ -45,7 +45,7 @@ class RemappedModel(Result):
 
 
 @operation("models.remap", ModelRemapParams, read_only=False, long_running=True, positional=("src", "dst"))
-def models_remap_op(params: ModelRemapParams, ctx: OperationContext) -> RemappedModel:
+def models_remap_op(params: ModelRemapParams, ctx: OperationContext) -> ModelRemapResult:
     """Rewrite a GGUF with llama.cpp's tensor names and a rules file's metadata edits (verified copy)."""
     from llamaforge.models.remap import load_rules, remap_gguf
 
@@ -59,4 +59,4 @@ def models_remap_op(params: ModelRemapParams, ctx: OperationContext) -> Remapped
         reporter=ctx.reporter,
         cancel=ctx.cancel,
     )
-    return RemappedModel.model_validate(result.to_json())
+    return ModelRemapResult.model_validate(result.to_json())

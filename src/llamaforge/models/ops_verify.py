@@ -46,7 +46,7 @@ class VerifyFinding(Result):
     message: str
 
 
-class VerifiedModel(Result):
+class ModelVerifyResult(Result):
     """The verdict on one model file (``models.verify`` fails when a check failed)."""
 
     path: str
@@ -72,7 +72,7 @@ class VerifiedModel(Result):
     cli="llamaforge.models.render:models_verify_cli",
     html="llamaforge.models.render:models_verify_html",
 )
-def models_verify_op(params: ModelVerifyParams, ctx: OperationContext) -> VerifiedModel:
+def models_verify_op(params: ModelVerifyParams, ctx: OperationContext) -> ModelVerifyResult:
     """Verify a GGUF: hardened header parse, sha256, structure, recipe expectations, tensors, chat template."""
     from llamaforge.models.inspect import resolve_local_model
     from llamaforge.models.verify import verify_model
@@ -98,7 +98,7 @@ def models_verify_op(params: ModelVerifyParams, ctx: OperationContext) -> Verifi
         reporter=ctx.reporter,
         cancel=ctx.cancel,
     )
-    data = VerifiedModel.model_validate(report.to_json())
+    data = ModelVerifyResult.model_validate(report.to_json())
     if not report.ok:
         failed = sorted(name for name, status in report.checks().items() if status == "fail")
         raise OperationFailed(
@@ -122,7 +122,7 @@ class ModelInspectParams(Params):
     revision: str | None = Field(None, description="Hub revision for hf:// (default: the recipe's, or main)")
 
 
-class InspectedModel(Result):
+class ModelInspectResult(Result):
     """A model's header, summarised; read remotely, the transfer it took."""
 
     source: str
@@ -144,11 +144,11 @@ class InspectedModel(Result):
     cli="llamaforge.models.render:models_inspect_cli",
     html="llamaforge.models.render:models_inspect_html",
 )
-def models_inspect_op(params: ModelInspectParams, ctx: OperationContext) -> InspectedModel:
+def models_inspect_op(params: ModelInspectParams, ctx: OperationContext) -> ModelInspectResult:
     """Show a model's architecture, parameters, layers, context, quant mix, tokenizer and template."""
     from llamaforge.models.inspect import inspect_model
 
-    return InspectedModel.model_validate(
+    return ModelInspectResult.model_validate(
         inspect_model(
             params.target,
             remote=params.remote,

@@ -346,3 +346,28 @@ def plan_fit(
         bytes_per_token_host=host_bytes,
         notes=tuple(notes),
     )
+
+
+def summarize(plan: FitPlan) -> list[str]:
+    """A few human lines about ``plan`` (GiB, the flags, the speed ceiling)."""
+    gpu, host = plan.gpu_memory, plan.host_memory
+    where = (
+        "all layers on the GPU"
+        if plan.n_gpu_layers == plan.max_gpu_layers
+        else (f"{plan.n_gpu_layers}/{plan.max_gpu_layers} layers on the GPU")
+    )
+    if plan.n_cpu_moe:
+        where += f", experts of the first {plan.n_cpu_moe} layers on the CPU"
+    lines = [
+        f"{Path(plan.model).name} ({plan.arch}): {where}",
+        f"GPU {gpu.total / GiB:.2f} of {plan.vram_bytes / GiB:.1f} GiB (weights {gpu.weights / GiB:.2f}, KV "
+        f"{gpu.kv_cache / GiB:.2f}, recurrent {gpu.recurrent_state / GiB:.3f}, compute {gpu.compute / GiB:.2f}; "
+        f"{plan.margin_bytes / GiB:.1f} GiB kept free)",
+        f"host RAM {host.total / GiB:.2f} GiB (weights {host.weights / GiB:.2f}, KV {host.kv_cache / GiB:.2f}, "
+        f"compute+output {(host.compute + host.output) / GiB:.2f})",
+        plan.command,
+    ]
+    if plan.tg_ceiling_tps is not None:
+        lines.append(f"token generation ceiling ~{plan.tg_ceiling_tps:.0f} tok/s (memory bandwidth bound)")
+    lines.extend(plan.notes)
+    return lines

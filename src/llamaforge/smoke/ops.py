@@ -190,7 +190,7 @@ class SmokeVerdict(Result):
     checks: list[SmokeCheck]
 
 
-class SmokeReport(Result):
+class SmokeResult(Result):
     """A smoke run: what ran where, the llama-bench and llama-server measurements, the roofline, the verdict
     and the files written (``smoke`` fails when the verdict fails). Raw per-request samples stay in report.json."""
 
@@ -234,7 +234,7 @@ class SmokeReport(Result):
     cli="llamaforge.smoke.render:smoke_cli",
     html="llamaforge.smoke.render:smoke_html",
 )
-def smoke_op(params: SmokeParams, ctx: OperationContext) -> SmokeReport:
+def smoke_op(params: SmokeParams, ctx: OperationContext) -> SmokeResult:
     """Smoke a build with a model: llama-bench + streaming llama-server, thresholds, report and plots."""
     from llamaforge.smoke.run import SmokeOptions, SmokeTarget, result_view, run_smoke
     from llamaforge.smoke.verdict import parse_threshold_items, resolve_thresholds
@@ -287,7 +287,7 @@ def smoke_op(params: SmokeParams, ctx: OperationContext) -> SmokeReport:
     report = run_smoke(target, options, thresholds, sources, reporter=ctx.reporter, cancel=ctx.cancel)
     view = result_view(report)
     view["exit_code"] = 0 if report["verdict"]["passed"] else SmokeFailed.exit_code
-    result = SmokeReport.model_validate(view)
+    result = SmokeResult.model_validate(view)
     if not report["verdict"]["passed"]:
         failed = [check for check in report["verdict"]["checks"] if check["status"] == "fail"]
         raise OperationFailed(
@@ -310,7 +310,7 @@ class SmokeCompareParams(Params):
     run_b: str = path_field(description="Second run (B): run id, unique prefix or run directory")
 
 
-class SmokeComparison(Result):
+class SmokeCompareResult(Result):
     """Two runs side by side: what differs between them, and each metric with B/A and the speedup."""
 
     a: dict[str, Any] = Field(description="Run A (the baseline): run id, directory, build, model, host")
@@ -328,9 +328,9 @@ class SmokeComparison(Result):
     cli="llamaforge.smoke.render:smoke_compare_cli",
     html="llamaforge.smoke.render:smoke_compare_html",
 )
-def smoke_compare_op(params: SmokeCompareParams, ctx: OperationContext) -> SmokeComparison:
+def smoke_compare_op(params: SmokeCompareParams, ctx: OperationContext) -> SmokeCompareResult:
     """Compare two smoke runs side by side with ratios (like compare-llama-bench); writes json/md/png."""
     from llamaforge.smoke.report import compare_runs
     from llamaforge.smoke.run import smoke_root
 
-    return SmokeComparison.model_validate(compare_runs(params.run_a, params.run_b, smoke_root()))
+    return SmokeCompareResult.model_validate(compare_runs(params.run_a, params.run_b, smoke_root()))

@@ -98,7 +98,7 @@ class CpuModuleSweep(Result):
     wall_s: float
 
 
-class CpuModulesReport(CpuModuleSweep):
+class CpuModulesResult(CpuModuleSweep):
     """``smoke.cpu_modules``: the sweep of one build with one model, and the files it wrote."""
 
     build_key: str
@@ -115,7 +115,7 @@ class CpuModulesReport(CpuModuleSweep):
     cli="llamaforge.smoke.render:cpu_modules_cli",
     html="llamaforge.smoke.render:cpu_modules_html",
 )
-def cpu_modules_op(params: CpuModulesParams, ctx: OperationContext) -> CpuModulesReport:
+def cpu_modules_op(params: CpuModulesParams, ctx: OperationContext) -> CpuModulesResult:
     """Run llama-bench with each CPU module of a build on its own: loads here or not, crashes, pp/tg, default pick."""
     from llamaforge.smoke.cpu_features import build_cpu_level
     from llamaforge.smoke.cpu_modules import SweepOptions, new_sweep_dir, sweep_cpu_modules, write_sweep_files
@@ -152,7 +152,7 @@ def cpu_modules_op(params: CpuModulesParams, ctx: OperationContext) -> CpuModule
     )
     sweep.update(build_key=key, model_label=label, exit_code=0 if sweep["passed"] else SmokeFailed.exit_code)
     sweep["files"] = write_sweep_files(sweep, run_dir)
-    result = CpuModulesReport.model_validate(sweep)
+    result = CpuModulesResult.model_validate(sweep)
     if not sweep["passed"]:
         crash = next((row["hint"] for row in sweep["modules"] if row["hint"]), None)
         raise OperationFailed(

@@ -1,35 +1,40 @@
 """How smoke results look: rich tables for the CLI, HTML with the run's plots for notebooks (registered with each
-operation in :mod:`llamaforge.smoke.ops`)."""
+operation in :mod:`llamaforge.smoke.ops` and :mod:`llamaforge.smoke.ops_cpu_modules`). Each takes the operation's
+typed result, so a renamed field is a type error here, not a view that silently shows less."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from llamaforge.fronts import render_html as html
-from llamaforge.fronts.render_cli import STATUS
+from llamaforge.core.views import html
+from llamaforge.core.views.console import STATUS
+
+if TYPE_CHECKING:  # showing one operation's result imports no other operation's module
+    from llamaforge.smoke.ops import SmokeCompareResult, SmokeResult
+    from llamaforge.smoke.ops_cpu_modules import CpuModulesResult, CpuModuleSweep
 
 
-def smoke_cli(result: dict[str, Any], console: Console) -> None:
+def smoke_cli(result: SmokeResult, console: Console) -> None:
     """``smoke``: the verdict, llama-bench and llama-server tables, the checks."""
-    verdict = result["verdict"]
-    state = "[green]PASS[/green]" if verdict["passed"] else "[red]FAIL[/red]"
+    verdict = result.verdict
+    state = "[green]PASS[/green]" if verdict.passed else "[red]FAIL[/red]"
     console.print(
-        f"{state} smoke run {result['run_id']} ({result['wall_s']:.1f} s): build {result['build']['key']}, "
-        f"model {result['model']['label']}"
+        f"{state} smoke run {result.run_id} ({result.wall_s:.1f} s): build {result.build['key']}, "
+        f"model {result.model['label']}"
     )
-    if result.get("bench"):
-        table = Table("llama-bench", "t/s", "stddev", title=f"build {result['bench']['build_commit']}")
-        for test in result["bench"]["tests"]:
+    if result.bench:
+        table = Table("llama-bench", "t/s", "stddev", title=f"build {result.bench['build_commit']}")
+        for test in result.bench["tests"]:
             table.add_row(test["name"], f"{test['avg_ts']:.1f}", f"{test['stddev_ts']:.1f}")
         console.print(table)
-    if result.get("cpu_modules"):
-        _print_cpu_modules(result["cpu_modules"], console)
-    if result.get("server"):
+    if result.cpu_modules:
+        _print_cpu_modules(result.cpu_modules, console)
+    if result.server:
         table = Table(
             "c",
             "requests",
@@ -41,7 +46,7 @@ def smoke_cli(result: dict[str, Any], console: Console) -> None:
             "client/server",
             title="llama-server streaming",
         )
-        for level in result["server"]["levels"]:
+        for level in result.server["levels"]:
             ratio = level["cross_check"]["client_over_server_decode"]
             table.add_row(
                 str(level["concurrency"]),
@@ -54,7 +59,7 @@ def smoke_cli(result: dict[str, Any], console: Console) -> None:
                 f"{ratio['p50']:.3f}" if ratio else "-",
             )
         console.print(table)
-    roof = result.get("roofline") or {}
+    roof = result.roofline or {}
     if roof.get("efficiency") is not None:
         console.print(
             f"roofline (estimated): {roof['efficiency'] * 100:.1f} % of {roof['roof_tps']:.0f} t/s "
@@ -65,24 +70,24 @@ def smoke_cli(result: dict[str, Any], console: Console) -> None:
     elif roof.get("error"):
         console.print(f"roofline: not computed ({roof['error']})", highlight=False)
     if roof.get("cpu_diagnosis"):
-        warned = (result.get("cpu_features") or {}).get("warning")
+        warned = (result.cpu_features or {}).get("warning")
         console.print(
             f"[yellow]{roof['cpu_diagnosis']}[/yellow]" if warned else roof["cpu_diagnosis"], highlight=False
         )
     table = Table("check", "status", "value", "threshold", "source")
-    for check in verdict["checks"]:
-        status = {"pass": "ok", "fail": "fail", "skipped": "warn"}[check["status"]]
-        raw = check["value"]
+    for check in verdict.checks:
+        status = {"pass": "ok", "fail": "fail", "skipped": "warn"}[check.status]
+        raw = check.value
         value = f"{raw:.1f}" if isinstance(raw, float) else " ".join(str(raw).split())
         table.add_row(
-            check["name"],
-            STATUS[status].replace(status, check["status"]),
+            check.name,
+            STATUS[status].replace(status, check.status),
             value[:40],
-            str(check["threshold"])[:40],
-            check["source"],
+            str(check.threshold)[:40],
+            check.source,
         )
     console.print(table)
-    console.print(f"summary: {result['files']['summary.md']}", highlight=False)
+    console.print(f"summary: {result.files['summary.md']}", highlight=False)
 
 
 _OUTCOME_STYLE = {"ran": "green", "not_for_this_cpu": "dim"}  # the others (a crash, a failure) in red
@@ -92,11 +97,11 @@ def _tps(value: Any) -> str:
     return f"{value:.1f}" if isinstance(value, int | float) else "-"
 
 
-def _print_cpu_modules(sweep: Mapping[str, Any], console: Console) -> None:
-    if not sweep.get("modules"):
-        console.print(f"CPU modules: {sweep.get('note') or sweep.get('summary')}", highlight=False)
+def _print_cpu_modules(sweep: CpuModuleSweep, console: Console) -> None:
+    if not sweep.modules:
+        console.print(f"CPU modules: {sweep.note or sweep.summary}", highlight=False)
         return
-    cpu = (sweep.get("cpu") or {}).get("model", "?")
+    cpu = sweep.cpu.model if sweep.cpu else "?"
     # the variant names the module (libggml-cpu-<variant>.so) and keeps the table narrow enough for a terminal
     table = Table(
         "CPU module",
@@ -104,83 +109,80 @@ def _print_cpu_modules(sweep: Mapping[str, Any], console: Console) -> None:
         "result",
         "pp t/s",
         "tg t/s",
-        title=f"CPU modules on {cpu}: {sweep['summary']}",
+        title=f"CPU modules on {cpu}: {sweep.summary}",
         caption="a few tokens each, once: whether a module runs here, not a benchmark",
     )
-    for row in sweep["modules"]:
-        style = _OUTCOME_STYLE.get(row["status"], "red")
-        label = f"[{style}]{escape(row['outcome'])}[/{style}]"
+    for row in sweep.modules:
+        style = _OUTCOME_STYLE.get(row.status, "red")
+        label = f"[{style}]{escape(row.outcome)}[/{style}]"
         table.add_row(
-            row.get("variant") or row["module"],
-            "default" if row.get("default") else "",
+            row.variant or row.module,
+            "default" if row.default else "",
             label,
-            _tps(row["pp_tps"]),
-            _tps(row["tg_tps"]),
+            _tps(row.pp_tps),
+            _tps(row.tg_tps),
         )
     console.print(table)  # what went wrong, in full, follows as the problems
-    default = sweep.get("default") or {}
-    if default.get("signal") or not default.get("module"):
-        console.print(
-            f"[red]loader's default pick: {escape(str(default.get('detail', '-')))}[/red]", highlight=False
-        )
-    for problem in sweep.get("problems") or []:
+    default = sweep.default
+    if default is None or default.signal or not default.module:
+        detail = default.detail if default is not None else "-"
+        console.print(f"[red]loader's default pick: {escape(detail)}[/red]", highlight=False)
+    for problem in sweep.problems:
         console.print(f"[red]{escape(problem)}[/red]", highlight=False)
 
 
-def cpu_modules_cli(result: dict[str, Any], console: Console) -> None:
+def cpu_modules_cli(result: CpuModulesResult, console: Console) -> None:
     """``smoke.cpu_modules``: one row per module, the loader's pick, what failed."""
-    state = "[green]PASS[/green]" if result["passed"] else "[red]FAIL[/red]"
+    state = "[green]PASS[/green]" if result.passed else "[red]FAIL[/red]"
     console.print(
-        f"{state} build {result['build_key'][:12]}, model {result['model_label']} ({result['wall_s']:.1f} s)",
+        f"{state} build {result.build_key[:12]}, model {result.model_label} ({result.wall_s:.1f} s)",
         highlight=False,
     )
     _print_cpu_modules(result, console)
-    if result.get("files"):
-        console.print(f"summary: {result['files']['summary.md']}", highlight=False)
+    if result.files:
+        console.print(f"summary: {result.files['summary.md']}", highlight=False)
 
 
 _BADGE = {"ran": "pass", "not_for_this_cpu": "skipped"}
 
 
-def _cpu_modules_table(sweep: Mapping[str, Any]) -> str:
-    if not sweep.get("modules"):
-        return f"<p>CPU modules: {html.escape(sweep.get('note') or sweep.get('summary'))}</p>"
-    cpu = (sweep.get("cpu") or {}).get("model", "?")
-    body = f"<p>CPU modules on {html.escape(cpu)}: {html.escape(sweep.get('summary'))}</p>"
+def _cpu_modules_table(sweep: CpuModuleSweep) -> str:
+    if not sweep.modules:
+        return f"<p>CPU modules: {html.escape(sweep.note or sweep.summary)}</p>"
+    cpu = sweep.cpu.model if sweep.cpu else "?"
+    body = f"<p>CPU modules on {html.escape(cpu)}: {html.escape(sweep.summary)}</p>"
     body += html.table(
         ["module", "pick", "result", "pp t/s", "tg t/s", "detail"],
         [
             (
-                row["module"],
-                "default" if row.get("default") else "",
-                html.badge(_BADGE.get(row["status"], "fail")),
-                _tps(row.get("pp_tps")),
-                _tps(row.get("tg_tps")),
-                row["outcome"]
-                if row["status"] in ("ran", "not_for_this_cpu")
-                else f"{row['outcome']}: {row['detail']}",
+                row.module,
+                "default" if row.default else "",
+                html.badge(_BADGE.get(row.status, "fail")),
+                _tps(row.pp_tps),
+                _tps(row.tg_tps),
+                row.outcome if row.status in ("ran", "not_for_this_cpu") else f"{row.outcome}: {row.detail}",
             )
-            for row in sweep["modules"]
+            for row in sweep.modules
         ],
     )
-    return body + "".join(f"<p>{html.escape(problem)}</p>" for problem in sweep.get("problems") or [])
+    return body + "".join(f"<p>{html.escape(problem)}</p>" for problem in sweep.problems)
 
 
-def cpu_modules_html(data: dict[str, Any]) -> str:
+def cpu_modules_html(data: CpuModulesResult) -> str:
     """``smoke.cpu_modules`` in a notebook."""
-    state = html.badge("pass" if data.get("passed") else "fail")
-    build, model = html.escape(str(data.get("build_key"))[:12]), html.escape(data.get("model_label"))
+    state = html.badge("pass" if data.passed else "fail")
+    build, model = html.escape(data.build_key[:12]), html.escape(data.model_label)
     head = f"<p>{state} build {build}, model {model}</p>"
     return html.section("CPU modules", head + _cpu_modules_table(data))
 
 
-def smoke_compare_cli(result: dict[str, Any], console: Console) -> None:
+def smoke_compare_cli(result: SmokeCompareResult, console: Console) -> None:
     """``smoke.compare``: what differs, then the metrics."""
-    console.print(f"A = {result['a']['run_id']}\nB = {result['b']['run_id']}", highlight=False)
-    for key in result["differs"]:
-        console.print(f"  {key}: {result['a'][key]} -> {result['b'][key]}", highlight=False)
+    console.print(f"A = {result.a['run_id']}\nB = {result.b['run_id']}", highlight=False)
+    for key in result.differs:
+        console.print(f"  {key}: {result.a[key]} -> {result.b[key]}", highlight=False)
     table = Table("metric", "A", "B", "B/A", "speedup", "better")
-    for row in result["rows"]:
+    for row in result.rows:
         color = {"B": "green", "A": "red"}.get(row["better"], "white")
         table.add_row(
             f"{row['metric']} ({row['unit']})" if row["unit"] else row["metric"],
@@ -191,15 +193,15 @@ def smoke_compare_cli(result: dict[str, Any], console: Console) -> None:
             row["better"],
         )
     console.print(table)
-    console.print(f"files: {result['files']['compare.md']}", highlight=False)
+    console.print(f"files: {result.files['compare.md']}", highlight=False)
 
 
 def _p50_p95(dist: Any, digits: int = 1) -> str:
     return f"{dist['p50']:.{digits}f} / {dist['p95']:.{digits}f}" if isinstance(dist, Mapping) else "-"
 
 
-def _smoke_chart_png(data: Mapping[str, Any]) -> bytes | None:
-    tests = (data.get("bench") or {}).get("tests") or []
+def _smoke_chart_png(data: SmokeResult) -> bytes | None:
+    tests = (data.bench or {}).get("tests") or []
     if not tests:
         return None
 
@@ -218,24 +220,23 @@ def _smoke_chart_png(data: Mapping[str, Any]) -> bytes | None:
     return html.figure_png(draw, (5.0, 3.0))
 
 
-def smoke_html(data: dict[str, Any]) -> str:
+def smoke_html(data: SmokeResult) -> str:
     """``smoke`` in a notebook, with the run's plots."""
-    verdict = data.get("verdict") or {}
-    build, model = data.get("build") or {}, data.get("model") or {}
-    state = html.badge("pass" if verdict.get("passed") else "fail")
+    verdict, build, model = data.verdict, data.build, data.model
+    state = html.badge("pass" if verdict.passed else "fail")
     body = (
-        f"<p>{state} run <code>{html.escape(data.get('run_id'))}</code> ({float(data.get('wall_s') or 0):.1f} s): "
+        f"<p>{state} run <code>{html.escape(data.run_id)}</code> ({data.wall_s:.1f} s): "
         f"build {html.escape(build.get('key'))}, model {html.escape(model.get('label'))}</p>"
     )
-    bench = data.get("bench") or {}
+    bench = data.bench or {}
     if bench.get("tests"):
         body += html.table(
             ["llama-bench", "t/s", "stddev"],
             [(t["name"], f"{t['avg_ts']:.1f}", f"{t.get('stddev_ts', 0):.1f}") for t in bench["tests"]],
         )
-    if data.get("cpu_modules"):
-        body += _cpu_modules_table(data["cpu_modules"])
-    levels = (data.get("server") or {}).get("levels") or []
+    if data.cpu_modules:
+        body += _cpu_modules_table(data.cpu_modules)
+    levels = (data.server or {}).get("levels") or []
     if levels:
         body += html.table(
             ["concurrency", "requests", "TTFT p50/p95 ms", "ITL p50/p95 ms", "decode t/s", "aggregate t/s"],
@@ -251,7 +252,7 @@ def smoke_html(data: dict[str, Any]) -> str:
                 for lv in levels
             ],
         )
-    roof = data.get("roofline") or {}
+    roof = data.roofline or {}
     if roof.get("efficiency") is not None:
         body += (
             f"<p>roofline (estimated): {roof['efficiency'] * 100:.1f} % of {roof.get('roof_tps', 0):.0f} t/s "
@@ -263,16 +264,16 @@ def smoke_html(data: dict[str, Any]) -> str:
         ["check", "status", "value", "threshold", "source"],
         [
             (
-                c.get("name"),
-                html.badge(c.get("status")),
-                f"{c['value']:.1f}" if isinstance(c.get("value"), float) else c.get("value"),
-                c.get("threshold"),
-                c.get("source"),
+                c.name,
+                html.badge(c.status),
+                f"{c.value:.1f}" if isinstance(c.value, float) else c.value,
+                c.threshold,
+                c.source,
             )
-            for c in verdict.get("checks") or []
+            for c in verdict.checks
         ],
     )
-    files = data.get("files") or {}
+    files = data.files
     plots = "".join(html.png_file(files.get(name), name) for name in ("throughput.png", "latency.png"))
     if not plots:
         png = _smoke_chart_png(data)
@@ -280,12 +281,12 @@ def smoke_html(data: dict[str, Any]) -> str:
     return html.section("smoke report", body + plots)
 
 
-def smoke_compare_html(data: dict[str, Any]) -> str:
+def smoke_compare_html(data: SmokeCompareResult) -> str:
     """``smoke.compare`` in a notebook, with its chart."""
-    a, b = data.get("a") or {}, data.get("b") or {}
+    a, b = data.a, data.b
     body = html.kv_table(
         [("A", a.get("run_id")), ("B", b.get("run_id"))]
-        + [(k, f"{a.get(k)} → {b.get(k)}") for k in data.get("differs") or []]
+        + [(k, f"{a.get(k)} → {b.get(k)}") for k in data.differs]
     )
 
     def number(value: Any, spec: str) -> str:
@@ -302,9 +303,7 @@ def smoke_compare_html(data: dict[str, Any]) -> str:
                 number(r.get("speedup"), ".3f"),
                 r.get("better"),
             )
-            for r in data.get("rows") or []
+            for r in data.rows
         ],
     )
-    return html.section(
-        "smoke comparison", body + html.png_file((data.get("files") or {}).get("compare.png"), "comparison")
-    )
+    return html.section("smoke comparison", body + html.png_file(data.files.get("compare.png"), "comparison"))

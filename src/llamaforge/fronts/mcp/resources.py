@@ -13,9 +13,9 @@ from pydantic import Field
 
 from llamaforge.core.errors import CacheError, LlamaforgeError
 from llamaforge.core.jobs import JobManager, UnknownJob
+from llamaforge.fronts.mcp.arguments import CheckedPrompt
+from llamaforge.fronts.mcp.output import Output
 from llamaforge.serve.gpus import cuda_arch_for
-from mcp_server.arguments import CheckedPrompt
-from mcp_server.output import Output
 
 JSON = "application/json"
 

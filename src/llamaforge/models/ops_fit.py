@@ -1,18 +1,15 @@
-"""Operation ``models.fit`` (registered on import), its result model and the memory-breakdown plot."""
+"""Operation ``models.fit`` (registered on import): its parameter and result models and one call into the fit
+planner (:mod:`llamaforge.serve.fit`)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
-from llamaforge.core.errors import InvalidOption, OperationFailed
+from llamaforge.core.errors import OperationFailed
 from llamaforge.core.guard import refuse_if_read_only
 from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
-
-if TYPE_CHECKING:
-    from llamaforge.serve.fit import FitPlan
 
 
 class ModelFitParams(Params):
@@ -45,27 +42,6 @@ class ModelFitParams(Params):
     )
 
 
-def resolve_model_file(target: str) -> Path:
-    """The local GGUF of a FILE or fetched RECIPE argument (InvalidOption/RecipeError otherwise)."""
-    from llamaforge.models.inspect import resolve_local_model
-
-    path, recipe = resolve_local_model(target)
-    if path is not None:
-        if not path.is_file():
-            raise InvalidOption(f"model file {path} does not exist")
-        return path
-    if recipe is not None:
-        raise InvalidOption(
-            f"model recipe {recipe.name!r} is not fetched yet",
-            hint=f"run `invoke models.fetch {recipe.name}` first (or `invoke models.inspect {recipe.name} "
-            "--remote` to look at its header without downloading)",
-        )
-    raise InvalidOption(
-        f"models.fit needs a local GGUF or a fetched recipe, not {target!r}",
-        hint="fetch it first (`invoke models.fetch URL`)",
-    )
-
-
 class FitMemory(Result):
     """Bytes one device (the GPU, or host RAM) holds, by category."""
 
@@ -77,7 +53,7 @@ class FitMemory(Result):
     total: int
 
 
-class FitOutcome(Result):
+class ModelFitResult(Result):
     """Where the model's layers and experts go, the memory per device, the llama-server flags and the speed
     ceiling (``models.fit`` fails when a pinned placement does not fit)."""
 
@@ -115,13 +91,14 @@ class FitOutcome(Result):
     ModelFitParams,
     read_only=True,
     positional=("model",),
-    cli="llamaforge.serve.render:models_fit_cli",
-    html="llamaforge.serve.render:models_fit_html",
+    cli="llamaforge.models.render:models_fit_cli",
+    html="llamaforge.models.render:models_fit_html",
 )
-def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> FitOutcome:
+def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> ModelFitResult:
     """Plan how a model fits on a GPU: layers, experts, KV cache, compute buffer, llama-server flags, speed."""
+    from llamaforge.models.argument import resolve_model_file
     from llamaforge.serve.cpu_buffers import host_cpu_buffers
-    from llamaforge.serve.fit import DoesNotFit, GiB, parse_size, plan_fit
+    from llamaforge.serve.fit import DoesNotFit, GiB, parse_size, plan_fit, summarize
     from llamaforge.serve.fit_chart import plot_path, save_fit_chart
 
     plot = plot_path(params.plot) if params.plot is not None else None
@@ -153,7 +130,7 @@ def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> FitOutcome:
         refuse_if_read_only(f"write the plot {params.plot}")
         data["plot"] = str(save_fit_chart([data], plot))
         data["summary"].append(f"memory chart written to {data['plot']}")
-    outcome = FitOutcome.model_validate(data)
+    outcome = ModelFitResult.model_validate(data)
     if not plan.fits:
         raise OperationFailed(
             f"the pinned placement (-ngl {plan.n_gpu_layers}, --n-cpu-moe {plan.n_cpu_moe}) does not fit: it needs "
@@ -164,30 +141,3 @@ def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> FitOutcome:
             hint="leave --n-gpu-layers/--n-cpu-moe out to search for a placement that fits",
         )
     return outcome
-
-
-def summarize(plan: FitPlan) -> list[str]:
-    """A few human lines about ``plan`` (GiB, the flags, the speed ceiling)."""
-    from llamaforge.serve.fit import GiB
-
-    gpu, host = plan.gpu_memory, plan.host_memory
-    where = (
-        "all layers on the GPU"
-        if plan.n_gpu_layers == plan.max_gpu_layers
-        else (f"{plan.n_gpu_layers}/{plan.max_gpu_layers} layers on the GPU")
-    )
-    if plan.n_cpu_moe:
-        where += f", experts of the first {plan.n_cpu_moe} layers on the CPU"
-    lines = [
-        f"{Path(plan.model).name} ({plan.arch}): {where}",
-        f"GPU {gpu.total / GiB:.2f} of {plan.vram_bytes / GiB:.1f} GiB (weights {gpu.weights / GiB:.2f}, KV "
-        f"{gpu.kv_cache / GiB:.2f}, recurrent {gpu.recurrent_state / GiB:.3f}, compute {gpu.compute / GiB:.2f}; "
-        f"{plan.margin_bytes / GiB:.1f} GiB kept free)",
-        f"host RAM {host.total / GiB:.2f} GiB (weights {host.weights / GiB:.2f}, KV {host.kv_cache / GiB:.2f}, "
-        f"compute+output {(host.compute + host.output) / GiB:.2f})",
-        plan.command,
-    ]
-    if plan.tg_ceiling_tps is not None:
-        lines.append(f"token generation ceiling ~{plan.tg_ceiling_tps:.0f} tok/s (memory bandwidth bound)")
-    lines.extend(plan.notes)
-    return lines

@@ -17,7 +17,7 @@ import anyio
 from mcp.server.mcpserver import Context
 
 from llamaforge.core.events import Event
-from mcp_server.output import Output
+from llamaforge.fronts.mcp.output import Output
 
 HEARTBEAT_SECONDS = 15.0
 """The longest silence between two progress notifications of a running call (well under the TypeScript SDK's

@@ -10,10 +10,10 @@ from llamaforge.core.errors import LlamaforgeError
 from llamaforge.core.guard import HostGuard
 from llamaforge.core.jobs import JobManager
 from llamaforge.core.registry import Operation, Params
-from mcp_server.hostpolicy import HOST_RUN, DeployTargets, Places, host_runs, refuse_host_runs
-from mcp_server.output import Output
-from mcp_server.policy import ConfirmPolicy, PathPolicy, default_roots
-from mcp_server.progress import HEARTBEAT_SECONDS
+from llamaforge.fronts.mcp.hostpolicy import HOST_RUN, DeployTargets, Places, host_runs, refuse_host_runs
+from llamaforge.fronts.mcp.output import Output
+from llamaforge.fronts.mcp.policy import ConfirmPolicy, PathPolicy, default_roots
+from llamaforge.fronts.mcp.progress import HEARTBEAT_SECONDS
 
 DEFAULT_MAX_JOBS = 4
 

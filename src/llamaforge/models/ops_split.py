@@ -47,7 +47,7 @@ class SplitDeviceReport(Result):
     fits: bool
 
 
-class SplitOutcome(Result):
+class ModelSplitResult(Result):
     """Which blocks each device holds, its memory, whether all fit, and the head's llama-server flags."""
 
     model: str
@@ -65,10 +65,10 @@ class SplitOutcome(Result):
 
 
 @operation("models.split", ModelSplitParams, read_only=True, positional=("model",))
-def models_split_op(params: ModelSplitParams, ctx: OperationContext) -> SplitOutcome:
+def models_split_op(params: ModelSplitParams, ctx: OperationContext) -> ModelSplitResult:
     """Plan a model across llama.cpp RPC workers (and the head's GPUs): blocks, memory per device, flags."""
+    from llamaforge.models.argument import resolve_model_file
     from llamaforge.serve.fit import Settings, parse_size
-    from llamaforge.serve.ops_fit import resolve_model_file
     from llamaforge.serve.split import parse_devices, parse_tensor_split, plan_split
 
     settings = Settings(
@@ -88,7 +88,7 @@ def models_split_op(params: ModelSplitParams, ctx: OperationContext) -> SplitOut
         margin_bytes=parse_size(params.margin),
     )
     data: dict[str, Any] = plan.to_json()
-    outcome = SplitOutcome.model_validate(data)
+    outcome = ModelSplitResult.model_validate(data)
     if not plan.fits:
         short = [device.name for device in plan.devices if not device.fits]
         raise OperationFailed(

@@ -8,8 +8,8 @@ the tool's ``outputSchema``, its JSON the ``structuredContent``; a failing verdi
 result still attached.
 
 The caller is not trusted (see docs/security.md): the server installs a host guard for its process, refuses host
-builds unless allowed (:mod:`mcp_server.hostpolicy`), asks a person before destructive calls, caps its jobs, and
-masks and marks every output (:mod:`mcp_server.output`).
+builds unless allowed (:mod:`llamaforge.fronts.mcp.hostpolicy`), asks a person before destructive calls, caps its
+jobs, and masks and marks every output (:mod:`llamaforge.fronts.mcp.output`).
 """
 
 from __future__ import annotations
@@ -38,18 +38,18 @@ from llamaforge.core.events import CancelToken, Event
 from llamaforge.core.jobs import FINISHED, JobManager, JobStatus
 from llamaforge.core.registry import Operation, OperationContext, Params, operations, result_json
 from llamaforge.core.validation import describe_errors
-from mcp_server.arguments import CheckedTool
-from mcp_server.jobtools import JOB_TOOLS, job_tools
-from mcp_server.options import CallPolicy, ServerOptions, host_guard
-from mcp_server.output import Output
-from mcp_server.policy import (
+from llamaforge.fronts.mcp.arguments import CheckedTool
+from llamaforge.fronts.mcp.jobtools import JOB_TOOLS, job_tools
+from llamaforge.fronts.mcp.options import CallPolicy, ServerOptions, host_guard
+from llamaforge.fronts.mcp.output import Output
+from llamaforge.fronts.mcp.policy import (
     CONFIRM_PARAM,
     CONFIRMATION_PARAM,
     Confirmation,
     confirmation_resolver,
     refusal,
 )
-from mcp_server.progress import Progress
+from llamaforge.fronts.mcp.progress import Progress
 
 CONTEXT_PARAM = "mcp_context"
 RESERVED = frozenset({CONFIRM_PARAM, CONFIRMATION_PARAM, CONTEXT_PARAM})
@@ -88,7 +88,7 @@ async def _run_inline(
     op: Operation, params: Params, ctx: Context[Any, Any], policy: CallPolicy
 ) -> CallToolResult:
     """Run a short operation in a worker thread; its stage events become progress notifications, with a
-    heartbeat while it is silent (:mod:`mcp_server.progress`).
+    heartbeat while it is silent (:mod:`llamaforge.fronts.mcp.progress`).
 
     When the client gives up, the operation's cancel token fires: what checks it (every process and container
     it runs, every download) stops; plain Python work runs to its end in its thread, and its result is dropped.
@@ -136,7 +136,7 @@ async def _run_as_job(
     op: Operation, params: Params, jobs: JobManager, ctx: Context[Any, Any], policy: CallPolicy, tool: str
 ) -> CallToolResult:
     """Run a long operation as a job and wait for it, forwarding its events as progress notifications, with a
-    heartbeat while it is silent (:mod:`mcp_server.progress`).
+    heartbeat while it is silent (:mod:`llamaforge.fronts.mcp.progress`).
 
     The job shows in ``jobs_list`` like any other. Cancelling this call (the client gave up) cancels the job.
     """
@@ -310,7 +310,7 @@ def build_server(
     While it serves, the process's host guard is :func:`host_guard` of ``options`` (a process that only serves
     installs it for good at start, so that jobs finishing after the last client left stay guarded).
     """
-    from mcp_server.resources import add_prompts, add_resources
+    from llamaforge.fronts.mcp.resources import add_prompts, add_resources
 
     options = options or ServerOptions()
     registry = registry if registry is not None else operations()

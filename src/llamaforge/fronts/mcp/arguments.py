@@ -23,7 +23,7 @@ from pydantic import Field, ValidationError, create_model
 
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.validation import closest, describe_errors
-from mcp_server.output import Output
+from llamaforge.fronts.mcp.output import Output
 
 
 def argument_names(metadata: FuncMetadata) -> list[str]:

@@ -14,8 +14,8 @@ from pydantic import BaseModel, Field
 
 from llamaforge.core.errors import LlamaforgeError
 from llamaforge.core.jobs import FINISHED, JobLogs, JobManager, JobStatus
-from mcp_server.arguments import CheckedTool
-from mcp_server.output import Output
+from llamaforge.fronts.mcp.arguments import CheckedTool
+from llamaforge.fronts.mcp.output import Output
 
 JOB_TOOLS = ("job_status", "job_logs", "job_cancel", "jobs_list")
 _T = TypeVar("_T")
