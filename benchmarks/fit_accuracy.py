@@ -35,10 +35,9 @@ from typing import Any
 
 from llamaforge.core.paths import home
 from llamaforge.gguf.header import read_header
-from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
-from llamaforge.gguf.tiny_any import AnyTinySpec, write_any_tiny_model
-from llamaforge.gguf.tiny_mla import TinyMLASpec
-from llamaforge.gguf.tiny_shared_kv import TinySharedKVSpec
+from llamaforge.gguf.tiny import AnyTinySpec, TinyModelSpec, write_any_tiny_model, write_tiny_model
+from llamaforge.gguf.tiny.mla import TinyMLASpec
+from llamaforge.gguf.tiny.shared_kv import TinySharedKVSpec
 from llamaforge.serve import fit
 from llamaforge.serve.fit import (
     MiB,

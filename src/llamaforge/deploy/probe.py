@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from llamaforge.deploy.release import Layout
     from llamaforge.deploy.rollout import Release
     from llamaforge.deploy.targets import Target
-    from llamaforge.gguf.tiny_file import DType
+    from llamaforge.gguf.tiny.file import DType
     from llamaforge.runners.ssh import SshProcessRunner
 
 PROBE_DTYPE: Final[DType] = "q4_0"

@@ -52,7 +52,7 @@ import gguf
 import numpy as np
 import numpy.typing as npt
 
-from llamaforge.gguf.tiny_file import (
+from llamaforge.gguf.tiny.file import (
     DType,
     TinyModelInfo,
     load_tokenizer,
@@ -61,7 +61,7 @@ from llamaforge.gguf.tiny_file import (
     write_gguf_file,
     write_noise_model,
 )
-from llamaforge.gguf.tiny_names import NameStyle, canonical_to_styled, model_arch
+from llamaforge.gguf.tiny.names import NameStyle, canonical_to_styled, model_arch
 
 __all__ = [
     "SUPPORTED_ARCHS",
