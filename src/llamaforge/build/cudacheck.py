@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from llamaforge.core.errors import LlamaforgeError, ToolFailed
+from llamaforge.core.errors import ExitCode, LlamaforgeError, ToolFailed
 from llamaforge.runners.process import LOCAL, ProcessRunner
 
 __all__ = [
@@ -52,7 +52,7 @@ _OUTPUT_TAIL_LINES = 30
 class CudaToolkitMissing(LlamaforgeError):
     """A tool the CUDA probe needs is not installed; the message says what to install."""
 
-    exit_code = 18
+    exit_code = ExitCode.CUDA_TOOLKIT_MISSING
 
 
 class CudaProbeFailed(ToolFailed):

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from llamaforge.core.errors import InvalidOption, LlamaforgeError
+from llamaforge.core.errors import ExitCode, InvalidOption, LlamaforgeError
 from llamaforge.deploy.hosts import parse_host, parse_hosts
 from llamaforge.runners.ssh_connection import SshHost
 from llamaforge.serve.launcher import DEFAULT_RPC_PORT
@@ -36,7 +36,7 @@ _SCOPE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}")  # an interface name 
 class BuildMismatch(LlamaforgeError):
     """The head and a worker would run different builds, or the build has no RPC server."""
 
-    exit_code = 16
+    exit_code = ExitCode.BUILD_MISMATCH
 
 
 @dataclass(frozen=True)
