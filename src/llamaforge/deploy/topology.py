@@ -6,7 +6,7 @@ it must keep before anything starts.
   public address are refused; only private (RFC 1918, ULA, link-local) and loopback addresses pass.
 * Head and workers run the same build: the RPC protocol refuses mismatched ends at its HELLO, but only once the
   head loads; here a mismatch is refused before any host changes, naming each host and its build.
-* The build has the RPC server (``ggml-rpc-server`` at b11312, a build with ``GGML_RPC=ON``).
+* The build has the RPC server (``ggml-rpc-server``, a build with ``GGML_RPC=ON``).
 
 :func:`rpc_hello` speaks the protocol's own handshake (command 14) so a worker's gate and status see the
 protocol version it answers with.

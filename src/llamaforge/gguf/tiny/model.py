@@ -345,7 +345,7 @@ def _write_hybrid_moe_hparams(w: gguf.GGUFWriter, s: TinyModelSpec) -> None:
 
 def _write_sliding_window_hparams(w: gguf.GGUFWriter, s: TinyModelSpec) -> None:
     # As convert_hf_to_gguf.py's Gemma2Model: the window and the two soft-caps; no pattern key, so
-    # llama.cpp b11312 uses gemma2's default (set_swa_pattern(2): layer i slides when i % 2 == 0).
+    # llama.cpp uses gemma2's default (set_swa_pattern(2): layer i slides when i % 2 == 0).
     _write_common_hparams(w, s)
     w.add_sliding_window(s.sliding_window)
     w.add_attn_logit_softcapping(50.0)
