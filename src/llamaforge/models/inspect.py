@@ -19,6 +19,7 @@ from typing import Any, Final, Literal
 
 from llamaforge.core.errors import InvalidOption, ModelError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
+from llamaforge.core.http import NETWORK_ERRORS, Transient, content_range, range_request, retrying, transient
 from llamaforge.gguf.header import ArraySummary, GGUFHeader, LongString, TensorInfo, read_header
 from llamaforge.models.urls import check_model_url, opener, redact_url
 
@@ -323,45 +324,33 @@ class HttpRangeSource:
             self._fetch(len(self._data), grow_to - len(self._data))
         return bytes(self._data[offset:end])
 
-    def _request(self, start: int, length: int) -> urllib.request.Request:
-        request = urllib.request.Request(  # noqa: S310 - the scheme was checked by resolve_remote_url
-            self.url,
-            headers={
-                "Range": f"bytes={start}-{start + length - 1}",
-                "Accept-Encoding": "identity",
-                "User-Agent": "llamaforge",
-            },
-        )
-        for key, value in self._secret_headers.items():
-            # unredirected: a hub redirects to a CDN host that must not see the token
-            request.add_unredirected_header(key, value)
-        return request
-
     def _fetch(self, start: int, length: int) -> None:
         if start + length > self._max_bytes:
             raise ModelError(
                 f"{self.name}: the header is not complete after {self._max_bytes} bytes",
                 hint="this is not a GGUF model, or one with an enormous header; download it instead",
             )
-        for attempt in range(1, self._attempts + 1):
-            try:
-                self._fetch_once(start, length)
-                return
-            except urllib.error.HTTPError as error:
-                error.close()  # it holds the open response
-                if error.code < 500 or attempt == self._attempts:
-                    raise self._http_error(error) from None
-            except (urllib.error.URLError, OSError) as error:
-                if attempt == self._attempts:
-                    reason = getattr(error, "reason", error)
-                    raise ModelError(
-                        f"{self.name}: cannot fetch: {reason}",
-                        hint="check the URL and the network (HTTPS_PROXY, SSL_CERT_FILE)",
-                    ) from None
+
+        def told(_error: Transient, failures: int, _delay: float) -> None:
             self._reporter(
-                Event("log", f"retrying range request {attempt}/{self._attempts}", stage="inspect")
+                Event("log", f"retrying range request {failures}/{self._attempts}", stage="inspect")
             )
-            time.sleep(0.2 * attempt)
+
+        try:
+            retrying(
+                lambda: self._fetch_once(start, length),
+                retries=self._attempts - 1,
+                backoff_s=0.2,
+                cancel=self._cancel,
+                on_retry=told,
+            )
+        except Transient as error:
+            if isinstance(error.cause, urllib.error.HTTPError):
+                raise self._http_error(error.cause) from None
+            raise ModelError(
+                f"{self.name}: cannot fetch: {error}",
+                hint="check the URL and the network (HTTPS_PROXY, SSL_CERT_FILE)",
+            ) from None
 
     def _http_error(self, error: urllib.error.HTTPError) -> ModelError:
         hint = {
@@ -373,19 +362,33 @@ class HttpRangeSource:
         return ModelError(f"{self.name}: HTTP {error.code} {error.reason}", hint=hint)
 
     def _fetch_once(self, start: int, length: int) -> None:
+        """One range request; network trouble and a retryable status raise Transient, any other status the
+        ModelError that says what it means."""
         self.requests += 1
-        with self._opener.open(self._request(start, length), timeout=self._timeout) as response:
+        request = range_request(
+            self.url,
+            start,
+            start + length - 1,
+            headers={"User-Agent": "llamaforge"},
+            private_headers=self._secret_headers,  # a hub redirects to a CDN host that must not see the token
+        )
+        try:
+            self._read_range(request, start, length)
+        except urllib.error.HTTPError as error:
+            raise transient(error) or self._http_error(error) from None
+        except NETWORK_ERRORS as error:
+            raise Transient(str(getattr(error, "reason", None) or error), error) from None
+
+    def _read_range(self, request: urllib.request.Request, start: int, length: int) -> None:
+        with self._opener.open(request, timeout=self._timeout) as response:
             if response.status != 206:
                 raise ModelError(
                     f"{self.name}: the server ignored the Range request (HTTP {response.status})",
                     hint="remote inspect needs a server with HTTP range support; download the file instead",
                 )
-            match = re.fullmatch(
-                r"bytes (\d+)-(\d+)/(\d+)", response.headers.get("Content-Range", "").strip()
-            )
-            if not match:
+            first, last, total = content_range(response.headers.get("Content-Range")) or (0, 0, None)
+            if total is None:
                 raise ModelError(f"{self.name}: range response without a usable Content-Range header")
-            first, last, total = (int(group) for group in match.groups())
             if first != start or last < first or last >= total or (self._size >= 0 and total != self._size):
                 raise ModelError(
                     f"{self.name}: the server answered bytes {first}-{last}/{total} "
