@@ -19,7 +19,8 @@ from llamaforge.core.errors import InvalidOption, ModelError
 from llamaforge.core.registry import OperationContext, operations, result_json
 from llamaforge.gguf.header import GGUFFormatError, read_header
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
-from llamaforge.models.inspect import HttpRangeSource, inspect_model, layer_kinds, resolve_remote_url
+from llamaforge.models.inspect import inspect_model, layer_kinds
+from llamaforge.models.remote import HttpRangeSource, resolve_remote_url
 
 TOKEN = "hf_secret_token_for_tests"
 
