@@ -42,7 +42,7 @@ INSTALL_HINT = (
 )
 EXTRAS_ENV = "LLAMAFORGE_CUDA_EXTRAS"
 DEFAULT_UNIT = "fill.cu"
-"""Smallest ggml-cuda unit with kernels: two instantiations of one kernel, ~6 s for one arch on one core."""
+"""Smallest ggml-cuda unit with kernels (two instantiations of one kernel): the quickest real compile to probe."""
 
 _CUDA_OBJECT_DIR = "ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir"
 _IMAGE_RE = re.compile(r"^(ELF|PTX) file\s+\d+:\s+(\S+)\.(sm_\d+[a-z]?)\.(?:cubin|ptx)$")

@@ -7,7 +7,7 @@ element-wise ops, RoPE, softmax) and the parent has no other consumer, otherwise
 a tensor is freed when its last consumer has run. The buffer is the highest offset ever used, so it is the
 live activations *plus the holes* they leave: on a model whose FFN is three times as wide as the attention,
 the FFN's gate, up and GLU outputs do not fit in the blocks the attention freed and the buffer grows by
-them (a model of live bytes alone is off by up to 9 % there).
+them (a model of live bytes alone falls short there).
 
 This module rebuilds that sequence for the archs whose graph it follows (``src/models/{qwen3,gemma2,gemma3}.cpp``,
 ``deepseek2.cpp`` with MLA and dense layers, and ``llm_graph_context::build_attn``): the inputs (tokens,
