@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import tomllib
 from pathlib import Path
 
 import nox
@@ -13,11 +14,13 @@ nox.options.reuse_existing_virtualenvs = True
 
 ROOT = Path(__file__).parent
 CACHE = ROOT / ".ci-cache"
-SDIST = "llama_cpp_python-0.3.36.tar.gz"
+# The llama.cpp source the default recipe pins (a PyPI sdist that vendors it): named from the recipe, not here.
+PIN = tomllib.loads((ROOT / "recipes" / "builds" / "default.toml").read_text(encoding="utf-8"))["source"]
+SDIST = f"{PIN['package'].replace('-', '_')}-{PIN['version']}.tar.gz"
 
 
 def _sdist_dir(session: nox.Session) -> Path:
-    """Directory with the llama-cpp-python sdist (vendors llama.cpp b11312); downloaded once from PyPI."""
+    """Directory with the default recipe's sdist (it vendors the pinned llama.cpp); downloaded once from PyPI."""
     directory = Path(os.environ.get("LLAMAFORGE_TEST_SDIST_DIR", CACHE / "sdist"))
     if not (directory / SDIST).is_file():
         directory.mkdir(parents=True, exist_ok=True)
@@ -29,7 +32,7 @@ def _sdist_dir(session: nox.Session) -> Path:
             "--no-deps",
             "--no-binary",
             ":all:",
-            "llama-cpp-python==0.3.36",
+            f"{PIN['package']}=={PIN['version']}",
             "-d",
             str(directory),
             silent=True,
@@ -39,15 +42,16 @@ def _sdist_dir(session: nox.Session) -> Path:
 
 def _extracted_source(session: nox.Session, sdist_dir: Path) -> Path:
     """The sdist's vendored llama.cpp tree, for tests that compile single files on the host (CUDA probe)."""
-    target = CACHE / "llama.cpp-b11312"
+    target = CACHE / f"llama.cpp-b{PIN['build_number']}"
     if not (target / "CMakeLists.txt").is_file():
         session.run(
             "python",
             "-c",
             "import sys; from pathlib import Path; from llamaforge.build.source import _extract;"
-            "_extract(Path(sys.argv[1]), 'llama_cpp_python-0.3.36/vendor/llama.cpp', Path(sys.argv[2]), None)",
+            "_extract(Path(sys.argv[1]), sys.argv[3], Path(sys.argv[2]), None)",
             str(sdist_dir / SDIST),
             str(target),
+            PIN["subdir"],
             silent=True,
         )
     return target

@@ -33,12 +33,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from llamaforge.build.recipes import pinned_llama_cpp
 from llamaforge.core.paths import home
 from llamaforge.gguf.header import read_header
-from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
-from llamaforge.gguf.tiny_any import AnyTinySpec, write_any_tiny_model
-from llamaforge.gguf.tiny_mla import TinyMLASpec
-from llamaforge.gguf.tiny_shared_kv import TinySharedKVSpec
+from llamaforge.gguf.tiny import AnyTinySpec, TinyModelSpec, write_any_tiny_model, write_tiny_model
+from llamaforge.gguf.tiny.mla import TinyMLASpec
+from llamaforge.gguf.tiny.shared_kv import TinySharedKVSpec
 from llamaforge.serve import fit
 from llamaforge.serve.fit import (
     MiB,
@@ -478,7 +478,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.server is None or not args.server.is_file():
         sys.exit(
-            "no llama-server: pass --server (a CPU build of llama.cpp b11312, `invoke build --backend cpu`)"
+            f"no llama-server: pass --server (a CPU build of llama.cpp {pinned_llama_cpp()}, "
+            "`invoke build --backend cpu`)"
         )
     if args.vocab_dir is None or not (args.vocab_dir / "ggml-vocab-qwen2.gguf").is_file():
         sys.exit("no tokenizer GGUFs: pass --vocab-dir (llama.cpp's models/ directory)")

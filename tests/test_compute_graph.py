@@ -11,7 +11,7 @@ import pytest
 
 from llamaforge.gguf.header import read_header
 from llamaforge.gguf.tiny import TinyModelSpec
-from llamaforge.gguf.tiny_mla import TinyMLASpec, write_tiny_mla_model
+from llamaforge.gguf.tiny.mla import TinyMLASpec, write_tiny_mla_model
 from llamaforge.serve.compute_graph import GraphSettings, _Allocator, _Node, _replay, simulate_compute
 from llamaforge.serve.fit import MiB, Settings, estimate_memory, synthetic_header
 from llamaforge.serve.shape import model_shape

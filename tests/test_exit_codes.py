@@ -1,4 +1,5 @@
-"""Exit codes scripts can trust: one code per failure class, each in the README's table under its class names.
+"""Exit codes scripts can trust: one code per failure class, each a name of ``core.errors.ExitCode`` and a row of
+docs/exit-codes.md that lists exactly the classes of that code.
 
 A failure class is a subclass of LlamaforgeError with its own ``exit_code``; its subclasses are the same failure
 told more precisely and keep that code. Unrelated classes share a code only as a family named in ``SHARED``.
@@ -18,7 +19,7 @@ from types import ModuleType
 import pytest
 
 import llamaforge
-from llamaforge.core.errors import Cancelled, LlamaforgeError, OperationFailed, Terminated
+from llamaforge.core.errors import Cancelled, ExitCode, LlamaforgeError, OperationFailed, Terminated
 from llamaforge.core.registry import operations
 from llamaforge.fronts.cli_invoke import OUTPUT_CLOSED
 from llamaforge.fronts.jupyter import NotebookError
@@ -66,28 +67,24 @@ def _family(cls: type[LlamaforgeError]) -> type[LlamaforgeError]:
     return cls
 
 
-def _readme_rows() -> list[tuple[set[int], set[str]]]:
-    """The README's exit-code table: each row's codes ("130 / 143") and the class names (in backticks) it gives."""
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    start = text.index("| code | meaning |")
+def _table_rows() -> list[tuple[int, str, set[str]]]:
+    """docs/exit-codes.md's table: each row's code, its ``ExitCode`` name and the class names of its classes cell."""
+    text = (REPO / "docs" / "exit-codes.md").read_text(encoding="utf-8")
+    start = text.index("| code | `ExitCode` | error classes | meaning |")
     rows = []
     for line in text[start:].splitlines()[2:]:
         if not line.startswith("|"):
             break
-        code_cell, meaning = line.strip("|").split("|", 1)
-        codes = {int(part) for part in code_cell.split("/")}
-        rows.append((codes, set(re.findall(r"`([A-Z][A-Za-z0-9]*)`", meaning))))
+        code, name, classes, _meaning = (cell.strip() for cell in line.strip("|").split("|", 3))
+        rows.append((int(code), name.strip("`"), set(re.findall(r"`([A-Z][A-Za-z0-9]*)`", classes))))
     return rows
 
 
-def _readme_table() -> dict[int, set[str]]:
-    """Each code of the README's table and the class names of its row."""
-    table: dict[int, set[str]] = {}
-    for codes, names in _readme_rows():
-        for code in codes:
-            assert code not in table, f"exit code {code} has two rows in the README"
-            table[code] = names
-    return table
+def _exit_codes() -> dict[str, int]:
+    """The names and numbers of ``ExitCode``."""
+    return {
+        name: value for name, value in vars(ExitCode).items() if name.isupper() and isinstance(value, int)
+    }
 
 
 def test_the_walk_sees_errors_from_every_layer() -> None:
@@ -127,41 +124,45 @@ def test_codes_stay_clear_of_the_shells_own() -> None:
 
 def test_class_names_are_unique() -> None:
     names = [cls.__name__ for cls in CLASSES]
-    assert sorted(names) == sorted(set(names)), "the README names classes: two may not share a name"
+    assert sorted(names) == sorted(set(names)), "docs/exit-codes.md names classes: two may not share a name"
 
 
-def test_the_readme_lists_every_class_under_its_code() -> None:
-    table = _readme_table()
-    missing = [
-        f"{cls.__name__} ({cls.exit_code})"
-        for cls in CLASSES
-        if cls.__name__ not in table.get(cls.exit_code, set())
-    ]
-    assert missing == [], f"not in the README's exit-code row of their code: {missing}"
+def test_exit_code_names_are_distinct_numbers() -> None:
+    codes = _exit_codes()
+    assert len(set(codes.values())) == len(codes), codes
 
 
-def test_the_readme_table_has_no_stale_rows_or_names() -> None:
-    by_name = {cls.__name__: cls for cls in CLASSES}
-    codes = {cls.exit_code for cls in CLASSES}
-    rows = set(_readme_table())
-    assert rows == codes | NOT_FROM_A_CLASS, f"rows without a class: {rows - codes - NOT_FROM_A_CLASS}"
-    for row_codes, names in _readme_rows():
-        for name in names:
-            assert name in by_name, f"the README's row {row_codes} names {name}, which is no error class"
-            assert by_name[name].exit_code in row_codes, (
-                f"{name} exits {by_name[name].exit_code}, not {row_codes}"
-            )
+def test_every_class_code_is_an_exit_code_name() -> None:
+    named = set(_exit_codes().values())
+    unnamed = [f"{cls.__name__} ({cls.exit_code})" for cls in CLASSES if cls.exit_code not in named]
+    assert unnamed == [], f"codes not in core.errors.ExitCode: {unnamed}"
+    assert set(named) == {cls.exit_code for cls in CLASSES} | NOT_FROM_A_CLASS, (
+        "an ExitCode name no class uses"
+    )
 
 
-def test_literal_codes_in_the_source_are_in_the_table() -> None:
-    """A code written as a number (``OperationFailed(..., exit_code=13)``) is one the README explains."""
-    table = _readme_table()
-    literal = re.compile(r"\bexit_code\s*(?::\s*int\s*)?=\s*(\d+)\b")
-    unknown = [
+def test_the_table_has_one_row_per_exit_code_name() -> None:
+    rows = [(code, name) for code, name, _classes in _table_rows()]
+    assert rows == sorted(((code, name) for name, code in _exit_codes().items()), key=lambda row: row[0])
+
+
+def test_each_row_lists_exactly_the_classes_of_its_code() -> None:
+    for code, _name, names in _table_rows():
+        expected = {cls.__name__ for cls in CLASSES if cls.exit_code == code}
+        assert names == expected, (
+            f"docs/exit-codes.md row {code}: {sorted(names)}, the code: {sorted(expected)}"
+        )
+
+
+def test_codes_are_written_only_in_errors_py() -> None:
+    """Elsewhere a code is a name (``exit_code=ExitCode.DEPLOY``, ``SmokeFailed.exit_code``), never a number."""
+    literal = re.compile(r"\bexit_code\s*(?::\s*int\s*)?=\s*(\d+)\b|\bOUTPUT_CLOSED\s*=\s*\d")
+    errors_py = REPO / "src" / "llamaforge" / "core" / "errors.py"
+    written = [
         f"{path.relative_to(REPO)}: {match.group(0)}"
         for root in ("src", "mcp_server")
         for path in sorted((REPO / root).rglob("*.py"))
+        if path != errors_py
         for match in literal.finditer(path.read_text(encoding="utf-8"))
-        if int(match.group(1)) not in table
     ]
-    assert unknown == [], unknown
+    assert written == [], written

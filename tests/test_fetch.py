@@ -17,9 +17,9 @@ from fakehub import COMMIT, FakeHub, random_gguf, serve
 from helpers import invoke, write_mini_vocab
 from llamaforge.core.errors import Cancelled, FetchError, InvalidOption, ModelChecksumMismatch, ModelError
 from llamaforge.core.events import CancelToken, Event
+from llamaforge.core.http import content_range, range_request, wait_seconds
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.models import store as modelstore
-from llamaforge.models.download import wait_seconds
 from llamaforge.models.fetch import fetch_model
 from llamaforge.models.recipes import ModelRecipe
 from llamaforge.models.urls import redact_url
@@ -141,6 +141,19 @@ def test_retries_are_bounded(hub: FakeHub, big_blob: bytes) -> None:
 def test_backoff_doubles_and_is_capped() -> None:
     assert [wait_seconds(n, 1.0) for n in (1, 2, 3, 4)] == [1.0, 2.0, 4.0, 8.0]
     assert wait_seconds(50, 1.0) == 30.0
+
+
+def test_range_requests_and_answers() -> None:
+    """The one range client's request and Content-Range reading (model downloads and remote header reads)."""
+    resume = range_request("https://h/x.gguf", 100, private_headers={"Authorization": "t"}, if_range='"e1"')
+    assert (resume.get_header("Range"), resume.get_header("If-range")) == ("bytes=100-", '"e1"')
+    assert resume.get_header("Accept-encoding") == "identity"
+    assert "Authorization" not in resume.headers and resume.unredirected_hdrs["Authorization"] == "t"
+    assert range_request("https://h/x.gguf", 0, 99).get_header("Range") == "bytes=0-99"
+    assert range_request("https://h/x.gguf", if_range='"e1"').get_header("Range") is None  # the whole file
+    assert content_range("bytes 100-199/200") == (100, 199, 200)
+    assert content_range("bytes 0-9/*") == (0, 9, None)
+    assert content_range("bytes */200") is None and content_range(None) is None
 
 
 def test_server_that_ignores_range_restarts_from_zero(hub: FakeHub, big_blob: bytes) -> None:

@@ -25,8 +25,9 @@ from llamaforge.models import download
 from llamaforge.models import store as modelstore
 from llamaforge.models.fetch import fetch_model
 from llamaforge.models.hubs import parse_hub_source, resolve
-from llamaforge.models.inspect import HttpRangeSource, inspect_model
+from llamaforge.models.inspect import inspect_model
 from llamaforge.models.recipes import ModelRecipe
+from llamaforge.models.remote import HttpRangeSource
 from llamaforge.models.urls import check_model_url, max_unpinned_bytes
 
 BLOB = random_gguf(3 * (1 << 20) + 4321, seed=21)

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from llamaforge.gguf.header import read_header
-from llamaforge.gguf.tiny_any import AnyTinySpec, write_any_tiny_model
-from llamaforge.gguf.tiny_mla import TinyMLASpec
-from llamaforge.gguf.tiny_shared_kv import TinySharedKVSpec
+from llamaforge.gguf.tiny import AnyTinySpec, write_any_tiny_model
+from llamaforge.gguf.tiny.mla import TinyMLASpec
+from llamaforge.gguf.tiny.shared_kv import TinySharedKVSpec
 from llamaforge.serve.bandwidth import bytes_per_token
 from llamaforge.serve.fit import MiB, Settings, estimate_memory
 from llamaforge.serve.loadlog import parse_load_log

@@ -19,7 +19,8 @@ from llamaforge.core.errors import InvalidOption, ModelError
 from llamaforge.core.registry import OperationContext, operations, result_json
 from llamaforge.gguf.header import GGUFFormatError, read_header
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
-from llamaforge.models.inspect import HttpRangeSource, inspect_model, layer_kinds, resolve_remote_url
+from llamaforge.models.inspect import inspect_model, layer_kinds
+from llamaforge.models.remote import HttpRangeSource, resolve_remote_url
 
 TOKEN = "hf_secret_token_for_tests"
 
@@ -65,7 +66,8 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 @dataclass
 class RangeServer:
-    """What the loopback server served; ``ignore_range`` makes it answer 200 with the whole file."""
+    """What the loopback server served; ``ignore_range`` makes it answer 200 with the whole file; ``faults``
+    are what the next requests get instead of their answer: an HTTP status, or 0 to close the connection."""
 
     root: Path
     url: str = ""
@@ -73,6 +75,7 @@ class RangeServer:
     bytes_sent: int = 0
     ignore_range: bool = False
     finished: int = 0
+    faults: list[int] = field(default_factory=list)
 
     def settle(self) -> None:
         """Wait until every request seen so far has been answered (the client may return first)."""
@@ -99,6 +102,13 @@ class _Handler(BaseHTTPRequestHandler):
                 "authorization": self.headers.get("Authorization", ""),
             }
         )
+        if state.faults:
+            fault = state.faults.pop(0)
+            if fault:
+                self.send_error(fault)
+            else:
+                self.close_connection = True  # no answer at all: the client sees the connection end
+            return
         path = state.root / self.path.rsplit("/", 1)[-1]  # /owner/repo/resolve/main/x.gguf -> x.gguf
         if not path.is_file():
             self.send_error(404)
@@ -323,6 +333,33 @@ def test_range_source_bounds(server: RangeServer, files: dict[str, Path]) -> Non
     assert source.bytes_fetched == 2000  # doubled, no more
     with pytest.raises(ModelError, match="not complete after"):
         HttpRangeSource(f"{server.url}/wide.gguf", initial_bytes=1000, max_bytes=1500).read_at(0, 1400)
+
+
+def test_remote_reads_retry_network_trouble(server: RangeServer, files: dict[str, Path]) -> None:
+    """The header read goes through the one range-and-retry client (core.http) that model downloads use."""
+    logs: list[str] = []
+    server.faults = [503, 0]  # a busy server, then a connection closed without an answer
+    source = HttpRangeSource(
+        f"{server.url}/wide.gguf", initial_bytes=1000, reporter=lambda event: logs.append(event.message)
+    )
+    assert source.read_at(0, 4) == b"GGUF"
+    assert len(server.requests) == 3
+    assert [line for line in logs if line.startswith("retrying")] == [
+        "retrying range request 1/3",
+        "retrying range request 2/3",
+    ]
+
+
+def test_remote_reads_give_up_or_do_not_retry(server: RangeServer, files: dict[str, Path]) -> None:
+    server.faults = [503, 503, 503]
+    with pytest.raises(ModelError, match="HTTP 503"):
+        HttpRangeSource(f"{server.url}/wide.gguf", initial_bytes=1000)
+    assert len(server.requests) == 3  # three attempts, then the error
+    server.requests.clear()
+    with pytest.raises(ModelError, match="HTTP 404") as missing:
+        HttpRangeSource(f"{server.url}/absent.gguf", initial_bytes=1000)
+    assert missing.value.hint == "check the repository, revision and file name"
+    assert len(server.requests) == 1  # a 404 will not change: asked once
 
 
 def test_file_type_line_names_the_type_with_most_bytes(tmp_path: Path) -> None:

@@ -33,9 +33,10 @@ from llamaforge.core.registry import operations
 from llamaforge.gguf.header import GGUFFormatError, read_header
 from llamaforge.gguf.sources import CHUNK_SIZE
 from llamaforge.gguf.tiny import TinyModelInfo, TinyModelSpec, write_tiny_model
-from llamaforge.models import remap, remap_names
 from llamaforge.models.remap import RemapRules, list_rules, load_rules, parse_rules, remap_gguf
-from llamaforge.models.remap_rules import rules_json_schema
+from llamaforge.models.remap import names as remap_names
+from llamaforge.models.remap import rewrite as remap
+from llamaforge.models.remap.rules import rules_json_schema
 
 ARCHS = ("qwen3", "qwen3moe")
 MINI_VOCAB = 300

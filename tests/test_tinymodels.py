@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 
 from helpers import write_mini_vocab
-from llamaforge.gguf import tiny as tinymodels
 from llamaforge.gguf.tiny import (
     SUPPORTED_ARCHS,
     NameStyle,
@@ -31,6 +30,7 @@ from llamaforge.gguf.tiny import (
     tensor_plan,
     write_tiny_model,
 )
+from llamaforge.gguf.tiny import model as tinymodels
 
 STYLES: tuple[NameStyle, ...] = ("canonical", "hf", "meta")
 HYBRID = ("qwen35", "qwen35moe")

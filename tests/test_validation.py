@@ -10,7 +10,7 @@ from llamaforge.core.errors import InvalidOption
 from llamaforge.core.registry import find_operation, operations
 from llamaforge.core.validation import describe_errors, did_you_mean, fields_at, recipe_error, suggest
 from llamaforge.models.recipes import ModelExpectations, ModelRecipe
-from llamaforge.models.remap_rules import MatchRules, MetadataRules, RemapRules, TypedValue
+from llamaforge.models.remap.rules import MatchRules, MetadataRules, RemapRules, TypedValue
 
 
 class _Inner(BaseModel):

@@ -26,10 +26,10 @@ from helpers import write_mini_vocab
 from llamaforge.core.errors import LlamaforgeError, ModelError, OperationFailed
 from llamaforge.core.registry import OperationContext, operations, result_json
 from llamaforge.gguf import header as gguf_header
-from llamaforge.gguf import tiny as tinymodels
 from llamaforge.gguf.header import ArraySummary, GGUFFormatError, HeaderLimits, read_header
 from llamaforge.gguf.sources import BytesSource
 from llamaforge.gguf.tiny import TensorPlanEntry, TinyModelSpec, write_tiny_model
+from llamaforge.gguf.tiny import model as tinymodels
 from llamaforge.models import verify
 from llamaforge.models.chat_template import audit_chat_template
 from llamaforge.models.recipes import ModelExpectations, ModelRecipe

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from llamaforge.core.errors import LlamaforgeError, ToolFailed
+from llamaforge.core.errors import ExitCode, LlamaforgeError, ToolFailed
 from llamaforge.runners.process import LOCAL, ProcessRunner
 
 __all__ = [
@@ -42,7 +42,7 @@ INSTALL_HINT = (
 )
 EXTRAS_ENV = "LLAMAFORGE_CUDA_EXTRAS"
 DEFAULT_UNIT = "fill.cu"
-"""Smallest ggml-cuda unit with kernels: two instantiations of one kernel, ~6 s for one arch on one core."""
+"""Smallest ggml-cuda unit with kernels (two instantiations of one kernel): the quickest real compile to probe."""
 
 _CUDA_OBJECT_DIR = "ggml/src/ggml-cuda/CMakeFiles/ggml-cuda.dir"
 _IMAGE_RE = re.compile(r"^(ELF|PTX) file\s+\d+:\s+(\S+)\.(sm_\d+[a-z]?)\.(?:cubin|ptx)$")
@@ -52,7 +52,7 @@ _OUTPUT_TAIL_LINES = 30
 class CudaToolkitMissing(LlamaforgeError):
     """A tool the CUDA probe needs is not installed; the message says what to install."""
 
-    exit_code = 18
+    exit_code = ExitCode.CUDA_TOOLKIT_MISSING
 
 
 class CudaProbeFailed(ToolFailed):

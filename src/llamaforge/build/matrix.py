@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from llamaforge.build.patches import series_dir
 from llamaforge.build.recipes import Backend, Platform, WindowsToolchain, resolve_named_file
-from llamaforge.core.errors import Cancelled, LlamaforgeError
+from llamaforge.core.errors import Cancelled, ExitCode, LlamaforgeError
 from llamaforge.core.guard import check_file_path
 from llamaforge.core.paths import data_dir
 from llamaforge.core.registry import Result, empty_list
@@ -84,7 +84,7 @@ class MatrixRow(Result):
     seconds: float = 0.0
     error: str | None = None
     hint: str | None = None
-    exit_code: int = 0
+    exit_code: int = ExitCode.OK
 
 
 def matrix_dir() -> Path:

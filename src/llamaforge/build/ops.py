@@ -12,7 +12,7 @@ from pydantic import Field, ValidationError
 
 from llamaforge.build.matrix import MatrixRow
 from llamaforge.build.recipes import Backend, CudaToolkitKind, Platform, WindowsToolchain
-from llamaforge.core.errors import InvalidOption, LlamaforgeError, NotReproducible, OperationFailed
+from llamaforge.core.errors import Cancelled, InvalidOption, LlamaforgeError, NotReproducible, OperationFailed
 from llamaforge.core.registry import (
     OperationContext,
     Params,
@@ -379,7 +379,7 @@ def _build_matrix(params: BuildParams, ctx: OperationContext) -> BuildResult:
         raise OperationFailed(
             f"matrix {matrix.name} was cancelled",
             result=stopped_output,
-            exit_code=130,
+            exit_code=Cancelled.exit_code,
             hint="the table says which builds ran",
         ) from None
     output = BuildResult(dry_run=params.dry_run, matrix=rows)

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from llamaforge.build.doctor import Status
-from llamaforge.core.errors import OperationFailed
+from llamaforge.core.errors import ExitCode, OperationFailed
 from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
 from llamaforge.core.validation import describe_errors
 
@@ -164,7 +164,7 @@ def doctor_op(params: NoParams, ctx: OperationContext) -> DoctorResult:
         raise OperationFailed(
             f"this machine cannot build yet: {', '.join(failed)} failed",
             result=data,
-            exit_code=1,
+            exit_code=ExitCode.FAILED,
             hint="each failing check names its next step",
         )
     return data

@@ -342,6 +342,16 @@ def load_recipe(name_or_path: str) -> BuildRecipe:
     return parse_recipe(read_toml(path, "recipe"), name=path.stem, origin=path)
 
 
+def pinned_llama_cpp(name_or_path: str = "default") -> str:
+    """The llama.cpp release a build recipe pins, as upstream tags it (``b`` + its build number): the version
+    messages name, read from the recipe so that moving the pin moves them too. ``the pinned llama.cpp`` when the
+    recipe cannot be read, so that an error message that names the version never fails on it."""
+    try:
+        return f"b{load_recipe(name_or_path).source.build_number}"
+    except RecipeError:
+        return "the pinned llama.cpp"
+
+
 def recipe_json_schema() -> str:
     """The JSON schema of build recipes, as checked in under ``recipes/schema/``."""
     schema = BuildRecipe.model_json_schema()

@@ -2,9 +2,10 @@
 
 Each error carries a message that says what went wrong and a hint that says what to do next.
 Only the entry points (tasks.py, the MCP server) turn an error into an exit code or a tool error.
-Each failure class has an exit code of its own, listed in the README's table: a subclass is the same failure
-told more precisely and keeps its parent's code unless it sets one; the only unrelated classes that share a
-code are the bad-input family (2: ``InvalidOption``, ``RecipeError``). tests/test_exit_codes.py holds both.
+Each failure class has an exit code of its own, and every code is a name of :class:`ExitCode` in this file,
+whichever module defines the class (docs/exit-codes.md is the table, tests/test_exit_codes.py holds it to this
+file): a subclass is the same failure told more precisely and keeps its parent's code unless it sets one; the
+only unrelated classes that share a code are the bad-input family (2: ``InvalidOption``, ``RecipeError``).
 An operation that runs to its end with a failing verdict raises :class:`OperationFailed`, which carries the
 operation's full result, so every front fails the same way and can still show why.
 """
@@ -12,16 +13,52 @@ operation's full result, so every front fails the same way and can still show wh
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Final
 
 from pydantic import BaseModel
 
 from llamaforge.core.exits import crash_hint, crash_words, describe_exit, exit_signal, loaded_cpu_module
 
 
+class ExitCode:
+    """Every exit code a front ends with: the one place the numbers are written. A failure class anywhere in
+    llamaforge sets ``exit_code = ExitCode.<NAME>``; docs/exit-codes.md says what each means."""
+
+    OK: Final = 0
+    FAILED: Final = 1  # the generic code: an unparsable command line, an unexpected crash
+    BAD_INPUT: Final = 2
+    SOURCE: Final = 3
+    PATCH: Final = 4
+    DOCKER_UNAVAILABLE: Final = 5
+    TOOL_FAILED: Final = 6
+    CACHE: Final = 7
+    NOT_REPRODUCIBLE: Final = 8
+    MODEL: Final = 9
+    SMOKE: Final = 10
+    FETCH: Final = 11
+    LOCK: Final = 12
+    DOES_NOT_FIT: Final = 13
+    SSH: Final = 14
+    DEPLOY: Final = 15
+    BUILD_MISMATCH: Final = 16
+    IMAGE: Final = 17
+    CUDA_TOOLKIT_MISSING: Final = 18
+    DOCKER_MISSING: Final = 19
+    HOST_DISK_FULL: Final = 20
+    ROOT_NOT_OWNED: Final = 21
+    RELEASE_CANNOT_RUN: Final = 22
+    SWARM: Final = 23
+    POLICY_REFUSED: Final = 24
+    NO_ROOT_ACCESS: Final = 25
+    CANCELLED: Final = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
+    OUTPUT_CLOSED: Final = 141  # 128 + SIGPIPE: stdout's reader went away; no class raises it
+    TERMINATED: Final = 143  # 128 + SIGTERM
+
+
 class LlamaforgeError(Exception):
     """Base of all user-facing failures."""
 
-    exit_code = 1
+    exit_code: int = ExitCode.FAILED
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         super().__init__(message)
@@ -36,19 +73,19 @@ class LlamaforgeError(Exception):
 class RecipeError(LlamaforgeError):
     """A recipe file is missing, unreadable or invalid (names the file and field)."""
 
-    exit_code = 2
+    exit_code = ExitCode.BAD_INPUT
 
 
 class InvalidOption(LlamaforgeError):
     """A command-line or API option has a value that cannot work."""
 
-    exit_code = 2
+    exit_code = ExitCode.BAD_INPUT
 
 
 class SourceError(LlamaforgeError):
     """Fetching or verifying the llama.cpp source failed."""
 
-    exit_code = 3
+    exit_code = ExitCode.SOURCE
 
 
 class ChecksumMismatch(SourceError):
@@ -58,7 +95,7 @@ class ChecksumMismatch(SourceError):
 class PatchError(LlamaforgeError):
     """A patch in the series does not apply."""
 
-    exit_code = 4
+    exit_code = ExitCode.PATCH
 
     def __init__(
         self,
@@ -78,19 +115,19 @@ class PatchError(LlamaforgeError):
 class DockerUnavailable(LlamaforgeError):
     """The Docker engine cannot be reached."""
 
-    exit_code = 5
+    exit_code = ExitCode.DOCKER_UNAVAILABLE
 
 
 class ImageError(LlamaforgeError):
     """A base or builder image is missing or cannot be built."""
 
-    exit_code = 17
+    exit_code = ExitCode.IMAGE
 
 
 class ToolFailed(LlamaforgeError):
     """An external command failed; keeps the command, its exit code and the last lines of its output."""
 
-    exit_code = 6
+    exit_code = ExitCode.TOOL_FAILED
 
     def __init__(
         self,
@@ -155,37 +192,37 @@ class BuildFailed(ToolFailed):
 class Cancelled(LlamaforgeError):
     """The operation was cancelled (Ctrl-C or a cancel request); nothing was published."""
 
-    exit_code = 130
+    exit_code = ExitCode.CANCELLED
 
 
 class Terminated(Cancelled):
     """The operation was cancelled by SIGTERM (e.g. ``kill``, a service manager, CI timeouts)."""
 
-    exit_code = 143
+    exit_code = ExitCode.TERMINATED
 
 
 class CacheError(LlamaforgeError):
     """A cache entry is missing or inconsistent."""
 
-    exit_code = 7
+    exit_code = ExitCode.CACHE
 
 
 class NotReproducible(LlamaforgeError):
     """A rebuild produced artifacts whose sha256 differ from the manifest."""
 
-    exit_code = 8
+    exit_code = ExitCode.NOT_REPRODUCIBLE
 
 
 class ModelError(LlamaforgeError):
     """A model file is truncated, corrupt or cannot be rewritten as asked (names the tensor or key)."""
 
-    exit_code = 9
+    exit_code = ExitCode.MODEL
 
 
 class FetchError(ModelError):
     """Downloading a model failed, or what arrived does not match its pins (nothing was published)."""
 
-    exit_code = 11
+    exit_code = ExitCode.FETCH
 
 
 class ModelChecksumMismatch(FetchError):
@@ -195,19 +232,19 @@ class ModelChecksumMismatch(FetchError):
 class LockError(LlamaforgeError):
     """``models.lock`` could not resolve an input, or ``--frozen`` found inputs that are not pinned."""
 
-    exit_code = 12
+    exit_code = ExitCode.LOCK
 
 
 class SmokeFailed(LlamaforgeError):
     """A smoke run failed its verdict (a threshold missed, no answer) or could not measure what it needs."""
 
-    exit_code = 10
+    exit_code = ExitCode.SMOKE
 
 
 class DoesNotFit(LlamaforgeError):
     """The model cannot run on the GPU with these settings, even with everything movable on the CPU."""
 
-    exit_code = 13
+    exit_code = ExitCode.DOES_NOT_FIT
 
 
 class OperationFailed(LlamaforgeError):

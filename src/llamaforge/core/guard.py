@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from llamaforge.core.errors import LlamaforgeError
+from llamaforge.core.errors import ExitCode, LlamaforgeError
 
 
 class PolicyRefused(LlamaforgeError):
     """The running front's policy does not allow this (a path, host, URL, write or program)."""
 
-    exit_code = 24
+    exit_code = ExitCode.POLICY_REFUSED
 
 
 PathCheck = Callable[[str, str], None]

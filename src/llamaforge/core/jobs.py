@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from llamaforge.core.errors import Cancelled, InvalidOption, LlamaforgeError, OperationFailed
+from llamaforge.core.errors import Cancelled, ExitCode, InvalidOption, LlamaforgeError, OperationFailed
 from llamaforge.core.events import CancelToken, Event
 from llamaforge.core.registry import (
     Operation,
@@ -221,7 +221,7 @@ class JobManager:
             error = JobError(
                 type=type(exc).__name__,
                 message=f"internal error: {exc}",
-                exit_code=1,
+                exit_code=ExitCode.FAILED,
                 rendered=f"internal error in {job.operation.name}: {type(exc).__name__}: {exc}",
             )
         with self._changed:

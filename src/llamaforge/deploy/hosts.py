@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llamaforge.core.errors import InvalidOption, LlamaforgeError
+from llamaforge.core.errors import ExitCode, InvalidOption, LlamaforgeError
 from llamaforge.runners.ssh import SshProcessRunner
 from llamaforge.runners.ssh_connection import DEFAULT_KNOWN_HOSTS, SshHost
 
@@ -108,7 +108,7 @@ class NoRootAccess(LlamaforgeError):
     """A host's deploy user is not root and cannot run commands as root through ``sudo -n`` (no sudo, or sudo
     asks for a password)."""
 
-    exit_code = 25
+    exit_code = ExitCode.NO_ROOT_ACCESS
 
 
 _WHO = "id -u && id -un"

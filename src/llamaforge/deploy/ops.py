@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from llamaforge.core.errors import Cancelled, InvalidOption, LlamaforgeError, OperationFailed
+from llamaforge.core.errors import Cancelled, ExitCode, InvalidOption, LlamaforgeError, OperationFailed
 from llamaforge.core.events import null_reporter
 from llamaforge.core.registry import OperationContext, Params, operation, path_field
 from llamaforge.core.validation import suggest
@@ -46,7 +46,7 @@ def target_names() -> list[str]:
 class DeployFailed(LlamaforgeError):
     """A rollout or rollback left a host failed, rolled back or unreachable."""
 
-    exit_code = 15
+    exit_code = ExitCode.DEPLOY
 
 
 class HostsParams(Params):

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from llamaforge.core.errors import InvalidOption, OperationFailed
+from llamaforge.core.errors import ExitCode, InvalidOption, OperationFailed
 from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
 from llamaforge.deploy.hosts import Access, open_runners
 from llamaforge.deploy.release import DEFAULT_PORT, DEFAULT_ROOT, KEEP_RELEASES, DeployRoot, Layout
@@ -34,7 +34,7 @@ from llamaforge.deploy.topology import RpcWorker, parse_head, parse_workers
 from llamaforge.models.ops_split import ModelSplitResult
 from llamaforge.serve.launcher import DEFAULT_RPC_PORT
 
-_DEPLOY_FAILED = 15  # DeployFailed's exit code (deploy.ops)
+_DEPLOY_FAILED = ExitCode.DEPLOY  # DeployFailed's exit code (deploy.ops)
 
 
 class RpcHostsParams(Params):
@@ -341,7 +341,7 @@ def deploy_rpc_op(params: RpcDeployParams, ctx: OperationContext) -> TopologyRep
         raise OperationFailed(
             f"the split does not fit on {short}",
             result=_plan_result(plan),
-            exit_code=13,
+            exit_code=ExitCode.DOES_NOT_FIT,
             hint="add a worker, give --tensor-split, or lower --ctx",
         )
     with _members(params, workers, head_release, worker_releases) as (head, members):

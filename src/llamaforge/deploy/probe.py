@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from llamaforge.core.errors import LlamaforgeError, SmokeFailed
+from llamaforge.core.errors import ExitCode, LlamaforgeError, SmokeFailed
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.exits import crash_hint, crash_words, describe_exit, loaded_cpu_module
 from llamaforge.deploy.hosts import as_root
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from llamaforge.deploy.release import Layout
     from llamaforge.deploy.rollout import Release
     from llamaforge.deploy.targets import Target
-    from llamaforge.gguf.tiny_file import DType
+    from llamaforge.gguf.tiny.file import DType
     from llamaforge.runners.ssh import SshProcessRunner
 
 PROBE_DTYPE: Final[DType] = "q4_0"
@@ -86,7 +86,7 @@ class ReleaseCannotRun(LlamaforgeError):
     """A release's binaries crashed or failed on a host before it was switched there (the probe); ``logs`` are
     the probe's last lines."""
 
-    exit_code = 22
+    exit_code = ExitCode.RELEASE_CANNOT_RUN
 
     def __init__(self, message: str, *, hint: str | None = None, logs: Sequence[str] = ()) -> None:
         super().__init__(message, hint=hint)

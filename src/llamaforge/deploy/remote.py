@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llamaforge.core.errors import LlamaforgeError
+from llamaforge.core.errors import ExitCode, LlamaforgeError
 from llamaforge.core.events import CancelToken
 from llamaforge.deploy.hosts import as_root
 from llamaforge.deploy.release import (
@@ -118,7 +118,7 @@ class Upload:
 class HostDiskFull(LlamaforgeError):
     """A host lacks the disk space a release needs; nothing was sent and nothing switched."""
 
-    exit_code = 20
+    exit_code = ExitCode.HOST_DISK_FULL
 
 
 FREE_MARGIN = 16 << 20  # bytes left free beyond what a release needs: logs, the service's own files

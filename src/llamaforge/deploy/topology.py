@@ -6,7 +6,7 @@ it must keep before anything starts.
   public address are refused; only private (RFC 1918, ULA, link-local) and loopback addresses pass.
 * Head and workers run the same build: the RPC protocol refuses mismatched ends at its HELLO, but only once the
   head loads; here a mismatch is refused before any host changes, naming each host and its build.
-* The build has the RPC server (``ggml-rpc-server`` at b11312, a build with ``GGML_RPC=ON``).
+* The build has the RPC server (``ggml-rpc-server``, a build with ``GGML_RPC=ON``).
 
 :func:`rpc_hello` speaks the protocol's own handshake (command 14) so a worker's gate and status see the
 protocol version it answers with.
@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from llamaforge.core.errors import InvalidOption, LlamaforgeError
+from llamaforge.core.errors import ExitCode, InvalidOption, LlamaforgeError
 from llamaforge.deploy.hosts import parse_host, parse_hosts
 from llamaforge.runners.ssh_connection import SshHost
 from llamaforge.serve.launcher import DEFAULT_RPC_PORT
@@ -36,7 +36,7 @@ _SCOPE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,14}")  # an interface name 
 class BuildMismatch(LlamaforgeError):
     """The head and a worker would run different builds, or the build has no RPC server."""
 
-    exit_code = 16
+    exit_code = ExitCode.BUILD_MISMATCH
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,10 @@ from invoke.parser.argument import Argument
 from invoke.parser.parser import ParseMachine
 from invoke.tasks import Task
 
+from llamaforge.core.errors import ExitCode
 from llamaforge.core.validation import suggest
 
-OUTPUT_CLOSED = 141  # exit code when the reader of stdout went away: 128 + SIGPIPE
+OUTPUT_CLOSED = ExitCode.OUTPUT_CLOSED  # exit code when the reader of stdout went away: 128 + SIGPIPE
 _HELP_FLAGS = ("--help", "-h")
 
 

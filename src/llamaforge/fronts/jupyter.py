@@ -22,7 +22,7 @@ from typing import Any, NoReturn
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
-from llamaforge.core.errors import InvalidOption, LlamaforgeError
+from llamaforge.core.errors import ExitCode, InvalidOption, LlamaforgeError
 from llamaforge.core.jobs import FINISHED, JobManager, JobStatus
 from llamaforge.core.registry import Operation, Params, find_operation, operations
 from llamaforge.core.validation import describe_errors
@@ -48,7 +48,7 @@ class NotebookError(LlamaforgeError):
         message: str,
         *,
         hint: str | None = None,
-        exit_code: int = 1,
+        exit_code: int = ExitCode.FAILED,
         rendered: str | None = None,
         error_type: str = "LlamaforgeError",
         result: OperationResult | None = None,
@@ -87,10 +87,12 @@ class _Parser(argparse.ArgumentParser):
     """argparse that raises instead of printing usage and exiting the kernel."""
 
     def error(self, message: str) -> NoReturn:
-        raise NotebookError(message, hint=f"`{self.prog} --help` lists the options", exit_code=2)
+        raise NotebookError(
+            message, hint=f"`{self.prog} --help` lists the options", exit_code=ExitCode.BAD_INPUT
+        )
 
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
-        raise NotebookError(message or f"{self.prog} stopped", exit_code=status or 2)
+        raise NotebookError(message or f"{self.prog} stopped", exit_code=status or ExitCode.BAD_INPUT)
 
 
 def _unwrap_optional(annotation: Any) -> Any:
@@ -192,7 +194,7 @@ def validate_params(op: Operation, arguments: Mapping[str, Any]) -> Params:
         raise NotebookError(
             describe_errors(error, as_flags=True),
             hint=f"`%llamaforge {op.name} --help` lists the options",
-            exit_code=2,
+            exit_code=ExitCode.BAD_INPUT,
         ) from None
 
 
@@ -265,7 +267,7 @@ def _outcome(status: JobStatus) -> OperationResult:
     if status.state == "cancelled":
         raise NotebookError(
             f"{status.operation} was cancelled",
-            exit_code=130,
+            exit_code=ExitCode.CANCELLED,
             hint="its containers were removed and nothing was published; run it again to start over",
         )
     if error is None:
@@ -378,7 +380,7 @@ def llamaforge_magic(line: str) -> OperationResult | BackgroundJob | HelpText:
     try:
         words = shlex.split(line)
     except ValueError as error:
-        raise NotebookError(f"cannot split the arguments: {error}", exit_code=2) from None
+        raise NotebookError(f"cannot split the arguments: {error}", exit_code=ExitCode.BAD_INPUT) from None
     if not words or words[0] in ("-h", "--help", "help"):
         return operations_help()
     op = resolve_operation(words[0])

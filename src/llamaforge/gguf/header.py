@@ -80,7 +80,7 @@ class GGMLType:
     type_size: int
 
 
-# ggml types a GGUF may hold (ggml.h b11312); ids 4, 5 and 31-33, 36-38 were removed from the format.
+# ggml types a GGUF may hold (ggml.h of the same release); ids 4, 5 and 31-33, 36-38 were removed from the format.
 GGML_TYPES: Final[dict[int, GGMLType]] = {
     t.id: t
     for t in (

@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import http.client
 import json
 import os
 import shutil
-import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -28,13 +26,12 @@ from typing import Any, BinaryIO
 
 from llamaforge.core.errors import FetchError, ModelError
 from llamaforge.core.events import CancelToken, Event, Reporter
+from llamaforge.core.http import NETWORK_ERRORS, Transient, content_range, range_request, retrying, transient
 from llamaforge.gguf.header import GGUF_MAGIC
 from llamaforge.models.hubs import scrub
 from llamaforge.models.urls import MAX_UNPINNED_ENV, check_model_url, human_bytes, max_unpinned_bytes, opener
 
 _CHUNK = 1 << 20
-_RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
-_MAX_BACKOFF_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -56,10 +53,6 @@ class DownloadTarget:
     def secrets(self) -> tuple[str, ...]:
         """Header values that must never be printed."""
         return tuple(value for value in self.private_headers.values() if value)
-
-
-class _Transient(Exception):
-    """A network failure worth retrying (connection reset, short read, 5xx)."""
 
 
 @dataclass
@@ -229,29 +222,28 @@ def download(
             reporter(Event("info", f"resuming {target.display} at byte {progress.done}", stage="fetch"))
     else:
         progress.restart(part)
-    failures = 0
     web = opener(plain_http_ok=target.expected_sha256 is not None)
-    while True:
-        cancel.raise_if_cancelled()
-        before = progress.done
-        try:
-            _attempt(target, part, sidecar, state, progress, web, reporter, cancel)
-        except _Transient as error:
-            # An attempt that brought bytes restarts the count: only stalls exhaust the retries.
-            failures = 1 if progress.done > before else failures + 1
-            if failures > retries:
-                raise FetchError(
-                    f"downloading {target.display} failed after {retries} retries: "
-                    f"{scrub(str(error), target.secrets)}",
-                    hint=f"{progress.done} bytes are kept in {part}; fetch again to resume",
-                ) from None
-            delay = wait_seconds(failures, backoff_s)
-            reporter(
-                Event("warning", f"{error}; resuming at byte {progress.done} in {delay:.1f} s", stage="fetch")
-            )
-            _sleep(delay, cancel)
-            continue
-        return progress.digest.hexdigest(), progress.done
+
+    def told(error: Transient, _failures: int, delay: float) -> None:
+        reporter(
+            Event("warning", f"{error}; resuming at byte {progress.done} in {delay:.1f} s", stage="fetch")
+        )
+
+    try:
+        retrying(
+            lambda: _attempt(target, part, sidecar, state, progress, web, reporter, cancel),
+            retries=retries,
+            backoff_s=backoff_s,
+            cancel=cancel,
+            on_retry=told,
+            progress=lambda: progress.done,
+        )
+    except Transient as error:
+        raise FetchError(
+            f"downloading {target.display} failed after {retries} retries: {scrub(str(error), target.secrets)}",
+            hint=f"{progress.done} bytes are kept in {part}; fetch again to resume",
+        ) from None
+    return progress.digest.hexdigest(), progress.done
 
 
 def _attempt(
@@ -264,7 +256,7 @@ def _attempt(
     reporter: Reporter,
     cancel: CancelToken,
 ) -> None:
-    """One HTTP request appending to ``part``; returns when the file is complete, raises _Transient if not."""
+    """One HTTP request appending to ``part``; returns when the file is complete, raises Transient if not."""
     if target.expected_size is not None and progress.done == target.expected_size:
         return  # a complete .part from an earlier run: only the checks are left
     check_model_url(
@@ -273,22 +265,21 @@ def _attempt(
         what=f"download of {target.display}",
         token=bool(target.secrets),
     )
-    headers = {**target.headers, "Accept-Encoding": "identity"}
-    request = urllib.request.Request(target.url, headers=headers)  # noqa: S310 - http(s) only, checked above
-    for name, value in target.private_headers.items():
-        request.add_unredirected_header(name, value)  # never forwarded to a redirect target (CDN)
-    if progress.done:
-        request.add_header("Range", f"bytes={progress.done}-")
-        if state.get("etag"):
-            request.add_header("If-Range", str(state["etag"]))
+    request = range_request(
+        target.url,
+        progress.done,
+        headers=target.headers,
+        private_headers=target.private_headers,
+        if_range=str(state["etag"]) if state.get("etag") else None,
+    )
     try:
         response = web.open(request, timeout=60)
     except urllib.error.HTTPError as error:
         error.close()  # an HTTPError holds the open response
         _http_error(target, error, progress, part)
         return
-    except (urllib.error.URLError, OSError, http.client.HTTPException) as error:
-        raise _Transient(f"{getattr(error, 'reason', error)}") from None
+    except NETWORK_ERRORS as error:
+        raise transient(error) or Transient(str(error)) from None
     with response:
         if progress.done and response.status == 200:
             # The server ignored the range (or the file changed, per If-Range): start over.
@@ -297,9 +288,10 @@ def _attempt(
             )
             progress.restart(part)
         elif progress.done and response.status == 206:
-            start = _content_range_start(response.headers.get("Content-Range"))
+            answered = content_range(response.headers.get("Content-Range"))
+            start = answered[0] if answered else None
             if start != progress.done:
-                raise _Transient(f"asked for byte {progress.done}, got a range from {start}")
+                raise Transient(f"asked for byte {progress.done}, got a range from {start}")
         etag = response.headers.get("ETag")
         if etag and not etag.startswith("W/") and etag != state.get("etag"):
             state["etag"] = etag
@@ -312,7 +304,7 @@ def _attempt(
         _receive(target, part, response, progress, total, reporter, cancel)
     end = target.expected_size if target.expected_size is not None else announced
     if end is not None and progress.done < end:
-        raise _Transient(f"the server closed the transfer at byte {progress.done} of {end}")
+        raise Transient(f"the server closed the transfer at byte {progress.done} of {end}")
 
 
 def _receive(
@@ -334,10 +326,8 @@ def _receive(
         while True:
             try:
                 chunk = response.read(_CHUNK)
-            except (OSError, http.client.HTTPException) as error:
-                raise _Transient(
-                    f"connection lost at byte {progress.done} ({type(error).__name__})"
-                ) from None
+            except NETWORK_ERRORS as error:
+                raise Transient(f"connection lost at byte {progress.done} ({type(error).__name__})") from None
             if not chunk:
                 return
             cancel.raise_if_cancelled()
@@ -384,36 +374,12 @@ def _http_error(
         if total.isdigit() and int(total) == progress.done:
             return
         progress.restart(part)
-        raise _Transient("the server rejected the resume range; starting over")
-    if error.code in _RETRYABLE_STATUS:
-        raise _Transient(f"HTTP {error.code}")
+        raise Transient("the server rejected the resume range; starting over")
+    if (retry := transient(error)) is not None:
+        raise retry
     hints = {
         401: "the server wants credentials: for Hugging Face set HF_TOKEN, for ModelScope MODELSCOPE_API_TOKEN",
         403: "access denied: a gated or private model needs a token with access (HF_TOKEN / MODELSCOPE_API_TOKEN)",
         404: "not found: check the source URL, repository, file name and revision",
     }
     raise FetchError(f"{target.display}: HTTP {error.code} {error.reason}", hint=hints.get(error.code))
-
-
-def _content_range_start(value: str | None) -> int | None:
-    # "bytes 100-199/200"
-    if not value or not value.startswith("bytes "):
-        return None
-    first = value[6:].partition("-")[0]
-    return int(first) if first.isdigit() else None
-
-
-def wait_seconds(attempt: int, backoff_s: float) -> float:
-    """The wait before retry ``attempt`` (1-based): doubling from ``backoff_s``, capped at 30 s."""
-    return min(backoff_s * float(1 << min(max(attempt - 1, 0), 16)), _MAX_BACKOFF_S)
-
-
-def _sleep(seconds: float, cancel: CancelToken) -> None:
-    """Sleep, but wake up at once (and raise) when the operation is cancelled."""
-    woken = threading.Event()
-    remove = cancel.on_cancel(woken.set)
-    try:
-        woken.wait(seconds)
-    finally:
-        remove()
-    cancel.raise_if_cancelled()

@@ -35,7 +35,7 @@ _DELTANET: Final = _need("SSM_CONV1D", "SSM_DT", "SSM_A", "SSM_NORM", "SSM_OUT")
 
 @dataclass(frozen=True)
 class _ArchRules:
-    """Tensors llama.cpp b11312 requires (models/<arch>.cpp), per kind of layer."""
+    """Tensors llama.cpp requires (models/<arch>.cpp), per kind of layer."""
 
     every: tuple[_Alternatives, ...]
     attention: tuple[_Alternatives, ...] = ()
@@ -69,7 +69,7 @@ _ARCH_RULES: Final[Mapping[str, _ArchRules]] = {
         attention=_QWEN3_ATTN,
         recurrent=(*_DELTANET, *_need("SSM_BETA_ALPHA"), (("SSM_IN",), ("ATTN_QKV", "ATTN_GATE"))),
     ),
-    # src/models/gemma2.cpp, gemma3.cpp at b11312: post-norms after attention and FFN (gguf calls blk.N.ffn_norm
+    # src/models/gemma2.cpp, gemma3.cpp: post-norms after attention and FFN (gguf calls blk.N.ffn_norm
     # FFN_PRE_NORM for these archs); gemma3 adds Q/K norms.
     "gemma2": _ArchRules(
         every=(

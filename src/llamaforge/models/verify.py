@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from llamaforge import __version__
+from llamaforge.build.recipes import pinned_llama_cpp
 from llamaforge.core.errors import InvalidOption, ModelError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.exits import crash_hint, crash_words, describe_exit, exit_signal, loaded_cpu_module
@@ -114,7 +115,7 @@ def check_structure(header: GGUFHeader) -> list[Finding]:
                 "structure",
                 "fail",
                 "tensor offsets",
-                "tensor data is not packed in order; llama.cpp b11312 refuses such files",
+                f"tensor data is not packed in order; llama.cpp {pinned_llama_cpp()} refuses such files",
             )
         )
     trailing = header.file_size - header.data_end

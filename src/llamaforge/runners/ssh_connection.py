@@ -31,14 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llamaforge.core.errors import InvalidOption, LlamaforgeError
+from llamaforge.core.errors import ExitCode, InvalidOption, LlamaforgeError
 from llamaforge.core.guard import check_ssh_host, refuse_if_read_only
 
 
 class SshError(LlamaforgeError):
     """An SSH host cannot be reached, refuses the key, or presents a host key that is not trusted."""
 
-    exit_code = 14
+    exit_code = ExitCode.SSH
 
 
 class HostKeyUnknown(SshError):

@@ -11,14 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from llamaforge.core.errors import LlamaforgeError
+from llamaforge.core.errors import ExitCode, LlamaforgeError
 from llamaforge.runners.engine import EngineConfig, docker_client
 
 
 class SwarmError(LlamaforgeError):
     """The engine refused a Swarm request, or is not part of a swarm."""
 
-    exit_code = 23
+    exit_code = ExitCode.SWARM
 
 
 @dataclass(frozen=True)

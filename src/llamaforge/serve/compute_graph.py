@@ -7,7 +7,7 @@ element-wise ops, RoPE, softmax) and the parent has no other consumer, otherwise
 a tensor is freed when its last consumer has run. The buffer is the highest offset ever used, so it is the
 live activations *plus the holes* they leave: on a model whose FFN is three times as wide as the attention,
 the FFN's gate, up and GLU outputs do not fit in the blocks the attention freed and the buffer grows by
-them (a model of live bytes alone is off by up to 9 % there).
+them (a model of live bytes alone falls short there).
 
 This module rebuilds that sequence for the archs whose graph it follows (``src/models/{qwen3,gemma2,gemma3}.cpp``,
 ``deepseek2.cpp`` with MLA and dense layers, and ``llm_graph_context::build_attn``): the inputs (tokens,
@@ -29,7 +29,7 @@ from llamaforge.serve.shape import ModelShape, row_bytes
 
 __all__ = ["GRAPH_ARCHS", "GraphSettings", "simulate_compute"]
 
-#: Archs whose graph :func:`simulate_compute` replays (their per-layer op order read from b11312's builders).
+#: Archs whose graph :func:`simulate_compute` replays (their per-layer op order read from the same release's builders).
 GRAPH_ARCHS: Final = frozenset(
     {"qwen3", "gemma2", "gemma3", "deepseek2"}
 )  # deepseek2: MLA, dense layers only
@@ -293,7 +293,7 @@ def simulate_compute(
         ]
     extra = 0
     if shape.arch == "qwen3" and len(ordered) >= 3:
-        # Measured, not traced: from three layers on, b11312's qwen3 buffer is one query block (n_head x head_dim
+        # Measured, not traced: from three layers on, llama.cpp's qwen3 buffer is one query block (n_head x head_dim
         # x n_tokens F32) larger than this replay of the node list llama.cpp prints (GGML_SCHED_DEBUG=2), at 3,
         # 4 and 8 layers alike; two-layer graphs match exactly.
         extra = shape.n_head * shape.head_dim_k * t * f32

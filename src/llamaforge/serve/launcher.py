@@ -23,7 +23,7 @@ from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.runners.process import LOCAL, ProcessHandle, ProcessRunner
 
 HOST = "127.0.0.1"  # loopback by default: nothing is exposed unless a caller asks
-DEFAULT_RPC_PORT = 50052  # ggml-rpc-server's default port (tools/rpc at b11312)
+DEFAULT_RPC_PORT = 50052  # ggml-rpc-server's default port (tools/rpc)
 PORT_ATTEMPTS = 5
 _BIND_FAILURE = "couldn't bind"
 _LOADED = "model loaded"

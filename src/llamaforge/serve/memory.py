@@ -1,6 +1,6 @@
 """How much memory llama.cpp b11312 needs on each device for a model and llama-server settings.
 
-Everything is computed from the GGUF header (tensor sizes, hyper-parameters) the way llama.cpp b11312 places
+Everything is computed from the GGUF header (tensor sizes, hyper-parameters) the way that release places
 and sizes its buffers:
 
 * **weights** per device: ``token_embd`` stays on the CPU; with ``-ngl N`` the last ``N - 1`` repeating layers
@@ -27,11 +27,9 @@ and sizes its buffers:
   mask (``n_ctx_seq * n_ubatch``, F16 with flash attention, F32 without) and, without flash attention, the
   ``n_head * n_ctx_seq * n_ubatch`` F32 score matrix are exact; the activations of one layer are a per-token
   model (the largest of an attention, FFN, MoE and DeltaNet phase) fitted to the buffers stock llama.cpp
-  b11312 reports for 300 generated models of random shapes (on 100 further shapes, the total compute buffer
-  at context 512, where that model dominates: rms error 7.7 %, worst 26 %; see ``benchmarks/
-  fit_accuracy.py``); the
-  logits of the ``--parallel`` outputs (llama-server reserves one per slot); with partial offload, the
-  largest CPU-resident weight that ggml copies to the GPU when it offloads a batched op.
+  reports for generated models of random shapes (``benchmarks/fit_accuracy.py`` measures its error on further
+  shapes); the logits of the ``--parallel`` outputs (llama-server reserves one per slot); with partial offload,
+  the largest CPU-resident weight that ggml copies to the GPU when it offloads a batched op.
 
 Used by the fit planner (:mod:`llamaforge.serve.fit`) and the multi-GPU split (:mod:`llamaforge.serve.split`).
 """
@@ -67,7 +65,7 @@ _GATED_Q_ARCHS: Final = frozenset({"qwen3next", "qwen35", "qwen35moe"})
 # norms): one more n_embd-wide activation per token alive in every phase (fitted on gemma2: +2.0 MiB at
 # n_embd 1024 x 512 tokens).
 _POST_NORM_ARCHS: Final = frozenset({"gemma2", "gemma3"})
-# llama-server defaults (b11312): -b 2048; ops with batches of at least 32 rows are offloaded to the GPU.
+# llama-server defaults: -b 2048; ops with batches of at least 32 rows are offloaded to the GPU.
 N_BATCH: Final = 2048
 _OP_OFFLOAD_MIN_BATCH: Final = 32
 

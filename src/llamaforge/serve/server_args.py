@@ -195,7 +195,7 @@ def split_server_args(text: str | None) -> tuple[str, ...]:
 
 def _unknown(flag: str, options: Mapping[str, ServerOption]) -> InvalidOption:
     near = closest(flag, options, n=2, cutoff=0.75)
-    if not near:  # the word in another option's help: --mlock is --load-mode mlock at b11312
+    if not near:  # the word in another option's help (a flag folded into another's values)
         word = re.compile(rf"\b{re.escape(flag.lstrip('-'))}\b")
         near = sorted({option.names[-1] for option in options.values() if word.search(option.help)})[:2]
     return InvalidOption(

@@ -45,13 +45,13 @@ SWA_ARCHS: Final[dict[str, tuple[int, bool, int | None]]] = {
     "gemma3n": (5, False, None),
     "gemma4": (0, False, None),  # the pattern is a required per-layer list (sliding_window_pattern)
 }
-#: Archs whose last layers reuse the KV cache of an earlier one (``n_layer_kv_from_start`` in b11312's
+#: Archs whose last layers reuse the KV cache of an earlier one (``n_layer_kv_from_start`` in
 #: ``llama_hparams::has_kv``): gemma3n's first 20 layers hold a cache; gemma4's all but the last
 #: ``{arch}.attention.shared_kv_layers``. A layer past them attends the cache of the last layer of its own kind.
 SHARED_KV_ARCHS: Final = frozenset({"gemma3n", "gemma4"})
 #: Archs with MLA (compressed) attention when the header has ``attention.key_length_mla``: the cache holds one
 #: K row of ``key_length`` (kv_lora_rank + the RoPE dims) per cell and no V (V is a view of K), with and
-#: without flash attention (``llama_kv_cache``: ``has_v = !is_mla``). Other b11312 archs read the MLA keys too
+#: without flash attention (``llama_kv_cache``: ``has_v = !is_mla``). Other archs of that release read the MLA keys too
 #: (deepseek32 and glm-dsa add an indexer cache, kimi-linear is hybrid, bailingmoe3, dots3note, glm5-next, hy_v4,
 #: kimi-k3): not modelled, their KV is planned as for full attention.
 MLA_ARCHS: Final = frozenset({"deepseek2"})
@@ -218,7 +218,8 @@ def model_shape(header: GGUFHeader) -> ModelShape:
 
 
 def _sliding_window(arch: str, n_layer: int, key: Callable[..., Any]) -> tuple[tuple[bool, ...], int]:
-    """The sliding-window layers and the window, as llama.cpp b11312's ``load_swa_pattern`` reads them."""
+    """The sliding-window layers and the window, as llama.cpp's ``load_swa_pattern`` reads them (see
+    :data:`SWA_ARCHS`)."""
     if arch not in SWA_ARCHS:
         return (), 0
     n_pattern, dense_first, default_window = SWA_ARCHS[arch]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from llamaforge.build.recipes import pinned_llama_cpp
 from llamaforge.core.errors import SmokeFailed, ToolFailed
 from llamaforge.core.events import CancelToken
 from llamaforge.runners.process import LOCAL, ProcessRunner
@@ -110,7 +111,7 @@ def parse_llama_bench(text: str) -> BenchRun:
     except (KeyError, TypeError, ValueError) as error:
         raise SmokeFailed(
             f"llama-bench JSON lacks an expected field or value: {error}",
-            hint="this llama-bench may be older or newer than the formats llamaforge knows (b11312)",
+            hint=f"this llama-bench may be older or newer than the formats llamaforge knows ({pinned_llama_cpp()})",
         ) from None
 
 

@@ -141,7 +141,7 @@ def _is_built(plan: BuildPlan, executor: Executor) -> bool:
 
 def _cold_build_note(recipe: str, cpu: str) -> str:
     """What a smoke without --build is about to start when the store lacks the default build."""
-    # The figures are the README's: the cold build of the default recipe (all variants) and of one CPU level.
+    # The figures are docs/benchmarks.md's (build time of the main job): all variants, and one CPU level.
     cost = (
         "every CPU variant, 474 compile steps: 61 minutes on a loaded 2-core machine, minutes with a warm ccache"
         if cpu == "variants"

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from llamaforge.core.errors import OperationFailed, SmokeFailed
+from llamaforge.core.errors import ExitCode, OperationFailed, SmokeFailed
 from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
 
 
@@ -150,7 +150,9 @@ def cpu_modules_op(params: CpuModulesParams, ctx: OperationContext) -> CpuModule
         reporter=ctx.reporter,
         cancel=ctx.cancel,
     )
-    sweep.update(build_key=key, model_label=label, exit_code=0 if sweep["passed"] else SmokeFailed.exit_code)
+    sweep.update(
+        build_key=key, model_label=label, exit_code=ExitCode.OK if sweep["passed"] else SmokeFailed.exit_code
+    )
     sweep["files"] = write_sweep_files(sweep, run_dir)
     result = CpuModulesResult.model_validate(sweep)
     if not sweep["passed"]:

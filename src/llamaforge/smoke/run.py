@@ -49,7 +49,7 @@ from llamaforge.smoke.verdict import (
 )
 
 if TYPE_CHECKING:
-    from llamaforge.gguf.tiny_file import DType
+    from llamaforge.gguf.tiny.file import DType
 
 #: How the default smoke model stores its matrices: quantized, so a smoke reaches the quantized CPU kernels.
 SMOKE_MODEL_DTYPE: DType = "q4_0"

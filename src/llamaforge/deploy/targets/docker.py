@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from llamaforge.core.errors import InvalidOption, LlamaforgeError
+from llamaforge.core.errors import ExitCode, InvalidOption, LlamaforgeError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.exits import exit_signal
 from llamaforge.core.templates import render
@@ -56,7 +56,7 @@ KEEP_ARCHIVES = 2  # image archives kept in $LLAMAFORGE_HOME/images, the ones us
 class DockerMissing(LlamaforgeError):
     """A host has no Docker engine the deploy user can drive as root."""
 
-    exit_code = 19
+    exit_code = ExitCode.DOCKER_MISSING
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import posixpath
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from llamaforge.core.errors import InvalidOption, LlamaforgeError
+from llamaforge.core.errors import ExitCode, InvalidOption, LlamaforgeError
 from llamaforge.core.exits import exec_main_signal, systemd_signal
 from llamaforge.core.guard import is_loopback
 from llamaforge.core.templates import render
@@ -128,7 +128,7 @@ class RootNotOwned(LlamaforgeError):
     """A deployment directory on a host exists and is not the deploy user's (or is no directory): it is never
     re-owned."""
 
-    exit_code = 21
+    exit_code = ExitCode.ROOT_NOT_OWNED
 
 
 NOT_OWNED_EXIT = 3

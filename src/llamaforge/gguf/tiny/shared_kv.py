@@ -16,7 +16,7 @@ from pathlib import Path
 
 import gguf
 
-from llamaforge.gguf.tiny_file import DType, TinyModelInfo, write_noise_model
+from llamaforge.gguf.tiny.file import DType, TinyModelInfo, write_noise_model
 
 __all__ = ["TinySharedKVSpec", "write_tiny_shared_kv_model"]
 

@@ -1,6 +1,6 @@
 """Writing a tiny model's GGUF file: the tokenizer copied from a tokenizer-only GGUF, deterministic noise
 weights, and an atomic write (temporary file, fsync, rename); shared by every tiny-model writer
-(:mod:`llamaforge.gguf.tiny`, :mod:`~llamaforge.gguf.tiny_mla`, :mod:`~llamaforge.gguf.tiny_shared_kv`)."""
+(:mod:`~llamaforge.gguf.tiny.model`, :mod:`~llamaforge.gguf.tiny.mla`, :mod:`~llamaforge.gguf.tiny.shared_kv`)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import gguf
 import numpy as np
 import numpy.typing as npt
 
-from llamaforge.gguf.tiny_names import NameStyle
+from llamaforge.gguf.tiny.names import NameStyle
 
 #: How the matrices are stored. ``q8_0`` and ``q4_0`` quantize (with the ``gguf`` package's numpy quantizer)
 #: every matrix whose rows are whole 32-value blocks, as llama-quantize would; the others stay F16. 1-D tensors
@@ -213,7 +213,7 @@ def write_noise_model(
 ) -> TinyModelInfo:
     """Write a model whose tensors are ``shapes(n_vocab)`` (name and numpy shape, in file order) filled with
     :func:`noise_array` (F32 for 1-D tensors, ``dtype`` for the rest), with the tokenizer of ``vocab_gguf``:
-    the writers of the families laid out by hand (``tiny_mla``, ``tiny_shared_kv``)."""
+    the writers of the families laid out by hand (``mla``, ``shared_kv``)."""
     tokenizer_kvs, n_vocab = load_tokenizer(Path(vocab_gguf))
     matrix = matrix_dtype(dtype)
     vector: np.dtype[Any] = np.dtype(np.float32)

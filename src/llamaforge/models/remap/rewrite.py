@@ -9,8 +9,8 @@ copies the tensor bytes unchanged, a few MiB at a time. The output is written ne
 re-read and compared with the input (every metadata key; tensor names, types, shapes and the sha256 of every
 tensor's bytes), and only then renamed into place.
 
-Tensor names come from :mod:`llamaforge.models.remap_names`, the metadata edits from
-:mod:`llamaforge.models.remap_metadata`. The input is parsed by :func:`llamaforge.gguf.header.read_header` in
+Tensor names come from :mod:`llamaforge.models.remap.names`, the metadata edits from
+:mod:`llamaforge.models.remap.metadata`. The input is parsed by :func:`llamaforge.gguf.header.read_header` in
 its byte-exact mode, which checks every length against the file size (a truncated or crafted file is an
 error, never a hang) and keeps every value as the file holds it (strings as bytes, arrays whole); the output
 is written by ``gguf.GGUFWriter``.
@@ -39,7 +39,7 @@ from llamaforge.core.errors import InvalidOption, ModelError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.gguf.header import GGUFHeader, read_header
 from llamaforge.gguf.sources import CHUNK_SIZE, hash_gguf
-from llamaforge.models.remap_metadata import (
+from llamaforge.models.remap.metadata import (
     KeyValue,
     MetadataChange,
     MetadataPlan,
@@ -49,8 +49,8 @@ from llamaforge.models.remap_metadata import (
     plan_metadata,
     same_value,
 )
-from llamaforge.models.remap_names import Mapped, canonical_tensors, check_relabel
-from llamaforge.models.remap_rules import (
+from llamaforge.models.remap.names import Mapped, canonical_tensors, check_relabel
+from llamaforge.models.remap.rules import (
     ARCH_KEY,
     MatchRules,
     MetadataRules,

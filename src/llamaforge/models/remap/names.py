@@ -16,7 +16,7 @@ import gguf
 
 from llamaforge.core.errors import ModelError
 from llamaforge.gguf.header import GGUFHeader, TensorInfo
-from llamaforge.models.remap_rules import model_arch
+from llamaforge.models.remap.rules import model_arch
 from llamaforge.models.remap_table import REMAP_ARCHS
 
 __all__ = ["Mapped", "arch_member", "canonical_tensors", "check_relabel"]

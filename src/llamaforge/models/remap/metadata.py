@@ -17,8 +17,8 @@ import gguf
 from llamaforge.core.errors import InvalidOption, ModelError, RecipeError
 from llamaforge.core.validation import suggest
 from llamaforge.gguf.header import GGUFHeader
-from llamaforge.models.remap_names import arch_member
-from llamaforge.models.remap_rules import ARCH_KEY, GGUF_TYPES, KNOWN_KEY_TYPES, RemapRules, coerce_value
+from llamaforge.models.remap.names import arch_member
+from llamaforge.models.remap.rules import ARCH_KEY, GGUF_TYPES, KNOWN_KEY_TYPES, RemapRules, coerce_value
 
 __all__ = [
     "KeyValue",

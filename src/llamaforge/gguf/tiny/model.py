@@ -52,7 +52,7 @@ import gguf
 import numpy as np
 import numpy.typing as npt
 
-from llamaforge.gguf.tiny_file import (
+from llamaforge.gguf.tiny.file import (
     DType,
     TinyModelInfo,
     load_tokenizer,
@@ -61,7 +61,7 @@ from llamaforge.gguf.tiny_file import (
     write_gguf_file,
     write_noise_model,
 )
-from llamaforge.gguf.tiny_names import NameStyle, canonical_to_styled, model_arch
+from llamaforge.gguf.tiny.names import NameStyle, canonical_to_styled, model_arch
 
 __all__ = [
     "SUPPORTED_ARCHS",
@@ -345,7 +345,7 @@ def _write_hybrid_moe_hparams(w: gguf.GGUFWriter, s: TinyModelSpec) -> None:
 
 def _write_sliding_window_hparams(w: gguf.GGUFWriter, s: TinyModelSpec) -> None:
     # As convert_hf_to_gguf.py's Gemma2Model: the window and the two soft-caps; no pattern key, so
-    # llama.cpp b11312 uses gemma2's default (set_swa_pattern(2): layer i slides when i % 2 == 0).
+    # llama.cpp uses gemma2's default (set_swa_pattern(2): layer i slides when i % 2 == 0).
     _write_common_hparams(w, s)
     w.add_sliding_window(s.sliding_window)
     w.add_attn_logit_softcapping(50.0)
