@@ -17,8 +17,8 @@ import pytest
 
 from llamaforge.core.errors import Cancelled, InvalidOption, LlamaforgeError, ToolFailed
 from llamaforge.core.events import CancelToken
-from llamaforge.runners.ssh.runner import SshProcessRunner, remote_command
 from llamaforge.runners.ssh.connection import HostKeyChanged, HostKeyUnknown, SshError, SshHost
+from llamaforge.runners.ssh.runner import SshProcessRunner, remote_command
 from testhosts import USER, TestHost, make_key, write_known_hosts
 
 
