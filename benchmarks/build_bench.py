@@ -126,10 +126,10 @@ def raw_cmake(plan: Any, source: Path, env: dict[str, str]) -> float:
 def p1_only(cpu: str | None) -> None:
     """P1 in ABBA order: raw, cold, cold, raw; each cold build in a fresh store with an empty ccache volume."""
     sys.path.insert(0, str(ROOT / "src"))
+    from llamaforge.build.executors.docker import DockerExecutor
     from llamaforge.build.plan import BuildOptions, plan_build
     from llamaforge.build.recipes import load_recipe
     from llamaforge.build.source import fetch_source
-    from llamaforge.runners.docker import DockerExecutor
 
     recipe = load_recipe("default")
     source = fetch_source(recipe.source)
@@ -201,10 +201,10 @@ def full_run() -> None:
 
     sys.path.insert(0, str(ROOT / "src"))
     os.environ.update(env)
+    from llamaforge.build.executors.docker import DockerExecutor
     from llamaforge.build.plan import BuildOptions, plan_build
     from llamaforge.build.recipes import load_recipe
     from llamaforge.build.source import fetch_source
-    from llamaforge.runners.docker import DockerExecutor
 
     source = fetch_source(load_recipe("default").source)
     series_a = make_series(home / "series-a", source, "bench patch A")

@@ -19,9 +19,9 @@ import tempfile
 from pathlib import Path
 
 from llamaforge.build.device_code import probe_units
+from llamaforge.build.executors import make_executor
 from llamaforge.build.plan import BuildOptions, plan_build
 from llamaforge.build.recipes import load_recipe
-from llamaforge.runners import make_executor
 
 UPSTREAM_DEFAULT = ("75-virtual", "80-virtual", "86-real", "89-real", "90-virtual", "120a-real", "121a-real")
 UNITS = ("fill.cu", "softmax.cu", "template-instances/mmq-instance-q4_0.cu")

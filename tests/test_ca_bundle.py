@@ -297,8 +297,8 @@ def test_the_cuda_wheels_image_trusts_the_hosts_bundle(
     network's proxy with the host's bundle (without it pip fails with CERTIFICATE_VERIFY_FAILED here), the bundle
     is in the image's store, and pip, Python and requests in the image read that store. Where the host names no
     bundle the test CA stands in."""
+    from llamaforge.build.executors import make_executor
     from llamaforge.core.events import null_reporter
-    from llamaforge.runners import make_executor
 
     if find_host_bundle() is None:
         monkeypatch.setenv("PIP_CERT", str(TEST_CA))

@@ -83,14 +83,14 @@ def test_the_cache_hit_path_loads_no_heavy_library(tmp_path: Path) -> None:
         "import tasks\n"
         "from llamaforge.build.ops import BuildParams, _plan_from_params\n"
         "from llamaforge.build import execute, store\n"
-        "from llamaforge.runners import make_executor\n"
+        "from llamaforge.build.executors import make_executor\n"
         "_plan_from_params(BuildParams(backend='cpu'))\n"
         "make_executor('docker', {})\n"
     )
     first = loaded_after(code, tmp_path)
-    assert {"llamaforge.build.execute", "llamaforge.runners.docker", "jinja2"} <= first
+    assert {"llamaforge.build.execute", "llamaforge.build.executors.docker", "jinja2"} <= first
     modules = loaded_after(code, tmp_path)
-    assert {"llamaforge.build.execute", "llamaforge.runners.docker"} <= modules
+    assert {"llamaforge.build.execute", "llamaforge.build.executors.docker"} <= modules
     assert heavy_in(modules) == []
     assert not {"jinja2", "markupsafe"} & modules
     # The operations around a build (builds.*, doctor, recipes.*) and what they use stay out of it.

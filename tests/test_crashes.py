@@ -23,7 +23,7 @@ import pytest
 from llamaforge.core.errors import ToolFailed
 from llamaforge.core.events import CancelToken
 from llamaforge.models.verify import verify_model
-from llamaforge.runners.process import LineCallback, LocalProcessHandle, LocalProcessRunner, ProcessResult
+from llamaforge.runners.process import LineCallback, LocalProcessRunner, ProcessHandle, ProcessResult
 from llamaforge.serve.launcher import LlamaFlags, LlamaServer, ServerLaunch
 from llamaforge.smoke.bench import run_llama_bench
 
@@ -71,7 +71,7 @@ class SignalAtLoad(LocalProcessRunner):
 
     def start(
         self, argv: Sequence[str], *, on_line: LineCallback | None = None, **options: Any
-    ) -> LocalProcessHandle:
+    ) -> ProcessHandle:
         return super().start(argv, on_line=self._watch(argv, on_line), **options)
 
 

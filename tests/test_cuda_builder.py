@@ -74,7 +74,7 @@ def test_a_build_whose_device_code_does_not_match_fails_before_publishing(tmp_pa
 def test_the_wheel_builder_image_compiles_ggml_cuda_for_the_requested_arch_only(
     source_tree: Path, tmp_path: Path
 ) -> None:
-    from llamaforge.runners import make_executor
+    from llamaforge.build.executors import make_executor
 
     plan, _ = _plan_from_params(BuildParams(arch="86"))  # as `invoke build --arch 86` plans it
     assert (

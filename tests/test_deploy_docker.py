@@ -37,8 +37,8 @@ from llamaforge.deploy.targets.docker import (
     state_from_inspect,
 )
 from llamaforge.runners.engine import build_image, docker_client
-from llamaforge.runners.ssh_forward import forward_local
-from llamaforge.runners.transfer import CHUNK
+from llamaforge.runners.ssh.forward import forward_local
+from llamaforge.runners.ssh.transfer import CHUNK
 from llamaforge.serve.launcher import LlamaFlags
 from test_deploy_faults import deploy, post
 from test_deploy_ssh import complete_through_ssh, listening, on_host, run, runner

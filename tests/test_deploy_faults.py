@@ -30,9 +30,9 @@ from llamaforge.core.registry import OperationContext, operations, result_json
 from llamaforge.deploy import rollout as rollout_module
 from llamaforge.deploy.report import DeployPlan, DeployStatus, RolloutReport
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
-from llamaforge.runners import ssh_connection
-from llamaforge.runners.ssh_forward import forward_local
-from llamaforge.runners.transfer import CHUNK
+from llamaforge.runners.ssh import connection as ssh_connection
+from llamaforge.runners.ssh.forward import forward_local
+from llamaforge.runners.ssh.transfer import CHUNK
 from test_deploy_ssh import complete_through_ssh, listening, on_host, runner, sha256_of
 from testhosts import USER, TestHost, restart_host, write_known_hosts
 

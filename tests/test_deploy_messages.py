@@ -22,7 +22,7 @@ import pytest
 from helpers import REPO, stub_gguf, unloadable_model
 from llamaforge.core.errors import InvalidOption, ModelError
 from llamaforge.deploy.ops import DeployFailed, target_names
-from llamaforge.runners.ssh_connection import SshError, connect_failure
+from llamaforge.runners.ssh.connection import SshError, connect_failure
 from testhosts import USER, TestHost, make_key, write_known_hosts
 
 FAKE_BUILD = "f" * 32
@@ -299,8 +299,8 @@ def test_status_fails_when_one_host_of_two_does_not_answer(
 FORWARD_SCRIPT = textwrap.dedent("""\
     import socket, sys
     from llamaforge.runners.ssh import SshProcessRunner
-    from llamaforge.runners.ssh_connection import SshHost
-    from llamaforge.runners.ssh_forward import forward_local
+    from llamaforge.runners.ssh.connection import SshHost
+    from llamaforge.runners.ssh.forward import forward_local
     from pathlib import Path
 
     port, key, known, closed = int(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])

@@ -28,8 +28,8 @@ from llamaforge.deploy.report import DeployPlan, DeployStatus, RolloutReport
 from llamaforge.deploy.targets.docker import ContainerImage, render_container
 from llamaforge.deploy.targets.systemd import render_unit
 from llamaforge.runners.ssh import SshProcessRunner
-from llamaforge.runners.ssh_connection import SshHost
-from llamaforge.runners.ssh_forward import forward_local
+from llamaforge.runners.ssh.connection import SshHost
+from llamaforge.runners.ssh.forward import forward_local
 from llamaforge.serve.launcher import LlamaFlags, request_json
 from llamaforge.serve.server_args import (
     check_server_args,

@@ -24,7 +24,7 @@ from llamaforge.deploy.rpc import TopologyReport, TopologyStatus
 from llamaforge.deploy.topology import BuildMismatch
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.runners.ssh import SshProcessRunner
-from llamaforge.runners.ssh_forward import forward_local
+from llamaforge.runners.ssh.forward import forward_local
 from llamaforge.smoke.answers import GoldenRequest, greedy_completion
 from testhosts import USER, TestHost, write_known_hosts
 

@@ -31,7 +31,7 @@ from llamaforge.deploy.rollout import batches
 from llamaforge.deploy.targets import get_target
 from llamaforge.deploy.targets.systemd import SystemdTarget, render_unit
 from llamaforge.runners.ssh import SshProcessRunner
-from llamaforge.runners.ssh_forward import forward_local
+from llamaforge.runners.ssh.forward import forward_local
 from llamaforge.serve.launcher import LlamaFlags
 from llamaforge.smoke.answers import GoldenRequest, greedy_completion
 from testhosts import USER, TestHost, write_known_hosts

@@ -14,15 +14,16 @@ import pytest
 
 from helpers import mini_recipe
 from llamaforge.build.execute import run_build
+from llamaforge.build.executors import EXECUTORS, make_executor
+from llamaforge.build.executors.base import Executor, RunRequest
+from llamaforge.build.executors.docker import DockerExecutor
+from llamaforge.build.executors.local import LocalExecutor
 from llamaforge.build.plan import BuildOptions, BuildPlan, plan_build
 from llamaforge.build.recipes import load_recipe
 from llamaforge.build.reproducible import check_reproducible
 from llamaforge.build.store import list_builds, load_manifest
 from llamaforge.core.errors import DockerUnavailable, InvalidOption
 from llamaforge.core.events import Event, Reporter
-from llamaforge.runners import EXECUTORS, Executor, RunRequest, make_executor
-from llamaforge.runners.docker import DockerExecutor
-from llamaforge.runners.local import LocalExecutor
 
 BANNER = "patched by the seam test"
 PATCH = f"""--- a/main.c

@@ -16,12 +16,12 @@ import pytest
 
 from helpers import invoke, invoke_json, mini_recipe
 from llamaforge.build.execute import run_build
+from llamaforge.build.executors import make_executor
 from llamaforge.build.plan import BuildOptions, plan_build
 from llamaforge.build.recipes import load_recipe
 from llamaforge.build.store import list_builds
 from llamaforge.core.errors import BuildFailed, Cancelled
 from llamaforge.core.events import CancelToken, Event
-from llamaforge.runners import make_executor
 
 needs_local_toolchain = pytest.mark.skipif(
     not all(shutil.which(tool) for tool in ("cmake", "ninja", "cc")), reason="cmake, ninja and cc needed"

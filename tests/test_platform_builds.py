@@ -19,11 +19,11 @@ from typing import Any
 import pytest
 
 from helpers import MINI, check_golden, mini_recipe
+from llamaforge.build.executors import make_executor
 from llamaforge.build.plan import BuildOptions, BuildPlan, plan_build
 from llamaforge.build.recipes import load_recipe
 from llamaforge.core.errors import BuildFailed, InvalidOption
-from llamaforge.runners import make_executor
-from llamaforge.runners.ssh_connection import HostKeyUnknown
+from llamaforge.runners.ssh.connection import HostKeyUnknown
 from testhosts import TestHost
 
 VARIANTS: dict[str, BuildOptions] = {

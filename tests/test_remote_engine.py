@@ -180,9 +180,9 @@ def _copy_image(tag: str, env: dict[str, str]) -> None:
 def test_a_build_runs_on_a_remote_engine_over_tls(
     remote_engine: dict[str, str], base_image: str, tmp_path: Path, lf_home: Path
 ) -> None:
+    from llamaforge.build.executors import make_executor
     from llamaforge.build.plan import plan_build
     from llamaforge.build.recipes import load_recipe
-    from llamaforge.runners import make_executor
 
     recipe = mini_recipe(tmp_path, ["llama-cli"])
     plan = plan_build(load_recipe(str(recipe)))

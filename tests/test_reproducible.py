@@ -11,10 +11,10 @@ import pytest
 
 from helpers import mini_recipe
 from llamaforge.build.execute import run_build
+from llamaforge.build.executors import make_executor
 from llamaforge.build.plan import BuildOptions, plan_build
 from llamaforge.build.recipes import load_recipe
 from llamaforge.build.reproducible import check_reproducible, differing_sections, elf_sections
-from llamaforge.runners import make_executor
 
 pytestmark = pytest.mark.skipif(
     not all(shutil.which(tool) for tool in ("cmake", "ninja", "cc")), reason="cmake, ninja and cc needed"

@@ -17,8 +17,8 @@ import pytest
 
 from llamaforge.core.errors import Cancelled, InvalidOption, LlamaforgeError, ToolFailed
 from llamaforge.core.events import CancelToken
-from llamaforge.runners.ssh import SshProcessRunner, remote_command
-from llamaforge.runners.ssh_connection import HostKeyChanged, HostKeyUnknown, SshError, SshHost
+from llamaforge.runners.ssh.connection import HostKeyChanged, HostKeyUnknown, SshError, SshHost
+from llamaforge.runners.ssh.runner import SshProcessRunner, remote_command
 from testhosts import USER, TestHost, make_key, write_known_hosts
 
 
@@ -93,7 +93,7 @@ class SilentTransport:
 
 
 def test_keepalive_closes_a_transport_after_its_server_stops_answering() -> None:
-    from llamaforge.runners.ssh_connection import keep_alive
+    from llamaforge.runners.ssh.connection import keep_alive
 
     transport = SilentTransport()
     watcher = keep_alive(transport, interval_s=0.05, count=3)

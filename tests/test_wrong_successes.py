@@ -368,7 +368,7 @@ class _Stop(Exception):
 def _resolve_default(events: list[Event], *, cache_hit_passes: bool = False) -> None:
     """Resolve smoke's default build, stopping at the first event (only a cache hit may pass): a build would
     report before starting anything, so none starts."""
-    from llamaforge.smoke.ops import resolve_build
+    from llamaforge.smoke.builds import resolve_build
 
     def reporter(event: Event) -> None:
         events.append(event)

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from llamaforge.runners.engine import LABEL, build_image, image_id
-from llamaforge.runners.ssh_connection import SshHost
+from llamaforge.runners.ssh.connection import SshHost
 
 USER = "lf"
 USER_UID = 1000

@@ -1,12 +1,8 @@
 """llamaforge: reproducible, patched llama.cpp builds for Qwen models."""
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-try:
-    __version__ = version("llamaforge")
-except PackageNotFoundError:  # running from a source tree without installation
-    __version__ = "0.0.0+source"
+from llamaforge.core.version import __version__
 
 
 def load_ipython_extension(ipython: Any) -> None:

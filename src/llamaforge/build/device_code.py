@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 from llamaforge.core.errors import BuildFailed
 
 if TYPE_CHECKING:
+    from llamaforge.build.executors.base import Executor
     from llamaforge.build.plan import BuildPlan
-    from llamaforge.runners import Executor
 
 LISTING = "cuda-device-code.txt"
 _IMAGE = re.compile(r"^(ELF|PTX) file\s+\d+:\s+\S+\.(sm_\d+[a-z]?)\.(?:cubin|ptx)$")
@@ -142,8 +142,8 @@ def probe_units(
 ) -> tuple[DeviceCode, float]:
     """Run :func:`unit_probe_script` through ``executor`` (the docker executor: the plan's builder image) with
     ccache off; the units' device code and the seconds their compilation took (configure not counted)."""
+    from llamaforge.build.executors.base import LogSink, RunRequest
     from llamaforge.core.events import CancelToken
-    from llamaforge.runners import LogSink, RunRequest
 
     executor.prepare_environment(plan, lambda event: None)
     probe = dataclasses.replace(

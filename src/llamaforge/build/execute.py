@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from llamaforge import __version__
 from llamaforge.build.device_code import LISTING as DEVICE_CODE_LISTING
+from llamaforge.build.executors.base import Executor, LogSink, RunRequest
 from llamaforge.build.patches import apply_series, series_dir
 from llamaforge.build.plan import BuildOptions, BuildPlan
 from llamaforge.build.recipes import BuildRecipe, check_recipe_paths
@@ -21,7 +21,7 @@ from llamaforge.core.errors import BuildFailed, CacheError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.guard import check_file_path
 from llamaforge.core.paths import home
-from llamaforge.runners import Executor, LogSink, RunRequest
+from llamaforge.core.version import __version__
 
 
 @dataclass(frozen=True)

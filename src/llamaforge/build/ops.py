@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, ValidationError
 
+from llamaforge.build.executors import ExecutorName, make_executor
 from llamaforge.build.matrix import MatrixRow
 from llamaforge.build.recipes import Backend, CudaToolkitKind, Platform, WindowsToolchain
 from llamaforge.core.errors import Cancelled, InvalidOption, LlamaforgeError, NotReproducible, OperationFailed
@@ -76,7 +77,7 @@ class BuildParams(Params):
         description="Windows toolchain: mingw (cross build in Docker) or msvc (a Windows build host); "
         "default: mingw with --executor docker, msvc with ssh or local",
     )
-    executor: str = Field(
+    executor: ExecutorName = Field(
         "docker", description="Where to build: docker, local (this host, no Docker) or ssh (a build host)"
     )
     build_host: str | None = Field(None, description="Build host for --executor ssh: user@host:port")
@@ -288,7 +289,6 @@ def build_op(params: BuildParams, ctx: OperationContext) -> BuildResult:
 
 def _build_one(params: BuildParams, ctx: OperationContext) -> BuildResult:
     from llamaforge.build.execute import run_build
-    from llamaforge.runners import make_executor
 
     plan, options = _plan_from_params(params)
     executor = make_executor(params.executor, _executor_settings(params))

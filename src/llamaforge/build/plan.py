@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from llamaforge import __version__
 from llamaforge.build.cmake_options import REFUSED_HINT, refused_cmake_keys
 from llamaforge.build.cpu_level import check_cpu_level, controlled_keys, cpu_architecture, cpu_cmake
 from llamaforge.build.cuda_arch import check_toolkit_range, parse_cuda_archs
@@ -21,6 +20,7 @@ from llamaforge.build.patches import PatchRef, read_series
 from llamaforge.build.recipes import Backend, BuildRecipe, CudaToolkitKind, WindowsToolchain
 from llamaforge.build.recipes import Platform as PlatformName
 from llamaforge.core.errors import InvalidOption
+from llamaforge.core.version import __version__
 from llamaforge.platforms import BuildEnvironment, BuildScript, get_platform, sha256_text
 
 # Bump when the layout of build outputs or the meaning of the key changes, so old cache entries are not reused.

@@ -13,13 +13,13 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from llamaforge.build.execute import BuildResult, build_into
+from llamaforge.build.executors.base import Executor
 from llamaforge.build.plan import BuildPlan
 from llamaforge.build.source import sha256_file
 from llamaforge.build.store import staging_dir
 from llamaforge.core.errors import CacheError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.paths import home
-from llamaforge.runners import Executor
 
 
 @dataclass(frozen=True)

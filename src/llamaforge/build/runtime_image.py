@@ -147,7 +147,7 @@ def plan_runtime_image(
     manifest: dict[str, Any], build_dir: Path, base: str, base_id: str, runner: ProcessRunner = LOCAL
 ) -> RuntimePlan:
     """The runtime image for the build of ``manifest`` in ``build_dir`` on ``base`` (image id ``base_id``)."""
-    from llamaforge.runners.transfer import file_sha256
+    from llamaforge.runners.ssh.transfer import file_sha256
 
     files = build_files(build_dir)
     resolved, missing = _needed(files, runner)

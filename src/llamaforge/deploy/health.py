@@ -1,7 +1,7 @@
 """The health gate: a deployed llama-server must answer ``/health`` with 200 and then a real completion.
 
 It is checked through the SSH connection, on the host's loopback: a local port on this side's 127.0.0.1 is
-forwarded over the runner's own paramiko transport (:func:`~llamaforge.runners.ssh_forward.forward_local`), so
+forwarded over the runner's own paramiko transport (:func:`~llamaforge.runners.ssh.forward.forward_local`), so
 the server never listens beyond the host's loopback and the host needs no curl or other client; the smoke
 answer helpers (:mod:`llamaforge.smoke.answers`) then run unchanged against the forwarded URL.
 
@@ -26,7 +26,7 @@ from llamaforge.deploy.release import LOOPBACK, Layout
 from llamaforge.deploy.targets import ServiceState, Target
 from llamaforge.models.recipes import AnswerCheck
 from llamaforge.runners.ssh import SshProcessRunner
-from llamaforge.runners.ssh_forward import forward_local
+from llamaforge.runners.ssh.forward import forward_local
 from llamaforge.serve.launcher import request_json
 from llamaforge.smoke.answers import GoldenRequest, check_answers, greedy_completion
 

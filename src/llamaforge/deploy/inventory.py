@@ -26,7 +26,7 @@ from llamaforge.core.guard import check_file_path
 from llamaforge.core.paths import data_dir
 from llamaforge.core.validation import read_toml, recipe_error, suggest
 from llamaforge.deploy.hosts import DeployHost
-from llamaforge.runners.ssh_connection import SshHost
+from llamaforge.runners.ssh.connection import SshHost
 
 _HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 # What SSH is given: a DNS name or an IP address, and a login name; neither may read as an option ('-…').

@@ -22,8 +22,8 @@ from llamaforge.deploy.report import (
 from llamaforge.deploy.rollout import RolloutOptions, other_target, settle, where_after_loss
 from llamaforge.deploy.targets import Target
 from llamaforge.runners.ssh import SshProcessRunner
-from llamaforge.runners.ssh_connection import SshError
-from llamaforge.runners.ssh_forward import forward_local
+from llamaforge.runners.ssh.connection import SshError
+from llamaforge.runners.ssh.forward import forward_local
 from llamaforge.serve.launcher import request_json
 
 

@@ -201,7 +201,7 @@ def release_spec(params: DeployParams, ctx: OperationContext) -> tuple[ReleaseSp
     checks."""
     from llamaforge.build.store import build_dir, find_build
     from llamaforge.deploy.release import OWNED_FLAGS, listen_address
-    from llamaforge.runners.transfer import file_sha256
+    from llamaforge.runners.ssh.transfer import file_sha256
     from llamaforge.serve.server_args import server_args_for
 
     listen = listen_address(params.listen, api_key=params.api_key)

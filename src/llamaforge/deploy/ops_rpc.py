@@ -438,7 +438,7 @@ class RpcSmokeReport(Result):
 
 
 def _serve_figures(runner: Any, port: int, params: RpcSmokeParams) -> dict[str, Any]:
-    from llamaforge.runners.ssh_forward import forward_local
+    from llamaforge.runners.ssh.forward import forward_local
     from llamaforge.smoke.through import figures_json, measure
 
     with forward_local(runner, port) as local:

@@ -37,7 +37,7 @@ from llamaforge.deploy.release import (
     ReleaseSpec,
 )
 from llamaforge.runners.ssh import SshProcessRunner
-from llamaforge.runners.transfer import file_sha256
+from llamaforge.runners.ssh.transfer import file_sha256
 
 if TYPE_CHECKING:
     from llamaforge.deploy.probe import ProbeModel

@@ -54,7 +54,7 @@ from llamaforge.deploy.report import HostPlan, HostReport, RolloutReport, still_
 from llamaforge.deploy.targets import Target
 from llamaforge.models.recipes import AnswerCheck
 from llamaforge.runners.ssh import SshProcessRunner
-from llamaforge.runners.ssh_connection import HostKeyChanged, HostKeyUnknown, SshError
+from llamaforge.runners.ssh.connection import HostKeyChanged, HostKeyUnknown, SshError
 
 
 @dataclass(frozen=True)

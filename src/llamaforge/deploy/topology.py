@@ -24,7 +24,7 @@ from pathlib import Path
 
 from llamaforge.core.errors import ExitCode, InvalidOption, LlamaforgeError
 from llamaforge.deploy.hosts import parse_host, parse_hosts
-from llamaforge.runners.ssh_connection import SshHost
+from llamaforge.runners.ssh.connection import SshHost
 from llamaforge.serve.launcher import DEFAULT_RPC_PORT
 
 RPC_SERVER = "ggml-rpc-server"  # the RPC server's target and binary at b11312 (tools/rpc)

@@ -24,11 +24,11 @@ from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.text import Text
 
-from llamaforge import __version__
 from llamaforge.core.errors import Cancelled, InvalidOption, LlamaforgeError, OperationFailed, Terminated
 from llamaforge.core.events import CancelToken, Event
 from llamaforge.core.registry import Operation, OperationContext, result_json
 from llamaforge.core.validation import describe_errors
+from llamaforge.core.version import __version__
 from llamaforge.fronts.cli_index import FlagSpec, OperationSpec, operation_index
 from llamaforge.fronts.cli_invoke import (
     OUTPUT_CLOSED,

@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from llamaforge import __version__
 from llamaforge.core.paths import home, write_text_atomic
 from llamaforge.core.registry import REGISTRY, Operation, operations
+from llamaforge.core.version import __version__
 
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]
 Default = None | bool | int | float | str

@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from llamaforge import __version__
 from llamaforge.build.recipes import pinned_llama_cpp
 from llamaforge.core.errors import InvalidOption, ModelError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.exits import crash_hint, crash_words, describe_exit, exit_signal, loaded_cpu_module
 from llamaforge.core.guard import refuse_if_read_only
 from llamaforge.core.paths import home, write_text_atomic
+from llamaforge.core.version import __version__
 from llamaforge.models.chat_template import check_templates
 from llamaforge.models.findings import Finding, Status
 from llamaforge.models.tensor_set import check_tensor_set

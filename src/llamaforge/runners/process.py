@@ -7,8 +7,10 @@ the operation's :class:`~llamaforge.core.events.CancelToken`. :meth:`ProcessRunn
 the exit code and the last lines of output (Invoke's ``UnexpectedExit``) unless the caller passes ``warn=True``.
 :meth:`ProcessRunner.start` starts a long-lived process (llama-server) and returns a :class:`ProcessHandle`.
 
-Fabric's ``Connection`` is an Invoke ``Context`` with a remote runner: an SSH runner implements this same
-protocol. Secrets travel in the environment only: the runner refuses an argv that contains the value of a
+The loop is written once, in :class:`ProcessRunner`; a runner supplies how a command starts and ends on its
+host (:meth:`ProcessRunner.spawn` and a few hooks), as Fabric's ``Remote`` does for Invoke: this host's
+:class:`LocalProcessRunner` here, the SSH runner in :mod:`llamaforge.runners.ssh.runner`. Secrets travel in
+the environment only: the runner refuses an argv that contains the value of a
 secret-looking variable, and masks such values in every line it keeps or forwards.
 """
 
@@ -16,26 +18,29 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import subprocess
 import threading
 import time
-from collections import deque
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO
 
-from llamaforge.core.errors import InvalidOption, ToolFailed
+from llamaforge.core.errors import ToolFailed
 from llamaforge.core.events import CancelToken
 from llamaforge.core.guard import check_program, child_env
+from llamaforge.runners.output import (
+    TAIL_LINES,
+    LineCallback,
+    OutputLines,
+    checked_command,
+    masker,
+    secret_values,
+)
 
-LineCallback = Callable[[str], None]
-TAIL_LINES = 20
-# Variables named like HF_TOKEN, AWS_SECRET_ACCESS_KEY, REGISTRY_PASSWORD (not TOKENIZERS_PARALLELISM).
-_SECRET_NAME = re.compile(r"(^|_)(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|CREDENTIALS?)(_|$)", re.IGNORECASE)
-_MASK = "****"
+KILL_WAIT_S = 10.0  # how long a killed command may take to end before the runner stops waiting for it
 
 
 @dataclass(frozen=True)
@@ -60,150 +65,28 @@ class ProcessResult:
         return [*self.stdout.splitlines(), *self.stderr.splitlines()]
 
 
-class ProcessHandle(Protocol):
-    """A process started by :meth:`ProcessRunner.start`."""
+class RunningProcess(ABC):
+    """A command a runner started, as the run loop sees it: a process of this host, or a session channel on an
+    SSH host. Each runner's :meth:`ProcessRunner.spawn` returns its own kind."""
 
-    argv: list[str]
     pid: int
+    stdout: IO[str]
+    stderr: IO[str] | None  # None when stderr was merged into stdout where the command runs
 
-    def lines(self, timeout_s: float | None = None) -> Iterator[str]:
-        """Output lines from the first one, as they arrive; ends when the output closes or after ``timeout_s``."""
-        ...
-
-    def tail(self, count: int = TAIL_LINES) -> list[str]:
-        """The last ``count`` output lines seen so far."""
-        ...
-
+    @abstractmethod
     def poll(self) -> int | None:
-        """The exit code, or None while the process runs."""
-        ...
+        """The exit code, or None while the command runs (-N: ended by signal N)."""
 
-    def wait(self, timeout_s: float | None = None) -> int | None:
-        """Wait for the exit code; None when ``timeout_s`` passed first."""
-        ...
+    @abstractmethod
+    def wait(self, timeout_s: float | None) -> bool:
+        """Wait (at most ``timeout_s``; None: for ever) for the command to end; True once it has."""
 
-    def terminate(self, grace_s: float = 5.0) -> int:
-        """Stop the process (SIGTERM, SIGKILL after ``grace_s``; at once for 0); returns its exit code."""
-        ...
+    @abstractmethod
+    def kill(self, signal_name: str = "KILL") -> None:
+        """Send ``SIG<signal_name>`` to the command's whole process group."""
 
-
-class ProcessRunner(Protocol):
-    """Runs commands somewhere: this host (:class:`LocalProcessRunner`), later an SSH host."""
-
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: Path | None = None,
-        stdin: str | None = None,
-        on_line: LineCallback | None = None,
-        merge_stderr: bool = False,
-        timeout_s: float | None = None,
-        cancel: CancelToken | None = None,
-        warn: bool = False,
-        log_path: Path | None = None,
-        what: str | None = None,
-        hint: str | None = None,
-    ) -> ProcessResult:
-        """Run ``argv`` to its end and return its result.
-
-        ``env`` is added to this process's environment; ``on_line`` gets every output line as it arrives;
-        ``log_path`` receives stderr's lines (every line with ``merge_stderr``) and is named in errors. A
-        non-zero exit raises ToolFailed unless ``warn``; a timeout kills the process and raises ToolFailed (with
-        ``warn``: a result with ``timed_out``); cancellation kills it and raises Cancelled.
-        """
-        ...
-
-    def start(
-        self,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: Path | None = None,
-        on_line: LineCallback | None = None,
-        log_path: Path | None = None,
-        cancel: CancelToken | None = None,
-    ) -> ProcessHandle:
-        """Start ``argv`` (stdout and stderr merged, no stdin) and return at once; cancellation kills it."""
-        ...
-
-
-def _secrets(env: Mapping[str, str]) -> list[str]:
-    return [value for name, value in env.items() if _SECRET_NAME.search(name) and len(value) >= 6]
-
-
-def _check_argv(argv: Sequence[str], secrets: Sequence[str]) -> list[str]:
-    command = [str(part) for part in argv]
-    if not command:
-        raise InvalidOption("empty command", hint="pass the program and its arguments as a list")
-    if any(secret in part for secret in secrets for part in command):
-        raise InvalidOption(
-            f"the command line of {command[0]} contains a secret",
-            hint="pass tokens and passwords through the environment, never on the command line",
-        )
-    return command
-
-
-def _masker(secrets: Sequence[str]) -> Callable[[str], str]:
-    def mask(line: str) -> str:
-        for secret in secrets:
-            line = line.replace(secret, _MASK)
-        return line
-
-    return mask
-
-
-def _kill_group(process: subprocess.Popen[str], sig: int = signal.SIGKILL) -> None:
-    """Signal the process group (build scripts leave children); the process itself when that fails."""
-    if process.poll() is not None:
-        return
-    try:
-        os.killpg(process.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        process.send_signal(sig)
-
-
-@dataclass
-class _Output:
-    """Lines read from one process, shared by its reader threads and its consumers."""
-
-    mask: Callable[[str], str]
-    on_line: LineCallback | None
-    log: IO[str] | None
-    keep_all: bool = True
-    lines: list[str] = field(default_factory=list)
-    recent: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES * 4))
-    closed: int = 0
-    streams: int = 1
-    changed: threading.Condition = field(default_factory=threading.Condition)
-
-    def pump(self, stream: IO[str], sink: list[str], to_log: bool = True) -> None:
-        """Read ``stream`` to its end (a reader thread's body)."""
-        try:
-            for raw in stream:
-                line = self.mask(raw.rstrip("\n"))
-                with self.changed:
-                    sink.append(line)
-                    if self.keep_all and sink is not self.lines:
-                        self.lines.append(line)
-                    self.recent.append(line)
-                    if self.log is not None and to_log:
-                        self.log.write(line + "\n")
-                        self.log.flush()
-                    if self.on_line is not None:
-                        self.on_line(line)
-                    self.changed.notify_all()
-        finally:
-            stream.close()
-            with self.changed:
-                self.closed += 1
-                self.changed.notify_all()
-
-    @property
-    def done(self) -> bool:
-        """True once every stream reached its end."""
-        return self.closed >= self.streams
+    def release(self) -> None:  # noqa: B027 - a hook whose default is to do nothing
+        """Free what the command held once the runner is done with it (default: nothing)."""
 
 
 def _feed(stream: IO[str], text: str) -> None:
@@ -212,47 +95,18 @@ def _feed(stream: IO[str], text: str) -> None:
         stream.close()
 
 
-def _spawn(
-    command: list[str],
-    env: Mapping[str, str] | None,
-    cwd: Path | None,
-    *,
-    stdin: bool,
-    merge: bool,
-    log: IO[str] | None,
-    hint: str | None,
-) -> subprocess.Popen[str]:
-    """Start ``command`` in a new process group; ToolFailed (exit code 127) when it cannot start."""
-    try:
-        return subprocess.Popen(
-            command,
-            cwd=cwd,
-            env=child_env(env),
-            text=True,
-            errors="replace",
-            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT if merge else subprocess.PIPE,
-            start_new_session=True,
-        )
-    except OSError as error:
-        if log is not None:
-            log.close()
-        raise ToolFailed(
-            f"{Path(command[0]).name} could not be started: {error.strerror or error}",
-            command=command,
-            returncode=127,
-            tail=[],
-            hint=hint or f"check that {command[0]} exists and is executable",
-        ) from None
+class ProcessHandle:
+    """A command started by :meth:`ProcessRunner.start`: its output lines as they arrive, the last ones, and its
+    end (on whichever host it runs)."""
 
-
-class OutputHandle:
-    """The output side of a started process: its lines as they arrive and the last ones (shared by the local
-    and the SSH handles)."""
-
-    def __init__(self, output: _Output) -> None:
+    def __init__(
+        self, process: RunningProcess, command: list[str], output: OutputLines, cleanup: Callable[[], None]
+    ) -> None:
+        self._process = process
         self._output = output
+        self._cleanup = cleanup
+        self.argv = command
+        self.pid = process.pid
 
     def lines(self, timeout_s: float | None = None) -> Iterator[str]:
         """Output lines from the first one, as they arrive; ends when the output closes or after ``timeout_s``."""
@@ -276,54 +130,37 @@ class OutputHandle:
         with self._output.changed:
             return list(self._output.recent)[-count:]
 
-    def wait_output(self, timeout_s: float = 5.0) -> None:
-        """Wait (at most ``timeout_s``) until every output stream has reached its end."""
-        with self._output.changed:
-            self._output.changed.wait_for(lambda: self._output.done, timeout=timeout_s)
-
-
-class LocalProcessHandle(OutputHandle):
-    """A process on this host, its output read by a thread into memory (and the log file, when given)."""
-
-    def __init__(
-        self, process: subprocess.Popen[str], command: list[str], output: _Output, cleanup: Callable[[], None]
-    ) -> None:
-        super().__init__(output)
-        self._process = process
-        self._cleanup = cleanup
-        self.argv = command
-        self.pid = process.pid
-
     def poll(self) -> int | None:
         """The exit code, or None while the process runs."""
         return self._process.poll()
 
     def wait(self, timeout_s: float | None = None) -> int | None:
         """Wait for the exit code; None when ``timeout_s`` passed first."""
-        try:
-            code = self._process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+        if not self._process.wait(timeout_s):
             return None
         self._finish()
-        return code
+        return self._process.poll()
 
     def terminate(self, grace_s: float = 5.0) -> int:
-        """Stop the process (SIGTERM, SIGKILL after ``grace_s``; at once for 0); returns its exit code."""
+        """Stop the process group (SIGTERM, SIGKILL after ``grace_s``; at once for 0); returns its exit code."""
         if self._process.poll() is None and grace_s > 0:
-            _kill_group(self._process, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._process.wait(timeout=grace_s)
-        _kill_group(self._process)
-        code = self._process.wait()
+            self._process.kill("TERM")
+            self._process.wait(grace_s)
+        if self._process.poll() is None:
+            self._process.kill("KILL")
+        self._process.wait(KILL_WAIT_S)
         self._finish()
-        return code
+        code = self._process.poll()
+        return -1 if code is None else code
 
     def _finish(self) -> None:
-        self.wait_output()
+        with self._output.changed:
+            self._output.changed.wait_for(lambda: self._output.done, timeout=5.0)
+        self._process.release()
         self._cleanup()
 
 
-def finished_run(
+def _finished_run(
     command: list[str],
     exit_code: int,
     out_lines: list[str],
@@ -337,8 +174,7 @@ def finished_run(
     timeout_s: float | None,
     log_path: Path | None,
 ) -> ProcessResult:
-    """The result of a command that ended, or its ToolFailed (a timeout or a non-zero exit, unless ``warn``): one
-    rule for every runner, wherever the command ran."""
+    """The result of a command that ended, or its ToolFailed (a timeout or a non-zero exit, unless ``warn``)."""
     result = ProcessResult(
         argv=command,
         exit_code=exit_code,
@@ -366,8 +202,42 @@ def finished_run(
     return result
 
 
-class LocalProcessRunner:
-    """Runs commands as processes of this host, each in its own process group (killed whole on cancel)."""
+class ProcessRunner(ABC):
+    """Runs commands somewhere: this host (:class:`LocalProcessRunner`) or an SSH host
+    (:class:`~llamaforge.runners.ssh.runner.SshProcessRunner`).
+
+    :meth:`run` and :meth:`start` are written once here: secrets kept off the command line and masked in the
+    output, output pumped line by line, the timeout, cancellation, the log file and the result. A runner
+    supplies :meth:`spawn` and may override the other hooks (:meth:`check`, :meth:`describe`,
+    :meth:`check_finished`), as Fabric's ``Remote`` overrides hooks of Invoke's ``Runner``.
+    """
+
+    @abstractmethod
+    def spawn(
+        self,
+        command: list[str],
+        *,
+        env: Mapping[str, str] | None,
+        cwd: Path | None,
+        stdin: str | None,
+        merge_stderr: bool,
+        hint: str | None,
+    ) -> RunningProcess:
+        """Start ``command`` in a process group of its own, ``stdin`` fed to it (closed when None); ToolFailed
+        when it cannot start."""
+
+    def check(self, command: list[str]) -> None:  # noqa: B027 - a hook whose default is to do nothing
+        """Refuse ``command`` before it starts (default: nothing is refused)."""
+
+    def describe(self, command: list[str]) -> str:
+        """How messages name ``command`` (default: its program's name)."""
+        return Path(command[0]).name
+
+    def check_finished(  # noqa: B027 - a hook whose default is to do nothing
+        self, command: list[str], exit_code: int, timed_out: bool
+    ) -> None:
+        """Raise when the command's end says more than its exit code (default: nothing); ``exit_code`` is -1
+        when no exit status came."""
 
     def run(
         self,
@@ -385,59 +255,72 @@ class LocalProcessRunner:
         what: str | None = None,
         hint: str | None = None,
     ) -> ProcessResult:
-        """Run ``argv`` to its end and return its result (see :meth:`ProcessRunner.run`)."""
+        """Run ``argv`` to its end and return its result.
+
+        ``env`` is added to the command's environment; ``on_line`` gets every output line as it arrives;
+        ``log_path`` receives stderr's lines (every line with ``merge_stderr``) and is named in errors. A
+        non-zero exit raises ToolFailed unless ``warn``; a timeout kills the process and raises ToolFailed (with
+        ``warn``: a result with ``timed_out``); cancellation kills it and raises Cancelled.
+        """
         cancel = cancel or CancelToken()
-        secrets = _secrets(env or {})
-        command = _check_argv(argv, secrets)
-        check_program(command)  # a read-only front runs only llamaforge's own probes
-        what = what or Path(command[0]).name
+        secrets = secret_values(env or {})
+        command = checked_command(argv, secrets)
+        self.check(command)
+        what = what or self.describe(command)
         cancel.raise_if_cancelled()
+        started = time.monotonic()
         log = log_path.open("a", encoding="utf-8") if log_path is not None else None
-        output = _Output(_masker(secrets), on_line, log, keep_all=False, streams=1 if merge_stderr else 2)
+        try:
+            process = self.spawn(command, env=env, cwd=cwd, stdin=stdin, merge_stderr=merge_stderr, hint=hint)
+        except BaseException:
+            if log is not None:
+                log.close()
+            raise
         out_lines: list[str] = []
         err_lines: list[str] = []
-        started = time.monotonic()
-        timed_out = False
-        process = _spawn(command, env, cwd, stdin=stdin is not None, merge=merge_stderr, log=log, hint=hint)
-        unregister = cancel.on_cancel(lambda: _kill_group(process))
         # Kept apart, stdout is the command's product (JSON, a version): the log and the error tail show stderr.
-        readers = [
-            threading.Thread(target=output.pump, args=(process.stdout, out_lines, merge_stderr), daemon=True)
-        ]
-        if not merge_stderr:
-            readers.append(
-                threading.Thread(target=output.pump, args=(process.stderr, err_lines), daemon=True)
-            )
+        # With merge_stderr a separate stderr stream only carries what the runner itself printed there, kept
+        # with the rest.
+        streams: list[tuple[IO[str], list[str], bool]] = [(process.stdout, out_lines, merge_stderr)]
+        if process.stderr is not None:
+            streams.append((process.stderr, out_lines if merge_stderr else err_lines, True))
+        output = OutputLines(masker(secrets), on_line, log, keep_all=False, streams=len(streams))
+        readers = [threading.Thread(target=output.pump, args=stream, daemon=True) for stream in streams]
+        unregister = cancel.on_cancel(process.kill)
+        timed_out = False
         try:
             for reader in readers:
                 reader.start()
-            if stdin is not None and process.stdin is not None:
-                # From a thread: a command that never reads a large input must not block the timeout.
-                threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True).start()
             deadline = None if timeout_s is None else started + timeout_s
-            while process.poll() is None:
+            while not process.wait(0.1):
                 if deadline is not None and time.monotonic() > deadline:
+                    if timed_out:
+                        break  # killed but still not ended (the kill did not reach it): stop waiting
                     timed_out = True
-                    _kill_group(process)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=0.1)
+                    process.kill()
+                    deadline = time.monotonic() + KILL_WAIT_S
+                if cancel.cancelled:
+                    break
             for reader in readers:
                 # A killed command's escaped grandchild may hold the pipe open: don't wait for it forever.
                 reader.join(timeout=5.0 if timed_out or cancel.cancelled else None)
         except BaseException:
-            _kill_group(process)
-            process.wait()
+            process.kill()
             raise
         finally:
             unregister()
+            process.release()
             if log is not None:
                 with output.changed:
                     output.log = None
                 log.close()
         cancel.raise_if_cancelled()
-        return finished_run(
+        code = process.poll()
+        code = -1 if code is None else code
+        self.check_finished(command, code, timed_out)
+        return _finished_run(
             command,
-            process.returncode,
+            code,
             out_lines,
             err_lines,
             started=started,
@@ -458,17 +341,23 @@ class LocalProcessRunner:
         on_line: LineCallback | None = None,
         log_path: Path | None = None,
         cancel: CancelToken | None = None,
-    ) -> LocalProcessHandle:
+    ) -> ProcessHandle:
         """Start ``argv`` (stdout and stderr merged, no stdin) and return at once; cancellation kills it."""
         cancel = cancel or CancelToken()
-        secrets = _secrets(env or {})
-        command = _check_argv(argv, secrets)
-        check_program(command)  # a read-only front runs only llamaforge's own probes
+        secrets = secret_values(env or {})
+        command = checked_command(argv, secrets)
+        self.check(command)
         cancel.raise_if_cancelled()
         log = log_path.open("a", encoding="utf-8") if log_path is not None else None
-        output = _Output(_masker(secrets), on_line, log)
-        process = _spawn(command, env, cwd, stdin=False, merge=True, log=log, hint=None)
-        unregister = cancel.on_cancel(lambda: _kill_group(process))
+        try:
+            process = self.spawn(command, env=env, cwd=cwd, stdin=None, merge_stderr=True, hint=None)
+        except BaseException:
+            if log is not None:
+                log.close()
+            raise
+        streams = [process.stdout] if process.stderr is None else [process.stdout, process.stderr]
+        output = OutputLines(masker(secrets), on_line, log, streams=len(streams))
+        unregister = cancel.on_cancel(process.kill)
 
         def cleanup() -> None:
             unregister()
@@ -477,8 +366,92 @@ class LocalProcessRunner:
                     log.close()
                     output.log = None
 
-        threading.Thread(target=output.pump, args=(process.stdout, output.lines), daemon=True).start()
-        return LocalProcessHandle(process, command, output, cleanup)
+        for stream in streams:
+            threading.Thread(target=output.pump, args=(stream, output.lines), daemon=True).start()
+        return ProcessHandle(process, command, output, cleanup)
+
+
+class LocalProcess(RunningProcess):
+    """A process of this host, in a process group of its own (build scripts leave children)."""
+
+    def __init__(self, process: subprocess.Popen[str]) -> None:
+        self._process = process
+        self.pid = process.pid
+        assert process.stdout is not None
+        self.stdout = process.stdout
+        self.stderr = process.stderr
+
+    def poll(self) -> int | None:
+        """The exit code, or None while the process runs."""
+        return self._process.poll()
+
+    def wait(self, timeout_s: float | None) -> bool:
+        """Wait (at most ``timeout_s``) for the process to end; True once it has."""
+        try:
+            self._process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def kill(self, signal_name: str = "KILL") -> None:
+        """Signal the process group; the process itself when that fails."""
+        if self._process.poll() is not None:
+            return
+        sig = signal.Signals[f"SIG{signal_name}"]
+        try:
+            os.killpg(self._process.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            self._process.send_signal(sig)
+
+    def release(self) -> None:
+        """Reap the process (a cancelled or timed-out one was killed and ends at once)."""
+        if self._process.poll() is None:
+            self.kill()
+            self._process.wait()
+
+
+class LocalProcessRunner(ProcessRunner):
+    """Runs commands as processes of this host, each in its own process group (killed whole on cancel)."""
+
+    def check(self, command: list[str]) -> None:
+        """A read-only front runs only llamaforge's own probes."""
+        check_program(command)
+
+    def spawn(
+        self,
+        command: list[str],
+        *,
+        env: Mapping[str, str] | None,
+        cwd: Path | None,
+        stdin: str | None,
+        merge_stderr: bool,
+        hint: str | None,
+    ) -> LocalProcess:
+        """Start ``command`` in a new process group; ToolFailed (exit code 127) when it cannot start."""
+        try:
+            process = subprocess.Popen(
+                command,
+                cwd=cwd,
+                env=child_env(env),
+                text=True,
+                errors="replace",
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as error:
+            raise ToolFailed(
+                f"{Path(command[0]).name} could not be started: {error.strerror or error}",
+                command=command,
+                returncode=127,
+                tail=[],
+                hint=hint or f"check that {command[0]} exists and is executable",
+            ) from None
+        if stdin is not None and process.stdin is not None:
+            # From a thread: a command that never reads a large input must not block the timeout.
+            threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True).start()
+        return LocalProcess(process)
 
 
 LOCAL = LocalProcessRunner()

@@ -3,24 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from llamaforge.core.errors import InvalidOption, LlamaforgeError, OperationFailed, SmokeFailed
-from llamaforge.core.events import Event
+from llamaforge.core.errors import InvalidOption, OperationFailed, SmokeFailed
 from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
 from llamaforge.serve.launcher import FIELD_FLAGS, SERVER_FLAGS
 from llamaforge.serve.server_args import precheck_server_args, server_args_for
+from llamaforge.smoke.builds import resolve_build
 from llamaforge.smoke.ops_cpu_modules import CpuModuleSweep
 
 if TYPE_CHECKING:
-    from llamaforge.build.plan import BuildPlan
     from llamaforge.models.recipes import AnswerCheck
-    from llamaforge.runners import Executor
 
 
 #: The llama-server flags smoke sets itself (one name of each option), refused in --server-args.
@@ -95,62 +92,6 @@ class SmokeParams(Params):
         description="Memory bandwidth for the roofline, GB/s (default: measured on CPU, GPU table)",
     )
     executor: str = Field("docker", description="Where to build the default build if it is missing")
-
-
-def resolve_build(
-    build: str | None, executor: str, ctx: OperationContext
-) -> tuple[str, Path, Mapping[str, Any]]:
-    """The key, directory and manifest of ``build`` (a key, a unique key prefix or a build directory); None: the
-    default recipe's CPU build, built with ``executor`` if it is missing."""
-    from llamaforge.build.store import build_dir, find_build
-
-    if build is None:
-        from llamaforge.build.execute import run_build
-        from llamaforge.build.ops import BuildParams, _plan_from_params
-        from llamaforge.runners import make_executor
-
-        plan, options = _plan_from_params(BuildParams())
-        runner = make_executor(executor)
-        if not _is_built(plan, runner):
-            ctx.reporter(Event("warning", _cold_build_note(plan.recipe.name, plan.cpu), stage="build"))
-        result = run_build(plan, options, executor=runner, reporter=ctx.reporter, cancel=ctx.cancel)
-        return result.key, result.path, result.manifest
-    path = Path(build)
-    if path.is_dir():
-        manifest_file = path / "manifest.json"
-        if manifest_file.is_file():
-            manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
-            return str(manifest["key"]), path, manifest
-        if (path / "llama-server").is_file() or (path / "bin" / "llama-server").is_file():
-            return "external", path, {}  # e.g. a plain cmake build's bin/ directory, for comparisons
-        raise InvalidOption(f"{path} holds neither a llamaforge build nor llama.cpp binaries")
-    manifest = find_build(build)
-    return str(manifest["key"]), build_dir(manifest["key"]), manifest
-
-
-def _is_built(plan: BuildPlan, executor: Executor) -> bool:
-    """True when the store holds the build of ``plan`` (its environment exists and its key is published)."""
-    from llamaforge.build.store import load_manifest
-
-    try:
-        environment_id = executor.peek_environment_id(plan)
-        return environment_id is not None and load_manifest(plan.cache_key(environment_id)) is not None
-    except LlamaforgeError:  # no engine, a damaged entry: the build itself says so
-        return False
-
-
-def _cold_build_note(recipe: str, cpu: str) -> str:
-    """What a smoke without --build is about to start when the store lacks the default build."""
-    # The figures are docs/benchmarks.md's (build time of the main job): all variants, and one CPU level.
-    cost = (
-        "every CPU variant, 474 compile steps: 61 minutes on a loaded 2-core machine, minutes with a warm ccache"
-        if cpu == "variants"
-        else f"one CPU level, {cpu}: about 7 minutes on 2 cores"
-    )
-    return (
-        f"no --build given and the store has no {recipe!r} build: building it now, cold ({cost}); "
-        "Ctrl-C and pass --build KEY to smoke a build you have (`invoke builds.list`)"
-    )
 
 
 def _model_target(

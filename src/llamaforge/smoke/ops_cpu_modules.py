@@ -10,6 +10,7 @@ from pydantic import Field
 
 from llamaforge.core.errors import ExitCode, OperationFailed, SmokeFailed
 from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
+from llamaforge.smoke.builds import resolve_build
 
 
 class CpuModulesParams(Params):
@@ -119,7 +120,6 @@ def cpu_modules_op(params: CpuModulesParams, ctx: OperationContext) -> CpuModule
     """Run llama-bench with each CPU module of a build on its own: loads here or not, crashes, pp/tg, default pick."""
     from llamaforge.smoke.cpu_features import build_cpu_level
     from llamaforge.smoke.cpu_modules import SweepOptions, new_sweep_dir, sweep_cpu_modules, write_sweep_files
-    from llamaforge.smoke.ops import resolve_build
     from llamaforge.smoke.run import SmokeTarget, tiny_smoke_label, tiny_smoke_model
 
     if params.model is None:

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llamaforge import __version__
 from llamaforge.core.errors import InvalidOption, LlamaforgeError, ModelError, SmokeFailed
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.paths import home
+from llamaforge.core.version import __version__
 from llamaforge.gguf.header import read_header
 from llamaforge.models.recipes import AnswerCheck
 from llamaforge.runners.process import LOCAL, ProcessRunner

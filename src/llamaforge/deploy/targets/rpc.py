@@ -20,7 +20,7 @@ from llamaforge.deploy.health import GateOutcome, service_down
 from llamaforge.deploy.release import SERVICE_USER, Layout, ReleaseSpec
 from llamaforge.deploy.targets.systemd import SystemdTarget, check_command
 from llamaforge.deploy.topology import RPC_SERVER, check_rpc_address, rpc_hello
-from llamaforge.runners.ssh_forward import forward_local
+from llamaforge.runners.ssh.forward import forward_local
 
 if TYPE_CHECKING:
     from llamaforge.runners.ssh import SshProcessRunner

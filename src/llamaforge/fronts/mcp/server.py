@@ -31,13 +31,13 @@ from mcp.server.mcpserver.tools import Tool
 from mcp_types import CallToolResult, ToolAnnotations
 from pydantic import BaseModel, Field, ValidationError
 
-from llamaforge import __version__
 from llamaforge.core import guard
 from llamaforge.core.errors import LlamaforgeError, OperationFailed
 from llamaforge.core.events import CancelToken, Event
 from llamaforge.core.jobs import FINISHED, JobManager, JobStatus
 from llamaforge.core.registry import Operation, OperationContext, Params, operations, result_json
 from llamaforge.core.validation import describe_errors
+from llamaforge.core.version import __version__
 from llamaforge.fronts.mcp.arguments import CheckedTool
 from llamaforge.fronts.mcp.jobtools import JOB_TOOLS, job_tools
 from llamaforge.fronts.mcp.options import CallPolicy, ServerOptions, host_guard

@@ -6,14 +6,15 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
+from llamaforge.build.executors.base import Executor, RunRequest
 from llamaforge.build.plan import BuildPlan
-from llamaforge.core.errors import BuildFailed, ImageError, InvalidOption
+from llamaforge.core.errors import ImageError, InvalidOption
 from llamaforge.core.events import Event, Reporter
 from llamaforge.platforms import BuilderImage
-from llamaforge.runners import RunRequest
 from llamaforge.runners.container import Container
 from llamaforge.runners.engine import EngineConfig, build_image, docker_client, image_id, image_repo_digest
 
@@ -55,13 +56,20 @@ def _copy_ca_bundle(image: BuilderImage, context: Path, reporter: Reporter) -> N
         ) from None
 
 
-class DockerExecutor:
+class DockerExecutor(Executor):
     """Executor that builds inside containers of the plan's builder image, on the engine ``engine`` names."""
 
     name = "docker"
+    settings = EngineConfig.SETTINGS
 
     def __init__(self, engine: EngineConfig | None = None) -> None:
         self.engine = engine or EngineConfig()
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, str]) -> Self:
+        """The executor on the engine the settings name: url (``DOCKER_HOST`` form: unix://, tcp://HOST:2376,
+        ssh://USER@HOST), tls_verify, cert_path; none: the engine of this process's environment."""
+        return cls(EngineConfig.from_settings(settings))
 
     @property
     def _client(self) -> Any:
@@ -130,13 +138,11 @@ class DockerExecutor:
                 code = box.call(command, on_line=request.log)
                 request.cancel.raise_if_cancelled()
                 if code != 0:
-                    raise BuildFailed(
-                        f"the build failed in container (exit code {code})",
-                        command=command,
-                        returncode=code,
-                        tail=list(request.log.tail),
-                        log_path=str(request.log.path),
-                        hint="read the full log; a compiler error usually points at a patch or a cmake option",
+                    raise request.failed(
+                        "in container",
+                        command,
+                        code,
+                        "read the full log; a compiler error usually points at a patch or a cmake option",
                     )
                 box.copy_out("/out", request.out_dir)
             except Exception:

@@ -11,15 +11,14 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from llamaforge.core.events import CancelToken
-from llamaforge.runners.ssh_connection import SshError
-
-if TYPE_CHECKING:
-    from llamaforge.runners.ssh import SshProcessRunner
+from llamaforge.runners.process import ProcessResult
+from llamaforge.runners.ssh.connection import SshError, SshHost
 
 CHUNK = 256 * 1024
 _SPECIAL_BITS = stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX  # never kept on a fetched file
@@ -58,10 +57,30 @@ def _copy(source: Any, destination: Any, offset: int, cancel: CancelToken) -> in
     return sent
 
 
-class Transfer:
-    """put and get for one :class:`~llamaforge.runners.ssh.SshProcessRunner`."""
+class RemoteHost(Protocol):
+    """What a transfer needs of the SSH runner it belongs to: its host, its open connection (for SFTP), and
+    commands on the host (``mkdir``, ``sha256sum``)."""
 
-    def __init__(self, runner: SshProcessRunner) -> None:
+    host: SshHost
+
+    @property
+    def connection(self) -> Any:
+        """The open ``fabric.Connection``."""
+        ...
+
+    def run(self, argv: Sequence[str]) -> ProcessResult:
+        """Run ``argv`` on the host (a non-zero exit raises)."""
+        ...
+
+    def sha256(self, path: str) -> str | None:
+        """The sha256 of the host's file ``path``, or None when there is no such file."""
+        ...
+
+
+class Transfer:
+    """put and get for one :class:`~llamaforge.runners.ssh.runner.SshProcessRunner`."""
+
+    def __init__(self, runner: RemoteHost) -> None:
         self._runner = runner
 
     def _sftp(self) -> Any:

@@ -22,8 +22,10 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from llamaforge.runners.ssh.connection import SESSION_OPEN_TIMEOUT_S
+
 if TYPE_CHECKING:
-    from llamaforge.runners.ssh import SshProcessRunner
+    from llamaforge.runners.ssh.runner import SshProcessRunner
 
 _LOOPBACK = "127.0.0.1"
 _TRANSPORT_LOGGER = "paramiko.transport"
@@ -70,8 +72,6 @@ def _pump(local: socket.socket, channel: Any, stop: threading.Event) -> None:
 def forward_local(runner: SshProcessRunner, remote_port: int, remote_host: str = _LOOPBACK) -> Iterator[int]:
     """Forward a free port on this side's 127.0.0.1 to ``remote_host:remote_port`` as seen from the host (its
     loopback by default); yields the local port. Every forwarded connection ends when the block does."""
-    from llamaforge.runners.ssh import SESSION_OPEN_TIMEOUT_S
-
     _quiet_expected_refusals()
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind((_LOOPBACK, 0))

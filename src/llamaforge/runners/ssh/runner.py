@@ -1,7 +1,8 @@
-"""The SSH process runner: the :class:`~llamaforge.runners.process.ProcessRunner` protocol on a remote host,
-over a Fabric ``Connection`` whose host key was checked (:mod:`llamaforge.runners.ssh_connection`: unknown
-hosts and changed keys refused, key authentication only), plus sha256-verified, resumable file transfer
-(:mod:`llamaforge.runners.transfer`).
+"""The SSH process runner: the :class:`~llamaforge.runners.process.ProcessRunner` loop on a remote host (this
+module supplies its hooks: how a command starts in a session channel, is signalled and ends), over a Fabric
+``Connection`` whose host key was checked (:mod:`llamaforge.runners.ssh.connection`: unknown hosts and changed
+keys refused, key authentication only), plus sha256-verified, resumable file transfer
+(:mod:`llamaforge.runners.ssh.transfer`).
 
 argv is quoted with :func:`shlex.join` for the remote shell. ``env`` never reaches a command line: the remote
 command starts with a fixed bootstrap that reads ``export NAME='value'`` statements from the channel's stdin
@@ -9,7 +10,8 @@ command starts with a fixed bootstrap that reads ``export NAME='value'`` stateme
 only in the shell's memory and the command's environment, never in any process's argv; ``stdin`` follows
 them on the same stream. The bootstrap also writes the shell's pid (the session's process group: sshd starts
 each command with ``setsid``) as the first stderr line; a timeout, cancel or
-:meth:`SshProcessHandle.terminate` signals that group on the host, so nothing keeps running there.
+:meth:`~llamaforge.runners.process.ProcessHandle.terminate` signals that group on the host, so nothing keeps
+running there.
 
 Each host gets its own runner: a rollout loops over hosts itself and never uses Fabric's
 ``SerialGroup``/``ThreadingGroup``, which run every host even after one failed.
@@ -23,7 +25,6 @@ import posixpath
 import re
 import shlex
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -31,32 +32,22 @@ from typing import Any
 
 from llamaforge.core.errors import InvalidOption, ToolFailed
 from llamaforge.core.events import CancelToken
-from llamaforge.runners.process import (
-    TAIL_LINES,
-    LineCallback,
-    OutputHandle,
-    ProcessResult,
-    _check_argv,
-    _masker,
-    _Output,
-    _secrets,
-    finished_run,
-)
-from llamaforge.runners.ssh_connection import (
+from llamaforge.runners.output import TAIL_LINES
+from llamaforge.runners.process import ProcessRunner, RunningProcess
+from llamaforge.runners.ssh.connection import (
     DEFAULT_KNOWN_HOSTS,
+    SESSION_OPEN_TIMEOUT_S,
     SshError,
     SshHost,
     keep_alive,
     open_connection,
 )
-from llamaforge.runners.transfer import Transfer, TransferResult
+from llamaforge.runners.ssh.transfer import Transfer, TransferResult
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Prints the process group's id, then reads the exported variables from stdin (see the module docstring).
 _PID_MARK = "llamaforge-pid "
 _PID_LINE = f'printf "{_PID_MARK}%s\\n" "$$" >&2'
-_KILL_WAIT_S = 10.0  # how long a killed command may take to end before the runner stops waiting for it
-SESSION_OPEN_TIMEOUT_S = 60.0  # how long the server may take to confirm a new session channel
 _READ_ENV = 'IFS= read -r n && eval "$(dd bs=1 count="$n" 2>/dev/null)"'
 
 
@@ -103,57 +94,36 @@ def remote_command(argv: Sequence[str], *, env: bool, cwd: str | None, merge: bo
     return " && ".join(steps)
 
 
-class SshProcessHandle(OutputHandle):
-    """A process started on the host by :meth:`SshProcessRunner.start`; its output read by a thread."""
+class SshChannelProcess(RunningProcess):
+    """A command running on the host in a session channel of its own; ``pid`` is its process group there."""
 
-    def __init__(
-        self,
-        runner: SshProcessRunner,
-        channel: Any,
-        command: list[str],
-        pid: int,
-        output: _Output,
-        cleanup: Any,
-    ) -> None:
-        super().__init__(output)
+    def __init__(self, runner: SshProcessRunner, channel: Any, pid: int, stderr: io.TextIOWrapper) -> None:
         self._runner = runner
         self._channel = channel
-        self._cleanup = cleanup
-        self.argv = command
         self.pid = pid
+        self.stdout = _text(channel, stderr=False)
+        self.stderr = stderr
 
     def poll(self) -> int | None:
-        """The exit code, or None while the process runs (-N: ended by signal N; -1: no status came)."""
+        """The exit code, or None while the command runs (-N: ended by signal N; -1: no status came)."""
         if not self._channel.exit_status_ready():
             return None
         return int(self._channel.recv_exit_status())
 
-    def wait(self, timeout_s: float | None = None) -> int | None:
-        """Wait for the exit code; None when ``timeout_s`` passed first."""
-        if not self._channel.status_event.wait(timeout_s):
-            return None
-        self._finish()
-        return int(self._channel.recv_exit_status())
+    def wait(self, timeout_s: float | None) -> bool:
+        """Wait (at most ``timeout_s``) for the channel's exit status; True once it came."""
+        return bool(self._channel.status_event.wait(timeout_s))
 
-    def terminate(self, grace_s: float = 5.0) -> int:
-        """Stop the process group on the host (SIGTERM, SIGKILL after ``grace_s``); returns its exit code."""
-        if self.poll() is None and grace_s > 0:
-            self._runner.kill(self.pid, "TERM")
-            self._channel.status_event.wait(grace_s)
-        if self.poll() is None:
-            self._runner.kill(self.pid, "KILL")
-        self._channel.status_event.wait(10.0)
-        self._finish()
-        code = self.poll()
-        return -1 if code is None else code
+    def kill(self, signal_name: str = "KILL") -> None:
+        """Signal the command's process group on the host."""
+        self._runner.kill(self.pid, signal_name)
 
-    def _finish(self) -> None:
-        self.wait_output()
+    def release(self) -> None:
+        """Close the channel."""
         self._channel.close()
-        self._cleanup()
 
 
-class SshProcessRunner:
+class SshProcessRunner(ProcessRunner):
     """Runs commands on one SSH host (see the module docstring); connects on first use. Close it when done
     (it is a context manager). ``user_known_hosts`` is ``~/.ssh/known_hosts`` unless given (None: not read)."""
 
@@ -220,15 +190,22 @@ class SshProcessRunner:
             channel.recv_exit_status()
             channel.close()
 
-    def _open(
+    def describe(self, command: list[str]) -> str:
+        """The program's name and the host, for messages."""
+        return f"{posixpath.basename(command[0])} on {self.host.host}"
+
+    def spawn(
         self,
         command: list[str],
+        *,
         env: Mapping[str, str] | None,
         cwd: Path | None,
         stdin: str | None,
-        merge: bool,
-    ) -> tuple[Any, int, io.TextIOWrapper]:
-        """Start ``command``: the channel, the remote pid and the stderr stream after the pid line."""
+        merge_stderr: bool,
+        hint: str | None,
+    ) -> SshChannelProcess:
+        """Start ``command`` on the host (``cwd`` is a host path): its channel, with the process group's id
+        read from the bootstrap's first stderr line, and stderr after that line."""
         import paramiko
 
         payload = (_env_script(env) if env else b"") + (stdin or "").encode()
@@ -237,7 +214,9 @@ class SshProcessRunner:
             # several threads on one transport); a bounded wait turns that into an SshError naming the host
             channel = self.connection.transport.open_session(timeout=SESSION_OPEN_TIMEOUT_S)
             channel.exec_command(
-                remote_command(command, env=bool(env), cwd=None if cwd is None else str(cwd), merge=merge)
+                remote_command(
+                    command, env=bool(env), cwd=None if cwd is None else str(cwd), merge=merge_stderr
+                )
             )
         except (paramiko.SSHException, OSError, EOFError) as error:
             self.close()
@@ -257,7 +236,7 @@ class SshProcessRunner:
         before: list[str] = []  # what the login shell printed first (a noisy .bashrc): dropped
         while line := stderr.readline():
             if line.startswith(_PID_MARK) and line[len(_PID_MARK) :].strip().isdigit():
-                return channel, int(line[len(_PID_MARK) :]), stderr
+                return SshChannelProcess(self, channel, int(line[len(_PID_MARK) :]), stderr)
             before.append(line.rstrip("\n"))
         code = channel.recv_exit_status()
         if not self.connection_alive():
@@ -274,122 +253,15 @@ class SshProcessRunner:
             hint="check that the user's login shell on the host is a POSIX shell",
         )
 
-    def run(
-        self,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: Path | None = None,
-        stdin: str | None = None,
-        on_line: LineCallback | None = None,
-        merge_stderr: bool = False,
-        timeout_s: float | None = None,
-        cancel: CancelToken | None = None,
-        warn: bool = False,
-        log_path: Path | None = None,
-        what: str | None = None,
-        hint: str | None = None,
-    ) -> ProcessResult:
-        """Run ``argv`` on the host to its end (see :meth:`ProcessRunner.run`; ``cwd`` is a host path)."""
-        cancel = cancel or CancelToken()
-        secrets = _secrets(env or {})
-        command = _check_argv(argv, secrets)
-        what = what or f"{posixpath.basename(command[0])} on {self.host.host}"
-        cancel.raise_if_cancelled()
-        started = time.monotonic()
-        channel, pid, stderr = self._open(command, env, cwd, stdin, merge_stderr)
-        log = log_path.open("a", encoding="utf-8") if log_path is not None else None
-        output = _Output(_masker(secrets), on_line, log, keep_all=False, streams=2)
-        out_lines: list[str] = []
-        err_lines: list[str] = []
-        # With merge_stderr the command's stderr is already in stdout; the stderr stream then only carries the
-        # bootstrap's own errors (a cwd that does not exist), kept with the rest.
-        streams = [
-            (_text(channel, stderr=False), out_lines, merge_stderr),
-            (stderr, out_lines if merge_stderr else err_lines, True),
-        ]
-        readers = [threading.Thread(target=output.pump, args=stream, daemon=True) for stream in streams]
-        unregister = cancel.on_cancel(lambda: self.kill(pid))
-        timed_out = False
-        try:
-            for reader in readers:
-                reader.start()
-            deadline = None if timeout_s is None else started + timeout_s
-            while not channel.status_event.wait(0.1):
-                if deadline is not None and time.monotonic() > deadline:
-                    if timed_out:
-                        break  # killed but still not ended (the kill did not reach it): stop waiting
-                    timed_out = True
-                    self.kill(pid)
-                    deadline = time.monotonic() + _KILL_WAIT_S
-                if cancel.cancelled:
-                    break
-            for reader in readers:
-                reader.join(timeout=5.0 if timed_out or cancel.cancelled else None)
-        except BaseException:
-            self.kill(pid)
-            raise
-        finally:
-            unregister()
-            channel.close()
-            if log is not None:
-                with output.changed:
-                    output.log = None
-                log.close()
-        cancel.raise_if_cancelled()
-        code = int(channel.recv_exit_status()) if channel.exit_status_ready() else -1
-        if code == -1 and not timed_out and not self.connection_alive():
+    def check_finished(self, command: list[str], exit_code: int, timed_out: bool) -> None:
+        """A command that ended without an exit status because the connection dropped is an SshError."""
+        if exit_code == -1 and not timed_out and not self.connection_alive():
             self.close()
             raise SshError(
                 f"the connection to {self.host.address} was lost while {command[0]} ran; it may still be "
                 "running there",
                 hint="check the host and its network, then run it again",
             )
-        return finished_run(
-            command,
-            code,
-            out_lines,
-            err_lines,
-            started=started,
-            timed_out=timed_out,
-            warn=warn,
-            what=what,
-            hint=hint,
-            timeout_s=timeout_s,
-            log_path=log_path,
-        )
-
-    def start(
-        self,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: Path | None = None,
-        on_line: LineCallback | None = None,
-        log_path: Path | None = None,
-        cancel: CancelToken | None = None,
-    ) -> SshProcessHandle:
-        """Start ``argv`` on the host (stdout and stderr merged, no stdin) and return at once; cancellation
-        kills its process group there."""
-        cancel = cancel or CancelToken()
-        secrets = _secrets(env or {})
-        command = _check_argv(argv, secrets)
-        cancel.raise_if_cancelled()
-        channel, pid, stderr = self._open(command, env, cwd, None, merge=True)
-        log = log_path.open("a", encoding="utf-8") if log_path is not None else None
-        output = _Output(_masker(secrets), on_line, log, streams=2)
-        unregister = cancel.on_cancel(lambda: self.kill(pid))
-
-        def cleanup() -> None:
-            unregister()
-            if log is not None and not log.closed:
-                with output.changed:
-                    log.close()
-                    output.log = None
-
-        for stream in (_text(channel, stderr=False), stderr):
-            threading.Thread(target=output.pump, args=(stream, output.lines), daemon=True).start()
-        return SshProcessHandle(self, channel, command, pid, output, cleanup)
 
     def sha256(self, path: str) -> str | None:
         """The sha256 of the host's file ``path`` (``sha256sum``), or None when there is no such file."""
@@ -409,9 +281,9 @@ class SshProcessRunner:
         return digests
 
     def put(self, local: Path, remote: str, *, cancel: CancelToken | None = None) -> TransferResult:
-        """Send ``local`` to the host's ``remote`` path (see :class:`~llamaforge.runners.transfer.Transfer`)."""
+        """Send ``local`` to the host's ``remote`` path (see :class:`~llamaforge.runners.ssh.transfer.Transfer`)."""
         return self.transfer.put(local, remote, cancel=cancel)
 
     def get(self, remote: str, local: Path, *, cancel: CancelToken | None = None) -> TransferResult:
-        """Fetch the host's ``remote`` file to ``local`` (see :class:`~llamaforge.runners.transfer.Transfer`)."""
+        """Fetch the host's ``remote`` file to ``local`` (see :class:`~llamaforge.runners.ssh.transfer.Transfer`)."""
         return self.transfer.get(remote, local, cancel=cancel)

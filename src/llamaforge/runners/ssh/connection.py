@@ -75,6 +75,7 @@ class SshHost:
 DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
 ALIVE_INTERVAL_S = 5.0  # OpenSSH's ServerAliveInterval: how often the server must answer
 ALIVE_COUNT = 3  # ServerAliveCountMax: unanswered in a row before the connection counts as lost
+SESSION_OPEN_TIMEOUT_S = 60.0  # how long the server may take to confirm a new session or forwarded channel
 
 
 def _keygen_hint(host: SshHost) -> str:

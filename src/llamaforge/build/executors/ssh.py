@@ -18,15 +18,14 @@ import tarfile
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
+from llamaforge.build.executors.base import HostExecutor, RunRequest, tool_versions
 from llamaforge.build.plan import BuildPlan
-from llamaforge.core.errors import BuildFailed, InvalidOption
+from llamaforge.core.errors import InvalidOption
 from llamaforge.core.events import Event, Reporter
-from llamaforge.runners import RunRequest, tool_versions
-from llamaforge.runners.ssh import SshProcessRunner
-from llamaforge.runners.ssh_connection import SshHost
-from llamaforge.runners.transfer import file_sha256
+from llamaforge.core.validation import suggest
+from llamaforge.runners.ssh import SshHost, SshProcessRunner, file_sha256, parse_host
 
 WORK_ROOT = ".cache/llamaforge"  # under the build user's home on the host
 SETTINGS = ("host", "key", "known_hosts", "accept_new_host_keys", "work_root")
@@ -62,10 +61,12 @@ def _source_tarball(tree: Path, scratch: Path) -> Path:
     return named
 
 
-class SshBuildExecutor:
+class SshBuildExecutor(HostExecutor):
     """Executor that runs the plan's script on a build host over SSH (see the module docstring)."""
 
     name = "ssh"
+    settings = SETTINGS
+    runner: SshProcessRunner
 
     def __init__(
         self, host: SshHost, *, accept_new_host_keys: bool = False, work_root: str = WORK_ROOT
@@ -75,12 +76,9 @@ class SshBuildExecutor:
         self.runner = SshProcessRunner(host, accept_new_host_keys=accept_new_host_keys)
 
     @classmethod
-    def from_settings(cls, settings: Mapping[str, str]) -> SshBuildExecutor:
+    def from_settings(cls, settings: Mapping[str, str]) -> Self:
         """The executor from ``--executor ssh`` settings: host (``user@host:port``, required), key,
         known_hosts, accept_new_host_keys, work_root."""
-        from llamaforge.core.validation import suggest
-        from llamaforge.deploy.hosts import parse_host
-
         unknown = sorted(set(settings) - set(SETTINGS))
         if unknown:
             raise InvalidOption(
@@ -99,24 +97,18 @@ class SshBuildExecutor:
             work_root=settings.get("work_root") or WORK_ROOT,
         )
 
-    def peek_environment_id(self, plan: BuildPlan) -> str | None:
-        """The host's toolchain fingerprint when it is reachable and has the plan's tools, else None."""
-        try:
-            return self._fingerprint(plan)
-        except InvalidOption:
-            return None
-
     def prepare_environment(self, plan: BuildPlan, reporter: Reporter) -> str:
         """Fingerprint of the host (its system and the plan's tool versions); a missing tool is an
         InvalidOption naming the host and the tool (llamaforge does not install toolchains on hosts)."""
         reporter(Event("stage", f"checking build host {self.host.address}", stage="environment"))
-        return self._fingerprint(plan)
+        return self.fingerprint(plan)
 
     def describe_environment(self, plan: BuildPlan, environment_id: str) -> dict[str, Any]:
         """Executor, host and toolchain fingerprint for the manifest."""
         return {"executor": self.name, "host": self.host.address, "environment_id": environment_id}
 
-    def _fingerprint(self, plan: BuildPlan) -> str:
+    def fingerprint(self, plan: BuildPlan) -> str:
+        """The host's system, address and tool versions for ``plan``; InvalidOption for a missing tool."""
         lines = [self.runner.run(["uname", "-sm"], warn=True).stdout.strip()]
         lines += tool_versions(self.runner, plan.environment.host_tools, f"build host {self.host.address}")
         digest = hashlib.sha256("\n".join([self.host.address, *lines]).encode()).hexdigest()[:32]
@@ -165,13 +157,11 @@ class SshBuildExecutor:
             command, env=environment, merge_stderr=True, on_line=request.log, cancel=request.cancel, warn=True
         )
         if result.exit_code != 0:
-            raise BuildFailed(
-                f"the build failed on {self.host.address} (exit code {result.exit_code})",
-                command=command,
-                returncode=result.exit_code,
-                tail=list(request.log.tail),
-                log_path=str(request.log.path),
-                hint="read the full log; the script names a missing toolchain itself (Visual Studio, CUDA, Xcode)",
+            raise request.failed(
+                f"on {self.host.address}",
+                command,
+                result.exit_code,
+                "read the full log; the script names a missing toolchain itself (Visual Studio, CUDA, Xcode)",
             )
 
     def close(self) -> None:

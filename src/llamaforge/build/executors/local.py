@@ -6,19 +6,17 @@ import hashlib
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
 
+from llamaforge.build.executors.base import HostExecutor, RunRequest, tool_versions
 from llamaforge.build.plan import BuildPlan
-from llamaforge.core.errors import BuildFailed, InvalidOption
-from llamaforge.core.events import Reporter
+from llamaforge.core.errors import InvalidOption
 from llamaforge.core.paths import home
-from llamaforge.runners import RunRequest, tool_versions
 from llamaforge.runners.process import LOCAL, ProcessRunner
 
 _THIS_PLATFORM = {"linux": "linux", "darwin": "macos", "win32": "windows"}
 
 
-class LocalExecutor:
+class LocalExecutor(HostExecutor):
     """Executor that runs the build script directly on this machine (no Docker)."""
 
     name = "local"
@@ -26,23 +24,9 @@ class LocalExecutor:
     def __init__(self, runner: ProcessRunner = LOCAL) -> None:
         self.runner = runner
 
-    def peek_environment_id(self, plan: BuildPlan) -> str | None:
-        """Fingerprint of the host toolchain, or None when a required tool is missing (changes nothing)."""
-        try:
-            return self._fingerprint(plan)
-        except InvalidOption:
-            return None
-
-    def prepare_environment(self, plan: BuildPlan, reporter: Reporter) -> str:
-        """Fingerprint of the host toolchain (tool versions), standing in for a builder image id; a missing tool
-        is an InvalidOption naming it (a host is not prepared by llamaforge)."""
-        return self._fingerprint(plan)
-
-    def describe_environment(self, plan: BuildPlan, environment_id: str) -> dict[str, Any]:
-        """Executor and toolchain fingerprint for the manifest."""
-        return {"executor": self.name, "environment_id": environment_id}
-
-    def _fingerprint(self, plan: BuildPlan) -> str:
+    def fingerprint(self, plan: BuildPlan) -> str:
+        """Tool versions of this host for ``plan``; InvalidOption for a plan of another platform or a missing
+        tool."""
         here = _THIS_PLATFORM.get(sys.platform, sys.platform)
         if plan.recipe.platform != here:
             raise InvalidOption(
@@ -75,11 +59,9 @@ class LocalExecutor:
                 warn=True,
             )
             if result.exit_code != 0:
-                raise BuildFailed(
-                    f"the build failed on this host (exit code {result.exit_code})",
-                    command=command,
-                    returncode=result.exit_code,
-                    tail=list(request.log.tail),
-                    log_path=str(request.log.path),
-                    hint="read the full log; a compiler error usually points at a patch or a cmake option",
+                raise request.failed(
+                    "on this host",
+                    command,
+                    result.exit_code,
+                    "read the full log; a compiler error usually points at a patch or a cmake option",
                 )
