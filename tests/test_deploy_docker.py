@@ -29,7 +29,7 @@ from llamaforge.core.events import CancelToken, Event
 from llamaforge.deploy.release import Layout, ReleaseSpec, release_id
 from llamaforge.deploy.report import DeployPlan, DeployStatus, RolloutReport
 from llamaforge.deploy.targets import get_target
-from llamaforge.deploy.targets.docker import (
+from llamaforge.deploy.targets.container import (
     ContainerImage,
     DockerTarget,
     render_container,
@@ -119,8 +119,8 @@ def test_the_release_id_follows_the_container_script_and_the_image() -> None:
 
 
 def test_a_deployment_keeps_its_target() -> None:
-    from llamaforge.deploy.remote import HostState
-    from llamaforge.deploy.rollout import other_target
+    from llamaforge.deploy.hosts.remote import HostState
+    from llamaforge.deploy.hosts.rollout import other_target
 
     state = HostState("r1", ("r1",), ("r1",), {"target": "systemd"})
     assert other_target(state, get_target("systemd"), "lf@h:22", Layout("lab")) == ""

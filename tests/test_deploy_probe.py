@@ -1,4 +1,4 @@
-"""A release proven on each host before it is switched on (llamaforge.deploy.probe).
+"""A release proven on each host before it is switched on (llamaforge.deploy.hosts.probe).
 
 Unit tests (no host) check the probe's command for each target: the systemd probe carries every [Service]
 setting of the release's own unit but those that start and restart the server, pointed at the release instead of
@@ -28,11 +28,11 @@ import pytest
 from llamaforge.core.errors import OperationFailed
 from llamaforge.core.events import Event
 from llamaforge.core.registry import OperationContext, operations
-from llamaforge.deploy.probe import PROBE_LIMIT_S, probe_args, probe_model
+from llamaforge.deploy.hosts.probe import PROBE_LIMIT_S, probe_args, probe_model
 from llamaforge.deploy.release import Layout, ReleaseSpec
 from llamaforge.deploy.report import DeployPlan, RolloutReport
-from llamaforge.deploy.targets.docker import PROBE_MOUNT, ContainerImage, DockerTarget, render_container
-from llamaforge.deploy.targets.rpc import RpcServerTarget
+from llamaforge.deploy.targets.container import PROBE_MOUNT, ContainerImage, DockerTarget, render_container
+from llamaforge.deploy.targets.rpc_server import RpcServerTarget
 from llamaforge.deploy.targets.systemd import SystemdTarget
 from llamaforge.serve.launcher import LlamaFlags
 from test_deploy_ssh import complete_through_ssh, on_host

@@ -22,10 +22,10 @@ import yaml
 
 from llamaforge.core.errors import InvalidOption, LlamaforgeError, OperationFailed
 from llamaforge.core.registry import OperationContext, operations
-from llamaforge.deploy.manifests import render_compose, render_kubernetes
+from llamaforge.deploy.manifests.files import render_compose, render_kubernetes
 from llamaforge.deploy.release import OWNED_FLAGS, Layout
 from llamaforge.deploy.report import DeployPlan, DeployStatus, RolloutReport
-from llamaforge.deploy.targets.docker import ContainerImage, render_container
+from llamaforge.deploy.targets.container import ContainerImage, render_container
 from llamaforge.deploy.targets.systemd import render_unit
 from llamaforge.runners.ssh import SshProcessRunner
 from llamaforge.runners.ssh_connection import SshHost

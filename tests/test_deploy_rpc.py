@@ -20,8 +20,8 @@ import pytest
 
 from llamaforge.core.errors import InvalidOption, LlamaforgeError, OperationFailed
 from llamaforge.core.registry import OperationContext, operations
-from llamaforge.deploy.rpc import TopologyReport, TopologyStatus
-from llamaforge.deploy.topology import BuildMismatch
+from llamaforge.deploy.topology.orchestrate import TopologyReport, TopologyStatus
+from llamaforge.deploy.topology.workers import BuildMismatch
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.runners.ssh import SshProcessRunner
 from llamaforge.runners.ssh_forward import forward_local

@@ -21,13 +21,13 @@ import pytest
 from helpers import unloadable_model
 from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.registry import OperationContext, operations
-from llamaforge.deploy.hosts import parse_hosts
-from llamaforge.deploy.ops import DeployParams, HostsParams, RollbackParams
-from llamaforge.deploy.probe import probe_model
+from llamaforge.deploy.hosts.access import parse_hosts
+from llamaforge.deploy.hosts.ops import DeployParams, HostsParams, RollbackParams
+from llamaforge.deploy.hosts.probe import probe_model
+from llamaforge.deploy.hosts.remote import HostState, releases_to_prune
+from llamaforge.deploy.hosts.rollout import batches
 from llamaforge.deploy.release import Layout, ReleaseSpec, release_id
-from llamaforge.deploy.remote import HostState, releases_to_prune
 from llamaforge.deploy.report import DeployPlan, DeployStatus, RolloutReport
-from llamaforge.deploy.rollout import batches
 from llamaforge.deploy.targets import get_target
 from llamaforge.deploy.targets.systemd import SystemdTarget, render_unit
 from llamaforge.runners.ssh import SshProcessRunner

@@ -18,7 +18,13 @@ from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.registry import OperationContext, operations
 from llamaforge.deploy.release import DEFAULT_PORT, ReleaseSpec
 from llamaforge.deploy.report import DeployStatus, RolloutReport, SwarmReport
-from llamaforge.deploy.swarm import LABEL_RELEASE, monitor_window_s, service_name, slot_tasks, swarm_release
+from llamaforge.deploy.swarm.service import (
+    LABEL_RELEASE,
+    monitor_window_s,
+    service_name,
+    slot_tasks,
+    swarm_release,
+)
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.runners.swarm import remove_service, service_arguments
 from llamaforge.serve.launcher import LlamaFlags

@@ -12,9 +12,9 @@ import pytest
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.registry import operations
 from llamaforge.deploy.release import Layout, ReleaseSpec
-from llamaforge.deploy.targets.rpc import RpcServerTarget
+from llamaforge.deploy.targets.rpc_server import RpcServerTarget
 from llamaforge.deploy.targets.systemd import render_unit
-from llamaforge.deploy.topology import BuildMismatch, check_builds, check_rpc_address, parse_workers
+from llamaforge.deploy.topology.workers import BuildMismatch, check_builds, check_rpc_address, parse_workers
 from llamaforge.gguf.tiny import TinyModelSpec
 from llamaforge.serve.fit import GiB, Settings, estimate_memory, synthetic_header
 from llamaforge.serve.launcher import LlamaFlags
@@ -192,7 +192,7 @@ def test_buffers_are_grouped_by_the_device_llamacpp_names() -> None:
 
 
 def test_the_heads_flags_are_the_plans() -> None:
-    from llamaforge.deploy.ops_rpc import _plan_flags
+    from llamaforge.deploy.topology.ops import _plan_flags
 
     plan = plan_split(HEADER, TWO, Settings(ctx=512, parallel=2), tensor_split=[3, 1])
     assert _plan_flags(plan.flags, None).args() == list(plan.flags)
@@ -206,7 +206,7 @@ def test_the_heads_flags_are_the_plans() -> None:
 
 def test_a_topology_file_fills_the_options_and_typos_are_named(tmp_path: Path) -> None:
     from llamaforge.core.errors import RecipeError
-    from llamaforge.deploy.ops_rpc import RpcDeployParams
+    from llamaforge.deploy.topology.ops import RpcDeployParams
 
     good = tmp_path / "lab.toml"
     good.write_text(

@@ -6,11 +6,18 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from llamaforge.core.errors import LlamaforgeError
 from llamaforge.core.registry import Result, absent
 
 HostStatus = Literal[
     "updated", "unchanged", "rolled back", "failed", "untouched", "unreachable", "interrupted"
 ]
+
+
+class DeployFailed(LlamaforgeError):
+    """A rollout or rollback left a host failed, rolled back or unreachable."""
+
+    exit_code = 15
 
 
 def release_words(release: str | None) -> str:

@@ -8,9 +8,16 @@ from functools import partial
 
 from llamaforge.core.errors import Cancelled, LlamaforgeError, OperationFailed
 from llamaforge.core.events import Event
-from llamaforge.deploy.health import gate_service
+from llamaforge.deploy.hosts.health import gate_service
+from llamaforge.deploy.hosts.remote import (
+    HostState,
+    host_state,
+    read_api_key,
+    release_facts,
+    switch_and_activate,
+)
+from llamaforge.deploy.hosts.rollout import RolloutOptions, other_target, settle, where_after_loss
 from llamaforge.deploy.release import LOOPBACK, Layout
-from llamaforge.deploy.remote import HostState, host_state, read_api_key, release_facts, switch_and_activate
 from llamaforge.deploy.report import (
     DeployPlan,
     DeployStatus,
@@ -19,8 +26,7 @@ from llamaforge.deploy.report import (
     RolloutReport,
     still_on,
 )
-from llamaforge.deploy.rollout import RolloutOptions, other_target, settle, where_after_loss
-from llamaforge.deploy.targets import Target
+from llamaforge.deploy.targets.base import Target
 from llamaforge.runners.ssh import SshProcessRunner
 from llamaforge.runners.ssh_connection import SshError
 from llamaforge.runners.ssh_forward import forward_local
