@@ -192,11 +192,11 @@ def test_buffers_are_grouped_by_the_device_llamacpp_names() -> None:
 
 
 def test_the_heads_flags_are_the_plans() -> None:
-    from llamaforge.deploy.topology.ops import _plan_flags
+    from llamaforge.deploy.topology.service import plan_flags
 
     plan = plan_split(HEADER, TWO, Settings(ctx=512, parallel=2), tensor_split=[3, 1])
-    assert _plan_flags(plan.flags, None).args() == list(plan.flags)
-    assert _plan_flags(plan.flags, 2).args() == [
+    assert plan_flags(plan.flags, None).args() == list(plan.flags)
+    assert plan_flags(plan.flags, 2).args() == [
         *plan.flags[: plan.flags.index("-fit")],
         "-t",
         "2",

@@ -78,7 +78,9 @@ class RenderedManifests(Result):
     files: dict[str, str]
 
 
-@operation("deploy.render", RenderParams, read_only=True, cli="llamaforge.deploy.hosts.render:manifests_cli")
+@operation(
+    "deploy.render", RenderParams, read_only=True, cli="llamaforge.deploy.manifests.render:manifests_cli"
+)
 def deploy_render_op(params: RenderParams, ctx: OperationContext) -> RenderedManifests:
     """Render compose, Kubernetes or systemd manifests for a build and a model; no host, engine or container
     is touched (a model recipe or URL not in the store is fetched, and `--model tiny` is written on first use).
