@@ -7,6 +7,7 @@ from pydantic import Field, field_validator
 
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
+from llamaforge.core.validation import suggest
 from llamaforge.deploy.manifests.service import ManifestRequest, render_release
 from llamaforge.deploy.release import DEFAULT_PORT, DEFAULT_ROOT, DeployRoot, ReleaseRequest, ip_address_of
 from llamaforge.deploy.targets import RenderTargetName, render_target_names
@@ -15,7 +16,9 @@ from llamaforge.deploy.targets import RenderTargetName, render_target_names
 class RenderParams(Params):
     """Parameters of ``deploy.render``."""
 
-    target: RenderTargetName = Field(description=", ".join(render_target_names()))
+    target: RenderTargetName = Field(
+        description=", ".join(render_target_names()[:-1]) + " or " + render_target_names()[-1]
+    )
     build: str = Field(description="Build key (or unique prefix) from the build store")
     model: str = path_field(
         description="Model recipe name or .toml, a GGUF file or a URL, or `tiny`: the random-weight tiny qwen3 "
@@ -57,6 +60,16 @@ class RenderParams(Params):
     root: DeployRoot = Field(
         DEFAULT_ROOT, description="systemd: the directory on the hosts that holds the deployments"
     )
+
+    @field_validator("target", mode="before")
+    @classmethod
+    def _known_target(cls, value: object) -> object:
+        known = render_target_names()
+        if value not in known:
+            raise ValueError(
+                f"deploy.render has no target {value!r}; {suggest(str(value), known, end=' ')}known: {', '.join(known)}"
+            )
+        return value
 
     @field_validator("listen")
     @classmethod

@@ -52,8 +52,8 @@ def deploy_target_names() -> list[str]:
 
 
 def render_target_names() -> list[str]:
-    """The values of ``deploy.render --target``, in the registry's order."""
-    return [name for name, target in TARGETS.items() if target.renders]
+    """The values of ``deploy.render --target``, by name."""
+    return sorted(name for name, target in TARGETS.items() if target.renders)
 
 
 if TYPE_CHECKING:
