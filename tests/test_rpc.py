@@ -206,7 +206,7 @@ def test_the_heads_flags_are_the_plans() -> None:
 
 def test_a_topology_file_fills_the_options_and_typos_are_named(tmp_path: Path) -> None:
     from llamaforge.core.errors import RecipeError
-    from llamaforge.deploy.topology.ops import RpcDeployParams
+    from llamaforge.deploy.topology.ops import TopologyDeployParams
 
     good = tmp_path / "lab.toml"
     good.write_text(
@@ -215,7 +215,7 @@ def test_a_topology_file_fills_the_options_and_typos_are_named(tmp_path: Path) -
         '[[topology.workers]]\nhost = "lf@h3:22"\nrpc_address = "10.0.0.3"\nmemory = "4GiB"\n',
         encoding="utf-8",
     )
-    params = RpcDeployParams(topology=str(good), build="k", model="tiny")
+    params = TopologyDeployParams(topology=str(good), build="k", model="tiny")
     assert (params.head, params.rpc_workers, params.rpc_addresses) == (
         "lf@h1:22",
         "lf@h2:22,lf@h3:22",
@@ -228,10 +228,10 @@ def test_a_topology_file_fills_the_options_and_typos_are_named(tmp_path: Path) -
         encoding="utf-8",
     )
     with pytest.raises(RecipeError) as caught:
-        RpcDeployParams(topology=str(bad), build="k", model="tiny")
+        TopologyDeployParams(topology=str(bad), build="k", model="tiny")
     assert str(bad) in caught.value.message and "rpc_adress" in caught.value.message
     assert "rpc_address" in (caught.value.hint or "")
     with pytest.raises(InvalidOption):
-        RpcDeployParams(topology=str(good), head="lf@h9:22", build="k", model="tiny")
+        TopologyDeployParams(topology=str(good), head="lf@h9:22", build="k", model="tiny")
     with pytest.raises(InvalidOption):
-        RpcDeployParams(build="k", model="tiny").workers()
+        TopologyDeployParams(build="k", model="tiny").workers()

@@ -72,7 +72,7 @@ class HostReport(Result):
     )
 
 
-class RolloutReport(Result):
+class DeployResult(Result):
     """A rollout over hosts: the release, every host's outcome, and whether all of them are healthy."""
 
     release: str | None
@@ -120,7 +120,7 @@ class HostPlan(Result):
     detail: str = ""
 
 
-class DeployPlan(Result):
+class DeployPlanResult(Result):
     """``deploy.plan``: the release and each host's changes; nothing ran."""
 
     release: str
@@ -145,7 +145,7 @@ class HostStatusReport(Result):
     detail: str = ""
 
 
-class DeployStatus(Result):
+class DeployStatusResult(Result):
     """``deploy.status``: every host."""
 
     target: str

@@ -25,7 +25,7 @@ from llamaforge.deploy.release import (
     Layout,
     ReleaseRequest,
 )
-from llamaforge.deploy.report import DeployFailed, DeployPlan, DeployStatus, RolloutReport
+from llamaforge.deploy.report import DeployFailed, DeployPlanResult, DeployResult, DeployStatusResult
 from llamaforge.deploy.targets import (
     TARGETS,
     Deployment,
@@ -36,7 +36,7 @@ from llamaforge.deploy.targets import (
 )
 from llamaforge.serve.launcher import CACHE_TYPES
 
-__all__ = ["DeployFailed", "DeployParams", "HostsParams", "RollbackParams", "target_names"]
+__all__ = ["DeployFailed", "DeployParams", "DeployRollbackParams", "HostsParams", "target_names"]
 
 
 def target_names() -> list[str]:
@@ -224,7 +224,7 @@ class DeployParams(HostsParams):
     long_running=True,
     cli="llamaforge.deploy.hosts.render:rollout_cli",
 )
-def deploy_op(params: DeployParams, ctx: OperationContext) -> RolloutReport:
+def deploy_op(params: DeployParams, ctx: OperationContext) -> DeployResult:
     """Deploy a build and a model to hosts as a release: canary, batches, health gate, rollback on failure."""
     return service.deploy(
         get_target(params.target),
@@ -237,7 +237,7 @@ def deploy_op(params: DeployParams, ctx: OperationContext) -> RolloutReport:
 
 
 @operation("deploy.plan", DeployParams, read_only=True, cli="llamaforge.deploy.hosts.render:plan_cli")
-def deploy_plan_op(params: DeployParams, ctx: OperationContext) -> DeployPlan:
+def deploy_plan_op(params: DeployParams, ctx: OperationContext) -> DeployPlanResult:
     """What a deploy would change on each host (upload, model, flags, restart); nothing runs.
 
     Exits 14 (naming each host and why) when a host did not answer: unreachable, its key refused, its host key
@@ -253,7 +253,7 @@ def deploy_plan_op(params: DeployParams, ctx: OperationContext) -> DeployPlan:
 
 
 @operation("deploy.status", HostsParams, read_only=True, cli="llamaforge.deploy.hosts.render:status_cli")
-def deploy_status_op(params: HostsParams, ctx: OperationContext) -> DeployStatus:
+def deploy_status_op(params: HostsParams, ctx: OperationContext) -> DeployStatusResult:
     """Per host: current release, service state, health, build key, model sha256 and flags.
 
     Exits 14 (naming each host and why) when a host did not answer: unreachable, its key refused, its host key
@@ -262,7 +262,7 @@ def deploy_status_op(params: HostsParams, ctx: OperationContext) -> DeployStatus
     return service.deploy_status(get_target(params.target), params.deployment())
 
 
-class RollbackParams(HostsParams):
+class DeployRollbackParams(HostsParams):
     """Parameters of ``deploy.rollback``."""
 
     release: str | None = Field(None, description="Release id to go back to (default: the previous one)")
@@ -270,13 +270,13 @@ class RollbackParams(HostsParams):
 
 @operation(
     "deploy.rollback",
-    RollbackParams,
+    DeployRollbackParams,
     read_only=False,
     destructive=True,
     long_running=True,
     cli="llamaforge.deploy.hosts.render:rollout_cli",
 )
-def deploy_rollback_op(params: RollbackParams, ctx: OperationContext) -> RolloutReport:
+def deploy_rollback_op(params: DeployRollbackParams, ctx: OperationContext) -> DeployResult:
     """Put every host back on its previous release (or --release ID), health-gated, one host at a time."""
     return service.deploy_rollback(
         get_target(params.target), params.deployment(), params.release, ctx.reporter, ctx.cancel

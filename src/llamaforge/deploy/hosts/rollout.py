@@ -48,7 +48,7 @@ from llamaforge.deploy.release import (
     LOOPBACK,
     Layout,
 )
-from llamaforge.deploy.report import HostPlan, HostReport, RolloutReport, still_on
+from llamaforge.deploy.report import DeployResult, HostPlan, HostReport, still_on
 from llamaforge.deploy.targets.base import Target
 from llamaforge.runners.ssh import SshProcessRunner
 from llamaforge.runners.ssh_connection import HostKeyChanged, HostKeyUnknown, SshError
@@ -440,7 +440,7 @@ def _run_batch(
 
 def rollout(
     runners: Sequence[SshProcessRunner], release: Release | Sequence[Release], options: RolloutOptions
-) -> RolloutReport:
+) -> DeployResult:
     """Deploy ``release`` (or one release per host, e.g. flags fitted to each host's GPU) to every host in
     order (see the module docstring)."""
     started = time.monotonic()
@@ -472,7 +472,7 @@ def rollout(
         for report, (plan, state) in zip(reports, plans, strict=True)
     ]
     ids = {item.id for item in releases}
-    return RolloutReport(
+    return DeployResult(
         release=ids.pop() if len(ids) == 1 else None,
         target=releases[0].target.name,
         name=releases[0].layout.name,

@@ -15,7 +15,7 @@ from llamaforge.deploy.hosts.prepared import Release, prepare_release
 from llamaforge.deploy.hosts.rollout import RolloutOptions, plan_host, rollout
 from llamaforge.deploy.inputs import release_probe, release_spec
 from llamaforge.deploy.release import Layout, ReleaseRequest
-from llamaforge.deploy.report import DeployFailed, DeployPlan, DeployStatus, RolloutReport
+from llamaforge.deploy.report import DeployFailed, DeployPlanResult, DeployResult, DeployStatusResult
 from llamaforge.deploy.targets.base import Deployment, RolloutSettings, Target
 
 
@@ -66,7 +66,7 @@ def rollout_options(
     )
 
 
-def _failed(what: str, report: RolloutReport) -> OperationFailed:
+def _failed(what: str, report: DeployResult) -> OperationFailed:
     if report.interrupted:
         where = ", ".join(
             f"{host.host} {host.status} on {host.release or 'unknown'}" for host in report.hosts
@@ -95,7 +95,7 @@ def deploy(
     settings: RolloutSettings,
     reporter: Reporter,
     cancel: CancelToken,
-) -> RolloutReport:
+) -> DeployResult:
     """Deploy a release of ``request``: canary, batches, health gate, rollback on failure; OperationFailed with
     the report when a host is left anything but healthy."""
     if not target.on_hosts:
@@ -116,7 +116,7 @@ def plan(
     settings: RolloutSettings,
     reporter: Reporter,
     cancel: CancelToken,
-) -> DeployPlan:
+) -> DeployPlanResult:
     """What a deploy would change on each host; OperationFailed (exit 14) when a host did not answer."""
     if not target.on_hosts:
         raise InvalidOption(
@@ -128,7 +128,7 @@ def plan(
     with open_runners([host.ssh for host in hosts], deployment.access) as runners:
         plans = [plan_host(runner, release)[0] for runner, release in zip(runners, releases, strict=True)]
     first = releases[0]
-    result = DeployPlan(
+    result = DeployPlanResult(
         release=first.id, target=first.target.name, name=first.layout.name, record=first.record, hosts=plans
     )
     failure = unanswered("deploy.plan", result)
@@ -137,7 +137,7 @@ def plan(
     return result
 
 
-def deploy_status(target: Target, deployment: Deployment) -> DeployStatus:
+def deploy_status(target: Target, deployment: Deployment) -> DeployStatusResult:
     """Per host: current release, service state, health, build key, model sha256 and flags."""
     if not target.on_hosts:
         return target.service_status(deployment)
@@ -151,7 +151,7 @@ def deploy_status(target: Target, deployment: Deployment) -> DeployStatus:
 
 def deploy_rollback(
     target: Target, deployment: Deployment, release: str | None, reporter: Reporter, cancel: CancelToken
-) -> RolloutReport:
+) -> DeployResult:
     """Every host back on its previous release (or ``release``), health-gated, one host at a time."""
     if not target.on_hosts:
         return target.rollback_service(deployment, release, reporter, cancel)

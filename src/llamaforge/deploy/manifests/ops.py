@@ -13,7 +13,7 @@ from llamaforge.deploy.release import DEFAULT_PORT, DEFAULT_ROOT, DeployRoot, Re
 from llamaforge.deploy.targets import RenderTargetName, render_target_names
 
 
-class RenderParams(Params):
+class DeployRenderParams(Params):
     """Parameters of ``deploy.render``."""
 
     target: RenderTargetName = Field(
@@ -81,7 +81,7 @@ class RenderParams(Params):
             raise ValueError(f"{error.message}; {error.hint}") from None
 
 
-class RenderedManifests(Result):
+class DeployRenderResult(Result):
     """The rendered files, by name; nothing was written or started."""
 
     target: str
@@ -92,9 +92,12 @@ class RenderedManifests(Result):
 
 
 @operation(
-    "deploy.render", RenderParams, read_only=True, cli="llamaforge.deploy.manifests.render:manifests_cli"
+    "deploy.render",
+    DeployRenderParams,
+    read_only=True,
+    cli="llamaforge.deploy.manifests.render:manifests_cli",
 )
-def deploy_render_op(params: RenderParams, ctx: OperationContext) -> RenderedManifests:
+def deploy_render_op(params: DeployRenderParams, ctx: OperationContext) -> DeployRenderResult:
     """Render compose, Kubernetes or systemd manifests for a build and a model; no host, engine or container
     is touched (a model recipe or URL not in the store is fetched, and `--model tiny` is written on first use).
 
@@ -128,4 +131,4 @@ def deploy_render_op(params: RenderParams, ctx: OperationContext) -> RenderedMan
         ctx.reporter,
         ctx.cancel,
     )
-    return RenderedManifests(target=params.target, image=rendered.image, files=rendered.files)
+    return DeployRenderResult(target=params.target, image=rendered.image, files=rendered.files)

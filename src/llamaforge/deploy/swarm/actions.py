@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.events import CancelToken, Event, Reporter
 from llamaforge.deploy.inputs import release_spec
-from llamaforge.deploy.report import DeployFailed, DeployStatus, RolloutReport, SwarmReport
+from llamaforge.deploy.report import DeployFailed, DeployResult, DeployStatusResult, SwarmReport
 from llamaforge.deploy.swarm.service import (
     api_key_secret,
     deploy_service,
@@ -34,8 +34,8 @@ def _no_hosts(deployment: Deployment) -> None:
         )
 
 
-def _rollout(deployment: Deployment, swarm: SwarmReport) -> RolloutReport:
-    return RolloutReport(
+def _rollout(deployment: Deployment, swarm: SwarmReport) -> DeployResult:
+    return DeployResult(
         release=swarm.release,
         target=TARGET,
         name=deployment.name,
@@ -46,7 +46,7 @@ def _rollout(deployment: Deployment, swarm: SwarmReport) -> RolloutReport:
     )
 
 
-def _failed(what: str, result: RolloutReport) -> OperationFailed:
+def _failed(what: str, result: DeployResult) -> OperationFailed:
     swarm = result.swarm
     assert swarm is not None
     verdict = (
@@ -71,7 +71,7 @@ def swarm_deploy(
     settings: RolloutSettings,
     reporter: Reporter,
     cancel: CancelToken,
-) -> RolloutReport:
+) -> DeployResult:
     """Deploy to Swarm: the build's runtime image (made when missing), then the service created or updated."""
     from llamaforge.build.runtime_image import ensure_runtime_image
 
@@ -108,10 +108,10 @@ def swarm_deploy(
     return result
 
 
-def swarm_status(deployment: Deployment) -> DeployStatus:
+def swarm_status(deployment: Deployment) -> DeployStatusResult:
     """The service's release, Swarm's last update state and every replica, each asked for /health."""
     _no_hosts(deployment)
-    return DeployStatus(
+    return DeployStatusResult(
         target=TARGET,
         name=deployment.name,
         hosts=[],
@@ -121,7 +121,7 @@ def swarm_status(deployment: Deployment) -> DeployStatus:
 
 def swarm_rollback(
     deployment: Deployment, release: str | None, reporter: Reporter, cancel: CancelToken
-) -> RolloutReport:
+) -> DeployResult:
     """Swarm's own rollback to the service's previous spec."""
     _no_hosts(deployment)
     if release is not None:

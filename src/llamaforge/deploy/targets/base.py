@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from llamaforge.deploy.hosts.access import Access, DeployHost
     from llamaforge.deploy.manifests.files import ManifestInputs
     from llamaforge.deploy.release import ReleaseRequest, ReleaseSpec
-    from llamaforge.deploy.report import DeployStatus, RolloutReport
+    from llamaforge.deploy.report import DeployResult, DeployStatusResult
     from llamaforge.runners.ssh import SshProcessRunner
 
 
@@ -173,17 +173,17 @@ class Target:
         settings: RolloutSettings,
         reporter: Reporter,
         cancel: CancelToken,
-    ) -> RolloutReport:
+    ) -> DeployResult:
         """Deploy a release of ``request`` where the target runs it, when that is not on SSH hosts."""
         raise self._on_hosts()
 
-    def service_status(self, deployment: Deployment) -> DeployStatus:
+    def service_status(self, deployment: Deployment) -> DeployStatusResult:
         """The deployment's state, when the target runs it elsewhere than on SSH hosts."""
         raise self._on_hosts()
 
     def rollback_service(
         self, deployment: Deployment, release: str | None, reporter: Reporter, cancel: CancelToken
-    ) -> RolloutReport:
+    ) -> DeployResult:
         """Go back to the previous release, when the target runs it elsewhere than on SSH hosts."""
         raise self._on_hosts()
 

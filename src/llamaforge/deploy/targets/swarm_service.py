@@ -12,7 +12,7 @@ from llamaforge.deploy.targets.base import Target
 if TYPE_CHECKING:
     from llamaforge.core.events import CancelToken, Reporter
     from llamaforge.deploy.release import ReleaseRequest
-    from llamaforge.deploy.report import DeployStatus, RolloutReport
+    from llamaforge.deploy.report import DeployResult, DeployStatusResult
     from llamaforge.deploy.targets.base import Deployment, RolloutSettings
 
 
@@ -31,16 +31,16 @@ class SwarmTarget(Target):
         settings: RolloutSettings,
         reporter: Reporter,
         cancel: CancelToken,
-    ) -> RolloutReport:
+    ) -> DeployResult:
         """The build's runtime image (made when missing), then the service created or updated."""
         return actions.swarm_deploy(deployment, request, settings, reporter, cancel)
 
-    def service_status(self, deployment: Deployment) -> DeployStatus:
+    def service_status(self, deployment: Deployment) -> DeployStatusResult:
         """The service's release, Swarm's last update state and every replica, each asked for /health."""
         return actions.swarm_status(deployment)
 
     def rollback_service(
         self, deployment: Deployment, release: str | None, reporter: Reporter, cancel: CancelToken
-    ) -> RolloutReport:
+    ) -> DeployResult:
         """Swarm's own rollback to the service's previous spec."""
         return actions.swarm_rollback(deployment, release, reporter, cancel)

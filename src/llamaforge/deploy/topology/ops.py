@@ -25,13 +25,13 @@ from llamaforge.deploy.release import (
     ReleaseRequest,
 )
 from llamaforge.deploy.topology import service
-from llamaforge.deploy.topology.orchestrate import TopologyReport, TopologyStatus
+from llamaforge.deploy.topology.orchestrate import TopologyDeployResult, TopologyStatusResult
 from llamaforge.deploy.topology.workers import RpcWorker, parse_workers
 from llamaforge.serve.launcher import DEFAULT_RPC_PORT
 from llamaforge.serve.ops_split import SplitOutcome
 
 
-class RpcHostsParams(Params):
+class TopologyParams(Params):
     """Where a topology lives: the head, the workers with their private RPC addresses, how to reach them."""
 
     head: str = Field("", description="The head host (runs llama-server --rpc) as user@host:port")
@@ -120,7 +120,7 @@ class RpcHostsParams(Params):
         )
 
 
-class RpcDeployParams(RpcHostsParams):
+class TopologyDeployParams(TopologyParams):
     """Parameters of ``topology.deploy`` and ``topology.plan``."""
 
     build: str = Field(
@@ -159,25 +159,25 @@ class RpcDeployParams(RpcHostsParams):
         )
 
 
-@operation("topology.deploy", RpcDeployParams, read_only=False, destructive=True, long_running=True)
-def deploy_rpc_op(params: RpcDeployParams, ctx: OperationContext) -> TopologyReport:
+@operation("topology.deploy", TopologyDeployParams, read_only=False, destructive=True, long_running=True)
+def deploy_rpc_op(params: TopologyDeployParams, ctx: OperationContext) -> TopologyDeployResult:
     """Deploy one model over RPC workers and a head: workers first (RPC HELLO), then the head (health + completion)."""
     return service.deploy(params.members(params.worker_memory), params.split(), ctx.reporter, ctx.cancel)
 
 
-@operation("topology.plan", RpcDeployParams, read_only=True)
-def deploy_rpc_plan_op(params: RpcDeployParams, ctx: OperationContext) -> SplitOutcome:
+@operation("topology.plan", TopologyDeployParams, read_only=True)
+def deploy_rpc_plan_op(params: TopologyDeployParams, ctx: OperationContext) -> SplitOutcome:
     """The split plan of a topology deploy (blocks and memory per worker, the head's flags); nothing changes."""
     return service.plan(params.members(params.worker_memory), params.split(), ctx.reporter, ctx.cancel)
 
 
-@operation("topology.status", RpcHostsParams, read_only=True)
-def deploy_rpc_status_op(params: RpcHostsParams, ctx: OperationContext) -> TopologyStatus:
+@operation("topology.status", TopologyParams, read_only=True)
+def deploy_rpc_status_op(params: TopologyParams, ctx: OperationContext) -> TopologyStatusResult:
     """The head (release, /health) and each worker (RPC server unit, build, reachable from the head)."""
     return service.status(params.members())
 
 
-class RpcRollbackParams(RpcHostsParams):
+class TopologyRollbackParams(TopologyParams):
     """Parameters of ``topology.rollback``."""
 
     release: str | None = Field(
@@ -185,13 +185,13 @@ class RpcRollbackParams(RpcHostsParams):
     )
 
 
-@operation("topology.rollback", RpcRollbackParams, read_only=False, destructive=True, long_running=True)
-def deploy_rpc_rollback_op(params: RpcRollbackParams, ctx: OperationContext) -> TopologyReport:
+@operation("topology.rollback", TopologyRollbackParams, read_only=False, destructive=True, long_running=True)
+def deploy_rpc_rollback_op(params: TopologyRollbackParams, ctx: OperationContext) -> TopologyDeployResult:
     """Put every worker, then the head, back on its previous release, each gated."""
     return service.rollback(params.members(), params.release, ctx.reporter, ctx.cancel)
 
 
-class RpcSmokeParams(RpcHostsParams):
+class TopologySmokeParams(TopologyParams):
     """Parameters of ``topology.smoke``."""
 
     single_host: str | None = Field(None, description="A host serving the same model alone (user@host:port)")
@@ -200,7 +200,7 @@ class RpcSmokeParams(RpcHostsParams):
     runs: int = Field(3, ge=1, le=20, description="Timed completions per server")
 
 
-class RpcSmokeReport(Result):
+class TopologySmokeResult(Result):
     """The head's greedy tokens and tok/s beside a single host's, and each device's buffers: planned vs
     allocated (llama.cpp's load log on the head)."""
 
@@ -213,8 +213,8 @@ class RpcSmokeReport(Result):
     )
 
 
-@operation("topology.smoke", RpcSmokeParams, read_only=True)
-def deploy_rpc_smoke_op(params: RpcSmokeParams, ctx: OperationContext) -> RpcSmokeReport:
+@operation("topology.smoke", TopologySmokeParams, read_only=True)
+def deploy_rpc_smoke_op(params: TopologySmokeParams, ctx: OperationContext) -> TopologySmokeResult:
     """Smoke a topology through its head: greedy tokens and tok/s beside a single host, buffers per device."""
     figures = service.smoke(
         params.members(),
@@ -223,7 +223,7 @@ def deploy_rpc_smoke_op(params: RpcSmokeParams, ctx: OperationContext) -> RpcSmo
         n_predict=params.n_predict,
         runs=params.runs,
     )
-    return RpcSmokeReport(
+    return TopologySmokeResult(
         name=params.name,
         head=figures.head,
         single=figures.single,

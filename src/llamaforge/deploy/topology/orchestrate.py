@@ -32,7 +32,7 @@ from llamaforge.deploy.topology.workers import check_builds
 from llamaforge.runners.ssh import SshProcessRunner
 
 
-class TopologyReport(Result):
+class TopologyDeployResult(Result):
     """A topology deploy or rollback: the head's and each worker's outcome, and whether the whole is healthy."""
 
     name: str
@@ -57,7 +57,7 @@ class WorkerStatus(Result):
     detail: str = ""
 
 
-class TopologyStatus(Result):
+class TopologyStatusResult(Result):
     """``topology.status``: the head, every worker, and which worker (if any) breaks the topology."""
 
     name: str
@@ -280,7 +280,7 @@ def worker_status(runner: SshProcessRunner, member: Member, head: SshProcessRunn
     )
 
 
-def topology_status(head: Member, workers: Sequence[Member]) -> TopologyStatus:
+def topology_status(head: Member, workers: Sequence[Member]) -> TopologyStatusResult:
     """The head's status, each worker's, and the first thing that keeps the topology from serving."""
     head_report = host_status(head.runner, head.layout, head.target)
     reach = head.runner if head_report.reachable else None
@@ -302,7 +302,7 @@ def topology_status(head: Member, workers: Sequence[Member]) -> TopologyStatus:
                 f"worker {report.host} runs build {report.build_key}, the head {head_report.build_key}"
             )
     detail = "; ".join(problems) or "head and every worker serve"
-    return TopologyStatus(
+    return TopologyStatusResult(
         name=head.layout.name, head=head_report, workers=reports, healthy=not problems, detail=detail
     )
 

@@ -25,8 +25,8 @@ from llamaforge.deploy.targets import RolloutSettings, Target, topology_head
 from llamaforge.deploy.targets.rpc_server import RpcServerTarget
 from llamaforge.deploy.topology.orchestrate import (
     Member,
-    TopologyReport,
-    TopologyStatus,
+    TopologyDeployResult,
+    TopologyStatusResult,
     deploy_topology,
     elapsed,
     rollback_topology,
@@ -231,7 +231,7 @@ def split_rows(plan: Any) -> list[dict[str, object]]:
     return rows
 
 
-def _failed(what: str, report: TopologyReport) -> OperationFailed:
+def _failed(what: str, report: TopologyDeployResult) -> OperationFailed:
     bad = [
         f"{host.host} {host.status}"
         for host in [*report.workers, report.head]
@@ -252,7 +252,7 @@ def plan_result(plan: Any) -> SplitOutcome:
 
 def deploy(
     topology: Topology, request: SplitRequest, reporter: Reporter, cancel: CancelToken
-) -> TopologyReport:
+) -> TopologyDeployResult:
     """Workers first (RPC HELLO), then the head (health + completion); OperationFailed (exit 13) when the split
     does not fit, with the report when a host is left anything but healthy."""
     started = time.monotonic()
@@ -271,7 +271,7 @@ def deploy(
         worker_reports, head_report = deploy_topology(
             head, workers, topology.options(reporter, cancel, keep=request.keep)
         )
-    report = TopologyReport(
+    report = TopologyDeployResult(
         name=topology.layout.name,
         head=head_report,
         workers=worker_reports,
@@ -290,7 +290,7 @@ def plan(topology: Topology, request: SplitRequest, reporter: Reporter, cancel: 
     return plan_result(prepare(topology, request, reporter, cancel).plan)
 
 
-def status(topology: Topology) -> TopologyStatus:
+def status(topology: Topology) -> TopologyStatusResult:
     """The head (release, /health) and each worker; OperationFailed when the topology is not serving."""
     with members(topology) as (head, workers):
         result = topology_status(head, workers)
@@ -306,14 +306,14 @@ def status(topology: Topology) -> TopologyStatus:
 
 def rollback(
     topology: Topology, release: str | None, reporter: Reporter, cancel: CancelToken
-) -> TopologyReport:
+) -> TopologyDeployResult:
     """Every worker, then the head, back on its previous release (or the head on ``release``), each gated."""
     started = time.monotonic()
     with members(topology) as (head, workers):
         worker_reports, head_report = rollback_topology(
             head, workers, release, topology.options(reporter, cancel)
         )
-    report = TopologyReport(
+    report = TopologyDeployResult(
         name=topology.layout.name,
         head=head_report,
         workers=worker_reports,
