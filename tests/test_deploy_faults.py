@@ -27,7 +27,7 @@ from helpers import REPO
 from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.events import CancelToken, Event
 from llamaforge.core.registry import OperationContext, operations, result_json
-from llamaforge.deploy import rollout as rollout_module
+from llamaforge.deploy.hosts import rollout as rollout_module
 from llamaforge.deploy.report import DeployPlanResult, DeployResult, DeployStatusResult
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.runners import ssh_connection
