@@ -36,7 +36,6 @@ __all__ = [
     "deploy_target_names",
     "get_target",
     "render_target_names",
-    "targets",
     "topology_head",
 ]
 
@@ -62,11 +61,6 @@ if TYPE_CHECKING:
 else:  # pydantic reads the choices: the CLI's help, the MCP tools' enum and the notebooks' argparse list them
     DeployTargetName = Literal[tuple(deploy_target_names())]
     RenderTargetName = Literal[tuple(render_target_names())]
-
-
-def targets() -> dict[str, Target]:
-    """Every target of ``deploy --target`` by name, as made without options."""
-    return {name: TARGETS[name]() for name in deploy_target_names()}
 
 
 def get_target(name: str) -> Target:
