@@ -27,9 +27,9 @@ from llamaforge.build import runtime_image
 from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.events import CancelToken, Event
 from llamaforge.deploy.release import Layout, ReleaseSpec, release_id
-from llamaforge.deploy.report import DeployPlan, DeployStatus, RolloutReport
+from llamaforge.deploy.report import DeployPlanResult, DeployResult, DeployStatusResult
 from llamaforge.deploy.targets import get_target
-from llamaforge.deploy.targets.docker import (
+from llamaforge.deploy.targets.container import (
     ContainerImage,
     DockerTarget,
     render_container,
@@ -119,8 +119,8 @@ def test_the_release_id_follows_the_container_script_and_the_image() -> None:
 
 
 def test_a_deployment_keeps_its_target() -> None:
-    from llamaforge.deploy.remote import HostState
-    from llamaforge.deploy.rollout import other_target
+    from llamaforge.deploy.hosts.remote import HostState
+    from llamaforge.deploy.hosts.rollout import other_target
 
     state = HostState("r1", ("r1",), ("r1",), {"target": "systemd"})
     assert other_target(state, get_target("systemd"), "lf@h:22", Layout("lab")) == ""
@@ -208,12 +208,12 @@ def container(host: TestHost, name: str) -> dict[str, Any]:
     return shown[0]
 
 
-def settled_status(access: dict[str, Any]) -> DeployStatus:
+def settled_status(access: dict[str, Any]) -> DeployStatusResult:
     """deploy.status once the engines' own health checks (every 5 s) have run since the last restart."""
     deadline = time.monotonic() + 30
     while True:
         shown = run("deploy.status", **access)
-        assert isinstance(shown, DeployStatus)
+        assert isinstance(shown, DeployStatusResult)
         if all(host.active == "active" for host in shown.hosts) or time.monotonic() > deadline:
             return shown
         time.sleep(1)
@@ -229,13 +229,13 @@ def test_docker_deploy_query_redeploy_and_rollback(
     started = time.monotonic()
     plan = run("deploy.plan", **base, model=str(tiny_qwen3))  # makes the runtime image here when missing
     plan_s = time.monotonic() - started
-    assert isinstance(plan, DeployPlan) and plan.target == "docker"
+    assert isinstance(plan, DeployPlanResult) and plan.target == "docker"
     assert [item.action for item in plan.hosts] == ["upload"] * 2
 
     started = time.monotonic()
     first = run("deploy", **base, model=str(tiny_qwen3))
     first_s = time.monotonic() - started
-    assert isinstance(first, RolloutReport) and first.passed, first
+    assert isinstance(first, DeployResult) and first.passed, first
     assert [item.status for item in first.hosts] == ["updated"] * 2
     # each host ran the image's llama-bench as the container would, on the probe model, before the switch
     assert all(
@@ -252,7 +252,7 @@ def test_docker_deploy_query_redeploy_and_rollback(
         item.delivery.startswith("the image llamaforge/llama-server:") for item in plan.hosts if item.delivery
     )
     again = run("deploy.plan", **base, model=str(tiny_qwen3), ctx=1024)
-    assert isinstance(again, DeployPlan) and [item.delivery for item in again.hosts] == ["", ""]
+    assert isinstance(again, DeployPlanResult) and [item.delivery for item in again.hosts] == ["", ""]
     root = f"/opt/llamaforge/{name}"
     user = on_host(hosts[0], "echo $(id -u llamaforge):$(id -g llamaforge)")
     for host in hosts:
@@ -316,7 +316,7 @@ def test_a_docker_release_whose_model_does_not_load_is_rolled_back_on_the_canary
     with pytest.raises(OperationFailed) as caught:
         run("deploy", **base, model=str(broken))
     report = caught.value.result
-    assert isinstance(report, RolloutReport)
+    assert isinstance(report, DeployResult)
     assert [item.status for item in report.hosts] == ["rolled back", "untouched"], report
     canary = report.hosts[0]
     assert canary.release == good.release and canary.logs and "restarted" in canary.detail

@@ -27,8 +27,8 @@ from helpers import REPO
 from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.events import CancelToken, Event
 from llamaforge.core.registry import OperationContext, operations, result_json
-from llamaforge.deploy import rollout as rollout_module
-from llamaforge.deploy.report import DeployPlan, DeployStatus, RolloutReport
+from llamaforge.deploy.hosts import rollout as rollout_module
+from llamaforge.deploy.report import DeployPlanResult, DeployResult, DeployStatusResult
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.runners.ssh import connection as ssh_connection
 from llamaforge.runners.ssh.forward import forward_local
@@ -48,11 +48,11 @@ def deploy(
     return op.run(op.params(**arguments), context)
 
 
-def failed(operation: str = "deploy", **arguments: Any) -> RolloutReport:
+def failed(operation: str = "deploy", **arguments: Any) -> DeployResult:
     """The report of a deploy operation that must fail."""
     with pytest.raises(OperationFailed) as caught:
         deploy(operation, **arguments)
-    assert isinstance(caught.value.result, RolloutReport)
+    assert isinstance(caught.value.result, DeployResult)
     return caught.value.result
 
 
@@ -178,7 +178,7 @@ def test_an_inventory_deploy_listening_beyond_loopback_keeps_its_key_secret(
         deploy("deploy.plan", **wide, hosts="h1,h11")
     assert "did you mean 'h1'" in (unknown.value.hint or "")
     plan = deploy("deploy.plan", **wide)
-    assert isinstance(plan, DeployPlan)
+    assert isinstance(plan, DeployPlanResult)
     assert plan.hosts[0].flags_after[:4] == ["-ngl", "3", "-c", "4096"] and plan.hosts[0].fit  # the GPU host
     assert [item.flags_after for item in plan.hosts[1:]] == [[], []] and not plan.hosts[1].fit
     assert all(item.api_key and item.listen == "0.0.0.0" for item in plan.hosts)
@@ -241,7 +241,7 @@ def test_a_full_disk_switches_nothing_and_max_fail_lets_the_next_batch_go_on(
 def test_a_port_another_deployment_listens_on_is_refused_before_anything_changes(site: Site) -> None:
     other = {**site.params(), "name": f"{site.name}-other"}  # a second deployment, on the first one's port
     plan = deploy("deploy.plan", **other)
-    assert isinstance(plan, DeployPlan)
+    assert isinstance(plan, DeployPlanResult)
     for item in plan.hosts:
         assert f"port {site.port} is in use there (127.0.0.1:{site.port} listens" in item.detail, item.detail
         assert "choose another --port" in item.detail
@@ -396,7 +396,7 @@ def test_a_signal_mid_rollout_leaves_each_host_on_a_whole_release(site: Site, si
         )
     # the second host is switching to the new release when the signal comes: it is put back, not gated
     assert code_seen == code, seen + rest
-    report = RolloutReport.model_validate(json.loads(out))
+    report = DeployResult.model_validate(json.loads(out))
     assert report.interrupted and "interrupted" in rest
     assert [item.status for item in report.hosts] == ["updated", "interrupted", "untouched"], report
     new = report.hosts[0].release
@@ -430,7 +430,7 @@ def test_an_upload_interrupted_mid_model_resumes_from_its_part(site: Site, tmp_p
     with pytest.raises(OperationFailed) as caught:
         deploy(**site.params(model=str(model)), cancel=CancelAtChunk(4))
     report = caught.value.result
-    assert caught.value.exit_code == 130 and isinstance(report, RolloutReport)
+    assert caught.value.exit_code == 130 and isinstance(report, DeployResult)
     assert [item.status for item in report.hosts] == ["interrupted", "untouched", "untouched"], report
     part = f"{site.root}/models/{sha}.gguf.part"
     assert on_host(site.hosts[0], f"stat -c %s {part}") == str(2 * CHUNK)
@@ -454,7 +454,7 @@ def _healthy(site: Site, index: int) -> bool:
         status = deploy("deploy.status", **site.access())
     except OperationFailed as failed:  # a host did not answer (yet): exit 14, the report still says the rest
         status = failed.result
-    assert isinstance(status, DeployStatus)
+    assert isinstance(status, DeployStatusResult)
     return bool(status.hosts[index].healthy)
 
 
@@ -530,7 +530,7 @@ def test_a_signal_mid_rollback_leaves_each_host_on_a_whole_release(
             120,
         )  # the second host is switching back to good when the signal comes: it stays there, not gated
     assert code_seen == code, seen + rest
-    report = RolloutReport.model_validate(json.loads(out))
+    report = DeployResult.model_validate(json.loads(out))
     assert report.interrupted and "interrupted" in rest
     assert [item.status for item in report.hosts] == ["rolled back", "interrupted", "untouched"], report
     assert [item.release for item in report.hosts] == [site.good, site.good, newer.release]

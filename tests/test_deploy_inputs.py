@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from llamaforge.core.errors import InvalidOption
-from llamaforge.deploy.ops import DeployParams
+from llamaforge.deploy.hosts.ops import DeployParams
 from llamaforge.deploy.release import DEFAULT_ROOT, Layout
 
 HOSTILE_ROOTS = [

@@ -11,13 +11,13 @@ import pytest
 
 from llamaforge.core.errors import DoesNotFit, InvalidOption, RecipeError
 from llamaforge.core.paths import data_dir
-from llamaforge.deploy.fitplan import fit_for_gpu
-from llamaforge.deploy.inventory import inventory_hosts, inventory_json_schema, load_inventory
-from llamaforge.deploy.ops import DeployParams
+from llamaforge.deploy.hosts.fitplan import fit_for_gpu
+from llamaforge.deploy.hosts.inventory import inventory_hosts, inventory_json_schema, load_inventory
+from llamaforge.deploy.hosts.ops import DeployParams
+from llamaforge.deploy.hosts.remote import parse_listeners, port_clash
+from llamaforge.deploy.hosts.rollout import too_many_failed
 from llamaforge.deploy.release import Layout, ReleaseSpec, listen_address, release_record
-from llamaforge.deploy.remote import parse_listeners, port_clash
 from llamaforge.deploy.report import HostReport
-from llamaforge.deploy.rollout import too_many_failed
 from llamaforge.deploy.targets.systemd import render_unit
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.serve.launcher import LlamaFlags
@@ -31,7 +31,8 @@ def write(path: Path, text: str) -> Path:
 
 
 def test_checked_in_inventory_schema_matches_the_model() -> None:
-    # Regenerate: python -c "from llamaforge.deploy.inventory import inventory_json_schema as s; print(s(), end='')"
+    # Regenerate:
+    # python -c "from llamaforge.deploy.hosts.inventory import inventory_json_schema as s; print(s(), end='')"
     assert SCHEMA.read_text(encoding="utf-8") == inventory_json_schema()
 
 
@@ -156,7 +157,7 @@ def test_the_fit_plan_sets_each_gpu_hosts_flags_and_refuses_what_does_not_fit(ti
 def test_the_cli_tables_show_every_host_and_never_a_key() -> None:
     from rich.console import Console
 
-    from llamaforge.deploy.render import plan_cli, rollout_cli, status_cli
+    from llamaforge.deploy.hosts.render import plan_cli, rollout_cli, status_cli
 
     console = Console(record=True, width=200)
     key_file = "/opt/llamaforge/lab/releases/r1/api-key"

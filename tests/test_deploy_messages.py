@@ -21,7 +21,7 @@ import pytest
 
 from helpers import REPO, stub_gguf, unloadable_model
 from llamaforge.core.errors import InvalidOption, ModelError
-from llamaforge.deploy.ops import DeployFailed, target_names
+from llamaforge.deploy.hosts.ops import DeployFailed, target_names
 from llamaforge.runners.ssh.connection import SshError, connect_failure
 from testhosts import USER, TestHost, make_key, write_known_hosts
 

@@ -1,4 +1,4 @@
-"""A release proven on each host before it is switched on (llamaforge.deploy.probe).
+"""A release proven on each host before it is switched on (llamaforge.deploy.hosts.probe).
 
 Unit tests (no host) check the probe's command for each target: the systemd probe carries every [Service]
 setting of the release's own unit but those that start and restart the server, pointed at the release instead of
@@ -28,11 +28,11 @@ import pytest
 from llamaforge.core.errors import OperationFailed
 from llamaforge.core.events import Event
 from llamaforge.core.registry import OperationContext, operations
-from llamaforge.deploy.probe import PROBE_LIMIT_S, probe_args, probe_model
+from llamaforge.deploy.hosts.probe import PROBE_LIMIT_S, probe_args, probe_model
 from llamaforge.deploy.release import Layout, ReleaseSpec
-from llamaforge.deploy.report import DeployPlan, RolloutReport
-from llamaforge.deploy.targets.docker import PROBE_MOUNT, ContainerImage, DockerTarget, render_container
-from llamaforge.deploy.targets.rpc import RpcServerTarget
+from llamaforge.deploy.report import DeployPlanResult, DeployResult
+from llamaforge.deploy.targets.container import PROBE_MOUNT, ContainerImage, DockerTarget, render_container
+from llamaforge.deploy.targets.rpc_server import RpcServerTarget
 from llamaforge.deploy.targets.systemd import SystemdTarget
 from llamaforge.serve.launcher import LlamaFlags
 from test_deploy_ssh import complete_through_ssh, on_host
@@ -241,10 +241,10 @@ def run(operation: str, events: list[str] | None = None, **arguments: Any) -> An
     return op.run(op.params(**arguments), context)
 
 
-def refused(events: list[str], **arguments: Any) -> RolloutReport:
+def refused(events: list[str], **arguments: Any) -> DeployResult:
     with pytest.raises(OperationFailed) as caught:
         run("deploy", events, **arguments)
-    assert isinstance(caught.value.result, RolloutReport) and caught.value.exit_code == 15
+    assert isinstance(caught.value.result, DeployResult) and caught.value.exit_code == 15
     return caught.value.result
 
 
@@ -261,7 +261,7 @@ def test_a_release_is_probed_before_its_switch_and_a_crashing_one_is_refused_on_
     started = time.monotonic()
     good = run("deploy", events, **base, build=store["build"].name, batch=2)
     good_s = time.monotonic() - started
-    assert isinstance(good, RolloutReport) and good.passed, good
+    assert isinstance(good, DeployResult) and good.passed, good
     probe = probe_model()
     for address, host, item in zip(addresses, test_hosts, good.hosts, strict=True):
         assert item.status == "updated" and item.probe, item
@@ -308,7 +308,7 @@ def test_a_release_is_probed_before_its_switch_and_a_crashing_one_is_refused_on_
 
     # Now that the release is on the hosts, planning probes it: refused before anything changes anywhere.
     plan = run("deploy.plan", **base, build=key)
-    assert isinstance(plan, DeployPlan) and [item.action for item in plan.hosts] == ["switch"] * 3
+    assert isinstance(plan, DeployPlanResult) and [item.action for item in plan.hosts] == ["switch"] * 3
     assert all(
         "killed by SIGILL" in item.probe and "nothing was changed" in item.detail for item in plan.hosts
     )

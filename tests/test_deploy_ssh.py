@@ -21,13 +21,13 @@ import pytest
 from helpers import unloadable_model
 from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.registry import OperationContext, operations
-from llamaforge.deploy.hosts import parse_hosts
-from llamaforge.deploy.ops import DeployParams, HostsParams, RollbackParams
-from llamaforge.deploy.probe import probe_model
+from llamaforge.deploy.hosts.access import parse_hosts
+from llamaforge.deploy.hosts.ops import DeployParams, DeployRollbackParams, HostsParams
+from llamaforge.deploy.hosts.probe import probe_model
+from llamaforge.deploy.hosts.remote import HostState, releases_to_prune
+from llamaforge.deploy.hosts.rollout import batches
 from llamaforge.deploy.release import Layout, ReleaseSpec, release_id
-from llamaforge.deploy.remote import HostState, releases_to_prune
-from llamaforge.deploy.report import DeployPlan, DeployStatus, RolloutReport
-from llamaforge.deploy.rollout import batches
+from llamaforge.deploy.report import DeployPlanResult, DeployResult, DeployStatusResult
 from llamaforge.deploy.targets import get_target
 from llamaforge.deploy.targets.systemd import SystemdTarget, render_unit
 from llamaforge.runners.ssh import SshProcessRunner
@@ -247,7 +247,7 @@ def test_deploy_query_redeploy_second_release_and_rollback(
     root = f"/opt/llamaforge/{name}"
     base = {**access, "build": fleet["build"], "model": str(tiny_qwen3), "port": port, "gate_timeout_s": 120}
     plan = run("deploy.plan", **base)
-    assert isinstance(plan, DeployPlan)
+    assert isinstance(plan, DeployPlanResult)
     assert [item.action for item in plan.hosts] == ["upload"] * 3 and all(
         item.model_upload for item in plan.hosts
     )
@@ -255,7 +255,7 @@ def test_deploy_query_redeploy_second_release_and_rollback(
     started = time.monotonic()
     first = run("deploy", **base, canary=1, batch=2)
     first_s = time.monotonic() - started
-    assert isinstance(first, RolloutReport) and first.passed, first
+    assert isinstance(first, DeployResult) and first.passed, first
     assert [item.status for item in first.hosts] == ["updated"] * 3
     assert all(item.model_bytes == tiny_qwen3.stat().st_size for item in first.hosts)
     for host in test_hosts:
@@ -298,7 +298,7 @@ def test_deploy_query_redeploy_second_release_and_rollback(
     assert all(item.model_bytes == 0 for item in second.hosts)  # the model stayed on the hosts
     assert all(item.sent_bytes < 1_000_000 for item in second.hosts)  # binaries seeded from the last release
     status = run("deploy.status", **access)
-    assert isinstance(status, DeployStatus)
+    assert isinstance(status, DeployStatusResult)
     assert [(item.current, item.active, item.healthy, item.flags) for item in status.hosts] == [
         (second.release, "active", True, ["-c", "1024"])
     ] * 3
@@ -328,7 +328,7 @@ def test_a_release_that_fails_its_gate_is_rolled_back_on_the_canary_only(
     with pytest.raises(OperationFailed) as caught:
         run("deploy", **base, model=str(broken), batch=2)
     report = caught.value.result
-    assert isinstance(report, RolloutReport) and not report.passed
+    assert isinstance(report, DeployResult) and not report.passed
     assert [item.status for item in report.hosts] == ["rolled back", "untouched", "untouched"], report
     canary = report.hosts[0]
     assert canary.release == good.release and canary.logs and "restarted" in canary.detail
@@ -379,5 +379,5 @@ def test_an_unknown_host_key_or_a_closed_port_is_refused_before_anything_changes
     for host in test_hosts:
         assert host.exec(["test", "-e", f"/opt/llamaforge/{name}"])[0] != 0
     assert not HostsParams.model_fields["accept_new_host_keys"].default
-    assert RollbackParams.model_fields["release"].default is None
+    assert DeployRollbackParams.model_fields["release"].default is None
     assert DeployParams.model_fields["canary"].default == 1

@@ -17,8 +17,14 @@ from helpers import unloadable_model
 from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.registry import OperationContext, operations
 from llamaforge.deploy.release import DEFAULT_PORT, ReleaseSpec
-from llamaforge.deploy.report import DeployStatus, RolloutReport, SwarmReport
-from llamaforge.deploy.swarm import LABEL_RELEASE, monitor_window_s, service_name, slot_tasks, swarm_release
+from llamaforge.deploy.report import DeployResult, DeployStatusResult, SwarmReport
+from llamaforge.deploy.swarm.service import (
+    LABEL_RELEASE,
+    monitor_window_s,
+    service_name,
+    slot_tasks,
+    swarm_release,
+)
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.runners.swarm import remove_service, service_arguments
 from llamaforge.serve.launcher import LlamaFlags
@@ -204,7 +210,7 @@ def test_two_replicas_a_rollback_and_a_failed_update_that_swarm_rolls_back(
     # gate_timeout_s is the health check's start period (and so most of each update's monitor window): the tiny
     # model loads in 1-15 s on a loaded 2-core machine
     first = run("deploy", **common, model=deployment["model"])
-    assert isinstance(first, RolloutReport) and first.passed and first.swarm is not None
+    assert isinstance(first, DeployResult) and first.passed and first.swarm is not None
     assert first.swarm.update_state is None and first.swarm.previous is None
     answering(first.swarm, str(first.release), 2)
 
@@ -234,7 +240,7 @@ def test_two_replicas_a_rollback_and_a_failed_update_that_swarm_rolls_back(
     with pytest.raises(OperationFailed, match="Swarm rolled the update back by itself") as failed:
         run("deploy", **common, model=deployment["broken"])
     report = failed.value.result
-    assert isinstance(report, RolloutReport) and not report.passed and report.swarm is not None
+    assert isinstance(report, DeployResult) and not report.passed and report.swarm is not None
     assert report.swarm.rolled_back and report.swarm.update_state == "rollback_completed"
     assert report.swarm.requested != first.release and report.swarm.release == first.release
     assert sum(task.failed_tasks for task in report.swarm.tasks) >= 1  # the new task did fail, and says why
@@ -242,7 +248,7 @@ def test_two_replicas_a_rollback_and_a_failed_update_that_swarm_rolls_back(
     answering(report.swarm, str(first.release), 2)
 
     status = run("deploy.status", target="swarm", name=deployment["name"])
-    assert isinstance(status, DeployStatus) and status.swarm is not None
+    assert isinstance(status, DeployStatusResult) and status.swarm is not None
     assert status.swarm.release == first.release and status.swarm.healthy == 2
     failed_s = time.monotonic() - started
     print(

@@ -22,9 +22,9 @@ import yaml
 
 from llamaforge.core.errors import LlamaforgeError
 from llamaforge.core.templates import render
-from llamaforge.deploy.manifests import ManifestInputs, render_compose, render_kubernetes
+from llamaforge.deploy.manifests.files import ManifestInputs, render_compose, render_kubernetes
 from llamaforge.deploy.release import Layout, ReleaseSpec, ip_address_of, listen_address
-from llamaforge.deploy.targets.docker import ContainerImage, render_container
+from llamaforge.deploy.targets.container import ContainerImage, render_container
 from llamaforge.deploy.targets.systemd import render_unit
 from llamaforge.serve.launcher import LlamaFlags
 from testhosts import TestHost

@@ -33,7 +33,7 @@ from llamaforge.core import guard
 from llamaforge.core.errors import InvalidOption, LlamaforgeError, PatchError, RecipeError, SourceError
 from llamaforge.core.guard import HostGuard, PolicyRefused
 from llamaforge.core.paths import data_dir
-from llamaforge.deploy.inventory import inventory_hosts
+from llamaforge.deploy.hosts.inventory import inventory_hosts
 from llamaforge.runners.process import LOCAL
 
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"

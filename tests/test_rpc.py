@@ -12,9 +12,9 @@ import pytest
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.registry import operations
 from llamaforge.deploy.release import Layout, ReleaseSpec
-from llamaforge.deploy.targets.rpc import RpcServerTarget
+from llamaforge.deploy.targets.rpc_server import RpcServerTarget
 from llamaforge.deploy.targets.systemd import render_unit
-from llamaforge.deploy.topology import BuildMismatch, check_builds, check_rpc_address, parse_workers
+from llamaforge.deploy.topology.workers import BuildMismatch, check_builds, check_rpc_address, parse_workers
 from llamaforge.gguf.tiny import TinyModelSpec
 from llamaforge.serve.fit import GiB, Settings, estimate_memory, synthetic_header
 from llamaforge.serve.launcher import LlamaFlags
@@ -192,11 +192,11 @@ def test_buffers_are_grouped_by_the_device_llamacpp_names() -> None:
 
 
 def test_the_heads_flags_are_the_plans() -> None:
-    from llamaforge.deploy.ops_rpc import _plan_flags
+    from llamaforge.deploy.topology.service import plan_flags
 
     plan = plan_split(HEADER, TWO, Settings(ctx=512, parallel=2), tensor_split=[3, 1])
-    assert _plan_flags(plan.flags, None).args() == list(plan.flags)
-    assert _plan_flags(plan.flags, 2).args() == [
+    assert plan_flags(plan.flags, None).args() == list(plan.flags)
+    assert plan_flags(plan.flags, 2).args() == [
         *plan.flags[: plan.flags.index("-fit")],
         "-t",
         "2",
@@ -206,7 +206,7 @@ def test_the_heads_flags_are_the_plans() -> None:
 
 def test_a_topology_file_fills_the_options_and_typos_are_named(tmp_path: Path) -> None:
     from llamaforge.core.errors import RecipeError
-    from llamaforge.deploy.ops_rpc import RpcDeployParams
+    from llamaforge.deploy.topology.ops import TopologyDeployParams
 
     good = tmp_path / "lab.toml"
     good.write_text(
@@ -215,7 +215,7 @@ def test_a_topology_file_fills_the_options_and_typos_are_named(tmp_path: Path) -
         '[[topology.workers]]\nhost = "lf@h3:22"\nrpc_address = "10.0.0.3"\nmemory = "4GiB"\n',
         encoding="utf-8",
     )
-    params = RpcDeployParams(topology=str(good), build="k", model="tiny")
+    params = TopologyDeployParams(topology=str(good), build="k", model="tiny")
     assert (params.head, params.rpc_workers, params.rpc_addresses) == (
         "lf@h1:22",
         "lf@h2:22,lf@h3:22",
@@ -228,10 +228,10 @@ def test_a_topology_file_fills_the_options_and_typos_are_named(tmp_path: Path) -
         encoding="utf-8",
     )
     with pytest.raises(RecipeError) as caught:
-        RpcDeployParams(topology=str(bad), build="k", model="tiny")
+        TopologyDeployParams(topology=str(bad), build="k", model="tiny")
     assert str(bad) in caught.value.message and "rpc_adress" in caught.value.message
     assert "rpc_address" in (caught.value.hint or "")
     with pytest.raises(InvalidOption):
-        RpcDeployParams(topology=str(good), head="lf@h9:22", build="k", model="tiny")
+        TopologyDeployParams(topology=str(good), head="lf@h9:22", build="k", model="tiny")
     with pytest.raises(InvalidOption):
-        RpcDeployParams(build="k", model="tiny").workers()
+        TopologyDeployParams(build="k", model="tiny").workers()

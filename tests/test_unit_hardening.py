@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from llamaforge.deploy.release import Layout, ReleaseSpec
-from llamaforge.deploy.targets.rpc import RpcServerTarget
+from llamaforge.deploy.targets.rpc_server import RpcServerTarget
 from llamaforge.deploy.targets.systemd import RootNotOwned, SystemdTarget, render_unit
 from llamaforge.runners.ssh import SshProcessRunner
 from llamaforge.serve.launcher import LlamaFlags

@@ -163,7 +163,8 @@ _discovered = False
 
 def operations() -> dict[str, Operation]:
     """Every registered operation by name. The first call imports each domain's operation modules: any module
-    named ``ops`` or ``ops_*`` in a subpackage of llamaforge registers its operations when imported."""
+    named ``ops`` or ``ops_*`` in a subpackage of llamaforge, nested ones included, registers its operations
+    when imported."""
     global _discovered  # noqa: PLW0603 - discovery runs once per process
     if not _discovered:
         _discovered = True
@@ -199,13 +200,30 @@ def find_operation(
 
 
 def _operation_modules() -> list[str]:
+    """Every module named ``ops`` or ``ops_*`` in a subpackage of llamaforge, at any depth
+    (``llamaforge.deploy.topology.ops``), in a stable order."""
     root = Path(__file__).resolve().parents[1]
     found = []
-    for package in sorted(path for path in root.iterdir() if (path / "__init__.py").is_file()):
+    for init in sorted(root.rglob("__init__.py")):
+        package = init.parent
+        if package == root or not _is_package_path(root, package):
+            continue
+        dotted = ".".join(("llamaforge", *package.relative_to(root).parts))
         for module in pkgutil.iter_modules([str(package)]):
-            if module.name == "ops" or module.name.startswith("ops_"):
-                found.append(f"llamaforge.{package.name}.{module.name}")
+            if not module.ispkg and (module.name == "ops" or module.name.startswith("ops_")):
+                found.append(f"{dotted}.{module.name}")
     return found
+
+
+def _is_package_path(root: Path, package: Path) -> bool:
+    """Whether every folder from ``root`` down to ``package`` is a package (a folder of data that happens to
+    hold an ``__init__.py`` below a plain folder is not importable)."""
+    folder = package
+    while folder != root:
+        if not (folder / "__init__.py").is_file():
+            return False
+        folder = folder.parent
+    return True
 
 
 def operation(

@@ -226,6 +226,37 @@ class ReleaseSpec:
         }
 
 
+# The health gate's wait for /health (deploy.hosts.health; the manifests' and Swarm's start period too).
+GATE_BASE_S = 30.0
+GATE_PER_GIB_S = 30.0  # loading reads the file once: ~30 s a GiB leaves room for a slow disk
+GATE_CAP_S = 900.0
+
+
+def gate_timeout_s(model_size: int) -> float:
+    """How long the gate waits for ``/health``: 30 s plus 30 s a GiB of model, at most 15 minutes."""
+    return min(GATE_CAP_S, GATE_BASE_S + GATE_PER_GIB_S * model_size / 2**30)
+
+
+@dataclass(frozen=True)
+class ReleaseRequest:
+    """What a caller asks a release to be, before anything is looked up: the build (key or prefix), the model
+    (recipe, file, URL or ``tiny``), llama-server's flags, port and address
+    (:func:`~llamaforge.deploy.inputs.release_spec` turns it into a :class:`ReleaseSpec`)."""
+
+    build: str
+    model: str
+    port: int = DEFAULT_PORT
+    ctx: int | None = None
+    threads: int | None = None
+    parallel: int | None = None
+    n_gpu_layers: int | None = None
+    cache_type: str | None = None
+    repack: bool = True
+    server_args: str | None = None
+    listen: str = LOOPBACK
+    api_key: bool = True
+
+
 def ip_address_of(text: str, option: str) -> str:
     """``text`` as an IP address (IPv4 or IPv6, brackets allowed), written the standard way; InvalidOption
     naming ``option`` otherwise (a name, a newline or anything else that could reach a file as more than one

@@ -6,11 +6,18 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from llamaforge.core.errors import ExitCode, LlamaforgeError
 from llamaforge.core.registry import Result, absent
 
 HostStatus = Literal[
     "updated", "unchanged", "rolled back", "failed", "untouched", "unreachable", "interrupted"
 ]
+
+
+class DeployFailed(LlamaforgeError):
+    """A rollout or rollback left a host failed, rolled back or unreachable."""
+
+    exit_code = ExitCode.DEPLOY
 
 
 def release_words(release: str | None) -> str:
@@ -65,7 +72,7 @@ class HostReport(Result):
     )
 
 
-class RolloutReport(Result):
+class DeployResult(Result):
     """A rollout over hosts: the release, every host's outcome, and whether all of them are healthy."""
 
     release: str | None
@@ -113,7 +120,7 @@ class HostPlan(Result):
     detail: str = ""
 
 
-class DeployPlan(Result):
+class DeployPlanResult(Result):
     """``deploy.plan``: the release and each host's changes; nothing ran."""
 
     release: str
@@ -138,7 +145,7 @@ class HostStatusReport(Result):
     detail: str = ""
 
 
-class DeployStatus(Result):
+class DeployStatusResult(Result):
     """``deploy.status``: every host."""
 
     target: str

@@ -1,130 +1,79 @@
-"""Service targets: how a release runs on a host. One module per target, registered here and nowhere else."""
+"""Deploy targets: how a release runs. One module per target, each a :class:`~.base.Target` subclass, and this
+one registry; the ``--target`` choices of ``deploy`` and ``deploy.render`` are read from it.
+
+* ``systemd`` (:mod:`.systemd`) and ``docker`` (:mod:`.container`): a service on each SSH host;
+* ``rpc-server`` (:mod:`.rpc_server`): a topology's RPC worker (``topology.*``, not ``--target``);
+* ``swarm`` (:mod:`.swarm_service`): a service on this engine's Docker Swarm, no hosts;
+* ``compose`` and ``kubernetes`` (:mod:`.compose`, :mod:`.kubernetes`): manifests only (``deploy.render``), as
+  is the systemd unit.
+
+Add a target: a module here with a ``Target`` subclass (override the hooks it does differently), listed in
+``TARGETS``.
+"""
 
 from __future__ import annotations
 
-import signal
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Literal
 
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.validation import suggest
+from llamaforge.deploy.targets.base import Deployment, RolloutSettings, ServiceState, Target
+from llamaforge.deploy.targets.compose import ComposeTarget
+from llamaforge.deploy.targets.container import DockerTarget
+from llamaforge.deploy.targets.kubernetes import KubernetesTarget
+from llamaforge.deploy.targets.rpc_server import RpcServerTarget
+from llamaforge.deploy.targets.swarm_service import SwarmTarget
+from llamaforge.deploy.targets.systemd import SystemdTarget
+
+__all__ = [
+    "TARGETS",
+    "DeployTargetName",
+    "Deployment",
+    "RenderTargetName",
+    "RolloutSettings",
+    "ServiceState",
+    "Target",
+    "deploy_target_names",
+    "get_target",
+    "render_target_names",
+    "topology_head",
+]
+
+TARGETS: dict[str, type[Target]] = {
+    target.name: target
+    for target in (SystemdTarget, DockerTarget, SwarmTarget, RpcServerTarget, ComposeTarget, KubernetesTarget)
+}
+
+
+def deploy_target_names() -> list[str]:
+    """The values of ``deploy --target``, in the registry's order."""
+    return [name for name, target in TARGETS.items() if target.deploys]
+
+
+def render_target_names() -> list[str]:
+    """The values of ``deploy.render --target``, by name."""
+    return sorted(name for name, target in TARGETS.items() if target.renders)
+
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
-    from pathlib import Path
-
-    from llamaforge.core.events import CancelToken, Reporter
-    from llamaforge.deploy.release import Layout, ReleaseSpec
-    from llamaforge.runners.ssh import SshProcessRunner
-
-
-@dataclass(frozen=True)
-class ServiceState:
-    """What the host's service manager says about the deployment's service."""
-
-    active: str  # active, activating, failed, inactive, unknown
-    restarts: int  # times the manager restarted it since it was last started by us
-    # The signal that ended its main process last, when the manager still says so.
-    killed_by: signal.Signals | None = None
-
-
-class Target(Protocol):
-    """A way to run a release as a service on a host."""
-
-    name: str
-
-    def for_spec(self, spec: ReleaseSpec, reporter: Reporter) -> Target:
-        """The target as a release of ``spec`` runs it (the docker target: with its runtime image made here)."""
-        ...
-
-    def files(self, spec: ReleaseSpec) -> list[tuple[Path, str]]:
-        """(local file, path inside the release) the release ships besides its service files."""
-        ...
-
-    def check(self, runner: SshProcessRunner) -> None:
-        """Refuse (a LlamaforgeError naming the host and the next step) a host that cannot run the target;
-        asked while planning, before any host changes."""
-        ...
-
-    def deliver(self, runner: SshProcessRunner, layout: Layout, cancel: CancelToken | None = None) -> int:
-        """Put on the host what the release runs beyond its files (the docker target's image), before the
-        switch; returns the bytes sent."""
-        ...
-
-    def pending(self, runner: SshProcessRunner) -> str:
-        """What :meth:`deliver` would send to the host, in words for ``deploy.plan`` (empty: nothing); it only
-        reads."""
-        ...
-
-    def listens(self, spec: ReleaseSpec) -> tuple[str, int] | None:
-        """The address and port a release of ``spec`` binds on the host, checked while planning: a port another
-        program holds there refuses the host (None: not checked)."""
-        ...
-
-    def service_files(self, spec: ReleaseSpec, layout: Layout) -> dict[str, str]:
-        """The rendered service files, by file name inside the release (part of the release id)."""
-        ...
-
-    def prepare(self, runner: SshProcessRunner, layout: Layout) -> None:
-        """Make the host ready for releases (service user, directories); safe to repeat."""
-        ...
-
-    def prune(self, runner: SshProcessRunner, layout: Layout, removed: Sequence[str]) -> None:
-        """Remove the releases ``removed`` from the host, with what the target put there for them alone (the
-        docker target: the images no release left on the host runs)."""
-        ...
-
-    def activate(self, runner: SshProcessRunner, layout: Layout) -> None:
-        """Install the service files of ``current`` and (re)start the service."""
-        ...
-
-    def activation(self, layout: Layout) -> list[str]:
-        """The host command :meth:`activate` runs as root, without ``sudo`` (the caller adds it for a deploy user
-        who is not root: :func:`~llamaforge.deploy.hosts.as_root`); run after the switch in the same command, so
-        a lost connection cannot separate them."""
-        ...
-
-    def stop(self, runner: SshProcessRunner, layout: Layout) -> None:
-        """Stop the service (it stays installed)."""
-        ...
-
-    def state(self, runner: SshProcessRunner, layout: Layout) -> ServiceState:
-        """The service's state on the host."""
-        ...
-
-    def logs(self, runner: SshProcessRunner, layout: Layout, lines: int = 20) -> list[str]:
-        """The service's last log lines on the host."""
-        ...
-
-    def probe_command(
-        self, layout: Layout, rid: str, service_files: Mapping[str, str], model: str, args: Sequence[str]
-    ) -> list[str]:
-        """The host command that runs release ``rid``'s llama-bench with ``args`` (on ``model``, a host path) as
-        the release's service would run (its user, environment, sandbox or image), before ``current`` points at
-        it; llama-bench's stdout and stderr come back as the command's. A command for root, without ``sudo`` (the
-        caller adds it: :func:`~llamaforge.deploy.hosts.as_root`)."""
-        ...
-
-    def probe_signal(self, code: int, stderr: Sequence[str]) -> signal.Signals | None:
-        """The signal that ended :meth:`probe_command`'s llama-bench, from the command's exit ``code`` and
-        ``stderr`` (None: none did)."""
-        ...
-
-
-def targets() -> dict[str, Target]:
-    """Every target by name."""
-    from llamaforge.deploy.targets.docker import DockerTarget
-    from llamaforge.deploy.targets.systemd import SystemdTarget
-
-    return {target.name: target for target in (SystemdTarget(), DockerTarget())}
+    DeployTargetName = str
+    RenderTargetName = str
+else:  # pydantic reads the choices: the CLI's help, the MCP tools' enum and the notebooks' argparse list them
+    DeployTargetName = Literal[tuple(deploy_target_names())]
+    RenderTargetName = Literal[tuple(render_target_names())]
 
 
 def get_target(name: str) -> Target:
-    """The target called ``name``; InvalidOption with "did you mean" otherwise."""
-    known = targets()
-    if name not in known:
+    """The target called ``name`` (made without options); InvalidOption with "did you mean" otherwise."""
+    if name not in TARGETS:
+        known = deploy_target_names()
         raise InvalidOption(
             f"unknown deploy target {name!r}",
             hint=suggest(name, known, end=" ") + "known: " + ", ".join(known),
         )
-    return known[name]
+    return TARGETS[name]()
+
+
+def topology_head() -> Target:
+    """The target a topology's head runs llama-server with (the one marked ``heads_topology``)."""
+    return next(target() for target in TARGETS.values() if target.heads_topology)

@@ -1,6 +1,6 @@
 """The systemd target: a hardened unit rendered from ``templates/deploy/llama-server.service.j2``, shipped in
 each release and installed from ``current/`` as ``/etc/systemd/system/llamaforge-<name>.service`` as root (the
-deploy user root, or sudo: :func:`~llamaforge.deploy.hosts.as_root`).
+deploy user root, or sudo: :func:`~llamaforge.deploy.hosts.access.as_root`).
 
 The unit runs llama-server as a dedicated system user in the sandbox of ``templates/deploy/sandbox.service.j2``
 (``systemd-analyze security`` rates it "OK"): no capabilities, ``NoNewPrivileges``, ``ProtectSystem=strict`` (so
@@ -23,10 +23,10 @@ from llamaforge.core.errors import ExitCode, InvalidOption, LlamaforgeError
 from llamaforge.core.exits import exec_main_signal, systemd_signal
 from llamaforge.core.guard import is_loopback
 from llamaforge.core.templates import render
-from llamaforge.deploy.hosts import as_root, deploy_user
-from llamaforge.deploy.probe import PROBE_BINARY, PROBE_LIMIT_S
+from llamaforge.deploy.hosts.access import as_root, deploy_user
+from llamaforge.deploy.hosts.probe import PROBE_BINARY, PROBE_LIMIT_S
 from llamaforge.deploy.release import SERVICE_USER, Layout, ReleaseSpec
-from llamaforge.deploy.targets import ServiceState
+from llamaforge.deploy.targets.base import ServiceState, Target
 
 if TYPE_CHECKING:
     import signal
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from llamaforge.core.events import CancelToken, Reporter
+    from llamaforge.deploy.manifests.files import ManifestInputs
     from llamaforge.runners.ssh import SshProcessRunner
 
 UNIT_FILE = "llama-server.service"
@@ -154,10 +155,13 @@ done
 """
 
 
-class SystemdTarget:
+class SystemdTarget(Target):
     """llama-server as a systemd service (see the module docstring)."""
 
     name = "systemd"
+    summary = "on the hosts"
+    renders = True  # deploy.render --target systemd: the unit this target installs
+    heads_topology = True
     unit_file = UNIT_FILE  # the unit's file name inside a release
 
     def unit(self, layout: Layout) -> str:
@@ -176,7 +180,7 @@ class SystemdTarget:
 
     def check(self, runner: SshProcessRunner) -> None:
         """Nothing to check beyond root access, which planning checks for every target
-        (:func:`~llamaforge.deploy.hosts.check_root_access`)."""
+        (:func:`~llamaforge.deploy.hosts.access.check_root_access`)."""
 
     def deliver(self, runner: SshProcessRunner, layout: Layout, cancel: CancelToken | None = None) -> int:
         """Nothing beyond the release's files."""
@@ -284,7 +288,7 @@ class SystemdTarget:
     ) -> list[str]:
         """``systemd-run --wait --pipe`` of the release's llama-bench as a transient unit with the settings of
         the release's own unit (:func:`service_properties`), stopped by systemd after
-        :data:`~llamaforge.deploy.probe.PROBE_LIMIT_S`; systemd-run's summary names a signal that ended it (a
+        :data:`~llamaforge.deploy.hosts.probe.PROBE_LIMIT_S`; systemd-run's summary names a signal that ended it (a
         command for root)."""
         directory = layout.release(rid)
         properties = service_properties(service_files[self.unit_file], layout.current, directory)
@@ -316,3 +320,7 @@ class SystemdTarget:
             if not result.ok or result.stdout
             else []
         )
+
+    def manifests(self, spec: ReleaseSpec, inputs: ManifestInputs, layout: Layout) -> dict[str, str]:
+        """The unit this target installs, for hosts deployed with other tools."""
+        return {unit_name(layout): render_unit(spec, layout)}

@@ -25,7 +25,7 @@ from llamaforge.core.errors import InvalidOption
 from llamaforge.core.guard import check_file_path
 from llamaforge.core.paths import data_dir
 from llamaforge.core.validation import read_toml, recipe_error, suggest
-from llamaforge.deploy.hosts import DeployHost
+from llamaforge.deploy.hosts.access import DeployHost
 from llamaforge.runners.ssh.connection import SshHost
 
 _HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")

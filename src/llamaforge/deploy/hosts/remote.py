@@ -10,7 +10,7 @@ sent to a ``.part`` and renamed over its link: the older release keeps its own).
 Pruning keeps the releases that were current most recently and removes the models no kept release links to
 (and, for the docker target, the images no release left on the host runs).
 A release that listens beyond loopback carries its API key as ``api-key`` (mode 0600, owned by the service
-user, written as root from stdin: :func:`~llamaforge.deploy.hosts.as_root`): it reaches the host on no command
+user, written as root from stdin: :func:`~llamaforge.deploy.hosts.access.as_root`): it reaches the host on no command
 line and is read back (for the health gate) the same way.
 """
 
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from llamaforge.core.errors import ExitCode, LlamaforgeError
 from llamaforge.core.events import CancelToken
-from llamaforge.deploy.hosts import as_root
+from llamaforge.deploy.hosts.access import as_root
 from llamaforge.deploy.release import (
     API_KEY_FILE,
     MODEL_LINK,
@@ -40,8 +40,8 @@ from llamaforge.runners.ssh import SshProcessRunner
 from llamaforge.runners.ssh.transfer import file_sha256
 
 if TYPE_CHECKING:
-    from llamaforge.deploy.probe import ProbeModel
-    from llamaforge.deploy.targets import Target
+    from llamaforge.deploy.hosts.prepared import ProbeModel
+    from llamaforge.deploy.targets.base import Target
 
 _STATE = r"""
 cd "$1" 2>/dev/null || exit 0

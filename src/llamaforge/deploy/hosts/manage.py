@@ -8,19 +8,25 @@ from functools import partial
 
 from llamaforge.core.errors import Cancelled, LlamaforgeError, OperationFailed
 from llamaforge.core.events import Event
-from llamaforge.deploy.health import gate_service
+from llamaforge.deploy.hosts.health import gate_service
+from llamaforge.deploy.hosts.remote import (
+    HostState,
+    host_state,
+    read_api_key,
+    release_facts,
+    switch_and_activate,
+)
+from llamaforge.deploy.hosts.rollout import RolloutOptions, other_target, settle, where_after_loss
 from llamaforge.deploy.release import LOOPBACK, Layout
-from llamaforge.deploy.remote import HostState, host_state, read_api_key, release_facts, switch_and_activate
 from llamaforge.deploy.report import (
-    DeployPlan,
-    DeployStatus,
+    DeployPlanResult,
+    DeployResult,
+    DeployStatusResult,
     HostReport,
     HostStatusReport,
-    RolloutReport,
     still_on,
 )
-from llamaforge.deploy.rollout import RolloutOptions, other_target, settle, where_after_loss
-from llamaforge.deploy.targets import Target
+from llamaforge.deploy.targets.base import Target
 from llamaforge.runners.ssh import SshProcessRunner
 from llamaforge.runners.ssh.connection import SshError
 from llamaforge.runners.ssh.forward import forward_local
@@ -158,7 +164,7 @@ def rollback(
     target: Target,
     to: str | None,
     options: RolloutOptions,
-) -> RolloutReport:
+) -> DeployResult:
     """Roll every host back, one at a time (each host read first, so the report names every host's release);
     the first failure, or Ctrl-C / SIGTERM, stops it and the rest stay untouched."""
     started = time.monotonic()
@@ -183,7 +189,7 @@ def rollback(
             call = partial(rollback_host, runner, layout, target, to, options, state)
             reports.append(settle({0: call}, options.cancel)[0])
     passed = all(report.status in ("rolled back", "unchanged") for report in reports)
-    return RolloutReport(
+    return DeployResult(
         release=to,
         target=target.name,
         name=layout.name,
@@ -219,16 +225,16 @@ def host_status(runner: SshProcessRunner, layout: Layout, target: Target) -> Hos
     )
 
 
-def status(runners: Sequence[SshProcessRunner], layout: Layout, target: Target) -> DeployStatus:
+def status(runners: Sequence[SshProcessRunner], layout: Layout, target: Target) -> DeployStatusResult:
     """``host_status`` of every host."""
-    return DeployStatus(
+    return DeployStatusResult(
         target=target.name,
         name=layout.name,
         hosts=[host_status(runner, layout, target) for runner in runners],
     )
 
 
-def unanswered(what: str, result: DeployStatus | DeployPlan) -> OperationFailed | None:
+def unanswered(what: str, result: DeployStatusResult | DeployPlanResult) -> OperationFailed | None:
     """The failure of a status or plan in which a host did not answer (unreachable, its key refused, its host
     key unknown), naming each such host and why; None when every host answered. A status or plan that could not
     read a host cannot vouch for it, so one host is enough (exit code 14, SSH's)."""

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from llamaforge.core.errors import ExitCode, LlamaforgeError, SmokeFailed
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.exits import crash_hint, crash_words, describe_exit, loaded_cpu_module
-from llamaforge.deploy.hosts import as_root
+from llamaforge.deploy.hosts.access import as_root
+from llamaforge.deploy.hosts.prepared import ProbeModel
 from llamaforge.deploy.release import SERVICE_USER
 from llamaforge.serve.launcher import LlamaFlags
 from llamaforge.smoke.bench import parse_llama_bench
@@ -36,9 +36,9 @@ from llamaforge.smoke.bench import parse_llama_bench
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
+    from llamaforge.deploy.hosts.prepared import Release
     from llamaforge.deploy.release import Layout
-    from llamaforge.deploy.rollout import Release
-    from llamaforge.deploy.targets import Target
+    from llamaforge.deploy.targets.base import Target
     from llamaforge.gguf.tiny.file import DType
     from llamaforge.runners.ssh import SshProcessRunner
 
@@ -49,15 +49,6 @@ PROBE_GEN: Final = 4
 PROBE_LIMIT_S: Final = 120  # the host's service manager stops a probe that runs longer
 _SLACK_S: Final = 30.0  # beyond the limit, for the service manager to report it
 TAIL_LINES: Final = 20
-
-
-@dataclass(frozen=True)
-class ProbeModel:
-    """The tiny model a release is proven with: the local file and its sha256 (its name on the hosts)."""
-
-    path: Path
-    sha256: str
-    size: int
 
 
 def probe_model(reporter: Reporter = null_reporter, cancel: CancelToken | None = None) -> ProbeModel:

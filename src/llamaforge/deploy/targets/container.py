@@ -1,6 +1,6 @@
 """The docker target: llama-server from the build's runtime image (``invoke images.runtime``) in a container on
 each host's OWN Docker engine, driven over SSH as root (``docker`` for the root user, ``sudo -n docker`` for
-any other: :func:`~llamaforge.deploy.hosts.as_root`).
+any other: :func:`~llamaforge.deploy.hosts.access.as_root`).
 
 A release holds no binaries here: its service file is ``llama-server.docker.sh``, rendered from
 ``templates/deploy/llama-server.docker.sh.j2``, which (re)creates the container ``llamaforge-<name>`` from the
@@ -32,9 +32,9 @@ from llamaforge.core.errors import ExitCode, InvalidOption, LlamaforgeError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.exits import exit_signal
 from llamaforge.core.templates import render
-from llamaforge.deploy.hosts import as_root
+from llamaforge.deploy.hosts.access import as_root
 from llamaforge.deploy.release import API_KEY_FILE, MODEL_LINK, SERVICE_USER, Layout, ReleaseSpec
-from llamaforge.deploy.targets import ServiceState
+from llamaforge.deploy.targets.base import ServiceState, Target
 from llamaforge.deploy.targets.systemd import SystemdTarget
 from llamaforge.serve.launcher import server_argv
 
@@ -92,7 +92,8 @@ def render_container(
 ) -> str:
     """The script that (re)creates the container of ``spec`` (no release id in it: the id is a digest of it)."""
     from llamaforge.build.runtime_image import MODEL_PATH
-    from llamaforge.deploy.health import gate_address, gate_timeout_s
+    from llamaforge.deploy.hosts.health import gate_address
+    from llamaforge.deploy.release import gate_timeout_s
 
     if any(char in layout.root for char in ',"'):  # the --mount value is comma-separated
         raise InvalidOption(
@@ -200,7 +201,7 @@ def _last_used(archive: Path) -> float:
 
 
 @dataclass(frozen=True)
-class DockerTarget:
+class DockerTarget(Target):
     """llama-server in a container on the host's Docker engine (see the module docstring). Made without an image
     it can stop, inspect and restart what a release on the host describes; :meth:`for_spec` binds the runtime
     image a new release runs."""
@@ -208,6 +209,7 @@ class DockerTarget:
     image: ContainerImage | None = None
     reporter: Reporter = field(default=null_reporter, compare=False, repr=False)
     name = "docker"
+    summary = "a container from the build's runtime image on each host's own Docker engine"
 
     def for_spec(self, spec: ReleaseSpec, reporter: Reporter = null_reporter) -> DockerTarget:
         """This target with the runtime image of ``spec``'s build (made on the local engine when missing)."""
@@ -284,7 +286,7 @@ class DockerTarget:
     def deliver(self, runner: SshProcessRunner, layout: Layout, cancel: CancelToken | None = None) -> int:
         """Load the runtime image into the host's engine unless it has that image id; returns the bytes sent.
         The archive goes with the resumable transfer to ``<root>/images/`` and is removed once loaded."""
-        from llamaforge.deploy.remote import check_free_space
+        from llamaforge.deploy.hosts.remote import check_free_space
 
         image = self._image()
         if self._on_host(runner, image):
@@ -359,7 +361,7 @@ class DockerTarget:
         user with the container's restrictions, the probe ``model`` mounted read-only (``args`` name it by its
         host path; inside it is :data:`PROBE_MOUNT`), and the GPUs for a CUDA build (a command for root)."""
         from llamaforge.build.runtime_image import PREFIX
-        from llamaforge.deploy.probe import PROBE_BINARY
+        from llamaforge.deploy.hosts.probe import PROBE_BINARY
 
         image = self._image()
         inside = [PROBE_MOUNT if arg == model else arg for arg in args]

@@ -1,21 +1,24 @@
 """Operation ``deploy.render``: compose, Kubernetes or systemd manifests for a build and a model (read-only;
-see :mod:`llamaforge.deploy.manifests`)."""
+see :mod:`llamaforge.deploy.manifests.files`)."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 from pydantic import Field, field_validator
 
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
-from llamaforge.deploy.release import DEFAULT_PORT, DEFAULT_ROOT, DeployRoot, ip_address_of
+from llamaforge.core.validation import suggest
+from llamaforge.deploy.manifests.service import ManifestRequest, render_release
+from llamaforge.deploy.release import DEFAULT_PORT, DEFAULT_ROOT, DeployRoot, ReleaseRequest, ip_address_of
+from llamaforge.deploy.targets import RenderTargetName, render_target_names
 
 
-class RenderParams(Params):
+class DeployRenderParams(Params):
     """Parameters of ``deploy.render``."""
 
-    target: str = Field(description="compose, kubernetes or systemd")
+    target: RenderTargetName = Field(
+        description=", ".join(render_target_names()[:-1]) + " or " + render_target_names()[-1]
+    )
     build: str = Field(description="Build key (or unique prefix) from the build store")
     model: str = path_field(
         description="Model recipe name or .toml, a GGUF file or a URL, or `tiny`: the random-weight tiny qwen3 "
@@ -58,6 +61,16 @@ class RenderParams(Params):
         DEFAULT_ROOT, description="systemd: the directory on the hosts that holds the deployments"
     )
 
+    @field_validator("target", mode="before")
+    @classmethod
+    def _known_target(cls, value: object) -> object:
+        known = render_target_names()
+        if value not in known:
+            raise ValueError(
+                f"deploy.render has no target {value!r}; {suggest(str(value), known, end=' ')}known: {', '.join(known)}"
+            )
+        return value
+
     @field_validator("listen")
     @classmethod
     def _ip_address(cls, value: str) -> str:
@@ -68,7 +81,7 @@ class RenderParams(Params):
             raise ValueError(f"{error.message}; {error.hint}") from None
 
 
-class RenderedManifests(Result):
+class DeployRenderResult(Result):
     """The rendered files, by name; nothing was written or started."""
 
     target: str
@@ -78,8 +91,13 @@ class RenderedManifests(Result):
     files: dict[str, str]
 
 
-@operation("deploy.render", RenderParams, read_only=True, cli="llamaforge.deploy.render:manifests_cli")
-def deploy_render_op(params: RenderParams, ctx: OperationContext) -> RenderedManifests:
+@operation(
+    "deploy.render",
+    DeployRenderParams,
+    read_only=True,
+    cli="llamaforge.deploy.manifests.render:manifests_cli",
+)
+def deploy_render_op(params: DeployRenderParams, ctx: OperationContext) -> DeployRenderResult:
     """Render compose, Kubernetes or systemd manifests for a build and a model; no host, engine or container
     is touched (a model recipe or URL not in the store is fetched, and `--model tiny` is written on first use).
 
@@ -89,15 +107,9 @@ def deploy_render_op(params: RenderParams, ctx: OperationContext) -> RenderedMan
     from a PersistentVolumeClaim (optionally fetched by an init container), nvidia.com/gpu limits and
     strategy Recreate for CUDA builds. systemd: the systemd target's hardened unit.
     """
-    from llamaforge.build.runtime_image import runtime_tag
-    from llamaforge.build.store import find_build
-    from llamaforge.deploy.manifests import ManifestInputs, render_manifests
-    from llamaforge.deploy.ops import DeployParams, release_spec
-    from llamaforge.deploy.release import Layout
-    from llamaforge.models.recipes import TINY_MODEL
-
-    spec, _ = release_spec(
-        DeployParams(
+    rendered = render_release(
+        params.target,
+        ReleaseRequest(
             build=params.build,
             model=params.model,
             port=params.port,
@@ -107,22 +119,16 @@ def deploy_render_op(params: RenderParams, ctx: OperationContext) -> RenderedMan
             n_gpu_layers=params.n_gpu_layers,
             server_args=params.server_args,
         ),
-        ctx,
+        ManifestRequest(
+            name=params.name,
+            root=params.root,
+            replicas=params.replicas,
+            listen=params.listen,
+            model_claim=params.model_claim,
+            init_image=params.init_image,
+            api_key_file=params.api_key_file,
+        ),
+        ctx.reporter,
+        ctx.cancel,
     )
-    manifest = find_build(spec.build_key)
-    given = Path(params.model)  # a recipe or URL (not a file here) is what an init container can fetch
-    fetched = params.model != TINY_MODEL and (given.suffix == ".toml" or not given.exists())
-    recipe = params.model if fetched else None
-    inputs = ManifestInputs(
-        name=params.name,
-        image=runtime_tag(spec.build_key),
-        backend=str(manifest.get("backend", "")),
-        replicas=params.replicas,
-        listen=params.listen,
-        model_claim=params.model_claim,
-        init_image=params.init_image,
-        model_recipe=recipe,
-        api_key_file=params.api_key_file,
-    )
-    files = render_manifests(params.target, spec, inputs, Layout(params.name, params.root))
-    return RenderedManifests(target=params.target, image=inputs.image, files=files)
+    return DeployRenderResult(target=params.target, image=rendered.image, files=rendered.files)

@@ -145,13 +145,3 @@ def status_cli(result: dict[str, Any], console: Console) -> None:
         )
     title = f"{result.get('name')} ({result.get('target')}): status"
     console.print(_table(title, ["host", "current", "service", "healthy", "build", "model", "flags"], rows))
-
-
-def manifests_cli(result: dict[str, Any], console: Console) -> None:
-    """``deploy.render``: the file's text as it is (so ``> compose.yaml`` works); several files each after a
-    ``# ---- NAME`` line."""
-    files: dict[str, str] = result["files"]
-    for name, text in files.items():
-        if len(files) > 1:
-            console.out(f"# ---- {name}", highlight=False)
-        console.out(text, end="", highlight=False)

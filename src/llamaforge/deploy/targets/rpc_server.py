@@ -2,7 +2,7 @@
 
 It is the systemd target with another unit (``templates/deploy/rpc-server.service.j2``, installed as
 ``llamaforge-<name>-rpc.service``): the server binds the worker's private address (checked by
-:func:`~llamaforge.deploy.topology.check_rpc_address` before anything is rendered), keeps its tensor cache
+:func:`~llamaforge.deploy.topology.workers.check_rpc_address` before anything is rendered), keeps its tensor cache
 (``-c``) in a systemd ``CacheDirectory`` that survives restarts and releases, and its gate is the RPC
 protocol's own HELLO, asked on the worker through its SSH connection.
 """
@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 
 from llamaforge.core.events import CancelToken
 from llamaforge.core.templates import render
-from llamaforge.deploy.health import GateOutcome, service_down
+from llamaforge.deploy.hosts.health import GateOutcome, service_down
 from llamaforge.deploy.release import SERVICE_USER, Layout, ReleaseSpec
 from llamaforge.deploy.targets.systemd import SystemdTarget, check_command
-from llamaforge.deploy.topology import RPC_SERVER, check_rpc_address, rpc_hello
+from llamaforge.deploy.topology.workers import RPC_SERVER, check_rpc_address, rpc_hello
 from llamaforge.runners.ssh.forward import forward_local
 
 if TYPE_CHECKING:
@@ -53,6 +53,9 @@ class RpcServerTarget(SystemdTarget):
     port: int = 50052
     threads: int | None = None
     name = "rpc-server"
+    deploys = False  # a topology's worker (topology.deploy), never deploy's --target
+    renders = False
+    heads_topology = False
     unit_file = RPC_UNIT_FILE
 
     def __post_init__(self) -> None:

@@ -7,6 +7,7 @@ start period is the health gate's wait for the model's size, and nothing open be
 (compose publishes on 127.0.0.1; Kubernetes makes a ClusterIP Service). CUDA builds ask for one whole GPU per
 replica: compose reserves it under ``deploy.resources.reservations.devices``, Kubernetes limits
 ``nvidia.com/gpu`` and replaces pods with ``strategy: Recreate``. The systemd unit is the systemd target's.
+Each is rendered by its target of :mod:`llamaforge.deploy.targets` (compose and kubernetes render only).
 """
 
 from __future__ import annotations
@@ -21,13 +22,11 @@ from llamaforge.core.errors import InvalidOption
 from llamaforge.core.guard import is_loopback
 from llamaforge.core.templates import render
 from llamaforge.core.validation import check_image_reference
-from llamaforge.deploy.health import gate_timeout_s
-from llamaforge.deploy.release import ip_address_of
+from llamaforge.deploy.release import gate_timeout_s, ip_address_of
 
 if TYPE_CHECKING:
-    from llamaforge.deploy.release import Layout, ReleaseSpec
+    from llamaforge.deploy.release import ReleaseSpec
 
-MANIFEST_TARGETS = ("compose", "kubernetes", "systemd")
 PROBE_PERIOD_S = 5
 # The init container's script: $1 the model recipe, $2 its sha256. llamaforge's fetch checks the file against
 # the recipe's lock; the copy in the claim is checked again, and a claim that has it already is not refetched.
@@ -145,25 +144,4 @@ def render_kubernetes(spec: ReleaseSpec, inputs: ManifestInputs) -> str:
         fetch_script=FETCH_SCRIPT,
         probe_period_s=PROBE_PERIOD_S,
         startup_failures=math.ceil(start / PROBE_PERIOD_S),
-    )
-
-
-def render_manifests(
-    target: str, spec: ReleaseSpec, inputs: ManifestInputs, layout: Layout
-) -> dict[str, str]:
-    """The files of ``target`` by name."""
-    if target == "compose":
-        return {"compose.yaml": render_compose(spec, inputs)}
-    if target == "kubernetes":
-        return {f"llamaforge-{inputs.name}.yaml": render_kubernetes(spec, inputs)}
-    if target == "systemd":
-        from llamaforge.deploy.targets.systemd import render_unit, unit_name
-
-        return {unit_name(layout): render_unit(spec, layout)}
-    from llamaforge.core.validation import suggest
-
-    known = ", ".join(MANIFEST_TARGETS)
-    raise InvalidOption(
-        f"deploy.render has no target {target!r}",
-        hint=suggest(target, MANIFEST_TARGETS, end=" ") + "known: " + known,
     )

@@ -30,18 +30,11 @@ from typing import Any
 
 from llamaforge.core.errors import Cancelled, LlamaforgeError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
-from llamaforge.deploy.health import GateOutcome, gate_service
-from llamaforge.deploy.hosts import check_root_access
-from llamaforge.deploy.probe import ProbeModel, ProbeOutcome, ReleaseCannotRun, has_probe_model, prove
-from llamaforge.deploy.release import (
-    KEEP_RELEASES,
-    LOOPBACK,
-    Layout,
-    ReleaseSpec,
-    release_id,
-    release_record,
-)
-from llamaforge.deploy.remote import (
+from llamaforge.deploy.hosts.access import check_root_access
+from llamaforge.deploy.hosts.health import GateOutcome, gate_service
+from llamaforge.deploy.hosts.prepared import Release
+from llamaforge.deploy.hosts.probe import ProbeOutcome, ReleaseCannotRun, has_probe_model, prove
+from llamaforge.deploy.hosts.remote import (
     HostState,
     busy_port,
     host_state,
@@ -50,56 +43,15 @@ from llamaforge.deploy.remote import (
     switch_and_activate,
     upload_release,
 )
-from llamaforge.deploy.report import HostPlan, HostReport, RolloutReport, still_on
-from llamaforge.deploy.targets import Target
-from llamaforge.models.recipes import AnswerCheck
+from llamaforge.deploy.release import (
+    KEEP_RELEASES,
+    LOOPBACK,
+    Layout,
+)
+from llamaforge.deploy.report import DeployResult, HostPlan, HostReport, still_on
+from llamaforge.deploy.targets.base import Target
 from llamaforge.runners.ssh import SshProcessRunner
 from llamaforge.runners.ssh.connection import HostKeyChanged, HostKeyUnknown, SshError
-
-
-@dataclass(frozen=True)
-class Release:
-    """A release ready to ship: its inputs, where it goes, how it runs, its id and rendered files."""
-
-    spec: ReleaseSpec
-    layout: Layout
-    target: Target
-    id: str
-    service_files: dict[str, str]
-    record: dict[str, Any]
-    checks: tuple[AnswerCheck, ...] = ()
-    api_key: str | None = field(default=None, repr=False, compare=False)  # written on the host, never shown
-    fit: tuple[str, ...] = ()  # the fit plan's summary for the host's GPU, when it has one
-    probe: ProbeModel | None = None  # the model each host proves the release with before its switch
-
-
-def prepare_release(
-    spec: ReleaseSpec,
-    layout: Layout,
-    target: Target,
-    checks: Sequence[AnswerCheck] = (),
-    *,
-    api_key: str | None = None,
-    fit: Sequence[str] = (),
-    probe: ProbeModel | None = None,
-) -> Release:
-    """Render the release's service files and derive its id (no host needed); ``api_key`` is the key a
-    release listening beyond loopback gets (no part of its id or ``release.json``); with a ``probe`` model each
-    host runs the release on it before it is switched there (:mod:`~llamaforge.deploy.probe`)."""
-    files = target.service_files(spec, layout)
-    rid = release_id(spec, files)
-    return Release(
-        spec,
-        layout,
-        target,
-        rid,
-        files,
-        release_record(spec, rid, target.name),
-        tuple(checks),
-        api_key,
-        tuple(fit),
-        probe,
-    )
 
 
 @dataclass(frozen=True)
@@ -488,7 +440,7 @@ def _run_batch(
 
 def rollout(
     runners: Sequence[SshProcessRunner], release: Release | Sequence[Release], options: RolloutOptions
-) -> RolloutReport:
+) -> DeployResult:
     """Deploy ``release`` (or one release per host, e.g. flags fitted to each host's GPU) to every host in
     order (see the module docstring)."""
     started = time.monotonic()
@@ -520,7 +472,7 @@ def rollout(
         for report, (plan, state) in zip(reports, plans, strict=True)
     ]
     ids = {item.id for item in releases}
-    return RolloutReport(
+    return DeployResult(
         release=ids.pop() if len(ids) == 1 else None,
         target=releases[0].target.name,
         name=releases[0].layout.name,

@@ -1,5 +1,5 @@
 """The hosts of a deploy: ``user@host:port,...`` parsed into :class:`SshHost` (or an inventory's hosts, see
-:mod:`~llamaforge.deploy.inventory`) as :class:`DeployHost`, one SSH runner each.
+:mod:`~llamaforge.deploy.hosts.inventory`) as :class:`DeployHost`, one SSH runner each.
 
 A deploy runs the service manager (or the Docker engine) of each host as root: directly when the deploy user
 is root, through ``sudo -n`` otherwise (:func:`as_root`). :func:`check_root_access` refuses, while planning

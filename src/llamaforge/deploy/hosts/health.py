@@ -18,21 +18,21 @@ import posixpath
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from llamaforge.core.events import CancelToken
 from llamaforge.core.exits import crash_hint, crash_words, loaded_cpu_module, systemd_crash
 from llamaforge.core.guard import is_loopback
-from llamaforge.deploy.release import LOOPBACK, Layout
-from llamaforge.deploy.targets import ServiceState, Target
+from llamaforge.deploy.release import LOOPBACK, Layout, gate_timeout_s
 from llamaforge.models.recipes import AnswerCheck
 from llamaforge.runners.ssh import SshProcessRunner
 from llamaforge.runners.ssh.forward import forward_local
 from llamaforge.serve.launcher import request_json
 from llamaforge.smoke.answers import GoldenRequest, check_answers, greedy_completion
 
-GATE_BASE_S = 30.0
-GATE_PER_GIB_S = 30.0  # loading reads the file once: ~30 s a GiB leaves room for a slow disk
-GATE_CAP_S = 900.0
+if TYPE_CHECKING:
+    from llamaforge.deploy.targets.base import ServiceState, Target
+
 COMPLETION_TOKENS = 8
 # A small model answers within a second or two of its restart: poll often then, and calmly after that.
 POLL_FIRST_S = 0.1
@@ -42,11 +42,6 @@ LOG_LINES = 20  # the last log lines a failed gate reports
 # After a crash the journal is read further back: to ggml's load_backend line of the run that crashed.
 CRASH_LOG_LINES = 400
 SERVER = "llama-server"
-
-
-def gate_timeout_s(model_size: int) -> float:
-    """How long the gate waits for ``/health``: 30 s plus 30 s a GiB of model, at most 15 minutes."""
-    return min(GATE_CAP_S, GATE_BASE_S + GATE_PER_GIB_S * model_size / 2**30)
 
 
 def gate_address(listen: str) -> str:

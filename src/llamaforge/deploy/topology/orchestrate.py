@@ -1,6 +1,6 @@
 """Deploy, inspect and roll back a topology: RPC workers first, then the head, with the release machinery of
-:mod:`~llamaforge.deploy.rollout` (each worker's ``ggml-rpc-server`` is a release of its own, with the
-:class:`~llamaforge.deploy.targets.rpc.RpcServerTarget`; the head's llama-server is a release whose flags carry
+:mod:`~llamaforge.deploy.hosts.rollout` (each worker's ``ggml-rpc-server`` is a release of its own, with the
+:class:`~llamaforge.deploy.targets.rpc_server.RpcServerTarget`; the head's llama-server is a release whose flags carry
 ``--rpc``, ``-ts`` and ``-ngl`` from the split plan).
 
 Order: every host is reached and read first (an unreachable one stops everything); the workers are deployed and
@@ -20,17 +20,19 @@ from pydantic import Field
 
 from llamaforge.core.errors import LlamaforgeError
 from llamaforge.core.registry import Result
-from llamaforge.deploy.health import gate_service
-from llamaforge.deploy.manage import host_status, rollback_host
-from llamaforge.deploy.release import release_files
-from llamaforge.deploy.remote import host_state
+from llamaforge.deploy.hosts.health import gate_service
+from llamaforge.deploy.hosts.manage import host_status, rollback_host
+from llamaforge.deploy.hosts.prepared import Release
+from llamaforge.deploy.hosts.remote import host_state
+from llamaforge.deploy.hosts.rollout import RolloutOptions, deploy_host, plan_host
+from llamaforge.deploy.release import Layout, release_files
 from llamaforge.deploy.report import HostReport, HostStatusReport
-from llamaforge.deploy.rollout import Release, RolloutOptions, deploy_host, plan_host
-from llamaforge.deploy.topology import check_builds
+from llamaforge.deploy.targets.base import Target
+from llamaforge.deploy.topology.workers import check_builds
 from llamaforge.runners.ssh import SshProcessRunner
 
 
-class TopologyReport(Result):
+class TopologyDeployResult(Result):
     """A topology deploy or rollback: the head's and each worker's outcome, and whether the whole is healthy."""
 
     name: str
@@ -55,7 +57,7 @@ class WorkerStatus(Result):
     detail: str = ""
 
 
-class TopologyStatus(Result):
+class TopologyStatusResult(Result):
     """``topology.status``: the head, every worker, and which worker (if any) breaks the topology."""
 
     name: str
@@ -70,8 +72,18 @@ class Member:
     """A host of the topology with its release (for the head: its llama-server; for a worker: its RPC server)."""
 
     runner: SshProcessRunner
-    release: Release
+    layout: Layout
+    target: Target
     endpoint: str | None = None  # a worker's address:port
+    release: Release | None = (
+        None  # the release a deploy ships (status and rollback read what is on the host)
+    )
+
+    def ready(self) -> Release:
+        """The release this member is deployed with (a deploy prepared one for every member)."""
+        if self.release is None:
+            raise ValueError(f"{self.runner.host.address} has no release prepared")
+        return self.release
 
 
 def _ok(report: HostReport) -> bool:
@@ -91,9 +103,7 @@ def _undo(
     undone = []
     for member, report in zip(members, reports, strict=True):
         if report.status == "updated" and report.previous is not None:
-            back = rollback_host(
-                member.runner, member.release.layout, member.release.target, report.previous, options
-            )
+            back = rollback_host(member.runner, member.layout, member.target, report.previous, options)
             undone.append(back.model_copy(update={"detail": f"undone: {back.detail}"}))
         else:
             undone.append(report)
@@ -105,7 +115,7 @@ def deploy_topology(
 ) -> tuple[list[HostReport], HostReport]:
     """Deploy the workers, check their builds, then the head (see the module docstring)."""
     members = [*workers, head]
-    plans = [plan_host(member.runner, member.release) for member in members]
+    plans = [plan_host(member.runner, member.ready()) for member in members]
     unreachable = [plan for plan, state in plans if state is None]
     if unreachable:
         reports = [
@@ -115,11 +125,11 @@ def deploy_topology(
             for member, (plan, state) in zip(members, plans, strict=True)
         ]
         return reports[:-1], reports[-1]
-    files = release_files(head.release.spec)
+    files = release_files(head.ready().spec)
     worker_reports: list[HostReport] = []
     for member, (_plan, state) in zip(workers, plans[:-1], strict=True):
         assert state is not None
-        worker_reports.append(deploy_host(member.runner, member.release, state, files, options))
+        worker_reports.append(deploy_host(member.runner, member.ready(), state, files, options))
         if not _ok(worker_reports[-1]):
             break
     if len(worker_reports) < len(workers) or not all(_ok(report) for report in worker_reports):
@@ -128,12 +138,12 @@ def deploy_topology(
         return [*done, *rest], _untouched(head, "a worker failed, so the head was not changed")
     running = {member.runner.host.address: _running_build(member) for member in workers}
     try:
-        check_builds(head.runner.host.address, head.release.spec.build_key, running)
+        check_builds(head.runner.host.address, head.ready().spec.build_key, running)
     except LlamaforgeError as error:
         return _undo(workers, worker_reports, options), _untouched(head, error.render())
     head_state = plans[-1][1]
     assert head_state is not None
-    head_report = deploy_host(head.runner, head.release, head_state, files, options)
+    head_report = deploy_host(head.runner, head.ready(), head_state, files, options)
     if head_report.status == "unchanged" and any(report.status == "updated" for report in worker_reports):
         head_report = _restart_head(head, options)
     if not _ok(head_report):
@@ -142,14 +152,14 @@ def deploy_topology(
 
 
 def _running_build(member: Member) -> str | None:
-    record = host_state(member.runner, member.release.layout).record or {}
+    record = host_state(member.runner, member.layout).record or {}
     key = record.get("build_key")
     return str(key) if key is not None else None
 
 
 def _restart_head(head: Member, options: RolloutOptions) -> HostReport:
     """Restart the head on its current release (its workers restarted) and gate it."""
-    release = head.release
+    release = head.ready()
     release.target.activate(head.runner, release.layout)
     gate = gate_service(
         head.runner,
@@ -178,13 +188,13 @@ def _restart_head(head: Member, options: RolloutOptions) -> HostReport:
 def paired_workers(head: Member, to: str | None) -> tuple[str | None, dict[str, str]]:
     """The head's release to go back to (``to``, default its previous one) and the worker releases it was
     deployed with (``release.json``'s ``rpc_workers``: endpoint -> release id)."""
-    from llamaforge.deploy.remote import release_facts
+    from llamaforge.deploy.hosts.remote import release_facts
 
-    state = host_state(head.runner, head.release.layout)
+    state = host_state(head.runner, head.layout)
     wanted = to or state.previous()
     if wanted is None or wanted not in state.releases:
         return wanted, {}
-    record, _size = release_facts(head.runner, head.release.layout, wanted)
+    record, _size = release_facts(head.runner, head.layout, wanted)
     pairs = record.get("rpc_workers") or []
     return wanted, {str(pair["endpoint"]): str(pair["release"]) for pair in pairs}
 
@@ -206,7 +216,7 @@ def rollback_topology(
         )
     if wanted is None:  # rollback_host says there is no earlier release
         untouched = [_untouched(member) for member in workers]
-        return untouched, rollback_host(head.runner, head.release.layout, head.release.target, None, options)
+        return untouched, rollback_host(head.runner, head.layout, head.target, None, options)
     reports: list[HostReport] = []
     for member in workers:
         if reports and reports[-1].status not in ("rolled back", "unchanged"):
@@ -225,14 +235,10 @@ def rollback_topology(
                 )
             )
             continue
-        reports.append(
-            rollback_host(
-                member.runner, member.release.layout, member.release.target, target_release, options
-            )
-        )
+        reports.append(rollback_host(member.runner, member.layout, member.target, target_release, options))
     if not all(report.status in ("rolled back", "unchanged") for report in reports):
         return reports, _untouched(head, "a worker did not roll back")
-    head_report = rollback_host(head.runner, head.release.layout, head.release.target, wanted, options)
+    head_report = rollback_host(head.runner, head.layout, head.target, wanted, options)
     if head_report.status == "unchanged" and any(report.status == "rolled back" for report in reports):
         head_report = _restart_head(head, options)
     return reports, head_report
@@ -256,8 +262,8 @@ def worker_status(runner: SshProcessRunner, member: Member, head: SshProcessRunn
     """The worker's unit state and release, and whether the head reaches its RPC port."""
     endpoint = member.endpoint or ""
     try:
-        state = host_state(runner, member.release.layout)
-        service = member.release.target.state(runner, member.release.layout)
+        state = host_state(runner, member.layout)
+        service = member.target.state(runner, member.layout)
     except LlamaforgeError as error:
         return WorkerStatus(
             host=runner.host.address, endpoint=endpoint, reachable=False, detail=error.render()
@@ -274,9 +280,9 @@ def worker_status(runner: SshProcessRunner, member: Member, head: SshProcessRunn
     )
 
 
-def topology_status(head: Member, workers: Sequence[Member]) -> TopologyStatus:
+def topology_status(head: Member, workers: Sequence[Member]) -> TopologyStatusResult:
     """The head's status, each worker's, and the first thing that keeps the topology from serving."""
-    head_report = host_status(head.runner, head.release.layout, head.release.target)
+    head_report = host_status(head.runner, head.layout, head.target)
     reach = head.runner if head_report.reachable else None
     reports = [worker_status(member.runner, member, reach) for member in workers]
     problems = []
@@ -296,8 +302,8 @@ def topology_status(head: Member, workers: Sequence[Member]) -> TopologyStatus:
                 f"worker {report.host} runs build {report.build_key}, the head {head_report.build_key}"
             )
     detail = "; ".join(problems) or "head and every worker serve"
-    return TopologyStatus(
-        name=head.release.layout.name, head=head_report, workers=reports, healthy=not problems, detail=detail
+    return TopologyStatusResult(
+        name=head.layout.name, head=head_report, workers=reports, healthy=not problems, detail=detail
     )
 
 

@@ -33,8 +33,7 @@ from typing import Any
 from llamaforge.build.runtime_image import HEALTHCHECK, MODEL_PATH, UID
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
-from llamaforge.deploy.health import gate_timeout_s
-from llamaforge.deploy.release import ReleaseSpec, release_id
+from llamaforge.deploy.release import ReleaseSpec, gate_timeout_s, release_id
 from llamaforge.deploy.report import SwarmReport, SwarmTask
 from llamaforge.runners import swarm as swarm_api
 from llamaforge.runners.swarm import HealthProbe, ServiceDefinition, UpdatePolicy
