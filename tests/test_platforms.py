@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from llamaforge.backends.base import DEBIAN_BUILD_PACKAGES
 from llamaforge.build.plan import BuildOptions, plan_build
 from llamaforge.build.recipes import BuildRecipe, load_recipe
 from llamaforge.core.errors import InvalidOption
 from llamaforge.platforms import get_platform, platform_names
-from llamaforge.backends.base import DEBIAN_BUILD_PACKAGES
 
 
 def _recipe(platform: str) -> BuildRecipe:

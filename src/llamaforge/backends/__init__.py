@@ -17,7 +17,16 @@ from llamaforge.backends.vulkan import VulkanBackend
 from llamaforge.build.names import BackendName
 from llamaforge.core.errors import InvalidOption
 
-__all__ = ["BACKENDS", "Backend", "Devices", "LinuxBuilder", "arch_backend", "backend_names", "get_backend"]
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "Devices",
+    "LinuxBuilder",
+    "arch_backend",
+    "backend_devices",
+    "backend_names",
+    "get_backend",
+]
 
 BACKENDS: dict[str, Backend] = {
     backend.name: backend for backend in (CpuBackend(), CudaBackend(), VulkanBackend(), MetalBackend())
@@ -41,3 +50,10 @@ def backend_names() -> list[str]:
 def arch_backend() -> Backend:
     """The backend whose arch list ``--arch`` gives: a build with ``--arch`` and no ``--backend`` is one of its."""
     return BACKENDS["cuda"]
+
+
+def backend_devices(name: str | None) -> Devices:
+    """The devices a container of a build with backend ``name`` needs (none for an unknown or missing name, such
+    as an image label written by another tool)."""
+    backend = BACKENDS.get(name or "")
+    return backend.devices if backend is not None else Devices()

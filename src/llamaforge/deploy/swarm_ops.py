@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from llamaforge.backends import backend_devices
 from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.deploy.report import DeployStatus, RolloutReport, SwarmReport
 
@@ -67,7 +68,7 @@ def swarm_deploy(params: DeployParams, ctx: OperationContext) -> RolloutReport:
     _no_hosts(params)
     spec, _checks = release_spec(params, ctx)
     image = ensure_runtime_image(spec.build_key, reporter=ctx.reporter)
-    gpus = 1 if image.labels.get("org.llamaforge.build.backend") == "cuda" else 0
+    gpus = backend_devices(image.labels.get("org.llamaforge.build.backend")).gpus
     secret = None
     if params.publish:  # every interface of every node: never without a key
         ident, name, path = api_key_secret(params.name)
