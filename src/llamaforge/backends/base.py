@@ -83,6 +83,8 @@ class Backend:
     devices: ClassVar[Devices] = Devices()
     # Programs a host executor needs on PATH for it, with the hint that installs them.
     host_tools: ClassVar[tuple[tuple[str, str], ...]] = ()
+    # What ``doctor`` checks on this machine for it: (program, what it is for, how to install it).
+    doctor_tools: ClassVar[tuple[tuple[str, str, str], ...]] = ()
     # Tool versions the build script records in toolchain.json: name -> a shell command that prints one line.
     tool_versions: ClassVar[tuple[tuple[str, str], ...]] = ()
 

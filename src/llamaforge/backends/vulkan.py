@@ -36,6 +36,13 @@ class VulkanBackend(Backend):
     host_tools: ClassVar[tuple[tuple[str, str], ...]] = (
         ("glslc", "install glslc, libvulkan-dev and spirv-headers, or use --executor docker"),
     )
+    doctor_tools: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        (
+            "glslc",
+            "Vulkan builds with the local executor",
+            "apt-get install glslc libvulkan-dev spirv-headers",
+        ),
+    )
     tool_versions: ClassVar[tuple[tuple[str, str], ...]] = (("glslc", "glslc --version | head -n 1"),)
 
     def cmake(self, archs: tuple[str, ...]) -> dict[str, str]:

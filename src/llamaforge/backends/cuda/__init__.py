@@ -43,6 +43,9 @@ class CudaBackend(Backend):
     host_tools: ClassVar[tuple[tuple[str, str], ...]] = (
         ("nvcc", "install a CUDA toolkit, or use --executor docker"),
     )
+    doctor_tools: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("nvcc", "CUDA compile checks", "pip install nvidia-cuda-nvcc (or a CUDA toolkit)"),
+    )
     tool_versions: ClassVar[tuple[tuple[str, str], ...]] = (("nvcc", "nvcc --version | tail -n 1"),)
 
     def archs(self, requested: Sequence[str], recipe: BuildRecipe) -> tuple[str, ...]:
