@@ -4,7 +4,8 @@ logs must name that Vulkan device.
 
 Steps: the trixie base image (``images.bootstrap``; reused when it exists), the build (a cache hit when it
 exists), its runtime image, a tiny random-weight qwen3 model; then ``llama-bench`` (``-ngl 99``) and a
-``llama-server`` answering one completion, each with ``VK_ICD_FILENAMES`` naming lavapipe. Prints the build's
+``llama-server`` answering one completion, each with ``VK_ICD_FILENAMES`` naming lavapipe and
+``GGML_VK_VISIBLE_DEVICES`` selecting it. Prints the build's
 time, the Vulkan device line and the figures as JSON; exits 1 when a log names no Vulkan device.
 
 Usage: python benchmarks/vulkan_lavapipe.py [--cpu x86-64-v2] [--json FILE]
@@ -31,8 +32,11 @@ from llamaforge.core.registry import OperationContext, operations, result_json
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 
 BASE = "llamaforge/debian:trixie"
-LAVAPIPE = "/usr/share/vulkan/icd.d/lvp_icd.x86_64.json"
-DEVICE_LINE = re.compile(r"^ggml_vulkan: \d+ = .*$", re.M)
+# Mesa's ICD file for lavapipe as trixie ships it (bookworm's is lvp_icd.x86_64.json). ggml-vulkan passes over
+# devices of the CPU type unless GGML_VK_VISIBLE_DEVICES names them, so both are set.
+LAVAPIPE = ("-e", "VK_ICD_FILENAMES=/usr/share/vulkan/icd.d/lvp_icd.json", "-e", "GGML_VK_VISIBLE_DEVICES=0")
+# ggml-vulkan's own line (llama-bench), or llama-server's choice of device (at -lv 4).
+DEVICE_LINE = re.compile(r"^.*(?:ggml_vulkan: \d+ = |using device Vulkan\d+ ).*$", re.M)
 
 
 def build(cpu: str) -> dict[str, Any]:
@@ -52,7 +56,7 @@ def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 def device_line(log: str) -> str | None:
-    """The line ggml-vulkan prints for the device it found (``ggml_vulkan: 0 = llvmpipe …``)."""
+    """The line that names the Vulkan device used (``ggml_vulkan: 0 = llvmpipe …``)."""
     found = DEVICE_LINE.search(log)
     return found.group(0) if found else None
 
@@ -63,8 +67,7 @@ def run_bench(image: str, model: Path) -> dict[str, Any]:
     done = docker(
         "run",
         "--rm",
-        "-e",
-        f"VK_ICD_FILENAMES={LAVAPIPE}",
+        *LAVAPIPE,
         "--mount",
         f"type=bind,source={model},target=/models/model.gguf,readonly",
         "--entrypoint",
@@ -95,8 +98,7 @@ def run_server(image: str, model: Path, port: int) -> dict[str, Any]:
         "--detach",
         "--name",
         name,
-        "-e",
-        f"VK_ICD_FILENAMES={LAVAPIPE}",
+        *LAVAPIPE,
         "-e",
         "LLAMA_ARG_N_GPU_LAYERS=99",
         "-p",
@@ -104,6 +106,8 @@ def run_server(image: str, model: Path, port: int) -> dict[str, Any]:
         "--mount",
         f"type=bind,source={model},target=/models/model.gguf,readonly",
         image,
+        "-lv",
+        "4",  # the device and offload lines are info at verbosity 4
     )
     try:
         deadline = time.monotonic() + 180

@@ -7,7 +7,8 @@ project builds (it uses ``VK_EXT_layer_settings``; ``vk::LayerSettingEXT`` is mi
 builder's default base is a trixie image, made with ``invoke images.bootstrap --suite trixie --tag
 llamaforge/debian:trixie``; a recipe's ``[images.vulkan]`` or ``--base-image`` names another. A container
 reaches the GPU through ``/dev/dri``; the runtime image carries the Vulkan loader and Mesa's drivers, lavapipe
-among them."""
+among them (a device of the CPU type, which ggml-vulkan uses only when ``GGML_VK_VISIBLE_DEVICES`` names it).
+``nox -s vulkan_build`` builds it and runs llama-bench and llama-server on lavapipe."""
 
 from __future__ import annotations
 
