@@ -122,6 +122,22 @@ def cuda_build(session: nox.Session) -> None:
 
 
 @nox.session
+def vulkan_build(session: nox.Session) -> None:
+    """The Vulkan backend for real: `invoke build --backend vulkan` (one CPU level; on a trixie base image, made
+    with debootstrap when missing), then its runtime image runs llama-bench and llama-server on Mesa's software
+    Vulkan device (lavapipe) in containers, and their load logs must name it. A cold build is long on 2 cores:
+    not part of CI. Arguments go to benchmarks/vulkan_lavapipe.py, e.g. `-- --json vulkan.json`."""
+    session.install("-e", ".")
+    sdist_dir = _sdist_dir(session)
+    session.run(
+        "python",
+        "benchmarks/vulkan_lavapipe.py",
+        *session.posargs,
+        env={"LLAMAFORGE_SOURCE_MIRROR": str(sdist_dir)},
+    )
+
+
+@nox.session
 def smoke(session: nox.Session) -> None:
     """The one command: build (or reuse) the default CPU build, write the tiny Q4_0 qwen3 model, run llama-bench with
     each CPU module of the build, then llama-bench and a streaming llama-server against it, print the summary; fails

@@ -4,7 +4,7 @@
 # The CI machines carry nvcc 13.0.88 assembled from the PyPI wheels of `cuda-toolkit==13.0.2` but lack cuBLAS
 # (ggml-cuda includes <cublas_v2.h> and links CUDA::cublas) and cuobjdump. This installs them with
 # `pip install --target` into a cache prefix (no root, nothing outside the prefix is touched), and the compiler
-# itself too when no nvcc is found. The libcuda.so stub that CMake wants is made by llamaforge.build.cudacheck.
+# itself too when no nvcc is found. The libcuda.so stub that CMake wants is made by llamaforge.backends.cuda.probe.
 #
 # Usage: .ci/cuda-toolkit.sh [ENV_FILE]
 #   Prints `export NAME=value` lines, or writes them to ENV_FILE (for `source`, or `>> "$GITHUB_ENV"`-style

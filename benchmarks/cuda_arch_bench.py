@@ -18,7 +18,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from llamaforge.build.device_code import probe_units
+from llamaforge.backends.cuda.unit_probe import probe_units
 from llamaforge.build.executors import make_executor
 from llamaforge.build.plan import BuildOptions, plan_build
 from llamaforge.build.recipes import load_recipe

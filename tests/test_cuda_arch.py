@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import require
-from llamaforge.build.cudacheck import CudaProbeResult, compile_cuda_probe, find_cuda_toolkit
+from llamaforge.backends.cuda.probe import CudaProbeResult, compile_cuda_probe, find_cuda_toolkit
 from llamaforge.build.plan import BuildOptions, plan_build
 from llamaforge.build.recipes import load_recipe
 

@@ -14,14 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from llamaforge.build.device_code import (
-    LISTING,
-    check_device_code,
-    expected,
-    parse_listing,
-    probe_units,
-    problems,
-)
+from llamaforge.backends.cuda.device_code import LISTING, check_device_code, expected, parse_listing, problems
+from llamaforge.backends.cuda.unit_probe import probe_units
 from llamaforge.build.ops import BuildParams, _plan_from_params
 from llamaforge.core.errors import BuildFailed
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from llamaforge.build.cuda_arch import parse_cuda_archs
+from llamaforge.backends.cuda.arch import parse_cuda_archs
 from llamaforge.core.errors import InvalidOption
 from llamaforge.fronts.mcp.resources import gpu_arch
 from llamaforge.gguf.tiny import TinyModelSpec
@@ -64,7 +64,7 @@ ROOFLINE_DEVICES = {
     "B200": 8000,
 }
 
-# What build/cuda_arch.py's own alias table said before it moved into gpus.toml.
+# What the CUDA arch parser's own alias table said before it moved into gpus.toml.
 ARCH_NAMES = {
     "rtx30": "86",
     "rtx3060": "86",

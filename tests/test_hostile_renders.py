@@ -148,7 +148,8 @@ def test_the_build_script_hands_cmake_exactly_the_values(payload: str, tmp_path:
     text = render(
         "linux/build.sh.j2",
         recipe_name=payload,
-        backend="cpu",
+        script_steps="",
+        tool_versions=(),
         cmake_args=[f"-DLLAMA_X={payload}"],
         targets=[payload, "llama-server"],
         source_date_epoch=payload,

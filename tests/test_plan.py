@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from helpers import check_golden
-from llamaforge.build.cuda_arch import parse_cuda_archs
+from llamaforge.backends.cuda.arch import parse_cuda_archs
 from llamaforge.build.plan import BuildOptions, BuildPlan, plan_build
 from llamaforge.build.recipes import load_recipe
 from llamaforge.core.errors import InvalidOption

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from llamaforge.backends.base import DEBIAN_BUILD_PACKAGES
 from llamaforge.build.plan import BuildOptions, plan_build
 from llamaforge.build.recipes import BuildRecipe, load_recipe
 from llamaforge.core.errors import InvalidOption
 from llamaforge.platforms import get_platform, platform_names
-from llamaforge.platforms.linux import PACKAGES
 
 
 def _recipe(platform: str) -> BuildRecipe:
@@ -38,7 +38,7 @@ def test_linux_plan_has_a_builder_image_a_bash_script_and_bin_artifacts() -> Non
     assert image.tag.startswith("llamaforge-builder:cpu-")
     assert image.base.tag == "llamaforge/debian:bookworm"
     assert image.dockerfile.startswith("# Builder image for llama.cpp CPU builds.")
-    assert " ".join(PACKAGES["cpu"]) in image.dockerfile
+    assert " ".join(DEBIAN_BUILD_PACKAGES) in image.dockerfile
     assert plan.script.name == "build.sh"
     assert plan.script.interpreter == ("bash",)
     assert plan.script.command("/llamaforge/build.sh") == ["bash", "/llamaforge/build.sh"]
@@ -70,10 +70,10 @@ def test_linux_cuda_plan_defaults_to_the_wheel_toolkit_on_the_local_base() -> No
     assert "cuobjdump --list-elf" in plan.script.text, "every CUDA build lists its device code"
 
 
-def test_linux_refuses_a_backend_without_a_template() -> None:
+def test_linux_refuses_a_backend_it_cannot_build() -> None:
     with pytest.raises(InvalidOption) as info:
-        plan_build(load_recipe("default"), BuildOptions(backend="vulkan"))
-    assert "vulkan" in info.value.message and "Linux" in info.value.message
+        plan_build(load_recipe("default"), BuildOptions(backend="metal"))
+    assert "metal" in info.value.message and "Linux" in info.value.message
     assert "--backend cpu" in (info.value.hint or "")
 
 

@@ -153,7 +153,8 @@ def test_a_read_only_home_still_renders(tmp_path: Path, monkeypatch: pytest.Monk
     expected = render(
         "linux/build.sh.j2",
         recipe_name="r",
-        backend="cpu",
+        script_steps="",
+        tool_versions=(),
         cmake_args=("-G", "Ninja"),
         targets=["llama-cli"],
         source_date_epoch=0,
@@ -162,7 +163,8 @@ def test_a_read_only_home_still_renders(tmp_path: Path, monkeypatch: pytest.Monk
     got = render_cached(
         "linux/build.sh.j2",
         recipe_name="r",
-        backend="cpu",
+        script_steps="",
+        tool_versions=(),
         cmake_args=("-G", "Ninja"),
         targets=["llama-cli"],
         source_date_epoch=0,

@@ -23,7 +23,7 @@ import gguf
 import pytest
 
 from helpers import invoke
-from llamaforge.build.cuda_arch import parse_cuda_archs
+from llamaforge.backends.cuda.arch import parse_cuda_archs
 from llamaforge.build.ops import BuildParams, _plan_from_params
 from llamaforge.core.errors import CacheError, InvalidOption
 from llamaforge.core.events import Event

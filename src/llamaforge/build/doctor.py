@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from llamaforge.backends import BACKENDS
 from llamaforge.build.ca_bundle import find_host_bundle
 from llamaforge.build.images import DEFAULT_TAG
 from llamaforge.core.errors import LlamaforgeError
@@ -153,7 +154,9 @@ def run_doctor(runner: ProcessRunner = LOCAL) -> list[Check]:
     checks.append(_tool(runner, "cmake", "local executor", "apt-get install cmake"))
     checks.append(_tool(runner, "ninja", "local executor", "apt-get install ninja-build"))
     checks.append(_tool(runner, "ccache", "local executor cache", "apt-get install ccache"))
-    checks.append(
-        _tool(runner, "nvcc", "CUDA compile checks", "pip install nvidia-cuda-nvcc (or a CUDA toolkit)")
-    )
+    checks += [
+        _tool(runner, name, purpose, hint)
+        for backend in BACKENDS.values()
+        for name, purpose, hint in backend.doctor_tools
+    ]
     return checks

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from llamaforge.build.device_code import LISTING as DEVICE_CODE_LISTING
+from llamaforge.backends import get_backend
 from llamaforge.build.executors.base import Executor, LogSink, RunRequest
 from llamaforge.build.patches import apply_series, series_dir
 from llamaforge.build.plan import BuildOptions, BuildPlan
@@ -108,8 +108,8 @@ def recipe_from_manifest(
     return recipe, options
 
 
-# Files the build script writes beside the artifacts: read into the manifest, not published as artifacts.
-_BUILD_RECORDS = ("toolchain.json", DEVICE_CODE_LISTING)  # records of the build, not artifacts
+# The file the build script writes beside the artifacts for the manifest (a backend may add its own records).
+TOOLCHAIN_RECORD = "toolchain.json"
 
 
 def _collect_artifacts(plan: BuildPlan, out: Path) -> dict[str, dict[str, Any]]:
@@ -125,6 +125,7 @@ def _collect_artifacts(plan: BuildPlan, out: Path) -> dict[str, dict[str, Any]]:
                 tail=[],
                 hint="check that every recipe target is an executable that lands in build/bin",
             )
+    records = (TOOLCHAIN_RECORD, *get_backend(plan.backend).records())
     artifacts: dict[str, dict[str, Any]] = {}
     for path in sorted(out.rglob("*")):
         relative = path.relative_to(out).as_posix()
@@ -136,7 +137,7 @@ def _collect_artifacts(plan: BuildPlan, out: Path) -> dict[str, dict[str, Any]]:
                 tail=[],
                 hint="the build script must copy the file the link points to under the link's name",
             )
-        if path.is_file() and relative not in _BUILD_RECORDS:
+        if path.is_file() and relative not in records:
             artifacts[relative] = {"sha256": sha256_file(path), "size": path.stat().st_size}
     return artifacts
 
@@ -215,16 +216,12 @@ def _build_locked(
         out.mkdir()
         build_into(plan, executor, out, log_path, jobs=jobs, reporter=reporter, cancel=cancel)
         artifacts = _collect_artifacts(plan, out)
-        device_code = None
-        if plan.backend == "cuda":
-            from llamaforge.build.device_code import check_device_code
-
-            device_code = check_device_code(out, plan.cuda_architectures, str(log_path))
+        checked = get_backend(plan.backend).after_build(out, plan.cuda_architectures, str(log_path))
         for relative in artifacts:
             target = staging / relative
             target.parent.mkdir(parents=True, exist_ok=True)
             (out / relative).replace(target)
-        toolchain_file = out / "toolchain.json"
+        toolchain_file = out / TOOLCHAIN_RECORD
         toolchain = json.loads(toolchain_file.read_text(encoding="utf-8")) if toolchain_file.is_file() else {}
         shutil.rmtree(out)
         if plan.environment.image is not None:
@@ -248,7 +245,7 @@ def _build_locked(
             "image": executor.describe_environment(plan, environment_id),
             "toolchain": toolchain,
             "artifacts": artifacts,
-            **({"cuda_device_code": device_code} if device_code is not None else {}),
+            **checked,
             "source_date_epoch": plan.source_date_epoch,
             "started_at": started_at,
             "finished_at": _now(),

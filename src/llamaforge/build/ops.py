@@ -108,7 +108,7 @@ class BuildParams(Params):
 
 
 def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
-    from llamaforge.build.cuda_arch import parse_cuda_archs
+    from llamaforge.backends.cuda.arch import parse_cuda_archs
     from llamaforge.build.execute import recipe_from_manifest
     from llamaforge.build.plan import BuildOptions, plan_build
     from llamaforge.build.recipes import load_recipe

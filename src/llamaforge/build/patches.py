@@ -17,8 +17,10 @@ import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
 from llamaforge.build.git import SAFE_ENV, git_command
+from llamaforge.build.names import PlatformName
 from llamaforge.core.errors import PatchError
 from llamaforge.core.paths import data_dir
 from llamaforge.runners.process import LOCAL, ProcessRunner
@@ -54,8 +56,6 @@ _LINE = re.compile(r"^(?P<name>[^\s\[\]]+)(?:\s+\[(?P<platforms>[^\]]*)\])?$")
 
 def _parse_line(listing: Path, number: int, text: str) -> tuple[str, tuple[str, ...]]:
     """The patch name and platforms of one series line (comment and blanks stripped)."""
-    from llamaforge.platforms import platform_names
-
     found = _LINE.match(text)
     if found is None:
         raise PatchError(
@@ -75,7 +75,7 @@ def _parse_line(listing: Path, number: int, text: str) -> tuple[str, tuple[str, 
     if listed is None:
         return name, ()
     platforms = tuple(item.strip() for item in listed.split(",") if item.strip())
-    known = platform_names()
+    known = sorted(get_args(PlatformName))
     unknown = [item for item in platforms if item not in known]
     if unknown or not platforms:
         what = f"unknown platform(s) {', '.join(map(repr, unknown))}" if unknown else "no platform in [...]"

@@ -8,43 +8,24 @@ from __future__ import annotations
 import calendar
 import json
 import platform as platform_module
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from llamaforge.backends import arch_backend, get_backend
 from llamaforge.build.cmake_options import REFUSED_HINT, refused_cmake_keys
 from llamaforge.build.cpu_level import check_cpu_level, controlled_keys, cpu_architecture, cpu_cmake
-from llamaforge.build.cuda_arch import check_toolkit_range, parse_cuda_archs
+from llamaforge.build.names import BackendName
+from llamaforge.build.options import BuildOptions
 from llamaforge.build.patches import PatchRef, read_series
-from llamaforge.build.recipes import Backend, BuildRecipe, CudaToolkitKind, WindowsToolchain
-from llamaforge.build.recipes import Platform as PlatformName
+from llamaforge.build.recipes import BuildRecipe
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.version import __version__
 from llamaforge.platforms import BuildEnvironment, BuildScript, get_platform, sha256_text
 
+__all__ = ["PLAN_FORMAT", "BuildOptions", "BuildPlan", "plan_build"]
+
 # Bump when the layout of build outputs or the meaning of the key changes, so old cache entries are not reused.
 PLAN_FORMAT = 1
-
-
-@dataclass(frozen=True)
-class BuildOptions:
-    """What a user may change on top of a recipe (the CLI flags)."""
-
-    backend: Backend | None = None
-    cuda_architectures: tuple[str, ...] = ()
-    base_image: str | None = None
-    patches: str | None = None
-    no_patches: bool = False
-    ca_bundle: Path | None = None
-    # The host setting that named ca_bundle (PIP_CERT …; None: given with --ca-bundle). A bundle from the host
-    # goes only into builder images that download over TLS; a given one into every builder image.
-    ca_bundle_from_host: str | None = None
-    cmake: tuple[tuple[str, str], ...] = ()
-    cpu: str | None = None  # a CPU level (llamaforge.build.cpu_level) instead of the recipe's
-    platform: PlatformName | None = None  # overrides the recipe's platform
-    cuda_toolkit: CudaToolkitKind | None = None  # overrides the recipe's [cuda] toolkit
-    toolchain: WindowsToolchain | None = None  # windows: mingw (Docker; the default) or msvc (a host)
 
 
 @dataclass(frozen=True)
@@ -52,8 +33,8 @@ class BuildPlan:
     """Everything needed to execute a build, and the digest of it that keys the cache."""
 
     recipe: BuildRecipe
-    backend: Backend
-    cuda_architectures: tuple[str, ...]
+    backend: BackendName
+    cuda_architectures: tuple[str, ...]  # the backend's arch list (CUDA's; empty for the others)
     patches: tuple[PatchRef, ...]
     cpu: str
     cmake_args: tuple[str, ...]
@@ -156,16 +137,6 @@ def _cpu_level(level: str, options: BuildOptions, platform_name: str) -> str:
     return level
 
 
-def _check_toolkit(recipe: BuildRecipe, options: BuildOptions, archs: list[str]) -> None:
-    """The archs against the CUDA toolkit the build will use (its major from the wheel release or the image tag)."""
-    if (options.cuda_toolkit or recipe.cuda.toolkit) == "wheels" and not options.base_image:
-        check_toolkit_range(archs, recipe.cuda.major, f"cuda-toolkit {recipe.cuda.release} wheels")
-        return
-    tag = options.base_image or (recipe.images["cuda"].tag if "cuda" in recipe.images else "")
-    found = re.search(r"cuda:(\d+)\.", tag)
-    check_toolkit_range(archs, int(found.group(1)) if found else None, tag)
-
-
 def plan_build(recipe: BuildRecipe, options: BuildOptions | None = None) -> BuildPlan:
     """Resolve ``recipe`` and ``options`` into a BuildPlan; the recipe's platform renders its environment and
     script."""
@@ -174,20 +145,13 @@ def plan_build(recipe: BuildRecipe, options: BuildOptions | None = None) -> Buil
         recipe = recipe.model_copy(update={"platform": options.platform})
     platform = get_platform(recipe.platform)
     preferred = platform.preferred_backend if options.platform else None
-    backend: Backend = options.backend or (
-        "cuda" if options.cuda_architectures else preferred or recipe.backend
+    name: BackendName = options.backend or (
+        arch_backend().name if options.cuda_architectures else preferred or recipe.backend
     )
-    platform.check(recipe, backend)
-    if options.cuda_architectures and backend != "cuda":
-        raise InvalidOption("--arch only applies to CUDA builds", hint="drop --backend cpu, or drop --arch")
-    archs = (
-        tuple(parse_cuda_archs(list(options.cuda_architectures)))
-        if options.cuda_architectures
-        else tuple(recipe.cuda_architectures)
-    )
-
-    if backend == "cuda":
-        _check_toolkit(recipe, options, list(archs))
+    platform.check(recipe, name)
+    backend = get_backend(name)
+    archs = backend.archs(options.cuda_architectures, recipe)
+    backend.check(recipe, options, archs)
 
     series = None if options.no_patches else (options.patches or recipe.patches)
     patches = tuple(read_series(series, platform=recipe.platform))
@@ -196,11 +160,9 @@ def plan_build(recipe: BuildRecipe, options: BuildOptions | None = None) -> Buil
     cmake: dict[str, str] = {"CMAKE_BUILD_TYPE": "Release"}
     cmake.update({key: _cmake_value(value) for key, value in recipe.cmake.items()})
     cmake.update(cpu_cmake(cpu))
-    cmake.update(platform.cmake(recipe, backend, options))
+    cmake.update(platform.cmake(recipe, name, options))
     cmake.update(dict(options.cmake))
-    if backend == "cuda":
-        cmake["GGML_CUDA"] = "ON"
-        cmake["CMAKE_CUDA_ARCHITECTURES"] = ";".join(archs)
+    cmake.update(backend.cmake(archs))
     source = recipe.source
     # Injected because archives carry no .git: llama-cli --version and llama-bench report these.
     cmake["LLAMA_BUILD_COMMIT"] = source.commit[:7]
@@ -208,11 +170,11 @@ def plan_build(recipe: BuildRecipe, options: BuildOptions | None = None) -> Buil
     cmake_args = ("-G", "Ninja", *(f"-D{key}={value}" for key, value in sorted(cmake.items())))
 
     epoch = calendar.timegm(source.date.timetuple()) if source.date else 0
-    built = platform.build(recipe, backend, options, cmake_args, epoch)
+    built = platform.build(recipe, name, options, cmake_args, epoch)
     return BuildPlan(
         recipe=recipe,
-        backend=backend,
-        cuda_architectures=archs if backend == "cuda" else (),
+        backend=name,
+        cuda_architectures=archs,
         patches=patches,
         cpu=cpu,
         cmake_args=cmake_args,

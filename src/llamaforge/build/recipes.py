@@ -17,9 +17,10 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from llamaforge.backends.cuda.arch import parse_cuda_archs
 from llamaforge.build.cmake_options import CMAKE_NAME, REFUSED_HINT, refused_cmake_keys
 from llamaforge.build.cpu_level import VARIANTS, check_cpu_level, controlled_keys
-from llamaforge.build.cuda_arch import parse_cuda_archs
+from llamaforge.build.names import BackendName, PlatformName
 from llamaforge.build.patches import series_dir
 from llamaforge.core.errors import InvalidOption, RecipeError
 from llamaforge.core.guard import check_file_path
@@ -33,8 +34,9 @@ from llamaforge.core.validation import (
     suggest,
 )
 
-Backend = Literal["cpu", "cuda", "vulkan", "metal"]
-Platform = Literal["linux", "windows", "macos"]
+# The names the recipe fields take (registered in llamaforge.backends and llamaforge.platforms).
+Backend = BackendName
+Platform = PlatformName
 
 _SHA256 = r"^[0-9a-f]{64}$"
 _COMMIT = r"^[0-9a-f]{40}$"

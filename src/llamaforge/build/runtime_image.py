@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llamaforge.backends import get_backend
 from llamaforge.core.errors import ImageError
 from llamaforge.core.events import Event, Reporter, null_reporter
 from llamaforge.core.guard import refuse_if_read_only
@@ -40,8 +41,6 @@ LABEL_KEY = "org.llamaforge.build.key"
 LABEL_PLAN = "org.llamaforge.runtime.plan"
 # Libraries every image has from libc6 (the base image's own).
 _GLIBC = re.compile(r"^(ld-linux.*|libc|libm|libdl|libpthread|librt|libresolv|linux-vdso)\.so")
-# Mounted into GPU containers by the NVIDIA container runtime, from the host's driver.
-_DRIVER_LIBRARIES = ("libcuda.so.1", "libnvidia-ml.so.1")
 # The health check of the image (and of Swarm services made from it): a shell, so the port follows LLAMA_ARG_PORT.
 HEALTHCHECK = 'curl -fsS "http://127.0.0.1:${LLAMA_ARG_PORT}/health" >/dev/null || exit 1'
 
@@ -151,15 +150,17 @@ def plan_runtime_image(
 
     files = build_files(build_dir)
     resolved, missing = _needed(files, runner)
-    cuda = manifest.get("backend") == "cuda"
-    allowed = [name for name in missing if cuda and name in _DRIVER_LIBRARIES]
-    refused = [name for name in missing if name not in allowed]
+    # The backend's driver libraries are mounted by the container runtime; its runtime libraries come with the
+    # packages it installs in the image (this machine need not have them).
+    backend = get_backend(str(manifest.get("backend") or "cpu"))
+    allowed = [name for name in missing if name in backend.driver_libraries]
+    refused = [name for name in missing if name not in allowed and name not in backend.runtime_libraries]
     if refused:
         raise ImageError(
             f"the build's binaries need {', '.join(refused)}, which this machine does not have",
             hint="install the packages that provide them here (ldd finds them), or use a base image that has them",
         )
-    packages: set[str] = {"curl"}
+    packages: set[str] = {"curl", *backend.runtime_packages}
     copied: list[tuple[Path, str]] = []
     for name, path in sorted(resolved.items()):
         package = _package(path, runner)

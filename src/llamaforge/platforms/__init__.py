@@ -1,162 +1,57 @@
 """Build platforms: what a recipe's ``platform`` means for a build, one module per platform.
 
-A platform turns a recipe plus options into the build's environment (a builder image to make from a Dockerfile,
-and the tools a host must have), its build script with the interpreter that runs it, and its artifact names.
-Every platform is registered in ``_registry`` below; a new one is a new module and one line there. Linux builds
-run in Docker or on a Linux host; Windows (MSVC) and macOS (Metal) builds run on a host of their own, reached
-with the ssh executor (or natively, with the local executor on that system).
+A platform is a :class:`~llamaforge.platforms.base.Platform` registered in ``PLATFORMS`` below; its name is in
+:data:`llamaforge.build.names.PlatformName`. Linux builds run in Docker or on a Linux host; Windows (MSVC) and
+macOS (Metal) builds run on a host of their own, reached with the ssh executor (or natively, with the local
+executor on that system); mingw cross-builds Windows binaries in Docker.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import get_args
 
-from llamaforge.build.recipes import Backend, BuildRecipe, ImageRef
-from llamaforge.build.recipes import Platform as PlatformName
+from llamaforge.build.names import PlatformName
 from llamaforge.core.errors import InvalidOption
+from llamaforge.platforms.base import (
+    BuildEnvironment,
+    BuilderImage,
+    BuildScript,
+    HostTool,
+    Platform,
+    PlatformBuild,
+    sha256_text,
+)
+from llamaforge.platforms.linux import LinuxPlatform
+from llamaforge.platforms.macos import MacosPlatform
+from llamaforge.platforms.windows import WindowsPlatform
 
-if TYPE_CHECKING:
-    from llamaforge.build.plan import BuildOptions
+__all__ = [
+    "PLATFORMS",
+    "BuildEnvironment",
+    "BuildScript",
+    "BuilderImage",
+    "HostTool",
+    "Platform",
+    "PlatformBuild",
+    "get_platform",
+    "platform_names",
+    "sha256_text",
+]
 
-
-def sha256_text(data: str | bytes) -> str:
-    """Hex sha256 of ``data`` (text is hashed as UTF-8)."""
-    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
-
-
-@dataclass(frozen=True)
-class BuilderImage:
-    """A builder image for container executors: made from ``dockerfile`` on ``base``, tagged ``tag``."""
-
-    tag: str
-    base: ImageRef
-    dockerfile: str
-    ca_bundle: Path | None = None  # copied next to the Dockerfile as ca-bundle.crt
-    ca_bundle_origin: str | None = None  # --ca-bundle, or the host setting that named it (not in the key)
-
-    def key_inputs(self) -> dict[str, Any]:
-        """The image's part of the build key (the image id itself joins once the image exists)."""
-        return {
-            "dockerfile_sha256": sha256_text(self.dockerfile),
-            "base_image": self.base.model_dump(mode="json"),
-            "ca_bundle_sha256": sha256_text(self.ca_bundle.read_bytes()) if self.ca_bundle else None,
-        }
-
-
-def image_ca_bundle(options: BuildOptions, downloads_over_tls: bool) -> tuple[Path | None, str | None]:
-    """The CA bundle a builder image installs, and where it came from: one given with ``--ca-bundle`` always;
-    one the host's settings name only where the image downloads over TLS (pip, an https apt repository), so
-    the images and keys of the other builds stay those of a build without one."""
-    if options.ca_bundle is None or (options.ca_bundle_from_host and not downloads_over_tls):
-        return None, None
-    return options.ca_bundle, options.ca_bundle_from_host or "--ca-bundle"
-
-
-def builder_tag(flavour: str, dockerfile: str, base: ImageRef, ca_bundle: Path | None) -> str:
-    """The builder image's tag: a digest of its Dockerfile, base image and CA bundle (another bundle, another
-    image; without one the digest is the one it always was)."""
-    material: list[Any] = [dockerfile, base.model_dump(mode="json")]
-    if ca_bundle is not None:
-        material.append(sha256_text(ca_bundle.read_bytes()))
-    return f"llamaforge-builder:{flavour}-{sha256_text(json.dumps(material, sort_keys=True))[:16]}"
-
-
-@dataclass(frozen=True)
-class HostTool:
-    """A program a host executor needs on PATH (``optional`` ones only join the toolchain fingerprint)."""
-
-    name: str
-    hint: str = ""
-    optional: bool = False
-
-
-@dataclass(frozen=True)
-class BuildEnvironment:
-    """Where a build script can run: in a builder image (None: on a host only), and what a host must have."""
-
-    image: BuilderImage | None
-    host_tools: tuple[HostTool, ...] = ()
-
-    def key_inputs(self) -> dict[str, Any]:
-        """The environment's part of the build key; the executor's environment id completes it."""
-        if self.image is None:
-            return {"host_tools": [tool.name for tool in self.host_tools]}
-        return self.image.key_inputs()
-
-
-@dataclass(frozen=True)
-class BuildScript:
-    """The generated build script, its file name and the interpreter that runs it (``bash``, ``pwsh`` …)."""
-
-    name: str
-    text: str
-    interpreter: tuple[str, ...]
-
-    def command(self, path: str) -> list[str]:
-        """The argv that runs this script when it lies at ``path``."""
-        return [*self.interpreter, path]
-
-
-@dataclass(frozen=True)
-class PlatformBuild:
-    """What a platform contributes to a BuildPlan."""
-
-    environment: BuildEnvironment
-    script: BuildScript
-    artifacts: tuple[str, ...] = field(default=())
-    # Paths of the source tree the build never reads: a container executor does not copy them in.
-    source_unread: tuple[str, ...] = field(default=())
-    toolchain: str | None = None  # a platform with several (windows: mingw, msvc) names the one it used
-
-
-class Platform(Protocol):
-    """One build platform (linux, windows, macos)."""
-
-    name: PlatformName
-    template_dir: str | None  # folder under templates/ with its templates (None: it has none yet)
-    preferred_backend: Backend | None  # the backend of a build moved here with --platform and no --backend
-
-    def check(self, recipe: BuildRecipe, backend: Backend) -> None:
-        """Raise InvalidOption, saying what to do instead, when this platform cannot build ``backend``."""
-        ...
-
-    def cmake(self, recipe: BuildRecipe, backend: Backend, options: BuildOptions) -> dict[str, str]:
-        """CMake settings this platform needs for ``backend``, over the recipe's (the user's --cmake win)."""
-        ...
-
-    def build(
-        self,
-        recipe: BuildRecipe,
-        backend: Backend,
-        options: BuildOptions,
-        cmake_args: tuple[str, ...],
-        source_date_epoch: int,
-    ) -> PlatformBuild:
-        """The environment, script and artifact names of a build of ``recipe`` with ``backend``."""
-        ...
-
-
-def _registry() -> dict[str, Platform]:
-    from llamaforge.platforms.linux import LinuxPlatform
-    from llamaforge.platforms.macos import MacosPlatform
-    from llamaforge.platforms.windows import WindowsPlatform
-
-    platforms: tuple[Platform, ...] = (LinuxPlatform(), WindowsPlatform(), MacosPlatform())
-    return {platform.name: platform for platform in platforms}
+PLATFORMS: dict[str, Platform] = {
+    platform.name: platform for platform in (LinuxPlatform(), WindowsPlatform(), MacosPlatform())
+}
+if set(PLATFORMS) != set(get_args(PlatformName)):  # pragma: no cover - a registry edited without its name
+    raise RuntimeError(f"platforms {sorted(PLATFORMS)} and PlatformName {get_args(PlatformName)} differ")
 
 
 def get_platform(name: str) -> Platform:
     """The platform called ``name`` (a recipe's ``platform``)."""
-    platforms = _registry()
-    if name not in platforms:
-        raise InvalidOption(f"unknown platform {name!r}", hint="one of " + ", ".join(sorted(platforms)))
-    return platforms[name]
+    if name not in PLATFORMS:
+        raise InvalidOption(f"unknown platform {name!r}", hint="one of " + ", ".join(platform_names()))
+    return PLATFORMS[name]
 
 
 def platform_names() -> list[str]:
     """Names of every registered platform."""
-    return sorted(_registry())
+    return sorted(PLATFORMS)

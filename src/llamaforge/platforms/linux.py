@@ -4,48 +4,28 @@ and backend modules the script copies beside them (found once the build has run)
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
-from llamaforge.build.recipes import Backend, BuildRecipe, ImageRef
-from llamaforge.build.recipes import Platform as PlatformName
+from llamaforge.backends import LinuxBuilder, get_backend
+from llamaforge.build.names import BackendName, PlatformName
+from llamaforge.build.recipes import BuildRecipe, ImageRef
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.templates import render_cached
-from llamaforge.platforms import (
+from llamaforge.platforms.base import (
     BuildEnvironment,
     BuilderImage,
     BuildScript,
     HostTool,
+    Platform,
     PlatformBuild,
     builder_tag,
     image_ca_bundle,
 )
 
 if TYPE_CHECKING:
-    from llamaforge.build.plan import BuildOptions
+    from llamaforge.build.options import BuildOptions
 
 TEMPLATES = "linux"  # templates/linux/
-BACKENDS: tuple[Backend, ...] = ("cpu", "cuda")
-
-# Installed into the builder image, and listed with their versions in each build's toolchain.json.
-PACKAGES: dict[str, list[str]] = {
-    "cpu": ["ca-certificates", "ccache", "cmake", "g++", "gcc", "libc6-dev", "make", "ninja-build"],
-    "cuda": ["ca-certificates", "ccache", "cmake", "g++", "ninja-build"],
-    "cuda-wheels": [
-        "ca-certificates",
-        "ccache",
-        "cmake",
-        "g++",
-        "gcc",
-        "libc6-dev",
-        "make",
-        "ninja-build",
-        "python3-pip",
-    ],
-}
-
-# Builder images that download over TLS while they are built: pip's CUDA wheels from PyPI, and the nvidia/cuda
-# image's apt repository (https). The Debian base's apt repository is plain http, signed by its keys.
-TLS_DOWNLOADS = frozenset({"cuda", "cuda-wheels"})
 
 # Top-level parts of a llama.cpp tree that a build with tests and examples off never reads (models/ alone holds
 # about 75 MB of tokenizer GGUFs for the tests): left out of the copy into the builder container.
@@ -59,33 +39,20 @@ HOST_TOOLS: tuple[HostTool, ...] = (
     HostTool("c++", _TOOL_HINT),
     HostTool("ccache", optional=True),
 )
-CUDA_HOST_TOOLS: tuple[HostTool, ...] = (
-    HostTool("nvcc", "install a CUDA toolkit, or use --executor docker"),
-)
 
 
-def toolkit_kind(recipe: BuildRecipe, options: BuildOptions) -> str:
-    """Where a CUDA build's toolkit comes from: ``wheels`` or ``image`` (``--cuda-toolkit`` over the recipe)."""
-    return options.cuda_toolkit or recipe.cuda.toolkit
-
-
-def _flavour(recipe: BuildRecipe, backend: Backend, options: BuildOptions) -> str:
-    """The builder template: cpu, cuda (the nvidia/cuda image) or cuda-wheels (the local base + PyPI wheels)."""
-    if backend == "cuda" and toolkit_kind(recipe, options) == "wheels":
-        return "cuda-wheels"
-    return backend
-
-
-def base_image(recipe: BuildRecipe, backend: Backend, options: BuildOptions) -> ImageRef:
-    """The base image of a builder: ``--base-image``, else the recipe's ``[images.<backend>]``."""
+def base_image(recipe: BuildRecipe, builder: LinuxBuilder, options: BuildOptions) -> ImageRef:
+    """The base image of a builder: ``--base-image``, else the recipe's ``[images.<X>]`` (X the builder's),
+    else the builder's default."""
     if options.base_image:
         return ImageRef(tag=options.base_image)
-    # The wheel toolkit goes onto the CPU base image (the local Debian one by default).
-    images = "cpu" if _flavour(recipe, backend, options) == "cuda-wheels" else backend
+    images = builder.images or builder.flavour
     if images in recipe.images:
         return recipe.images[images]
+    if builder.default_base:
+        return ImageRef(tag=builder.default_base)
     raise InvalidOption(
-        f"recipe {recipe.name!r} names no base image for backend {backend!r}",
+        f"recipe {recipe.name!r} names no base image for {images!r} builds",
         hint=f"add [images.{images}] to the recipe or pass --base-image",
     )
 
@@ -95,63 +62,55 @@ def pinned(base: ImageRef) -> str:
     return base.tag if base.digest is None else f"{base.tag.split(':')[0]}@{base.digest}"
 
 
-class LinuxPlatform:
-    """Linux builds (CPU and CUDA) in a Docker builder image or on a Linux host."""
+class LinuxPlatform(Platform):
+    """Linux builds in a Docker builder image (the backend's) or on a Linux host."""
 
-    name: PlatformName = "linux"
-    template_dir: str | None = TEMPLATES
-    preferred_backend: Backend | None = None
+    name: ClassVar[PlatformName] = "linux"
+    title: ClassVar[str] = "Linux"
+    template_dir: ClassVar[str | None] = TEMPLATES
 
-    def check(self, recipe: BuildRecipe, backend: Backend) -> None:
-        """Linux has builder templates for the cpu and cuda backends."""
-        if backend not in BACKENDS:
-            raise InvalidOption(
-                f"backend {backend!r} has no Linux builder template yet",
-                hint="use --backend cpu or --arch 86",
-            )
-
-    def cmake(self, recipe: BuildRecipe, backend: Backend, options: BuildOptions) -> dict[str, str]:
-        """Nothing beyond the recipe: its settings are written for Linux."""
-        return {}
+    def backend_hint(self, backend: BackendName) -> str:
+        """Linux builds the backends whose builder it has."""
+        return "use --backend cpu, --backend vulkan or --arch 86 (CUDA)"
 
     def build(
         self,
         recipe: BuildRecipe,
-        backend: Backend,
+        backend: BackendName,
         options: BuildOptions,
         cmake_args: tuple[str, ...],
         source_date_epoch: int,
     ) -> PlatformBuild:
-        """Render the builder Dockerfile and the bash build script."""
-        base = base_image(recipe, backend, options)
-        flavour = _flavour(recipe, backend, options)
-        ca_bundle, ca_origin = image_ca_bundle(options, downloads_over_tls=flavour in TLS_DOWNLOADS)
+        """Render the backend's builder Dockerfile and the bash build script."""
+        chosen = get_backend(backend)
+        builder = chosen.linux_builder(recipe, options)
+        base = base_image(recipe, builder, options)
+        ca_bundle, ca_origin = image_ca_bundle(options, downloads_over_tls=builder.downloads_over_tls)
         dockerfile = render_cached(
-            f"{TEMPLATES}/Dockerfile.{flavour}.j2",
+            f"{TEMPLATES}/{builder.dockerfile}",
             base_image=pinned(base),
-            packages=PACKAGES[flavour],
+            packages=builder.packages,
             ca_bundle=ca_bundle is not None,
-            release=recipe.cuda.release,
-            cuobjdump=recipe.cuda.cuobjdump,
-            major=recipe.cuda.major,
+            **builder.variables,
         )
         script = render_cached(
             f"{TEMPLATES}/build.sh.j2",
             recipe_name=recipe.name,
-            backend=backend,
             cmake_args=cmake_args,
             targets=recipe.targets,
             source_date_epoch=source_date_epoch,
-            packages=PACKAGES[flavour],
+            packages=builder.packages,
+            script_steps=chosen.script_steps(),
+            tool_versions=chosen.tool_versions,
         )
         image = BuilderImage(
-            tag=builder_tag(flavour, dockerfile, base, ca_bundle),
+            tag=builder_tag(builder.flavour, dockerfile, base, ca_bundle),
             base=base,
             dockerfile=dockerfile,
             ca_bundle=ca_bundle,
             ca_bundle_origin=ca_origin,
         )
-        tools = HOST_TOOLS + (CUDA_HOST_TOOLS if backend == "cuda" else ())
+        tools = HOST_TOOLS + tuple(HostTool(name, hint) for name, hint in chosen.host_tools)
         return PlatformBuild(
             environment=BuildEnvironment(image=image, host_tools=tools),
             script=BuildScript(name="build.sh", text=script, interpreter=("bash",)),

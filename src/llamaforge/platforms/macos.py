@@ -5,19 +5,17 @@ nothing runs Metal in Docker and there is no practical cross build from Linux.""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
-from llamaforge.build.recipes import Backend, BuildRecipe
-from llamaforge.build.recipes import Platform as PlatformName
-from llamaforge.core.errors import InvalidOption
+from llamaforge.build.names import BackendName, PlatformName
+from llamaforge.build.recipes import BuildRecipe
 from llamaforge.core.templates import render_cached
-from llamaforge.platforms import BuildEnvironment, BuildScript, HostTool, PlatformBuild
+from llamaforge.platforms.base import BuildEnvironment, BuildScript, HostTool, Platform, PlatformBuild
 
 if TYPE_CHECKING:
-    from llamaforge.build.plan import BuildOptions
+    from llamaforge.build.options import BuildOptions
 
 TEMPLATES = "macos"  # templates/macos/
-BACKENDS: tuple[Backend, ...] = ("metal", "cpu")
 DEPLOYMENT_TARGET = (
     "13.3"  # the oldest macOS the binaries run on; --cmake CMAKE_OSX_DEPLOYMENT_TARGET=… changes it
 )
@@ -27,32 +25,31 @@ HOST_TOOLS: tuple[HostTool, ...] = tuple(
 )
 
 
-class MacosPlatform:
+class MacosPlatform(Platform):
     """macOS builds on a Mac: Metal by default (``backend = "metal"``), or CPU only."""
 
-    name: PlatformName = "macos"
-    template_dir: str | None = TEMPLATES
-    preferred_backend: Backend | None = "metal"  # with --platform macos and no --backend
+    name: ClassVar[PlatformName] = "macos"
+    title: ClassVar[str] = "macOS"
+    template_dir: ClassVar[str | None] = TEMPLATES
+    preferred_backend: ClassVar[BackendName | None] = "metal"  # with --platform macos and no --backend
 
-    def check(self, recipe: BuildRecipe, backend: Backend) -> None:
-        """macOS builds the metal and cpu backends; CUDA does not exist there."""
-        if backend not in BACKENDS:
-            raise InvalidOption(
-                f"backend {backend!r} cannot be built for macOS",
-                hint="for macOS use --backend metal (the default there) or --backend cpu; CUDA builds need "
-                "--platform linux or windows",
-            )
+    def backend_hint(self, backend: BackendName) -> str:
+        """macOS builds the metal and cpu backends."""
+        return (
+            "for macOS use --backend metal (the default there) or --backend cpu; CUDA and Vulkan builds need "
+            "--platform linux (CUDA: or windows)"
+        )
 
-    def cmake(self, recipe: BuildRecipe, backend: Backend, options: BuildOptions) -> dict[str, str]:
-        """arm64, Metal on or off, the embedded Metal library, RPATH @loader_path; one CPU backend (ggml has no
-        CPU variants on Darwin), linked in."""
+    def cmake(self, recipe: BuildRecipe, backend: BackendName, options: BuildOptions) -> dict[str, str]:
+        """arm64, RPATH @loader_path; one CPU backend (ggml has no CPU variants on Darwin), linked in; Metal off
+        unless the metal backend turns it on (ggml turns it on by default on Apple)."""
         return {
             "CMAKE_OSX_ARCHITECTURES": "arm64",
             "CMAKE_OSX_DEPLOYMENT_TARGET": DEPLOYMENT_TARGET,
             "CMAKE_BUILD_WITH_INSTALL_RPATH": "ON",
             "CMAKE_INSTALL_RPATH": "@loader_path",
-            "GGML_METAL": "ON" if backend == "metal" else "OFF",
-            "GGML_METAL_EMBED_LIBRARY": "ON" if backend == "metal" else "OFF",
+            "GGML_METAL": "OFF",
+            "GGML_METAL_EMBED_LIBRARY": "OFF",
             "GGML_BACKEND_DL": "OFF",
             "GGML_CPU_ALL_VARIANTS": "OFF",
         }
@@ -60,7 +57,7 @@ class MacosPlatform:
     def build(
         self,
         recipe: BuildRecipe,
-        backend: Backend,
+        backend: BackendName,
         options: BuildOptions,
         cmake_args: tuple[str, ...],
         source_date_epoch: int,

@@ -13,16 +13,18 @@ upstream's Windows releases ship."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
-from llamaforge.build.recipes import Backend, BuildRecipe, WindowsToolchain
-from llamaforge.build.recipes import Platform as PlatformName
+from llamaforge.backends import get_backend
+from llamaforge.build.names import BackendName, PlatformName
+from llamaforge.build.recipes import BuildRecipe, WindowsToolchain
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.templates import render_cached
-from llamaforge.platforms import (
+from llamaforge.platforms.base import (
     BuildEnvironment,
     BuilderImage,
     BuildScript,
+    Platform,
     PlatformBuild,
     builder_tag,
     image_ca_bundle,
@@ -30,10 +32,10 @@ from llamaforge.platforms import (
 from llamaforge.platforms.linux import SOURCE_UNREAD, base_image, pinned
 
 if TYPE_CHECKING:
-    from llamaforge.build.plan import BuildOptions
+    from llamaforge.build.options import BuildOptions
 
 TEMPLATES = "windows"  # templates/windows/
-BACKENDS: tuple[Backend, ...] = ("cpu", "cuda")
+MINGW_BACKENDS: tuple[BackendName, ...] = ("cpu",)  # the mingw cross build; MSVC builds every Windows backend
 POWERSHELL = ("powershell.exe", "-NoProfile", "-NonInteractive", "-ExecutionPolicy", "Bypass", "-File")
 
 TRIPLET = "x86_64-w64-mingw32"
@@ -93,22 +95,18 @@ def mingw_toolchain_file() -> str:
     )
 
 
-class WindowsPlatform:
+class WindowsPlatform(Platform):
     """Windows builds: cross-compiled with mingw-w64 in Docker, or with MSVC (CPU or CUDA) on a Windows host."""
 
-    name: PlatformName = "windows"
-    template_dir: str | None = TEMPLATES
-    preferred_backend: Backend | None = None
+    name: ClassVar[PlatformName] = "windows"
+    title: ClassVar[str] = "Windows"
+    template_dir: ClassVar[str | None] = TEMPLATES
 
-    def check(self, recipe: BuildRecipe, backend: Backend) -> None:
+    def backend_hint(self, backend: BackendName) -> str:
         """Windows builds the cpu and cuda backends (CUDA with MSVC only; see ``build``)."""
-        if backend not in BACKENDS:
-            raise InvalidOption(
-                f"backend {backend!r} cannot be built for Windows",
-                hint="for Windows use --backend cpu or --arch 86 (CUDA); Metal builds need --platform macos",
-            )
+        return "for Windows use --backend cpu or --arch 86 (CUDA); Metal builds need --platform macos"
 
-    def cmake(self, recipe: BuildRecipe, backend: Backend, options: BuildOptions) -> dict[str, str]:
+    def cmake(self, recipe: BuildRecipe, backend: BackendName, options: BuildOptions) -> dict[str, str]:
         """MSVC: nothing beyond the recipe (its default runtime, /MD, is what upstream's releases use). mingw:
         OpenMP off, since ggml-cpu would import libgomp-1.dll (ggml's own thread pool runs instead)."""
         return MINGW_CMAKE if (options.toolchain or "mingw") == "mingw" else {}
@@ -116,7 +114,7 @@ class WindowsPlatform:
     def build(
         self,
         recipe: BuildRecipe,
-        backend: Backend,
+        backend: BackendName,
         options: BuildOptions,
         cmake_args: tuple[str, ...],
         source_date_epoch: int,
@@ -142,12 +140,13 @@ class WindowsPlatform:
                 artifacts=artifacts,
                 toolchain=toolchain,
             )
-        if backend == "cuda":
+        if backend not in MINGW_BACKENDS:
             raise InvalidOption(
-                "CUDA builds for Windows need MSVC on a Windows build host; the mingw cross build is CPU only",
+                f"{backend.upper()} builds for Windows need MSVC on a Windows build host; the mingw cross build "
+                "is CPU only",
                 hint="use --toolchain msvc --executor ssh --build-host user@host:port, or --backend cpu for mingw",
             )
-        base = base_image(recipe, "cpu", options)
+        base = base_image(recipe, get_backend("cpu").linux_builder(recipe, options), options)
         # The mingw image downloads nothing over TLS (the Debian base's apt repository is plain http).
         ca_bundle, ca_origin = image_ca_bundle(options, downloads_over_tls=False)
         dockerfile = render_cached(

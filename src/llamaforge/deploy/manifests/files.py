@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from llamaforge.backends import backend_devices
 from llamaforge.build.runtime_image import HEALTHCHECK, MODEL_PATH, UID
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.guard import is_loopback
@@ -82,7 +83,12 @@ class ManifestInputs:
     @property
     def gpus(self) -> int:
         """Whole GPUs per replica: one for a CUDA build."""
-        return 1 if self.backend == "cuda" else 0
+        return backend_devices(self.backend).gpus
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        """Host device nodes each replica needs (/dev/dri for a Vulkan build)."""
+        return backend_devices(self.backend).paths
 
 
 def _common(spec: ReleaseSpec, inputs: ManifestInputs) -> dict[str, object]:
@@ -94,6 +100,7 @@ def _common(spec: ReleaseSpec, inputs: ManifestInputs) -> dict[str, object]:
         "port": spec.port,
         "args": ["--no-webui", *spec.flags.args()],
         "gpus": inputs.gpus,
+        "devices": inputs.devices,
         "uid": UID,
         "start_period_s": gate_timeout_s(spec.model_size),
         "labels": {

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from llamaforge.backends import backend_devices
 from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.events import CancelToken, Event, Reporter
 from llamaforge.deploy.inputs import release_spec
@@ -78,7 +79,7 @@ def swarm_deploy(
     _no_hosts(deployment)
     spec, _checks = release_spec(request, reporter, cancel)
     image = ensure_runtime_image(spec.build_key, reporter=reporter)
-    gpus = 1 if image.labels.get("org.llamaforge.build.backend") == "cuda" else 0
+    gpus = backend_devices(image.labels.get("org.llamaforge.build.backend")).gpus
     secret = None
     if settings.publish:  # every interface of every node: never without a key
         ident, name, path = api_key_secret(deployment.name)

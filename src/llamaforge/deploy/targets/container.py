@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from llamaforge.backends import Devices, backend_devices
 from llamaforge.core.errors import ExitCode, InvalidOption, LlamaforgeError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.exits import exit_signal
@@ -66,6 +67,7 @@ class ContainerImage:
     id: str
     tag: str
     gpus: bool = False
+    devices: tuple[str, ...] = ()  # host device nodes passed in (/dev/dri for a Vulkan build)
 
 
 def container_name(layout: Layout) -> str:
@@ -122,6 +124,7 @@ def render_container(
         health_cmd=f"curl -fsS {url} >/dev/null || exit 1",
         health=health,
         gpus=image.gpus,
+        devices=image.devices,
         args=container_args(spec),
     )
 
@@ -216,8 +219,10 @@ class DockerTarget(Target):
         from llamaforge.build.runtime_image import ensure_runtime_image
 
         made = ensure_runtime_image(spec.build_key, reporter=reporter)
-        gpus = made.labels.get("org.llamaforge.build.backend") == "cuda"
-        return DockerTarget(ContainerImage(made.image_id, made.tag, gpus), reporter)
+        devices = backend_devices(made.labels.get("org.llamaforge.build.backend"))
+        return DockerTarget(
+            ContainerImage(made.image_id, made.tag, devices.gpus > 0, devices.paths), reporter
+        )
 
     def _image(self) -> ContainerImage:
         if self.image is None:
@@ -365,7 +370,7 @@ class DockerTarget(Target):
 
         image = self._image()
         inside = [PROBE_MOUNT if arg == model else arg for arg in args]
-        gpus = ["--gpus", "all"] if image.gpus else []
+        gpus = Devices(gpus=int(image.gpus), paths=image.devices).docker_args()
         entrypoint = posixpath.join(PREFIX, "bin", PROBE_BINARY)
         return [
             "sh",
