@@ -227,20 +227,17 @@ def test_each_operation_names_its_renderers_which_sit_beside_it() -> None:
 
 def test_each_renderer_takes_its_operations_typed_result() -> None:
     """A renderer reads the Result model (attribute access, checked by mypy), not the JSON by string keys: a
-    renamed field is then a type error instead of a view that silently shows less. deploy's renderers still take
-    the JSON and get it through the registry's adapter."""
+    renamed field is then a type error instead of a view that silently shows less. The registry hands it the
+    result itself, no adapter in between."""
     typed = set()
     for op in operations().values():
         for renderer in (op.render_cli, op.render_html):
             if renderer is None:
                 continue
-            original = getattr(renderer, "__wrapped__", renderer)
-            first = next(iter(inspect.signature(original).parameters.values()))
-            if renderer is original:
-                assert first.annotation == op.result.__name__, (op.name, first.annotation)
-                typed.add(op.name)
-            else:
-                assert op.name.startswith("deploy"), f"{op.name}: its renderer reads the JSON"
+            assert not hasattr(renderer, "__wrapped__"), f"{op.name}: its renderer is wrapped"
+            first = next(iter(inspect.signature(renderer).parameters.values()))
+            assert first.annotation == op.result.__name__, (op.name, first.annotation)
+            typed.add(op.name)
     assert {
         "build",
         "builds.list",
@@ -249,15 +246,20 @@ def test_each_renderer_takes_its_operations_typed_result() -> None:
         "models.verify",
         "smoke",
         "smoke.cpu_modules",
+        "deploy",
+        "deploy.plan",
+        "deploy.status",
+        "deploy.rollback",
+        "deploy.render",
     } <= typed
 
 
-def test_a_json_renderer_is_handed_the_json() -> None:
+def test_deploy_render_shows_the_files_as_they_are() -> None:
     from rich.console import Console
 
     op = operations()["deploy.render"]
     assert op.render_cli is not None
-    result = op.result.model_validate(
+    one = op.result.model_validate(
         {
             "target": "compose",
             "image": "llamaforge/llama-server:k",
@@ -265,8 +267,11 @@ def test_a_json_renderer_is_handed_the_json() -> None:
         }
     )
     console = Console(record=True, width=200)
-    op.render_cli(result, console)
+    op.render_cli(one, console)
     assert console.export_text() == "services: {}\n"
+    several = one.model_copy(update={"files": {"a.yaml": "a: 1\n", "b.yaml": "b: 2\n"}})
+    op.render_cli(several, console)
+    assert console.export_text() == "# ---- a.yaml\na: 1\n# ---- b.yaml\nb: 2\n"
 
 
 def test_generic_view_and_unknown_shapes() -> None:

@@ -9,7 +9,6 @@ views all read ``result_json(result)``.
 
 from __future__ import annotations
 
-import functools
 import importlib
 import inspect
 import pkgutil
@@ -104,24 +103,7 @@ def _renderer(where: str | None) -> Any:
     if where is None:
         return None
     module, _, name = where.partition(":")
-    function = getattr(importlib.import_module(module), name)
-    return _on_json(function) if _takes_json(function) else function
-
-
-def _takes_json(function: Callable[..., Any]) -> bool:
-    """Whether a renderer still takes the result's JSON (``dict[str, Any]``) instead of its Result model."""
-    first = next(iter(inspect.signature(function).parameters.values()), None)
-    return first is not None and str(first.annotation).startswith(("dict", "Mapping"))
-
-
-def _on_json(function: Callable[..., Any]) -> Callable[..., Any]:
-    """Adapter for a renderer written against the JSON (deploy's): it is handed ``result_json(result)``."""
-
-    @functools.wraps(function)
-    def render(result: BaseModel, *rest: Any) -> Any:
-        return function(result_json(result), *rest)
-
-    return render
+    return getattr(importlib.import_module(module), name)
 
 
 _R = TypeVar("_R", bound=Result)

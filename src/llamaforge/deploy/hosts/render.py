@@ -1,11 +1,16 @@
-"""The deploy results for a person: one table row per host (``--json`` keeps the whole result)."""
+"""The deploy results for a person: one table row per host (``--json`` keeps the whole result). Each renderer
+takes the operation's typed result, so a renamed field is a type error here, not a view that silently shows
+less."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # showing one operation's result imports no other operation's module
     from rich.console import Console
+    from rich.table import Table
+
+    from llamaforge.deploy.report import DeployPlanResult, DeployResult, DeployStatusResult, SwarmReport
 
 _COLOURS = {
     "updated": "green",
@@ -18,7 +23,7 @@ _COLOURS = {
 }
 
 
-def _table(title: str, columns: list[str], rows: list[list[str]]) -> Any:
+def _table(title: str, columns: list[str], rows: list[list[str]]) -> Table:
     from rich.table import Table
 
     table = Table(title=title, title_justify="left", highlight=False)
@@ -29,119 +34,94 @@ def _table(title: str, columns: list[str], rows: list[list[str]]) -> Any:
     return table
 
 
-def _mib(value: Any) -> str:
-    return f"{int(value or 0) / 2**20:.1f}"
+def _mib(value: int) -> str:
+    return f"{value / 2**20:.1f}"
 
 
-def _swarm(swarm: dict[str, Any], console: Console) -> None:
+def _swarm(swarm: SwarmReport, console: Console) -> None:
     """A Swarm service: Swarm's update verdict and one row per replica slot."""
     rows = [
         [
-            str(task.get("slot")),
-            str(task.get("task")),
-            str(task.get("node")),
-            str(task.get("state")),
-            str(task.get("release") or "-"),
-            {True: "yes", False: "[red]no[/]"}.get(task.get("healthy"), "-"),
-            str(task.get("last_failure") or ""),
+            str(task.slot),
+            task.task,
+            task.node,
+            task.state,
+            task.release or "-",
+            "-" if task.healthy is None else "yes" if task.healthy else "[red]no[/]",
+            task.last_failure,
         ]
-        for task in swarm.get("tasks") or []
+        for task in swarm.tasks
     ]
-    update = swarm.get("update_state") or "never updated"
-    title = f"swarm service {swarm.get('service')}: release {swarm.get('release') or '-'}, update {update}"
+    update = swarm.update_state or "never updated"
+    title = f"swarm service {swarm.service}: release {swarm.release or '-'}, update {update}"
     console.print(
         _table(title, ["slot", "task", "node", "state", "release", "healthy", "last failure"], rows)
     )
-    if swarm.get("update_message"):
-        console.print(f"Swarm: {swarm['update_message']}", highlight=False)
+    if swarm.update_message:
+        console.print(f"Swarm: {swarm.update_message}", highlight=False)
 
 
-def rollout_cli(result: dict[str, Any], console: Console) -> None:
+def rollout_cli(result: DeployResult, console: Console) -> None:
     """``deploy`` and ``deploy.rollback``: each host's outcome, the release it is on and why."""
-    if result.get("swarm"):
-        _swarm(result["swarm"], console)
-        console.print("passed" if result.get("passed") else "FAILED", highlight=False)
+    if result.swarm is not None:
+        _swarm(result.swarm, console)
+        console.print("passed" if result.passed else "FAILED", highlight=False)
         return
     rows = []
-    for host in result.get("hosts", []):
-        status = str(host.get("status"))
-        coloured = f"[{_COLOURS.get(status, 'white')}]{status}[/]"
-        rows.append(
-            [
-                str(host.get("host")),
-                coloured,
-                str(host.get("release") or "-"),
-                _mib(host.get("sent_bytes")),
-                str(host.get("detail") or ""),
-            ]
-        )
-    title = f"{result.get('name')} ({result.get('target')}): release {result.get('release') or 'per host'}"
+    for host in result.hosts:
+        coloured = f"[{_COLOURS.get(host.status, 'white')}]{host.status}[/]"
+        rows.append([host.host, coloured, host.release or "-", _mib(host.sent_bytes), host.detail])
+    title = f"{result.name} ({result.target}): release {result.release or 'per host'}"
     console.print(_table(title, ["host", "status", "release", "sent MiB", "detail"], rows))
-    for host in result.get("hosts", []):
-        if host.get("probe") and host.get("status") == "updated":
-            console.print(f"{host['host']}: probed before the switch: {host['probe']}", highlight=False)
-        if host.get("api_key_file"):
-            console.print(
-                f"{host['host']}: API key in {host['api_key_file']} (readable by root)", highlight=False
-            )
-    verdict = "interrupted" if result.get("interrupted") else "passed" if result.get("passed") else "FAILED"
-    console.print(f"{verdict} in {float(result.get('wall_s') or 0):.1f} s", highlight=False)
+    for host in result.hosts:
+        if host.probe and host.status == "updated":
+            console.print(f"{host.host}: probed before the switch: {host.probe}", highlight=False)
+        if host.api_key_file:
+            console.print(f"{host.host}: API key in {host.api_key_file} (readable by root)", highlight=False)
+    verdict = "interrupted" if result.interrupted else "passed" if result.passed else "FAILED"
+    console.print(f"{verdict} in {result.wall_s:.1f} s", highlight=False)
 
 
-def plan_cli(result: dict[str, Any], console: Console) -> None:
+def plan_cli(result: DeployPlanResult, console: Console) -> None:
     """``deploy.plan``: what would change on each host, with the flags the fit plan chose."""
     rows = []
-    for host in result.get("hosts", []):
-        model = f"send {_mib(host.get('model_bytes'))} MiB" if host.get("model_upload") else "on the host"
-        action = (
-            str(host.get("action")) if host.get("reachable") else f"[red]unreachable[/] {host.get('detail')}"
-        )
-        flags = " ".join(host.get("flags_after") or []) or "(defaults)"
-        rows.append(
-            [
-                str(host.get("host")),
-                str(host.get("current") or "-"),
-                str(host.get("release")),
-                action,
-                model,
-                flags,
-                str(host.get("listen")),
-            ]
-        )
-    title = f"{result.get('name')} ({result.get('target')}): plan"
+    for host in result.hosts:
+        model = f"send {_mib(host.model_bytes)} MiB" if host.model_upload else "on the host"
+        action = host.action if host.reachable else f"[red]unreachable[/] {host.detail}"
+        flags = " ".join(host.flags_after) or "(defaults)"
+        rows.append([host.host, host.current or "-", host.release, action, model, flags, host.listen])
+    title = f"{result.name} ({result.target}): plan"
     console.print(_table(title, ["host", "current", "release", "action", "model", "flags", "listen"], rows))
-    for host in result.get("hosts", []):
-        if host.get("delivery"):
-            console.print(f"{host['host']}: would send {host['delivery']}", highlight=False)
-        for line in host.get("fit") or []:
-            console.print(f"{host['host']}: {line}", highlight=False)
-        if host.get("probe"):
-            console.print(f"{host['host']}: probed (the release is there): {host['probe']}", highlight=False)
+    for host in result.hosts:
+        if host.delivery:
+            console.print(f"{host.host}: would send {host.delivery}", highlight=False)
+        for line in host.fit:
+            console.print(f"{host.host}: {line}", highlight=False)
+        if host.probe:
+            console.print(f"{host.host}: probed (the release is there): {host.probe}", highlight=False)
 
 
-def status_cli(result: dict[str, Any], console: Console) -> None:
+def status_cli(result: DeployStatusResult, console: Console) -> None:
     """``deploy.status``: per host its release, service state, health, build, model and flags."""
-    if result.get("swarm"):
-        _swarm(result["swarm"], console)
+    if result.swarm is not None:
+        _swarm(result.swarm, console)
         return
     rows = []
-    for host in result.get("hosts", []):
-        if not host.get("reachable"):
-            rows.append(
-                [str(host.get("host")), "[red]unreachable[/]", "", "", "", "", str(host.get("detail"))]
-            )
+    for host in result.hosts:
+        if not host.reachable:
+            rows.append([host.host, "[red]unreachable[/]", "", "", "", "", host.detail])
             continue
-        healthy = {True: "[green]yes[/]", False: "[red]no[/]", None: "-"}[host.get("healthy")]
+        healthy = {True: "[green]yes[/]", False: "[red]no[/]", None: "-"}[host.healthy]
         rows.append(
             [
-                str(host.get("host")),
-                str(host.get("current") or "-"),
-                str(host.get("active")),
+                host.host,
+                host.current or "-",
+                str(host.active),
                 healthy,
-                str(host.get("build_key") or "-")[:12],
-                str(host.get("model_sha256") or "-")[:12],
-                " ".join(host.get("flags") or []),
+                (host.build_key or "-")[:12],
+                (host.model_sha256 or "-")[:12],
+                " ".join(host.flags or []),
             ]
         )
-    title = f"{result.get('name')} ({result.get('target')}): status"
+    title = f"{result.name} ({result.target}): status"
     console.print(_table(title, ["host", "current", "service", "healthy", "build", "model", "flags"], rows))

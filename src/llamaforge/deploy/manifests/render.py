@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # showing one operation's result imports no other operation's module
     from rich.console import Console
 
+    from llamaforge.deploy.manifests.ops import DeployRenderResult
 
-def manifests_cli(result: dict[str, Any], console: Console) -> None:
+
+def manifests_cli(result: DeployRenderResult, console: Console) -> None:
     """``deploy.render``: the file's text as it is (so ``> compose.yaml`` works); several files each after a
     ``# ---- NAME`` line."""
-    files: dict[str, str] = result["files"]
-    for name, text in files.items():
-        if len(files) > 1:
+    for name, text in result.files.items():
+        if len(result.files) > 1:
             console.out(f"# ---- {name}", highlight=False)
         console.out(text, end="", highlight=False)
