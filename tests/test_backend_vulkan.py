@@ -87,3 +87,18 @@ def test_a_vulkan_container_gets_dev_dri_from_docker_and_compose() -> None:
     assert service["devices"] == ["/dev/dri"] and "deploy" not in service
     assert "devices" not in yaml.safe_load(render_compose(SPEC, CPU))["services"]["llama-server"]
     assert ContainerImage("i", "t").devices == ()
+
+
+@pytest.mark.docker
+def test_a_missing_suite_base_image_names_the_bootstrap_that_makes_it() -> None:
+    """A builder on a llamaforge base image of another suite (trixie for Vulkan) that this engine lacks: the error
+    names the one `images.bootstrap` call, suite and tag included, that makes it."""
+    from llamaforge.build.executors import make_executor
+
+    tag = "llamaforge/debian:nosuite-of-this-test"
+    plan = vulkan_plan(base_image=tag)
+    with pytest.raises(ImageError) as raised:
+        make_executor("docker").prepare_environment(plan, lambda event: None)
+    assert f"base image {tag} is not available" in str(raised.value)
+    assert raised.value.hint is not None
+    assert f"invoke images.bootstrap --suite nosuite-of-this-test --tag {tag}" in raised.value.hint

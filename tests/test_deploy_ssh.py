@@ -21,7 +21,6 @@ import pytest
 from helpers import unloadable_model
 from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.registry import OperationContext, operations
-from llamaforge.deploy.hosts.access import parse_hosts
 from llamaforge.deploy.hosts.ops import DeployParams, DeployRollbackParams, HostsParams
 from llamaforge.deploy.hosts.probe import probe_model
 from llamaforge.deploy.hosts.remote import HostState, releases_to_prune
@@ -30,7 +29,7 @@ from llamaforge.deploy.release import Layout, ReleaseSpec, release_id
 from llamaforge.deploy.report import DeployPlanResult, DeployResult, DeployStatusResult
 from llamaforge.deploy.targets import get_target
 from llamaforge.deploy.targets.systemd import SystemdTarget, render_unit
-from llamaforge.runners.ssh import SshProcessRunner
+from llamaforge.runners.ssh import SshProcessRunner, parse_hosts
 from llamaforge.runners.ssh.forward import forward_local
 from llamaforge.serve.launcher import LlamaFlags
 from llamaforge.smoke.answers import GoldenRequest, greedy_completion

@@ -56,6 +56,15 @@ def _copy_ca_bundle(image: BuilderImage, context: Path, reporter: Reporter) -> N
         ) from None
 
 
+def _bootstrap_command(tag: str) -> str:
+    """The ``images.bootstrap`` call that makes the llamaforge base image ``tag`` (its tag names the Debian suite:
+    ``llamaforge/debian:trixie``)."""
+    suite = tag.rpartition(":")[2]
+    if tag == f"llamaforge/debian:{suite}" and suite != "bookworm":
+        return f"invoke images.bootstrap --suite {suite} --tag {tag}"
+    return "invoke images.bootstrap"
+
+
 class DockerExecutor(Executor):
     """Executor that builds inside containers of the plan's builder image, on the engine ``engine`` names."""
 
@@ -87,7 +96,7 @@ class DockerExecutor(Executor):
             return existing
         if image_id(image.base.tag, self.engine) is None:
             hint = (
-                "run `invoke images.bootstrap` to make it locally (debootstrap, no registry)"
+                f"run `{_bootstrap_command(image.base.tag)}` to make it locally (debootstrap, no registry)"
                 if image.base.tag.startswith("llamaforge/")
                 else f"`docker pull {image.base.tag}` where a registry is reachable, or pass --base-image"
             )

@@ -12,6 +12,6 @@
   prints their results.
 """
 
-from llamaforge.deploy.hosts.access import parse_host, parse_hosts
+from llamaforge.runners.ssh import parse_host, parse_hosts
 
 __all__ = ["parse_host", "parse_hosts"]

@@ -17,8 +17,6 @@ from pathlib import Path
 
 from llamaforge.core.errors import ExitCode, LlamaforgeError
 from llamaforge.runners.ssh import DEFAULT_KNOWN_HOSTS, SshHost, SshProcessRunner
-from llamaforge.runners.ssh.hosts import parse_host as parse_host  # noqa: PLC0414 - re-exported for deploy
-from llamaforge.runners.ssh.hosts import parse_hosts as parse_hosts  # noqa: PLC0414 - re-exported for deploy
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from llamaforge.core.errors import InvalidOption
 from llamaforge.core.registry import OperationContext, Params, operation, path_field
 from llamaforge.core.validation import suggest
 from llamaforge.deploy.hosts import service
-from llamaforge.deploy.hosts.access import Access, DeployHost, deploy_hosts, parse_hosts
+from llamaforge.deploy.hosts.access import Access, DeployHost, deploy_hosts
 from llamaforge.deploy.release import (
     DEFAULT_PORT,
     DEFAULT_ROOT,
@@ -34,6 +34,7 @@ from llamaforge.deploy.targets import (
     deploy_target_names,
     get_target,
 )
+from llamaforge.runners.ssh import parse_hosts
 from llamaforge.serve.launcher import CACHE_TYPES
 
 __all__ = ["DeployFailed", "DeployParams", "DeployRollbackParams", "HostsParams", "target_names"]

@@ -14,7 +14,7 @@ from typing import Any
 
 from llamaforge.core.errors import ExitCode, OperationFailed
 from llamaforge.core.events import CancelToken, Reporter
-from llamaforge.deploy.hosts.access import Access, deploy_hosts, open_runners, parse_host
+from llamaforge.deploy.hosts.access import Access, deploy_hosts, open_runners
 from llamaforge.deploy.hosts.prepared import Release, prepare_release
 from llamaforge.deploy.hosts.remote import host_state
 from llamaforge.deploy.hosts.rollout import RolloutOptions
@@ -35,6 +35,7 @@ from llamaforge.deploy.topology.orchestrate import (
 )
 from llamaforge.deploy.topology.workers import RpcWorker, check_builds, check_rpc_build, parse_head
 from llamaforge.models.ops_split import ModelSplitResult
+from llamaforge.runners.ssh import parse_host
 from llamaforge.serve.launcher import DEFAULT_RPC_PORT, LlamaFlags
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llamaforge.core.errors import ExitCode, InvalidOption, LlamaforgeError
-from llamaforge.deploy.hosts.access import parse_host, parse_hosts
+from llamaforge.runners.ssh import parse_host, parse_hosts
 from llamaforge.runners.ssh.connection import SshHost
 from llamaforge.serve.launcher import DEFAULT_RPC_PORT
 
