@@ -158,6 +158,7 @@ def test_the_cli_tables_show_every_host_and_never_a_key() -> None:
     from rich.console import Console
 
     from llamaforge.deploy.hosts.render import plan_cli, rollout_cli, status_cli
+    from llamaforge.deploy.report import DeployPlanResult, DeployResult, DeployStatusResult
 
     console = Console(record=True, width=200)
     key_file = "/opt/llamaforge/lab/releases/r1/api-key"
@@ -165,15 +166,24 @@ def test_the_cli_tables_show_every_host_and_never_a_key() -> None:
         {
             "host": "lf@a:22",
             "status": "updated",
+            "previous": "r0",
             "release": "r1",
             "sent_bytes": 2**20,
             "api_key_file": key_file,
         },
-        {"host": "lf@b:22", "status": "interrupted", "release": "r0", "detail": "interrupted"},
+        {
+            "host": "lf@b:22",
+            "status": "interrupted",
+            "previous": "r0",
+            "release": "r0",
+            "detail": "interrupted",
+        },
     ]
     head = {"name": "lab", "target": "systemd"}
     rollout_cli(
-        {**head, "release": None, "passed": False, "interrupted": True, "wall_s": 3.2, "hosts": hosts},
+        DeployResult.model_validate(
+            {**head, "release": None, "passed": False, "interrupted": True, "wall_s": 3.2, "hosts": hosts}
+        ),
         console,
     )
     planned = [
@@ -184,15 +194,32 @@ def test_the_cli_tables_show_every_host_and_never_a_key() -> None:
             "release": "r1",
             "action": "upload",
             "model_upload": False,
+            "model_bytes": 0,
+            "restart": True,
+            "flags_before": None,
             "flags_after": ["-ngl", "3"],
             "listen": "0.0.0.0",
             "fit": ["all layers on the GPU"],
         },
-        {"host": "lf@b:22", "reachable": False, "release": "r1", "detail": "connection refused"},
+        {
+            "host": "lf@b:22",
+            "reachable": False,
+            "current": None,
+            "release": "r1",
+            "action": "none",
+            "model_upload": False,
+            "model_bytes": 0,
+            "restart": False,
+            "flags_before": None,
+            "flags_after": [],
+            "detail": "connection refused",
+        },
     ]
-    plan_cli({**head, "hosts": planned}, console)
+    plan_cli(
+        DeployPlanResult.model_validate({**head, "release": "r1", "record": {}, "hosts": planned}), console
+    )
     up = {"host": "lf@a:22", "reachable": True, "current": "r1", "active": "active", "healthy": True}
-    status_cli({**head, "hosts": [up]}, console)
+    status_cli(DeployStatusResult.model_validate({**head, "hosts": [up]}), console)
     text = console.export_text()
     for expected in (
         "lf@a:22",
