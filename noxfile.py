@@ -148,6 +148,18 @@ def smoke(session: nox.Session) -> None:
 
 
 @nox.session
+def upgrade(session: nox.Session) -> None:
+    """A whole upgrade for real, too long for CI: the default recipe moved to another llama.cpp release (default:
+    llama-cpp-python 0.3.35's), both builds at the x86-64 baseline, both smoked on the quantized tiny models, the
+    fit measured on both, one report (nothing is applied). Arguments go to `invoke upgrade`, e.g.
+    `nox -s upgrade -- --to llama-cpp-python==0.3.34 --cpu baseline`."""
+    session.install("-e", ".")
+    sdist_dir = _sdist_dir(session)
+    arguments = session.posargs or ["--to", "llama-cpp-python==0.3.35", "--cpu", "baseline"]
+    session.run("invoke", "upgrade", *arguments, env={"LLAMAFORGE_SOURCE_MIRROR": str(sdist_dir)})
+
+
+@nox.session
 def bench_smoke(session: nox.Session) -> None:
     """Smoke harness overhead: smoke's tg tokens/s / raw llama-bench on the same binary and model."""
     session.install("-e", ".")

@@ -166,7 +166,8 @@ def plan_build(recipe: BuildRecipe, options: BuildOptions | None = None) -> Buil
     source = recipe.source
     # Injected because archives carry no .git: llama-cli --version and llama-bench report these.
     cmake["LLAMA_BUILD_COMMIT"] = source.commit[:7]
-    cmake["LLAMA_BUILD_NUMBER"] = str(source.build_number)
+    # An unknown build number is llama.cpp's own "0", what its build-info step reports without git.
+    cmake["LLAMA_BUILD_NUMBER"] = str(source.build_number or 0)
     cmake_args = ("-G", "Ninja", *(f"-D{key}={value}" for key, value in sorted(cmake.items())))
 
     epoch = calendar.timegm(source.date.timetuple()) if source.date else 0

@@ -104,7 +104,12 @@ class GitSource(_Strict):
         description="Repository URL, e.g. https://github.com/ggml-org/llama.cpp"
     )
     commit: str = Field(pattern=_COMMIT, description="Full 40-hex commit to check out and verify")
-    build_number: int = Field(ge=0, description="llama.cpp build number (the bNNNN tag)")
+    build_number: int | None = Field(
+        default=None,
+        ge=0,
+        description="llama.cpp build number (the bNNNN tag); leave it out when unknown (a shallow clone cannot "
+        "count it): the build then reports build 0, as llama.cpp does without git",
+    )
     date: datetime.date | None = Field(default=None, description="Commit date; sets SOURCE_DATE_EPOCH")
 
 
@@ -118,7 +123,12 @@ class ArchiveSource(_Strict):
     sha256: str = Field(pattern=_SHA256, description="sha256 of the archive file")
     subdir: str = Field(default="", description="Directory inside the archive that holds llama.cpp")
     commit: str = Field(pattern=_COMMIT, description="Upstream commit the archive was made from")
-    build_number: int = Field(ge=0, description="llama.cpp build number (the bNNNN tag)")
+    build_number: int | None = Field(
+        default=None,
+        ge=0,
+        description="llama.cpp build number (the bNNNN tag); leave it out when unknown (a shallow clone cannot "
+        "count it): the build then reports build 0, as llama.cpp does without git",
+    )
     date: datetime.date | None = Field(default=None, description="Commit date; sets SOURCE_DATE_EPOCH")
 
 
@@ -135,7 +145,12 @@ class PypiSdistSource(_Strict):
     sha256: str = Field(pattern=_SHA256, description="sha256 of the sdist file")
     subdir: str = Field(description="Directory inside the sdist that holds llama.cpp")
     commit: str = Field(pattern=_COMMIT, description="Upstream llama.cpp commit vendored by this sdist")
-    build_number: int = Field(ge=0, description="llama.cpp build number (the bNNNN tag)")
+    build_number: int | None = Field(
+        default=None,
+        ge=0,
+        description="llama.cpp build number (the bNNNN tag); leave it out when unknown (a shallow clone cannot "
+        "count it): the build then reports build 0, as llama.cpp does without git",
+    )
     date: datetime.date | None = Field(default=None, description="Commit date; sets SOURCE_DATE_EPOCH")
 
 
@@ -346,12 +361,16 @@ def load_recipe(name_or_path: str) -> BuildRecipe:
 
 def pinned_llama_cpp(name_or_path: str = "default") -> str:
     """The llama.cpp release a build recipe pins, as upstream tags it (``b`` + its build number): the version
-    messages name, read from the recipe so that moving the pin moves them too. ``the pinned llama.cpp`` when the
-    recipe cannot be read, so that an error message that names the version never fails on it."""
+    messages name, read from the recipe so that moving the pin moves them too (its short commit when the build
+    number is unknown). ``the pinned llama.cpp`` when the recipe cannot be read, so that an error message that
+    names the version never fails on it."""
     try:
-        return f"b{load_recipe(name_or_path).source.build_number}"
+        source = load_recipe(name_or_path).source
     except RecipeError:
         return "the pinned llama.cpp"
+    if source.build_number is not None:
+        return f"b{source.build_number}"
+    return f"llama.cpp {source.commit[:9]}"
 
 
 def recipe_json_schema() -> str:

@@ -50,6 +50,7 @@ class ExitCode:
     SWARM: Final = 23
     POLICY_REFUSED: Final = 24
     NO_ROOT_ACCESS: Final = 25
+    UPGRADE: Final = 26
     CANCELLED: Final = 130  # 128 + SIGINT, as a shell reports a Ctrl-C
     OUTPUT_CLOSED: Final = 141  # 128 + SIGPIPE: stdout's reader went away; no class raises it
     TERMINATED: Final = 143  # 128 + SIGTERM
@@ -239,6 +240,13 @@ class SmokeFailed(LlamaforgeError):
     """A smoke run failed its verdict (a threshold missed, no answer) or could not measure what it needs."""
 
     exit_code = ExitCode.SMOKE
+
+
+class UpgradeFailed(LlamaforgeError):
+    """An upgrade's candidate is broken (it does not build, or crashes where the current build runs) or
+    regressed; the recipe's pin is untouched."""
+
+    exit_code = ExitCode.UPGRADE
 
 
 class DoesNotFit(LlamaforgeError):

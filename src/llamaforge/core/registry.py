@@ -125,6 +125,12 @@ class Operation:
     positional: tuple[str, ...] = ()
     cli: str | None = None
     html: str | None = None
+    # A boolean parameter that makes a call destructive (``upgrade``'s ``apply``): the rest of its calls are not.
+    destructive_when: str | None = None
+
+    def destroys(self, arguments: Mapping[str, Any]) -> bool:
+        """Whether a call with ``arguments`` is destructive."""
+        return self.destructive or bool(self.destructive_when and arguments.get(self.destructive_when))
 
     @property
     def render_cli(self) -> CliRenderer | None:
@@ -214,15 +220,17 @@ def operation(
     *,
     read_only: bool,
     destructive: bool = False,
+    destructive_when: str | None = None,
     long_running: bool = False,
     positional: tuple[str, ...] = (),
     cli: str | None = None,
     html: str | None = None,
 ) -> Callable[[OperationFunction[_R]], OperationFunction[_R]]:
     """Register the decorated function as operation ``name``: its docstring's first paragraph (on one line) is
-    the summary, its return annotation (a :class:`Result` model) the result every front publishes; ``cli`` and
-    ``html`` name (``"module:function"``) the functions that show that result (the typed model) to a person
-    (default: a generic view of its JSON)."""
+    the summary, its return annotation (a :class:`Result` model) the result every front publishes;
+    ``destructive_when`` names a boolean parameter that makes a call destructive; ``cli`` and ``html`` name
+    (``"module:function"``) the functions that show that result (the typed model) to a person (default: a
+    generic view of its JSON)."""
 
     def register(function: OperationFunction[_R]) -> OperationFunction[_R]:
         summary = " ".join(inspect.cleandoc(function.__doc__ or name).split("\n\n")[0].split())
@@ -241,7 +249,10 @@ def operation(
             positional,
             cli,
             html,
+            destructive_when,
         )
+        if destructive_when is not None and destructive_when not in params.model_fields:
+            raise TypeError(f"operation {name}: destructive_when names no parameter: {destructive_when!r}")
         return function
 
     return register

@@ -78,6 +78,7 @@ HOST_RUN: Mapping[str, Mapping[str, Rule]] = {
     },
     "smoke": {"executor": _executor},
     "smoke.cpu_modules": {"executor": _executor},
+    "upgrade": {"executor": _executor, "recipe": _shipped_or_project("recipe")},
 }
 """Operation -> field -> rule. A field in this table that a call sets so that its rule answers makes the call a
 host build."""

@@ -95,11 +95,15 @@ class CallPolicy:
 
     def confirms(self, op: Operation) -> bool:
         """Whether calls of ``op`` may need a person's agreement."""
-        return op.destructive or (self.options.allow_host_builds and op.name in HOST_RUN)
+        return (
+            op.destructive
+            or op.destructive_when is not None
+            or (self.options.allow_host_builds and op.name in HOST_RUN)
+        )
 
     def needs_confirmation(self, op: Operation, arguments: dict[str, Any]) -> str | None:
         """Why this call needs a person's agreement, or None."""
-        if op.destructive:
+        if op.destroys(arguments):
             return f"is destructive: {op.summary}"
         reasons = host_runs(op, arguments, self.places)
         return f"runs on this host: {'; '.join(reasons)}" if reasons else None

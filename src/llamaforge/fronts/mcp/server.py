@@ -199,6 +199,8 @@ def _describe(op: Operation, background: bool, policy: CallPolicy) -> str:
         what = (
             "Destructive"
             if op.destructive
+            else f"Destructive with {op.destructive_when}=true"
+            if op.destructive_when
             else "Calls that build on this host (see the refusals) are confirmed"
         )
         if policy.options.confirm == "param":

@@ -1,0 +1,72 @@
+"""The models an upgrade smokes on both builds: the quantized tiny models (written here, no hub) and every model
+recipe whose file is already in the store; never a download."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from llamaforge.build.recipes import load_recipe
+from llamaforge.build.source import fetch_source
+from llamaforge.core.errors import LlamaforgeError
+from llamaforge.core.events import CancelToken, Event, Reporter
+from llamaforge.core.paths import home
+from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
+from llamaforge.models.argument import resolve_model_file
+from llamaforge.models.recipes import TINY_MODEL, list_model_recipes
+from llamaforge.smoke.run import tiny_smoke_label, tiny_smoke_model
+
+# A second quantized tiny model, of another architecture: experts reach the MoE kernels (mul_mat_id).
+TINY_MOE = TinyModelSpec(arch="qwen3moe", dtype="q4_0")
+TINY_MOE_LABEL = "tiny-qwen3moe-q4_0"
+
+
+@dataclass(frozen=True)
+class UpgradeModel:
+    """One model both builds are smoked with: what ``smoke --model`` is given, the file, and a label."""
+
+    argument: str
+    path: Path
+    label: str
+
+
+def _tiny_moe(reporter: Reporter, cancel: CancelToken) -> Path:
+    digest = hashlib.sha256(repr(TINY_MOE).encode()).hexdigest()[:12]
+    path = home() / "models" / "tiny" / f"{TINY_MOE_LABEL}-{digest}.gguf"
+    if not path.is_file():
+        reporter(Event("stage", f"writing the tiny qwen3moe model {path.name}", stage="models"))
+        tree = fetch_source(load_recipe("default").source, reporter=reporter, cancel=cancel)
+        write_tiny_model(path, TINY_MOE, tree / "models" / "ggml-vocab-qwen2.gguf")
+    return path
+
+
+def stored_recipe_models() -> list[str]:
+    """The model recipes whose files are already in the store (nothing is fetched)."""
+    found = []
+    for name in list_model_recipes():
+        try:
+            resolve_model_file(name)
+        except LlamaforgeError:
+            continue
+        found.append(name)
+    return found
+
+
+def upgrade_models(requested: Sequence[str], reporter: Reporter, cancel: CancelToken) -> list[UpgradeModel]:
+    """``requested`` (model recipes, GGUF files, ``tiny``) or, when empty, the two quantized tiny models and
+    every model recipe already in the store. A requested recipe that is not fetched is refused, not fetched."""
+    names = list(requested) or [TINY_MODEL, TINY_MOE_LABEL, *stored_recipe_models()]
+    models = []
+    for name in names:
+        if name == TINY_MODEL:
+            path = tiny_smoke_model(reporter, cancel)
+            models.append(UpgradeModel(str(path), path, tiny_smoke_label()))
+        elif name == TINY_MOE_LABEL:
+            path = _tiny_moe(reporter, cancel)
+            models.append(UpgradeModel(str(path), path, TINY_MOE_LABEL))
+        else:
+            path = resolve_model_file(name)
+            models.append(UpgradeModel(name, path, Path(name).stem))
+    return models
