@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -39,7 +40,8 @@ def source_id(source: SourceSpec) -> str:
     return f"git-{source.commit}" if isinstance(source, GitSource) else source.sha256
 
 
-def _mirror_dirs() -> list[Path]:
+def mirror_dirs() -> list[Path]:
+    """The mirror directories of LLAMAFORGE_SOURCE_MIRROR (os.pathsep-separated), searched before any download."""
     raw = os.environ.get("LLAMAFORGE_SOURCE_MIRROR", "")
     return [Path(part) for part in raw.split(os.pathsep) if part]
 
@@ -55,9 +57,15 @@ def sha256_file(path: Path, cancel: CancelToken | None = None) -> str:
     return digest.hexdigest()
 
 
+def sdist_file_name(package: str, version: str) -> str:
+    """The file name pip gives the sdist of ``package==version`` (``llama_cpp_python-0.3.36.tar.gz``): the name a
+    mirror directory holds it under."""
+    return f"{package.replace('-', '_')}-{version}.tar.gz"
+
+
 def _archive_name(source: ArchiveSource | PypiSdistSource) -> str:
     if isinstance(source, PypiSdistSource):
-        return f"{source.package.replace('-', '_')}-{source.version}.tar.gz"
+        return sdist_file_name(source.package, source.version)
     return PurePosixPath(urllib.parse.urlparse(source.url).path).name or "archive"
 
 
@@ -76,7 +84,8 @@ def _check_redirect(source: str, target: str) -> None:
     check_url(target, what=f"redirect of {source} to")
 
 
-def _download(url: str, target: Path, reporter: Reporter, cancel: CancelToken | None) -> None:
+def download_url(url: str, target: Path, reporter: Reporter, cancel: CancelToken | None) -> None:
+    """Download ``url`` (checked by the URL policy, as is every redirect) to ``target``."""
     import urllib.error  # here, not at the top: a cached source (every cache hit) never downloads
 
     from llamaforge.core.http import checked_opener
@@ -105,6 +114,71 @@ def _download(url: str, target: Path, reporter: Reporter, cancel: CancelToken | 
         ) from None
 
 
+_PIP_NETWORK = (
+    "Retrying (",
+    "NewConnectionError",
+    "ConnectionError",
+    "ConnectTimeout",
+    "ReadTimeout",
+    "SSLError",
+    "Could not fetch URL",
+    "Temporary failure in name resolution",
+)
+
+
+def pip_download_sdist(
+    package: str, version: str, directory: Path, *, runner: ProcessRunner, cancel: CancelToken | None
+) -> Path:
+    """``pip download`` the sdist of ``package==version`` into the empty ``directory`` and return its file.
+
+    pip's failure is told in one line: a network error, no such package on the index, or a version with no
+    sdist (with the latest versions that have one).
+    """
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--no-binary",
+        ":all:",
+        "--disable-pip-version-check",
+        "-d",
+        str(directory),
+        f"{package}=={version}",
+    ]
+    result = runner.run(command, cancel=cancel, warn=True)
+    files = [path for path in directory.iterdir() if path.is_file()]
+    if result.exit_code == 0 and len(files) == 1:
+        return files[0]
+    spec = f"{package}=={version}"
+    output = result.stdout + "\n" + result.stderr
+    errors = [line.removeprefix("ERROR: ") for line in output.splitlines() if line.startswith("ERROR: ")]
+    mirror = "or put the sdist in a mirror directory (LLAMAFORGE_SOURCE_MIRROR)"
+    if any(marker in output for marker in _PIP_NETWORK):
+        raise SourceError(
+            f"pip could not download {spec}: the package index could not be reached",
+            hint=f"check the network and pip's index settings (PIP_INDEX_URL, proxy, CA bundle), {mirror}",
+        )
+    listed = re.search(r"\(from versions: ([^)]*)\)", output)
+    if listed and listed.group(1).strip() == "none":
+        raise SourceError(
+            f"pip found no sdist of {package} on the package index (no such package, or the index could not "
+            "be reached)",
+            hint=f"check the package name and the network, {mirror}",
+        )
+    if listed:
+        versions = [item.strip() for item in listed.group(1).split(",")]
+        raise SourceError(
+            f"{spec}: the package index has no sdist of version {version}",
+            hint=f"pick a version that has one (the latest: {', '.join(versions[-5:])})",
+        )
+    raise SourceError(
+        f"pip could not download {spec}: " + (errors[-1] if errors else f"no file (exit {result.exit_code})"),
+        hint=f"check that the package index is reachable, {mirror}",
+    )
+
+
 def _fetch_archive_file(
     source: ArchiveSource | PypiSdistSource,
     directory: Path,
@@ -118,7 +192,7 @@ def _fetch_archive_file(
         return final
     name = _archive_name(source)
     partial = directory / f"{source.sha256}.part"
-    for mirror in _mirror_dirs():
+    for mirror in mirror_dirs():
         for candidate in (mirror / name, mirror / source.sha256):
             if candidate.is_file():
                 reporter(Event("info", f"using mirror copy {candidate}", stage="source"))
@@ -129,28 +203,10 @@ def _fetch_archive_file(
     if isinstance(source, PypiSdistSource):
         reporter(Event("info", f"pip download {source.package}=={source.version} (sdist)", stage="source"))
         with tempfile.TemporaryDirectory(dir=directory) as scratch:
-            command = [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--no-binary",
-                ":all:",
-                "--disable-pip-version-check",
-                "-d",
-                scratch,
-                f"{source.package}=={source.version}",
-            ]
-            result = runner.run(command, cancel=cancel, warn=True)
-            files = list(Path(scratch).iterdir())
-            if result.exit_code != 0 or len(files) != 1:
-                raise SourceError(
-                    f"pip could not download {source.package}=={source.version}: "
-                    + (result.stderr.strip().splitlines() or ["no file"])[-1],
-                    hint="check that PyPI is reachable, or put the sdist in LLAMAFORGE_SOURCE_MIRROR",
-                )
-            shutil.move(str(files[0]), partial)
+            sdist = pip_download_sdist(
+                source.package, source.version, Path(scratch), runner=runner, cancel=cancel
+            )
+            shutil.move(str(sdist), partial)
         _verify(partial, source.sha256, f"{source.package}=={source.version}", cancel)
         partial.replace(final)
         return final
@@ -161,7 +217,7 @@ def _fetch_archive_file(
             raise SourceError(f"archive {path} does not exist", hint="fix source.url in the recipe")
         shutil.copyfile(path, partial)
     elif url.startswith(("https://", "http://", "file://")):
-        _download(url, partial, reporter, cancel)
+        download_url(url, partial, reporter, cancel)
     else:
         raise SourceError(f"unsupported archive URL {url!r}", hint="use https://, file:// or a local path")
     _verify(partial, source.sha256, url, cancel)
@@ -203,22 +259,29 @@ def _extract(archive: Path, subdir: str, target: Path, cancel: CancelToken | Non
         raise SourceError(f"archive {archive} has nothing under {subdir!r}", hint="fix source.subdir")
 
 
+def check_clone_url(url: str, *, what: str, hint: str) -> str:
+    """``url`` when git may clone it (:func:`~llamaforge.build.recipes.check_git_url`) and the front's URL and SSH
+    host policies allow its host; ``what`` names it in errors, ``hint`` says how to fix a malformed one."""
+    try:
+        url = check_git_url(url)  # a clone never gets an option
+    except ValueError as error:
+        raise SourceError(str(error), hint=hint) from None
+    if is_scp_like(url):
+        check_ssh_host(url.partition(":")[0].rpartition("@")[2], what=f"{what} host")
+    else:
+        check_url(url, what=what)
+        if urllib.parse.urlsplit(url).scheme.lower() == "ssh":
+            check_ssh_host(urllib.parse.urlsplit(url).hostname or "", what=f"{what} host")
+    return url
+
+
 def _git_checkout(
     source: GitSource, target: Path, reporter: Reporter, cancel: CancelToken | None, runner: ProcessRunner
 ) -> None:
     def git(*args: str, cwd: Path | None = None) -> ProcessResult:
         return runner.run(git_command(*args), cwd=cwd, env=SAFE_ENV, cancel=cancel, warn=True)
 
-    try:
-        url = check_git_url(source.url)  # checked when the recipe was read; a clone never gets an option
-    except ValueError as error:
-        raise SourceError(str(error), hint="fix source.url in the recipe") from None
-    if is_scp_like(url):
-        check_ssh_host(url.partition(":")[0].rpartition("@")[2], what="recipe source.url host")
-    else:
-        check_url(url, what="recipe source.url")
-        if urllib.parse.urlsplit(url).scheme.lower() == "ssh":
-            check_ssh_host(urllib.parse.urlsplit(url).hostname or "", what="recipe source.url host")
+    url = check_clone_url(source.url, what="recipe source.url", hint="fix source.url in the recipe")
     reporter(Event("info", f"git clone {url}", stage="source"))
     clone = git("clone", "--quiet", "--no-checkout", "--", url, str(target))
     if clone.exit_code != 0:
