@@ -19,24 +19,30 @@ PIN = tomllib.loads((ROOT / "recipes" / "builds" / "default.toml").read_text(enc
 SDIST = f"{PIN['package'].replace('-', '_')}-{PIN['version']}.tar.gz"
 
 
+# The release before the pin: tests/test_upgrade_source.py and tests/test_tree_check.py resolve and read it.
+UPGRADE_FROM = (PIN["package"], "0.3.35")
+
+
 def _sdist_dir(session: nox.Session) -> Path:
-    """Directory with the default recipe's sdist (it vendors the pinned llama.cpp); downloaded once from PyPI."""
+    """Directory with the default recipe's sdist (it vendors the pinned llama.cpp) and the release before it
+    (for the upgrade tests); each downloaded once from PyPI."""
     directory = Path(os.environ.get("LLAMAFORGE_TEST_SDIST_DIR", CACHE / "sdist"))
-    if not (directory / SDIST).is_file():
-        directory.mkdir(parents=True, exist_ok=True)
-        session.run(
-            "python",
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--no-binary",
-            ":all:",
-            f"{PIN['package']}=={PIN['version']}",
-            "-d",
-            str(directory),
-            silent=True,
-        )
+    for package, version in ((PIN["package"], PIN["version"]), UPGRADE_FROM):
+        if not (directory / f"{package.replace('-', '_')}-{version}.tar.gz").is_file():
+            directory.mkdir(parents=True, exist_ok=True)
+            session.run(
+                "python",
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                f"{package}=={version}",
+                "-d",
+                str(directory),
+                silent=True,
+            )
     return directory
 
 

@@ -19,12 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from llamaforge.build.git import SAFE_ENV, git_command
-from llamaforge.core.errors import SourceError
+from llamaforge.build.recipes import load_recipe, recipe_dir
+from llamaforge.core.errors import InvalidOption, RecipeError, SourceError
 from llamaforge.core.events import CancelToken
 from llamaforge.runners.process import ProcessRunner
 
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _GIT_PARTS = frozenset({"HEAD", "packed-refs", "shallow", "objects", "refs"})
+_TAG = re.compile(r"(?:^|[^A-Za-z0-9])b(\d{3,7})(?=$|[^0-9])")  # llama.cpp-b11312.tar.gz
 _CONFIG = "[core]\n\trepositoryformatversion = 0\n\tbare = true\n"
 
 
@@ -65,12 +67,11 @@ def _git_dir_of(parts: tuple[str, ...]) -> int | None:
 
 def inspect_archive(
     archive: Path, origin: str, scratch: Path, cancel: CancelToken | None
-) -> tuple[ArchiveFacts, dict[str, Path], tarfile.TarInfo | None]:
+) -> tuple[ArchiveFacts, dict[str, Path]]:
     """Read ``archive`` once: find its llama.cpp tree and copy the git directories it carries to ``scratch``.
 
-    Returns the facts (commit still unread), the git directories by the path they have in the archive, and the
-    member of the tree's root (its mtime is the commit time in a ``git archive``)."""
-    directories: set[PurePosixPath] = set()
+    Returns the facts (the commit only when a git-archive header names it) and the git directories found, by
+    the path they have in the archive."""
     with_cmake: set[PurePosixPath] = set()
     with_header: set[PurePosixPath] = set()
     git_dirs: dict[str, Path] = {}
@@ -87,7 +88,6 @@ def inspect_archive(
                         hint="this archive is unsafe; check where it came from",
                     )
                 if member.isdir():
-                    directories.add(name)
                     members[name] = member
                 if name.name == "CMakeLists.txt":
                     with_cmake.add(name.parent)
@@ -124,7 +124,7 @@ def inspect_archive(
         root_member = members.get(root)
         when = datetime.datetime.fromtimestamp(root_member.mtime, datetime.UTC) if root_member else None
         commit = CommitFacts(pax_commit, when, "the git archive header")
-    return ArchiveFacts(subdir=subdir, top=top, commit=commit), git_dirs, members.get(root)
+    return ArchiveFacts(subdir=subdir, top=top, commit=commit), git_dirs
 
 
 def tree_git_dir(facts: ArchiveFacts, git_dirs: dict[str, Path]) -> tuple[str, Path] | None:
@@ -170,3 +170,37 @@ def committer_time(commit_object: str) -> datetime.datetime | None:
         if match:
             return datetime.datetime.fromtimestamp(int(match.group(1)), datetime.UTC)
     return None
+
+
+def find_build_number(
+    given: int | None, commit: str, *, counted: int | None, names: list[str]
+) -> tuple[int | None, str]:
+    """llama.cpp's build number for ``commit`` and where it came from: the caller, a full clone's count, an
+    archive named for its ``bNNNN`` tag, or a shipped recipe that pins the same commit. A given number that
+    another of them contradicts is refused."""
+    found: list[tuple[int, str]] = []
+    if counted is not None:
+        found.append((counted, "git rev-list --count of the clone"))
+    for name in names:
+        if match := _TAG.search(name):
+            found.append((int(match.group(1)), f"the archive name {name}"))
+            break
+    for path in sorted(recipe_dir().glob("*.toml")):
+        try:
+            pinned = load_recipe(str(path)).source
+        except RecipeError:
+            continue
+        if pinned.commit == commit:
+            found.append((pinned.build_number, f"recipe {path.stem} (pins the same commit)"))
+            break
+    if given is not None:
+        for number, where in found:
+            if number != given:
+                raise InvalidOption(
+                    f"build number {given} given, but {where} says {number} for llama.cpp {commit[:12]}",
+                    hint=f"drop --build-number, or check it (llama.cpp's number is b{number} per {where})",
+                )
+        return given, "given by the caller"
+    if found:
+        return found[0]
+    return None, "unknown: the history is shallow or absent and nothing else names it"

@@ -34,8 +34,6 @@ from llamaforge.build.recipes import (
     PypiSdistSource,
     Source,
     is_scp_like,
-    load_recipe,
-    recipe_dir,
 )
 from llamaforge.build.source import (
     check_clone_url,
@@ -51,11 +49,12 @@ from llamaforge.build.upgrade.source_facts import (
     ArchiveFacts,
     CommitFacts,
     committer_time,
+    find_build_number,
     inspect_archive,
     read_head,
     tree_git_dir,
 )
-from llamaforge.core.errors import ChecksumMismatch, InvalidOption, RecipeError, SourceError
+from llamaforge.core.errors import ChecksumMismatch, InvalidOption, SourceError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.guard import check_file_path
 from llamaforge.core.paths import home
@@ -69,7 +68,6 @@ FORMS = (
 _PIP = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9._+!-]*)$")
 _ARCHIVE_SUFFIXES = (".tar.gz", ".tgz", ".tar.xz", ".txz", ".tar.bz2", ".tbz2", ".tar")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_TAG = re.compile(r"(?:^|[^A-Za-z0-9])b(\d{3,7})(?=$|[^0-9])")
 
 
 class PinnedSource(BaseModel):
@@ -192,9 +190,9 @@ def _resolve_archive(
             hint="nothing was kept; check where --sha256 came from, or drop it to pin what was downloaded",
         )
     reporter(Event("info", f"reading {file.name}", stage="source"))
-    facts, git_dirs, _root = inspect_archive(file, origin, scratch / "git", cancel)
+    facts, git_dirs = inspect_archive(file, origin, scratch / "git", cancel)
     found = _archive_commit(facts, git_dirs, parsed.commit, origin, runner, cancel)
-    number, number_from = _build_number(
+    number, number_from = find_build_number(
         given,
         found.commit,
         counted=None,
@@ -353,7 +351,7 @@ def _resolve_git(
     shallow = (git("rev-parse", "--is-shallow-repository") or "").strip() == "true"
     count = None if shallow else git("rev-list", "--count", commit)
     counted = int(count) if count and count.strip().isdigit() else None
-    number, number_from = _build_number(given, commit, counted=counted, names=[])
+    number, number_from = find_build_number(given, commit, counted=counted, names=[])
     date = committed.date() if committed else None
     # The cache is keyed by the commit alone: fetching from the clone fills the entry the real URL would.
     fetch_source(
@@ -374,37 +372,3 @@ def _resolve_git(
         origin=f"{parsed.location}@{commit[:12]}" + (" (shallow history)" if shallow else ""),
         seconds=0.0,
     )
-
-
-def _build_number(
-    given: int | None, commit: str, *, counted: int | None, names: list[str]
-) -> tuple[int | None, str]:
-    """llama.cpp's build number for ``commit`` and where it came from: the caller, a full clone's count, an
-    archive named for its ``bNNNN`` tag, or a shipped recipe that pins the same commit. A given number that
-    another of them contradicts is refused."""
-    found: list[tuple[int, str]] = []
-    if counted is not None:
-        found.append((counted, "git rev-list --count of the clone"))
-    for name in names:
-        if match := _TAG.search(name):
-            found.append((int(match.group(1)), f"the archive name {name}"))
-            break
-    for path in sorted(recipe_dir().glob("*.toml")):
-        try:
-            pinned = load_recipe(str(path)).source
-        except RecipeError:
-            continue
-        if pinned.commit == commit:
-            found.append((pinned.build_number, f"recipe {path.stem} (pins the same commit)"))
-            break
-    if given is not None:
-        for number, where in found:
-            if number != given:
-                raise InvalidOption(
-                    f"build number {given} given, but {where} says {number} for llama.cpp {commit[:12]}",
-                    hint=f"drop --build-number, or check it (llama.cpp's number is b{number} per {where})",
-                )
-        return given, "given by the caller"
-    if found:
-        return found[0]
-    return None, "unknown: the history is shallow or absent and nothing else names it"
