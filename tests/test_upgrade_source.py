@@ -17,7 +17,7 @@ import pytest
 
 from conftest import require
 from llamaforge.build.recipes import ArchiveSource, GitSource, PypiSdistSource
-from llamaforge.build.upgrade.source_pin import parse_spec, resolve_source
+from llamaforge.build.upstream.source_pin import parse_spec, resolve_source
 from llamaforge.core.errors import ChecksumMismatch, InvalidOption, SourceError
 
 COMMIT_0335 = "4df29be4f4c3673f428170fda944a5b19f743bb8"
@@ -142,7 +142,7 @@ def test_sdist_0335_commit_date_and_sha256_read_not_assumed(
     assert pinned.build_number_from.startswith("unknown")
     assert isinstance(pinned.source, PypiSdistSource)
     assert pinned.source.subdir == "llama_cpp_python-0.3.35/vendor/llama.cpp"
-    assert (pinned.source.build_number, pinned.source.sha256) == (0, pinned.sha256)
+    assert (pinned.source.build_number, pinned.source.sha256) == (None, pinned.sha256)
     assert (pinned.tree / "CMakeLists.txt").is_file()
     assert (pinned.tree / "include" / "llama.h").is_file()
     assert not (pinned.tree / ".git").exists()
@@ -288,7 +288,7 @@ def test_git_shallow_clone_leaves_the_number_unknown(repo: Path, tmp_path: Path,
     head = _git(shallow, "rev-parse", "HEAD")
     pinned = resolve_source(f"{shallow}@{head}")
     assert pinned.build_number is None
-    assert pinned.source.build_number == 0
+    assert pinned.source.build_number is None
     assert "shallow" in pinned.origin
 
 

@@ -3,10 +3,10 @@ or an archive and its sha256) to a pinned recipe ``[source]`` and its extracted 
 
 Everything the pin holds is read or measured, never assumed: the sha256 is computed from the file that was
 downloaded (and checked against ``--sha256`` when one is given), the commit and its date are read from git
-metadata (:mod:`llamaforge.build.upgrade.source_facts`). llama.cpp's build number is ``git rev-list --count
+metadata (:mod:`llamaforge.build.upstream.source_facts`). llama.cpp's build number is ``git rev-list --count
 HEAD``, which a shallow or absent history cannot give: it comes from the caller, a full clone, an archive named
 for its tag (``llama.cpp-b11312.tar.gz``) or a shipped recipe that pins the same commit; otherwise it is unknown
-(``build_number`` None, and 0 in the recipe source, llama.cpp's own "unknown").
+(``build_number`` None, here and in the recipe source; a build of it reports llama.cpp's own "unknown", 0).
 
 Nothing is published until the source is known good: a download goes to a scratch directory and enters the
 cache (:func:`llamaforge.build.source.fetch_source`, whose extracted tree a later build reuses) only once it is
@@ -44,7 +44,7 @@ from llamaforge.build.source import (
     sdist_file_name,
     sha256_file,
 )
-from llamaforge.build.upgrade.source_facts import (
+from llamaforge.build.upstream.source_facts import (
     COMMIT,
     ArchiveFacts,
     CommitFacts,
@@ -75,7 +75,7 @@ class PinnedSource(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    source: Source  # ready for a recipe; its build_number is 0 when the number is unknown
+    source: Source  # ready for a recipe; its build_number is None when the number is unknown
     tree: Path  # the cached, extracted llama.cpp tree (read-only: builds work on a copy)
     commit: str
     date: datetime.date | None  # the commit's date (UTC), SOURCE_DATE_EPOCH of its builds
@@ -208,7 +208,7 @@ def _resolve_archive(
             sha256=actual,
             subdir=facts.subdir,
             commit=found.commit,
-            build_number=number or 0,
+            build_number=number,
             date=date,
         )
     else:
@@ -218,7 +218,7 @@ def _resolve_archive(
             sha256=actual,
             subdir=facts.subdir,
             commit=found.commit,
-            build_number=number or 0,
+            build_number=number,
             date=date,
         )
     if downloaded:  # publish the verified file where fetch_source looks first: it is not fetched twice
@@ -355,12 +355,12 @@ def _resolve_git(
     date = committed.date() if committed else None
     # The cache is keyed by the commit alone: fetching from the clone fills the entry the real URL would.
     fetch_source(
-        GitSource(kind="git", url=str(clone), commit=commit, build_number=number or 0, date=date),
+        GitSource(kind="git", url=str(clone), commit=commit, build_number=number, date=date),
         reporter=reporter,
         cancel=cancel,
         runner=runner,
     )
-    source = GitSource(kind="git", url=parsed.location, commit=commit, build_number=number or 0, date=date)
+    source = GitSource(kind="git", url=parsed.location, commit=commit, build_number=number, date=date)
     return PinnedSource(
         source=source,
         tree=fetch_source(source, reporter=reporter, cancel=cancel, runner=runner),

@@ -190,7 +190,7 @@ def find_build_number(
             pinned = load_recipe(str(path)).source
         except RecipeError:
             continue
-        if pinned.commit == commit:
+        if pinned.commit == commit and pinned.build_number is not None:
             found.append((pinned.build_number, f"recipe {path.stem} (pins the same commit)"))
             break
     if given is not None:
