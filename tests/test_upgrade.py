@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -279,9 +280,16 @@ def _moved_context_archive(source_tree: Path, directory: Path) -> tuple[Path, st
     text = path.read_text(encoding="utf-8")
     assert context in text
     path.write_text(text.replace(context, context + "  // moved upstream", 1), encoding="utf-8")
+    # Committed and archived with git, as upstream's tarballs are: the archive names its commit (a real one, of
+    # this repository), which resolving the source reads.
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "-C", str(tree)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A", "--force"], check=True)  # every file, whatever .gitignore says
+    subprocess.run([*git, "commit", "-q", "--no-verify", "-m", "moved context"], check=True)
     archive = directory / "llama.cpp-moved.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
-        tar.add(tree, arcname="llama.cpp")
+    subprocess.run(
+        [*git, "archive", "--format=tar.gz", "--prefix=llama.cpp/", "-o", str(archive), "HEAD"], check=True
+    )
     return archive, hashlib.sha256(archive.read_bytes()).hexdigest()
 
 

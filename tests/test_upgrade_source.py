@@ -212,7 +212,7 @@ def test_package_that_vendors_no_llama_cpp(
     mirror.mkdir()
     _tar(mirror / "tiny_pkg-1.0.tar.gz", {"tiny_pkg-1.0/setup.py": b"", "tiny_pkg-1.0/CMakeLists.txt": b""})
     monkeypatch.setenv("LLAMAFORGE_SOURCE_MIRROR", str(mirror))
-    with pytest.raises(SourceError, match=r"tiny-pkg==1\.0 holds no llama\.cpp tree"):
+    with pytest.raises(SourceError, match=r"tiny-pkg==1\.0 vendors no llama\.cpp"):
         resolve_source("tiny-pkg==1.0")
     assert _left_behind(lf_home) == []
 
@@ -260,7 +260,7 @@ def test_git_archive_names_its_commit(repo: Path, tmp_path: Path, lf_home: Path)
 def test_archive_without_llama_cpp(tmp_path: Path, lf_home: Path) -> None:
     archive = tmp_path / "other.tar.gz"
     _tar(archive, {"other/CMakeLists.txt": b"project(other)\n"})
-    with pytest.raises(SourceError, match=r"holds no llama\.cpp tree"):
+    with pytest.raises(SourceError, match=r"vendors no llama\.cpp"):
         resolve_source(f"{archive}@{COMMIT}")
     assert _left_behind(lf_home) == []
 

@@ -112,8 +112,8 @@ def inspect_archive(
     roots = sorted(with_cmake & with_header, key=lambda path: (len(path.parts), str(path)))
     if not roots:
         raise SourceError(
-            f"{origin} holds no llama.cpp tree (no directory with CMakeLists.txt and include/llama.h; an sdist "
-            "vendors it under vendor/llama.cpp)",
+            f"{origin} vendors no llama.cpp: no directory in it holds CMakeLists.txt and include/llama.h (an sdist "
+            "that vendors it has vendor/llama.cpp)",
             hint="pick a source that vendors llama.cpp, e.g. llama-cpp-python==X.Y.Z, or a llama.cpp archive",
         )
     root = roots[0]
