@@ -127,8 +127,18 @@ def test_sha256_must_be_hex(lf_home: Path) -> None:
 # --- PyPI sdists --------------------------------------------------------------------------------------------
 
 
+@pytest.fixture
+def store(lf_home: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The suite's shared store (LLAMAFORGE_TEST_HOME) when there is one, so a tree another test (or a build)
+    already extracted is a cache hit; a private home otherwise."""
+    shared = os.environ.get("LLAMAFORGE_TEST_HOME")
+    home = Path(shared) if shared else lf_home
+    monkeypatch.setenv("LLAMAFORGE_HOME", str(home))
+    return home
+
+
 def test_sdist_0335_commit_date_and_sha256_read_not_assumed(
-    sdist_dir: Path, lf_home: Path, monkeypatch: pytest.MonkeyPatch
+    sdist_dir: Path, store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sdist = sdist_dir / "llama_cpp_python-0.3.35.tar.gz"
     require(sdist.is_file(), f"{sdist} missing (nox -s tests downloads it: llama-cpp-python==0.3.35)")
@@ -146,7 +156,7 @@ def test_sdist_0335_commit_date_and_sha256_read_not_assumed(
     assert (pinned.tree / "CMakeLists.txt").is_file()
     assert (pinned.tree / "include" / "llama.h").is_file()
     assert not (pinned.tree / ".git").exists()
-    assert pinned.tree.is_relative_to(lf_home / "sources")  # the cache entry a build of the pin reuses
+    assert pinned.tree == store / "sources" / pinned.sha256 / "tree"  # the cache entry a build of it reuses
     again = resolve_source("llama-cpp-python==0.3.35", build_number=11200, sha256=pinned.sha256)
     assert (again.tree, again.build_number, again.build_number_from) == (
         pinned.tree,
@@ -157,7 +167,7 @@ def test_sdist_0335_commit_date_and_sha256_read_not_assumed(
 
 
 def test_sdist_0336_reuses_the_recipe_build_number(
-    sdist_dir: Path, lf_home: Path, monkeypatch: pytest.MonkeyPatch
+    sdist_dir: Path, store: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("LLAMAFORGE_SOURCE_MIRROR", str(sdist_dir))
     pinned = resolve_source("llama-cpp-python==0.3.36")

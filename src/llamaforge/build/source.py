@@ -127,13 +127,25 @@ _PIP_NETWORK = (
 
 
 def pip_download_sdist(
-    package: str, version: str, directory: Path, *, runner: ProcessRunner, cancel: CancelToken | None
+    package: str,
+    version: str,
+    directory: Path,
+    *,
+    runner: ProcessRunner,
+    cancel: CancelToken | None,
+    reporter: Reporter = null_reporter,
 ) -> Path:
-    """``pip download`` the sdist of ``package==version`` into the empty ``directory`` and return its file.
+    """``pip download`` the sdist of ``package==version`` into the empty ``directory`` and return its file;
+    pip's own steps (collecting, downloading, saved) go to ``reporter`` as they come.
 
     pip's failure is told in one line: a network error, no such package on the index, or a version with no
     sdist (with the latest versions that have one).
     """
+
+    def step(line: str) -> None:
+        if line.lstrip().startswith(("Collecting", "Downloading", "Saved", "Preparing", "Installing")):
+            reporter(Event("info", f"pip: {line.strip()}", stage="source"))
+
     command = [
         sys.executable,
         "-m",
@@ -147,7 +159,7 @@ def pip_download_sdist(
         str(directory),
         f"{package}=={version}",
     ]
-    result = runner.run(command, cancel=cancel, warn=True)
+    result = runner.run(command, cancel=cancel, warn=True, on_line=step)
     files = [path for path in directory.iterdir() if path.is_file()]
     if result.exit_code == 0 and len(files) == 1:
         return files[0]
@@ -204,7 +216,7 @@ def _fetch_archive_file(
         reporter(Event("info", f"pip download {source.package}=={source.version} (sdist)", stage="source"))
         with tempfile.TemporaryDirectory(dir=directory) as scratch:
             sdist = pip_download_sdist(
-                source.package, source.version, Path(scratch), runner=runner, cancel=cancel
+                source.package, source.version, Path(scratch), runner=runner, cancel=cancel, reporter=reporter
             )
             shutil.move(str(sdist), partial)
         _verify(partial, source.sha256, f"{source.package}=={source.version}", cancel)

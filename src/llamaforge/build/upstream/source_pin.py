@@ -57,7 +57,7 @@ from llamaforge.build.upstream.source_facts import (
 from llamaforge.core.errors import ChecksumMismatch, InvalidOption, SourceError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.guard import check_file_path
-from llamaforge.core.paths import home
+from llamaforge.core.paths import home, write_text_atomic
 from llamaforge.runners.process import LOCAL, ProcessRunner
 
 FORMS = (
@@ -225,6 +225,9 @@ def _resolve_archive(
         downloads = home() / "downloads"
         downloads.mkdir(parents=True, exist_ok=True)
         file.replace(downloads / f"{actual}.archive")
+        if parsed.kind == "pypi-sdist":
+            name = sdist_file_name(parsed.location, parsed.version)
+            write_text_atomic(downloads / f"{name}.sha256", f"{actual}\n")
     tree = fetch_source(source, reporter=reporter, cancel=cancel, runner=runner)
     return PinnedSource(
         source=source,
@@ -258,10 +261,13 @@ def _obtain(
             if (mirror / name).is_file():
                 reporter(Event("info", f"using mirror copy {mirror / name}", stage="source"))
                 return mirror / name, False
+        if (known := _downloaded_sdist(name)) is not None:
+            reporter(Event("info", f"using {name}, downloaded before", stage="source"))
+            return known, False
         reporter(Event("info", f"pip download {parsed.location}=={parsed.version} (sdist)", stage="source"))
         (scratch / "pip").mkdir()
         sdist = pip_download_sdist(
-            parsed.location, parsed.version, scratch / "pip", runner=runner, cancel=cancel
+            parsed.location, parsed.version, scratch / "pip", runner=runner, cancel=cancel, reporter=reporter
         )
         return sdist, True
     url = parsed.location
@@ -276,6 +282,16 @@ def _obtain(
     if not path.is_file():
         raise SourceError(f"archive {path} does not exist", hint="check the path")
     return path, False
+
+
+def _downloaded_sdist(name: str) -> Path | None:
+    """The sdist file ``name`` as an earlier resolution downloaded it, when it is still in the download cache.
+    PyPI never lets a file name be uploaded twice, so the name pins the bytes; they are hashed again anyway."""
+    record = home() / "downloads" / f"{name}.sha256"
+    if not record.is_file():
+        return None
+    archive = home() / "downloads" / f"{record.read_text(encoding='utf-8').strip()}.archive"
+    return archive if archive.is_file() else None
 
 
 def _archive_commit(
