@@ -184,12 +184,13 @@ async def test_tools_mirror_params_and_annotations(test_operations: list[str]) -
             tool = tools[name]
             assert tool.annotations is not None
             assert tool.annotations.read_only_hint is op.read_only, name
-            assert tool.annotations.destructive_hint is (op.destructive and not op.read_only), name
+            may_destroy = op.destructive or op.destructive_when is not None  # upgrade: with apply=true
+            assert tool.annotations.destructive_hint is (may_destroy and not op.read_only), name
             properties = tool.input_schema.get("properties", {})
             assert set(op.params.model_fields) <= set(properties), name
             # A confirm argument exists only where the server takes the caller's word (--confirm param).
             assert "confirm" not in properties, name
-            assert ("confirm" in with_param[name].input_schema.get("properties", {})) is op.destructive, name
+            assert ("confirm" in with_param[name].input_schema.get("properties", {})) is may_destroy, name
             for field, info in op.params.model_fields.items():
                 assert properties[field].get("description") == info.description, (name, field)
                 assert (properties[field].get("x-llamaforge-path") is True) == (
@@ -368,6 +369,7 @@ def test_path_fields_are_the_fields_declared_as_paths() -> None:
         "topology.rollback": ("topology", "ssh_key", "known_hosts"),
         "topology.status": ("topology", "ssh_key", "known_hosts"),
         "topology.smoke": ("topology", "ssh_key", "known_hosts"),
+        "upgrade": ("to", "recipe", "resume", "models"),
     }
 
 

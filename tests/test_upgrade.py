@@ -264,7 +264,7 @@ def test_dry_run_to_an_older_release_rebases_and_changes_nothing(
 
 
 def _moved_context_archive(source_tree: Path, directory: Path) -> tuple[Path, str]:
-    """b11312 with the lines the remap patch's context needs changed: a real 3-way conflict for the series."""
+    """b11312 with a line of its own where the remap patch adds one: a real 3-way conflict for the series."""
     series = (REPO / "patches" / "llama.cpp" / "0001-qwen3-tensor-name-remap.patch").read_text(
         encoding="utf-8"
     )
@@ -273,13 +273,17 @@ def _moved_context_archive(source_tree: Path, directory: Path) -> tuple[Path, st
     )
     tree = directory / "llama.cpp"
     shutil.copytree(source_tree, tree, symlinks=True, ignore=shutil.ignore_patterns(".git"))
-    # The first context line after the first hunk header, changed in the new tree.
-    hunk = series.split(f"+++ b/{target}\n", 1)[1].split("\n@@", 1)[1].split("\n")[1:]
-    context = next(line[1:] for line in hunk if line.startswith(" ") and line.strip())
+    # Upstream adds its own line exactly where the patch adds one (after the context line before the patch's
+    # first added line): both sides change the same spot, which no 3-way merge can decide.
+    hunk = series.split(f"+++ b/{target}\n", 1)[1].split("\n")[1:]  # after the first @@ line
+    first_added = next(index for index, line in enumerate(hunk) if line.startswith("+"))
+    context = hunk[first_added - 1][1:]
     path = tree / target
     text = path.read_text(encoding="utf-8")
-    assert context in text
-    path.write_text(text.replace(context, context + "  // moved upstream", 1), encoding="utf-8")
+    assert text.count(context + "\n") >= 1
+    path.write_text(
+        text.replace(context + "\n", context + '\n#include "llama-upstream-moved.h"\n', 1), encoding="utf-8"
+    )
     # Committed and archived with git, as upstream's tarballs are: the archive names its commit (a real one, of
     # this repository), which resolving the source reads.
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "-C", str(tree)]

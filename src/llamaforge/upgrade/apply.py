@@ -1,7 +1,7 @@
 """``--apply``: the recipe gets the new source pin and its series the rebased patches; nothing else is written.
 
 The recipe file keeps its layout and comments: only its ``[source]`` table is rewritten, and the release it
-names elsewhere (``b11312`` in the description, the sdist version in a comment) follows. The new text is parsed
+names elsewhere (``bNNNN`` in the description, the sdist version in a comment) follows. The new text is parsed
 as a recipe before anything is written; each file is replaced atomically."""
 
 from __future__ import annotations

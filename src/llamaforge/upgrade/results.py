@@ -21,7 +21,7 @@ class PinnedSourceView(Result):
     commit: str
     build_number: int | None = Field(description="The bNNNN tag's number; null when the tree cannot say")
     build_number_from: str
-    label: str = Field(description="b11312, or the short commit when the build number is unknown")
+    label: str = Field(description="bNNNN, or the short commit when the build number is unknown")
 
 
 class PatchOutcome(Result):

@@ -64,14 +64,13 @@ class UpgradeRequest:
 def view(source: dict[str, Any], *, origin: str, build_number_from: str) -> PinnedSourceView:
     """A recipe's ``[source]`` as the result shows it."""
     number = source.get("build_number")
-    known = number is not None and build_number_from != "unknown"
     return PinnedSourceView(
         origin=origin,
         source=source,
         commit=source["commit"],
-        build_number=number if known else None,
+        build_number=number,
         build_number_from=build_number_from,
-        label=f"b{number}" if known else source["commit"][:9],
+        label=source["commit"][:9] if number is None else f"b{number}",
     )
 
 

@@ -62,8 +62,9 @@ def plan_cmake(recipe: str, choice: BuildChoice, ctx: OperationContext) -> tuple
     plan = build_op(choice.params(recipe, dry_run=True), ctx).plan or {}
     cmake = {}
     for argument in plan.get("cmake_args", []):
-        key, _, value = str(argument).removeprefix("-D").partition("=")
-        cmake[key.split(":", 1)[0]] = value
+        if str(argument).startswith("-D"):  # not the generator's `-G Ninja`
+            key, _, value = str(argument)[2:].partition("=")
+            cmake[key.split(":", 1)[0]] = value
     return cmake, list(plan.get("targets", []))
 
 

@@ -50,7 +50,7 @@ class UpgradeDir:
 
 
 def new_upgrade_dir(recipe: str, old: str, new: str, series: str | None) -> UpgradeDir:
-    """A fresh directory for an upgrade of ``recipe`` from ``old`` to ``new`` (labels such as b11312), with a
+    """A fresh directory for an upgrade of ``recipe`` from ``old`` to ``new`` (labels such as bNNNN), with a
     copy of the recipe's patch series (``series`` None: a stock recipe, an empty series)."""
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%S%fZ")
     label = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{recipe}-{old}-to-{new}")[:80]
