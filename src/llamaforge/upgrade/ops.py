@@ -33,8 +33,9 @@ class UpgradeParams(Params):
     )
     resume: str | None = path_field(
         None,
-        description="Go on with an earlier upgrade (its directory or id): after a dry run, or after resolving "
-        "the conflicts its rebase left in the workspace",
+        description="Go on with an earlier upgrade (its directory or id): after a dry run, after resolving "
+        "the conflicts its rebase left in the workspace, or to --apply what it measured; it keeps the options it "
+        "started with (CPU level, archs, models, smoke settings, tolerance)",
     )
     dry_run: bool = Field(
         False, description="Resolve, rebase and check the recipe against the new tree; build nothing"

@@ -30,7 +30,7 @@ PLOTTED = (
 )
 
 
-def _regressions(smokes: Sequence[ModelComparison], tolerance: float) -> list[str]:
+def regressions(smokes: Sequence[ModelComparison], tolerance: float) -> list[str]:
     reasons = []
     for smoke in smokes:
         if smoke.old_passed and smoke.new_passed is False:
@@ -74,9 +74,9 @@ def decide(
         return "broken", [f"{failure.stage}: {failure.message}", *notes]
     if dry_run:
         return "dry run", notes
-    regressions = _regressions(smokes, tolerance)
-    if regressions:
-        return "regression", regressions + notes
+    found = regressions(smokes, tolerance)
+    if found:
+        return "regression", found + notes
     return "upgrade ok", notes
 
 
@@ -173,7 +173,12 @@ def render_markdown(result: UpgradeResult) -> str:
             f"## Smoke: {smoke.model}",
             "",
             f"Runs: old {smoke.old_run} ({_passed(smoke.old_passed)}), new {smoke.new_run} "
-            f"({_passed(smoke.new_passed)}).",
+            f"({_passed(smoke.new_passed)})."
+            + (
+                " The first pair showed a regression: these are the second pair's runs."
+                if smoke.repeated
+                else ""
+            ),
             "",
         ]
         if smoke.rows:

@@ -85,6 +85,11 @@ class ModelComparison(Result):
         default_factory=empty_list, description="metric, unit, a (old), b (new), ratio, speedup, better"
     )
     compare_dir: str | None = None
+    repeated: bool = Field(
+        False,
+        description="The first pair of runs showed a regression, so both builds were smoked again and these are the "
+        "second pair's runs (a shared machine's noise rarely repeats)",
+    )
 
 
 class FitRow(Result):

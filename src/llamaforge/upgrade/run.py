@@ -7,6 +7,7 @@ conflict goes on with ``resume``, without resolving the source again."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ from llamaforge.core.paths import write_text_atomic
 from llamaforge.core.registry import OperationContext
 from llamaforge.upgrade.apply import _replace_source, apply_upgrade
 from llamaforge.upgrade.models import TINY_MOE_LABEL, upgrade_models
-from llamaforge.upgrade.report import decide, next_step, verdict_exit_code, write_report
+from llamaforge.upgrade.report import decide, next_step, regressions, verdict_exit_code, write_report
 from llamaforge.upgrade.results import (
     BuiltBuild,
     Finding,
@@ -179,6 +180,12 @@ def _start(request: UpgradeRequest, recipe: BuildRecipe, ctx: OperationContext, 
             "new_tree": str(pinned.tree),
             "rebase": rebase.model_dump(mode="json"),
             "seconds": clock.seconds,
+            "options": {
+                "choice": dataclasses.asdict(request.choice),
+                "smoke": request.smoke,
+                "tolerance": request.tolerance,
+                "models": list(request.models),
+            },
         }
     )
     return directory
@@ -214,6 +221,15 @@ def run_upgrade(request: UpgradeRequest, ctx: OperationContext) -> UpgradeResult
         recipe_ref = state["recipe"]
         recipe = load_recipe(recipe_ref)
         clock.seconds.update(state.get("seconds", {}))
+        # The run goes on with the options it started with: the builds and smokes it compares stay comparable.
+        options = state["options"]
+        request = dataclasses.replace(
+            request,
+            choice=BuildChoice(**options["choice"]),
+            smoke=options["smoke"],
+            tolerance=options["tolerance"],
+            models=tuple(options["models"]),
+        )
         _resume_rebase(directory, state, ctx, clock)
     else:
         recipe_ref = request.recipe
@@ -320,7 +336,17 @@ def _build_and_measure(
         with clock.stage("smoke", f"smoking {model.label} on both builds"):
             old = smoke(builds["old"].key, model, request.smoke, ctx, stage="smoke-old")
             new = smoke(builds["new"].key, model, request.smoke, ctx, stage="smoke-new")
-            smokes.append(compare(model, old, new))
+            comparison = compare(model, old, new)
+            if new.failure is None and regressions([comparison], request.tolerance):
+                # A regression must show twice: the second pair, new build first, is the one reported.
+                ctx.reporter(
+                    Event("stage", f"{model.label}: a regression; smoking both again", stage="upgrade:smoke")
+                )
+                new = smoke(builds["new"].key, model, request.smoke, ctx, stage="smoke-new")
+                old = smoke(builds["old"].key, model, request.smoke, ctx, stage="smoke-old")
+                comparison = compare(model, old, new)
+                comparison.repeated = True
+            smokes.append(comparison)
         if new.failure is not None and old.failure is None:
             return new.failure
     tiny = [model for model in models if model.label.startswith("tiny-") or model.label == TINY_MOE_LABEL]
