@@ -31,12 +31,23 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value))
 
 
+# The order the recipe models declare their fields in, which the shipped recipes follow.
+_SOURCE_KEYS = ("kind", "url", "package", "version", "sha256", "subdir", "commit", "build_number", "date")
+
+
 def render_source_table(source: dict[str, Any]) -> list[str]:
-    """The ``[source]`` table's lines, keys in the order the recipe model declares them."""
-    return [
-        "[source]",
-        *(f"{key} = {_toml_value(value)}" for key, value in source.items() if value is not None),
-    ]
+    """The ``[source]`` table's lines, keys in the order the recipe models declare them; the date a TOML date."""
+    lines = ["[source]"]
+    for key in sorted(
+        source, key=lambda k: _SOURCE_KEYS.index(k) if k in _SOURCE_KEYS else len(_SOURCE_KEYS)
+    ):
+        value = source[key]
+        if value is None:
+            continue
+        if key == "date":
+            value = datetime.date.fromisoformat(str(value))
+        lines.append(f"{key} = {_toml_value(value)}")
+    return lines
 
 
 def _replace_source(text: str, source: dict[str, Any], origin: Path) -> str:
