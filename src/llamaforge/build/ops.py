@@ -26,6 +26,8 @@ from llamaforge.core.registry import (
 from llamaforge.core.validation import ImageReference, describe_errors
 
 if TYPE_CHECKING:
+    from llamaforge.build.executors.base import Executor
+    from llamaforge.build.farm.builders import Builder
     from llamaforge.build.plan import BuildOptions, BuildPlan
 
 # --- build -------------------------------------------------------------------------------------------------
@@ -101,6 +103,11 @@ class BuildParams(Params):
     matrix: str | None = path_field(
         None,
         description="Run every build of a matrix (recipes/matrices/NAME.toml or a path), one after another",
+    )
+    builders: str | None = path_field(
+        None,
+        description="With --matrix: fan the builds out in parallel over this builder fleet "
+        "(recipes/builders/NAME.toml or a path; NAME:b1,b2 picks some of its builders)",
     )
     from_manifest: str | None = path_field(
         None, description="Repeat the build recorded in this manifest.json"
@@ -284,14 +291,21 @@ def build_op(params: BuildParams, ctx: OperationContext) -> BuildResult:
     with --matrix, every build of a matrix file, one after another."""
     if params.matrix:
         return _build_matrix(params, ctx)
+    if params.builders:
+        raise InvalidOption("--builders fans out the builds of a matrix", hint="add --matrix NAME")
     return _build_one(params, ctx)
 
 
-def _build_one(params: BuildParams, ctx: OperationContext) -> BuildResult:
+def _build_one(
+    params: BuildParams,
+    ctx: OperationContext,
+    executor: Executor | None = None,
+    builder: dict[str, Any] | None = None,
+) -> BuildResult:
     from llamaforge.build.execute import run_build
 
     plan, options = _plan_from_params(params)
-    executor = make_executor(params.executor, _executor_settings(params))
+    executor = executor or make_executor(params.executor, _executor_settings(params))
     if params.dry_run:
         data = plan.to_json()
         data["cache_key"] = None
@@ -315,6 +329,7 @@ def _build_one(params: BuildParams, ctx: OperationContext) -> BuildResult:
         jobs=params.jobs,
         reporter=ctx.reporter,
         cancel=ctx.cancel,
+        builder=builder,
     )
     output = BuildResult(dry_run=False, build=PublishedBuild.model_validate(result.to_json()))
     if params.check_reproducible:
@@ -335,6 +350,30 @@ def _build_one(params: BuildParams, ctx: OperationContext) -> BuildResult:
     return output
 
 
+def _matrix_row(output: BuildResult) -> dict[str, Any]:
+    """A matrix row's fields from one entry's result."""
+    if output.plan is not None:
+        plan = output.plan
+        return {
+            "result": "planned",
+            "key": plan["cache_key"],
+            "platform": plan["platform"],
+            "backend": plan["backend"],
+            "archs": plan["cuda_architectures"],
+        }
+    assert output.build is not None
+    from llamaforge.build.store import load_manifest
+
+    manifest = load_manifest(output.build.key) or {}
+    return {
+        "result": "cache hit" if output.build.cached else "built",
+        "key": output.build.key,
+        "platform": manifest.get("recipe", {}).get("platform"),
+        "backend": manifest.get("backend"),
+        "archs": manifest.get("cuda_architectures") or [],
+    }
+
+
 def _build_matrix(params: BuildParams, ctx: OperationContext) -> BuildResult:
     from llamaforge.build.matrix import MatrixEntry, MatrixStopped, entry_arguments, load_matrix, run_matrix
     from llamaforge.core.events import Event
@@ -344,36 +383,32 @@ def _build_matrix(params: BuildParams, ctx: OperationContext) -> BuildResult:
             "--matrix runs the builds its file lists", hint="drop --from-manifest / --check-reproducible"
         )
     matrix = load_matrix(params.matrix or "")
+    fleet_name = (params.builders or "").partition(":")[0]
+    shared = {"jobs": params.jobs, "force": params.force, "dry_run": params.dry_run}
 
     def build_one(entry: MatrixEntry) -> dict[str, Any]:
-        shared = {"jobs": params.jobs, "force": params.force, "dry_run": params.dry_run}
         output = _build_one(BuildParams.model_validate({**entry_arguments(matrix, entry), **shared}), ctx)
-        if output.plan is not None:
-            plan = output.plan
-            return {
-                "result": "planned",
-                "key": plan["cache_key"],
-                "platform": plan["platform"],
-                "backend": plan["backend"],
-                "archs": plan["cuda_architectures"],
-            }
-        assert output.build is not None
-        from llamaforge.build.store import load_manifest
+        return _matrix_row(output)
 
-        manifest = load_manifest(output.build.key) or {}
-        return {
-            "result": "cache hit" if output.build.cached else "built",
-            "key": output.build.key,
-            "platform": manifest.get("recipe", {}).get("platform"),
-            "backend": manifest.get("backend"),
-            "archs": manifest.get("cuda_architectures") or [],
-        }
+    def build_on(
+        entry: MatrixEntry, executor: Executor, builder: Builder, sub: OperationContext
+    ) -> dict[str, Any]:
+        # The fleet placed it: its executor is the builder's, whatever the entry would run on by itself.
+        kind = {"executor": "docker" if builder.engine else "ssh", "build_host": None, "ssh_key": None}
+        arguments = {**entry_arguments(matrix, entry), **shared, **kind, "known_hosts": None}
+        where = {"name": builder.name, "address": builder.where, "fleet": fleet_name}
+        return _matrix_row(_build_one(BuildParams.model_validate(arguments), sub, executor, where))
 
     def progress(message: str) -> None:
         ctx.reporter(Event("stage", message, stage="matrix"))
 
     try:
-        rows = run_matrix(matrix, build_one, progress=progress)
+        if params.builders:
+            from llamaforge.build.farm.fanout import fleet_matrix
+
+            rows = fleet_matrix(matrix, params.builders, build_on, ctx)
+        else:
+            rows = run_matrix(matrix, build_one, progress=progress)
     except MatrixStopped as stopped:
         stopped_output = BuildResult(dry_run=params.dry_run, matrix=stopped.rows)
         raise OperationFailed(
