@@ -93,10 +93,10 @@ class FleetRun:
     def report(self, event: Event, prefix: str = "") -> None:
         """Hand ``event`` to the front (one at a time), its message prefixed."""
         message = f"{prefix}: {event.message}" if prefix else event.message
+        # A count (the compile steps) is told apart by its stage: each entry's is its own.
+        stage = f"{prefix} {event.stage}" if prefix and event.kind == "progress" else event.stage
         with self._report_lock:
-            self.ctx.reporter(
-                Event(event.kind, message, event.stage, event.completed, event.total, event.unit)
-            )
+            self.ctx.reporter(Event(event.kind, message, stage, event.completed, event.total, event.unit))
 
     def _needs(self) -> list[_Attempt]:
         attempts = []
