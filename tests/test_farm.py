@@ -290,3 +290,37 @@ platforms = ["linux"]
     assert refused.returncode == 2, refused.stderr
     assert "no builder of local, e2 can build the entry 'metal' (platform macos)" in refused.stderr
     assert "local builds linux, not macos" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_builders_status_asks_an_ssh_build_host_and_refuses_an_unknown_host_key(
+    test_hosts: list[Any], tmp_path: Path, lf_home: Path
+) -> None:
+    from llamaforge.build.farm.ops import BuildersStatusParams, builders_status_op
+    from llamaforge.core.registry import OperationContext
+
+    host = test_hosts[0]
+    known = tmp_path / "known_hosts"
+    known.write_text("\n".join(host.host_key_lines()) + "\n", encoding="utf-8")
+    fleet = tmp_path / "hosts.toml"
+    fleet.write_text(
+        "".join(
+            f"""
+[[builders]]
+name = "{name}"
+build_host = "{host.ssh_host().user}@127.0.0.1:{host.port}"
+ssh_key = "{host.key_file}"
+{f'known_hosts = "{known}"' if name == "known" else ""}
+platforms = ["linux"]
+memory_gib = 3
+"""
+            for name in ("known", "stranger")
+        ),
+        encoding="utf-8",
+    )
+    result = builders_status_op(BuildersStatusParams(builders=str(fleet)), OperationContext())
+    known_state, stranger = result.builders
+    assert known_state.reachable and known_state.version == "SSH build host", known_state
+    assert known_state.system and known_state.system.startswith("Linux x86_64")
+    assert known_state.cores and known_state.cores_probed and known_state.free_disk_gib
+    assert known_state.memory_gib == 3 and not known_state.memory_probed, "the fleet's figure wins"
+    assert not stranger.reachable and stranger.error and "ssh-keyscan" in (stranger.hint or ""), stranger
