@@ -89,9 +89,11 @@ class Recorder:
                 lambda: any(all(part in message for part in parts) for _, message in self.events), timeout
             ), f"no event with {parts}: " + "\n".join(message for _, message in self.events[-30:])
 
-    def span(self, prefix: str) -> tuple[float, float]:
-        times = [when for when, message in self.events if message.startswith(prefix)]
-        return min(times), max(times)
+    def build_span(self, prefix: str) -> tuple[float, float]:
+        """When the entry ``prefix`` names began fetching its source and when it published its build."""
+        start = [when for when, text in self.events if text.startswith(prefix) and "fetching source" in text]
+        end = [when for when, text in self.events if text.startswith(prefix) and "published build" in text]
+        return min(start), max(end)
 
 
 def _run(matrix: Path, fleet: str, recorder: Recorder, cancel: Any = None) -> Any:
@@ -138,20 +140,24 @@ def test_entries_are_placed_by_labels_and_slots_run_at_once_and_name_their_build
         tmp_path / "m.toml",
         nap,
         [
-            {"name": "fast", "labels": ["fast"], "cmake": {"MINI_NAP": "6", "X": "fast"}},
-            {"name": "here", "labels": ["here"], "cmake": {"MINI_NAP": "6", "X": "here"}},
-            {"name": "any", "cmake": {"MINI_NAP": "1", "X": "any"}},
+            {"name": "fast", "labels": ["fast"], "cmake": {"MINI_NAP": "8", "X": "fast"}},
+            {"name": "here", "labels": ["here"], "cmake": {"MINI_NAP": "1", "X": "here"}},
+            {"name": "any1", "cmake": {"MINI_NAP": "8", "X": "any1"}},
+            {"name": "any2", "cmake": {"MINI_NAP": "8", "X": "any2"}},
         ],
     )
     recorder = Recorder()
     result = _run(matrix, str(farm), recorder)
     rows = {row.name: row for row in result.matrix}
-    assert {name: row.result for name, row in rows.items()} == dict.fromkeys(("fast", "here", "any"), "built")
+    assert {row.result for row in rows.values()} == {"built"}, rows
     assert rows["fast"].builder == f"e1 ({extra_engines[0].url})"
     assert rows["here"].builder == f"local ({LOCAL})"
-    assert rows["any"].builder == f"e2 ({extra_engines[1].url})", "the builder with the most free slots"
-    fast, here = recorder.span("fast@e1:"), recorder.span("here@local:")
-    assert fast[0] < here[1] and here[0] < fast[1], "the two builds overlap in time"
+    e2 = f"e2 ({extra_engines[1].url})"
+    assert rows["any1"].builder == rows["any2"].builder == e2, "the builder with free slots (two)"
+    # Each build runs from fetching its source to publishing it (after its engine has the image).
+    fast, any1, any2 = (recorder.build_span(prefix) for prefix in ("fast@e1:", "any1@e2:", "any2@e2:"))
+    assert any1[0] < any2[1] and any2[0] < any1[1], "two builds at once on one engine"
+    assert fast[0] < any1[1] and any1[0] < fast[1], "builds at once on two engines"
     messages = [message for _, message in recorder.events]
     tag = next(
         found.group(1) for text in messages if (found := re.search(r"sending the builder image (\S+)", text))
@@ -168,7 +174,7 @@ def test_entries_are_placed_by_labels_and_slots_run_at_once_and_name_their_build
         )
         assert manifest["builder"]["name"] == row.builder.split()[0]
         keys.add(row.key)
-    assert len(keys) == 3
+    assert len(keys) == 4
     # The image is sent once: a second run finds it on every engine (and every build in the store).
     again = Recorder()
     second = _run(matrix, str(farm), again)
