@@ -148,6 +148,28 @@ def entry_arguments(matrix: Matrix, entry: MatrixEntry) -> dict[str, Any]:
     }
 
 
+def row_fields(plan: dict[str, Any] | None, key: str | None = None, cached: bool = False) -> dict[str, Any]:
+    """A row's fields from one entry's outcome: the plan of a dry run, or the published build ``key``."""
+    if plan is not None:
+        return {
+            "result": "planned",
+            "key": plan["cache_key"],
+            "platform": plan["platform"],
+            "backend": plan["backend"],
+            "archs": plan["cuda_architectures"],
+        }
+    from llamaforge.build.store import load_manifest
+
+    manifest = load_manifest(str(key)) or {}
+    return {
+        "result": "cache hit" if cached else "built",
+        "key": key,
+        "platform": manifest.get("recipe", {}).get("platform"),
+        "backend": manifest.get("backend"),
+        "archs": manifest.get("cuda_architectures") or [],
+    }
+
+
 def _cmake(value: str | int | bool) -> str:
     return ("ON" if value else "OFF") if isinstance(value, bool) else str(value)
 

@@ -116,6 +116,7 @@ class BuildParams(Params):
 
 def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
     from llamaforge.backends.cuda.arch import parse_cuda_archs
+    from llamaforge.build.ca_bundle import choose_bundle
     from llamaforge.build.execute import recipe_from_manifest
     from llamaforge.build.plan import BuildOptions, plan_build
     from llamaforge.build.recipes import load_recipe
@@ -149,7 +150,7 @@ def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
         if not sep or not key:
             raise InvalidOption(f"--cmake {item!r} is not KEY=VALUE", hint="e.g. --cmake GGML_VULKAN=OFF")
         cmake.append((key, value))
-    ca_bundle, ca_from_host = _ca_bundle(params)
+    ca_bundle, ca_from_host = choose_bundle(params.ca_bundle, none=params.no_ca_bundle)
     recipe = load_recipe(params.recipe)
     options = BuildOptions(
         backend=params.backend,
@@ -173,40 +174,6 @@ def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
         # plans the same image.
         options = replace(options, ca_bundle=None, ca_bundle_from_host=None)
     return plan, options
-
-
-def _ca_bundle(params: BuildParams) -> tuple[Path | None, str | None]:
-    """The CA bundle and the host setting that named it (None: given): ``--ca-bundle``, else the host's
-    (:mod:`llamaforge.build.ca_bundle`), none with ``--no-ca-bundle``."""
-    from llamaforge.build.ca_bundle import host_bundle
-
-    if params.no_ca_bundle:
-        if params.ca_bundle:
-            raise InvalidOption(
-                "--ca-bundle and --no-ca-bundle contradict each other", hint="drop one of them"
-            )
-        return None, None
-    if params.ca_bundle:
-        given = Path(params.ca_bundle).expanduser()
-        if not given.is_file():
-            raise InvalidOption(
-                f"CA bundle {given} does not exist", hint="e.g. /etc/ssl/certs/ca-certificates.crt"
-            )
-        return _readable(given.resolve(), "--ca-bundle"), None
-    found = host_bundle()
-    return (_readable(found.path.resolve(), found.origin), found.origin) if found else (None, None)
-
-
-def _readable(bundle: Path, origin: str) -> Path:
-    """``bundle``, once it can be read (the key holds its sha256, the image a copy)."""
-    try:
-        bundle.open("rb").close()
-    except OSError as error:
-        raise InvalidOption(
-            f"CA bundle {bundle} ({origin}) cannot be read: {error.strerror}",
-            hint="make it readable, name another with --ca-bundle PATH, or pass --no-ca-bundle",
-        ) from None
-    return bundle
 
 
 def _toolchain(params: BuildParams, platform: str) -> WindowsToolchain | None:
@@ -352,26 +319,11 @@ def _build_one(
 
 def _matrix_row(output: BuildResult) -> dict[str, Any]:
     """A matrix row's fields from one entry's result."""
-    if output.plan is not None:
-        plan = output.plan
-        return {
-            "result": "planned",
-            "key": plan["cache_key"],
-            "platform": plan["platform"],
-            "backend": plan["backend"],
-            "archs": plan["cuda_architectures"],
-        }
-    assert output.build is not None
-    from llamaforge.build.store import load_manifest
+    from llamaforge.build.matrix import row_fields
 
-    manifest = load_manifest(output.build.key) or {}
-    return {
-        "result": "cache hit" if output.build.cached else "built",
-        "key": output.build.key,
-        "platform": manifest.get("recipe", {}).get("platform"),
-        "backend": manifest.get("backend"),
-        "archs": manifest.get("cuda_architectures") or [],
-    }
+    if output.build is None:
+        return row_fields(output.plan)
+    return row_fields(None, output.build.key, output.build.cached)
 
 
 def _build_matrix(params: BuildParams, ctx: OperationContext) -> BuildResult:
