@@ -24,7 +24,7 @@ from typing import Any
 
 from llamaforge.build.executors.base import Executor
 from llamaforge.build.farm.builders import Builder
-from llamaforge.build.farm.images import FleetDockerExecutor, ImageShipper
+from llamaforge.build.farm.images import ImageShipper, sending_executor
 from llamaforge.build.farm.placement import Need, choose, eligible, refusal
 from llamaforge.build.matrix import Matrix, MatrixEntry, MatrixRow, MatrixStopped
 from llamaforge.core.errors import Cancelled, DockerUnavailable, ExitCode, InvalidOption, LlamaforgeError
@@ -138,11 +138,6 @@ class FleetRun:
                     )
                 )
 
-    def _executor(self, builder: Builder) -> Executor:
-        if builder.engine is not None:
-            return FleetDockerExecutor(builder.engine_config(), builder=builder.name, shipper=self.shipper)
-        return builder.executor()
-
     def _is_lost(self, builder: Builder, error: BaseException) -> LlamaforgeError | None:
         """The error that says ``builder`` is gone, when ``error`` (raised by a build there) means that."""
         said = f"{error} {getattr(error, 'hint', '')} {' '.join(getattr(error, 'tail', None) or [])}"
@@ -166,7 +161,7 @@ class FleetRun:
         unregister = self.ctx.cancel.on_cancel(cancel_child)
         started = time.monotonic()
         outcome = _Outcome(attempt, builder, 0.0)
-        executor = self._executor(builder)
+        executor = sending_executor(builder, self.shipper)
         try:
             sub = OperationContext(reporter=lambda event: self.report(event, prefix), cancel=child)
             outcome.row = self.build_one(attempt.entry, executor, builder, sub)

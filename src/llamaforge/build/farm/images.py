@@ -15,7 +15,9 @@ from collections.abc import Sequence
 from contextlib import suppress
 from pathlib import Path
 
+from llamaforge.build.executors.base import Executor
 from llamaforge.build.executors.docker import DockerExecutor
+from llamaforge.build.farm.builders import Builder
 from llamaforge.build.plan import BuildPlan
 from llamaforge.core.events import Event, Reporter
 from llamaforge.core.paths import home
@@ -127,3 +129,12 @@ class FleetDockerExecutor(DockerExecutor):
         with self.shipper.making(image.tag):
             sent = self.shipper.ensure(image.tag, self.builder, self.engine, reporter)
             return sent or super().prepare_environment(plan, reporter)
+
+
+def sending_executor(builder: Builder, shipper: ImageShipper | None = None) -> Executor:
+    """The executor a build on ``builder`` uses: on an engine, one that is sent the builder image by ``shipper``
+    (default: from this machine's engine) when the engine lacks it; on a build host, the SSH executor."""
+    if builder.engine is None:
+        return builder.executor()
+    shipper = shipper or ImageShipper([("this machine", EngineConfig())])
+    return FleetDockerExecutor(builder.engine_config(), builder=builder.name, shipper=shipper)
