@@ -271,31 +271,6 @@ def save_image(image: str, archive: Path, config: EngineConfig | None = None) ->
     return archive.stat().st_size
 
 
-def load_image(archive: Path, tag: str, image: str, config: EngineConfig | None = None) -> None:
-    """``docker load`` the ``docker save`` archive ``archive`` into the engine (streamed from the file), then make
-    sure ``tag`` names ``image`` (an id) there; ImageError when the engine refuses it or ends up without it."""
-    import docker.errors
-
-    client = docker_client(config)
-    repository, _, version = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "latest")
-    try:
-        with archive.open("rb") as data:
-            for chunk in client.api.load_image(data):
-                if isinstance(chunk, dict) and chunk.get("error"):
-                    raise ImageError(f"the Docker engine could not load {archive.name}: {chunk['error']}")
-        client.api.tag(image, repository, version)
-        loaded = str(client.images.get(tag).id)
-    except docker.errors.APIError as error:
-        raise ImageError(
-            f"the Docker engine could not load {archive.name}: {error.explanation or error}",
-            hint="check its free disk (`invoke builders.status`)",
-        ) from None
-    if loaded != image:
-        raise ImageError(
-            f"the Docker engine loaded {archive.name} but {tag} is {loaded[:19]}, not {image[:19]}"
-        )
-
-
 def build_image(
     context: Path,
     tag: str,

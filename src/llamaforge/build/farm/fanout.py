@@ -178,6 +178,23 @@ class FleetRun:
             outcome.seconds = time.monotonic() - started
             done.put(outcome)
 
+    def _start_what_fits(
+        self, pending: list[_Attempt], running: dict[str, int], done: queue.Queue[_Outcome]
+    ) -> int:
+        """Start every pending entry a builder has a free slot for (in the matrix's order); how many started."""
+        started = 0
+        for attempt in list(pending):
+            builder = choose(attempt.need, self.builders, running, excluded={*self.lost, *attempt.lost})
+            if builder is None:
+                continue
+            pending.remove(attempt)
+            running[builder.name] = running.get(builder.name, 0) + 1
+            started += 1
+            slot = f"{running[builder.name]}/{builder.concurrency}"
+            self.report(Event("stage", f"{attempt.entry.name} → {builder.label()} (slot {slot})", "matrix"))
+            threading.Thread(target=self._work, args=(attempt, builder, done), daemon=True).start()
+        return started
+
     def run(self) -> list[MatrixRow]:
         """Run every entry; the rows in the matrix's order. MatrixStopped when cancelled."""
         pending = self._needs()
@@ -186,45 +203,24 @@ class FleetRun:
         running: dict[str, int] = {}
         active = 0
         done: queue.Queue[_Outcome] = queue.Queue()
-        try:
-            while True:
-                if not self.ctx.cancel.cancelled:
-                    for attempt in list(pending):
-                        builder = choose(
-                            attempt.need, self.builders, running, excluded={*self.lost, *attempt.lost}
-                        )
-                        if builder is None:
-                            continue
-                        pending.remove(attempt)
-                        running[builder.name] = running.get(builder.name, 0) + 1
-                        active += 1
-                        slot = f"{running[builder.name]}/{builder.concurrency}"
-                        self.report(
-                            Event(
-                                "stage", f"{attempt.entry.name} → {builder.label()} (slot {slot})", "matrix"
-                            )
-                        )
-                        threading.Thread(
-                            target=self._work, args=(attempt, builder, done), daemon=True
-                        ).start()
-                if active == 0:
-                    if self.ctx.cancel.cancelled:
-                        break  # what did not start stays "not run"
-                    for attempt in pending:  # nothing runs, so nothing will free a builder for these
-                        rows[attempt.entry.name] = self._stranded(attempt)
-                    pending.clear()
-                    break
-                try:
-                    outcome = done.get(timeout=0.5)
-                except queue.Empty:
-                    continue
-                active -= 1
-                running[outcome.builder.name] -= 1
-                retry = self._settle(outcome, rows)
-                if retry is not None:
-                    pending.append(retry)
-        finally:
-            self.shipper.close()
+        while True:
+            if not self.ctx.cancel.cancelled:
+                active += self._start_what_fits(pending, running, done)
+            if active == 0:
+                if self.ctx.cancel.cancelled:
+                    break  # what did not start stays "not run"
+                for attempt in pending:  # nothing runs, so nothing will free a builder for these
+                    rows[attempt.entry.name] = self._stranded(attempt)
+                break
+            try:
+                outcome = done.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            active -= 1
+            running[outcome.builder.name] -= 1
+            retry = self._settle(outcome, rows)
+            if retry is not None:
+                pending.append(retry)
         ordered = [
             rows.get(entry.name) or MatrixRow(name=entry.name, result="not run")
             for entry in self.matrix.builds

@@ -2,9 +2,9 @@
 machine's first, then the fleet's), never rebuilt there, so every builder builds in the same image and a build's
 key (which holds the image id) is the same whichever builder makes it.
 
-An image is saved once per id to ``$LLAMAFORGE_HOME/images/<id>.tar`` (as the docker deploy target does) and
-loaded from that file into each engine that needs it; one transfer per image and engine runs at a time, and the
-archives are removed when the matrix ends. Only an image no engine has is built, on the builder that needs it.
+An image is saved once per id to ``$LLAMAFORGE_HOME/images/<id>.tar`` (the archives the docker deploy target
+sends; the ones used last stay) and loaded from that file into each engine that needs it; one transfer per image
+and engine runs at a time. Only an image no engine has is built, on the builder that needs it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import threading
 import time
 from collections.abc import Sequence
 from contextlib import suppress
-from pathlib import Path
 
 from llamaforge.build.executors.base import Executor
 from llamaforge.build.executors.docker import DockerExecutor
@@ -21,9 +20,11 @@ from llamaforge.build.farm.builders import Builder
 from llamaforge.build.plan import BuildPlan
 from llamaforge.core.events import Event, Reporter
 from llamaforge.core.paths import home
-from llamaforge.runners.engine import EngineConfig, image_id, load_image, save_image
+from llamaforge.runners.engine import EngineConfig, image_id
+from llamaforge.runners.image_archive import load_image, saved_image
 
 MIB = 1024 * 1024
+KEEP_ARCHIVES = 2  # image archives kept in $LLAMAFORGE_HOME/images, the ones used last (as deploy keeps)
 
 
 class ImageShipper:
@@ -33,7 +34,6 @@ class ImageShipper:
         self.sources = list(sources)
         self._lock = threading.Lock()
         self._locks: dict[str, threading.Lock] = {}
-        self._archives: dict[str, Path] = {}
         self.sent: list[dict[str, object]] = []  # one record per transfer: image, from, to, bytes, seconds
 
     def _lock_for(self, key: str) -> threading.Lock:
@@ -55,15 +55,6 @@ class ImageShipper:
         """The lock held while ``tag`` is built on one engine."""
         return self._lock_for(f"make:{tag}")
 
-    def _archive(self, image: str, source: EngineConfig) -> Path:
-        with self._lock_for(f"save:{image}"):
-            archive = self._archives.get(image)
-            if archive is None or not archive.is_file():
-                archive = home() / "images" / f"{image.removeprefix('sha256:')}.tar"
-                save_image(image, archive, source)
-                self._archives[image] = archive
-            return archive
-
     def ensure(self, tag: str, target_name: str, target: EngineConfig, reporter: Reporter) -> str | None:
         """The id of ``tag`` on ``target`` once it is there: found, or sent from a source that has it; None
         when no source has it (the caller builds it)."""
@@ -76,7 +67,7 @@ class ImageShipper:
                 return None
             source_name, source, image = found
             started = time.monotonic()
-            archive = self._archive(image, source)
+            archive = saved_image(image, home() / "images", keep=KEEP_ARCHIVES, config=source)
             size = archive.stat().st_size
             reporter(
                 Event(
@@ -100,12 +91,6 @@ class ImageShipper:
             )
             reporter(Event("info", f"{target_name} has {tag} now ({seconds:.1f} s)", stage="image"))
             return image
-
-    def close(self) -> None:
-        """Remove the archives this matrix saved."""
-        for archive in self._archives.values():
-            archive.unlink(missing_ok=True)
-        self._archives.clear()
 
 
 class FleetDockerExecutor(DockerExecutor):
