@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from llamaforge.build.executors.base import Executor
 from llamaforge.build.executors.docker import DockerExecutor
 from llamaforge.build.executors.ssh import SshBuildExecutor
 from llamaforge.build.farm import load_fleet
 from llamaforge.build.farm.builders import Builder, fleet_json_schema
+from llamaforge.build.farm.fanout import FleetRun
 from llamaforge.build.farm.placement import Need, choose, eligible, refusal
+from llamaforge.build.matrix import Matrix, MatrixEntry, load_matrix
 from llamaforge.core.errors import InvalidOption, RecipeError
+from llamaforge.core.events import Event
 from llamaforge.core.paths import data_dir
+from llamaforge.core.registry import OperationContext
+from llamaforge.runners.ssh import SshError
 
 SCHEMA = data_dir("recipes") / "schema" / "builder-fleet.schema.json"
 
@@ -160,3 +167,70 @@ def test_placement_follows_platform_toolchain_labels_and_free_slots(tmp_path: Pa
     assert eligible(Need("w", "windows"), [big, mac, small, win]) == [big, win]
     refused = refusal(Need("fast", "linux", ("fast", "gpu")), [small, mac])
     assert refused == "small lacks the label(s) fast, gpu; mac builds macos, not linux"
+
+
+HOSTS = """
+[[builders]]
+name = "a"
+build_host = "u@127.0.0.1:2201"
+platforms = ["linux"]
+concurrency = 2
+
+[[builders]]
+name = "b"
+build_host = "u@127.0.0.1:2202"
+platforms = ["linux"]
+"""
+
+
+def _hosts_matrix(tmp_path: Path, count: int) -> Matrix:
+    entries = "".join(f'[[builds]]\nname = "e{index}"\nplatform = "linux"\n' for index in range(count))
+    return load_matrix(str(write(tmp_path / "m.toml", entries)))
+
+
+def test_a_lost_build_host_is_left_out_and_its_entry_retried_once(tmp_path: Path) -> None:
+    """The scheduling alone, with build hosts (which nothing pings) and a stand-in build: ``a`` drops every
+    connection, so its entries go to ``b``; with ``b`` lost as well, an entry fails after its one retry."""
+    fleet = load_fleet(write(tmp_path / "hosts.toml", HOSTS))
+    calls: list[tuple[str, str]] = []
+    lost = {"a"}
+
+    def build_one(
+        entry: MatrixEntry, executor: Executor, builder: Builder, ctx: OperationContext
+    ) -> dict[str, Any]:
+        calls.append((entry.name, builder.name))
+        ctx.reporter(Event("stage", "building"))
+        if builder.name in lost:
+            raise SshError(f"connection to {builder.name} lost", hint="check the host")
+        return {"result": "built", "key": f"k-{entry.name}"}
+
+    events: list[str] = []
+    ctx = OperationContext(reporter=lambda event: events.append(event.message))
+    rows = FleetRun(_hosts_matrix(tmp_path, 3), fleet.builders, build_one, ctx).run()
+    assert [(row.name, row.result, row.builder, row.lost_builders) for row in rows] == [
+        (f"e{index}", "built", "b (u@127.0.0.1:2202)", ["a"] if (f"e{index}", "a") in calls else None)
+        for index in range(3)
+    ]
+    assert calls[:2] == [("e0", "a"), ("e1", "a")], "a has two slots, b one: a first"
+    assert "e0@a: building" in events and any("builder lost: connection to a lost" in text for text in events)
+
+    lost.add("b")
+    calls.clear()
+    rows = FleetRun(_hosts_matrix(tmp_path, 1), fleet.builders, build_one, ctx).run()
+    assert calls == [("e0", "a"), ("e0", "b")], "tried once more, on the other builder"
+    assert rows[0].result == "failed" and rows[0].lost_builders == ["a", "b"]
+    assert (
+        rows[0].error == "builder b was lost: connection to b lost"
+        and rows[0].exit_code == SshError.exit_code
+    )
+
+
+def test_an_entry_no_builder_can_build_refuses_the_matrix_before_anything_runs(tmp_path: Path) -> None:
+    fleet = load_fleet(write(tmp_path / "hosts.toml", HOSTS))
+    matrix = load_matrix(str(write(tmp_path / "m.toml", '[[builds]]\nname = "metal"\nplatform = "macos"\n')))
+    with pytest.raises(InvalidOption) as caught:
+        FleetRun(matrix, fleet.builders, lambda *args: {}, OperationContext()).run()
+    assert caught.value.message == (
+        "no builder of a, b can build the entry 'metal' (platform macos): a builds linux, not macos; "
+        "b builds linux, not macos"
+    )

@@ -161,8 +161,9 @@ class FleetRun:
         unregister = self.ctx.cancel.on_cancel(cancel_child)
         started = time.monotonic()
         outcome = _Outcome(attempt, builder, 0.0)
-        executor = sending_executor(builder, self.shipper)
+        executor: Executor | None = None
         try:
+            executor = sending_executor(builder, self.shipper)
             sub = OperationContext(reporter=lambda event: self.report(event, prefix), cancel=child)
             outcome.row = self.build_one(attempt.entry, executor, builder, sub)
         except BaseException as error:  # noqa: BLE001 - every failure of a worker thread goes back to the loop
