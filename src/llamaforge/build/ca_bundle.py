@@ -97,3 +97,35 @@ def host_bundle() -> HostBundle | None:
             "--no-ca-bundle to build without one",
         )
     return found
+
+
+def choose_bundle(given: str | None, *, none: bool = False) -> tuple[Path | None, str | None]:
+    """The CA bundle a build uses and the host setting that named it (None: given): ``given`` (``--ca-bundle``),
+    else the host's (:func:`host_bundle`); no bundle with ``none`` (``--no-ca-bundle``)."""
+    if none:
+        if given:
+            raise InvalidOption(
+                "--ca-bundle and --no-ca-bundle contradict each other", hint="drop one of them"
+            )
+        return None, None
+    if given:
+        path = Path(given).expanduser()
+        if not path.is_file():
+            raise InvalidOption(
+                f"CA bundle {path} does not exist", hint="e.g. /etc/ssl/certs/ca-certificates.crt"
+            )
+        return _readable(path.resolve(), GIVEN), None
+    found = host_bundle()
+    return (_readable(found.path.resolve(), found.origin), found.origin) if found else (None, None)
+
+
+def _readable(bundle: Path, origin: str) -> Path:
+    """``bundle``, once it can be read (the key holds its sha256, the image a copy)."""
+    try:
+        bundle.open("rb").close()
+    except OSError as error:
+        raise InvalidOption(
+            f"CA bundle {bundle} ({origin}) cannot be read: {error.strerror}",
+            hint="make it readable, name another with --ca-bundle PATH, or pass --no-ca-bundle",
+        ) from None
+    return bundle

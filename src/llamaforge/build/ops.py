@@ -26,6 +26,8 @@ from llamaforge.core.registry import (
 from llamaforge.core.validation import ImageReference, describe_errors
 
 if TYPE_CHECKING:
+    from llamaforge.build.executors.base import Executor
+    from llamaforge.build.farm.builders import Builder
     from llamaforge.build.plan import BuildOptions, BuildPlan
 
 # --- build -------------------------------------------------------------------------------------------------
@@ -102,6 +104,11 @@ class BuildParams(Params):
         None,
         description="Run every build of a matrix (recipes/matrices/NAME.toml or a path), one after another",
     )
+    builders: str | None = path_field(
+        None,
+        description="With --matrix: fan the builds out in parallel over this builder fleet "
+        "(recipes/builders/NAME.toml or a path; NAME:b1,b2 picks some of its builders)",
+    )
     from_manifest: str | None = path_field(
         None, description="Repeat the build recorded in this manifest.json"
     )
@@ -109,6 +116,7 @@ class BuildParams(Params):
 
 def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
     from llamaforge.backends.cuda.arch import parse_cuda_archs
+    from llamaforge.build.ca_bundle import choose_bundle
     from llamaforge.build.execute import recipe_from_manifest
     from llamaforge.build.plan import BuildOptions, plan_build
     from llamaforge.build.recipes import load_recipe
@@ -142,7 +150,7 @@ def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
         if not sep or not key:
             raise InvalidOption(f"--cmake {item!r} is not KEY=VALUE", hint="e.g. --cmake GGML_VULKAN=OFF")
         cmake.append((key, value))
-    ca_bundle, ca_from_host = _ca_bundle(params)
+    ca_bundle, ca_from_host = choose_bundle(params.ca_bundle, none=params.no_ca_bundle)
     recipe = load_recipe(params.recipe)
     options = BuildOptions(
         backend=params.backend,
@@ -166,40 +174,6 @@ def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
         # plans the same image.
         options = replace(options, ca_bundle=None, ca_bundle_from_host=None)
     return plan, options
-
-
-def _ca_bundle(params: BuildParams) -> tuple[Path | None, str | None]:
-    """The CA bundle and the host setting that named it (None: given): ``--ca-bundle``, else the host's
-    (:mod:`llamaforge.build.ca_bundle`), none with ``--no-ca-bundle``."""
-    from llamaforge.build.ca_bundle import host_bundle
-
-    if params.no_ca_bundle:
-        if params.ca_bundle:
-            raise InvalidOption(
-                "--ca-bundle and --no-ca-bundle contradict each other", hint="drop one of them"
-            )
-        return None, None
-    if params.ca_bundle:
-        given = Path(params.ca_bundle).expanduser()
-        if not given.is_file():
-            raise InvalidOption(
-                f"CA bundle {given} does not exist", hint="e.g. /etc/ssl/certs/ca-certificates.crt"
-            )
-        return _readable(given.resolve(), "--ca-bundle"), None
-    found = host_bundle()
-    return (_readable(found.path.resolve(), found.origin), found.origin) if found else (None, None)
-
-
-def _readable(bundle: Path, origin: str) -> Path:
-    """``bundle``, once it can be read (the key holds its sha256, the image a copy)."""
-    try:
-        bundle.open("rb").close()
-    except OSError as error:
-        raise InvalidOption(
-            f"CA bundle {bundle} ({origin}) cannot be read: {error.strerror}",
-            hint="make it readable, name another with --ca-bundle PATH, or pass --no-ca-bundle",
-        ) from None
-    return bundle
 
 
 def _toolchain(params: BuildParams, platform: str) -> WindowsToolchain | None:
@@ -284,14 +258,21 @@ def build_op(params: BuildParams, ctx: OperationContext) -> BuildResult:
     with --matrix, every build of a matrix file, one after another."""
     if params.matrix:
         return _build_matrix(params, ctx)
+    if params.builders:
+        raise InvalidOption("--builders fans out the builds of a matrix", hint="add --matrix NAME")
     return _build_one(params, ctx)
 
 
-def _build_one(params: BuildParams, ctx: OperationContext) -> BuildResult:
+def _build_one(
+    params: BuildParams,
+    ctx: OperationContext,
+    executor: Executor | None = None,
+    builder: dict[str, Any] | None = None,
+) -> BuildResult:
     from llamaforge.build.execute import run_build
 
     plan, options = _plan_from_params(params)
-    executor = make_executor(params.executor, _executor_settings(params))
+    executor = executor or make_executor(params.executor, _executor_settings(params))
     if params.dry_run:
         data = plan.to_json()
         data["cache_key"] = None
@@ -315,6 +296,7 @@ def _build_one(params: BuildParams, ctx: OperationContext) -> BuildResult:
         jobs=params.jobs,
         reporter=ctx.reporter,
         cancel=ctx.cancel,
+        builder=builder,
     )
     output = BuildResult(dry_run=False, build=PublishedBuild.model_validate(result.to_json()))
     if params.check_reproducible:
@@ -335,6 +317,15 @@ def _build_one(params: BuildParams, ctx: OperationContext) -> BuildResult:
     return output
 
 
+def _matrix_row(output: BuildResult) -> dict[str, Any]:
+    """A matrix row's fields from one entry's result."""
+    from llamaforge.build.matrix import row_fields
+
+    if output.build is None:
+        return row_fields(output.plan)
+    return row_fields(None, output.build.key, output.build.cached)
+
+
 def _build_matrix(params: BuildParams, ctx: OperationContext) -> BuildResult:
     from llamaforge.build.matrix import MatrixEntry, MatrixStopped, entry_arguments, load_matrix, run_matrix
     from llamaforge.core.events import Event
@@ -344,36 +335,32 @@ def _build_matrix(params: BuildParams, ctx: OperationContext) -> BuildResult:
             "--matrix runs the builds its file lists", hint="drop --from-manifest / --check-reproducible"
         )
     matrix = load_matrix(params.matrix or "")
+    fleet_name = (params.builders or "").partition(":")[0]
+    shared = {"jobs": params.jobs, "force": params.force, "dry_run": params.dry_run}
 
     def build_one(entry: MatrixEntry) -> dict[str, Any]:
-        shared = {"jobs": params.jobs, "force": params.force, "dry_run": params.dry_run}
         output = _build_one(BuildParams.model_validate({**entry_arguments(matrix, entry), **shared}), ctx)
-        if output.plan is not None:
-            plan = output.plan
-            return {
-                "result": "planned",
-                "key": plan["cache_key"],
-                "platform": plan["platform"],
-                "backend": plan["backend"],
-                "archs": plan["cuda_architectures"],
-            }
-        assert output.build is not None
-        from llamaforge.build.store import load_manifest
+        return _matrix_row(output)
 
-        manifest = load_manifest(output.build.key) or {}
-        return {
-            "result": "cache hit" if output.build.cached else "built",
-            "key": output.build.key,
-            "platform": manifest.get("recipe", {}).get("platform"),
-            "backend": manifest.get("backend"),
-            "archs": manifest.get("cuda_architectures") or [],
-        }
+    def build_on(
+        entry: MatrixEntry, executor: Executor, builder: Builder, sub: OperationContext
+    ) -> dict[str, Any]:
+        # The fleet placed it: its executor is the builder's, whatever the entry would run on by itself.
+        kind = {"executor": "docker" if builder.engine else "ssh", "build_host": None, "ssh_key": None}
+        arguments = {**entry_arguments(matrix, entry), **shared, **kind, "known_hosts": None}
+        where = {"name": builder.name, "address": builder.where, "fleet": fleet_name}
+        return _matrix_row(_build_one(BuildParams.model_validate(arguments), sub, executor, where))
 
     def progress(message: str) -> None:
         ctx.reporter(Event("stage", message, stage="matrix"))
 
     try:
-        rows = run_matrix(matrix, build_one, progress=progress)
+        if params.builders:
+            from llamaforge.build.farm.fanout import fleet_matrix
+
+            rows = fleet_matrix(matrix, params.builders, build_on, ctx)
+        else:
+            rows = run_matrix(matrix, build_one, progress=progress)
     except MatrixStopped as stopped:
         stopped_output = BuildResult(dry_run=params.dry_run, matrix=stopped.rows)
         raise OperationFailed(

@@ -4,6 +4,7 @@ rest of llamaforge needs (image ids, digests, leftover containers), so no Docker
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,7 @@ class EngineConfig:
 
 
 _CLIENTS: dict[tuple[tuple[str, str], ...], Any] = {}
+_CLIENTS_LOCK = threading.Lock()  # builds on several engines at once ask for clients from several threads
 _DEFAULT_SOCKET_URL = "unix:///var/run/docker.sock"
 _UNAVAILABLE_HINT = (
     "start Docker (e.g. `dockerd &` as root) or set DOCKER_HOST; `invoke doctor` checks the setup; "
@@ -142,6 +144,20 @@ def docker_client(config: EngineConfig | None = None) -> Any:
     address = tuple(sorted(environment.items()))
     if address in _CLIENTS:
         return _CLIENTS[address]
+    with _CLIENTS_LOCK:
+        if address not in _CLIENTS:
+            _CLIENTS[address] = _connect(environment)
+        return _CLIENTS[address]
+
+
+def engine_api(environment: Mapping[str, str], timeout: int) -> Any:
+    """A new (uncached) low-level API client for the engine the DOCKER_* ``environment`` names."""
+    import docker
+
+    return _engine_api()(timeout=timeout, **docker.utils.kwargs_from_env(environment=dict(environment)))
+
+
+def _connect(environment: dict[str, str]) -> Any:
     import docker
     import docker.errors
 
@@ -149,7 +165,7 @@ def docker_client(config: EngineConfig | None = None) -> Any:
     _check_socket(url)  # first: the SDK leaks the socket object of a failed unix connect
     client = None
     try:
-        api = _engine_api()(timeout=600, **docker.utils.kwargs_from_env(environment=environment))
+        api = engine_api(environment, 600)
         client = docker.DockerClient.__new__(docker.DockerClient)  # DockerClient(...) would make its own API
         client.api = api
         client.ping()
@@ -160,7 +176,6 @@ def docker_client(config: EngineConfig | None = None) -> Any:
         raise DockerUnavailable(
             f"cannot reach the Docker engine{where}: {error}", hint=_UNAVAILABLE_HINT
         ) from None
-    _CLIENTS[address] = client
     return client
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import posixpath
 import re
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,7 +49,6 @@ RELEASE_MOUNT = "/release"  # the release inside the container (its api-key)
 HEALTH_INTERVAL_S = 5
 HEALTH_TIMEOUT_S = 5
 HEALTH_RETRIES = 3
-_SAVING = threading.Lock()
 KEEP_ARCHIVES = 2  # image archives kept in $LLAMAFORGE_HOME/images, the ones used last
 
 
@@ -183,24 +181,9 @@ def saved_image(image: ContainerImage) -> Path:
     :data:`KEEP_ARCHIVES` archives used last stay (an archive is a few hundred MB, and it is made again in
     seconds)."""
     from llamaforge.core.paths import home
-    from llamaforge.runners.engine import save_image
+    from llamaforge.runners.image_archive import saved_image as saved
 
-    archive = home() / "images" / f"{image.id.removeprefix('sha256:')}.tar"
-    with _SAVING:  # the hosts of a batch ask at once: one of them saves
-        if archive.is_file():
-            archive.touch()  # used now
-        else:
-            save_image(image.id, archive)
-            for stale in sorted(archive.parent.glob("*.tar"), key=_last_used, reverse=True)[KEEP_ARCHIVES:]:
-                stale.unlink(missing_ok=True)
-    return archive
-
-
-def _last_used(archive: Path) -> float:
-    try:
-        return archive.stat().st_mtime
-    except OSError:  # removed meanwhile by another llamaforge
-        return 0.0
+    return saved(image.id, home() / "images", keep=KEEP_ARCHIVES)
 
 
 @dataclass(frozen=True)
