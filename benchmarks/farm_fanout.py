@@ -12,7 +12,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "src"), str(REPO / "tests")]
 os.environ["LLAMAFORGE_HOME"] = tempfile.mkdtemp(prefix="lf-measure-home-")
-import contextlib
 
 from engines import engines  # noqa: E402 - after the path setup
 from helpers import mini_recipe  # noqa: E402
