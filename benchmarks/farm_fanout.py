@@ -3,6 +3,7 @@ them, a 4-entry mini matrix over the fleet against the same 4 entries one after 
 
 Run: `python benchmarks/farm_fanout.py` (Docker and the base image needed)."""
 
+import contextlib
 import os
 import sys
 import tempfile
