@@ -92,6 +92,15 @@ class BuildParams(Params):
         False,
         description="Record the build host's key if it was never seen (a changed key is always refused)",
     )
+    ccache_remote: str | None = Field(
+        None,
+        description="Remote compiler cache shared by builders (ccache remote_storage): redis://HOST:PORT or "
+        "http(s)://HOST/PATH, no password in it; the build container gets the engine host's network to reach it",
+    )
+    ccache_password_file: str | None = path_field(
+        None,
+        description="File holding the remote compiler cache's password (never in argv, logs or manifests)",
+    )
     jobs: int | None = Field(None, ge=1, description="Parallel compile jobs (default: all cores)")
     force: bool = Field(False, description="Rebuild even when a cached build with the same key exists")
     dry_run: bool = Field(False, description="Only print the plan: rendered files, cmake args, cache key")
@@ -221,7 +230,8 @@ def _toolchain(params: BuildParams, platform: str) -> WindowsToolchain | None:
 
 
 def _executor_settings(params: BuildParams) -> dict[str, str]:
-    """The ssh executor's settings from the build host options (which no other executor takes)."""
+    """The executor's settings: the build host options (--executor ssh), the remote compiler cache
+    (--executor docker)."""
     given = {
         "host": params.build_host,
         "key": params.ssh_key,
@@ -235,7 +245,15 @@ def _executor_settings(params: BuildParams) -> dict[str, str]:
             f"--executor {params.executor}",
             hint="add --executor ssh, or drop them",
         )
-    return settings
+    cache = {"ccache_remote": params.ccache_remote, "ccache_password_file": params.ccache_password_file}
+    cache_settings = {name: value for name, value in cache.items() if value}
+    if cache_settings and params.executor != "docker":
+        raise InvalidOption(
+            f"--ccache-remote and --ccache-password-file are for --executor docker, not --executor "
+            f"{params.executor}",
+            hint="build with --executor docker, or set CCACHE_REMOTE_STORAGE on the build host yourself",
+        )
+    return {**settings, **cache_settings}
 
 
 class PublishedBuild(Result):
@@ -346,7 +364,13 @@ def _build_matrix(params: BuildParams, ctx: OperationContext) -> BuildResult:
     matrix = load_matrix(params.matrix or "")
 
     def build_one(entry: MatrixEntry) -> dict[str, Any]:
-        shared = {"jobs": params.jobs, "force": params.force, "dry_run": params.dry_run}
+        shared = {
+            "jobs": params.jobs,
+            "force": params.force,
+            "dry_run": params.dry_run,
+            "ccache_remote": params.ccache_remote,
+            "ccache_password_file": params.ccache_password_file,
+        }
         output = _build_one(BuildParams.model_validate({**entry_arguments(matrix, entry), **shared}), ctx)
         if output.plan is not None:
             plan = output.plan

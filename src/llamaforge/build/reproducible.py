@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from llamaforge.build.ccache import CCACHE_RECORD
 from llamaforge.build.execute import BuildResult, build_into
 from llamaforge.build.executors.base import Executor
 from llamaforge.build.plan import BuildPlan
@@ -232,7 +233,7 @@ def check_reproducible(
             if (
                 path.is_file()
                 and relative not in result.manifest["artifacts"]
-                and relative != "toolchain.json"
+                and relative not in ("toolchain.json", CCACHE_RECORD)
             ):
                 different.append(
                     ArtifactDiff(
