@@ -26,6 +26,7 @@ from llamaforge.core.registry import (
 from llamaforge.core.validation import ImageReference, describe_errors
 
 if TYPE_CHECKING:
+    from llamaforge.build.executors.base import Executor
     from llamaforge.build.plan import BuildOptions, BuildPlan
 
 # --- build -------------------------------------------------------------------------------------------------
@@ -106,6 +107,15 @@ class BuildParams(Params):
     dry_run: bool = Field(False, description="Only print the plan: rendered files, cmake args, cache key")
     check_reproducible: bool = Field(
         False, description="Rebuild in a fresh container with ccache off and compare every artifact's sha256"
+    )
+    on_builder: str | None = Field(
+        None,
+        description="With --check-reproducible: rebuild on this builder of the --builders fleet instead of the "
+        "engine that built, and compare every artifact",
+    )
+    builders: str | None = path_field(
+        None,
+        description="Builder fleet (recipes/builders/NAME.toml or a path) that --on-builder names a builder of",
     )
     matrix: str | None = path_field(
         None,
@@ -256,6 +266,39 @@ def _executor_settings(params: BuildParams) -> dict[str, str]:
     return {**settings, **cache_settings}
 
 
+def _rebuild_executor(params: BuildParams, executor: Executor) -> tuple[Executor, str | None]:
+    """Where --check-reproducible rebuilds: the build's own executor, or --on-builder's builder of the
+    --builders fleet (and its name for the report), checked before anything is built."""
+    if params.on_builder is None:
+        if params.builders and not params.matrix:
+            raise InvalidOption(
+                "--builders names the fleet that --on-builder (or --matrix) uses",
+                hint="add --check-reproducible --on-builder NAME, or --matrix NAME",
+            )
+        return executor, None
+    if not params.check_reproducible:
+        raise InvalidOption(
+            f"--on-builder {params.on_builder} names where --check-reproducible rebuilds",
+            hint="add --check-reproducible",
+        )
+    if not params.builders:
+        raise InvalidOption(
+            f"--on-builder {params.on_builder} names a builder of a fleet, and no fleet is given",
+            hint="add --builders FLEET (recipes/builders/NAME.toml or a path)",
+        )
+    from llamaforge.build.farm import load_fleet
+
+    builder = load_fleet(params.builders).builder(params.on_builder)
+    rebuild = builder.executor()
+    if rebuild.name != executor.name:
+        raise InvalidOption(
+            f"builder {builder.label()} builds with --executor {rebuild.name}, and this build with --executor "
+            f"{executor.name}: their artifacts would differ by their toolchains, not by the builders",
+            hint=f"pick a builder of the fleet that builds with --executor {executor.name}",
+        )
+    return rebuild, builder.label()
+
+
 class PublishedBuild(Result):
     """A build in the store: built now, or the cached one with the same key."""
 
@@ -275,6 +318,13 @@ class ReproducibilityCheck(Result):
     different: list[dict[str, Any]] = Field(description="Each differing artifact: sha256s, sizes, sections")
     seconds: float
     log: str
+    built_on: str = Field("", description="Where the build was made (engine URL, build host, or builder)")
+    rebuilt_on: str = Field(
+        "", description="Where it was rebuilt: the same engine, or --on-builder's builder"
+    )
+    built_in: str = Field("", description="The build's environment id (its builder image id)")
+    rebuilt_in: str = Field("", description="The rebuild's environment id")
+    note: str | None = Field(None, description="Set when the rebuild ran in another builder image")
 
 
 class BuildResult(Result):
@@ -310,6 +360,7 @@ def _build_one(params: BuildParams, ctx: OperationContext) -> BuildResult:
 
     plan, options = _plan_from_params(params)
     executor = make_executor(params.executor, _executor_settings(params))
+    rebuild, rebuilt_on = _rebuild_executor(params, executor)
     if params.dry_run:
         data = plan.to_json()
         data["cache_key"] = None
@@ -339,7 +390,13 @@ def _build_one(params: BuildParams, ctx: OperationContext) -> BuildResult:
         from llamaforge.build.reproducible import check_reproducible
 
         report = check_reproducible(
-            result, plan, executor=executor, jobs=params.jobs, reporter=ctx.reporter, cancel=ctx.cancel
+            result,
+            plan,
+            executor=rebuild,
+            jobs=params.jobs,
+            reporter=ctx.reporter,
+            cancel=ctx.cancel,
+            rebuilt_on=rebuilt_on,
         )
         output.reproducibility = ReproducibilityCheck.model_validate(report.to_json())
         if not report.reproducible:

@@ -142,12 +142,16 @@ class DockerExecutor(Executor):
                 config=self.engine,
             )
 
+    def location(self) -> str:
+        """The engine's URL (``DOCKER_HOST`` form)."""
+        return self.engine.environment().get("DOCKER_HOST", _LOCAL_ENGINE)
+
     def describe_environment(self, plan: BuildPlan, environment_id: str) -> dict[str, Any]:
         """Executor, engine, base image (tag, id, digest) and builder image (tag, id) for the manifest."""
         image = _builder_image(plan)
         return {
             "executor": self.name,
-            "engine": self.engine.environment().get("DOCKER_HOST", _LOCAL_ENGINE),
+            "engine": self.location(),
             "environment_id": environment_id,
             "base_tag": image.base.tag,
             "base_id": image_id(image.base.tag, self.engine),
