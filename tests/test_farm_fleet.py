@@ -1,0 +1,126 @@
+"""Builder fleets checked without an engine: the file's model, its errors and how each builder is reached."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from llamaforge.build.executors.docker import DockerExecutor
+from llamaforge.build.executors.ssh import SshBuildExecutor
+from llamaforge.build.farm import load_fleet
+from llamaforge.build.farm.builders import fleet_json_schema
+from llamaforge.core.errors import InvalidOption, RecipeError
+from llamaforge.core.paths import data_dir
+
+SCHEMA = data_dir("recipes") / "schema" / "builder-fleet.schema.json"
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_checked_in_fleet_schema_matches_the_model() -> None:
+    # Regenerate:
+    # python -c "from llamaforge.build.farm.builders import fleet_json_schema as s; print(s(), end='')"
+    assert SCHEMA.read_text(encoding="utf-8") == fleet_json_schema()
+
+
+def test_the_example_fleet_loads_and_names_its_builders() -> None:
+    fleet = load_fleet("example")
+    local = fleet.builder("local")
+    assert local.platforms == ["linux", "windows"] and local.concurrency == 1
+    assert local.label() == "local (unix:///var/run/docker.sock)"
+    executor = local.executor()
+    assert isinstance(executor, DockerExecutor)
+    assert executor.engine.url == "unix:///var/run/docker.sock" and executor.engine.tls_verify is False
+    with pytest.raises(InvalidOption) as unknown:
+        fleet.builder("locl")
+    assert "did you mean 'local'" in (unknown.value.hint or "") and "example.toml" in unknown.value.message
+
+
+FLEET = """
+description = "lab"
+[ccache]
+remote_storage = "redis://127.0.0.1:6379"
+password_file = "secret/redis"
+
+[[builders]]
+name = "big"
+engine = "tcp://127.0.0.1:2376"
+tls_verify = true
+cert_path = "certs/big"
+platforms = ["linux", "windows"]
+cores = 32
+labels = ["cuda", "fast"]
+concurrency = 2
+
+[[builders]]
+name = "mac"
+build_host = "builder@127.0.0.1:2222"
+ssh_key = "keys/id"
+known_hosts = "known_hosts"
+platforms = ["macos"]
+"""
+
+
+def test_a_fleet_resolves_paths_next_to_its_file_and_reaches_each_builder(tmp_path: Path) -> None:
+    fleet = load_fleet(write(tmp_path / "lab.toml", FLEET))
+    assert fleet.name == "lab" and fleet.origin.endswith("lab.toml")
+    big, mac = fleet.builders
+    engine = big.engine_config()
+    assert engine.url == "tcp://127.0.0.1:2376" and engine.tls_verify is True
+    assert engine.cert_path == tmp_path / "certs" / "big"
+    assert big.labels == ["cuda", "fast"] and big.concurrency == 2 and big.memory_gib is None
+    host = mac.ssh_host()
+    assert (host.host, host.port, host.user) == ("127.0.0.1", 2222, "builder")
+    assert host.key_file == tmp_path / "keys" / "id" and host.known_hosts == tmp_path / "known_hosts"
+    assert isinstance(mac.executor(), SshBuildExecutor) and mac.label() == "mac (builder@127.0.0.1:2222)"
+    assert fleet.ccache is not None and fleet.ccache.password_file == str(tmp_path / "secret" / "redis")
+    assert [builder.name for builder in fleet.select("mac, big")] == ["big", "mac"]  # the fleet's order
+    assert [builder.name for builder in fleet.select(None)] == ["big", "mac"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message", "hint"),
+    [
+        ('[[builders]]\nname = "a"\nengin = "unix:///x"\nplatforms = ["linux"]\n', "builders.0.engin: unknown key",
+         "did you mean 'engine'"),
+        ('descripton = "x"\n[[builders]]\nname = "a"\nengine = "unix:///x"\nplatforms = ["linux"]\n',
+         "descripton: unknown key", "did you mean 'description'"),
+        ('[[builders]]\nname = "a"\nplatforms = ["linux"]\n', "exactly one of engine", None),
+        ('[[builders]]\nname = "a"\nengine = "unix:///x"\nbuild_host = "u@h:22"\nplatforms = ["linux"]\n',
+         "exactly one of engine", None),
+        ('[[builders]]\nname = "a"\nengine = "http://h:2375"\nplatforms = ["linux"]\n', "not a Docker engine URL",
+         None),
+        ('[[builders]]\nname = "a"\nengine = "unix:///x"\nplatforms = ["linx"]\n', "builders.0.platforms.0", None),
+        ('[[builders]]\nname = "a"\nengine = "tcp://h:2376"\ntls_verify = true\nplatforms = ["linux"]\n',
+         "tls_verify needs cert_path", None),
+        ('[[builders]]\nname = "a"\nengine = "unix:///x"\nplatforms = ["linux"]\nconcurrency = 0\n',
+         "builders.0.concurrency", None),
+        ('[[builders]]\nname = "a"\nengine = "unix:///x"\nplatforms = ["linux"]\n'
+         '[[builders]]\nname = "a"\nengine = "unix:///y"\nplatforms = ["linux"]\n', "given twice: a", None),
+        ('[ccache]\nremote_storage = "redis://:hunter2@127.0.0.1:6379"\n'
+         '[[builders]]\nname = "a"\nengine = "unix:///x"\nplatforms = ["linux"]\n', "holds a password", None),
+        ('[ccache]\nremote_storage = "ftp://h/x"\n'
+         '[[builders]]\nname = "a"\nengine = "unix:///x"\nplatforms = ["linux"]\n', "ccache remote storage URL",
+         None),
+    ],
+)  # fmt: skip
+def test_a_bad_fleet_names_the_file_and_field(
+    tmp_path: Path, text: str, message: str, hint: str | None
+) -> None:
+    path = write(tmp_path / "bad.toml", text)
+    with pytest.raises(RecipeError) as caught:
+        load_fleet(path)
+    assert str(path) in caught.value.message and message in caught.value.message
+    assert "hunter2" not in caught.value.message
+    if hint:
+        assert hint in (caught.value.hint or "")
+
+
+def test_an_unknown_fleet_name_gets_did_you_mean() -> None:
+    with pytest.raises(RecipeError) as caught:
+        load_fleet("exampel")
+    assert "did you mean 'example'" in (caught.value.hint or "")
