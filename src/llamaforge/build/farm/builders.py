@@ -43,6 +43,7 @@ from llamaforge.core.paths import data_dir
 from llamaforge.core.validation import read_toml, recipe_error, suggest
 
 if TYPE_CHECKING:
+    from llamaforge.build.ccache import RemoteCache
     from llamaforge.build.executors.base import Executor
     from llamaforge.runners.engine import EngineConfig
     from llamaforge.runners.ssh.connection import SshHost
@@ -186,13 +187,14 @@ class Builder(_Strict):
             origin=f"builder {self.name}",
         )
 
-    def executor(self) -> Executor:
-        """A DockerExecutor on the builder's engine, or the SSH executor on its build host (connects to nothing
-        yet)."""
+    def executor(self, remote_cache: RemoteCache | None = None) -> Executor:
+        """A DockerExecutor on the builder's engine (its builds use ``remote_cache``, the fleet's shared ccache
+        storage, when given), or the SSH executor on its build host, whose ccache is the host's own
+        configuration (connects to nothing yet)."""
         if self.engine is not None:
             from llamaforge.build.executors.docker import DockerExecutor
 
-            return DockerExecutor(self.engine_config())
+            return DockerExecutor(self.engine_config(), remote_cache)
         from llamaforge.build.executors.ssh import SshBuildExecutor
 
         return SshBuildExecutor(self.ssh_host())
@@ -240,6 +242,19 @@ class BuilderFleet(_Strict):
     def origin(self) -> str:
         """The file the fleet came from."""
         return self._origin or self.name
+
+    def remote_cache(self) -> RemoteCache | None:
+        """The fleet's shared ccache storage, checked (a password in the URL or a password file that cannot be
+        read is an InvalidOption naming the fleet file), or None without a ``[ccache]`` table."""
+        if self.ccache is None:
+            return None
+        from llamaforge.build.ccache import RemoteCache
+
+        return RemoteCache.parse(
+            self.ccache.remote_storage,
+            self.ccache.password_file,
+            origin=f"builder fleet {self.origin}: [ccache]",
+        )
 
     def builder(self, name: str) -> Builder:
         """The builder ``name``; InvalidOption with "did you mean" and the fleet's builders otherwise."""
