@@ -149,13 +149,17 @@ class DockerExecutor(Executor):
     def describe_environment(self, plan: BuildPlan, environment_id: str) -> dict[str, Any]:
         """Executor, engine, base image (tag, id, digest) and builder image (tag, id) for the manifest."""
         image = _builder_image(plan)
+        # An engine the builder image was sent to (a builder of a fleet) may lack the base's tag: the builder
+        # image's id pins the base's layers all the same.
+        base_id = image_id(image.base.tag, self.engine)
         return {
             "executor": self.name,
             "engine": self.location(),
             "environment_id": environment_id,
             "base_tag": image.base.tag,
-            "base_id": image_id(image.base.tag, self.engine),
-            "base_digest": image.base.digest or image_repo_digest(image.base.tag, self.engine),
+            "base_id": base_id,
+            "base_digest": image.base.digest
+            or (image_repo_digest(image.base.tag, self.engine) if base_id else None),
             "builder_tag": image.tag,
             "builder_id": environment_id,
         }
