@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from engines import ExtraEngine
     from testhosts import TestHost
 
 STRICT = os.environ.get("LLAMAFORGE_TEST_STRICT") == "1"
@@ -166,3 +167,21 @@ def test_hosts(docker_engine: object, base_image: str, ssh_client_key: Path) -> 
         raise
     yield list(hosts)
     remove_hosts(hosts)
+
+
+EXTRA_ENGINE_COUNT = 2
+
+
+@pytest.fixture(scope="session")
+def extra_engines(docker_engine: object, base_image: str) -> Iterator[list[ExtraEngine]]:
+    """Two more Docker engines (tcp + TLS on 127.0.0.1, see tests/engines.py), shared by the session; skips, or
+    fails in strict mode, without dockerd, openssl or ip."""
+    import shutil
+
+    from engines import engines
+
+    require(
+        all(shutil.which(tool) for tool in ("dockerd", "openssl", "ip")),
+        "extra engines need dockerd, openssl, ip",
+    )
+    yield from engines(EXTRA_ENGINE_COUNT)

@@ -1,184 +1,40 @@
 """The docker executor on a remote engine, the way users point it at one: DOCKER_HOST=tcp://HOST:2376 with
-DOCKER_TLS_VERIFY and DOCKER_CERT_PATH. The remote engine is a second dockerd started here (its own data root,
-its own bridge, a CA and server/client certificates made with openssl for this test), listening only on
-127.0.0.1 with TLS verification; it gets the base and builder images by `docker save | docker load`, never from a
-registry. The mini project is built there for real and its artifacts come back.
+DOCKER_TLS_VERIFY and DOCKER_CERT_PATH. The remote engine is a second dockerd (its own data root, its own
+bridge, a CA and server/client certificates made with openssl), listening only on 127.0.0.1 with TLS
+verification; it gets the base and builder images by `docker save | docker load`, never from a registry. The
+mini project is built there for real and its artifacts come back.
 
-The second dockerd shares this machine's network namespace, so it gets a bridge of its own (made here, removed
-after): dockerd with ``--bridge none`` deletes the host's ``docker0``, which would cut the first engine's
-containers off the network."""
+The engine is the session's first extra engine (tests/engines.py), shared with the builder-fleet tests."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
 import subprocess
-import tempfile
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from conftest import require
+from engines import ExtraEngine, copy_image
 from helpers import invoke, invoke_json, mini_recipe
 
 pytestmark = pytest.mark.docker
 
 
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+@pytest.fixture
+def remote_engine(extra_engines: list[ExtraEngine]) -> dict[str, str]:
+    """DOCKER_* variables that reach the first extra engine over tcp + TLS on 127.0.0.1 (tests/engines.py)."""
+    return extra_engines[0].env
 
 
-def _certificates(directory: Path) -> tuple[Path, Path]:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate; (server dir, client dir)."""
-    server, client = directory / "server", directory / "client"
-    server.mkdir()
-    client.mkdir()
-    _openssl(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=llamaforge test CA",
-        "-keyout",
-        "ca-key.pem",
-        "-out",
-        "ca.pem",
-        cwd=directory,
-    )
-    for name, where, extension in (
-        ("server", server, "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth"),
-        ("client", client, "extendedKeyUsage=clientAuth"),
-    ):
-        (directory / f"{name}.ext").write_text(extension + "\n")
-        _openssl(
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            f"/CN={name}",
-            "-keyout",
-            str(where / "key.pem"),
-            "-out",
-            f"{name}.csr",
-            cwd=directory,
-        )
-        _openssl(
-            "x509",
-            "-req",
-            "-in",
-            f"{name}.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca-key.pem",
-            "-CAcreateserial",
-            "-days",
-            "1",
-            "-extfile",
-            f"{name}.ext",
-            "-out",
-            str(where / "cert.pem"),
-            cwd=directory,
-        )
-        shutil.copy(directory / "ca.pem", where / "ca.pem")
-    return server, client
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def remote_engine(docker_engine: object, base_image: str) -> Iterator[dict[str, str]]:
-    """DOCKER_* variables that reach the second engine over tcp + TLS on 127.0.0.1 (the engine is stopped and its
-    data removed at the end)."""
-    require(
-        shutil.which("dockerd") is not None and shutil.which("openssl") is not None, "needs dockerd, openssl"
-    )
-    root = Path(tempfile.mkdtemp(prefix="lf-engine-"))
-    server, client = _certificates(root)
-    port = _free_port()
-    had_docker0 = Path("/sys/class/net/docker0").exists()
-    bridge = f"lfbr{port}"
-    subprocess.run(["ip", "link", "add", "name", bridge, "type", "bridge"], check=True)
-    subprocess.run(["ip", "addr", "add", "10.213.0.1/24", "dev", bridge], check=True)
-    log = (root / "dockerd.log").open("w")
-    daemon = subprocess.Popen(
-        [
-            "dockerd",
-            "--data-root",
-            str(root / "data"),
-            "--exec-root",
-            str(root / "exec"),
-            "--pidfile",
-            str(root / "dockerd.pid"),
-            "-H",
-            f"tcp://127.0.0.1:{port}",
-            "--tlsverify",
-            "--tlscacert",
-            str(server / "ca.pem"),
-            "--tlscert",
-            str(server / "cert.pem"),
-            "--tlskey",
-            str(server / "key.pem"),
-            "--bridge",
-            bridge,
-            "--iptables=false",
-            "--ip6tables=false",
-            "--ip-masq=false",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    env = {
-        **os.environ,
-        "DOCKER_HOST": f"tcp://127.0.0.1:{port}",
-        "DOCKER_TLS_VERIFY": "1",
-        "DOCKER_CERT_PATH": str(client),
-    }
-    try:
-        deadline = time.monotonic() + 60
-        while subprocess.run(["docker", "info"], env=env, capture_output=True).returncode != 0:
-            assert daemon.poll() is None and time.monotonic() < deadline, (root / "dockerd.log").read_text()[
-                -2000:
-            ]
-            time.sleep(0.5)
-        yield env
-    finally:
-        daemon.terminate()
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
-        log.close()
-        subprocess.run(["ip", "link", "delete", bridge], check=False)
-        shutil.rmtree(root, ignore_errors=True)
-    assert Path("/sys/class/net/docker0").exists() or not had_docker0, (
-        "the first engine's docker0 must survive"
-    )
-
-
-def _copy_image(tag: str, env: dict[str, str]) -> None:
-    """``docker save TAG`` on the local engine into ``docker load`` on the remote one."""
-    local = {key: value for key, value in os.environ.items() if not key.startswith("DOCKER_")}
-    with subprocess.Popen(["docker", "save", tag], stdout=subprocess.PIPE, env=local) as save:
-        load = subprocess.run(["docker", "load"], stdin=save.stdout, env=env, capture_output=True, text=True)
-    assert save.returncode == 0 and load.returncode == 0, load.stderr
+def _copy_image(tag: str, env: dict[str, str], engines: list[ExtraEngine]) -> None:
+    copy_image(tag, next(engine for engine in engines if engine.url == env["DOCKER_HOST"]))
 
 
 def test_a_build_runs_on_a_remote_engine_over_tls(
-    remote_engine: dict[str, str], base_image: str, tmp_path: Path, lf_home: Path
+    remote_engine: dict[str, str],
+    extra_engines: list[ExtraEngine],
+    base_image: str,
+    tmp_path: Path,
+    lf_home: Path,
 ) -> None:
     from llamaforge.build.executors import make_executor
     from llamaforge.build.plan import plan_build
@@ -189,7 +45,7 @@ def test_a_build_runs_on_a_remote_engine_over_tls(
     assert plan.environment.image is not None
     make_executor("docker").prepare_environment(plan, lambda event: None)  # the builder image, on this engine
     for tag in (base_image, plan.environment.image.tag):
-        _copy_image(tag, remote_engine)
+        _copy_image(tag, remote_engine, extra_engines)
     env = {**remote_engine, "LLAMAFORGE_HOME": str(lf_home)}
     built = invoke_json("build", "--recipe", str(recipe), env=env)["build"]
     binary = Path(built["path"]) / "bin" / "llama-cli"

@@ -152,8 +152,10 @@ def run_build(
     jobs: int | None = None,
     reporter: Reporter = null_reporter,
     cancel: CancelToken | None = None,
+    builder: dict[str, Any] | None = None,
 ) -> BuildResult:
-    """Build ``plan`` with ``executor`` (or return the cached build with the same key without starting a build)."""
+    """Build ``plan`` with ``executor`` (or return the cached build with the same key without starting a build).
+    ``builder`` (a fleet builder's name and address) goes into the manifest as its ``builder``."""
     cancel = cancel or CancelToken()
     started = time.monotonic()
     environment_id = executor.prepare_environment(plan, reporter)
@@ -168,7 +170,9 @@ def run_build(
         if not force and (manifest := load_manifest(key)) is not None:
             reporter(Event("info", f"build {key} was finished by another process", stage="cache"))
             return BuildResult(key, build_dir(key), manifest, cached=True, seconds=time.monotonic() - started)
-        return _build_locked(plan, options, executor, environment_id, key, jobs, reporter, cancel, started)
+        return _build_locked(
+            plan, options, executor, environment_id, key, jobs, reporter, cancel, started, builder
+        )
 
 
 def build_into(
@@ -208,6 +212,7 @@ def _build_locked(
     reporter: Reporter,
     cancel: CancelToken,
     started: float,
+    builder: dict[str, Any] | None = None,
 ) -> BuildResult:
     started_at = _now()
     log_path = home() / "logs" / f"{key}-{datetime.datetime.now(datetime.UTC):%Y%m%dT%H%M%S}.log"
@@ -246,6 +251,7 @@ def _build_locked(
             "cmake_args": list(plan.cmake_args),
             "targets": list(plan.targets),
             "image": executor.describe_environment(plan, environment_id),
+            **({"builder": builder} if builder else {}),
             "toolchain": toolchain,
             **({"ccache": ccache} if ccache is not None else {}),
             "artifacts": artifacts,

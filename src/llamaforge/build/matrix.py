@@ -1,5 +1,6 @@
 """Build matrices: ``recipes/matrices/NAME.toml`` lists builds (platform, backend and archs, each with its own
-executor), ``invoke build --matrix NAME`` runs them one after another. A failed entry is recorded with its error
+executor), ``invoke build --matrix NAME`` runs them one after another (``--builders FLEET`` fans them out over a
+builder fleet instead: :mod:`llamaforge.build.farm`). A failed entry is recorded with its error
 and the next one still runs; each finished build is published with its own manifest as any build is. The paths
 a matrix names (recipe files, patch series, SSH keys, known_hosts files) pass the front's path policy when it is
 read, like the same options given as arguments."""
@@ -18,7 +19,7 @@ from llamaforge.build.recipes import Backend, Platform, WindowsToolchain, resolv
 from llamaforge.core.errors import Cancelled, ExitCode, LlamaforgeError
 from llamaforge.core.guard import check_file_path
 from llamaforge.core.paths import data_dir
-from llamaforge.core.registry import Result, empty_list
+from llamaforge.core.registry import Result, absent, empty_list
 from llamaforge.core.validation import read_toml, recipe_error
 
 # Built when a matrix is first loaded: ``build`` imports this module for its result model, and a single build
@@ -43,6 +44,9 @@ class MatrixEntry(BaseModel):
     no_patches: bool = False
     cmake: dict[str, str | int | bool] = Field(default_factory=dict, description="Extra CMake options")
     executor: str = "docker"
+    labels: list[str] = Field(
+        default_factory=list, description="Labels a builder must carry to run it (with --builders)"
+    )
     build_host: str | None = None
     ssh_key: str | None = None
     known_hosts: str | None = None
@@ -85,6 +89,8 @@ class MatrixRow(Result):
     error: str | None = None
     hint: str | None = None
     exit_code: int = ExitCode.OK
+    builder: str | None = absent("The builder that ran it (with --builders): NAME (engine URL or host)")
+    lost_builders: list[str] | None = absent("Builders lost while it ran there; it was retried elsewhere")
 
 
 def matrix_dir() -> Path:

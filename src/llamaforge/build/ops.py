@@ -27,6 +27,7 @@ from llamaforge.core.validation import ImageReference, describe_errors
 
 if TYPE_CHECKING:
     from llamaforge.build.executors.base import Executor
+    from llamaforge.build.farm.builders import Builder
     from llamaforge.build.plan import BuildOptions, BuildPlan
 
 # --- build -------------------------------------------------------------------------------------------------
@@ -113,13 +114,15 @@ class BuildParams(Params):
         description="With --check-reproducible: rebuild on this builder of the --builders fleet instead of the "
         "engine that built, and compare every artifact",
     )
-    builders: str | None = path_field(
-        None,
-        description="Builder fleet (recipes/builders/NAME.toml or a path) that --on-builder names a builder of",
-    )
     matrix: str | None = path_field(
         None,
         description="Run every build of a matrix (recipes/matrices/NAME.toml or a path), one after another",
+    )
+    builders: str | None = path_field(
+        None,
+        description="With --matrix: fan the builds out in parallel over this builder fleet "
+        "(recipes/builders/NAME.toml or a path; NAME:b1,b2 picks some of its builders); with --on-builder: the "
+        "fleet of that builder",
     )
     from_manifest: str | None = path_field(
         None, description="Repeat the build recorded in this manifest.json"
@@ -270,11 +273,6 @@ def _rebuild_executor(params: BuildParams, executor: Executor) -> tuple[Executor
     """Where --check-reproducible rebuilds: the build's own executor, or --on-builder's builder of the
     --builders fleet (and its name for the report), checked before anything is built."""
     if params.on_builder is None:
-        if params.builders and not params.matrix:
-            raise InvalidOption(
-                "--builders names the fleet that --on-builder (or --matrix) uses",
-                hint="add --check-reproducible --on-builder NAME, or --matrix NAME",
-            )
         return executor, None
     if not params.check_reproducible:
         raise InvalidOption(
@@ -286,17 +284,9 @@ def _rebuild_executor(params: BuildParams, executor: Executor) -> tuple[Executor
             f"--on-builder {params.on_builder} names a builder of a fleet, and no fleet is given",
             hint="add --builders FLEET (recipes/builders/NAME.toml or a path)",
         )
-    from llamaforge.build.farm import load_fleet
+    from llamaforge.build.farm.rebuild import rebuild_executor
 
-    builder = load_fleet(params.builders).builder(params.on_builder)
-    rebuild = builder.executor()
-    if rebuild.name != executor.name:
-        raise InvalidOption(
-            f"builder {builder.label()} builds with --executor {rebuild.name}, and this build with --executor "
-            f"{executor.name}: their artifacts would differ by their toolchains, not by the builders",
-            hint=f"pick a builder of the fleet that builds with --executor {executor.name}",
-        )
-    return rebuild, builder.label()
+    return rebuild_executor(params.builders.partition(":")[0], params.on_builder, executor)
 
 
 class PublishedBuild(Result):
@@ -352,14 +342,29 @@ def build_op(params: BuildParams, ctx: OperationContext) -> BuildResult:
     with --matrix, every build of a matrix file, one after another."""
     if params.matrix:
         return _build_matrix(params, ctx)
+    if params.ccache_password_file and not params.ccache_remote:
+        raise InvalidOption(
+            "--ccache-password-file is the password of a remote compiler cache",
+            hint="add --ccache-remote redis://HOST:PORT, or drop --ccache-password-file",
+        )
+    if params.builders and not params.on_builder:
+        raise InvalidOption(
+            "--builders fans out the builds of a matrix, or names the fleet of --on-builder",
+            hint="add --matrix NAME, or --check-reproducible --on-builder NAME",
+        )
     return _build_one(params, ctx)
 
 
-def _build_one(params: BuildParams, ctx: OperationContext) -> BuildResult:
+def _build_one(
+    params: BuildParams,
+    ctx: OperationContext,
+    executor: Executor | None = None,
+    builder: dict[str, Any] | None = None,
+) -> BuildResult:
     from llamaforge.build.execute import run_build
 
     plan, options = _plan_from_params(params)
-    executor = make_executor(params.executor, _executor_settings(params))
+    executor = executor or make_executor(params.executor, _executor_settings(params))
     rebuild, rebuilt_on = _rebuild_executor(params, executor)
     if params.dry_run:
         data = plan.to_json()
@@ -384,20 +389,24 @@ def _build_one(params: BuildParams, ctx: OperationContext) -> BuildResult:
         jobs=params.jobs,
         reporter=ctx.reporter,
         cancel=ctx.cancel,
+        builder=builder,
     )
     output = BuildResult(dry_run=False, build=PublishedBuild.model_validate(result.to_json()))
     if params.check_reproducible:
         from llamaforge.build.reproducible import check_reproducible
 
-        report = check_reproducible(
-            result,
-            plan,
-            executor=rebuild,
-            jobs=params.jobs,
-            reporter=ctx.reporter,
-            cancel=ctx.cancel,
-            rebuilt_on=rebuilt_on,
-        )
+        try:
+            report = check_reproducible(
+                result,
+                plan,
+                executor=rebuild,
+                jobs=params.jobs,
+                reporter=ctx.reporter,
+                cancel=ctx.cancel,
+                rebuilt_on=rebuilt_on,
+            )
+        finally:
+            rebuild.release()
         output.reproducibility = ReproducibilityCheck.model_validate(report.to_json())
         if not report.reproducible:
             differing = ", ".join(item.path for item in report.different)
@@ -410,6 +419,30 @@ def _build_one(params: BuildParams, ctx: OperationContext) -> BuildResult:
     return output
 
 
+def _matrix_row(output: BuildResult) -> dict[str, Any]:
+    """A matrix row's fields from one entry's result."""
+    if output.plan is not None:
+        plan = output.plan
+        return {
+            "result": "planned",
+            "key": plan["cache_key"],
+            "platform": plan["platform"],
+            "backend": plan["backend"],
+            "archs": plan["cuda_architectures"],
+        }
+    assert output.build is not None
+    from llamaforge.build.store import load_manifest
+
+    manifest = load_manifest(output.build.key) or {}
+    return {
+        "result": "cache hit" if output.build.cached else "built",
+        "key": output.build.key,
+        "platform": manifest.get("recipe", {}).get("platform"),
+        "backend": manifest.get("backend"),
+        "archs": manifest.get("cuda_architectures") or [],
+    }
+
+
 def _build_matrix(params: BuildParams, ctx: OperationContext) -> BuildResult:
     from llamaforge.build.matrix import MatrixEntry, MatrixStopped, entry_arguments, load_matrix, run_matrix
     from llamaforge.core.events import Event
@@ -419,42 +452,41 @@ def _build_matrix(params: BuildParams, ctx: OperationContext) -> BuildResult:
             "--matrix runs the builds its file lists", hint="drop --from-manifest / --check-reproducible"
         )
     matrix = load_matrix(params.matrix or "")
+    fleet_name = (params.builders or "").partition(":")[0]
+    shared = {
+        "jobs": params.jobs,
+        "force": params.force,
+        "dry_run": params.dry_run,
+        "ccache_remote": params.ccache_remote,
+        "ccache_password_file": params.ccache_password_file,
+    }
 
     def build_one(entry: MatrixEntry) -> dict[str, Any]:
-        shared = {
-            "jobs": params.jobs,
-            "force": params.force,
-            "dry_run": params.dry_run,
-            "ccache_remote": params.ccache_remote,
-            "ccache_password_file": params.ccache_password_file,
-        }
         output = _build_one(BuildParams.model_validate({**entry_arguments(matrix, entry), **shared}), ctx)
-        if output.plan is not None:
-            plan = output.plan
-            return {
-                "result": "planned",
-                "key": plan["cache_key"],
-                "platform": plan["platform"],
-                "backend": plan["backend"],
-                "archs": plan["cuda_architectures"],
-            }
-        assert output.build is not None
-        from llamaforge.build.store import load_manifest
+        return _matrix_row(output)
 
-        manifest = load_manifest(output.build.key) or {}
-        return {
-            "result": "cache hit" if output.build.cached else "built",
-            "key": output.build.key,
-            "platform": manifest.get("recipe", {}).get("platform"),
-            "backend": manifest.get("backend"),
-            "archs": manifest.get("cuda_architectures") or [],
-        }
+    def build_on(
+        entry: MatrixEntry, executor: Executor, builder: Builder, sub: OperationContext
+    ) -> dict[str, Any]:
+        # The fleet placed it: its executor is the builder's, whatever the entry would run on by itself.
+        kind = {"executor": "docker" if builder.engine else "ssh", "build_host": None, "ssh_key": None}
+        arguments = {**entry_arguments(matrix, entry), **shared, **kind, "known_hosts": None}
+        where = {"name": builder.name, "address": builder.where, "fleet": fleet_name}
+        return _matrix_row(_build_one(BuildParams.model_validate(arguments), sub, executor, where))
 
     def progress(message: str) -> None:
         ctx.reporter(Event("stage", message, stage="matrix"))
 
     try:
-        rows = run_matrix(matrix, build_one, progress=progress)
+        if params.builders:
+            from llamaforge.build.ccache import RemoteCache
+            from llamaforge.build.farm.fanout import fleet_matrix
+
+            given = params.ccache_remote
+            cache = RemoteCache.parse(given, params.ccache_password_file) if given else None
+            rows = fleet_matrix(matrix, params.builders, build_on, ctx, remote_cache=cache)
+        else:
+            rows = run_matrix(matrix, build_one, progress=progress)
     except MatrixStopped as stopped:
         stopped_output = BuildResult(dry_run=params.dry_run, matrix=stopped.rows)
         raise OperationFailed(

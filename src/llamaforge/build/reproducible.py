@@ -193,6 +193,16 @@ def _check_artifact_names(key: str, names: list[str]) -> None:
             )
 
 
+def _built_on(manifest: dict[str, Any]) -> str:
+    """Where a build was made, as its manifest says: a fleet's builder (``NAME (ADDRESS)``), else the engine,
+    else the executor."""
+    builder = manifest.get("builder")
+    if isinstance(builder, dict) and builder.get("name"):
+        return f"{builder['name']} ({builder.get('address', '?')})"
+    image = manifest.get("image") or {}
+    return str(image.get("engine") or image.get("executor") or "")
+
+
 def check_reproducible(
     result: BuildResult,
     plan: BuildPlan,
@@ -211,7 +221,7 @@ def check_reproducible(
     started = time.monotonic()
     rebuilt_in = executor.prepare_environment(plan, reporter)
     image = result.manifest.get("image") or {}
-    built_on = str(result.manifest.get("builder") or image.get("engine") or image.get("executor") or "")
+    built_on = _built_on(result.manifest)
     stamp = f"{datetime.datetime.now(datetime.UTC):%Y%m%dT%H%M%S}"
     log_path = home() / "logs" / f"{result.key}-reproduce-{stamp}.log"
     scratch = staging_dir(result.key)

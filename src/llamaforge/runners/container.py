@@ -1,4 +1,8 @@
-"""A container with a small surface: ``call``, ``copy_into``, ``write_file``, ``copy_out``; always removed on exit."""
+"""A container with a small surface: ``call``, ``copy_into``, ``write_file``, ``copy_out``; always removed on exit.
+
+An engine that goes away under a running container (its machine stopped, the connection cut) or a container
+removed behind its back raises :class:`EngineLost` from any of them, never the SDK's own exceptions: a caller
+that fans builds out over several engines retries that work elsewhere."""
 
 from __future__ import annotations
 
@@ -6,12 +10,39 @@ import contextlib
 import io
 import tarfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from llamaforge.core.errors import DockerUnavailable
 from llamaforge.runners.engine import LABEL
+
+
+class EngineLost(DockerUnavailable):
+    """The engine stopped answering, or the container vanished, while a container was in use."""
+
+
+@contextlib.contextmanager
+def _engine_errors(what: str, engine: str) -> Iterator[None]:
+    """Turn the SDK's lost-connection and vanished-container errors inside the block into EngineLost."""
+    import docker.errors
+    import requests.exceptions
+    import urllib3.exceptions
+
+    try:
+        yield
+    except docker.errors.NotFound as error:
+        raise EngineLost(
+            f"the container vanished on the Docker engine{engine} while {what}: {error.explanation or error}",
+            hint="something removed it (docker rm, a prune, the engine's restart); run the build again",
+        ) from None
+    except (requests.exceptions.ConnectionError, urllib3.exceptions.HTTPError, OSError) as error:
+        raise EngineLost(
+            f"lost the Docker engine{engine} while {what}: {error}",
+            hint="check that the engine's machine is up and reachable (`invoke builders.status`), then build "
+            "again",
+        ) from None
 
 
 class Container:
@@ -37,7 +68,17 @@ class Container:
         self._container: Any = None
         self._lock = threading.Lock()
 
+    @property
+    def _where(self) -> str:
+        url = str(getattr(self._client.api, "base_url", ""))
+        return f" at {url}" if url and not url.startswith("http+docker://") else ""
+
     def __enter__(self) -> Container:
+        with _engine_errors("starting a container", self._where):
+            self._start()
+        return self
+
+    def _start(self) -> None:
         self._container = self._client.containers.create(
             self._image,
             command=["sleep", "infinity"],
@@ -49,12 +90,15 @@ class Container:
             detach=True,
         )
         self._container.start()
-        return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.remove()
+        if exc is None:
+            self.remove()
+            return
+        with contextlib.suppress(EngineLost):  # the error in flight says more than a failed clean-up
+            self.remove()
 
     @property
     def id(self) -> str:
@@ -62,16 +106,20 @@ class Container:
         return str(self._container.id)
 
     def remove(self) -> None:
-        """Kill and remove the container (idempotent, safe from another thread)."""
+        """Kill and remove the container (idempotent, safe from another thread). An engine that cannot be reached
+        raises EngineLost (and the container counts as gone from here)."""
         import docker.errors
 
         # Holding the lock while removing makes a second caller wait until the container is really gone.
         with self._lock:
             if self._container is None:
                 return
-            with contextlib.suppress(docker.errors.NotFound):
-                self._container.remove(force=True)
-            self._container = None
+            container, self._container = self._container, None
+            with (
+                _engine_errors("removing a container", self._where),
+                contextlib.suppress(docker.errors.NotFound),
+            ):
+                container.remove(force=True)
 
     def call(
         self,
@@ -82,6 +130,16 @@ class Container:
         on_line: Callable[[str], None] | None = None,
     ) -> int:
         """Run ``command``; stream each output line to ``on_line``; return the exit code."""
+        with _engine_errors(f"running {command[0]}", self._where):
+            return self._call(command, environment, workdir, on_line)
+
+    def _call(
+        self,
+        command: Sequence[str],
+        environment: Mapping[str, str] | None,
+        workdir: str | None,
+        on_line: Callable[[str], None] | None,
+    ) -> int:
         api = self._client.api
         exec_id = api.exec_create(
             self.id,
@@ -125,7 +183,8 @@ class Container:
             tar.add(source, arcname=source.name, filter=keep)
         buffer.seek(0)
         self.call(["mkdir", "-p", destination])
-        self._container.put_archive(destination, buffer)
+        with _engine_errors("copying files into the container", self._where):
+            self._container.put_archive(destination, buffer)
 
     def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
         """Write ``data`` to the file ``path`` in the container (its directory is made), owned by root with
@@ -138,12 +197,14 @@ class Container:
             tar.addfile(info, io.BytesIO(data))
         buffer.seek(0)
         self.call(["mkdir", "-p", directory or "/"])
-        self._container.put_archive(directory or "/", buffer)
+        with _engine_errors("writing a file into the container", self._where):
+            self._container.put_archive(directory or "/", buffer)
 
     def copy_out(self, source: str, destination: Path) -> None:
         """Copy the contents of directory ``source`` in the container into the host directory ``destination``."""
-        stream, _ = self._container.get_archive(source)
-        buffer = io.BytesIO(b"".join(stream))
+        with _engine_errors("copying files out of the container", self._where):
+            stream, _ = self._container.get_archive(source)
+            buffer = io.BytesIO(b"".join(stream))
         destination.mkdir(parents=True, exist_ok=True)
         with tarfile.open(fileobj=buffer) as tar:
             for member in tar:

@@ -4,6 +4,7 @@ rest of llamaforge needs (image ids, digests, leftover containers), so no Docker
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,7 @@ class EngineConfig:
 
 
 _CLIENTS: dict[tuple[tuple[str, str], ...], Any] = {}
+_CLIENTS_LOCK = threading.Lock()  # builds on several engines at once ask for clients from several threads
 _DEFAULT_SOCKET_URL = "unix:///var/run/docker.sock"
 _UNAVAILABLE_HINT = (
     "start Docker (e.g. `dockerd &` as root) or set DOCKER_HOST; `invoke doctor` checks the setup; "
@@ -142,6 +144,20 @@ def docker_client(config: EngineConfig | None = None) -> Any:
     address = tuple(sorted(environment.items()))
     if address in _CLIENTS:
         return _CLIENTS[address]
+    with _CLIENTS_LOCK:
+        if address not in _CLIENTS:
+            _CLIENTS[address] = _connect(environment)
+        return _CLIENTS[address]
+
+
+def engine_api(environment: Mapping[str, str], timeout: int) -> Any:
+    """A new (uncached) low-level API client for the engine the DOCKER_* ``environment`` names."""
+    import docker
+
+    return _engine_api()(timeout=timeout, **docker.utils.kwargs_from_env(environment=dict(environment)))
+
+
+def _connect(environment: dict[str, str]) -> Any:
     import docker
     import docker.errors
 
@@ -149,7 +165,7 @@ def docker_client(config: EngineConfig | None = None) -> Any:
     _check_socket(url)  # first: the SDK leaks the socket object of a failed unix connect
     client = None
     try:
-        api = _engine_api()(timeout=600, **docker.utils.kwargs_from_env(environment=environment))
+        api = engine_api(environment, 600)
         client = docker.DockerClient.__new__(docker.DockerClient)  # DockerClient(...) would make its own API
         client.api = api
         client.ping()
@@ -160,7 +176,6 @@ def docker_client(config: EngineConfig | None = None) -> Any:
         raise DockerUnavailable(
             f"cannot reach the Docker engine{where}: {error}", hint=_UNAVAILABLE_HINT
         ) from None
-    _CLIENTS[address] = client
     return client
 
 
@@ -254,6 +269,31 @@ def save_image(image: str, archive: Path, config: EngineConfig | None = None) ->
     finally:
         part.unlink(missing_ok=True)
     return archive.stat().st_size
+
+
+def load_image(archive: Path, tag: str, image: str, config: EngineConfig | None = None) -> None:
+    """``docker load`` the ``docker save`` archive ``archive`` into the engine (streamed from the file), then make
+    sure ``tag`` names ``image`` (an id) there; ImageError when the engine refuses it or ends up without it."""
+    import docker.errors
+
+    client = docker_client(config)
+    repository, _, version = tag.rpartition(":") if ":" in tag.rsplit("/", 1)[-1] else (tag, "", "latest")
+    try:
+        with archive.open("rb") as data:
+            for chunk in client.api.load_image(data):
+                if isinstance(chunk, dict) and chunk.get("error"):
+                    raise ImageError(f"the Docker engine could not load {archive.name}: {chunk['error']}")
+        client.api.tag(image, repository, version)
+        loaded = str(client.images.get(tag).id)
+    except docker.errors.APIError as error:
+        raise ImageError(
+            f"the Docker engine could not load {archive.name}: {error.explanation or error}",
+            hint="check its free disk (`invoke builders.status`)",
+        ) from None
+    if loaded != image:
+        raise ImageError(
+            f"the Docker engine loaded {archive.name} but {tag} is {loaded[:19]}, not {image[:19]}"
+        )
 
 
 def build_image(

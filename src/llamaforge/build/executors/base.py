@@ -129,6 +129,10 @@ class Executor(ABC):
         """Where it builds, for reports and manifests (no secret in it); the default: the executor's name."""
         return self.name
 
+    def release(self) -> None:  # noqa: B027 - a hook whose default is to do nothing
+        """Let go of what the executor keeps once its builds are done (saved image archives); the default keeps
+        nothing."""
+
 
 class HostExecutor(Executor):
     """An executor that builds on a host with its own toolchain (no builder image): the environment id is a
