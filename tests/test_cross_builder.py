@@ -1,8 +1,9 @@
-"""Two real Docker engines (this machine's, and a second dockerd reached over TCP + TLS on 127.0.0.1) and one
-Redis server: the second engine hits in the shared compiler cache what the first one compiled, and
-``--check-reproducible --on-builder far --builders FLEET`` rebuilds the first engine's build on the second one
-with ccache off: bit-identical, with both builders in the report and the manifest. A builder whose builder image
-compiles differently (its ``cc`` adds -O0) is caught, the artifact and its ELF sections named.
+"""Two real Docker engines (this machine's, and a second dockerd of the session's extra engines, reached over
+TCP + TLS on 127.0.0.1) and one Redis server: a matrix fanned out to the second engine with ``--builders`` hits
+in the fleet's shared compiler cache what the first engine compiled, and ``--check-reproducible --on-builder far
+--builders FLEET`` rebuilds the first engine's build on the second one (the builder image sent by id) with ccache
+off: bit-identical, with both builders in the report and the manifest. A builder whose builder image compiles
+differently (its ``cc`` adds -O0) is caught, the artifact and its ELF sections named.
 
 Builder containers that use the remote cache get the engine host's network: both engines here share this
 machine's network namespace, so the Redis port published on 127.0.0.1 is the same address for each."""
@@ -11,40 +12,38 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from engines import ExtraEngine, copy_image
 from helpers import invoke, mini_recipe
 from test_ccache_remote import PASSWORD, PREFIX, _docker, _manifest, redis  # noqa: F401 - the fixture
-from test_remote_engine import _copy_image, remote_engine  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.docker
 
 
 @pytest.fixture(scope="module")
-def far_engine(
-    remote_engine: dict[str, str],  # noqa: F811 - the imported fixture
-    tmp_path_factory: pytest.TempPathFactory,
-) -> dict[str, str]:
-    """The second engine, holding the mini project's builder image (sent by `docker save | docker load`, so its
-    id is the first engine's)."""
-    from llamaforge.build.executors import make_executor
+def far(extra_engines: list[ExtraEngine], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExtraEngine]:
+    """The session's second extra engine, left as it was found: the mini project's builder image and the ccache
+    volumes the tests make there are removed unless it had them."""
     from llamaforge.build.plan import plan_build
     from llamaforge.build.recipes import load_recipe
 
+    engine = extra_engines[-1]
     plan = plan_build(load_recipe(str(mini_recipe(tmp_path_factory.mktemp("plan"), ["llama-cli"]))))
     assert plan.environment.image is not None
-    make_executor("docker").prepare_environment(plan, lambda event: None)
-    _copy_image(plan.environment.image.tag, remote_engine)
-    return {**remote_engine, "BUILDER_TAG": plan.environment.image.tag}
+    had = engine.has_image(plan.environment.image.tag)
+    yield engine
+    engine.docker("volume", "rm", "-f", f"{PREFIX}-far", check=False)
+    if not had:
+        engine.docker("image", "rm", plan.environment.image.tag, check=False)
 
 
 @pytest.fixture
-def fleet(far_engine: dict[str, str], redis: str, tmp_path: Path) -> Path:  # noqa: F811
+def fleet(far: ExtraEngine, redis: str, tmp_path: Path) -> Path:  # noqa: F811
     """A fleet of the two engines sharing the Redis cache (its password in a file beside the fleet file)."""
     (tmp_path / "redis-password").write_text(PASSWORD + "\n", encoding="utf-8")
     path = tmp_path / "pair.toml"
@@ -62,9 +61,9 @@ platforms = ["linux"]
 
 [[builders]]
 name = "far"
-engine = "{far_engine["DOCKER_HOST"]}"
+engine = "{far.url}"
 tls_verify = true
-cert_path = "{far_engine["DOCKER_CERT_PATH"]}"
+cert_path = "{far.client}"
 platforms = ["linux"]
 """,
         encoding="utf-8",
@@ -77,40 +76,47 @@ def _local_env(home: Path) -> dict[str, str]:
     return {**env, "LLAMAFORGE_HOME": str(home)}
 
 
-def test_the_second_engine_hits_what_the_first_compiled(
-    far_engine: dict[str, str], fleet: Path, tmp_path: Path, lf_home: Path
+def test_a_fleet_builder_hits_what_another_engine_compiled(
+    far: ExtraEngine, fleet: Path, tmp_path: Path, lf_home: Path
 ) -> None:
+    """This machine's engine fills the Redis cache (--ccache-remote); then a matrix fanned out to the far builder
+    (--builders FLEET:far) builds the same key there with an empty local cache: its one compilation comes from
+    the fleet's [ccache]."""
     from llamaforge.build.farm import load_fleet
 
     cache = load_fleet(fleet).remote_cache()
     assert cache is not None and cache.password() == PASSWORD
     recipe = mini_recipe(tmp_path, ["llama-cli"])
-    volume = f"{PREFIX}-near"
-    options = ["--cmake", "MINI_CCACHE=ON", "--json", "--ccache-remote", cache.url]
-    options += ["--ccache-password-file", str(cache.password_file)]
+    env = {
+        **_local_env(lf_home),
+        "LLAMAFORGE_CCACHE_VOLUME": f"{PREFIX}-far",
+    }  # a fresh volume on each engine
+    remote = ["--ccache-remote", cache.url, "--ccache-password-file", str(cache.password_file)]
     try:
         near = invoke(
-            "build",
-            "--recipe",
-            str(recipe),
-            *options,
-            env={**_local_env(lf_home), "LLAMAFORGE_CCACHE_VOLUME": volume},
+            "build", "--recipe", str(recipe), "--cmake", "MINI_CCACHE=ON", "--json", *remote, env=env
         )
     finally:
-        _docker("volume", "rm", "-f", volume, check=False)
+        _docker("volume", "rm", "-f", f"{PREFIX}-far", check=False)
     first = _manifest(near)
-    far_env = {**far_engine, "LLAMAFORGE_HOME": str(lf_home), "LLAMAFORGE_CCACHE_VOLUME": volume}
-    far = invoke("build", "--recipe", str(recipe), *options, "--force", env=far_env)
-    subprocess.run(["docker", "volume", "rm", "-f", volume], env=far_engine, capture_output=True, check=False)
-    second = _manifest(far)
-    assert first["key"] == second["key"]
+    matrix = tmp_path / "one.toml"
+    matrix.write_text(f'recipe = "{recipe}"\n\n[[builds]]\nname = "mini"\ncmake = {{ MINI_CCACHE = true }}\n')
+    fanned = invoke(
+        "build", "--matrix", str(matrix), "--builders", f"{fleet}:far", "--force", "--json", env=env
+    )
+    assert fanned.returncode == 0, fanned.stderr[-3000:]
+    (row,) = json.loads(fanned.stdout)["matrix"]
+    assert row["key"] == first["key"] and row["builder"].startswith("far")
+    second = json.loads((lf_home / "builds" / row["key"] / "manifest.json").read_text())
     assert first["image"]["engine"] == "unix:///var/run/docker.sock"  # type: ignore[index]
-    assert second["image"]["engine"] == far_engine["DOCKER_HOST"]  # type: ignore[index]
-    assert second["ccache"]["remote_hits"] == second["ccache"]["calls"] == 1  # type: ignore[index]
+    assert second["image"]["engine"] == far.url and second["builder"]["name"] == "far"
+    assert second["ccache"]["remote_storage"] == cache.url
+    assert second["ccache"]["remote_hits"] == second["ccache"]["calls"] == 1
+    assert PASSWORD not in fanned.stderr + fanned.stdout
 
 
 def test_a_build_rebuilt_on_another_builder_is_bit_identical(
-    far_engine: dict[str, str], fleet: Path, tmp_path: Path, lf_home: Path
+    far: ExtraEngine, fleet: Path, tmp_path: Path, lf_home: Path
 ) -> None:
     recipe = mini_recipe(tmp_path, ["llama-cli"])
     check = ["--check-reproducible", "--on-builder", "far", "--builders", str(fleet), "--json"]
@@ -120,7 +126,7 @@ def test_a_build_rebuilt_on_another_builder_is_bit_identical(
     report = data["reproducibility"]
     assert report["reproducible"] and report["identical"] == ["bin/llama-cli"]
     assert report["built_on"] == "unix:///var/run/docker.sock"
-    assert report["rebuilt_on"] == f"far ({far_engine['DOCKER_HOST']})"
+    assert report["rebuilt_on"] == f"far ({far.url})"
     assert report["built_in"] == report["rebuilt_in"] and report["note"] is None
     manifest = json.loads((Path(data["build"]["path"]) / "manifest.json").read_text())
     (record,) = manifest["reproducibility"]
@@ -129,30 +135,33 @@ def test_a_build_rebuilt_on_another_builder_is_bit_identical(
 
 
 @pytest.fixture
-def skewed_far_engine(far_engine: dict[str, str], tmp_path: Path) -> Iterator[dict[str, str]]:
+def skewed_far(far: ExtraEngine, tmp_path: Path) -> Iterator[ExtraEngine]:
     """The far engine with another image under the builder tag: its ``cc`` compiles at -O0 whatever CMake asks
-    for. The real image is tagged back afterwards."""
-    tag = far_engine["BUILDER_TAG"]
-    inspect = ["docker", "image", "inspect", "-f", "{{.Id}}", tag]
-    original = subprocess.run(
-        inspect, env=far_engine, capture_output=True, text=True, check=True
-    ).stdout.strip()
+    for. The real image is tagged back afterwards and the other one removed."""
+    from llamaforge.build.plan import plan_build
+    from llamaforge.build.recipes import load_recipe
+
+    plan = plan_build(load_recipe(str(mini_recipe(tmp_path, ["llama-cli"]))))
+    assert plan.environment.image is not None
+    tag = plan.environment.image.tag
+    copy_image(tag, far)
+    original = far.docker("image", "inspect", "-f", "{{.Id}}", tag).stdout.strip()
     (tmp_path / "Dockerfile").write_text(
         f"FROM {tag}\n"
         "RUN printf '#!/bin/sh\\nexec gcc \"$@\" -O0\\n' > /usr/local/bin/cc && chmod 755 /usr/local/bin/cc\n",
         encoding="utf-8",
     )
-    subprocess.run(
-        ["docker", "build", "-q", "-t", tag, str(tmp_path)], env=far_engine, capture_output=True, check=True
-    )
+    far.docker("build", "-q", "-t", tag, str(tmp_path))
+    skewed = far.docker("image", "inspect", "-f", "{{.Id}}", tag).stdout.strip()
     try:
-        yield far_engine
+        yield far
     finally:
-        subprocess.run(["docker", "tag", original, tag], env=far_engine, capture_output=True, check=True)
+        far.docker("tag", original, tag)
+        far.docker("image", "rm", skewed, check=False)
 
 
 def test_a_builder_that_compiles_differently_is_caught_with_its_sections(
-    skewed_far_engine: dict[str, str], fleet: Path, tmp_path: Path, lf_home: Path
+    skewed_far: ExtraEngine, fleet: Path, tmp_path: Path, lf_home: Path
 ) -> None:
     recipe = mini_recipe(tmp_path, ["llama-cli"])
     check = ["--check-reproducible", "--on-builder", "far", "--builders", str(fleet), "--json"]
