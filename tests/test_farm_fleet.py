@@ -9,7 +9,8 @@ import pytest
 from llamaforge.build.executors.docker import DockerExecutor
 from llamaforge.build.executors.ssh import SshBuildExecutor
 from llamaforge.build.farm import load_fleet
-from llamaforge.build.farm.builders import fleet_json_schema
+from llamaforge.build.farm.builders import Builder, fleet_json_schema
+from llamaforge.build.farm.placement import Need, choose, eligible, refusal
 from llamaforge.core.errors import InvalidOption, RecipeError
 from llamaforge.core.paths import data_dir
 
@@ -124,3 +125,38 @@ def test_an_unknown_fleet_name_gets_did_you_mean() -> None:
     with pytest.raises(RecipeError) as caught:
         load_fleet("exampel")
     assert "did you mean 'example'" in (caught.value.hint or "")
+
+
+def _builders(tmp_path: Path) -> list[Builder]:
+    return load_fleet(write(tmp_path / "lab.toml", FLEET + PLACEMENT)).builders
+
+
+PLACEMENT = """
+[[builders]]
+name = "small"
+engine = "unix:///var/run/docker.sock"
+platforms = ["linux"]
+cores = 2
+
+[[builders]]
+name = "win"
+build_host = "builder@127.0.0.1:2223"
+platforms = ["windows"]
+"""
+
+
+def test_placement_follows_platform_toolchain_labels_and_free_slots(tmp_path: Path) -> None:
+    big, mac, small, win = _builders(tmp_path)
+    linux = Need("cpu", "linux")
+    assert choose(linux, [big, mac, small, win], {}).name == "big"  # two free slots beat one
+    assert choose(linux, [big, mac, small, win], {"big": 1}).name == "big"  # one each: more cores
+    assert choose(linux, [big, mac, small, win], {"big": 2}).name == "small"  # big is full
+    assert choose(linux, [big, mac, small, win], {"big": 2, "small": 1}) is None  # all busy: wait
+    assert choose(linux, [big, mac, small, win], {}, excluded={"big"}).name == "small"  # lost or tried
+    assert choose(Need("cuda", "linux", ("cuda",)), [small, big], {}).name == "big"
+    assert choose(Need("metal", "macos"), [big, mac, small, win], {}).name == "mac"
+    assert choose(Need("w", "windows", toolchain="msvc"), [big, mac, small, win], {}).name == "win"
+    assert choose(Need("w", "windows", toolchain="mingw"), [big, mac, small, win], {}).name == "big"
+    assert eligible(Need("w", "windows"), [big, mac, small, win]) == [big, win]
+    refused = refusal(Need("fast", "linux", ("fast", "gpu")), [small, mac])
+    assert refused == "small lacks the label(s) fast, gpu; mac builds macos, not linux"

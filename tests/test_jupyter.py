@@ -204,6 +204,7 @@ def test_each_operation_names_its_renderers_which_sit_beside_it() -> None:
     with_html = {name for name, op in operations().items() if op.render_html}
     shown = {
         "build",
+        "builders.status",
         "builds.list",
         "doctor",
         "recipes.list",

@@ -336,7 +336,17 @@ def test_path_fields_are_the_fields_declared_as_paths() -> None:
     assert path_fields(RecipeParams) == ("name",)
     declared = {name: path_fields(op.params) for name, op in operations().items()}
     assert declared == {
-        "build": ("recipe", "patches", "ca_bundle", "ssh_key", "known_hosts", "matrix", "from_manifest"),
+        "build": (
+            "recipe",
+            "patches",
+            "ca_bundle",
+            "ssh_key",
+            "known_hosts",
+            "matrix",
+            "builders",
+            "from_manifest",
+        ),
+        "builders.status": ("builders",),
         "builds.list": (),
         "builds.show": (),
         "deploy": ("inventory", "ssh_key", "known_hosts", "model"),

@@ -76,8 +76,17 @@ def _ca_bundle(plan: dict[str, Any]) -> str:
     return f"{bundle['path']} (from {bundle['from']})" if bundle else "none"
 
 
+def _builder(row: MatrixRow) -> str:
+    """The builder column of a fanned-out matrix: the builder's name, and the builders lost on the way."""
+    name = row.builder.split(" ", 1)[0] if row.builder else "-"
+    return name + (f" (lost: {', '.join(row.lost_builders)})" if row.lost_builders else "")
+
+
 def _matrix_cli(rows: list[MatrixRow], console: Console) -> None:
-    table = Table("build", "key", "platform", "backend", "archs", "time", "result")
+    fanned = any(row.builder or row.lost_builders for row in rows)
+    table = Table(
+        "build", "key", "platform", "backend", "archs", *(["builder"] if fanned else []), "time", "result"
+    )
     for row in rows:
         state = {"failed": "[red]failed[/red]", "not run": "[yellow]not run[/yellow]"}.get(row.result, "")
         table.add_row(
@@ -86,6 +95,7 @@ def _matrix_cli(rows: list[MatrixRow], console: Console) -> None:
             row.platform or "-",
             row.backend or "-",
             ",".join(row.archs) or "-",
+            *([_builder(row)] if fanned else []),
             f"{row.seconds:.1f} s",
             state or f"[green]{row.result}[/green]",
         )
@@ -145,13 +155,14 @@ def build_html(data: BuildResult) -> str:
                 row.platform or "-",
                 row.backend or "-",
                 ",".join(row.archs) or "-",
+                _builder(row),
                 f"{row.seconds:.1f} s",
                 row.result,
                 row.error or "",
             )
             for row in data.matrix
         ]
-        headers = ["build", "key", "platform", "backend", "archs", "time", "result", "error"]
+        headers = ["build", "key", "platform", "backend", "archs", "builder", "time", "result", "error"]
         return html.section("build matrix", html.table(headers, table))
     if data.dry_run:
         plan = data.plan or {}

@@ -71,7 +71,11 @@ class Container:
     @property
     def _where(self) -> str:
         url = str(getattr(self._client.api, "base_url", ""))
-        return f" at {url}" if url and not url.startswith("http+docker://") else ""
+        if not url or url.startswith(
+            "http+docker://"
+        ):  # the SDK's name for a unix socket or an ssh:// engine
+            return ""
+        return " at tcp://" + url.split("://", 1)[-1]
 
     def __enter__(self) -> Container:
         with _engine_errors("starting a container", self._where):

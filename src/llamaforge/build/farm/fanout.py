@@ -5,8 +5,9 @@ the builders have slots, each in a thread of its own.
   matrix, naming why each builder does not qualify; every engine is pinged, and an unreachable one is left out
   (with a warning naming it and why) — its entries go to the others, or fail if no other qualifies.
 * Every event of an entry is prefixed with ``ENTRY@BUILDER:``.
-* A builder lost mid-build (its engine stops answering, its container vanishes, its SSH connection drops) is left
-  out from then on; the entry is retried once on another builder that qualifies, then reported failed.
+* A builder lost mid-build (its engine stops answering, its container vanishes, its SSH connection drops, its disk
+  is full) is left out from then on; the entry is retried once on another builder that qualifies, then reported
+  failed.
 * Cancelling (Ctrl-C) cancels every running entry at once (each removes its container on its own engine) and
   leaves the entries not started ``not run``.
 """
@@ -37,6 +38,7 @@ BuildOne = Callable[[MatrixEntry, Executor, Builder, OperationContext], dict[str
 """Builds one entry with an executor on a builder; returns the row's fields (result, key, platform, …)."""
 
 RETRIES = 1  # how many times an entry lost with its builder is tried on another one
+_DISK_FULL = "no space left on device"  # what the kernel says through docker, tar, cmake and the compilers
 
 
 def entry_need(matrix: Matrix, entry: MatrixEntry) -> Need:
@@ -94,10 +96,10 @@ class FleetRun:
     def report(self, event: Event, prefix: str = "") -> None:
         """Hand ``event`` to the front (one at a time), its message prefixed."""
         message = f"{prefix}: {event.message}" if prefix else event.message
+        # A count (the compile steps) is told apart by its stage: each entry's is its own.
+        stage = f"{prefix} {event.stage}" if prefix and event.kind == "progress" else event.stage
         with self._report_lock:
-            self.ctx.reporter(
-                Event(event.kind, message, event.stage, event.completed, event.total, event.unit)
-            )
+            self.ctx.reporter(Event(event.kind, message, stage, event.completed, event.total, event.unit))
 
     def _needs(self) -> list[_Attempt]:
         attempts = []
@@ -151,6 +153,11 @@ class FleetRun:
 
     def _is_lost(self, builder: Builder, error: BaseException) -> LlamaforgeError | None:
         """The error that says ``builder`` is gone, when ``error`` (raised by a build there) means that."""
+        said = f"{error} {getattr(error, 'hint', '')} {' '.join(getattr(error, 'tail', None) or [])}"
+        if isinstance(error, LlamaforgeError) and _DISK_FULL in said.lower():
+            return LlamaforgeError(
+                f"its disk is full: {error.message}", hint="free space there (docker system prune)"
+            )
         if builder.engine is None:
             return error if isinstance(error, LlamaforgeError) and error.exit_code == ExitCode.SSH else None
         if isinstance(error, DockerUnavailable):
