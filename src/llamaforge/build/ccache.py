@@ -60,33 +60,8 @@ class RemoteCache:
         reads ``redis://SECRET@HOST`` as a password), a readable password file when one is named;
         InvalidOption naming ``origin`` otherwise. The password file is read here and again when a build
         starts."""
-        text = url.strip()
-        if not text or re.search(r"[\s\x00-\x1f]", text):
-            raise InvalidOption(
-                f"{origin} {_hidden(text)!r} is not a remote storage URL (empty, or it holds spaces)",
-                hint=_HINT_FORMS,
-            )
-        base, *attributes = text.split("|")
-        for attribute in attributes:
-            if not _ATTRIBUTE.match(attribute):
-                raise InvalidOption(
-                    f"{origin}: {attribute!r} is not a ccache storage attribute KEY=VALUE",
-                    hint="e.g. redis://HOST:PORT|read-only=true|connect-timeout=500",
-                )
-        parts = _split(base, origin)
         secret_file = Path(password_file).expanduser() if password_file else None
-        if parts.password is not None or (parts.username is not None and secret_file is None):
-            raise InvalidOption(
-                f"{origin} {_hidden(text)} holds a password before '@' (ccache reads redis://SECRET@HOST as "
-                "one); the URL is logged and recorded",
-                hint="put the password in a file and name it with --ccache-password-file (a fleet's "
-                "[ccache] password_file); keep only USER@ in the URL, if the server has users",
-            )
-        if parts.scheme != "redis" and secret_file is not None and parts.username is None:
-            raise InvalidOption(
-                f"{origin} {text}: an HTTP storage's password needs a user name",
-                hint="write the URL as http://USER@HOST/PATH; the password comes from the file",
-            )
+        text = check_storage_url(url, has_password_file=secret_file is not None, origin=origin)
         cache = cls(text, secret_file, origin)
         cache.password()  # a missing, unreadable or empty file is refused before any build starts
         return cache
@@ -156,6 +131,38 @@ class RemoteCache:
             if secret is None
             else sorted({secret, quote(secret, safe=""), self.storage_url()}, key=len)[::-1]
         )
+
+
+def check_storage_url(url: str, *, has_password_file: bool, origin: str = "--ccache-remote") -> str:
+    """``url`` stripped, once it is a storage URL ccache takes (see :meth:`RemoteCache.parse`; ``has_password_file``
+    tells whether a ``USER@`` is a user or, to ccache, a password); InvalidOption naming ``origin`` otherwise."""
+    text = url.strip()
+    if not text or re.search(r"[\s\x00-\x1f]", text):
+        raise InvalidOption(
+            f"{origin} {_hidden(text)!r} is not a remote storage URL (empty, or it holds spaces)",
+            hint=_HINT_FORMS,
+        )
+    base, *attributes = text.split("|")
+    for attribute in attributes:
+        if not _ATTRIBUTE.match(attribute):
+            raise InvalidOption(
+                f"{origin}: {attribute!r} is not a ccache storage attribute KEY=VALUE",
+                hint="e.g. redis://HOST:PORT|read-only=true|connect-timeout=500",
+            )
+    parts = _split(base, origin)
+    if parts.password is not None or (parts.username is not None and not has_password_file):
+        raise InvalidOption(
+            f"{origin} {_hidden(text)} holds a password before '@' (ccache reads redis://SECRET@HOST as "
+            "one); the URL is logged and recorded",
+            hint="put the password in a file and name it with --ccache-password-file (a fleet's "
+            "[ccache] password_file); keep only USER@ in the URL, if the server has users",
+        )
+    if parts.scheme != "redis" and has_password_file and parts.username is None:
+        raise InvalidOption(
+            f"{origin} {text}: an HTTP storage's password needs a user name",
+            hint="write the URL as http://USER@HOST/PATH; the password comes from the file",
+        )
+    return text
 
 
 def _split(base: str, origin: str) -> SplitResult:

@@ -35,6 +35,7 @@ from pydantic import (
     model_validator,
 )
 
+from llamaforge.build.ccache import check_storage_url
 from llamaforge.build.names import PlatformName
 from llamaforge.build.recipes import resolve_named_file
 from llamaforge.core.errors import InvalidOption
@@ -51,7 +52,6 @@ if TYPE_CHECKING:
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:=/-]{0,62}$")
 ENGINE_SCHEMES = ("unix", "tcp", "ssh")
-CCACHE_SCHEMES = ("redis", "rediss", "http", "https")
 
 
 class _Strict(BaseModel):
@@ -208,16 +208,16 @@ class FleetCcache(_Strict):
         None, description="File holding the storage's password (relative to the fleet file)"
     )
 
-    @field_validator("remote_storage")
-    @classmethod
-    def _url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in CCACHE_SCHEMES or not parts.hostname or re.search(r"[\s|]", value):
-            raise ValueError(
-                f"{value!r} is not a ccache remote storage URL: use redis://HOST:PORT or http://HOST/PATH"
+    @model_validator(mode="after")
+    def _url(self) -> FleetCcache:
+        # The one check of a storage URL (build/ccache.py): the same for --ccache-remote and a fleet.
+        try:
+            check_storage_url(
+                self.remote_storage, has_password_file=self.password_file is not None, origin="remote_storage"
             )
-        _no_password(value, "remote_storage")
-        return value
+        except InvalidOption as error:
+            raise ValueError(f"{error.message} ({error.hint})") from None
+        return self
 
 
 class BuilderFleet(_Strict):
