@@ -262,6 +262,11 @@ class CacheStats:
 
 PROBE_SCRIPT = r"""
 set -u
+compiler=""
+for candidate in cc gcc x86_64-w64-mingw32-gcc; do
+  if command -v "$candidate" >/dev/null; then compiler="$candidate"; break; fi
+done
+if [ -z "$compiler" ]; then echo "llamaforge-probe: no compiler"; exit 0; fi
 printf 'int llamaforge_ccache_probe;\n' > /tmp/llamaforge-ccache-probe.c
 if timeout 5 bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$1" "$2" 2>/dev/null; then
   echo "llamaforge-probe: connected"
@@ -269,12 +274,13 @@ else
   echo "llamaforge-probe: no connection"
 fi
 CCACHE_REMOTE_ONLY=1 CCACHE_STATSLOG=/tmp/llamaforge-ccache-probe.stats \
-  ccache cc -c /tmp/llamaforge-ccache-probe.c -o /tmp/llamaforge-ccache-probe.o || exit $?
+  ccache "$compiler" -c /tmp/llamaforge-ccache-probe.c -o /tmp/llamaforge-ccache-probe.o || exit $?
 cat /tmp/llamaforge-ccache-probe.stats
 """
 """Run in the build container before the build with the storage's host and port: one compilation through
-ccache with only the remote storage (it leaves the local cache alone), and a plain TCP connection to tell an
-unreachable storage from one that refuses the password."""
+ccache with only the remote storage (it leaves the local cache alone) by the image's C compiler (the mingw image
+has only the cross compiler), and a plain TCP connection to tell an unreachable storage from one that refuses the
+password."""
 
 
 def probe_command(cache: RemoteCache) -> list[str]:
