@@ -71,6 +71,13 @@ def test_a_bad_url_is_refused_without_showing_a_password(url: str, words: str) -
     assert "--ccache-remote" in info.value.message
 
 
+def test_a_cloud_metadata_address_is_refused_as_any_url_is() -> None:
+    from llamaforge.core.errors import PolicyRefused
+
+    with pytest.raises(PolicyRefused, match="link-local or cloud-metadata"):
+        RemoteCache.parse("redis://169.254.169.254:6379")
+
+
 def test_a_password_file_that_cannot_serve_is_refused_naming_it(tmp_path: Path) -> None:
     missing = tmp_path / "nope"
     with pytest.raises(InvalidOption, match=f"password file {missing} does not exist"):

@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import SplitResult, quote, urlsplit
 
 from llamaforge.core.errors import InvalidOption
+from llamaforge.core.guard import check_file_path, check_url
 
 SCHEMES = ("redis", "http", "https")
 # What the builder's ccache reads: the system configuration file of a Debian ccache.
@@ -62,6 +63,10 @@ class RemoteCache:
         starts."""
         secret_file = Path(password_file).expanduser() if password_file else None
         text = check_storage_url(url, has_password_file=secret_file is not None, origin=origin)
+        # The front's URL policy: an allow-list of hosts (MCP), never a link-local or cloud-metadata address.
+        check_url(text.split("|")[0], what=origin)
+        if secret_file is not None:
+            check_file_path(f"{origin}: password file", secret_file.absolute())
         cache = cls(text, secret_file, origin)
         cache.password()  # a missing, unreadable or empty file is refused before any build starts
         return cache
