@@ -72,7 +72,7 @@ def test_a_bad_url_is_refused_without_showing_a_password(url: str, words: str) -
 
 
 def test_a_cloud_metadata_address_is_refused_as_any_url_is() -> None:
-    from llamaforge.core.errors import PolicyRefused
+    from llamaforge.core.guard import PolicyRefused
 
     with pytest.raises(PolicyRefused, match="link-local or cloud-metadata"):
         RemoteCache.parse("redis://169.254.169.254:6379")
