@@ -59,6 +59,9 @@ class RecordingExecutor:
     def describe_environment(self, plan: BuildPlan, environment_id: str) -> dict[str, Any]:
         return {"executor": self.name, "environment_id": environment_id}
 
+    def location(self) -> str:
+        return "fake engine"
+
     def run(self, request: RunRequest) -> None:
         self.requests.append(request)
         source = (request.source_tree / "main.c").read_text(encoding="utf-8")

@@ -111,8 +111,10 @@ def test_a_fleet_resolves_paths_next_to_its_file_and_reaches_each_builder(tmp_pa
          '[[builders]]\nname = "a"\nengine = "unix:///y"\nplatforms = ["linux"]\n', "given twice: a", None),
         ('[ccache]\nremote_storage = "redis://:hunter2@127.0.0.1:6379"\n'
          '[[builders]]\nname = "a"\nengine = "unix:///x"\nplatforms = ["linux"]\n', "holds a password", None),
+        ('[ccache]\nremote_storage = "redis://hunter2@127.0.0.1:6379"\n'
+         '[[builders]]\nname = "a"\nengine = "unix:///x"\nplatforms = ["linux"]\n', "holds a password", None),
         ('[ccache]\nremote_storage = "ftp://h/x"\n'
-         '[[builders]]\nname = "a"\nengine = "unix:///x"\nplatforms = ["linux"]\n', "ccache remote storage URL",
+         '[[builders]]\nname = "a"\nengine = "unix:///x"\nplatforms = ["linux"]\n', "scheme 'ftp' is not one",
          None),
     ],
 )  # fmt: skip

@@ -343,6 +343,7 @@ def test_path_fields_are_the_fields_declared_as_paths() -> None:
             "ca_bundle",
             "ssh_key",
             "known_hosts",
+            "ccache_password_file",
             "matrix",
             "builders",
             "from_manifest",

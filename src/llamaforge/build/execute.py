@@ -11,6 +11,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from llamaforge.backends import get_backend
+from llamaforge.build.ccache import CCACHE_RECORD
 from llamaforge.build.executors.base import Executor, LogSink, RunRequest
 from llamaforge.build.patches import apply_series, series_dir
 from llamaforge.build.plan import BuildOptions, BuildPlan
@@ -125,7 +126,7 @@ def _collect_artifacts(plan: BuildPlan, out: Path) -> dict[str, dict[str, Any]]:
                 tail=[],
                 hint="check that every recipe target is an executable that lands in build/bin",
             )
-    records = (TOOLCHAIN_RECORD, *get_backend(plan.backend).records())
+    records = (TOOLCHAIN_RECORD, CCACHE_RECORD, *get_backend(plan.backend).records())
     artifacts: dict[str, dict[str, Any]] = {}
     for path in sorted(out.rglob("*")):
         relative = path.relative_to(out).as_posix()
@@ -228,6 +229,8 @@ def _build_locked(
             (out / relative).replace(target)
         toolchain_file = out / TOOLCHAIN_RECORD
         toolchain = json.loads(toolchain_file.read_text(encoding="utf-8")) if toolchain_file.is_file() else {}
+        ccache_file = out / CCACHE_RECORD  # what ccache did (the docker executor's; no input of the key)
+        ccache = json.loads(ccache_file.read_text(encoding="utf-8")) if ccache_file.is_file() else None
         shutil.rmtree(out)
         if plan.environment.image is not None:
             (staging / "Dockerfile").write_text(plan.environment.image.dockerfile, encoding="utf-8")
@@ -250,6 +253,7 @@ def _build_locked(
             "image": executor.describe_environment(plan, environment_id),
             **({"builder": builder} if builder else {}),
             "toolchain": toolchain,
+            **({"ccache": ccache} if ccache is not None else {}),
             "artifacts": artifacts,
             **checked,
             "source_date_epoch": plan.source_date_epoch,

@@ -94,11 +94,25 @@ class BuildParams(Params):
         False,
         description="Record the build host's key if it was never seen (a changed key is always refused)",
     )
+    ccache_remote: str | None = Field(
+        None,
+        description="Remote compiler cache shared by builders (ccache remote_storage): redis://HOST:PORT or "
+        "http(s)://HOST/PATH, no password in it; the build container gets the engine host's network to reach it",
+    )
+    ccache_password_file: str | None = path_field(
+        None,
+        description="File holding the remote compiler cache's password (never in argv, logs or manifests)",
+    )
     jobs: int | None = Field(None, ge=1, description="Parallel compile jobs (default: all cores)")
     force: bool = Field(False, description="Rebuild even when a cached build with the same key exists")
     dry_run: bool = Field(False, description="Only print the plan: rendered files, cmake args, cache key")
     check_reproducible: bool = Field(
         False, description="Rebuild in a fresh container with ccache off and compare every artifact's sha256"
+    )
+    on_builder: str | None = Field(
+        None,
+        description="With --check-reproducible: rebuild on this builder of the --builders fleet instead of the "
+        "engine that built, and compare every artifact",
     )
     matrix: str | None = path_field(
         None,
@@ -107,7 +121,8 @@ class BuildParams(Params):
     builders: str | None = path_field(
         None,
         description="With --matrix: fan the builds out in parallel over this builder fleet "
-        "(recipes/builders/NAME.toml or a path; NAME:b1,b2 picks some of its builders)",
+        "(recipes/builders/NAME.toml or a path; NAME:b1,b2 picks some of its builders); with --on-builder: the "
+        "fleet of that builder",
     )
     from_manifest: str | None = path_field(
         None, description="Repeat the build recorded in this manifest.json"
@@ -195,7 +210,8 @@ def _toolchain(params: BuildParams, platform: str) -> WindowsToolchain | None:
 
 
 def _executor_settings(params: BuildParams) -> dict[str, str]:
-    """The ssh executor's settings from the build host options (which no other executor takes)."""
+    """The executor's settings: the build host options (--executor ssh), the remote compiler cache
+    (--executor docker)."""
     given = {
         "host": params.build_host,
         "key": params.ssh_key,
@@ -209,7 +225,35 @@ def _executor_settings(params: BuildParams) -> dict[str, str]:
             f"--executor {params.executor}",
             hint="add --executor ssh, or drop them",
         )
-    return settings
+    cache = {"ccache_remote": params.ccache_remote, "ccache_password_file": params.ccache_password_file}
+    cache_settings = {name: value for name, value in cache.items() if value}
+    if cache_settings and params.executor != "docker":
+        raise InvalidOption(
+            f"--ccache-remote and --ccache-password-file are for --executor docker, not --executor "
+            f"{params.executor}",
+            hint="build with --executor docker, or set CCACHE_REMOTE_STORAGE on the build host yourself",
+        )
+    return {**settings, **cache_settings}
+
+
+def _rebuild_executor(params: BuildParams, executor: Executor) -> tuple[Executor, str | None]:
+    """Where --check-reproducible rebuilds: the build's own executor, or --on-builder's builder of the
+    --builders fleet (and its name for the report), checked before anything is built."""
+    if params.on_builder is None:
+        return executor, None
+    if not params.check_reproducible:
+        raise InvalidOption(
+            f"--on-builder {params.on_builder} names where --check-reproducible rebuilds",
+            hint="add --check-reproducible",
+        )
+    if not params.builders:
+        raise InvalidOption(
+            f"--on-builder {params.on_builder} names a builder of a fleet, and no fleet is given",
+            hint="add --builders FLEET (recipes/builders/NAME.toml or a path)",
+        )
+    from llamaforge.build.farm.rebuild import rebuild_executor
+
+    return rebuild_executor(params.builders.partition(":")[0], params.on_builder, executor)
 
 
 class PublishedBuild(Result):
@@ -231,6 +275,13 @@ class ReproducibilityCheck(Result):
     different: list[dict[str, Any]] = Field(description="Each differing artifact: sha256s, sizes, sections")
     seconds: float
     log: str
+    built_on: str = Field("", description="Where the build was made (engine URL, build host, or builder)")
+    rebuilt_on: str = Field(
+        "", description="Where it was rebuilt: the same engine, or --on-builder's builder"
+    )
+    built_in: str = Field("", description="The build's environment id (its builder image id)")
+    rebuilt_in: str = Field("", description="The rebuild's environment id")
+    note: str | None = Field(None, description="Set when the rebuild ran in another builder image")
 
 
 class BuildResult(Result):
@@ -258,8 +309,16 @@ def build_op(params: BuildParams, ctx: OperationContext) -> BuildResult:
     with --matrix, every build of a matrix file, one after another."""
     if params.matrix:
         return _build_matrix(params, ctx)
-    if params.builders:
-        raise InvalidOption("--builders fans out the builds of a matrix", hint="add --matrix NAME")
+    if params.ccache_password_file and not params.ccache_remote:
+        raise InvalidOption(
+            "--ccache-password-file is the password of a remote compiler cache",
+            hint="add --ccache-remote redis://HOST:PORT, or drop --ccache-password-file",
+        )
+    if params.builders and not params.on_builder:
+        raise InvalidOption(
+            "--builders fans out the builds of a matrix, or names the fleet of --on-builder",
+            hint="add --matrix NAME, or --check-reproducible --on-builder NAME",
+        )
     return _build_one(params, ctx)
 
 
@@ -273,6 +332,7 @@ def _build_one(
 
     plan, options = _plan_from_params(params)
     executor = executor or make_executor(params.executor, _executor_settings(params))
+    rebuild, rebuilt_on = _rebuild_executor(params, executor)
     if params.dry_run:
         data = plan.to_json()
         data["cache_key"] = None
@@ -303,7 +363,13 @@ def _build_one(
         from llamaforge.build.reproducible import check_reproducible
 
         report = check_reproducible(
-            result, plan, executor=executor, jobs=params.jobs, reporter=ctx.reporter, cancel=ctx.cancel
+            result,
+            plan,
+            executor=rebuild,
+            jobs=params.jobs,
+            reporter=ctx.reporter,
+            cancel=ctx.cancel,
+            rebuilt_on=rebuilt_on,
         )
         output.reproducibility = ReproducibilityCheck.model_validate(report.to_json())
         if not report.reproducible:
@@ -336,7 +402,13 @@ def _build_matrix(params: BuildParams, ctx: OperationContext) -> BuildResult:
         )
     matrix = load_matrix(params.matrix or "")
     fleet_name = (params.builders or "").partition(":")[0]
-    shared = {"jobs": params.jobs, "force": params.force, "dry_run": params.dry_run}
+    shared = {
+        "jobs": params.jobs,
+        "force": params.force,
+        "dry_run": params.dry_run,
+        "ccache_remote": params.ccache_remote,
+        "ccache_password_file": params.ccache_password_file,
+    }
 
     def build_one(entry: MatrixEntry) -> dict[str, Any]:
         output = _build_one(BuildParams.model_validate({**entry_arguments(matrix, entry), **shared}), ctx)
@@ -356,9 +428,12 @@ def _build_matrix(params: BuildParams, ctx: OperationContext) -> BuildResult:
 
     try:
         if params.builders:
+            from llamaforge.build.ccache import RemoteCache
             from llamaforge.build.farm.fanout import fleet_matrix
 
-            rows = fleet_matrix(matrix, params.builders, build_on, ctx)
+            given = params.ccache_remote
+            cache = RemoteCache.parse(given, params.ccache_password_file) if given else None
+            rows = fleet_matrix(matrix, params.builders, build_on, ctx, remote_cache=cache)
         else:
             rows = run_matrix(matrix, build_one, progress=progress)
     except MatrixStopped as stopped:

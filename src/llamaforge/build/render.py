@@ -60,6 +60,10 @@ def build_cli(result: BuildResult, console: Console) -> None:
     console.print(table)
     report = result.reproducibility
     if report:
+        if report.rebuilt_on and report.rebuilt_on != report.built_on:
+            console.print(f"built on {report.built_on}, rebuilt on {report.rebuilt_on}", highlight=False)
+        if report.note:
+            console.print(f"[yellow]note:[/yellow] {report.note}", highlight=False)
         if report.reproducible:
             console.print(f"[green]reproducible[/green]: {len(report.identical)} artifacts bit-identical")
         else:

@@ -1,6 +1,8 @@
 """Rebuild a published build from scratch (fresh container, ccache off) through the build pipeline's
-``build_into`` and compare every artifact. The artifact names a manifest lists must be paths inside the build (no
-absolute path, no ``..``): a differing artifact is copied aside under its name."""
+``build_into`` and compare every artifact, on the engine that built it or on another builder. The artifact names
+a manifest lists must be paths inside the build (no absolute path, no ``..``): a differing artifact is copied
+aside under its name. Each check is recorded in the build's manifest (``reproducibility``): where the build was
+made, where it was rebuilt, in which builder images, and the verdict."""
 
 from __future__ import annotations
 
@@ -12,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from llamaforge.build.ccache import CCACHE_RECORD
 from llamaforge.build.execute import BuildResult, build_into
 from llamaforge.build.executors.base import Executor
 from llamaforge.build.plan import BuildPlan
 from llamaforge.build.source import sha256_file
-from llamaforge.build.store import staging_dir
+from llamaforge.build.store import record_check, staging_dir
 from llamaforge.core.errors import CacheError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.paths import home
@@ -39,13 +42,18 @@ class ArtifactDiff:
 
 @dataclass(frozen=True)
 class ReproducibilityReport:
-    """Outcome of a rebuild-and-compare."""
+    """Outcome of a rebuild-and-compare: ``built_on`` / ``rebuilt_on`` name the builders, ``built_in`` /
+    ``rebuilt_in`` their environments (builder image ids)."""
 
     key: str
     identical: tuple[str, ...]
     different: tuple[ArtifactDiff, ...]
     seconds: float
     log_path: str
+    built_on: str = ""
+    rebuilt_on: str = ""
+    built_in: str = ""
+    rebuilt_in: str = ""
 
     @property
     def reproducible(self) -> bool:
@@ -61,6 +69,35 @@ class ReproducibilityReport:
             "different": [diff.__dict__ for diff in self.different],
             "seconds": round(self.seconds, 1),
             "log": self.log_path,
+            "built_on": self.built_on,
+            "rebuilt_on": self.rebuilt_on,
+            "built_in": self.built_in,
+            "rebuilt_in": self.rebuilt_in,
+            "note": self.note,
+        }
+
+    @property
+    def note(self) -> str | None:
+        """Why a difference may not be the builders' own: the rebuild ran in another builder image."""
+        if self.built_in and self.rebuilt_in and self.built_in != self.rebuilt_in:
+            return (
+                f"the rebuild ran in builder image {self.rebuilt_in[:19]} on {self.rebuilt_on}, the build in "
+                f"{self.built_in[:19]}: any difference may come from the images"
+            )
+        return None
+
+    def record(self) -> dict[str, Any]:
+        """The check as the manifest keeps it: when, the two builders and images, the verdict, and each
+        differing artifact with its sections."""
+        return {
+            "checked_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "built_on": self.built_on,
+            "rebuilt_on": self.rebuilt_on,
+            "built_in": self.built_in,
+            "rebuilt_in": self.rebuilt_in,
+            "reproducible": self.reproducible,
+            "identical": len(self.identical),
+            "different": [{"path": diff.path, "sections": list(diff.sections)} for diff in self.different],
         }
 
 
@@ -156,6 +193,16 @@ def _check_artifact_names(key: str, names: list[str]) -> None:
             )
 
 
+def _built_on(manifest: dict[str, Any]) -> str:
+    """Where a build was made, as its manifest says: a fleet's builder (``NAME (ADDRESS)``), else the engine,
+    else the executor."""
+    builder = manifest.get("builder")
+    if isinstance(builder, dict) and builder.get("name"):
+        return f"{builder['name']} ({builder.get('address', '?')})"
+    image = manifest.get("image") or {}
+    return str(image.get("engine") or image.get("executor") or "")
+
+
 def check_reproducible(
     result: BuildResult,
     plan: BuildPlan,
@@ -164,13 +211,17 @@ def check_reproducible(
     jobs: int | None = None,
     reporter: Reporter = null_reporter,
     cancel: CancelToken | None = None,
+    rebuilt_on: str | None = None,
 ) -> ReproducibilityReport:
-    """Rebuild ``plan`` with ``executor``, ccache off, in a fresh workspace and container (the build pipeline's
-    ``build_into``), and compare every artifact with ``result``."""
+    """Rebuild ``plan`` with ``executor`` (on the builder ``rebuilt_on`` names; default: the executor's
+    location), ccache off, in a fresh workspace and container (the build pipeline's ``build_into``), compare
+    every artifact with ``result`` and record the check in its manifest."""
     cancel = cancel or CancelToken()
     _check_artifact_names(result.key, list(result.manifest["artifacts"]))
     started = time.monotonic()
-    executor.prepare_environment(plan, reporter)
+    rebuilt_in = executor.prepare_environment(plan, reporter)
+    image = result.manifest.get("image") or {}
+    built_on = _built_on(result.manifest)
     stamp = f"{datetime.datetime.now(datetime.UTC):%Y%m%dT%H%M%S}"
     log_path = home() / "logs" / f"{result.key}-reproduce-{stamp}.log"
     scratch = staging_dir(result.key)
@@ -232,7 +283,7 @@ def check_reproducible(
             if (
                 path.is_file()
                 and relative not in result.manifest["artifacts"]
-                and relative != "toolchain.json"
+                and relative not in ("toolchain.json", CCACHE_RECORD)
             ):
                 different.append(
                     ArtifactDiff(
@@ -249,6 +300,18 @@ def check_reproducible(
                 )
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return ReproducibilityReport(
-        result.key, tuple(identical), tuple(different), time.monotonic() - started, str(log_path)
+    report = ReproducibilityReport(
+        result.key,
+        tuple(identical),
+        tuple(different),
+        time.monotonic() - started,
+        str(log_path),
+        built_on=built_on,
+        rebuilt_on=rebuilt_on or executor.location(),
+        built_in=str(image.get("environment_id") or ""),
+        rebuilt_in=rebuilt_in,
     )
+    if report.note:
+        reporter(Event("warning", report.note, stage="reproduce"))
+    record_check(result.key, report.record())
+    return report

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -72,6 +73,25 @@ def publish(staging: Path, key: str, manifest: dict[str, Any]) -> Path:
     else:
         staging.rename(target)
     return target
+
+
+def record_check(key: str, check: dict[str, Any]) -> None:
+    """Append ``check`` to the ``reproducibility`` list of build ``key``'s manifest (a new file renamed over the
+    old one, under the build's lock); a build no longer in the store is left alone."""
+    path = build_dir(key) / MANIFEST
+    with build_lock(key):
+        if not path.is_file():
+            return
+        try:
+            manifest = _read_manifest(path)
+        except ValueError as error:
+            raise CacheError(
+                f"build {key} is damaged: {error}", hint=f"rebuild it with --force, or remove {path.parent}"
+            ) from None
+        manifest["reproducibility"] = [*manifest.get("reproducibility", []), check]
+        fresh = path.with_name(f".{MANIFEST}.{os.getpid()}")
+        fresh.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        fresh.replace(path)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""A container with a small surface: ``call``, ``copy_into``, ``copy_out``; always removed on exit.
+"""A container with a small surface: ``call``, ``copy_into``, ``write_file``, ``copy_out``; always removed on exit.
 
 An engine that goes away under a running container (its machine stopped, the connection cut) or a container
 removed behind its back raises :class:`EngineLost` from any of them, never the SDK's own exceptions: a caller
@@ -46,7 +46,8 @@ def _engine_errors(what: str, engine: str) -> Iterator[None]:
 
 
 class Container:
-    """A long-lived container that runs commands; use as a context manager so it is always removed."""
+    """A long-lived container that runs commands; use as a context manager so it is always removed. It has no
+    network (``network="none"``) unless the caller names a Docker network mode (``"host"``: the engine host's)."""
 
     def __init__(
         self,
@@ -56,12 +57,14 @@ class Container:
         volumes: Mapping[str, Mapping[str, str]] | None = None,
         environment: Mapping[str, str] | None = None,
         name_hint: str = "build",
+        network: str = "none",
     ) -> None:
         self._client = client
         self._image = image
         self._volumes = dict(volumes or {})
         self._environment = dict(environment or {})
         self._name_hint = name_hint
+        self._network = network
         self._container: Any = None
         self._lock = threading.Lock()
 
@@ -86,7 +89,7 @@ class Container:
             volumes=self._volumes,
             environment=self._environment,
             labels={LABEL: "1", "org.llamaforge.role": self._name_hint},
-            network_mode="none",
+            network_mode=self._network,
             init=True,
             detach=True,
         )
@@ -186,6 +189,20 @@ class Container:
         self.call(["mkdir", "-p", destination])
         with _engine_errors("copying files into the container", self._where):
             self._container.put_archive(destination, buffer)
+
+    def write_file(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
+        """Write ``data`` to the file ``path`` in the container (its directory is made), owned by root with
+        ``mode``; the bytes go from memory into the container, never onto this host's disk."""
+        directory, _, name = path.rpartition("/")
+        info = tarfile.TarInfo(name)
+        info.size, info.mode = len(data), mode
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as tar:
+            tar.addfile(info, io.BytesIO(data))
+        buffer.seek(0)
+        self.call(["mkdir", "-p", directory or "/"])
+        with _engine_errors("writing a file into the container", self._where):
+            self._container.put_archive(directory or "/", buffer)
 
     def copy_out(self, source: str, destination: Path) -> None:
         """Copy the contents of directory ``source`` in the container into the host directory ``destination``."""

@@ -125,6 +125,10 @@ class Executor(ABC):
     def run(self, request: RunRequest) -> None:
         """Run the plan's script; artifacts land in ``request.out_dir``. Raises BuildFailed / Cancelled."""
 
+    def location(self) -> str:
+        """Where it builds, for reports and manifests (no secret in it); the default: the executor's name."""
+        return self.name
+
 
 class HostExecutor(Executor):
     """An executor that builds on a host with its own toolchain (no builder image): the environment id is a

@@ -24,6 +24,10 @@ class LocalExecutor(HostExecutor):
     def __init__(self, runner: ProcessRunner = LOCAL) -> None:
         self.runner = runner
 
+    def location(self) -> str:
+        """This host."""
+        return "local (this host)"
+
     def fingerprint(self, plan: BuildPlan) -> str:
         """Tool versions of this host for ``plan``; InvalidOption for a plan of another platform or a missing
         tool."""

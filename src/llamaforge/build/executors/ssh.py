@@ -75,6 +75,10 @@ class SshBuildExecutor(HostExecutor):
         self.work_root = work_root
         self.runner = SshProcessRunner(host, accept_new_host_keys=accept_new_host_keys)
 
+    def location(self) -> str:
+        """The build host, ``user@host:port``."""
+        return f"ssh://{self.host.address}"
+
     @classmethod
     def from_settings(cls, settings: Mapping[str, str]) -> Self:
         """The executor from ``--executor ssh`` settings: host (``user@host:port``, required), key,

@@ -35,6 +35,7 @@ from pydantic import (
     model_validator,
 )
 
+from llamaforge.build.ccache import check_storage_url
 from llamaforge.build.names import PlatformName
 from llamaforge.build.recipes import resolve_named_file
 from llamaforge.core.errors import InvalidOption
@@ -43,6 +44,7 @@ from llamaforge.core.paths import data_dir
 from llamaforge.core.validation import read_toml, recipe_error, suggest
 
 if TYPE_CHECKING:
+    from llamaforge.build.ccache import RemoteCache
     from llamaforge.build.executors.base import Executor
     from llamaforge.runners.engine import EngineConfig
     from llamaforge.runners.ssh.connection import SshHost
@@ -50,7 +52,6 @@ if TYPE_CHECKING:
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:=/-]{0,62}$")
 ENGINE_SCHEMES = ("unix", "tcp", "ssh")
-CCACHE_SCHEMES = ("redis", "rediss", "http", "https")
 
 
 class _Strict(BaseModel):
@@ -186,13 +187,14 @@ class Builder(_Strict):
             origin=f"builder {self.name}",
         )
 
-    def executor(self) -> Executor:
-        """A DockerExecutor on the builder's engine, or the SSH executor on its build host (connects to nothing
-        yet)."""
+    def executor(self, remote_cache: RemoteCache | None = None) -> Executor:
+        """A DockerExecutor on the builder's engine (its builds use ``remote_cache``, the fleet's shared ccache
+        storage, when given), or the SSH executor on its build host, whose ccache is the host's own
+        configuration (connects to nothing yet)."""
         if self.engine is not None:
             from llamaforge.build.executors.docker import DockerExecutor
 
-            return DockerExecutor(self.engine_config())
+            return DockerExecutor(self.engine_config(), remote_cache)
         from llamaforge.build.executors.ssh import SshBuildExecutor
 
         return SshBuildExecutor(self.ssh_host())
@@ -206,16 +208,16 @@ class FleetCcache(_Strict):
         None, description="File holding the storage's password (relative to the fleet file)"
     )
 
-    @field_validator("remote_storage")
-    @classmethod
-    def _url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in CCACHE_SCHEMES or not parts.hostname or re.search(r"[\s|]", value):
-            raise ValueError(
-                f"{value!r} is not a ccache remote storage URL: use redis://HOST:PORT or http://HOST/PATH"
+    @model_validator(mode="after")
+    def _url(self) -> FleetCcache:
+        # The one check of a storage URL (build/ccache.py): the same for --ccache-remote and a fleet.
+        try:
+            check_storage_url(
+                self.remote_storage, has_password_file=self.password_file is not None, origin="remote_storage"
             )
-        _no_password(value, "remote_storage")
-        return value
+        except InvalidOption as error:
+            raise ValueError(f"{error.message} ({error.hint})") from None
+        return self
 
 
 class BuilderFleet(_Strict):
@@ -240,6 +242,19 @@ class BuilderFleet(_Strict):
     def origin(self) -> str:
         """The file the fleet came from."""
         return self._origin or self.name
+
+    def remote_cache(self) -> RemoteCache | None:
+        """The fleet's shared ccache storage, checked (a password in the URL or a password file that cannot be
+        read is an InvalidOption naming the fleet file), or None without a ``[ccache]`` table."""
+        if self.ccache is None:
+            return None
+        from llamaforge.build.ccache import RemoteCache
+
+        return RemoteCache.parse(
+            self.ccache.remote_storage,
+            self.ccache.password_file,
+            origin=f"builder fleet {self.origin}: [ccache]",
+        )
 
     def builder(self, name: str) -> Builder:
         """The builder ``name``; InvalidOption with "did you mean" and the fleet's builders otherwise."""

@@ -22,6 +22,7 @@ from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
+from llamaforge.build.ccache import RemoteCache
 from llamaforge.build.executors.base import Executor
 from llamaforge.build.farm.builders import Builder
 from llamaforge.build.farm.images import ImageShipper, sending_executor
@@ -78,9 +79,11 @@ class FleetRun:
         ctx: OperationContext,
         *,
         local_engine: EngineConfig | None = None,
+        remote_cache: RemoteCache | None = None,
     ) -> None:
         self.matrix = matrix
         self.builders = builders
+        self.remote_cache = remote_cache  # the fleet's shared ccache storage, for its Docker builders
         self.build_one = build_one
         self.ctx = ctx
         self._report_lock = threading.Lock()
@@ -163,7 +166,7 @@ class FleetRun:
         outcome = _Outcome(attempt, builder, 0.0)
         executor: Executor | None = None
         try:
-            executor = sending_executor(builder, self.shipper)
+            executor = sending_executor(builder, self.shipper, self.remote_cache)
             sub = OperationContext(reporter=lambda event: self.report(event, prefix), cancel=child)
             outcome.row = self.build_one(attempt.entry, executor, builder, sub)
         except BaseException as error:  # noqa: BLE001 - every failure of a worker thread goes back to the loop
@@ -307,9 +310,16 @@ def _quietly(action: Callable[[], None]) -> None:
         action()
 
 
-def fleet_matrix(matrix: Matrix, spec: str, build_one: BuildOne, ctx: OperationContext) -> list[MatrixRow]:
+def fleet_matrix(
+    matrix: Matrix,
+    spec: str,
+    build_one: BuildOne,
+    ctx: OperationContext,
+    remote_cache: RemoteCache | None = None,
+) -> list[MatrixRow]:
     """Run every entry of ``matrix`` in parallel on the fleet ``spec`` names (``NAME`` or a path, with
-    ``:b1,b2`` for some of its builders); see the module docstring."""
+    ``:b1,b2`` for some of its builders); see the module docstring. The Docker builders share ``remote_cache``
+    (``--ccache-remote``), else the fleet's ``[ccache]`` storage."""
     from llamaforge.build.farm.builders import load_fleet
 
     name, _, chosen = spec.partition(":")
@@ -322,4 +332,5 @@ def fleet_matrix(matrix: Matrix, spec: str, build_one: BuildOne, ctx: OperationC
                 hint="drop executor/build_host/ssh_key/known_hosts from the entry and add that host to the fleet "
                 "as a build_host builder, or run the matrix without --builders",
             )
-    return FleetRun(matrix, fleet.select(chosen or None), build_one, ctx).run()
+    cache = remote_cache or fleet.remote_cache()
+    return FleetRun(matrix, fleet.select(chosen or None), build_one, ctx, remote_cache=cache).run()

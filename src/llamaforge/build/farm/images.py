@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from contextlib import suppress
 
+from llamaforge.build.ccache import RemoteCache
 from llamaforge.build.executors.base import Executor
 from llamaforge.build.executors.docker import DockerExecutor
 from llamaforge.build.farm.builders import Builder
@@ -97,8 +98,15 @@ class FleetDockerExecutor(DockerExecutor):
     """A DockerExecutor on a fleet builder's engine whose builder image, when the engine lacks it, is sent from
     another engine that has it; only an image no engine has is built (here)."""
 
-    def __init__(self, engine: EngineConfig, *, builder: str, shipper: ImageShipper) -> None:
-        super().__init__(engine)
+    def __init__(
+        self,
+        engine: EngineConfig,
+        *,
+        builder: str,
+        shipper: ImageShipper,
+        remote_cache: RemoteCache | None = None,
+    ) -> None:
+        super().__init__(engine, remote_cache)
         self.builder = builder
         self.shipper = shipper
 
@@ -116,10 +124,15 @@ class FleetDockerExecutor(DockerExecutor):
             return sent or super().prepare_environment(plan, reporter)
 
 
-def sending_executor(builder: Builder, shipper: ImageShipper | None = None) -> Executor:
+def sending_executor(
+    builder: Builder, shipper: ImageShipper | None = None, remote_cache: RemoteCache | None = None
+) -> Executor:
     """The executor a build on ``builder`` uses: on an engine, one that is sent the builder image by ``shipper``
-    (default: from this machine's engine) when the engine lacks it; on a build host, the SSH executor."""
+    (default: from this machine's engine) when the engine lacks it, with the fleet's shared compiler cache; on a
+    build host, the SSH executor."""
     if builder.engine is None:
         return builder.executor()
     shipper = shipper or ImageShipper([("this machine", EngineConfig())])
-    return FleetDockerExecutor(builder.engine_config(), builder=builder.name, shipper=shipper)
+    return FleetDockerExecutor(
+        builder.engine_config(), builder=builder.name, shipper=shipper, remote_cache=remote_cache
+    )
