@@ -26,7 +26,7 @@ from llamaforge.runners.process import ProcessRunner
 
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 _GIT_PARTS = frozenset({"HEAD", "packed-refs", "shallow", "objects", "refs"})
-_TAG = re.compile(r"(?:^|[^A-Za-z0-9])b(\d{3,7})(?=$|[^0-9])")  # llama.cpp-b11312.tar.gz
+_TAG = re.compile(r"(?:^|[^A-Za-z0-9])b(\d{3,7})(?=$|[^0-9])")  # llama.cpp-bNNNN.tar.gz
 _CONFIG = "[core]\n\trepositoryformatversion = 0\n\tbare = true\n"
 
 
@@ -44,7 +44,7 @@ class ArchiveFacts:
     """Where an archive's llama.cpp tree is and what it is."""
 
     subdir: str  # directory of the llama.cpp tree inside the archive ("" for the archive's root)
-    top: str  # the archive's first path component ("llama_cpp_python-0.3.36", "llama.cpp-b11312")
+    top: str  # the archive's first path component ("llama_cpp_python-X.Y.Z", "llama.cpp-bNNNN")
     commit: CommitFacts | None
 
 

@@ -5,7 +5,7 @@ Everything the pin holds is read or measured, never assumed: the sha256 is compu
 downloaded (and checked against ``--sha256`` when one is given), the commit and its date are read from git
 metadata (:mod:`llamaforge.build.upstream.source_facts`). llama.cpp's build number is ``git rev-list --count
 HEAD``, which a shallow or absent history cannot give: it comes from the caller, a full clone, an archive named
-for its tag (``llama.cpp-b11312.tar.gz``) or a shipped recipe that pins the same commit; otherwise it is unknown
+for its tag (``llama.cpp-bNNNN.tar.gz``) or a shipped recipe that pins the same commit; otherwise it is unknown
 (``build_number`` None, here and in the recipe source; a build of it reports llama.cpp's own "unknown", 0).
 
 Nothing is published until the source is known good: a download goes to a scratch directory and enters the
