@@ -454,3 +454,43 @@ def test_full_upgrade_to_b11312_with_apply(
     assert source(text) == source(shipped).replace(
         "  # commit date: SOURCE_DATE_EPOCH for reproducible builds", ""
     )
+
+
+@pytest.mark.docker
+def test_a_candidate_that_does_not_build_is_broken_and_changes_nothing(
+    build_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The stand-in project moved to a 'release' whose main.c does not compile: verdict broken, the failed stage
+    and the compiler's words in the result, the recipe untouched."""
+    from helpers import MINI, mini_recipe
+
+    recipe = mini_recipe(tmp_path, ["llama-cli"])
+    before = recipe.read_text(encoding="utf-8")
+    tree = tmp_path / "next" / "mini"
+    shutil.copytree(MINI, tree)
+    (tree / "include").mkdir()
+    (tree / "include" / "llama.h").write_text(
+        "/* the header that marks a llama.cpp tree */\n", encoding="utf-8"
+    )
+    (tree / "main.c").write_text("int main(void) { return no_such_symbol; }\n", encoding="utf-8")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid", "-C", str(tree)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A", "--force"], check=True)
+    subprocess.run([*git, "commit", "-q", "--no-verify", "-m", "next release"], check=True)
+    archive = tmp_path / "mini-next.tar.gz"
+    subprocess.run(
+        [*git, "archive", "--format=tar.gz", "--prefix=mini/", "-o", str(archive), "HEAD"], check=True
+    )
+    sha = hashlib.sha256(archive.read_bytes()).hexdigest()
+
+    result = invoke(
+        "upgrade", "--recipe", str(recipe), "--to", str(archive), "--sha256", sha, "--json", env=build_env
+    )
+    assert result.returncode == 26, result.stderr[-3000:]  # UPGRADE
+    data = _json(result)
+    assert data["verdict"] == "broken" and data["failure"]["stage"] == "build-new"
+    assert any("no_such_symbol" in line for line in data["failure"]["log_tail"]), data["failure"]
+    assert "no_such_symbol" in Path(data["files"]["report.md"]).read_text(encoding="utf-8")
+    assert set(data["builds"]) == {"old"} and data["smokes"] == []
+    assert "the current pin is untouched" in data["next_step"]
+    assert recipe.read_text(encoding="utf-8") == before

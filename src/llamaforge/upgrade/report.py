@@ -159,6 +159,10 @@ def render_markdown(result: UpgradeResult) -> str:
         lines += ["## Failure", "", f"Stage **{result.failure.stage}**: {result.failure.message}", ""]
         if result.failure.hint:
             lines += [result.failure.hint, ""]
+        if result.failure.log_tail:
+            lines += ["```", *result.failure.log_tail, "```", ""]
+        if result.failure.log:
+            lines += [f"Whole log: {result.failure.log}", ""]
     if result.builds:
         lines += [
             "## Builds",

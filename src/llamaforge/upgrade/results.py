@@ -61,6 +61,10 @@ class StageFailure(Result):
     stage: str
     message: str
     hint: str | None = None
+    log_tail: list[str] = Field(
+        default_factory=empty_list, description="The failed tool's last lines of output"
+    )
+    log: str | None = Field(None, description="The failed tool's whole log, where it keeps one")
 
 
 class BuiltBuild(Result):

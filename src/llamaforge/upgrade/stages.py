@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from llamaforge.build.ops import BuildParams, build_op
-from llamaforge.core.errors import Cancelled, LlamaforgeError, OperationFailed
+from llamaforge.core.errors import Cancelled, LlamaforgeError, OperationFailed, ToolFailed
 from llamaforge.core.registry import OperationContext
 from llamaforge.gguf.header import read_header
 from llamaforge.serve.fit_chart import CATEGORIES
@@ -79,7 +79,9 @@ def build(recipe: str, choice: BuildChoice, ctx: OperationContext) -> BuiltBuild
 
 def failure(stage: str, error: LlamaforgeError) -> StageFailure:
     """What a failed stage says: its error and hint (a failed tool's message ends with its last lines)."""
-    return StageFailure(stage=stage, message=error.message, hint=error.hint)
+    tail = error.tail if isinstance(error, ToolFailed) else []
+    log = error.log_path if isinstance(error, ToolFailed) else None
+    return StageFailure(stage=stage, message=error.message, hint=error.hint, log_tail=tail, log=log)
 
 
 @dataclass(frozen=True)
