@@ -49,6 +49,7 @@ from llamaforge.smoke.verdict import (
 )
 
 if TYPE_CHECKING:
+    from llamaforge.gguf.tiny import TinyModelSpec
     from llamaforge.gguf.tiny.file import DType
 
 #: How the default smoke model stores its matrices: quantized, so a smoke reaches the quantized CPU kernels.
@@ -126,17 +127,28 @@ def tiny_smoke_model(
     tokenizer comes from the default recipe's llama.cpp source (models/ggml-vocab-qwen2.gguf), so no hub is
     needed; the file name carries a digest of the spec, so a changed spec gets a new file.
     """
+    from llamaforge.gguf.tiny import TinyModelSpec
+
+    return tiny_model_file(
+        TinyModelSpec(arch="qwen3", dtype=dtype), tiny_smoke_label(dtype), reporter, cancel
+    )
+
+
+def tiny_model_file(
+    spec: TinyModelSpec, label: str, reporter: Reporter = null_reporter, cancel: CancelToken | None = None
+) -> Path:
+    """The tiny model ``spec`` describes, written once under ``home()/models/tiny/`` as ``LABEL-DIGEST.gguf`` (the
+    digest of the spec: a changed spec gets a new file), with the default recipe's qwen2 tokenizer."""
     import hashlib
 
     from llamaforge.build.recipes import load_recipe
     from llamaforge.build.source import fetch_source
-    from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
+    from llamaforge.gguf.tiny import write_tiny_model
 
-    spec = TinyModelSpec(arch="qwen3", dtype=dtype)
     digest = hashlib.sha256(repr(spec).encode()).hexdigest()[:12]
-    path = home() / "models" / "tiny" / f"{tiny_smoke_label(dtype)}-{digest}.gguf"
+    path = home() / "models" / "tiny" / f"{label}-{digest}.gguf"
     if not path.is_file():
-        reporter(Event("stage", f"writing the tiny qwen3 smoke model {path.name}", stage="model"))
+        reporter(Event("stage", f"writing the tiny {spec.arch} model {path.name}", stage="model"))
         tree = fetch_source(load_recipe("default").source, reporter=reporter, cancel=cancel)
         write_tiny_model(path, spec, tree / "models" / "ggml-vocab-qwen2.gguf")
     return path

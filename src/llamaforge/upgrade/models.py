@@ -3,20 +3,16 @@ recipe whose file is already in the store; never a download."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from llamaforge.build.recipes import load_recipe
-from llamaforge.build.source import fetch_source
 from llamaforge.core.errors import LlamaforgeError
-from llamaforge.core.events import CancelToken, Event, Reporter
-from llamaforge.core.paths import home
-from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
+from llamaforge.core.events import CancelToken, Reporter
+from llamaforge.gguf.tiny import TinyModelSpec
 from llamaforge.models.argument import resolve_model_file
 from llamaforge.models.recipes import TINY_MODEL, list_model_recipes
-from llamaforge.smoke.run import tiny_smoke_label, tiny_smoke_model
+from llamaforge.smoke.run import tiny_model_file, tiny_smoke_label, tiny_smoke_model
 
 # A second quantized tiny model, of another architecture: experts reach the MoE kernels (mul_mat_id).
 TINY_MOE = TinyModelSpec(arch="qwen3moe", dtype="q4_0")
@@ -30,16 +26,6 @@ class UpgradeModel:
     argument: str
     path: Path
     label: str
-
-
-def _tiny_moe(reporter: Reporter, cancel: CancelToken) -> Path:
-    digest = hashlib.sha256(repr(TINY_MOE).encode()).hexdigest()[:12]
-    path = home() / "models" / "tiny" / f"{TINY_MOE_LABEL}-{digest}.gguf"
-    if not path.is_file():
-        reporter(Event("stage", f"writing the tiny qwen3moe model {path.name}", stage="models"))
-        tree = fetch_source(load_recipe("default").source, reporter=reporter, cancel=cancel)
-        write_tiny_model(path, TINY_MOE, tree / "models" / "ggml-vocab-qwen2.gguf")
-    return path
 
 
 def stored_recipe_models() -> list[str]:
@@ -64,7 +50,7 @@ def upgrade_models(requested: Sequence[str], reporter: Reporter, cancel: CancelT
             path = tiny_smoke_model(reporter, cancel)
             models.append(UpgradeModel(str(path), path, tiny_smoke_label()))
         elif name == TINY_MOE_LABEL:
-            path = _tiny_moe(reporter, cancel)
+            path = tiny_model_file(TINY_MOE, TINY_MOE_LABEL, reporter, cancel)
             models.append(UpgradeModel(str(path), path, TINY_MOE_LABEL))
         else:
             path = resolve_model_file(name)

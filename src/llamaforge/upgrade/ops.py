@@ -10,8 +10,6 @@ from llamaforge.build.recipes import Backend
 from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.registry import OperationContext, Params, empty_list, operation, path_field
 from llamaforge.upgrade.results import UpgradeResult
-from llamaforge.upgrade.run import UpgradeRequest, run_upgrade
-from llamaforge.upgrade.stages import BuildChoice
 
 
 class UpgradeParams(Params):
@@ -89,6 +87,10 @@ class UpgradeParams(Params):
 def upgrade_op(params: UpgradeParams, ctx: OperationContext) -> UpgradeResult:
     """Move a recipe to another llama.cpp release: rebase the patches, check options and targets, build and smoke
     old and new side by side, re-measure the fit, one report; the recipe changes only with --apply."""
+    # The pipeline loads gguf, numpy and matplotlib: only when an upgrade runs, never when the CLI starts.
+    from llamaforge.upgrade.run import UpgradeRequest, run_upgrade
+    from llamaforge.upgrade.stages import BuildChoice
+
     if params.sha256 and params.to and "==" in params.to:
         raise InvalidOption("--sha256 is for archives: a PyPI sdist's sha256 is computed from the download")
     request = UpgradeRequest(
