@@ -215,6 +215,7 @@ def test_each_operation_names_its_renderers_which_sit_beside_it() -> None:
         "smoke",
         "smoke.compare",
         "smoke.cpu_modules",
+        "upgrade",
     }
     deploy_tables = {"deploy", "deploy.plan", "deploy.status", "deploy.rollback"}  # CLI tables only
     assert with_cli == shown | {"models.lock", "deploy.render"} | deploy_tables and with_html == shown | {

@@ -100,9 +100,9 @@ def test_a_recipe_for_windows_or_macos_plans_a_host_build_with_its_templates(
 
 def test_default_build_key_inputs_are_unchanged() -> None:
     """Build keys change only on purpose, so published builds stay cache hits. The pin moves when a build file's
-    text changes (last: build.sh's first comment no longer names the recipe, as no template puts a value into a
-    comment)."""
+    text or a recipe's options change (last: the recipes set LLAMA_BUILD_UI = false, so a release whose default
+    downloads the web UI at build time builds none)."""
     plan = plan_build(load_recipe("default"), BuildOptions(no_patches=True))
-    assert plan.plan_digest == "91975647fba4db76584540e4269b7c90ed001d9bea533c19bde0119d66d10f63"
+    assert plan.plan_digest == "f729356c43a812677328f5d16a46fefe8dec10a51e462eefbc8af8b626e66bcb"
     assert plan.environment.image is not None
     assert plan.environment.image.tag == "llamaforge-builder:cpu-5deab6154b99080f"

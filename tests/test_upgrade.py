@@ -404,15 +404,16 @@ def _pin_to_0_3_35(project: Path, sdist_dir: Path) -> None:
 @pytest.mark.docker
 @pytest.mark.llamacpp
 @pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("LLAMAFORGE_TEST_FULL_UPGRADE") != "1",
+    reason="opt-in, too long for CI: set LLAMAFORGE_TEST_FULL_UPGRADE=1 (a cold build of 0.3.35's llama.cpp; "
+    "`nox -s upgrade` records its figures)",
+)
 def test_full_upgrade_to_b11312_with_apply(
     upgrade_env: dict[str, str], project: Path, sdist_dir: Path
 ) -> None:
     """From 0.3.35's llama.cpp to b11312 for real: both builds, both smokes on the quantized tiny models, the fit
     measured on both, one report with real ratios, then --apply re-pins the project's recipe."""
-    require(
-        os.environ.get("LLAMAFORGE_TEST_FULL_UPGRADE") == "1",
-        "set LLAMAFORGE_TEST_FULL_UPGRADE=1 (a cold build of 0.3.35's llama.cpp: `nox -s upgrade` records it)",
-    )
     _pin_to_0_3_35(project, sdist_dir)
     patches_before = _digest(project / "patches")
     arguments = [

@@ -200,7 +200,7 @@ def _operation_modules() -> list[str]:
         for module in pkgutil.iter_modules([str(package)]):
             if not module.ispkg and (module.name == "ops" or module.name.startswith("ops_")):
                 found.append(f"{dotted}.{module.name}")
-    return found
+    return sorted(found)
 
 
 def _is_package_path(root: Path, package: Path) -> bool:
