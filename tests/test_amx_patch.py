@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from llamaforge.core.exits import loaded_cpu_module
+from llamaforge.gguf.tiny import DType
 
 pytestmark = pytest.mark.llamacpp
 
@@ -247,18 +248,18 @@ def _bench(directory: Path, model: Path, threads: int, repack: bool) -> tuple[fl
 @pytest.mark.skipif(
     not HAS_AMX, reason="this CPU has no AMX (no amx_tile in /proc/cpuinfo): the AMX run is owed"
 )
-@pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("dtype", ["q8_0", "q4_0", "q4_k_m"])
 def test_amx_runs_quantized_models_on_one_thread_and_two(
-    patched_build: Path, tmp_path: Path, dtype: str
+    patched_build: Path, tmp_path: Path, dtype: DType
 ) -> None:
-    from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
+    """Q8_0, Q4_0 and the Q4_K_M mix (256 wide: the K-quant AMX kernels, the path of the reported crash)."""
+    from llamaforge.gguf.tiny import write_tiny_model
+    from llamaforge.smoke.run import tiny_smoke_spec
 
     vocab = Path(os.environ.get("LLAMAFORGE_TEST_VOCAB", ""))
     if not vocab.is_file():
         pytest.skip("set LLAMAFORGE_TEST_VOCAB to llama.cpp's models/ggml-vocab-qwen2.gguf")
-    model = write_tiny_model(
-        tmp_path / f"tiny-{dtype}.gguf", TinyModelSpec(arch="qwen3", dtype=dtype), vocab
-    ).path
+    model = write_tiny_model(tmp_path / f"tiny-{dtype}.gguf", tiny_smoke_spec(dtype), vocab).path
     for threads in (1, 2):
         amx_pp, amx_tg, module = _bench(patched_build / "bin", model, threads, repack=True)
         plain_pp, plain_tg, _ = _bench(patched_build / "bin", model, threads, repack=False)

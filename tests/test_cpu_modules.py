@@ -302,6 +302,33 @@ def test_the_sweep_runs_every_module_this_cpu_can_run(
 
 @pytest.mark.docker
 @pytest.mark.llamacpp
+def test_the_k_quant_kernels_run_in_every_module_this_cpu_can_run(
+    patched_build: Path, build_env: dict[str, str]
+) -> None:
+    """The sweep on `tiny-q4_k_m` (Q4_K and Q6_K matrices, 256 wide): the K-quant kernels of each module, those
+    of the reported crash (the AMX ones where the CPU has AMX), not only Q4_0's."""
+    result = invoke(
+        "smoke.cpu-modules",
+        *("--build", str(patched_build), "--model", "tiny-q4_k_m", "--threads", "1", "--json"),
+        env=build_env,
+        timeout=1200,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    data = json.loads(result.stdout)
+    assert data["model_label"] == "tiny-qwen3-q4_k_m" and data["passed"], data["problems"]
+    ran = [row for row in data["modules"] if row["status"] == "ran"]
+    assert {row["variant"] for row in ran} == {
+        row["variant"] for row in data["modules"] if _runs_here(row["variant"])
+    }
+    assert ran and all(row["pp_tps"] > 0 and row["tg_tps"] > 0 and row["signal"] is None for row in ran)
+    print(
+        f"{data['cpu']['model']}: "
+        + ", ".join(f"{r['variant']} pp {r['pp_tps']:.0f} tg {r['tg_tps']:.0f}" for r in ran)
+    )
+
+
+@pytest.mark.docker
+@pytest.mark.llamacpp
 def test_the_sapphirerapids_module_runs_with_amx(variants_sweep: dict[str, Any]) -> None:
     if not HAS_AMX:
         pytest.skip(

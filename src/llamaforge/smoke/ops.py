@@ -47,7 +47,8 @@ class SmokeParams(Params):
     model: str | None = path_field(
         None,
         description="Model recipe name or .toml file, hf://, ms://, https:// URL, or a GGUF file, or `tiny` (the "
-        "default: the random-weight tiny Q4_0 qwen3); a recipe's [[answers]] are checked",
+        "default: the random-weight tiny Q4_0 qwen3) or `tiny-q4_k_m` (the same in the Q4_K_M mix, for the K-quant "
+        "kernels); a recipe's [[answers]] are checked",
     )
     golden: str | None = path_field(
         None,
@@ -99,13 +100,15 @@ def _model_target(
 ) -> tuple[Path, str, Mapping[str, Any] | None, tuple[AnswerCheck, ...]]:
     """The model file, its label, the thresholds and the checked answers its recipe declares (if any)."""
     from llamaforge.models.recipes import TINY_MODEL
-    from llamaforge.smoke.run import tiny_smoke_label, tiny_smoke_model
+    from llamaforge.smoke.run import named_tiny_model
 
-    if params.model in (None, TINY_MODEL):
-        return tiny_smoke_model(ctx.reporter, ctx.cancel), tiny_smoke_label(), None, ()
+    name = params.model or TINY_MODEL
+    tiny = named_tiny_model(name, ctx.reporter, ctx.cancel)
+    if tiny is not None:
+        return *tiny, None, ()
     from llamaforge.models.argument import resolve_model_argument
 
-    model = resolve_model_argument(params.model, reporter=ctx.reporter, cancel=ctx.cancel)
+    model = resolve_model_argument(name, reporter=ctx.reporter, cancel=ctx.cancel)
     if model.recipe is None:
         return model.path, model.label, None, ()
     return model.path, model.label, model.recipe.smoke, tuple(model.recipe.answers)

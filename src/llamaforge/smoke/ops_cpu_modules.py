@@ -23,8 +23,8 @@ class CpuModulesParams(Params):
     )
     model: str | None = path_field(
         None,
-        description="GGUF file each module runs (default: the tiny Q4_0 qwen3, which reaches the quantized "
-        "kernels)",
+        description="GGUF file or model recipe each module runs, or `tiny` (the default: the tiny Q4_0 qwen3, "
+        "which reaches the quantized kernels) or `tiny-q4_k_m` (the same in the Q4_K_M mix: the K-quant kernels)",
     )
     pp: int = Field(16, ge=1, description="llama-bench prompt tokens per module")
     tg: int = Field(8, ge=1, description="llama-bench generated tokens per module")
@@ -118,16 +118,19 @@ class CpuModulesResult(CpuModuleSweep):
 )
 def cpu_modules_op(params: CpuModulesParams, ctx: OperationContext) -> CpuModulesResult:
     """Run llama-bench with each CPU module of a build on its own: loads here or not, crashes, pp/tg, default pick."""
+    from llamaforge.models.recipes import TINY_MODEL
     from llamaforge.smoke.cpu_features import build_cpu_level
     from llamaforge.smoke.cpu_modules import SweepOptions, new_sweep_dir, sweep_cpu_modules, write_sweep_files
-    from llamaforge.smoke.run import SmokeTarget, tiny_smoke_label, tiny_smoke_model
+    from llamaforge.smoke.run import SmokeTarget, named_tiny_model
 
-    if params.model is None:
-        model, label = tiny_smoke_model(ctx.reporter, ctx.cancel), tiny_smoke_label()
+    name = params.model or TINY_MODEL
+    tiny = named_tiny_model(name, ctx.reporter, ctx.cancel)
+    if tiny is not None:
+        model, label = tiny
     else:
         from llamaforge.models.argument import resolve_model_argument
 
-        chosen = resolve_model_argument(params.model, reporter=ctx.reporter, cancel=ctx.cancel)
+        chosen = resolve_model_argument(name, reporter=ctx.reporter, cancel=ctx.cancel)
         model, label = chosen.path, chosen.label
     key, directory, manifest = resolve_build(params.build, params.executor, ctx)
     target = SmokeTarget(

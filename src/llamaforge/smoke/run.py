@@ -19,14 +19,14 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from llamaforge.core.errors import InvalidOption, LlamaforgeError, ModelError, SmokeFailed
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.paths import home
 from llamaforge.core.version import __version__
 from llamaforge.gguf.header import read_header
-from llamaforge.models.recipes import AnswerCheck
+from llamaforge.models.recipes import TINY_MODEL, AnswerCheck
 from llamaforge.runners.process import LOCAL, ProcessRunner
 from llamaforge.serve.bandwidth import bytes_per_token
 from llamaforge.serve.launcher import HOST, LlamaFlags, LlamaServer, ServerLaunch
@@ -54,6 +54,9 @@ if TYPE_CHECKING:
 
 #: How the default smoke model stores its matrices: quantized, so a smoke reaches the quantized CPU kernels.
 SMOKE_MODEL_DTYPE: DType = "q4_0"
+#: The tiny models ``--model`` names: ``tiny`` (Q4_0, the default) and ``tiny-q4_k_m`` (llama-quantize's Q4_K_M
+#: mix, 256 wide so that its rows are whole K-quant super-blocks: the K-quant kernels most published GGUFs reach).
+TINY_SMOKE_MODELS: Final[dict[str, DType]] = {TINY_MODEL: SMOKE_MODEL_DTYPE, f"{TINY_MODEL}-q4_k_m": "q4_k_m"}
 DEFAULT_PROMPT = "Write a short paragraph about the history of the printing press."
 MAX_REQUESTS = 256  # per level: a smoke, not a load test
 
@@ -123,15 +126,32 @@ def tiny_smoke_model(
     """The default smoke model: a tiny random-weight qwen3 GGUF, written once under ``home()/models/tiny/``.
 
     Its matrices are Q4_0 by default, so llama-bench and llama-server reach the CPU's quantized kernels (repacked
-    Q4_0, AMX, quantized dot products), which an F16 file never does; ``dtype="f16"`` writes the float one. Its
+    Q4_0, AMX, quantized dot products), which an F16 file never does; ``dtype="q4_k_m"`` writes the K-quant one
+    (:func:`tiny_smoke_spec`), ``dtype="f16"`` the float one. Its
     tokenizer comes from the default recipe's llama.cpp source (models/ggml-vocab-qwen2.gguf), so no hub is
     needed; the file name carries a digest of the spec, so a changed spec gets a new file.
     """
+    return tiny_model_file(tiny_smoke_spec(dtype), tiny_smoke_label(dtype), reporter, cancel)
+
+
+def named_tiny_model(
+    name: str, reporter: Reporter = null_reporter, cancel: CancelToken | None = None
+) -> tuple[Path, str] | None:
+    """The file and label of the tiny smoke model ``name`` names, or None when ``name`` names some other model."""
+    dtype = TINY_SMOKE_MODELS.get(name)
+    if dtype is None:
+        return None
+    return tiny_smoke_model(reporter, cancel, dtype=dtype), tiny_smoke_label(dtype)
+
+
+def tiny_smoke_spec(dtype: DType = SMOKE_MODEL_DTYPE) -> TinyModelSpec:
+    """The tiny qwen3 of the smoke in ``dtype``: 64 wide, or 256 wide for ``q4_k_m`` (a K-quant's rows are whole
+    256-value super-blocks; narrower rows would fall back to Q5_0 and never reach a K-quant kernel)."""
     from llamaforge.gguf.tiny import TinyModelSpec
 
-    return tiny_model_file(
-        TinyModelSpec(arch="qwen3", dtype=dtype), tiny_smoke_label(dtype), reporter, cancel
-    )
+    if dtype == "q4_k_m":
+        return TinyModelSpec(arch="qwen3", dtype=dtype, n_embd=256, head_dim=64, n_ff=512)
+    return TinyModelSpec(arch="qwen3", dtype=dtype)
 
 
 def tiny_model_file(

@@ -11,8 +11,8 @@ from llamaforge.core.errors import LlamaforgeError
 from llamaforge.core.events import CancelToken, Reporter
 from llamaforge.gguf.tiny import TinyModelSpec
 from llamaforge.models.argument import resolve_model_file
-from llamaforge.models.recipes import TINY_MODEL, list_model_recipes
-from llamaforge.smoke.run import tiny_model_file, tiny_smoke_label, tiny_smoke_model
+from llamaforge.models.recipes import list_model_recipes
+from llamaforge.smoke.run import TINY_SMOKE_MODELS, named_tiny_model, tiny_model_file
 
 # A second quantized tiny model, of another architecture: experts reach the MoE kernels (mul_mat_id).
 TINY_MOE = TinyModelSpec(arch="qwen3moe", dtype="q4_0")
@@ -41,14 +41,15 @@ def stored_recipe_models() -> list[str]:
 
 
 def upgrade_models(requested: Sequence[str], reporter: Reporter, cancel: CancelToken) -> list[UpgradeModel]:
-    """``requested`` (model recipes, GGUF files, ``tiny``) or, when empty, the two quantized tiny models and
-    every model recipe already in the store. A requested recipe that is not fetched is refused, not fetched."""
-    names = list(requested) or [TINY_MODEL, TINY_MOE_LABEL, *stored_recipe_models()]
+    """``requested`` (model recipes, GGUF files, ``tiny``, ``tiny-q4_k_m``) or, when empty, the quantized tiny
+    models (Q4_0 and Q4_K_M qwen3, Q4_0 qwen3moe) and every model recipe already in the store. A requested
+    recipe that is not fetched is refused, not fetched."""
+    names = list(requested) or [*TINY_SMOKE_MODELS, TINY_MOE_LABEL, *stored_recipe_models()]
     models = []
     for name in names:
-        if name == TINY_MODEL:
-            path = tiny_smoke_model(reporter, cancel)
-            models.append(UpgradeModel(str(path), path, tiny_smoke_label()))
+        tiny = named_tiny_model(name, reporter, cancel)
+        if tiny is not None:
+            models.append(UpgradeModel(str(tiny[0]), *tiny))
         elif name == TINY_MOE_LABEL:
             path = tiny_model_file(TINY_MOE, TINY_MOE_LABEL, reporter, cancel)
             models.append(UpgradeModel(str(path), path, TINY_MOE_LABEL))

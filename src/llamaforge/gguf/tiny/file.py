@@ -18,24 +18,32 @@ import gguf
 import numpy as np
 import numpy.typing as npt
 
+from llamaforge.gguf.tiny.kquants import QK_K, quantize_k
 from llamaforge.gguf.tiny.names import NameStyle
 
 #: How the matrices are stored. ``q8_0`` and ``q4_0`` quantize (with the ``gguf`` package's numpy quantizer)
-#: every matrix whose rows are whole 32-value blocks, as llama-quantize would; the others stay F16. 1-D tensors
-#: are F32 in every case. Quantized files reach the CPU's repack, AMX and quantized dot-product kernels, which
-#: an F16 file never does.
-DType = Literal["f16", "f32", "q8_0", "q4_0"]
+#: every matrix whose rows are whole 32-value blocks, as llama-quantize would; the others stay F16. ``q4_k_m`` is
+#: llama-quantize's Q4_K_M mix (with :mod:`~llamaforge.gguf.tiny.kquants`): Q6_K for ``output``, ``attn_v`` and
+#: ``ffn_down`` (every layer of a model of up to 8 layers gets the extra bits there), Q4_K for the other
+#: matrices, and Q5_0 for a matrix whose rows are not whole 256-value super-blocks, llama-quantize's fallback.
+#: 1-D tensors are F32 in every case. Quantized files reach the CPU's repack, AMX and quantized dot-product
+#: kernels, which an F16 file never does; ``q4_k_m`` reaches the K-quant ones, those of most published GGUFs.
+DType = Literal["f16", "f32", "q8_0", "q4_0", "q4_k_m"]
 
 _QUANT_TYPES: Final[dict[str, gguf.GGMLQuantizationType]] = {
     "q8_0": gguf.GGMLQuantizationType.Q8_0,
     "q4_0": gguf.GGMLQuantizationType.Q4_0,
+    "q4_k_m": gguf.GGMLQuantizationType.Q4_K,
 }
 _FILE_TYPES: Final[dict[str, gguf.LlamaFileType]] = {
     "f16": gguf.LlamaFileType.MOSTLY_F16,
     "f32": gguf.LlamaFileType.ALL_F32,
     "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
     "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+    "q4_k_m": gguf.LlamaFileType.MOSTLY_Q4_K_M,
 }
+#: The layer matrices Q4_K_M gives more bits (by their canonical names' endings), besides ``output.weight``.
+_Q6_K_LAYER_MATRICES: Final[tuple[str, ...]] = ("attn_v.weight", "ffn_down.weight")
 
 #: Standard deviation of the random matrices (keeps activations small and finite).
 WEIGHT_SCALE: Final[float] = 0.02
@@ -80,12 +88,19 @@ def matrix_dtype(dtype: DType) -> np.dtype[Any]:
 
 
 def _encoded(
-    data: npt.NDArray[Any], dtype: DType
+    name: str, data: npt.NDArray[Any], dtype: DType
 ) -> tuple[npt.NDArray[Any], gguf.GGMLQuantizationType | None]:
-    """``data`` as written for a file of ``dtype``: quantized bytes and their type, or the array as it is."""
+    """Tensor ``name``'s ``data`` as written for a file of ``dtype``: quantized bytes and their type, or the array
+    as it is."""
     qtype = _QUANT_TYPES.get(dtype)
     if qtype is None or data.ndim < 2 or data.dtype != np.float16:
         return data, None
+    if dtype == "q4_k_m" and data.shape[-1] % QK_K == 0:
+        if name == "output.weight" or name.endswith(_Q6_K_LAYER_MATRICES):
+            qtype = gguf.GGMLQuantizationType.Q6_K
+        return quantize_k(data, qtype), qtype
+    if dtype == "q4_k_m":
+        qtype = gguf.GGMLQuantizationType.Q5_0
     if data.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0]:
         return data, None
     return gguf.quants.quantize(data.astype(np.float32), qtype), qtype
@@ -171,7 +186,7 @@ def write_gguf_file(
             for kv in tokenizer_kvs:
                 writer.add_key_value(kv.key, kv.value, kv.vtype, sub_type=kv.sub_type)
             for tensor_name, data in tensors:
-                encoded, qtype = _encoded(data, dtype)
+                encoded, qtype = _encoded(tensor_name, data, dtype)
                 writer.add_tensor(tensor_name, encoded, raw_dtype=qtype)
                 names.append(tensor_name)
             writer.write_header_to_file()
