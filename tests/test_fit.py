@@ -49,6 +49,7 @@ from llamaforge.serve.gpus import find_gpu, load_gpus
 from llamaforge.serve.loadlog import CacheSize, parse_load_log
 from llamaforge.serve.measure import measure_with_llamacpp
 from llamaforge.serve.shape import is_expert_tensor, model_shape
+from llamaforge.smoke.run import tiny_smoke_spec
 
 MINI_VOCAB = 1000
 
@@ -558,15 +559,18 @@ def test_models_fit_on_sliding_window_model_matches_llamacpp_kv(
 @pytest.mark.docker
 @pytest.mark.llamacpp
 @pytest.mark.parametrize(
-    ("arch", "dtype"), [("qwen3", "q4_0"), ("qwen3", "q8_0"), ("qwen3", "f16"), ("qwen35moe", "q4_0")]
+    ("arch", "dtype"),
+    [("qwen3", "q4_0"), ("qwen3", "q8_0"), ("qwen3", "f16"), ("qwen3", "q4_k_m"), ("qwen35moe", "q4_0")],
 )
 def test_cpu_buffer_types_match_this_cpu(
     arch: str, dtype: str, patched_build: Path, source_tree: Path, tmp_path: Path
 ) -> None:
     """CPU-resident weights in the buffer types this CPU's module gives them (AMX on Xeons with AMX, CPU_REPACK
-    with AVX2/AVX-512): each buffer llama.cpp reports, planned to its printing precision."""
+    with AVX2/AVX-512): each buffer llama.cpp reports, planned to its printing precision. The Q4_K_M model is the
+    256-wide smoke one, whose Q4_K and Q6_K matrices take the K-quant paths."""
     vocab = source_tree / "models" / f"ggml-vocab-{'qwen35' if arch.startswith('qwen35') else 'qwen2'}.gguf"
-    spec = dataclasses.replace(SPECS[arch], dtype=dtype)  # type: ignore[arg-type]
+    base = tiny_smoke_spec("q4_k_m") if dtype == "q4_k_m" else SPECS[arch]
+    spec = dataclasses.replace(base, dtype=dtype)  # type: ignore[arg-type]
     model = write_tiny_model(tmp_path / f"{arch}-{dtype}.gguf", spec, vocab).path
     buffers = host_cpu_buffers()
     settings = Settings(ctx=1024, cpu_buffers=buffers)
