@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import signal
 import socket
 from pathlib import Path
 
@@ -159,6 +160,7 @@ def test_the_cli_tables_show_every_host_and_never_a_key() -> None:
 
     from llamaforge.deploy.hosts.render import plan_cli, rollout_cli, status_cli
     from llamaforge.deploy.report import DeployPlanResult, DeployResult, DeployStatusResult
+    from llamaforge.deploy.targets.base import ServiceState
 
     console = Console(record=True, width=200)
     key_file = "/opt/llamaforge/lab/releases/r1/api-key"
@@ -219,7 +221,15 @@ def test_the_cli_tables_show_every_host_and_never_a_key() -> None:
         DeployPlanResult.model_validate({**head, "release": "r1", "record": {}, "hosts": planned}), console
     )
     up = {"host": "lf@a:22", "reachable": True, "current": "r1", "active": "active", "healthy": True}
-    status_cli(DeployStatusResult.model_validate({**head, "hosts": [up]}), console)
+    state = ServiceState("activating", 3, signal.SIGILL)  # what systemd says of a server killed at load
+    down = {
+        "host": "lf@c:22",
+        "reachable": True,
+        "current": "r1",
+        "active": state.active,
+        "crash": state.crash,
+    }
+    status_cli(DeployStatusResult.model_validate({**head, "hosts": [up, down]}), console)
     text = console.export_text()
     for expected in (
         "lf@a:22",
@@ -230,6 +240,7 @@ def test_the_cli_tables_show_every_host_and_never_a_key() -> None:
         "connection refused",
         "active",
         "interrupted in 3.2 s",
+        "activating, killed by SIGILL (illegal instruction)",
     ):
         assert expected in text, expected
 

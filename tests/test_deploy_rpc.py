@@ -274,6 +274,19 @@ def test_a_worker_killed_by_sigill_fails_its_gate_naming_the_signal_and_its_cpu_
                 gate_timeout_s=120,
                 threads=1,
             )
+        # The worker went back to its release, whose server the watcher kills too: topology.status names the
+        # signal while systemd still reports it (between the kill and the next start).
+        deadline = time.monotonic() + 60
+        while True:
+            with pytest.raises(OperationFailed) as unhealthy:
+                run("topology.status", **hosts)
+            status = unhealthy.value.result
+            assert isinstance(status, TopologyStatusResult)
+            if status.workers[0].crash or time.monotonic() > deadline:
+                break
+        assert status.workers[0].crash == "killed by SIGILL (illegal instruction)", status
+        words = f"RPC server {status.workers[0].active}, killed by SIGILL (illegal instruction)"
+        assert words in status.detail and words in unhealthy.value.message
     finally:
         on_host(worker, f"rm -rf {dropin} {watcher} && systemctl daemon-reload")
     report = caught.value.result

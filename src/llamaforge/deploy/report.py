@@ -138,6 +138,11 @@ class HostStatusReport(Result):
     current: str | None = None
     releases: list[str] = Field(default_factory=list)
     active: str | None = Field(None, description="The service manager's state (active, failed, …)")
+    crash: str | None = Field(
+        None,
+        description="The signal that ended the server last, while the service manager still says so "
+        "(killed by SIGILL (illegal instruction))",
+    )
     healthy: bool | None = Field(None, description="/health answered 200 on the host's loopback")
     build_key: str | None = None
     model_sha256: str | None = None

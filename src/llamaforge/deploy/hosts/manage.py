@@ -218,6 +218,7 @@ def host_status(runner: SshProcessRunner, layout: Layout, target: Target) -> Hos
         current=state.current,
         releases=list(state.releases),
         active=service.active,
+        crash=service.crash,
         healthy=healthy,
         build_key=record.get("build_key"),
         model_sha256=record.get("model_sha256"),

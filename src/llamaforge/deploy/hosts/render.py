@@ -116,7 +116,7 @@ def status_cli(result: DeployStatusResult, console: Console) -> None:
             [
                 host.host,
                 host.current or "-",
-                str(host.active),
+                f"{host.active}, {host.crash}" if host.crash else str(host.active),
                 healthy,
                 (host.build_key or "-")[:12],
                 (host.model_sha256 or "-")[:12],

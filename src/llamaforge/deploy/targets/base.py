@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from llamaforge.core.errors import InvalidOption
+from llamaforge.core.exits import signal_words
 from llamaforge.deploy.release import Layout
 
 if TYPE_CHECKING:
@@ -38,6 +39,11 @@ class ServiceState:
     restarts: int  # times the manager restarted it since it was last started by us
     # The signal that ended its main process last, when the manager still says so.
     killed_by: signal.Signals | None = None
+
+    @property
+    def crash(self) -> str | None:
+        """``killed by SIGILL (illegal instruction)`` when a signal ended the main process last, else None."""
+        return None if self.killed_by is None else f"killed by {signal_words(self.killed_by)}"
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,9 @@ class WorkerStatus(Result):
     endpoint: str
     reachable: bool = Field(description="Its SSH answered")
     active: str | None = Field(None, description="The RPC server unit's state on the worker")
+    crash: str | None = Field(
+        None, description="The signal that ended the RPC server last, while the service manager still says so"
+    )
     current: str | None = None
     build_key: str | None = None
     from_head: bool | None = Field(None, description="The head reaches the RPC port (through the head's SSH)")
@@ -274,6 +277,7 @@ def worker_status(runner: SshProcessRunner, member: Member, head: SshProcessRunn
         endpoint=endpoint,
         reachable=True,
         active=service.active,
+        crash=service.crash,
         current=state.current,
         build_key=(state.record or {}).get("build_key"),
         from_head=from_head,
@@ -289,12 +293,14 @@ def topology_status(head: Member, workers: Sequence[Member]) -> TopologyStatusRe
     if not head_report.reachable:
         problems.append(f"head {head_report.host}: unreachable")
     elif not head_report.healthy:
-        problems.append(f"head {head_report.host}: {head_report.active}, /health not answering 200")
+        crashed = f", {head_report.crash}" if head_report.crash else ""
+        problems.append(f"head {head_report.host}: {head_report.active}{crashed}, /health not answering 200")
     for report in reports:
         if not report.reachable:
             problems.append(f"worker {report.host} ({report.endpoint}): SSH unreachable")
         elif report.active != "active":
-            problems.append(f"worker {report.host} ({report.endpoint}): RPC server {report.active}")
+            crashed = f", {report.crash}" if report.crash else ""
+            problems.append(f"worker {report.host} ({report.endpoint}): RPC server {report.active}{crashed}")
         elif report.from_head is False:
             problems.append(f"worker {report.host} ({report.endpoint}): the head cannot reach its RPC port")
         if report.build_key and head_report.build_key and report.build_key != head_report.build_key:
