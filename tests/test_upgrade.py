@@ -263,6 +263,52 @@ def test_dry_run_to_an_older_release_rebases_and_changes_nothing(
     assert _digest(project) == before  # nothing under recipes/ or patches/ changed
 
 
+@pytest.mark.docker
+@pytest.mark.llamacpp
+@pytest.mark.anyio
+async def test_a_dry_run_from_mcp_and_from_a_notebook_says_what_the_cli_says(
+    upgrade_env: dict[str, str],
+    project: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same dry run through the MCP server (a real client) and the notebook magic (a real IPython shell):
+    the same resolved source and rebase, and nothing under recipes/ or patches/ changes."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from mcp import Client
+    from traitlets.config import Config
+
+    from llamaforge.fronts.mcp.server import build_server
+
+    for name in (
+        "LLAMAFORGE_HOME",
+        "LLAMAFORGE_SOURCE_MIRROR",
+        "LLAMAFORGE_RECIPES_DIR",
+        "LLAMAFORGE_PATCHES_DIR",
+    ):
+        monkeypatch.setenv(name, upgrade_env[name])
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path_factory.mktemp("ipython")))  # outside the project
+    before = _digest(project)
+    arguments = {"to": "llama-cpp-python==0.3.35", "dry_run": True}
+    async with Client(build_server()) as client:
+        called = await client.call_tool("upgrade", arguments)
+    assert not called.is_error and called.structured_content is not None, called.content
+    config = Config()
+    config.HistoryManager.hist_file = ":memory:"
+    shell = InteractiveShell.instance(config=config)
+    try:
+        shell.run_line_magic("load_ext", "llamaforge")
+        shown = shell.run_line_magic("llamaforge", "upgrade --to llama-cpp-python==0.3.35 --dry-run")
+    finally:
+        InteractiveShell.clear_instance()
+    for result in (called.structured_content, shown):
+        assert result["verdict"] == "dry run" and result["new"]["commit"] == OLD_COMMIT
+        statuses = {patch["name"]: patch["status"] for patch in result["rebase"]["patches"]}
+        assert len(statuses) == 3 and set(statuses.values()) <= {"applies", "refreshed"}, statuses
+    assert "dry run" in shown._repr_html_()
+    assert _digest(project) == before
+
+
 def _moved_context_archive(source_tree: Path, directory: Path) -> tuple[Path, str]:
     """b11312 with a line of its own where the remap patch adds one: a real 3-way conflict for the series."""
     series = (REPO / "patches" / "llama.cpp" / "0001-qwen3-tensor-name-remap.patch").read_text(
