@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import struct
 import subprocess
 import sys
 import tarfile
@@ -137,3 +139,52 @@ def stub_gguf(path: Path, arch: str = "qwen3") -> Path:
 def unloadable_model(path: Path) -> Path:
     """A well-formed GGUF of an architecture llama.cpp does not know: llama-server exits while loading it."""
     return stub_gguf(path, "no-such-arch")
+
+
+UD2 = b"\x0f\x0b"  # x86's "undefined instruction": the CPU raises SIGILL on it
+
+
+def symbol_offset(data: bytes, name: str) -> int:
+    """The file offset of the dynamic symbol ``name`` of a little-endian ELF64 shared object."""
+    assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, "not a little-endian ELF64 file"
+    phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 0x36)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + index * shentsize) for index in range(shnum)]
+    dynsym = next(section for section in sections if section[1] == 11)  # SHT_DYNSYM
+    strings = sections[dynsym[6]][4]  # the offset of its string table (sh_link)
+    for entry in range(dynsym[4], dynsym[4] + dynsym[5], dynsym[9]):
+        name_at, _info, _other, _section, value, _size = struct.unpack_from("<IBBHQQ", data, entry)
+        start = strings + name_at
+        if value and data[start : data.index(b"\0", start)] == name.encode():
+            for index in range(phnum):
+                kind, _flags, offset, vaddr, _paddr, filesz, _memsz, _align = struct.unpack_from(
+                    "<IIQQQQQQ", data, phoff + index * phentsize
+                )
+                if kind == 1 and vaddr <= value < vaddr + filesz:  # PT_LOAD
+                    return int(value - vaddr + offset)
+    raise LookupError(name)
+
+
+def copy_build(source: Path, home: Path, label: str) -> tuple[str, Path]:
+    """A copy of the build ``source`` in ``home``'s build store under a key of its own; its key and directory."""
+    manifest = json.loads((source / "manifest.json").read_text(encoding="utf-8"))
+    key = f"{label}{manifest['key']}"[:32]
+    directory = home / "builds" / key
+    shutil.copytree(source, directory, symlinks=True)
+    (directory / "manifest.json").write_text(json.dumps({**manifest, "key": key}), encoding="utf-8")
+    return key, directory
+
+
+def sigill_copy(source: Path, home: Path) -> tuple[str, Path]:
+    """A copy of the build ``source`` (:func:`copy_build`) whose every CPU module runs ``ud2`` at the start of
+    ``ggml_graph_compute``: llama.cpp loads the module and the model, and the CPU raises SIGILL on the first
+    graph, as the AMX tiles did. Its key and directory."""
+    key, directory = copy_build(source, home, "sigill")
+    modules = sorted((directory / "bin").glob("libggml-cpu-*.so"))
+    assert modules, "the build has no CPU backend modules"
+    for module in modules:
+        data = bytearray(module.read_bytes())
+        at = symbol_offset(bytes(data), "ggml_graph_compute")
+        data[at : at + len(UD2)] = UD2
+        module.write_bytes(bytes(data))
+    return key, directory

@@ -12,11 +12,8 @@ is refused by the canary.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
-import struct
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -25,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from helpers import copy_build, sigill_copy
 from llamaforge.core.errors import OperationFailed
 from llamaforge.core.events import Event
 from llamaforge.core.registry import OperationContext, operations
@@ -159,39 +157,6 @@ def test_each_target_names_the_signal_that_ended_its_probe() -> None:
 
 # On the test hosts
 
-UD2 = b"\x0f\x0b"  # x86's "undefined instruction": the CPU raises SIGILL on it
-
-
-def symbol_offset(data: bytes, name: str) -> int:
-    """The file offset of the dynamic symbol ``name`` of a little-endian ELF64 shared object."""
-    assert data[:4] == b"\x7fELF" and data[4] == 2 and data[5] == 1, "not a little-endian ELF64 file"
-    phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
-    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 0x36)
-    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + index * shentsize) for index in range(shnum)]
-    dynsym = next(section for section in sections if section[1] == 11)  # SHT_DYNSYM
-    strings = sections[dynsym[6]][4]  # the offset of its string table (sh_link)
-    for entry in range(dynsym[4], dynsym[4] + dynsym[5], dynsym[9]):
-        name_at, _info, _other, _section, value, _size = struct.unpack_from("<IBBHQQ", data, entry)
-        start = strings + name_at
-        if value and data[start : data.index(b"\0", start)] == name.encode():
-            for index in range(phnum):
-                kind, _flags, offset, vaddr, _paddr, filesz, _memsz, _align = struct.unpack_from(
-                    "<IIQQQQQQ", data, phoff + index * phentsize
-                )
-                if kind == 1 and vaddr <= value < vaddr + filesz:  # PT_LOAD
-                    return int(value - vaddr + offset)
-    raise LookupError(name)
-
-
-def copy_build(source: Path, home: Path, label: str) -> tuple[str, Path]:
-    """A copy of the build ``source`` in ``home``'s build store under a key of its own; its key and directory."""
-    manifest = json.loads((source / "manifest.json").read_text(encoding="utf-8"))
-    key = f"{label}{manifest['key']}"[:32]
-    directory = home / "builds" / key
-    shutil.copytree(source, directory, symlinks=True)
-    (directory / "manifest.json").write_text(json.dumps({**manifest, "key": key}), encoding="utf-8")
-    return key, directory
-
 
 @pytest.fixture
 def store(
@@ -280,14 +245,7 @@ def test_a_release_is_probed_before_its_switch_and_a_crashing_one_is_refused_on_
 
     # Every CPU module of this copy runs ud2 at the start of ggml_graph_compute: llama.cpp loads the module and
     # the model, and the CPU raises SIGILL on the first graph.
-    key, directory = copy_build(store["build"], store["home"], "sigill")
-    modules = sorted((directory / "bin").glob("libggml-cpu-*.so"))
-    assert modules, "the build has no CPU backend modules"
-    for module in modules:
-        data = bytearray(module.read_bytes())
-        at = symbol_offset(bytes(data), "ggml_graph_compute")
-        data[at : at + len(UD2)] = UD2
-        module.write_bytes(bytes(data))
+    key, _ = sigill_copy(store["build"], store["home"])
     events.clear()
     report = refused(events, **base, build=key, canary=0, batch=3)  # every host in one batch: each one probes
     for address, host, item in zip(addresses, test_hosts, report.hosts, strict=True):

@@ -4,7 +4,9 @@ rollback on request, and an update whose model does not load, which Swarm rolls 
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -13,20 +15,27 @@ from typing import Any
 
 import pytest
 
-from helpers import unloadable_model
+from helpers import sigill_copy, unloadable_model
 from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.registry import OperationContext, operations
+from llamaforge.deploy.hosts.prepared import ProbeModel
+from llamaforge.deploy.hosts.probe import probe_args
 from llamaforge.deploy.release import DEFAULT_PORT, ReleaseSpec
 from llamaforge.deploy.report import DeployResult, DeployStatusResult, SwarmReport
 from llamaforge.deploy.swarm.service import (
+    LABEL_IMAGE,
+    LABEL_PROBE,
     LABEL_RELEASE,
+    PROBE_MOUNT,
+    _node_probe,
     monitor_window_s,
+    probe_job,
     service_name,
     slot_tasks,
     swarm_release,
 )
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
-from llamaforge.runners.swarm import remove_service, service_arguments
+from llamaforge.runners.swarm import JobTask, job_arguments, remove_service, service_arguments
 from llamaforge.serve.launcher import LlamaFlags
 
 
@@ -51,7 +60,8 @@ def run(operation: str, **arguments: Any) -> Any:
 
 
 def test_the_service_sets_every_update_and_rollback_field_and_a_health_check_sized_to_the_model() -> None:
-    release = swarm_release(spec(), "web", "llamaforge/llama-server:" + "k" * 32, replicas=3, parallelism=2)
+    tag = "llamaforge/llama-server:" + "k" * 32
+    release = swarm_release(spec(), "web", "sha256:" + "a" * 64, tag=tag, replicas=3, parallelism=2)
     definition = release.definition
     probe = definition.health
     assert probe.start_period_s == 30 + 30 * 3  # the gate's wait for a 3 GiB model
@@ -79,6 +89,7 @@ def test_the_service_sets_every_update_and_rollback_field_and_a_health_check_siz
         {"Target": "/tmp", "Source": None, "Type": "tmpfs", "ReadOnly": False},
     ]
     assert container["ReadOnly"] is True and container["CapabilityDrop"] == ["ALL"]
+    assert container["Image"] == "sha256:" + "a" * 64 and arguments["labels"][LABEL_IMAGE] == tag
     assert (
         container["Labels"][LABEL_RELEASE] == release.id and arguments["mode"]["replicated"]["Replicas"] == 3
     )
@@ -132,6 +143,86 @@ def test_each_slot_is_the_task_swarm_wants_running_even_when_a_failed_one_is_new
     assert slot_tasks([failed, gone])[3][0] is gone and slot_tasks([failed])[2][0] is failed
 
 
+_ROW = {
+    "build_commit": "0c1e570",
+    "build_number": 11312,
+    "backends": "CPU",
+    "model_type": "qwen3 ?B Q4_0",
+    "model_size": 1000,
+    "model_n_params": 2000,
+    "stddev_ts": 0.0,
+    "avg_ns": 1,
+    "stddev_ns": 0,
+}
+BENCH_JSON = json.dumps(
+    [
+        {**_ROW, "n_prompt": 16, "n_gen": 0, "avg_ts": 812.5},
+        {**_ROW, "n_prompt": 0, "n_gen": 4, "avg_ts": 95.0},
+    ]
+)  # the fields llama-bench -o json prints that the parser reads
+LOADED = "load_backend: loaded CPU backend from /opt/llamaforge/bin/libggml-cpu-sapphirerapids.so"
+
+
+def test_the_probe_job_runs_the_images_llama_bench_once_per_node_in_the_services_restrictions() -> None:
+    release = swarm_release(
+        spec(flags=LlamaFlags(threads=2, repack=False)), "lab", "img:1", replicas=3, gpus=1
+    )
+    flags = LlamaFlags(threads=2, repack=False)
+    job = probe_job(release, flags, ProbeModel(Path("/m/p.gguf"), "c" * 64, 1000))
+    assert job.command == ("/opt/llamaforge/bin/llama-bench", *probe_args(PROBE_MOUNT, flags))
+    assert job.command[job.command.index("-t") + 1] == "2"
+    assert "--repack" in job.command and job.mounts == (("/m/p.gguf", PROBE_MOUNT),)
+    assert job.generic_resources == {"NVIDIA-GPU": 1} and job.env == release.definition.env
+    arguments = job_arguments(job)
+    assert arguments["mode"] == {"GlobalJob": {}}  # one task on every node, run once
+    template = arguments["task_template"]
+    assert template["RestartPolicy"]["Condition"] == "none"  # a crash is a verdict, never retried
+    container = template["ContainerSpec"]
+    assert container["ReadOnly"] is True and container["CapabilityDrop"] == ["ALL"]
+    assert "User" not in container  # the image's user, as the service's tasks run
+    assert container["Command"][0] == "/opt/llamaforge/bin/llama-bench"
+
+
+def node_task(
+    state: str, exit_code: int | None, stderr: tuple[str, ...] = (), stdout: str = "", message: str = ""
+) -> JobTask:
+    return JobTask("node-a", state, exit_code, message, stdout, stderr, 3.5)
+
+
+def test_each_nodes_probe_is_judged_like_a_hosts_crashes_named_with_the_cpu_module() -> None:
+    ran = _node_probe("r1", node_task("complete", 0, (LOADED,), BENCH_JSON))
+    assert ran.passed and ran.detail == (
+        "llama-bench ran as the image's user 10001: pp16 812 t/s, tg4 95 t/s (CPU, "
+        "libggml-cpu-sapphirerapids.so) in 3.5 s"
+    )
+    crashed = _node_probe(
+        "r1", node_task("failed", 132, (LOADED, "Illegal instruction"), message="task: non-zero exit (132)")
+    )
+    assert not crashed.passed
+    assert crashed.detail.startswith(
+        "node node-a: release r1 cannot run there: llama-bench was killed by SIGILL (illegal instruction)"
+    ), crashed.detail
+    assert "libggml-cpu-sapphirerapids.so" in crashed.detail and crashed.logs[-1] == "Illegal instruction"
+    missing = _node_probe(
+        "r1",
+        node_task(
+            "failed", 127, ("llama-bench: error while loading shared libraries: libgomp.so.1: cannot open",)
+        ),
+    )
+    assert not missing.passed and "ended with exit code 127" in missing.detail
+    assert "error while loading shared libraries: libgomp.so.1" in missing.detail
+    rejected = _node_probe(
+        "r1", node_task("rejected", None, message="No such image: llamaforge/llama-server:k")
+    )
+    assert not rejected.passed
+    assert "its task was rejected: No such image: llamaforge/llama-server:k" in rejected.detail
+    assert "docker image load" in rejected.detail  # the hint: no registry, so every node needs the image
+    stuck = _node_probe(
+        "r1", node_task("pending", None, message="no suitable node (insufficient resources on 1 node)")
+    )
+    assert not stuck.passed and "its task was pending: no suitable node" in stuck.detail
+
+
 def test_swarm_takes_no_hosts_and_rolls_back_to_the_previous_spec_only() -> None:
     with pytest.raises(InvalidOption, match="not to hosts"):
         run("deploy.status", target="swarm", hosts="lf@127.0.0.1:2201")
@@ -180,7 +271,13 @@ def deployment(
     model = write_tiny_model(tmp_path / "tiny.gguf", TinyModelSpec(arch="qwen3"), Path(vocab)).path
     broken = unloadable_model(tmp_path / "unknown-arch.gguf")
     name = f"sw{os.getpid() % 100000}"
-    yield {"name": name, "build": patched_build.name, "model": str(model), "broken": str(broken)}
+    yield {
+        "name": name,
+        "build": patched_build.name,
+        "build_dir": patched_build,
+        "model": str(model),
+        "broken": str(broken),
+    }
     remove_service(service_name(name))
     assert service_name(name) not in [network.name for network in swarm.networks.list()]
     for secret in swarm.secrets.list(filters={"label": f"org.llamaforge.deployment={name}"}):
@@ -311,3 +408,79 @@ def test_a_published_service_asks_for_the_key_from_its_swarm_secret(
 
     assert ask() == "401" and ask("-H", "Authorization: Bearer wrong") == "401"
     assert ask("-H", f"Authorization: Bearer {key}") == "200"
+
+
+@pytest.mark.docker
+@pytest.mark.llamacpp
+def test_every_node_proves_a_release_before_the_service_moves_and_a_crashing_one_moves_nothing(
+    deployment: dict[str, Any], swarm: Any, build_env: dict[str, str]
+) -> None:
+    from llamaforge.build.runtime_image import ensure_runtime_image
+
+    events: list[str] = []
+
+    def deploy(build: str) -> Any:
+        op = operations()["deploy"]
+        params = op.params(
+            target="swarm",
+            name=deployment["name"],
+            build=build,
+            model=deployment["model"],
+            replicas=1,
+            gate_timeout_s=30,
+        )
+        return op.run(params, OperationContext(reporter=lambda event: events.append(event.message)))
+
+    started = time.monotonic()
+    first = deploy(deployment["build"])
+    first_s = time.monotonic() - started
+    assert isinstance(first, DeployResult) and first.passed and first.swarm is not None
+    (probe,) = first.swarm.probes  # one node
+    assert probe.passed and probe.detail.startswith("llama-bench ran as the image's user 10001: pp16 "), probe
+    assert "libggml-cpu-" in probe.detail  # the CPU module the loader picked on the node
+    probing = events.index(f"probing release {first.release} on every node (a Swarm job)")
+    assert probing < next(index for index, text in enumerate(events) if text.startswith("creating service"))
+    assert first.swarm.probe_s is not None
+
+    spec = swarm.services.get(service_name(deployment["name"])).attrs["Spec"]
+    image = spec["TaskTemplate"]["ContainerSpec"]["Image"]
+    made = ensure_runtime_image(deployment["build"])
+    # By id: no node asks a registry for it.
+    assert image == made.image_id and spec["Labels"][LABEL_IMAGE] == made.tag
+    # The job's exited container is gone with the job (Swarm itself leaves it).
+    assert not swarm.containers.list(all=True, filters={"label": LABEL_PROBE})
+
+    again = deploy(deployment["build"])  # the service runs it already: nothing to prove
+    assert again.passed and again.swarm is not None and not again.swarm.probes
+
+    # The same build with a CPU module that raises SIGILL on the first graph, in a runtime image of its own.
+    key, directory = sigill_copy(deployment["build_dir"], Path(build_env["LLAMAFORGE_HOME"]))
+    tag = ensure_runtime_image(key).tag
+    try:
+        before = swarm.services.get(service_name(deployment["name"])).attrs
+        events.clear()
+        with pytest.raises(OperationFailed) as caught:
+            deploy(key)
+        message = caught.value.message
+        assert caught.value.exit_code == 15
+        assert "refused before any task moved: node " in message, message
+        assert "llama-bench was killed by SIGILL (illegal instruction)" in message, message
+        assert message.endswith(f"the service still runs {first.release}"), message
+        result = caught.value.result
+        assert isinstance(result, DeployResult) and not result.passed and result.swarm is not None
+        (refused,) = result.swarm.probes
+        assert not refused.passed and "with libggml-cpu-" in refused.detail, refused
+        assert any("load_backend: loaded CPU backend" in line for line in refused.logs), refused.logs
+        after = swarm.services.get(service_name(deployment["name"])).attrs
+        assert after["Version"] == before["Version"] and after["Spec"] == before["Spec"]  # never updated
+        assert result.swarm.release == first.release and result.swarm.healthy == 1
+        assert not any(text.startswith("updating service") for text in events), events
+        assert not [service.name for service in swarm.services.list() if "-probe-" in service.name]
+        assert not swarm.containers.list(all=True, filters={"label": LABEL_PROBE})
+    finally:
+        swarm.images.remove(tag)
+        shutil.rmtree(directory)
+    print(
+        f"\nswarm probe: {first.swarm.probe_s:.1f} s of a {first_s:.1f} s first deploy (1 node); "
+        f"{probe.detail.rsplit(' in ', 1)[-1]} for llama-bench"
+    )

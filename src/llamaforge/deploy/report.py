@@ -179,6 +179,15 @@ class SwarmTask(Result):
     detail: str = ""
 
 
+class SwarmProbe(Result):
+    """The release's llama-bench on one node of the swarm, before the service was updated (a Swarm job)."""
+
+    node: str
+    passed: bool
+    detail: str = Field(description="Its figures and CPU module, or why the release cannot run on the node")
+    logs: list[str] = Field(default_factory=list, description="Its last log lines when it failed")
+
+
 class SwarmReport(Result):
     """A Swarm service after a deploy, a rollback or for ``deploy.status``: Swarm's update verdict and every
     replica."""
@@ -200,4 +209,10 @@ class SwarmReport(Result):
     rolled_back: bool = False
     passed: bool = False
     tasks: list[SwarmTask] = Field(default_factory=list)
+    probes: list[SwarmProbe] = Field(
+        default_factory=list,
+        description="The release's llama-bench on every node before the update (empty: not probed, e.g. the "
+        "service already ran it, or --no-probe)",
+    )
+    probe_s: float | None = Field(None, description="Seconds the probe job took, end to end")
     wall_s: float = 0.0

@@ -66,6 +66,37 @@ class ServiceDefinition:
     secrets: tuple[tuple[str, str, str, int], ...] = ()
 
 
+@dataclass(frozen=True)
+class JobDefinition:
+    """A one-shot Swarm job (mode ``global-job``): one task on every node that can take it, never restarted, in
+    the service's container restrictions (the image's user, read-only root, no capabilities, tmpfs ``/tmp``)."""
+
+    name: str
+    image: str
+    command: tuple[str, ...]  # the entrypoint and its arguments
+    env: dict[str, str]
+    labels: dict[str, str]
+    mounts: tuple[tuple[str, str], ...]  # (source on the node, target in the container), bind, read-only
+    generic_resources: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class JobTask:
+    """One node's task of a job: Swarm's end state, the container's exit code and its output."""
+
+    node: str  # the node's hostname, else its id
+    state: str  # complete, failed, rejected; pending or running when the job ran past its limit
+    exit_code: int | None
+    message: str  # Swarm's Err, else its Message
+    stdout: str
+    stderr: tuple[str, ...]
+    seconds: float
+
+
+# Task states after which a task never runs again.
+_TASK_ENDED = frozenset({"complete", "failed", "rejected", "shutdown", "orphaned", "remove"})
+
+
 def _ns(seconds: float) -> int:
     return int(seconds * 1_000_000_000)
 
@@ -81,25 +112,42 @@ def _policy(kind: Any, policy: UpdatePolicy) -> Any:
     )
 
 
+def _restricted(
+    image: str,
+    labels: dict[str, str],
+    env: dict[str, str],
+    mounts: tuple[tuple[str, str], ...],
+    **more: Any,
+) -> Any:
+    """A task's container: the image's user with a read-only root and no capabilities (it needs none and writes
+    only the tmpfs ``/tmp``), the ``mounts`` bound read-only; ``more`` for the SDK's ``ContainerSpec``."""
+    from docker import types
+
+    return types.ContainerSpec(
+        image=image,
+        labels=dict(labels),
+        env=[f"{key}={value}" for key, value in sorted(env.items())],
+        mounts=[
+            *(types.Mount(target, source, type="bind", read_only=True) for source, target in mounts),
+            types.Mount("/tmp", None, type="tmpfs"),
+        ],
+        read_only=True,
+        cap_drop=["ALL"],
+        **more,
+    )
+
+
 def service_arguments(definition: ServiceDefinition) -> dict[str, Any]:
     """The keyword arguments of the SDK's ``create_service``/``update_service`` for ``definition``."""
     from docker import types
 
     probe = definition.health
-    container = types.ContainerSpec(
-        image=definition.image,
+    container = _restricted(
+        definition.image,
+        definition.labels,
+        definition.env,
+        definition.mounts,
         args=list(definition.args),
-        labels=dict(definition.labels),
-        env=[f"{key}={value}" for key, value in sorted(definition.env.items())],
-        mounts=[
-            *(
-                types.Mount(target, source, type="bind", read_only=True)
-                for source, target in definition.mounts
-            ),
-            types.Mount("/tmp", None, type="tmpfs"),
-        ],
-        read_only=True,
-        cap_drop=["ALL"],  # the image's user needs no capability and writes only /tmp
         secrets=[
             types.SecretReference(ident, name, filename=target, uid=str(uid), gid=str(uid), mode=0o400)
             for ident, name, target, uid in definition.secrets
@@ -273,3 +321,96 @@ def exec_in_container(
     except docker.errors.APIError as error:
         return 1, str(error.explanation or error)
     return int(code), bytes(output).decode("utf-8", "replace")
+
+
+def job_arguments(job: JobDefinition) -> dict[str, Any]:
+    """The keyword arguments of the SDK's ``create_service`` for ``job``."""
+    from docker import types
+
+    return {
+        "task_template": types.TaskTemplate(
+            _restricted(job.image, job.labels, job.env, job.mounts, command=list(job.command)),
+            resources=types.Resources(generic_resources=job.generic_resources or None),
+            restart_policy=types.RestartPolicy(condition="none"),
+        ),
+        "name": job.name,
+        "labels": dict(job.labels),
+        "mode": types.ServiceMode("global-job"),
+    }
+
+
+def _job_logs(client: Any, service_id: str, *, stdout: bool) -> dict[str, list[str]]:
+    """The job's stdout (or stderr) lines by task id, from the engine's service logs (with their details)."""
+    raw = _api(
+        client.api.service_logs,
+        "reading the job's logs",
+        service_id,
+        details=True,
+        stdout=stdout,
+        stderr=not stdout,
+        follow=False,
+    )
+    text = b"".join(raw if not isinstance(raw, bytes) else [raw]).decode("utf-8", "replace")
+    lines: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        details, _, message = line.partition(" ")
+        attributes = dict(item.split("=", 1) for item in details.split(",") if "=" in item)
+        lines.setdefault(attributes.get("com.docker.swarm.task.id", ""), []).append(message)
+    return lines
+
+
+def run_global_job(
+    job: JobDefinition, limit_s: float, cancel: Any, config: EngineConfig | None = None
+) -> list[JobTask]:
+    """Run ``job`` once on every node that takes it and wait (at most ``limit_s``) for every task to end; each
+    node's task, then the job and its containers on this engine are removed. A task still pending or running at
+    the limit is returned as it is."""
+    import contextlib
+    import time
+
+    import docker.errors
+
+    client = _client(config)
+    started = time.monotonic()
+    created = _api(client.api.create_service, f"creating job {job.name}", **job_arguments(job))
+    service_id = str(created["ID"])
+    try:
+        tasks: list[dict[str, Any]] = []
+        while True:
+            tasks = client.api.tasks(filters={"service": service_id})
+            if tasks and all(task.get("Status", {}).get("State") in _TASK_ENDED for task in tasks):
+                break
+            if time.monotonic() - started > limit_s:
+                break
+            cancel.raise_if_cancelled()
+            time.sleep(0.5)
+        seconds = time.monotonic() - started
+        out = _job_logs(client, service_id, stdout=True)
+        err = _job_logs(client, service_id, stdout=False)
+        hostnames = {
+            str(node["ID"]): str(node.get("Description", {}).get("Hostname") or node["ID"][:12])
+            for node in client.api.nodes()
+        }
+        return [
+            JobTask(
+                node=hostnames.get(str(task.get("NodeID", "")), str(task.get("NodeID", ""))[:12] or "-"),
+                state=str(task.get("Status", {}).get("State", "")),
+                exit_code=task.get("Status", {}).get("ContainerStatus", {}).get("ExitCode"),
+                message=str(task.get("Status", {}).get("Err") or task.get("Status", {}).get("Message") or ""),
+                stdout="\n".join(out.get(str(task["ID"]), [])),
+                stderr=tuple(err.get(str(task["ID"]), [])),
+                seconds=seconds,
+            )
+            for task in sorted(tasks, key=lambda task: str(task.get("NodeID", "")))
+        ]
+    finally:
+        with contextlib.suppress(docker.errors.APIError):
+            client.api.remove_service(service_id)
+        # Swarm leaves an ended job's containers behind, even once the job is gone: remove this engine's (the
+        # job's tasks, by the job's id), so their image can go too. Other nodes keep theirs (exited) until
+        # `docker container prune` there.
+        for container in client.api.containers(
+            all=True, filters={"label": f"com.docker.swarm.service.id={service_id}"}
+        ):
+            with contextlib.suppress(docker.errors.APIError):
+                client.api.remove_container(container["Id"], force=True)

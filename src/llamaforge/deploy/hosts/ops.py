@@ -163,8 +163,8 @@ class DeployParams(HostsParams):
     probe: bool = Field(
         True,
         description="Before its switch each host runs the release's llama-bench as the service would (its "
-        "user, environment, sandbox or image) on a tiny Q4_0 model; a crash or failure refuses the host "
-        "(--no-probe: switch without it)",
+        "user, environment, sandbox or image; on Swarm a job on every node) on a tiny Q4_0 model; a crash or "
+        "failure refuses the host (--no-probe: switch without it)",
     )
     replicas: int = Field(
         1, ge=1, description="--target swarm: tasks of the service (--batch: replaced at a time)"

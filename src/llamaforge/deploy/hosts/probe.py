@@ -34,6 +34,7 @@ from llamaforge.serve.launcher import LlamaFlags
 from llamaforge.smoke.bench import parse_llama_bench
 
 if TYPE_CHECKING:
+    import signal
     from collections.abc import Mapping, Sequence
 
     from llamaforge.deploy.hosts.prepared import Release
@@ -48,6 +49,7 @@ PROBE_PROMPT: Final = 16  # tokens of the pp test: a batch the repacked and AMX 
 PROBE_GEN: Final = 4
 PROBE_LIMIT_S: Final = 120  # the host's service manager stops a probe that runs longer
 _SLACK_S: Final = 30.0  # beyond the limit, for the service manager to report it
+PROBE_WAIT_S: Final = PROBE_LIMIT_S + _SLACK_S  # the longest a probe is waited for
 TAIL_LINES: Final = 20
 
 
@@ -156,25 +158,47 @@ def probe_release(
     result = runner.run(
         command,
         warn=True,
-        timeout_s=PROBE_LIMIT_S + _SLACK_S,
+        timeout_s=PROBE_WAIT_S,
         cancel=cancel,
         what=f"{PROBE_BINARY} of release {rid} on {runner.host.host}",
     )
     seconds = time.monotonic() - started
     logs = result.stderr.splitlines()
-    tail = logs[-TAIL_LINES:]
+    return judge_probe(
+        f"{address}: release {rid} cannot run there",
+        target.probe_signal(result.exit_code, logs),
+        result.exit_code,
+        result.stdout,
+        logs,
+        seconds,
+        timed_out=result.timed_out,
+    )
+
+
+def judge_probe(
+    where: str,
+    sig: signal.Signals | None,
+    exit_code: int,
+    stdout: str,
+    logs: Sequence[str],
+    seconds: float,
+    *,
+    timed_out: bool = False,
+    user: str = SERVICE_USER,
+) -> ProbeOutcome:
+    """What a probe's llama-bench said: ended by ``sig``, or with ``exit_code`` (-1: it never started), its JSON
+    on ``stdout`` and its log ``logs``, run as ``user``; a refusal starts with ``where``."""
+    tail = list(logs[-TAIL_LINES:])
     module = loaded_cpu_module(logs)
-    sig = target.probe_signal(result.exit_code, logs)
-    where = f"{address}: release {rid} cannot run there"
     refusal = None
     if sig is not None:
-        said = crash_words(PROBE_BINARY, sig, module, when=f"as {SERVICE_USER} on the Q4_0 probe model")
+        said = crash_words(PROBE_BINARY, sig, module, when=f"as {user} on the Q4_0 probe model")
         refusal = ReleaseCannotRun(f"{where}: {said}", hint=crash_hint(sig, module), logs=tail)
-    elif result.timed_out or not result.ok:
-        how = f"ran past {PROBE_LIMIT_S} s" if result.timed_out else _ended(result.exit_code)
+    elif timed_out or exit_code != 0:
+        how = f"ran past {PROBE_LIMIT_S} s" if timed_out else _ended(exit_code)
         last = _last_words(logs)
         refusal = ReleaseCannotRun(
-            f"{where}: {PROBE_BINARY} {how} as {SERVICE_USER} on the Q4_0 probe model"
+            f"{where}: {PROBE_BINARY} {how} as {user} on the Q4_0 probe model"
             + (f": {last}" if last else ""),
             hint="the lines below are its log; a missing library means the release lacks it (`ldd` of the build's "
             "binaries there), a start failure names the service manager's complaint",
@@ -182,7 +206,7 @@ def probe_release(
         )
     else:
         try:
-            bench = parse_llama_bench(result.stdout)
+            bench = parse_llama_bench(stdout)
         except SmokeFailed as failed:
             refusal = ReleaseCannotRun(
                 f"{where}: {PROBE_BINARY} exited 0 but {failed.message}", hint=failed.hint, logs=tail
@@ -191,7 +215,7 @@ def probe_release(
         return ProbeOutcome(refusal.render(), seconds, tuple(tail), refusal)
     figures = ", ".join(f"{test.name} {test.avg_ts:.0f} t/s" for test in bench.tests)
     loaded = f", {module}" if module else ""
-    detail = f"{PROBE_BINARY} ran as {SERVICE_USER}: {figures} ({bench.backends or 'CPU'}{loaded}) in {seconds:.1f} s"
+    detail = f"{PROBE_BINARY} ran as {user}: {figures} ({bench.backends or 'CPU'}{loaded}) in {seconds:.1f} s"
     return ProbeOutcome(detail, seconds, tuple(tail))
 
 

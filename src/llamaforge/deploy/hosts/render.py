@@ -52,6 +52,15 @@ def _swarm(swarm: SwarmReport, console: Console) -> None:
         ]
         for task in swarm.tasks
     ]
+    if swarm.probes:
+        probes = [
+            [probe.node, "ran" if probe.passed else "[red]refused[/]", probe.detail.splitlines()[0]]
+            for probe in swarm.probes
+        ]
+        seconds = f" ({swarm.probe_s:.1f} s)" if swarm.probe_s is not None else ""
+        console.print(
+            _table(f"probe of release {swarm.requested}{seconds}", ["node", "probe", "detail"], probes)
+        )
     update = swarm.update_state or "never updated"
     title = f"swarm service {swarm.service}: release {swarm.release or '-'}, update {update}"
     console.print(

@@ -10,18 +10,23 @@ from typing import TYPE_CHECKING
 from llamaforge.backends import backend_devices
 from llamaforge.core.errors import InvalidOption, OperationFailed
 from llamaforge.core.events import CancelToken, Event, Reporter
-from llamaforge.deploy.inputs import release_spec
+from llamaforge.deploy.inputs import release_probe, release_spec
 from llamaforge.deploy.report import DeployFailed, DeployResult, DeployStatusResult, SwarmReport
 from llamaforge.deploy.swarm.service import (
+    LABEL_RELEASE,
+    SwarmRelease,
     api_key_secret,
     deploy_service,
+    probe_nodes,
     report,
     rollback_service,
+    service_name,
     swarm_release,
 )
+from llamaforge.runners import swarm as swarm_api
 
 if TYPE_CHECKING:
-    from llamaforge.deploy.release import ReleaseRequest
+    from llamaforge.deploy.release import ReleaseRequest, ReleaseSpec
     from llamaforge.deploy.targets.base import Deployment, RolloutSettings
 
 TARGET = "swarm"
@@ -66,6 +71,41 @@ def _failed(what: str, result: DeployResult) -> OperationFailed:
     )
 
 
+def _proven(
+    deployment: Deployment,
+    spec: ReleaseSpec,
+    release: SwarmRelease,
+    reporter: Reporter,
+    cancel: CancelToken,
+) -> SwarmReport | None:
+    """Every node runs the release's llama-bench before the service moves to it (:func:`probe_nodes`): the
+    probe's report, None when the service already runs the release. A node that cannot run it refuses the
+    deploy, and the service is left as it is."""
+    started = time.monotonic()
+    current = swarm_api.find_service(service_name(deployment.name))
+    previous = None if current is None else (current["Spec"].get("Labels") or {}).get(LABEL_RELEASE)
+    if previous == release.id:
+        return None
+    probes, seconds = probe_nodes(
+        release, spec.flags, release_probe(spec, reporter, cancel), reporter=reporter, cancel=cancel
+    )
+    if all(probe.passed for probe in probes):
+        return SwarmReport(service=release.definition.name, probes=probes, probe_s=seconds)
+    now = report(deployment.name, release.id, previous, started).model_copy(
+        update={"probes": probes, "probe_s": seconds, "passed": False}
+    )
+    failed = next(probe for probe in probes if not probe.passed)
+    said, _, hint = failed.detail.partition("\n  hint: ")
+    where = "the service still runs " + str(previous) if current is not None else "no service was created"
+    raise OperationFailed(
+        f"deploy of {release.id} to Swarm refused before any task moved: {said}; {where}",
+        result=_rollout(deployment, now),
+        exit_code=DeployFailed.exit_code,
+        hint=(hint or "the report holds each node's log tail")
+        + "; every node's verdict is in the report (swarm.probes); --no-probe deploys without the probe",
+    )
+
+
 def swarm_deploy(
     deployment: Deployment,
     request: ReleaseRequest,
@@ -95,7 +135,8 @@ def swarm_deploy(
     release = swarm_release(
         spec,
         deployment.name,
-        image.tag,
+        image.image_id,
+        tag=image.tag,
         replicas=settings.replicas,
         parallelism=settings.batch,
         gpus=gpus,
@@ -103,7 +144,11 @@ def swarm_deploy(
         start_period_s=deployment.gate_timeout_s,
         api_key_secret=secret,
     )
-    result = _rollout(deployment, deploy_service(release, deployment.name, reporter=reporter, cancel=cancel))
+    proven = _proven(deployment, spec, release, reporter, cancel) if settings.probe else None
+    swarm = deploy_service(release, deployment.name, reporter=reporter, cancel=cancel)
+    if proven is not None:
+        swarm = swarm.model_copy(update={"probes": proven.probes, "probe_s": proven.probe_s})
+    result = _rollout(deployment, swarm)
     if not result.passed:
         raise _failed(f"deploy of {release.id} to Swarm", result)
     return result

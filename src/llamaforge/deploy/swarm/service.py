@@ -16,6 +16,12 @@ The model is a read-only bind mount of the file, which
 must be at the same path on every node (one node here). CUDA builds ask for one ``NVIDIA-GPU`` generic
 resource per task (nodes advertise theirs with dockerd's ``--node-generic-resource``) and replace tasks
 stop-first, since each needs a whole GPU.
+
+Before a service is created or updated, every node proves the release (:func:`probe_nodes`): a Swarm job
+(mode ``global-job``, one task per node that could take the service's tasks, never restarted) runs the image's
+llama-bench in the service's restrictions on the tiny Q4_0 probe model, bind-mounted like the model (so at the
+same path on every node). A node where it crashes, lacks a library or cannot start it refuses the release,
+named with the signal and the CPU module the loader picked there, and the service is not touched.
 """
 
 from __future__ import annotations
@@ -23,21 +29,35 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import posixpath
 import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from llamaforge.build.runtime_image import HEALTHCHECK, MODEL_PATH, UID
+from llamaforge.build.runtime_image import HEALTHCHECK, MODEL_PATH, PREFIX, UID
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
+from llamaforge.core.exits import exit_signal
+from llamaforge.deploy.hosts.probe import (
+    PROBE_BINARY,
+    PROBE_WAIT_S,
+    TAIL_LINES,
+    ReleaseCannotRun,
+    judge_probe,
+    probe_args,
+)
 from llamaforge.deploy.release import ReleaseSpec, gate_timeout_s, release_id
-from llamaforge.deploy.report import SwarmReport, SwarmTask
+from llamaforge.deploy.report import SwarmProbe, SwarmReport, SwarmTask
 from llamaforge.runners import swarm as swarm_api
-from llamaforge.runners.swarm import HealthProbe, ServiceDefinition, UpdatePolicy
+from llamaforge.runners.swarm import HealthProbe, JobDefinition, JobTask, ServiceDefinition, UpdatePolicy
 from llamaforge.smoke.answers import GoldenRequest
+
+if TYPE_CHECKING:
+    from llamaforge.deploy.hosts.prepared import ProbeModel
+    from llamaforge.serve.launcher import LlamaFlags
 
 API_KEY_TARGET = "api-key"
 API_KEY_PATH = f"/run/secrets/{API_KEY_TARGET}"
@@ -51,6 +71,9 @@ PROBE_RETRIES = 3
 UPDATE_DELAY_S = 2.0
 COMPLETION_TOKENS = 8
 _ENDED = ("completed", "rollback_completed", "paused", "rollback_paused")
+PROBE_MOUNT = "/models/probe.gguf"
+LABEL_PROBE = "org.llamaforge.probe"
+LABEL_IMAGE = "org.llamaforge.image"  # the runtime image's tag; the service names the image by id
 
 
 def service_name(name: str) -> str:
@@ -77,6 +100,7 @@ def swarm_release(
     name: str,
     image: str,
     *,
+    tag: str | None = None,
     replicas: int,
     parallelism: int = 1,
     gpus: int = 0,
@@ -84,8 +108,10 @@ def swarm_release(
     start_period_s: float | None = None,
     api_key_secret: tuple[str, str] | None = None,
 ) -> SwarmRelease:
-    """The service definition of ``spec`` as deployment ``name`` from the runtime image ``image``; a published
-    port needs ``api_key_secret`` (the secret's id and name), which llama-server reads with ``--api-key-file``."""
+    """The service definition of ``spec`` as deployment ``name`` from the runtime image ``image``, its id
+    (``sha256:…``: no node asks a registry for an image named by id, so a name taken on a public registry can
+    never replace it), ``tag`` its name for people (a label); a published port needs ``api_key_secret`` (the
+    secret's id and name), which llama-server reads with ``--api-key-file``."""
     if publish and api_key_secret is None:
         raise InvalidOption(
             "a published port listens on every interface of every node: it needs an API key",
@@ -121,6 +147,8 @@ def swarm_release(
     }
     rid = release_id(spec, {"swarm-service.json": json.dumps(identity, sort_keys=True)})
     labels = {LABEL_RELEASE: rid, LABEL_MODEL: spec.model_sha256, "org.llamaforge.build.key": spec.build_key}
+    if tag:
+        labels[LABEL_IMAGE] = tag
     definition = ServiceDefinition(
         name=service_name(name),
         image=image,
@@ -137,6 +165,77 @@ def swarm_release(
         secrets=secrets,
     )
     return SwarmRelease(rid, definition)
+
+
+def probe_job(release: SwarmRelease, flags: LlamaFlags, model: ProbeModel) -> JobDefinition:
+    """The job that proves ``release`` on every node: the image's llama-bench on the probe ``model`` with the
+    service's threads, GPU layers and repack choice, environment and generic resources."""
+    definition = release.definition
+    return JobDefinition(
+        name=f"{definition.name[:40]}-probe-{release.id[:8]}",
+        image=definition.image,
+        command=(posixpath.join(PREFIX, "bin", PROBE_BINARY), *probe_args(PROBE_MOUNT, flags)),
+        env=dict(definition.env),
+        labels={LABEL_RELEASE: release.id, LABEL_PROBE: definition.name},
+        mounts=((str(model.path), PROBE_MOUNT),),
+        generic_resources=dict(definition.generic_resources),
+    )
+
+
+def _node_probe(rid: str, task: JobTask) -> SwarmProbe:
+    where = f"node {task.node}: release {rid} cannot run there"
+    if task.state in ("complete", "failed") or (task.state == "running" and task.exit_code is None):
+        code = 0 if task.state == "complete" else task.exit_code if task.exit_code is not None else -1
+        outcome = judge_probe(
+            where,
+            exit_signal(code, shell=True),  # noqa: S604 - nothing runs; a container killed by signal N exits 128 + N
+            code,
+            task.stdout,
+            task.stderr,
+            task.seconds,
+            timed_out=task.state == "running",
+            user=f"the image's user {UID}",
+        )
+        passed = outcome.passed
+        detail = outcome.detail
+        logs = list(outcome.logs) if not passed else []
+    else:  # rejected, or never started within the limit
+        refusal = ReleaseCannotRun(
+            f"{where}: its task was {task.state}" + (f": {task.message}" if task.message else ""),
+            hint="the runtime image and the probe model must be on every node (no registry: `docker image "
+            "load` of the image, the model at the same path); a GPU build needs a node with a free NVIDIA-GPU",
+        )
+        passed, detail, logs = False, refusal.render(), list(task.stderr[-TAIL_LINES:])
+    return SwarmProbe(node=task.node, passed=passed, detail=detail, logs=logs)
+
+
+def probe_nodes(
+    release: SwarmRelease,
+    flags: LlamaFlags,
+    model: ProbeModel,
+    *,
+    reporter: Reporter = null_reporter,
+    cancel: CancelToken | None = None,
+) -> tuple[list[SwarmProbe], float]:
+    """Run ``release``'s llama-bench on every node as its tasks would run it (a Swarm job, removed when it
+    ends): one verdict per node, and the seconds the job took. No node at all is a failed probe too."""
+    reporter(Event("stage", f"probing release {release.id} on every node (a Swarm job)", stage="swarm"))
+    started = time.monotonic()
+    tasks = swarm_api.run_global_job(probe_job(release, flags, model), PROBE_WAIT_S, cancel or CancelToken())
+    seconds = time.monotonic() - started
+    probes = [_node_probe(release.id, task) for task in tasks]
+    if not probes:
+        probes = [
+            SwarmProbe(
+                node="-",
+                passed=False,
+                detail=f"release {release.id}: no node of the swarm took the probe job within "
+                f"{PROBE_WAIT_S:.0f} s (a GPU build needs a node that advertises NVIDIA-GPU)",
+            )
+        ]
+    for probe in probes:
+        reporter(Event("stage", f"node {probe.node}: {probe.detail.splitlines()[0]}", stage="swarm"))
+    return probes, seconds
 
 
 def api_key_secret(name: str) -> tuple[str, str, Path]:
