@@ -25,7 +25,7 @@ import pytest
 from helpers import invoke
 from llamaforge.backends.cuda.arch import parse_cuda_archs
 from llamaforge.build.ops import BuildParams, _plan_from_params
-from llamaforge.core.errors import CacheError, InvalidOption
+from llamaforge.core.errors import CacheError, InvalidOption, ModelError
 from llamaforge.core.events import Event
 from llamaforge.core.registry import OperationContext
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
@@ -84,6 +84,11 @@ BAD_INPUTS: list[tuple[str, list[str], str]] = [
         "smoke measuring nothing",
         ["smoke", "--skip-bench", "--skip-server", "--build", ABSENT_BUILD],
         "--skip-bench and --skip-server together leave nothing to measure",
+    ),
+    (
+        "smoke of a vocab-only file",
+        ["smoke", "--model", "{vocab_only}", "--build", ABSENT_BUILD],
+        "has no tensors: a vocab-only file cannot be served",
     ),
     (
         "build --jobs 0",
@@ -153,6 +158,21 @@ def test_bad_input_is_refused_with_one_error_line(
         assert len(hint) < 400, hint  # a few names, not the ~80 of the whole table
         if "rtx4909" in args or "RTX 4909" in args:
             assert "did you mean 'rtx4090'" in hint
+
+
+@pytest.mark.parametrize("operation", ["smoke", "smoke.cpu-modules"])
+def test_a_missing_model_is_refused_before_any_build(
+    operation: str, env: dict[str, str], tmp_path: Path
+) -> None:
+    """The model is resolved first: with the build named by a key no store holds, a model checked after the
+    build would fail on that key instead; with no --build, it would start a cold build."""
+    for build in (["--build", ABSENT_BUILD], []):
+        result = invoke(operation, "--model", str(tmp_path / "absent.gguf"), *build, env=env, timeout=300)
+        assert result.returncode == ModelError.exit_code, result.stderr[-3000:]
+        assert "Traceback" not in result.stderr
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+        assert errors == [f"error: model file {tmp_path / 'absent.gguf'} does not exist"], result.stderr
+        assert not (Path(env["LLAMAFORGE_HOME"]) / "builds").exists()  # nothing was built
 
 
 # --- what is accepted, and what it means ----------------------------------------------------------------------

@@ -212,6 +212,8 @@ def smoke_op(params: SmokeParams, ctx: OperationContext) -> SmokeResult:
         )
     precheck_server_args(params.server_args, SMOKE_FLAGS)  # before a build may start
     cli = parse_threshold_items(params.thresholds)
+    # The model before the build: a missing or unservable file is refused before a cold build can start.
+    model, label, model_smoke, answers = _model_target(params, ctx)
     key, directory, manifest = resolve_build(params.build, params.executor, ctx)
     server = next(
         (path for path in (directory / "bin" / "llama-server", directory / "llama-server") if path.is_file()),
@@ -219,7 +221,6 @@ def smoke_op(params: SmokeParams, ctx: OperationContext) -> SmokeResult:
     )
     extra = server_args_for(params.server_args, server, key if manifest else None, SMOKE_FLAGS)
     options = dataclasses.replace(options, server_args=extra)
-    model, label, model_smoke, answers = _model_target(params, ctx)
     # A recipe may carry a [smoke] table once its schema has one; the CLI wins over both.
     build_smoke = (manifest.get("recipe") or {}).get("smoke")
     thresholds, sources = resolve_thresholds(
