@@ -90,6 +90,8 @@ BAD_INPUTS: list[tuple[str, list[str], str]] = [
         ["smoke", "--model", "{vocab_only}", "--build", ABSENT_BUILD],
         "has no tensors: a vocab-only file cannot be served",
     ),
+    ("fetch over ftp://", ["models.fetch", "ftp://host/model.gguf"], "source must start with one of hf://"),
+    ("fetch of a hub repository", ["models.fetch", "hf://org/repo"], "hub sources look like hf://owner/repo/"),
     (
         "build --jobs 0",
         ["build", "--dry-run", "--jobs", "0"],
@@ -153,6 +155,7 @@ def test_bad_input_is_refused_with_one_error_line(
     stderr = _refused([arg.format(**names) for arg in args], env, message)
     assert not (tmp_path / "x.bmp").exists()
     assert not (Path(env["LLAMAFORGE_HOME"]) / "builds").exists()  # nothing was built
+    assert "pydantic" not in stderr and "input_value" not in stderr, stderr
     if "--arch" in args:
         hint = next(line for line in stderr.splitlines() if "hint:" in line)
         assert len(hint) < 400, hint  # a few names, not the ~80 of the whole table

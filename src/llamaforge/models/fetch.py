@@ -20,6 +20,8 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from pydantic import ValidationError
+
 from llamaforge.core import guard
 from llamaforge.core.errors import FetchError, InvalidOption, ModelChecksumMismatch, ModelError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
@@ -76,8 +78,13 @@ def _as_recipe(recipe_or_url: ModelRecipe | str) -> ModelRecipe:
     if "://" in recipe_or_url:
         try:
             return ModelRecipe(source=recipe_or_url)
-        except ValueError as error:
-            raise InvalidOption(f"{recipe_or_url!r} is not a model source: {error}") from None
+        except ValidationError as error:
+            raise InvalidOption(
+                f"{recipe_or_url!r} is not a model source: "
+                + "; ".join(str(item["msg"]).removeprefix("Value error, ") for item in error.errors()),
+                hint="e.g. hf://unsloth/Qwen3.5-0.8B-GGUF/Qwen3.5-0.8B-Q4_K_M.gguf, https://host/path/model.gguf, "
+                "file:///path/model.gguf, or the name of a model recipe in recipes/models/",
+            ) from None
     return load_model_recipe(recipe_or_url)
 
 
