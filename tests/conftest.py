@@ -120,8 +120,8 @@ def patched_build(build_env: dict[str, str]) -> Path:
 @pytest.fixture(scope="session")
 def baseline_build(build_env: dict[str, str]) -> Path:
     """The default build at one CPU level, the x86-64 baseline (`invoke build --backend cpu --cpu baseline`):
-    cheap next to the variants build once ccache is warm (only ggml-cpu compiles anew), it carries the suite's
-    ccache-off reproducibility rebuild and shows smoke's warning for a build that leaves CPU features unused."""
+    cheap next to the variants build once ccache is warm (only ggml-cpu compiles anew), it warms ccache for the
+    suite's ccache-off reproducibility check and shows smoke's warning for a build that leaves CPU features unused."""
     from helpers import invoke_json
 
     return Path(invoke_json("build", "--backend", "cpu", "--cpu", "baseline", env=build_env)["build"]["path"])

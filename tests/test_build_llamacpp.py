@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path, PurePosixPath
@@ -215,20 +216,36 @@ def test_conflicting_patch_fails_naming_patch_and_hunk(
     assert sorted(os.listdir(Path(build_env["LLAMAFORGE_HOME"]) / "builds")) == before
 
 
-def test_rebuild_without_ccache_is_bit_identical(baseline_build: Path, build_env: dict[str, str]) -> None:
+# The ccache-off proof's targets: every library of the default build but the server's, the multimodal one and
+# the CLI's: 144 of the 227 compile steps of a one-level build.
+REPRODUCIBLE_TARGETS = ("llama-bench", "ggml-rpc-server")
+
+
+def test_rebuild_without_ccache_is_bit_identical(
+    baseline_build: Path, build_env: dict[str, str], tmp_path: Path
+) -> None:
     """`invoke build --check-reproducible`: a fresh container, ccache off, every artifact's sha256 compared.
 
-    The suite proves it on the one-level build of the same recipe: the same shared libraries, SONAME copies,
-    RPATH, backend loader and compile flags as the variants build, one CPU module instead of 14, so the
-    ccache-off rebuild costs what the single-CPU build did; `nox -s reproducible_variants` proves the full
-    variants build."""
-    result = invoke_json(
-        "build", "--backend", "cpu", "--cpu", "baseline", "--check-reproducible", env=build_env
+    The suite proves it on the default recipe at one CPU level, for llama-bench and ggml-rpc-server: the same
+    compile flags, backend loader, RPATH and SONAME copies as the variants build; ggml, one CPU module, llama,
+    llama-common (with its build-info) and the bench library, rebuilt from nothing in 144 steps. The first build
+    of that recipe is all ccache hits (the baseline build compiled every object it needs).
+    `nox -s reproducible_variants` proves the whole default build, every target and CPU variant."""
+    default = Path(__file__).parents[1] / "recipes" / "builds" / "default.toml"
+    text, count = re.subn(
+        r"(?m)^targets = .*$", f"targets = {json.dumps(list(REPRODUCIBLE_TARGETS))}", default.read_text()
     )
-    manifest = json.loads((baseline_build / "manifest.json").read_text(encoding="utf-8"))
-    assert manifest["cpu"] == "baseline" and "bin/libggml-cpu.so" in manifest["artifacts"]
+    assert count == 1, "no targets line in recipes/builds/default.toml"
+    recipe = tmp_path / "reproducible.toml"
+    recipe.write_text(text, encoding="utf-8")
+    args = ("build", "--recipe", str(recipe), "--cpu", "baseline")
+    built = invoke_json(*args, env=build_env)["build"]
+    result = invoke_json(*args, "--check-reproducible", env=build_env)
+    manifest = json.loads((Path(built["path"]) / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["cpu"] == "baseline" and manifest["recipe"]["targets"] == list(REPRODUCIBLE_TARGETS)
+    for name in ("llama-bench", "ggml-rpc-server", "libggml-cpu.so", "libllama.so.0", "libllama-common.so.0"):
+        assert f"bin/{name}" in manifest["artifacts"], sorted(manifest["artifacts"])
     report = result["reproducibility"]
     assert report["different"] == [], report
     assert report["reproducible"] is True
     assert sorted(report["identical"]) == sorted(manifest["artifacts"])
-    assert any(name.endswith(".so.0") for name in report["identical"])  # the libraries are compared too
