@@ -91,7 +91,11 @@ BAD_INPUTS: list[tuple[str, list[str], str]] = [
         "has no tensors: a vocab-only file cannot be served",
     ),
     ("fetch over ftp://", ["models.fetch", "ftp://host/model.gguf"], "source must start with one of hf://"),
-    ("fetch of a hub repository", ["models.fetch", "hf://org/repo"], "hub sources look like hf://owner/repo/"),
+    (
+        "fetch of a hub repository",
+        ["models.fetch", "hf://org/repo"],
+        "hub sources look like hf://owner/repo/",
+    ),
     (
         "build --jobs 0",
         ["build", "--dry-run", "--jobs", "0"],
