@@ -23,7 +23,7 @@ from pydantic import AfterValidator, BaseModel, ValidationError
 
 from llamaforge.core.errors import RecipeError
 
-__all__ = ["closest", "describe_errors", "did_you_mean", "fields_at", "recipe_error", "suggest"]
+__all__ = ["closest", "describe_errors", "did_you_mean", "fields_at", "messages", "recipe_error", "suggest"]
 
 Loc = tuple[int | str, ...]
 
@@ -46,6 +46,11 @@ def suggest(word: str, known: Iterable[str], *, n: int = 1, cutoff: float = 0.6,
 
 def _message(item: Mapping[str, Any]) -> str:
     return str(item["msg"]).removeprefix("Value error, ")
+
+
+def messages(error: ValidationError) -> str:
+    """Pydantic's problems alone, ``; ``-joined: for a value that is one field, where a field name adds nothing."""
+    return "; ".join(_message(item) for item in error.errors())
 
 
 def describe_errors(error: ValidationError, *, as_flags: bool = False) -> str:

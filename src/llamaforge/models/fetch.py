@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from llamaforge.core import guard
 from llamaforge.core.errors import FetchError, InvalidOption, ModelChecksumMismatch, ModelError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
+from llamaforge.core.validation import messages
 from llamaforge.models import store as modelstore
 from llamaforge.models.download import (
     DownloadTarget,
@@ -80,8 +81,7 @@ def _as_recipe(recipe_or_url: ModelRecipe | str) -> ModelRecipe:
             return ModelRecipe(source=recipe_or_url)
         except ValidationError as error:
             raise InvalidOption(
-                f"{recipe_or_url!r} is not a model source: "
-                + "; ".join(str(item["msg"]).removeprefix("Value error, ") for item in error.errors()),
+                f"{recipe_or_url!r} is not a model source: {messages(error)}",
                 hint="e.g. hf://unsloth/Qwen3.5-0.8B-GGUF/Qwen3.5-0.8B-Q4_K_M.gguf, https://host/path/model.gguf, "
                 "file:///path/model.gguf, or the name of a model recipe in recipes/models/",
             ) from None
