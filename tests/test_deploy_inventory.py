@@ -73,6 +73,17 @@ def test_a_bad_inventory_names_the_file_and_field(tmp_path: Path) -> None:
     )
     with pytest.raises(RecipeError, match="given twice: a"):
         load_inventory(str(twice))
+    one_machine = write(
+        tmp_path / "one-machine.toml",
+        'port = 2201\n[[hosts]]\nname = "a"\naddress = "H"\n[[hosts]]\nname = "b"\naddress = "h"\nport = 2201\n',
+    )
+    with pytest.raises(RecipeError, match=r"hosts a and b are one host \(h, port 2201\)"):
+        load_inventory(str(one_machine))
+    with_port = write(tmp_path / "with-port.toml", '[[hosts]]\nname = "a"\naddress = "127.0.0.1:2201"\n')
+    with pytest.raises(RecipeError, match="holds a port: give the address alone and the port as port = N"):
+        load_inventory(str(with_port))
+    v6 = write(tmp_path / "v6.toml", '[[hosts]]\nname = "a"\naddress = "[fd00::2]"\nport = 2201\n')
+    assert load_inventory(str(v6))[0].hosts[0].address == "fd00::2"
     with pytest.raises(RecipeError) as caught:
         load_inventory("exampel")
     assert "did you mean 'example'" in (caught.value.hint or "")

@@ -58,9 +58,20 @@ def test_hosts_parse_in_order_and_bad_ones_are_refused() -> None:
     hosts = parse_hosts("lf@127.0.0.1:2201, gpu2 ,root@gpu3:22", key_file=Path("/k"))
     assert [host.address for host in hosts] == ["lf@127.0.0.1:2201", "gpu2:22", "root@gpu3:22"]
     assert hosts[0].key_file == Path("/k")
-    for bad in ("lf@host:port", "lf@host:0", "", "a,a", "lf@:22"):
+    v6 = parse_hosts("lf@[::1]:2201,[fd00::2],fd00::3")
+    assert [(host.host, host.port) for host in v6] == [("::1", 2201), ("fd00::2", 22), ("fd00::3", 22)]
+    assert v6[0].address == "lf@[::1]:2201" and v6[0].known_hosts_name == "[::1]:2201"
+    for bad in ("lf@host:port", "lf@host:0", "", "a,a", "lf@:22", "h:²", "[::1]x", "[::1", "h:1:2", "@h"):
         with pytest.raises(InvalidOption):
             parse_hosts(bad)
+    for hostile in ("h;id", "-oProxyCommand=id", "$(id)", "a@b@h", "lf x@h", "-l@h"):
+        with pytest.raises(
+            InvalidOption, match="is not a"
+        ):  # neither reaches ssh as an option or a shell word
+            parse_hosts(hostile)
+    for twice in ("h:22,lf@h", "H,h", "::1,[0::1]:22"):  # one machine under two users or spellings
+        with pytest.raises(InvalidOption, match="hosts given twice"):
+            parse_hosts(twice)
 
 
 def test_batches_put_the_canary_first() -> None:

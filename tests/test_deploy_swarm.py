@@ -229,7 +229,7 @@ def test_swarm_takes_no_hosts_and_rolls_back_to_the_previous_spec_only() -> None
     with pytest.raises(InvalidOption, match="Swarm plans and rolls its own"):
         run("deploy.plan", target="swarm", build="x", model="tiny")
     with pytest.raises(InvalidOption, match="previous spec only"):
-        run("deploy.rollback", target="swarm", release="abc")
+        run("deploy.rollback", target="swarm", release="0123456789abcdef")
 
 
 # On a real single-node swarm

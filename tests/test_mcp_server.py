@@ -272,6 +272,10 @@ async def test_argument_errors_read_like_the_cli_and_unknown_arguments_are_refus
             assert tool.input_schema.get("additionalProperties") is False, tool.name
         texts = {
             "wrong type": error_text(await client.call_tool("models_fit", {"model": "tiny", "ctx": "lots"})),
+            # pydantic's lax mode would read true as 1
+            "boolean number": error_text(
+                await client.call_tool("models_fit", {"model": "tiny", "ctx": True})
+            ),
             # Dropped, this call would echo the default ('cache').
             "unknown": error_text(await client.call_tool("testonly_echo", {"wat": "x"})),
             "start tool": error_text(await client.call_tool("testonly_sleep_start", {"stepz": 2})),
@@ -285,6 +289,7 @@ async def test_argument_errors_read_like_the_cli_and_unknown_arguments_are_refus
         "invalid arguments for models_fit: ctx: Input should be a valid integer, unable to parse string as an "
         "integer"
     )
+    assert texts["boolean number"] == "invalid arguments for models_fit: ctx: true is not a number"
     assert texts["unknown"] == (
         "invalid arguments for testonly_echo: wat: unknown argument\n  hint: did you mean 'what' instead of 'wat'?"
     )

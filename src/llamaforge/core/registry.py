@@ -16,7 +16,7 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.fields import FieldInfo
@@ -37,7 +37,8 @@ class OperationContext:
 
 # Every front imports every operation's models, and a run uses one or two: each model builds its validator
 # when first used, not when its module is imported (a cache hit would otherwise build some sixty of them).
-_MODEL_CONFIG = ConfigDict(extra="forbid", defer_build=True)
+# No parameter means "forever" or "not a number": inf and nan are refused like any wrong value.
+_MODEL_CONFIG = ConfigDict(extra="forbid", defer_build=True, allow_inf_nan=False)
 
 
 class Params(BaseModel):
@@ -45,6 +46,10 @@ class Params(BaseModel):
 
     model_config = _MODEL_CONFIG
 
+
+#: A count llama.cpp reads with ``std::stoi`` (``-c``, ``-t``, ``-np``, ``-ngl``), or Kubernetes as an int32
+#: (replicas): larger values would pass here and fail, or wrap, there.
+Int32 = Annotated[int, Field(le=2**31 - 1)]
 
 PATH_MARKER = "x-llamaforge-path"
 

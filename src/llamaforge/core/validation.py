@@ -59,7 +59,10 @@ def describe_errors(error: ValidationError, *, as_flags: bool = False) -> str:
     parts = []
     for item in error.errors():
         dotted = ".".join(str(part) for part in item["loc"])
-        name = f"--{dotted.replace('_', '-')}" if as_flags else dotted or "(params)"
+        if not dotted:  # a check across fields: its message names them
+            parts.append(_message(item))
+            continue
+        name = f"--{dotted.replace('_', '-')}" if as_flags else dotted
         parts.append(f"{name}: {_message(item)}")
     return "; ".join(parts)
 
@@ -202,3 +205,15 @@ def check_target_name(value: str) -> str:
             "not starting with '-' or '.')"
         )
     return value
+
+
+def check_target_options(params: BaseModel, target: str, owners: Mapping[str, str]) -> None:
+    """Refuse an option set away from its default when only another target reads it (``owners``: option name →
+    the one target that reads it): ``--listen 0.0.0.0`` with ``--target systemd`` would be dropped, and the
+    user would believe the service exposed."""
+    fields = type(params).model_fields
+    for name, owner in owners.items():
+        if owner != target and getattr(params, name) != fields[name].get_default(call_default_factory=True):
+            raise ValueError(
+                f"--{name.replace('_', '-')} is read by --target {owner} only, not by --target {target}"
+            )

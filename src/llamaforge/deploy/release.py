@@ -57,7 +57,7 @@ OWNED_FLAGS = dict(
         ("repack", "--no-repack"),
     )
 }
-_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,39}[a-z0-9])?$")  # also a Kubernetes name as llamaforge-NAME
 # A deployment root reaches unit files, scripts run as root and `install -d -o`: plain path characters only.
 _ROOT = re.compile(r"^/[A-Za-z0-9._/-]{1,200}$")
 # Trees of the system that a deployment may neither be put in place of nor re-own.
@@ -130,6 +130,23 @@ def _checked_root(base: str) -> str:
 DeployRoot = Annotated[str, AfterValidator(_checked_root)]
 
 
+_RELEASE_ID = re.compile(r"[0-9a-f]{16}")
+
+
+def _checked_release(value: str) -> str:
+    if not _RELEASE_ID.fullmatch(value):
+        raise ValueError(
+            f"{value!r} is no release id (16 hex digits, as `deploy.status` lists them); leave it out for the "
+            "previous release"
+        )
+    return value
+
+
+#: A ``release`` option of a rollback: a release id as :func:`release_id` makes them, checked before any host
+#: is dialled (an empty one is not "the previous release").
+ReleaseId = Annotated[str, AfterValidator(_checked_release)]
+
+
 @dataclass(frozen=True)
 class Layout:
     """Where one deployment (``name``) lives on a host: ``<base>/<name>/{releases,models,current,history}``."""
@@ -140,7 +157,8 @@ class Layout:
     def __post_init__(self) -> None:
         if not _NAME.fullmatch(self.name):
             raise InvalidOption(
-                f"deployment name {self.name!r} is not valid", hint="use lower-case letters, digits and '-'"
+                f"deployment name {self.name!r} is not valid",
+                hint="use lower-case letters, digits and '-', at most 41, starting and ending with a letter or digit",
             )
         problem = root_problem(self.base, self.name)
         if problem:

@@ -212,8 +212,13 @@ def run_operation(op: Operation, arguments: dict[str, Any], *, as_json: bool, ve
     err = _Console(stderr=True, soft_wrap=True)
     try:
         params = op.params.model_validate({k: v for k, v in arguments.items() if v is not None})
-    except ValidationError as error:
-        return _refuse(err, InvalidOption(describe_errors(error, as_flags=True)), as_json=as_json)
+    except (ValidationError, LlamaforgeError) as error:  # a validator that reads a file (--topology) says why
+        refusal = (
+            InvalidOption(describe_errors(error, as_flags=True))
+            if isinstance(error, ValidationError)
+            else error
+        )
+        return _refuse(err, refusal, as_json=as_json)
     reporter = ConsoleReporter(err, verbose)
     cancel = CancelToken()
     failure: OperationFailed | None = None

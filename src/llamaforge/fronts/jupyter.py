@@ -196,6 +196,8 @@ def validate_params(op: Operation, arguments: Mapping[str, Any]) -> Params:
             hint=f"`%llamaforge {op.name} --help` lists the options",
             exit_code=ExitCode.BAD_INPUT,
         ) from None
+    except LlamaforgeError as error:  # a validator that reads a file (--topology) names what is wrong in it
+        raise NotebookError.from_error(error) from None
 
 
 # --- running: a job in a thread, its events rendered from the kernel thread ---------------------------------

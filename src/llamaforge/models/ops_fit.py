@@ -9,7 +9,7 @@ from pydantic import Field
 
 from llamaforge.core.errors import OperationFailed
 from llamaforge.core.guard import refuse_if_read_only
-from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
+from llamaforge.core.registry import Int32, OperationContext, Params, Result, absent, operation, path_field
 
 
 class ModelFitParams(Params):
@@ -20,16 +20,16 @@ class ModelFitParams(Params):
     )
     gpu: str | None = Field(None, description="GPU from recipes/gpus.toml, e.g. rtx3090, rtx4090, a100-80gb")
     vram: str | None = Field(None, description="GPU memory instead of --gpu, e.g. 24GiB (no speed estimate)")
-    ctx: int = Field(description="Context (tokens) of each slot", ge=1)
+    ctx: Int32 = Field(description="Context (tokens) of each slot", ge=1)
     cache_type: str | None = Field(None, description="KV cache type for K and V, e.g. q8_0 (default f16)")
     cache_type_k: str | None = Field(None, description="K cache type (overrides --cache-type)")
     cache_type_v: str | None = Field(None, description="V cache type (overrides --cache-type)")
-    parallel: int = Field(1, description="Slots (concurrent sequences) of llama-server", ge=1)
+    parallel: Int32 = Field(1, description="Slots (concurrent sequences) of llama-server", ge=1)
     ubatch: int = Field(512, description="Physical batch size (-ub)", ge=1)
     kv_unified: bool = Field(False, description="One KV cache shared by all slots (--kv-unified)")
     swa_full: bool = Field(False, description="Full-size KV cache for sliding-window layers (--swa-full)")
     flash_attn: Literal["on", "off", "auto"] = Field("on", description="Flash attention: on, off or auto")
-    n_gpu_layers: int | None = Field(None, description="Evaluate this -ngl instead of searching", ge=0)
+    n_gpu_layers: Int32 | None = Field(None, description="Evaluate this -ngl instead of searching", ge=0)
     n_cpu_moe: int | None = Field(None, description="Evaluate this --n-cpu-moe instead of searching", ge=0)
     margin: str = Field("1GiB", description="GPU memory to keep free (CUDA context, driver, headroom)")
     cpu_buffers: Literal["auto", "plain", "avx2", "avx512", "amx"] = Field(

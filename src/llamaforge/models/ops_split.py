@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from llamaforge.core.errors import DoesNotFit, OperationFailed
-from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
+from llamaforge.core.registry import Int32, OperationContext, Params, Result, operation, path_field
 
 
 class ModelSplitParams(Params):
@@ -20,15 +20,15 @@ class ModelSplitParams(Params):
         description="The devices in llama.cpp's order: RPC workers ADDR[:PORT]=SIZE first (in --rpc order), "
         "then the head's GPUs as gpu=SIZE; e.g. 10.0.0.2:50052=24GiB,10.0.0.3=8GiB"
     )
-    ctx: int = Field(description="Context (tokens) of each slot", ge=1)
-    parallel: int = Field(1, ge=1, description="Slots (concurrent sequences)")
+    ctx: Int32 = Field(description="Context (tokens) of each slot", ge=1)
+    parallel: Int32 = Field(1, ge=1, description="Slots (concurrent sequences)")
     cache_type: str = Field("f16", description="KV cache type for K and V")
     ubatch: int = Field(512, ge=1, description="Physical batch size (-ub)")
     flash_attn: Literal["on", "off"] = Field("on", description="Flash attention")
     tensor_split: str | None = Field(
         None, description="Proportions per device, comma-separated (default: in proportion to their memory)"
     )
-    n_gpu_layers: int | None = Field(None, ge=0, description="-ngl (default: every block and the output)")
+    n_gpu_layers: Int32 | None = Field(None, ge=0, description="-ngl (default: every block and the output)")
     margin: str = Field("1GiB", description="Memory to keep free on each device")
 
 

@@ -18,6 +18,7 @@ with the weights it used, so llama.cpp splits the same way whatever memory the d
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import struct
@@ -280,6 +281,13 @@ def parse_devices(spec: str, *, default_port: int = DEFAULT_RPC_PORT) -> list[Sp
         raise InvalidOption(
             "no devices given", hint="e.g. --devices 10.0.0.2:50052=24GiB,10.0.0.3:50052=8GiB"
         )
+    endpoints = [device.endpoint.lower() for device in devices if device.endpoint]
+    twice = sorted({endpoint for endpoint in endpoints if endpoints.count(endpoint) > 1})
+    if twice:
+        raise InvalidOption(
+            f"RPC workers given twice: {', '.join(twice)}",
+            hint="name each worker once (a worker listed twice would count its memory twice)",
+        )
     heads = [device for device in devices if device.endpoint is None]
     if heads and devices.index(heads[0]) < len(devices) - len(heads):
         raise InvalidOption(
@@ -297,7 +305,7 @@ def _endpoint(where: str, default_port: int) -> str:
         raise InvalidOption(f"RPC worker {where!r} has no valid host", hint=example)
     if not sep:
         return f"{host}:{default_port}"
-    if not port.isdigit():
+    if not (port.isascii() and port.isdigit()):
         raise InvalidOption(f"RPC worker {where!r}: port {port!r} is not a number", hint=example)
     if not 1 <= int(port) <= 65535:
         raise InvalidOption(f"RPC worker {where!r}: port {port} is out of range (1-65535)", hint=example)
@@ -307,6 +315,12 @@ def _endpoint(where: str, default_port: int) -> str:
 def parse_tensor_split(text: str) -> list[float]:
     """``3,1`` (or ``3/1``, as llama.cpp accepts it) as proportions."""
     try:
-        return [float(part) for part in text.replace("/", ",").split(",") if part.strip()]
+        parts = [float(part) for part in text.replace("/", ",").split(",") if part.strip()]
     except ValueError:
-        raise InvalidOption(f"--tensor-split {text!r} is not a list of numbers", hint="e.g. 3,1") from None
+        parts = []
+    if not parts or not all(math.isfinite(part) and part >= 0 for part in parts) or not any(parts):
+        raise InvalidOption(
+            f"--tensor-split {text!r} is not a list of proportions (numbers, none negative, not all 0)",
+            hint="e.g. 3,1",
+        )
+    return parts

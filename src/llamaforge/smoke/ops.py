@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 
 from llamaforge.core.errors import InvalidOption, OperationFailed, SmokeFailed
-from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
+from llamaforge.core.registry import Int32, OperationContext, Params, Result, operation, path_field
 from llamaforge.serve.launcher import FIELD_FLAGS, SERVER_FLAGS
 from llamaforge.serve.server_args import precheck_server_args, server_args_for
 from llamaforge.smoke.builds import resolve_build
@@ -67,7 +67,7 @@ class SmokeParams(Params):
     pp: int = Field(64, ge=1, description="llama-bench prompt tokens (pp test)")
     tg: int = Field(32, ge=1, description="llama-bench generated tokens (tg test)")
     repetitions: int = Field(3, ge=1, le=50, description="llama-bench repetitions per test")
-    threads: int | None = Field(None, ge=1, description="CPU threads for llama-bench and llama-server")
+    threads: Int32 | None = Field(None, ge=1, description="CPU threads for llama-bench and llama-server")
     concurrency: list[int] = Field(
         default_factory=list, description="Concurrency level (repeatable; default 1 and 2)"
     )

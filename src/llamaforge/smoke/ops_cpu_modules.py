@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from llamaforge.core.errors import ExitCode, OperationFailed, SmokeFailed
-from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
+from llamaforge.core.registry import Int32, OperationContext, Params, Result, operation, path_field
 from llamaforge.smoke.builds import resolve_build
 
 
@@ -29,7 +29,7 @@ class CpuModulesParams(Params):
     pp: int = Field(16, ge=1, description="llama-bench prompt tokens per module")
     tg: int = Field(8, ge=1, description="llama-bench generated tokens per module")
     repetitions: int = Field(1, ge=1, le=10, description="llama-bench repetitions per module")
-    threads: int | None = Field(None, ge=1, description="CPU threads (default: llama.cpp's)")
+    threads: Int32 | None = Field(None, ge=1, description="CPU threads (default: llama.cpp's)")
     timeout_s: int = Field(300, ge=1, description="Seconds each module's llama-bench may take")
     executor: str = Field("docker", description="Where to build the default build if it is missing")
 

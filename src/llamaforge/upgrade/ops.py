@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 from llamaforge.build.executors import ExecutorName
 from llamaforge.build.recipes import Backend
 from llamaforge.core.errors import InvalidOption, OperationFailed
-from llamaforge.core.registry import OperationContext, Params, empty_list, operation, path_field
+from llamaforge.core.registry import Int32, OperationContext, Params, empty_list, operation, path_field
 from llamaforge.upgrade.results import UpgradeResult
 
 
@@ -54,7 +54,7 @@ class UpgradeParams(Params):
     executor: ExecutorName = Field("docker", description="Where both builds run: docker, local or ssh")
     jobs: int | None = Field(None, ge=1, description="Parallel compile jobs (default: the CPU count)")
     repetitions: int = Field(3, ge=1, le=50, description="llama-bench repetitions per test in each smoke")
-    threads: int | None = Field(None, ge=1, description="CPU threads of llama-bench and llama-server")
+    threads: Int32 | None = Field(None, ge=1, description="CPU threads of llama-bench and llama-server")
     tolerance: float = Field(
         0.10,
         gt=0,

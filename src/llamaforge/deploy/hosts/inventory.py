@@ -27,18 +27,15 @@ from llamaforge.core.paths import data_dir
 from llamaforge.core.validation import read_toml, recipe_error, suggest
 from llamaforge.deploy.hosts.access import DeployHost
 from llamaforge.runners.ssh.connection import SshHost
+from llamaforge.runners.ssh.hosts import address_problem, host_identity, user_problem
 
 _HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-# What SSH is given: a DNS name or an IP address, and a login name; neither may read as an option ('-…').
-_ADDRESS = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}|\[?[0-9A-Fa-f:.%]+\]?")
-_USER = re.compile(r"[A-Za-z_][A-Za-z0-9._-]{0,31}")
 
 
 def _check_user(value: str | None) -> str | None:
-    if value is not None and not _USER.fullmatch(value):
-        raise ValueError(
-            f"{value!r} is not a user name (letters, digits, '.', '_' and '-', not starting with '-')"
-        )
+    # What SSH is given: a login name that cannot read as an option ('-…')
+    if value is not None and (problem := user_problem(value)):
+        raise ValueError(problem)
     return value
 
 
@@ -71,9 +68,11 @@ class InventoryHost(_Strict):
     @field_validator("address")
     @classmethod
     def _address(cls, value: str) -> str:
-        if not _ADDRESS.fullmatch(value):
-            raise ValueError(f"{value!r} is not a DNS name or an IP address")
-        return value
+        # a DNS name or an IP address (an IPv6 one with or without brackets); the port is the port key's
+        inner = value[1:-1] if value.startswith("[") and value.endswith("]") else value
+        if problem := address_problem(inner):
+            raise ValueError(problem.replace("the port apart", "the port as port = N"))
+        return inner
 
     @field_validator("user")
     @classmethod
@@ -117,6 +116,13 @@ class Inventory(_Strict):
         twice = sorted({name for name in names if names.count(name) > 1})
         if twice:
             raise ValueError(f"host names given twice: {', '.join(twice)}")
+        first: dict[tuple[str, int], str] = {}
+        for host in self.hosts:
+            place = host_identity(SshHost(host.address, host.port or self.port))
+            if (seen := first.setdefault(place, host.name)) != host.name:
+                raise ValueError(
+                    f"hosts {seen} and {host.name} are one host ({host.address}, port {place[1]})"
+                )
         return self
 
 

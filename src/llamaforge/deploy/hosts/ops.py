@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from llamaforge.core.errors import InvalidOption
-from llamaforge.core.registry import OperationContext, Params, operation, path_field
-from llamaforge.core.validation import suggest
+from llamaforge.core.registry import Int32, OperationContext, Params, operation, path_field
+from llamaforge.core.validation import check_target_options, suggest
 from llamaforge.deploy.hosts import service
 from llamaforge.deploy.hosts.access import Access, DeployHost, deploy_hosts
 from llamaforge.deploy.release import (
@@ -23,6 +23,7 @@ from llamaforge.deploy.release import (
     LOOPBACK,
     DeployRoot,
     Layout,
+    ReleaseId,
     ReleaseRequest,
 )
 from llamaforge.deploy.report import DeployFailed, DeployPlanResult, DeployResult, DeployStatusResult
@@ -123,10 +124,12 @@ class DeployParams(HostsParams):
         "are checked by the health gate"
     )
     port: int = Field(DEFAULT_PORT, ge=1, le=65535, description="llama-server's port on the hosts' 127.0.0.1")
-    ctx: int | None = Field(None, ge=1, description="llama-server -c (total context)")
-    threads: int | None = Field(None, ge=1, description="llama-server -t")
-    parallel: int | None = Field(None, ge=1, description="llama-server --parallel (slots)")
-    n_gpu_layers: int | None = Field(None, ge=0, description="llama-server -ngl (default: from the fit plan)")
+    ctx: Int32 | None = Field(None, ge=1, description="llama-server -c (total context)")
+    threads: Int32 | None = Field(None, ge=1, description="llama-server -t")
+    parallel: Int32 | None = Field(None, ge=1, description="llama-server --parallel (slots)")
+    n_gpu_layers: Int32 | None = Field(
+        None, ge=0, description="llama-server -ngl (default: from the fit plan)"
+    )
     cache_type: str | None = Field(None, description="KV cache type of K and V (-ctk/-ctv), e.g. q8_0")
     repack: bool = Field(
         True,
@@ -166,7 +169,7 @@ class DeployParams(HostsParams):
         "user, environment, sandbox or image; on Swarm a job on every node) on a tiny Q4_0 model; a crash or "
         "failure refuses the host (--no-probe: switch without it)",
     )
-    replicas: int = Field(
+    replicas: Int32 = Field(
         1, ge=1, description="--target swarm: tasks of the service (--batch: replaced at a time)"
     )
     publish: int | None = Field(
@@ -177,6 +180,12 @@ class DeployParams(HostsParams):
         "(Swarm cannot bind one address; default: nothing published), with an API key: a Swarm secret, kept in "
         "$LLAMAFORGE_HOME/keys/swarm-NAME.api-key",
     )
+
+    @model_validator(mode="after")
+    def _options_of_the_target(self) -> DeployParams:
+        # what Swarm alone reads would be dropped without a word by the host targets
+        check_target_options(self, self.target, {"replicas": "swarm", "publish": "swarm"})
+        return self
 
     @field_validator("cache_type")
     @classmethod
@@ -266,7 +275,9 @@ def deploy_status_op(params: HostsParams, ctx: OperationContext) -> DeployStatus
 class DeployRollbackParams(HostsParams):
     """Parameters of ``deploy.rollback``."""
 
-    release: str | None = Field(None, description="Release id to go back to (default: the previous one)")
+    release: ReleaseId | None = Field(
+        None, description="Release id to go back to (default: the previous one)"
+    )
 
 
 @operation(

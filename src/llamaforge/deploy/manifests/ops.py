@@ -3,14 +3,27 @@ see :mod:`llamaforge.deploy.manifests.files`)."""
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+import re
+
+from pydantic import Field, field_validator, model_validator
 
 from llamaforge.core.errors import InvalidOption
-from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
-from llamaforge.core.validation import suggest
+from llamaforge.core.registry import Int32, OperationContext, Params, Result, operation, path_field
+from llamaforge.core.validation import check_target_options, suggest
 from llamaforge.deploy.manifests.service import ManifestRequest, render_release
 from llamaforge.deploy.release import DEFAULT_PORT, DEFAULT_ROOT, DeployRoot, ReleaseRequest, ip_address_of
 from llamaforge.deploy.targets import RenderTargetName, render_target_names
+
+_KEY_FILE = re.compile(r"[A-Za-z0-9._-][A-Za-z0-9._/-]{0,254}")
+# The options one target reads; given to another target they would be dropped without a word.
+_TARGET_OPTIONS = {
+    "listen": "compose",
+    "api_key_file": "compose",
+    "replicas": "kubernetes",
+    "model_claim": "kubernetes",
+    "init_image": "kubernetes",
+    "root": "systemd",
+}
 
 
 class DeployRenderParams(Params):
@@ -28,10 +41,10 @@ class DeployRenderParams(Params):
     )
     name: str = Field("default", description="Deployment name: the service/unit llamaforge-NAME")
     port: int = Field(DEFAULT_PORT, ge=1, le=65535, description="llama-server's port")
-    ctx: int | None = Field(None, ge=1, description="llama-server -c (total context)")
-    threads: int | None = Field(None, ge=1, description="llama-server -t")
-    parallel: int | None = Field(None, ge=1, description="llama-server --parallel (slots)")
-    n_gpu_layers: int | None = Field(None, ge=0, description="llama-server -ngl")
+    ctx: Int32 | None = Field(None, ge=1, description="llama-server -c (total context)")
+    threads: Int32 | None = Field(None, ge=1, description="llama-server -t")
+    parallel: Int32 | None = Field(None, ge=1, description="llama-server --parallel (slots)")
+    n_gpu_layers: Int32 | None = Field(None, ge=0, description="llama-server -ngl")
     server_args: str | None = Field(
         None,
         description='More llama-server flags, as one string split like a shell would (e.g. "--jinja"), '
@@ -47,7 +60,7 @@ class DeployRenderParams(Params):
         description="compose beyond loopback: the file (relative to compose.yaml) holding the API key; "
         "make it readable by uid 10001 only",
     )
-    replicas: int = Field(1, ge=1, description="kubernetes: the Deployment's replicas")
+    replicas: Int32 = Field(1, ge=1, description="kubernetes: the Deployment's replicas")
     model_claim: str | None = Field(
         None,
         description="kubernetes: the PersistentVolumeClaim holding <sha256>.gguf (default llamaforge-NAME-models)",
@@ -70,6 +83,22 @@ class DeployRenderParams(Params):
                 f"deploy.render has no target {value!r}; {suggest(str(value), known, end=' ')}known: {', '.join(known)}"
             )
         return value
+
+    @field_validator("api_key_file")
+    @classmethod
+    def _key_beside_compose(cls, value: str) -> str:
+        # a path relative to compose.yaml that compose makes the secret: an empty one left the key out
+        if not _KEY_FILE.fullmatch(value) or ".." in value.split("/"):
+            raise ValueError(
+                f"{value!r} is not a file beside compose.yaml (a relative path of letters, "
+                "digits, '.', '_', '-' and '/', no '..'); e.g. api-key"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _options_of_the_target(self) -> DeployRenderParams:
+        check_target_options(self, self.target, _TARGET_OPTIONS)
+        return self
 
     @field_validator("listen")
     @classmethod

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from llamaforge.core.errors import InvalidOption
-from llamaforge.core.registry import OperationContext, Params, Result, operation, path_field
+from llamaforge.core.registry import Int32, OperationContext, Params, Result, operation, path_field
 from llamaforge.deploy.hosts.access import Access
 from llamaforge.deploy.release import (
     DEFAULT_PORT,
@@ -22,6 +22,7 @@ from llamaforge.deploy.release import (
     KEEP_RELEASES,
     DeployRoot,
     Layout,
+    ReleaseId,
     ReleaseRequest,
 )
 from llamaforge.deploy.topology import service
@@ -54,7 +55,7 @@ class TopologyParams(Params):
     accept_new_host_keys: bool = Field(False, description="Record the key of a host never seen before")
     name: str = Field("default", description="Deployment name: units llamaforge-NAME and llamaforge-NAME-rpc")
     root: DeployRoot = Field(DEFAULT_ROOT, description="Directory on the hosts that holds the deployments")
-    rpc_threads: int | None = Field(None, ge=1, description="ggml-rpc-server -t (CPU workers)")
+    rpc_threads: Int32 | None = Field(None, ge=1, description="ggml-rpc-server -t (CPU workers)")
     gate_timeout_s: float | None = Field(None, gt=0, description="Seconds each gate may take")
 
     @model_validator(mode="before")
@@ -133,9 +134,9 @@ class TopologyDeployParams(TopologyParams):
         description="Model recipe, .toml, GGUF or URL, or `tiny`: the random-weight tiny qwen3 smoke model"
     )
     port: int = Field(DEFAULT_PORT, ge=1, le=65535, description="llama-server's port on the head's 127.0.0.1")
-    ctx: int = Field(4096, ge=1, description="Context (tokens) of each slot")
-    parallel: int = Field(1, ge=1, description="Slots")
-    threads: int | None = Field(None, ge=1, description="llama-server -t on the head")
+    ctx: Int32 = Field(4096, ge=1, description="Context (tokens) of each slot")
+    parallel: Int32 = Field(1, ge=1, description="Slots")
+    threads: Int32 | None = Field(None, ge=1, description="llama-server -t on the head")
     worker_memory: str | None = Field(
         None, description="Each worker's device memory, comma-separated (default: its MemAvailable, in GiB)"
     )
@@ -180,7 +181,7 @@ def deploy_rpc_status_op(params: TopologyParams, ctx: OperationContext) -> Topol
 class TopologyRollbackParams(TopologyParams):
     """Parameters of ``topology.rollback``."""
 
-    release: str | None = Field(
+    release: ReleaseId | None = Field(
         None, description="The head's release to go back to (default: its previous one)"
     )
 

@@ -10,6 +10,7 @@ formatter) and each unknown name given the closest known one.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -51,11 +52,29 @@ def argument_error(tool: str, metadata: FuncMetadata, arguments: Mapping[str, An
     known = argument_names(metadata)
     unknown = [name for name in arguments if name not in known]
     problems = [f"{name}: unknown argument" for name in unknown]
+    problems += _booleans_as_numbers(metadata, arguments)
     try:
         metadata.validate_arguments({name: value for name, value in arguments.items() if name in known})
     except ValidationError as error:
         problems.append(describe_errors(error))
     return _refusal(tool, known, unknown, problems)
+
+
+def _takes_boolean(schema: Mapping[str, Any]) -> bool:
+    if "type" not in schema and "anyOf" not in schema:
+        return True  # any value
+    return schema.get("type") == "boolean" or any(_takes_boolean(part) for part in schema.get("anyOf", []))
+
+
+def _booleans_as_numbers(metadata: FuncMetadata, arguments: Mapping[str, Any]) -> list[str]:
+    """``true`` / ``false`` given for a number: pydantic's lax mode reads them as 1 and 0 (``port: true`` would
+    render port 1), so they are refused here."""
+    properties = metadata.arg_model.model_json_schema(by_alias=True).get("properties", {})
+    return [
+        f"{name}: {json.dumps(value)} is not a number"
+        for name, value in arguments.items()
+        if isinstance(value, bool) and name in properties and not _takes_boolean(properties[name])
+    ]
 
 
 class CheckedTool(Tool):

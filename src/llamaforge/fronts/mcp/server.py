@@ -82,6 +82,8 @@ def _validate(op: Operation, arguments: dict[str, Any], output: Output) -> Param
         return op.params.model_validate(arguments)
     except ValidationError as error:
         raise output.error(f"invalid arguments for {op.name}: {describe_errors(error)}") from None
+    except LlamaforgeError as error:  # a validator that reads a file (topology) names what is wrong in it
+        raise output.error(error.render()) from None
 
 
 async def _run_inline(

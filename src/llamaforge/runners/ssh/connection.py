@@ -68,8 +68,9 @@ class SshHost:
 
     @property
     def address(self) -> str:
-        """``user@host:port`` for messages."""
-        return f"{self.user + '@' if self.user else ''}{self.host}:{self.port}"
+        """``user@host:port`` (``user@[v6]:port``) for messages."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.user + '@' if self.user else ''}{host}:{self.port}"
 
 
 DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
