@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,9 @@ from llamaforge.build.patchflow import (
     create_workspace,
     new_patch,
     refresh_series,
+    resolve_tree,
 )
-from llamaforge.core.errors import PatchError
+from llamaforge.core.errors import LlamaforgeError, PatchError
 
 FILE = "".join(f"int f{n}(void) {{ return {n}; }}\n" for n in range(1, 41))
 OTHER = "".join(f"// other {n}\n" for n in range(1, 21))
@@ -131,3 +133,57 @@ def test_new_patch_from_edited_workspace(series: Path, tmp_path: Path, lf_home: 
     assert path.name == "0003-forty.patch"
     assert (series / "series").read_text().splitlines()[-1] == "0003-forty.patch"
     check_series(series, v1)
+
+
+def test_a_refused_new_patch_keeps_the_edits_for_the_next_try(
+    series: Path, tmp_path: Path, lf_home: Path
+) -> None:
+    v1 = _tree(tmp_path / "v1")
+    workspace = create_workspace(v1, read_series(series), "edit")
+    text = (workspace / "src" / "file.c").read_text().replace("return 40;", "return 4000;")
+    (workspace / "src" / "file.c").write_text(text)
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "series").write_text("0001-missing.patch\n")
+    with pytest.raises(PatchError):
+        new_patch(broken, workspace, "forty")  # a series that lists a missing patch
+    with pytest.raises(LlamaforgeError, match="is not a plain file name"):
+        new_patch(series, workspace, "a" * 300)  # longer than a file name may be
+    (series / "0003-forty.patch").write_text("left over\n")
+    with pytest.raises(LlamaforgeError, match="exists and is not in the series"):
+        new_patch(series, workspace, "forty")
+    (series / "0003-forty.patch").unlink()
+    path = new_patch(series, workspace, "forty")  # the edits were still there
+    assert "return 4000;" in path.read_text()
+    assert list(broken.iterdir()) == [broken / "series"]
+
+
+def test_refresh_sources_that_are_no_llamacpp_tree_are_refused(tmp_path: Path, lf_home: Path) -> None:
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    llama = tmp_path / "llama.cpp"
+    (llama / "include").mkdir(parents=True)
+    (llama / "CMakeLists.txt").write_text("project(llama)\n")
+    (llama / "include" / "llama.h").write_text("// llama\n")
+    archive = tmp_path / "llama.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(llama, arcname="llama.cpp-b1")
+    assert (resolve_tree(str(archive), scratch) / "include" / "llama.h").is_file()
+    truncated = tmp_path / "truncated.tar.gz"
+    truncated.write_bytes(archive.read_bytes()[: archive.stat().st_size // 2])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for spec, words in ((truncated, "cannot be extracted"), (empty, "is no llama.cpp source tree")):
+        other = tmp_path / f"scratch-{spec.name}"
+        other.mkdir()
+        with pytest.raises(LlamaforgeError, match=words):
+            resolve_tree(str(spec), other)
+
+
+def test_a_workspace_whose_patch_does_not_apply_is_not_left_behind(
+    series: Path, tmp_path: Path, lf_home: Path
+) -> None:
+    moved = _tree(tmp_path / "moved", FILE.replace("return 5;", "return 5 ;"))
+    with pytest.raises(PatchError, match=r"0001-five\.patch does not apply"):
+        create_workspace(moved, read_series(series), "edit")
+    assert not list((lf_home / "patch-workspaces").iterdir())

@@ -357,6 +357,34 @@ def test_compare_runs_writes_files(tmp_path: Path) -> None:
     assert "| llama-bench tg32 | t/s | 50.0 | 55.0 | 1.100 | 1.100 | B |" in markdown
 
 
+def test_compare_refuses_damaged_reports_and_names_its_files_by_the_run_directories(tmp_path: Path) -> None:
+    good = tmp_path / "runs" / "20260101T000000Z-a"
+    good.mkdir(parents=True)
+    (good / "report.json").write_text(json.dumps({**_report([100.0]), "run_id": good.name}), encoding="utf-8")
+    damaged = {
+        "not-json": "{",
+        "a-list": "[]",
+        "no-build": json.dumps({key: v for key, v in _report([100.0]).items() if key != "build"}),
+        "bench-a-string": json.dumps({**_report([100.0]), "bench": "x"}),
+    }
+    for name, text in damaged.items():
+        (tmp_path / "runs" / name).mkdir()
+        (tmp_path / "runs" / name / "report.json").write_text(text, encoding="utf-8")
+        with pytest.raises(InvalidOption, match=f"{name}/report.json is not a smoke report"):
+            compare_runs(good.name, name, tmp_path / "runs")
+    # A run_id in a report names no path: the files go under compare/, named by the directories.
+    escaping = tmp_path / "runs" / "escaping"
+    escaping.mkdir()
+    report = {**_report([100.0]), "run_id": "../../../escaped"}
+    (escaping / "report.json").write_text(json.dumps(report), encoding="utf-8")
+    data = compare_runs(good.name, "escaping", tmp_path / "runs")
+    assert (
+        Path(data["files"]["compare.json"]).parent
+        == tmp_path / "runs" / "compare" / f"{good.name}--vs--escaping"
+    )
+    assert not list(tmp_path.glob("escaped*")) and not list(tmp_path.parent.glob("escaped*"))
+
+
 # --- roofline ----------------------------------------------------------------------------------------------
 
 

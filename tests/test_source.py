@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from fakehub import FakeHub, serve, tls_context, tls_files
 from llamaforge.build.recipes import ArchiveSource, GitSource
@@ -56,6 +57,24 @@ def test_archive_subdir_extracted_git_pointer_dropped(tmp_path: Path, lf_home: P
     assert fetch_source(_source(str(archive), sha)) == tree
 
 
+def test_each_subdir_of_one_archive_is_its_own_tree(tmp_path: Path, lf_home: Path) -> None:
+    """A wrong subdir is refused and caches nothing; the right one, fetched after it, is not served the wrong
+    one's tree (the archive's sha256 alone addressed both)."""
+    archive = tmp_path / "src.tar.gz"
+    sha = _archive(archive, MEMBERS)
+    with pytest.raises(SourceError, match="has nothing under 'pkg/vendor/nothere'"):
+        fetch_source(_source(str(archive), sha, subdir="pkg/vendor/nothere"))
+    whole = fetch_source(_source(str(archive), sha, subdir=""))
+    assert (whole / "pkg" / "setup.py").is_file()
+    tree = fetch_source(_source(str(archive), sha))
+    assert tree != whole and (tree / "CMakeLists.txt").is_file() and not (tree / "pkg").exists()
+    for bad in ("../../../etc", "/etc", "pkg//vendor", "pkg/../pkg", "pkg;id"):
+        with pytest.raises(ValidationError, match="is not a directory inside the archive"):
+            _source(str(archive), sha, subdir=bad)
+    with pytest.raises(ValidationError, match="before 1970-01-01"):
+        ArchiveSource(kind="archive", url=str(archive), sha256=sha, commit=COMMIT, date="1900-01-01")
+
+
 def test_sha_mismatch_quarantines_and_caches_nothing(tmp_path: Path, lf_home: Path) -> None:
     archive = tmp_path / "src.tar.gz"
     _archive(archive, MEMBERS)
@@ -63,7 +82,7 @@ def test_sha_mismatch_quarantines_and_caches_nothing(tmp_path: Path, lf_home: Pa
         fetch_source(_source(str(archive), "0" * 64))
     assert "expected " + "0" * 64 in info.value.message
     assert list((lf_home / "downloads").glob("*.rejected"))
-    assert not (lf_home / "sources" / ("0" * 64)).exists()
+    assert not [entry for entry in (lf_home / "sources").glob("0" * 64 + "*") if entry.is_dir()]
 
 
 def test_member_escaping_target_is_refused(tmp_path: Path, lf_home: Path) -> None:
@@ -73,7 +92,7 @@ def test_member_escaping_target_is_refused(tmp_path: Path, lf_home: Path) -> Non
         fetch_source(_source(str(archive), sha, subdir=""))
     assert "escapes" in info.value.message
     assert not (tmp_path.parent / "etc" / "evil").exists()
-    assert not any((lf_home / "sources").glob(sha))
+    assert not [entry for entry in (lf_home / "sources").glob(sha + "*") if entry.is_dir()]
 
 
 def test_symlink_escaping_target_is_refused(tmp_path: Path, lf_home: Path) -> None:

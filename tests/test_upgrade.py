@@ -168,6 +168,8 @@ def test_apply_refuses_a_source_the_recipe_could_not_load(project: Path, tmp_pat
         (["--dry-run", "--apply", "--to", "llama-cpp-python==0.3.35"], "pick one"),
         ([], "name the release with --to SOURCE"),
         (["--to", "x==1", "--resume", "somewhere"], "drop --to"),
+        (["--dry-run", "--resume", "/nonexistent/run"], "no upgrade run '/nonexistent/run'"),  # not a glob
+        (["--dry-run", "--resume", "*"], "no upgrade run '*'"),
     ],
 )
 def test_bad_parameters_are_named(arguments: list[str], message: str, lf_home: Path) -> None:

@@ -17,6 +17,7 @@ import pytest
 
 from conftest import require
 from llamaforge.build.recipes import ArchiveSource, GitSource, PypiSdistSource
+from llamaforge.build.source import source_id
 from llamaforge.build.upstream.source_pin import parse_spec, resolve_source
 from llamaforge.core.errors import ChecksumMismatch, InvalidOption, SourceError
 
@@ -156,7 +157,9 @@ def test_sdist_0335_commit_date_and_sha256_read_not_assumed(
     assert (pinned.tree / "CMakeLists.txt").is_file()
     assert (pinned.tree / "include" / "llama.h").is_file()
     assert not (pinned.tree / ".git").exists()
-    assert pinned.tree == store / "sources" / pinned.sha256 / "tree"  # the cache entry a build of it reuses
+    # the cache entry a build of it reuses: the sdist's sha256 and a digest of the subdir unpacked from it
+    assert pinned.tree == store / "sources" / source_id(pinned.source) / "tree"
+    assert source_id(pinned.source).startswith(pinned.sha256 + "-")
     again = resolve_source("llama-cpp-python==0.3.35", build_number=11200, sha256=pinned.sha256)
     assert (again.tree, again.build_number, again.build_number_from) == (
         pinned.tree,

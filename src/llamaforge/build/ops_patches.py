@@ -106,6 +106,10 @@ def patches_refresh_op(params: PatchRefreshParams, ctx: OperationContext) -> Pat
 
     from llamaforge.build.patchflow import continue_refresh, refresh_series, resolve_tree
 
+    if params.resume and params.to:
+        raise InvalidOption(
+            "--to and --resume both given", hint="--to starts a refresh; --resume WORKSPACE continues one"
+        )
     series, tree = _series_and_tree(params, ctx)
     if params.resume:
         result = continue_refresh(series, Path(params.resume), reporter=ctx.reporter)

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import lzma
 import re
 import shutil
 import tarfile
 import tempfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -133,23 +135,42 @@ def _copy_tree(source: Path, target: Path) -> None:
 
 
 def resolve_tree(spec: str, scratch: Path) -> Path:
-    """A source tree from ``spec``: a directory, or a .tar/.tar.gz/.tar.xz archive (extracted into scratch)."""
+    """A llama.cpp source tree from ``spec``: a directory, or a .tar/.tar.gz/.tar.xz archive (extracted into
+    scratch); a damaged archive or a tree without llama.cpp's top-level files is refused."""
     path = Path(spec).expanduser()
-    if path.is_dir():
-        return path
-    if path.is_file() and tarfile.is_tarfile(path):
-        target = scratch / "upstream"
+    tree = path if path.is_dir() else _extracted(path, scratch) if path.is_file() else None
+    if tree is None:
+        raise LlamaforgeError(
+            f"--to {spec!r} is neither a source directory nor a tar archive",
+            hint="pass an extracted llama.cpp tree or its release archive (git commits: fetch them with "
+            "`git archive` or a recipe first)",
+        )
+    missing = [name for name in ("CMakeLists.txt", "include/llama.h") if not (tree / name).is_file()]
+    if missing:
+        raise LlamaforgeError(
+            f"--to {spec!r} is no llama.cpp source tree: it has no {' and no '.join(missing)}",
+            hint="pass the top directory of an extracted llama.cpp tree, or its release archive",
+        )
+    return tree
+
+
+def _extracted(archive: Path, scratch: Path) -> Path | None:
+    """The tree in ``archive`` extracted into ``scratch`` (the one top-level directory it usually has), or None
+    when it is no tar archive."""
+    target = scratch / "upstream"
+    try:
+        if not tarfile.is_tarfile(archive):
+            return None
         target.mkdir()
-        with tarfile.open(path) as tar:
+        with tarfile.open(archive) as tar:
             tar.extractall(target, filter="data")
-        entries = list(target.iterdir())
-        # An archive with one top-level directory (the usual layout) is that directory's contents.
-        return entries[0] if len(entries) == 1 and entries[0].is_dir() else target
-    raise LlamaforgeError(
-        f"--to {spec!r} is neither a source directory nor a tar archive",
-        hint="pass an extracted llama.cpp tree or its release archive (git commits: fetch them with "
-        "`git archive` or a recipe first)",
-    )
+    except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as error:
+        raise LlamaforgeError(
+            f"--to {str(archive)!r} cannot be extracted: {error}",
+            hint="the archive is damaged or unsafe; fetch the release archive again",
+        ) from None
+    entries = list(target.iterdir())
+    return entries[0] if len(entries) == 1 and entries[0].is_dir() else target
 
 
 def _workspace_root() -> Path:
@@ -159,8 +180,18 @@ def _workspace_root() -> Path:
 
 
 def create_workspace(tree: Path, patches: list[PatchRef], name: str, runner: ProcessRunner = LOCAL) -> Path:
-    """A git workspace: commit ``base`` = ``tree``, then one commit per patch (branch ``patched``)."""
+    """A git workspace: commit ``base`` = ``tree``, then one commit per patch (branch ``patched``); one that
+    could not be made whole (a patch does not apply) is removed, not left half-made."""
     workspace = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=_workspace_root()))
+    try:
+        _fill_workspace(workspace, tree, patches, runner)
+    except BaseException:
+        shutil.rmtree(workspace, ignore_errors=True)
+        raise
+    return workspace
+
+
+def _fill_workspace(workspace: Path, tree: Path, patches: list[PatchRef], runner: ProcessRunner) -> None:
     _copy_tree(tree, workspace)
     _git(runner, workspace, "init", "-q", "-b", "patched")
     _mark_workspace(workspace)
@@ -177,7 +208,6 @@ def create_workspace(tree: Path, patches: list[PatchRef], name: str, runner: Pro
                 hint="run `invoke patches.check` to see where it fails",
             )
         _git(runner, workspace, "commit", "-q", "--allow-empty", "-m", patch.name)
-    return workspace
 
 
 def _config_sha256(workspace: Path) -> str:
@@ -368,20 +398,34 @@ def new_patch(series: str | Path, workspace: Path, name: str, runner: ProcessRun
     """Write the uncommitted changes of ``workspace`` as ``NNNN-name.patch`` at the end of ``series``."""
     directory = series_dir(series)
     require_workspace(workspace)
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-        raise LlamaforgeError(f"patch name {name!r} is not a plain file name", hint="e.g. qwen35-fix")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", name):
+        raise LlamaforgeError(
+            f"patch name {name!r} is not a plain file name", hint="e.g. qwen35-fix (at most 100 characters)"
+        )
+    # The series is read before the workspace changes: a broken one is refused with the edits untouched.
+    existing = read_series(directory, new=True)
+    numbers = [int(m.group(1)) for p in existing if (m := re.match(r"(\d+)-", p.name))]
+    filename = f"{(max(numbers) if numbers else 0) + 1:04d}-{name}.patch"
+    if (directory / filename).exists():
+        raise LlamaforgeError(
+            f"{directory / filename} exists and is not in the series",
+            hint="add it to the series file, or remove it, then run patches.new again",
+        )
     _git(runner, workspace, "add", "-A")
     if not _git(runner, workspace, "diff", *_DIFF, "--cached", "--name-only").stdout.strip():
         raise LlamaforgeError(f"no changes in {workspace}", hint="edit the source in the workspace first")
     _git(runner, workspace, "commit", "-q", "-m", name)
-    existing = read_series(directory, new=True)
-    numbers = [int(m.group(1)) for p in existing if (m := re.match(r"(\d+)-", p.name))]
-    filename = f"{(max(numbers) if numbers else 0) + 1:04d}-{name}.patch"
-    header = f"From: llamaforge patches.new\nSubject: {name}\n\n"
-    write_text_atomic(directory / filename, _render_patch(runner, workspace, "HEAD", header))
-    listing = directory / "series"
-    current = listing.read_text(encoding="utf-8") if listing.is_file() else ""
-    write_text_atomic(
-        listing, current + ("" if current.endswith("\n") or not current else "\n") + filename + "\n"
-    )
+    try:
+        header = f"From: llamaforge patches.new\nSubject: {name}\n\n"
+        write_text_atomic(directory / filename, _render_patch(runner, workspace, "HEAD", header))
+        listing = directory / "series"
+        current = listing.read_text(encoding="utf-8") if listing.is_file() else ""
+        write_text_atomic(
+            listing, current + ("" if current.endswith("\n") or not current else "\n") + filename + "\n"
+        )
+    except BaseException:
+        # nothing half-made: no patch file, and the edits back as uncommitted changes for the next try
+        (directory / filename).unlink(missing_ok=True)
+        _git(runner, workspace, "reset", "-q", "HEAD~1")
+        raise
     return directory / filename

@@ -110,7 +110,31 @@ class GitSource(_Strict):
         description="llama.cpp build number (the bNNNN tag); leave it out when unknown (a shallow clone cannot "
         "count it): the build then reports build 0, as llama.cpp does without git",
     )
-    date: datetime.date | None = Field(default=None, description="Commit date; sets SOURCE_DATE_EPOCH")
+    date: SourceDate | None = Field(default=None, description="Commit date; sets SOURCE_DATE_EPOCH")
+
+
+def _check_subdir(value: str) -> str:
+    # a directory inside the archive: relative, inside it, nothing a shell or tar reads otherwise
+    parts = value.split("/")
+    if value and (
+        not re.fullmatch(r"[A-Za-z0-9._+-][A-Za-z0-9._+/-]*", value) or ".." in parts or "" in parts[:-1]
+    ):
+        raise ValueError(
+            f"{value!r} is not a directory inside the archive (a relative path of letters, digits, '.', '_', "
+            "'+' and '-', no '..'), e.g. vendor/llama.cpp"
+        )
+    return value.rstrip("/")
+
+
+def _check_date(value: datetime.date) -> datetime.date:
+    # SOURCE_DATE_EPOCH is seconds since 1970: compilers refuse a negative one
+    if value < datetime.date(1970, 1, 1):
+        raise ValueError(f"{value} is before 1970-01-01, which SOURCE_DATE_EPOCH cannot express")
+    return value
+
+
+Subdir = Annotated[str, AfterValidator(_check_subdir)]
+SourceDate = Annotated[datetime.date, AfterValidator(_check_date)]
 
 
 class ArchiveSource(_Strict):
@@ -121,7 +145,7 @@ class ArchiveSource(_Strict):
         description="https://…, file://… or a local path of a .tar.gz/.tar.xz/.tar archive"
     )
     sha256: str = Field(pattern=_SHA256, description="sha256 of the archive file")
-    subdir: str = Field(default="", description="Directory inside the archive that holds llama.cpp")
+    subdir: Subdir = Field(default="", description="Directory inside the archive that holds llama.cpp")
     commit: str = Field(pattern=_COMMIT, description="Upstream commit the archive was made from")
     build_number: int | None = Field(
         default=None,
@@ -129,7 +153,7 @@ class ArchiveSource(_Strict):
         description="llama.cpp build number (the bNNNN tag); leave it out when unknown (a shallow clone cannot "
         "count it): the build then reports build 0, as llama.cpp does without git",
     )
-    date: datetime.date | None = Field(default=None, description="Commit date; sets SOURCE_DATE_EPOCH")
+    date: SourceDate | None = Field(default=None, description="Commit date; sets SOURCE_DATE_EPOCH")
 
 
 class PypiSdistSource(_Strict):
@@ -143,7 +167,7 @@ class PypiSdistSource(_Strict):
         description="Exact version"
     )
     sha256: str = Field(pattern=_SHA256, description="sha256 of the sdist file")
-    subdir: str = Field(description="Directory inside the sdist that holds llama.cpp")
+    subdir: Subdir = Field(description="Directory inside the sdist that holds llama.cpp")
     commit: str = Field(pattern=_COMMIT, description="Upstream llama.cpp commit vendored by this sdist")
     build_number: int | None = Field(
         default=None,
@@ -151,7 +175,7 @@ class PypiSdistSource(_Strict):
         description="llama.cpp build number (the bNNNN tag); leave it out when unknown (a shallow clone cannot "
         "count it): the build then reports build 0, as llama.cpp does without git",
     )
-    date: datetime.date | None = Field(default=None, description="Commit date; sets SOURCE_DATE_EPOCH")
+    date: SourceDate | None = Field(default=None, description="Commit date; sets SOURCE_DATE_EPOCH")
 
 
 def _pip_word(value: str, what: str) -> str:

@@ -36,8 +36,13 @@ _CHUNK = 1 << 20
 
 
 def source_id(source: SourceSpec) -> str:
-    """Content address of a source: the archive sha256, or ``git-<commit>``."""
-    return f"git-{source.commit}" if isinstance(source, GitSource) else source.sha256
+    """Content address of a source tree: ``git-<commit>``, or the archive's sha256 (with a digest of the
+    ``subdir`` unpacked from it when there is one: another subdir of one archive is another tree)."""
+    if isinstance(source, GitSource):
+        return f"git-{source.commit}"
+    if not source.subdir:
+        return source.sha256
+    return f"{source.sha256}-{hashlib.sha256(source.subdir.encode()).hexdigest()[:12]}"
 
 
 def mirror_dirs() -> list[Path]:

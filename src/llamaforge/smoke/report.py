@@ -428,19 +428,37 @@ def _plot_compare(data: Mapping[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
+def _read_report(run_dir: Path) -> dict[str, Any]:
+    """``run_dir``'s report.json, checked to have what a comparison reads."""
+    path = run_dir / "report.json"
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(report, dict):
+            raise TypeError("it holds no JSON object")
+        _identity(report)
+        comparison_rows(report, report)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        problem = f"{type(error).__name__}: {error}" if isinstance(error, KeyError) else str(error)
+        raise InvalidOption(
+            f"{path} is not a smoke report ({problem})",
+            hint="compare runs `invoke smoke` wrote; run the smoke again if its report was damaged",
+        ) from None
+    return report
+
+
 def compare_runs(ref_a: str, ref_b: str, root: Path) -> dict[str, Any]:
     """Compare two runs; writes compare.json, compare.md and compare.png to ``root/compare/A--vs--B/``."""
     dir_a, dir_b = resolve_run(ref_a, root), resolve_run(ref_b, root)
-    report_a = json.loads((dir_a / "report.json").read_text(encoding="utf-8"))
-    report_b = json.loads((dir_b / "report.json").read_text(encoding="utf-8"))
+    report_a, report_b = _read_report(dir_a), _read_report(dir_b)
     ident_a, ident_b = _identity(report_a), _identity(report_b)
     data: dict[str, Any] = {
-        "a": {"run_id": report_a["run_id"], "run_dir": str(dir_a), **ident_a},
-        "b": {"run_id": report_b["run_id"], "run_dir": str(dir_b), **ident_b},
+        "a": {"run_id": dir_a.name, "run_dir": str(dir_a), **ident_a},
+        "b": {"run_id": dir_b.name, "run_dir": str(dir_b), **ident_b},
         "differs": [key for key in ident_a if ident_a[key] != ident_b[key]],
         "rows": comparison_rows(report_a, report_b),
     }
-    out = root / "compare" / f"{report_a['run_id']}--vs--{report_b['run_id']}"
+    # Named by the run directories (one path component each), never by text inside a report.
+    out = root / "compare" / f"{dir_a.name}--vs--{dir_b.name}"
     out.mkdir(parents=True, exist_ok=True)
     data["files"] = {name: str(out / name) for name in ("compare.json", "compare.md", "compare.png")}
     (out / "compare.md").write_text(render_compare(data), encoding="utf-8")

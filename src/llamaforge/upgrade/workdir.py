@@ -70,10 +70,16 @@ def find_upgrade_dir(reference: str) -> UpgradeDir:
     for candidate in (Path(reference), root / reference):
         if (candidate / STATE).is_file():
             return UpgradeDir(candidate)
-    matches = sorted(path for path in root.glob(f"{reference}*") if (path / STATE).is_file())
+    runs = sorted(path for path in root.iterdir() if (path / STATE).is_file()) if root.is_dir() else []
+    # A prefix is matched as text, never as a glob: a path or a pattern in it names no run.
+    matches = (
+        [path for path in runs if path.name.startswith(reference)]
+        if reference and "/" not in reference
+        else []
+    )
     if len(matches) == 1:
         return UpgradeDir(matches[0])
-    known = sorted(path.name for path in root.glob("*") if (path / STATE).is_file())[-5:]
+    known = [path.name for path in runs][-5:]
     raise InvalidOption(
         f"no upgrade run {reference!r}" + (f" ({len(matches)} runs start with it)" if matches else ""),
         hint="pass the directory an earlier `upgrade` printed"
