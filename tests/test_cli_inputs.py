@@ -146,6 +146,21 @@ def test_json_errors_are_on_stdout_too(env: dict[str, str]) -> None:
     )
 
 
+@pytest.mark.parametrize("front", sorted(FRONTS))
+def test_json_errors_of_a_command_line_that_does_not_parse(front: str, env: dict[str, str]) -> None:
+    for args, words in (
+        (["recipes.show", "--json"], "did not receive required positional arguments: 'name'"),
+        (["build", "--arhc", "86", "--json"], "no flag '--arhc': did you mean '--arch'?"),
+        (["build", "--json", "--arch"], "--arch needs a value"),
+    ):
+        done = run(front, args, env)
+        assert done.returncode == PARSE_ERROR, done.stderr
+        assert json.loads(done.stdout) == {
+            "error": {"exit_code": PARSE_ERROR, "hint": None, "message": words}
+        }
+        assert words in done.stderr and "Traceback" not in done.stderr
+
+
 # --- output: a closed pipe, whole lines in a pipe --------------------------------------------------------------
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import select
 import sys
@@ -30,7 +31,9 @@ from llamaforge.core.errors import ExitCode
 from llamaforge.core.validation import suggest
 
 OUTPUT_CLOSED = ExitCode.OUTPUT_CLOSED  # exit code when the reader of stdout went away: 128 + SIGPIPE
+PARSE_ERROR_EXIT = 1  # Invoke's exit code for a command line it cannot parse
 _HELP_FLAGS = ("--help", "-h")
+_NO_IDEA = "No idea what "  # how Invoke's parser begins the error for a token it cannot place
 
 
 class OperationTask(Task[Any]):
@@ -84,19 +87,35 @@ def adapt_invoke() -> None:
             handle(machine, token)
         except ParseError as failed:
             if str(failed) != f"No idea what {token!r} is!":
+                if str(failed).startswith(_NO_IDEA):
+                    _json_parse_error(str(failed))
                 raise
-            raise ParseError(_unknown(machine, token), failed.context) from None
+            message = _unknown(machine, token)
+            _json_parse_error(message)
+            raise ParseError(message, failed.context) from None
 
     def error_naming_flags(machine: Any, message: str) -> None:
         flag = machine.flag
         if flag is not None and message == f"Flag {flag!r} needed value and was not given one!":
             message = f"--{flag.name} needs a value"
+        if not message.startswith(_NO_IDEA):  # an unknown token: worded, and written, by handle_help_first
+            _json_parse_error(message)
         error(machine, message)
 
     setattr(ParseMachine, "handle", handle_help_first)  # noqa: B010 - mypy refuses assigning to a method
     setattr(ParseMachine, "error", error_naming_flags)  # noqa: B010
     setattr(ParseMachine, "_llamaforge_adapted", True)  # noqa: B010
     _end_quietly_when_output_closes()
+
+
+def _json_parse_error(message: str) -> None:
+    """With ``--json`` on the command line, a command line Invoke cannot parse is also written on stdout as
+    ``{"error": {...}}`` (Invoke prints the message on stderr and exits 1), as every other error is."""
+    if "--json" in sys.argv[1:]:
+        error = {"exit_code": PARSE_ERROR_EXIT, "hint": None, "message": message}
+        with contextlib.suppress(BrokenPipeError):
+            sys.stdout.write(json.dumps({"error": error}, indent=2, sort_keys=True) + "\n")
+            sys.stdout.flush()
 
 
 def _unknown(machine: Any, token: str) -> str:

@@ -119,13 +119,30 @@ class Builder(_Strict):
                 f"{value!r} is not a Docker engine URL: use unix:///PATH, tcp://HOST:PORT or ssh://USER@HOST"
             )
         _no_password(value, "engine")
+        parts = urlsplit(value)
+        try:
+            port = parts.port  # out of range or not a number: ValueError
+        except ValueError:
+            port = -1
+        if (scheme == "unix" and not parts.path) or (scheme != "unix" and (not parts.hostname or port == -1)):
+            raise ValueError(
+                f"{value!r} names no {'socket path' if scheme == 'unix' else 'host and valid port'}: use "
+                "unix:///PATH, tcp://HOST:PORT or ssh://USER@HOST"
+            )
         return value
 
     @field_validator("build_host")
     @classmethod
     def _build_host(cls, value: str | None) -> str | None:
-        if value is not None and (value.startswith("-") or re.search(r"\s", value) or "://" in value):
-            raise ValueError(f"{value!r} is not user@host:port")
+        if value is not None:
+            from llamaforge.runners.ssh import parse_host
+
+            if "://" in value:
+                raise ValueError(f"{value!r} is not user@host:port")
+            try:
+                parse_host(value)
+            except InvalidOption as error:
+                raise ValueError(error.message) from None
         return value
 
     @model_validator(mode="after")

@@ -93,7 +93,12 @@ def fleet_status(builders: Sequence[Builder]) -> list[BuilderFacts]:
     answers: dict[str, BuilderFacts] = {}
 
     def ask(builder: Builder) -> None:
-        answers[builder.name] = probe_builder(builder)
+        try:
+            answers[builder.name] = probe_builder(builder)
+        except Exception as error:  # noqa: BLE001 - a client library's own failure is this builder's answer
+            facts = answers[builder.name] = BuilderFacts(builder)
+            facts.error = f"{builder.name}: the probe failed: {type(error).__name__}: {error}"
+            facts.hint = "check the builder's engine or build_host in the fleet file"
 
     threads = [threading.Thread(target=ask, args=(builder,), daemon=True) for builder in builders]
     for thread in threads:
