@@ -149,7 +149,7 @@ def test_json_errors_are_on_stdout_too(env: dict[str, str]) -> None:
 @pytest.mark.parametrize("front", sorted(FRONTS))
 def test_json_errors_of_a_command_line_that_does_not_parse(front: str, env: dict[str, str]) -> None:
     for args, words in (
-        (["recipes.show", "--json"], "did not receive required positional arguments: 'name'"),
+        (["recipes.show", "--json"], "'recipes.show' did not receive required positional arguments: 'name'"),
         (["build", "--arhc", "86", "--json"], "no flag '--arhc': did you mean '--arch'?"),
         (["build", "--json", "--arch"], "--arch needs a value"),
     ):
