@@ -110,6 +110,8 @@ REFUSED = [  # text, words of the message and hint
     ("--webui", "--no-webui", "without the web UI"),
     ("--no-repack", "cannot be given", "--no-repack"),
     ("--api-key s3cret", "--api-key", "no secret"),
+    ("--api-key=s3cret", "--api-key cannot be given", "no secret"),  # the value is not repeated
+    ("--alias=x", "--alias=… is not how llama-server takes a value", "write --alias VALUE"),
     ("-hft hf_abc", "-hft, --hf-token", "no secret"),
     ("--hf-repo a/b", "--hf-repo", "sets the model"),
     ("--fim-qwen-7b-default", "cannot be given", "downloads"),
@@ -136,7 +138,7 @@ def test_server_args_are_read_against_the_builds_flags(in_store: str) -> None:
         with pytest.raises(InvalidOption) as refused:
             check_server_args(split_server_args(text), options, OWNED_FLAGS)
         assert message in refused.value.message and hint in (refused.value.hint or ""), (text, refused.value)
-        assert "\n" not in refused.value.message
+        assert "\n" not in refused.value.message and "s3cret" not in refused.value.render()
     # smoke sets other flags than a deployment: --no-repack is free there, the slots' context is not
     assert check_server_args(("--no-repack",), options, SMOKE_FLAGS) == ("--no-repack",)
     for text in ("-c 512", "--threads 2", "-tb 2", "--log-verbosity 1", "-np 4"):
@@ -145,9 +147,10 @@ def test_server_args_are_read_against_the_builds_flags(in_store: str) -> None:
 
 
 def test_what_is_refused_whatever_the_build_is_refused_before_one_exists() -> None:
-    for text in ("--api-key x", "-c 4096", "--alias 'x", "--tools all", "--help"):
-        with pytest.raises(InvalidOption):
+    for text in ("--api-key x", "-c 4096", "--alias 'x", "--tools all", "--help", "--api-key=s3cret"):
+        with pytest.raises(InvalidOption) as refused:
             precheck_server_args(text, SMOKE_FLAGS)
+        assert "s3cret" not in refused.value.render()
     assert precheck_server_args("--jinja --alias x", SMOKE_FLAGS) == ("--jinja", "--alias", "x")
 
 

@@ -205,6 +205,19 @@ def _unknown(flag: str, options: Mapping[str, ServerOption]) -> InvalidOption:
     )
 
 
+def _with_equals(word: str, options: Mapping[str, ServerOption], owned: Mapping[str, str]) -> InvalidOption:
+    """``--flag=value``: llama-server reads no '='; the value (maybe a secret) is not repeated."""
+    name = _normal(word.partition("=")[0])
+    option = options.get(name) or ServerOption((name,), 1)
+    reason = refusal(option, owned)
+    if reason is not None:
+        return InvalidOption(f"{OPTION}: {name} cannot be given", hint=reason)
+    return InvalidOption(
+        f"{OPTION}: {name}=… is not how llama-server takes a value",
+        hint=f"write {name} VALUE, with a space (llama-server reads no '=')",
+    )
+
+
 def check_server_args(
     args: Sequence[str], options: Mapping[str, ServerOption], owned: Mapping[str, str]
 ) -> tuple[str, ...]:
@@ -217,6 +230,8 @@ def check_server_args(
         flag = _normal(word)
         option = options.get(flag)
         if option is None:
+            if word.startswith("-") and "=" in word:
+                raise _with_equals(word, options, owned)
             if word.startswith("-"):
                 raise _unknown(flag, options)
             after = f"{before} before it takes no value" if before else "it comes before any flag"
@@ -257,7 +272,8 @@ def precheck_server_args(text: str | None, owned: Mapping[str, str]) -> tuple[st
     whatever the build, by the names given."""
     args = split_server_args(text)
     for word in args:
-        reason = refusal(ServerOption((_normal(word),), 0), owned)
+        name = _normal(word.partition("=")[0])  # the name alone: a value after '=' may be a secret
+        reason = refusal(ServerOption((name,), 0), owned)
         if word.startswith("-") and reason is not None:
-            raise InvalidOption(f"{OPTION}: {word} cannot be given", hint=reason)
+            raise InvalidOption(f"{OPTION}: {name} cannot be given", hint=reason)
     return args
