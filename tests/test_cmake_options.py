@@ -119,3 +119,16 @@ async def test_an_mcp_call_with_a_launcher_is_a_tool_error_and_plans_nothing() -
     assert result.is_error
     text = "".join(getattr(part, "text", "") for part in result.content)
     assert "--cmake CMAKE_C_COMPILER_LAUNCHER" in text and "Traceback" not in text
+
+
+@pytest.mark.parametrize("key", ["GGML_CUDA", "CMAKE_CUDA_ARCHITECTURES", "GGML_VULKAN", "GGML_METAL"])
+def test_options_that_choose_the_backend_are_refused(key: str, tmp_path: Path) -> None:
+    """Set by -D, a build planned as cpu would compile a GPU backend: the recipe and --cmake refuse them."""
+    with pytest.raises(InvalidOption, match=f"--cmake {key}: not set by -D") as flag:
+        plan_build(load_recipe("default"), BuildOptions(cmake=((key, "ON"),)))
+    assert "--backend" in (flag.value.hint or "")
+    source = Path(__file__).parents[1] / "recipes" / "builds" / "default.toml"
+    path = tmp_path / "r.toml"
+    path.write_text(source.read_text(encoding="utf-8").replace("[cmake]\n", f"[cmake]\n{key} = true\n"))
+    with pytest.raises(RecipeError, match=f"{key} may not be set in"):
+        load_recipe(str(path))

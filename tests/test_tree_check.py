@@ -166,7 +166,10 @@ endif()
         "error",
         "deprecated (FATAL_ERROR) → GGML_CUDA=ON",
     )
-    assert "refuses LLAMA_CUBLAS (configure fails, cmake/depr.cmake:3): set GGML_CUDA=ON" in cublas.suggestion
+    assert (
+        "refuses LLAMA_CUBLAS (configure fails, cmake/depr.cmake:3): remove it (GGML_CUDA=ON is the backend's"
+        in (cublas.suggestion)
+    )
     curl = findings["LLAMA_CURL"]
     assert (curl.kind, curl.severity) == ("option-deprecated", "warning")
     assert curl.suggestion.endswith("it is ignored, remove it")

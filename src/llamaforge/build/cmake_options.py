@@ -40,3 +40,27 @@ REFUSED_HINT: Final = (
     "options that name a compiler, a launcher, a toolchain file, a project include or another program CMake "
     "runs are chosen by the platform and backend (--platform, --backend, --toolchain), not by -D options"
 )
+
+# ggml's GPU backends and their architectures: what --backend and --arch decide. Set by -D, a build planned as
+# one backend would compile another (GGML_CUDA=ON in a cpu recipe plans "cpu" and builds CUDA).
+_BACKEND_KEYS = frozenset(
+    {
+        "GGML_CUDA",
+        "GGML_HIP",
+        "GGML_VULKAN",
+        "GGML_METAL",
+        "GGML_SYCL",
+        "GGML_OPENCL",
+        "GGML_MUSA",
+        "GGML_CANN",
+        "GGML_WEBGPU",
+        "CMAKE_CUDA_ARCHITECTURES",
+        "CMAKE_HIP_ARCHITECTURES",
+    }
+)
+BACKEND_HINT: Final = "the backend and its architectures come from backend / --backend and --arch"
+
+
+def backend_cmake_keys(keys: Iterable[str]) -> list[str]:
+    """The keys among ``keys`` that choose ggml's backend or its GPU architectures."""
+    return sorted(key for key in keys if key in _BACKEND_KEYS)

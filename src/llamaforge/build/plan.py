@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llamaforge.backends import arch_backend, get_backend
-from llamaforge.build.cmake_options import REFUSED_HINT, refused_cmake_keys
+from llamaforge.build.cmake_options import BACKEND_HINT, REFUSED_HINT, backend_cmake_keys, refused_cmake_keys
 from llamaforge.build.cpu_level import check_cpu_level, controlled_keys, cpu_architecture, cpu_cmake
 from llamaforge.build.names import BackendName
 from llamaforge.build.options import BuildOptions
@@ -121,6 +121,8 @@ def _cpu_level(level: str, options: BuildOptions, platform_name: str) -> str:
         raise InvalidOption(
             f"--cmake {', '.join(refused)}: not a CMake option this build accepts", hint=REFUSED_HINT
         )
+    if chosen := backend_cmake_keys(key for key, _value in options.cmake):
+        raise InvalidOption(f"--cmake {', '.join(chosen)}: not set by -D", hint=BACKEND_HINT)
     if decided := controlled_keys(options.cmake):
         raise InvalidOption(
             f"--cmake {', '.join(decided)}: the CPU level decides this option",

@@ -18,7 +18,13 @@ from urllib.parse import unquote, urlsplit
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from llamaforge.backends.cuda.arch import parse_cuda_archs
-from llamaforge.build.cmake_options import CMAKE_NAME, REFUSED_HINT, refused_cmake_keys
+from llamaforge.build.cmake_options import (
+    BACKEND_HINT,
+    CMAKE_NAME,
+    REFUSED_HINT,
+    backend_cmake_keys,
+    refused_cmake_keys,
+)
 from llamaforge.build.cpu_level import VARIANTS, check_cpu_level, controlled_keys
 from llamaforge.build.names import BackendName, PlatformName
 from llamaforge.build.patches import series_dir
@@ -299,6 +305,8 @@ class BuildRecipe(_Strict):
             if not CMAKE_NAME.fullmatch(key):
                 raise ValueError(f"cmake option {key!r} is not a CMake variable name")
             raise ValueError(f"cmake option {key!r} may not be set here: {REFUSED_HINT}")
+        if chosen := backend_cmake_keys(value):
+            raise ValueError(f"{', '.join(chosen)} may not be set in [cmake]: {BACKEND_HINT}")
         if decided := controlled_keys(dict(value)):
             raise ValueError(
                 f"{', '.join(decided)} is decided by the recipe's cpu level; remove it from [cmake] and set "

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from llamaforge.build.cmake_options import BACKEND_HINT, backend_cmake_keys
 from llamaforge.build.upstream.cmake_scan import CMakeScan, Target, scan_tree
 
 FindingKind = Literal[
@@ -106,9 +107,12 @@ def _options_set(old: CMakeScan, new: CMakeScan, sets: Mapping[str, str]) -> lis
                 advice = f"the new tree refuses {name} (configure fails, {deprecation.where})"
             else:
                 advice = f"the new tree calls {name} deprecated ({deprecation.where})"
-            advice += (
-                f": set {replacement} in [cmake] instead" if replacement else ": it is ignored, remove it"
-            )
+            if replacement and backend_cmake_keys([str(deprecation.new)]):
+                advice += f": remove it ({replacement} is the backend's: {BACKEND_HINT})"
+            else:
+                advice += (
+                    f": set {replacement} in [cmake] instead" if replacement else ": it is ignored, remove it"
+                )
             findings.append(
                 TreeFinding(
                     "option-deprecated",
