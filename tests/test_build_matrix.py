@@ -61,6 +61,14 @@ def test_unknown_keys_name_the_file_and_the_key_meant(tmp_path: Path) -> None:
 def test_names_must_be_unique_and_a_matrix_needs_builds(tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match="build names given twice: a"):
         load_matrix(str(_write(tmp_path, '[[builds]]\nname = "a"\n[[builds]]\nname = "a"\n')))
+    for name in ("", "../../x", "a b"):
+        with pytest.raises(RecipeError, match="builds.0.name"):
+            load_matrix(str(_write(tmp_path, f'[[builds]]\nname = "{name}"\n')))
+    with pytest.raises(RecipeError) as jobs:
+        load_matrix(str(_write(tmp_path, '[[builds]]\nname = "a"\njobs = 2\n')))
+    assert "--jobs, --force and --dry-run apply to the whole matrix" in (jobs.value.hint or "")
+    native = load_matrix(str(_write(tmp_path, '[[builds]]\nname = "a"\ncpu = "native"\n')))
+    assert entry_arguments(native, native.builds[0])["cpu"] == "native"  # a CPU level per build
     with pytest.raises(RecipeError, match="builds"):
         load_matrix(str(_write(tmp_path, 'description = "empty"\n')))
 

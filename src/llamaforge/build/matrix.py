@@ -32,7 +32,10 @@ class MatrixEntry(BaseModel):
 
     model_config = _MATRIX_CONFIG
 
-    name: str = Field(description="Name of the build in the summary")
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
+        description="Name of the build in the summary (letters, digits, '.', '_', '-')",
+    )
     recipe: str | None = Field(None, description="Build recipe (default: the matrix's recipe)")
     platform: Platform | None = None
     toolchain: WindowsToolchain | None = Field(
@@ -40,6 +43,7 @@ class MatrixEntry(BaseModel):
     )
     backend: Backend | None = None
     arch: list[str] = Field(default_factory=list, description='CUDA archs, e.g. ["86", "89"]; implies CUDA')
+    cpu: str | None = Field(None, description="CPU level (default: the recipe's), as `invoke build --cpu`")
     patches: str | None = None
     no_patches: bool = False
     cmake: dict[str, str | int | bool] = Field(default_factory=dict, description="Extra CMake options")
@@ -109,7 +113,9 @@ def load_matrix(name_or_path: str) -> Matrix:
             error,
             what=f"build matrix {path}",
             root=Matrix,
-            hint="each [[builds]] takes the options of `invoke build`",
+            hint="each [[builds]] takes the options of `invoke build` that differ per build (recipe, platform, "
+            "toolchain, backend, arch, cpu, patches, no_patches, cmake, executor, labels, build_host, ssh_key, "
+            "known_hosts); --jobs, --force and --dry-run apply to the whole matrix",
         ) from None
     _check_paths(matrix, f"build matrix {path}")
     return matrix
@@ -138,6 +144,7 @@ def entry_arguments(matrix: Matrix, entry: MatrixEntry) -> dict[str, Any]:
         "toolchain": entry.toolchain,
         "backend": entry.backend,
         "arch": ",".join(entry.arch) or None,
+        "cpu": entry.cpu,
         "patches": entry.patches,
         "no_patches": entry.no_patches,
         "cmake": [f"{key}={_cmake(value)}" for key, value in entry.cmake.items()],
