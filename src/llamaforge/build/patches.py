@@ -97,7 +97,14 @@ def read_series(
         return []
     directory = series_dir(series)
     if not directory.is_dir():
-        raise PatchError(f"patch series directory {directory} does not exist", patch=str(series))
+        raise PatchError(
+            f"{directory} is a file, not a patch series directory"
+            if directory.exists()
+            else f"patch series directory {directory} does not exist",
+            patch=str(series),
+            hint="give the directory that holds the series file and its patches (a name under patches/, e.g. "
+            "llama.cpp)",
+        )
     listing = directory / "series"
     if not listing.is_file():
         if new:

@@ -331,6 +331,10 @@ def resolve_named_file(name_or_path: str | Path, directory: Path, kind: str) -> 
     text = str(name_or_path)
     candidate = Path(name_or_path)
     if candidate.suffix == ".toml" or "/" in text or os.sep in text:
+        if candidate.is_dir():
+            raise RecipeError(
+                f"{candidate} is a directory, not a {kind} file", hint=f"give the {kind}'s .toml file"
+            )
         if not candidate.is_file():
             raise RecipeError(f"{kind} file {candidate} does not exist", hint="check the path")
         return candidate
