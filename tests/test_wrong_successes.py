@@ -373,11 +373,12 @@ def _manifest(key: str) -> dict[str, Any]:
 
 def test_builds_list_names_a_damaged_entry_and_lists_the_others(env: dict[str, str]) -> None:
     builds = Path(env["LLAMAFORGE_HOME"]) / "builds"
-    good, not_json, incomplete = "a" * 32, "b" * 32, "c" * 32
+    good, not_json, incomplete, copied = "a" * 32, "b" * 32, "c" * 32, "d" * 32
     for key, text in (
         (good, json.dumps(_manifest(good))),
         (not_json, '{"key": "bbb'),
         (incomplete, json.dumps({"key": incomplete, "backend": "cpu"})),
+        (copied, json.dumps(_manifest(good))),  # another build's manifest: listed once, under its own key
     ):
         (builds / key).mkdir(parents=True)
         (builds / key / "manifest.json").write_text(text, encoding="utf-8")
@@ -385,16 +386,14 @@ def test_builds_list_names_a_damaged_entry_and_lists_the_others(env: dict[str, s
     assert shown.returncode == 0, shown.stderr
     assert good in shown.stdout and "Traceback" not in shown.stdout + shown.stderr
     warnings = [line for line in shown.stdout.splitlines() if line.startswith("warning: damaged store entry")]
-    assert (
-        len(warnings) == 2
-        and not_json in warnings[0] + warnings[1]
-        and incomplete in warnings[0] + warnings[1]
-    )
+    assert len(warnings) == 3 and all(key in "".join(warnings) for key in (not_json, incomplete, copied))
     data = json.loads(invoke("builds.list", "--json", env=env, timeout=120).stdout)
     assert [item["key"] for item in data["builds"]] == [good]
     errors = {Path(item["path"]).name: item["error"] for item in data["broken"]}
     assert "manifest.json is not JSON" in errors[not_json]
     assert "manifest.json has no 'recipe' field" in errors[incomplete]
+    assert f"manifest.json names build {good}, not the directory's {copied}" in errors[copied]
+    assert invoke("builds.show", "aaaa", env=env, timeout=120).returncode == 0  # one build starts with aaaa
     show = invoke("builds.show", "bbbb", env=env, timeout=120)
     assert show.returncode == CacheError.exit_code and f"build {not_json} is damaged" in show.stderr
 

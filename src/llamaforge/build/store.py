@@ -122,9 +122,15 @@ def scan_builds() -> tuple[list[dict[str, Any]], list[BrokenEntry]]:
     manifests, broken = [], []
     for entry in sorted(root.glob("*/" + MANIFEST)) if root.is_dir() else []:
         try:
-            manifests.append(_read_manifest(entry))
+            manifest = _read_manifest(entry)
         except ValueError as error:
             broken.append(BrokenEntry(entry.parent, str(error)))
+            continue
+        if manifest["key"] != entry.parent.name:  # a copied or edited manifest: its key names another build
+            error = f"{MANIFEST} names build {manifest['key']}, not the directory's {entry.parent.name}"
+            broken.append(BrokenEntry(entry.parent, error))
+            continue
+        manifests.append(manifest)
     manifests.sort(key=lambda item: str(item.get("finished_at", "")), reverse=True)
     return manifests, broken
 
