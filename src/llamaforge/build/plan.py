@@ -158,7 +158,7 @@ def plan_build(recipe: BuildRecipe, options: BuildOptions | None = None) -> Buil
     series = None if options.no_patches else (options.patches or recipe.patches)
     patches = tuple(read_series(series, platform=recipe.platform))
 
-    cpu = _cpu_level(options.cpu or recipe.cpu, options, recipe.platform)
+    cpu = _cpu_level(recipe.cpu if options.cpu is None else options.cpu, options, recipe.platform)
     cmake: dict[str, str] = {"CMAKE_BUILD_TYPE": "Release"}
     cmake.update({key: _cmake_value(value) for key, value in recipe.cmake.items()})
     cmake.update(cpu_cmake(cpu))
