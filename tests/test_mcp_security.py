@@ -522,3 +522,18 @@ async def test_a_short_tool_given_up_on_is_cancelled(nap_operations: list[Cancel
             break
         await anyio.sleep(0.05)
     assert nap_operations and nap_operations[0].cancelled
+
+
+def test_the_deploy_host_list_reads_hosts_as_the_deploy_does() -> None:
+    """An IPv6 host in brackets, another spelling of an allowed address, or a name in brackets: matched on the
+    host the deploy would dial, so no spelling reaches a host off the list."""
+    from llamaforge.core.guard import PolicyRefused
+    from llamaforge.core.registry import operations
+    from llamaforge.fronts.mcp.hostpolicy import DeployTargets
+
+    targets = DeployTargets.of(["[fd00::2]", "GPU1"], [])
+    deploy = operations()["deploy"]
+    targets.check("deploy", deploy, {"hosts": "lf@[fd00:0::2]:2201,gpu1,lf@Gpu1:22"})
+    for hosts in ("lf@[fd00::3]:22", "lf@[gpu1]:22", "gpu1.evil", "lf@fd00::2:22"):
+        with pytest.raises(PolicyRefused, match="not a host this server allows"):
+            targets.check("deploy", deploy, {"hosts": hosts})

@@ -107,7 +107,11 @@ BAD_INPUTS: list[tuple[str, list[str], str]] = [
         "--jobs: Input should be greater than or equal",
     ),
     ("build --arch ''", ["build", "--dry-run", "--arch", ""], "empty CUDA arch list"),
-    ("build --cpu ''", ["build", "--dry-run", "--cpu", ""], "--cpu: unknown CPU level ''"),  # not the recipe's
+    (
+        "build --cpu ''",
+        ["build", "--dry-run", "--cpu", ""],
+        "--cpu: unknown CPU level ''",
+    ),  # not the recipe's
     ("build --arch rtx4909", ["build", "--dry-run", "--arch", "rtx4909"], "invalid CUDA arch 'rtx4909'"),
     ("build --arch 'RTX 4909'", ["build", "--dry-run", "--arch", "RTX 4909"], "invalid CUDA arch 'RTX 4909'"),
     (

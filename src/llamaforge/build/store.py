@@ -127,8 +127,8 @@ def scan_builds() -> tuple[list[dict[str, Any]], list[BrokenEntry]]:
             broken.append(BrokenEntry(entry.parent, str(error)))
             continue
         if manifest["key"] != entry.parent.name:  # a copied or edited manifest: its key names another build
-            error = f"{MANIFEST} names build {manifest['key']}, not the directory's {entry.parent.name}"
-            broken.append(BrokenEntry(entry.parent, error))
+            names = f"{MANIFEST} names build {manifest['key']}, not the directory's {entry.parent.name}"
+            broken.append(BrokenEntry(entry.parent, names))
             continue
         manifests.append(manifest)
     manifests.sort(key=lambda item: str(item.get("finished_at", "")), reverse=True)

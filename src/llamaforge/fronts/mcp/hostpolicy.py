@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llamaforge.core.errors import InvalidOption
 from llamaforge.core.guard import PolicyRefused
 from llamaforge.core.paths import data_dir
 from llamaforge.core.registry import Operation
+from llamaforge.runners.ssh.hosts import canonical_host, parse_host
 
 # A rule says why a value makes the call run something on this host, or None when it does not.
 Rule = Callable[[Any, "Places"], str | None]
@@ -112,11 +114,14 @@ _HOST_FILE_FIELDS = ("inventory", "topology")
 
 
 def _host_names(text: str) -> list[str]:
+    """The hosts ``text`` names, parsed as the deploy parses them (``user@[v6]:port`` too), in one spelling; a
+    part the deploy would refuse stays as written, which no allowed name matches."""
     names = []
     for part in filter(None, (item.strip() for item in text.split(","))):
-        rest = part.rpartition("@")[2]
-        host = rest.partition(":")[0] if rest.count(":") == 1 else rest
-        names.append(host.strip("[]").lower())
+        try:
+            names.append(canonical_host(parse_host(part).host))
+        except InvalidOption:
+            names.append(part)
     return names
 
 
@@ -131,7 +136,7 @@ class DeployTargets:
     def of(cls, hosts: Iterable[str], inventories: Iterable[Path]) -> DeployTargets:
         """From the command line's values (inventories resolved now, against the server's directory)."""
         return cls(
-            frozenset(host.lower() for host in hosts),
+            frozenset(canonical_host(host.strip("[]")) for host in hosts),
             tuple(Path(path).expanduser().resolve() for path in inventories),
         )
 

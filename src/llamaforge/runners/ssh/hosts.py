@@ -47,6 +47,8 @@ def _split_port(rest: str, text: str) -> tuple[str, str | None]:
             raise InvalidOption(f"host {text!r}: the bracketed address is not closed", hint=_FORM)
         if after and not after.startswith(":"):
             raise InvalidOption(f"host {text!r}: {after!r} follows the bracketed address", hint=_FORM)
+        if ":" not in inner:
+            raise InvalidOption(f"host {text!r}: brackets hold an IPv6 address only", hint=_FORM)
         return inner, after[1:] if after else None
     if rest.count(":") == 1:
         host, _, port = rest.partition(":")
@@ -104,11 +106,16 @@ def parse_hosts(
     return hosts
 
 
-def host_identity(host: SshHost) -> tuple[str, int]:
-    """What makes two hosts one machine for a deploy: the address (IP addresses in one spelling, names in one
-    case) and the port; the login user does not count."""
+def canonical_host(name: str) -> str:
+    """A host in one spelling: an IP address as :mod:`ipaddress` writes it (``0:0::1`` is ``::1``), a name in
+    lower case."""
     try:
-        name = str(ipaddress.ip_address(host.host))
+        return str(ipaddress.ip_address(name))
     except ValueError:
-        name = host.host.lower()
-    return name, host.port
+        return name.lower()
+
+
+def host_identity(host: SshHost) -> tuple[str, int]:
+    """What makes two hosts one machine for a deploy: the address in one spelling and the port; the login user
+    does not count."""
+    return canonical_host(host.host), host.port
