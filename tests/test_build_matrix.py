@@ -62,7 +62,7 @@ def test_names_must_be_unique_and_a_matrix_needs_builds(tmp_path: Path) -> None:
     with pytest.raises(RecipeError, match="build names given twice: a"):
         load_matrix(str(_write(tmp_path, '[[builds]]\nname = "a"\n[[builds]]\nname = "a"\n')))
     for name in ("", "../../x", "a b"):
-        with pytest.raises(RecipeError, match="builds.0.name"):
+        with pytest.raises(RecipeError, match=r"builds\.0\.name"):
             load_matrix(str(_write(tmp_path, f'[[builds]]\nname = "{name}"\n')))
     with pytest.raises(RecipeError) as jobs:
         load_matrix(str(_write(tmp_path, '[[builds]]\nname = "a"\njobs = 2\n')))
