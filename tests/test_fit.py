@@ -23,10 +23,12 @@ with --swa-full: both KV caches' cells and layers must be llama.cpp's, every buf
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
 import gguf
+import numpy as np
 import pytest
 
 from llamaforge.core.errors import InvalidOption, RecipeError
@@ -588,3 +590,56 @@ def test_cpu_buffer_types_match_this_cpu(
     assert abs(planned.weights - reported.total("weights")) <= 0.005 * planned.weights + 0.01 * MiB
     if buffers != "plain" and dtype == "q4_0":  # Q4_0 is repacked (or AMX-packed) on every such CPU
         assert len(reported.buffers["weights"]) >= 2
+
+
+def _damaged(path: Path, **keys: Any) -> Path:
+    """A qwen3 GGUF with two blocks' tensors and the given metadata (gguf's writer types each value)."""
+    writer = gguf.GGUFWriter(path, "qwen3")
+    metadata: dict[str, Any] = {
+        "block_count": 2,
+        "embedding_length": 8,
+        "attention.head_count": 2,
+        "context_length": 64,
+        **keys,
+    }
+    for name, value in metadata.items():
+        if isinstance(value, list):
+            writer.add_array(f"qwen3.{name}", value)
+        elif isinstance(value, float):
+            writer.add_float32(f"qwen3.{name}", value)
+        elif isinstance(value, str):
+            writer.add_string(f"qwen3.{name}", value)
+        else:
+            writer.add_uint32(f"qwen3.{name}", value) if value >= 0 else writer.add_int32(
+                f"qwen3.{name}", value
+            )
+    for name in ("token_embd.weight", "blk.0.attn_q.weight", "blk.1.attn_q.weight"):
+        writer.add_tensor(name, np.zeros((8, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize(
+    ("keys", "words"),
+    [
+        ({"block_count": 10_000_000}, "block_count is 10000000, but the file's tensors stop at blk.1"),
+        ({"block_count": -2}, "block_count is -2, not a count"),
+        ({"context_length": float("inf")}, "context_length is inf, not a count"),
+        ({"context_length": float("nan")}, "context_length is nan, not a count"),
+        ({"attention.head_count": ["a", "b"]}, "attention.head_count is ['a', 'b'], not a count"),
+        ({"attention.head_count_kv": [float("nan"), 1.0]}, "attention.head_count_kv is nan, not a count"),
+        ({"nextn_predict_layers": 5}, "nextn_predict_layers (5) leaves none of its 2 blocks"),
+    ],
+    ids=["blocks-1e7", "blocks-negative", "ctx-inf", "ctx-nan", "heads-strings", "kv-heads-nan", "nextn"],
+)
+def test_damaged_hyper_parameters_are_named_before_anything_is_sized(
+    keys: dict[str, Any], words: str, tmp_path: Path
+) -> None:
+    """A crafted header (10 million blocks in a few KB) once sized per-layer lists from it and ran out of
+    memory; non-finite or non-numeric values ended in a traceback."""
+    header = read_header(_damaged(tmp_path / "damaged.gguf", **keys))
+    with pytest.raises(InvalidOption, match=re.escape(words)):
+        model_shape(header)

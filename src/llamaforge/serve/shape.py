@@ -6,6 +6,7 @@ Shared by the fit planner (:mod:`llamaforge.serve.fit`) and the bytes-per-token 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -137,14 +138,27 @@ class ModelShape:
         return self.ssm_state_size * self.ssm_inner_size
 
 
-def _int(value: Any, default: int = 0) -> int:
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, int | float):
-        return int(value)
-    if isinstance(value, list | tuple) and value:
-        return max(int(v) for v in value)
-    return default
+_MAX_COUNT = 2**31 - 1  # llama.cpp reads these keys into 32-bit fields
+
+
+def _int(value: Any, default: int = 0, name: str = "") -> int:
+    """A count from metadata (the largest of an array: per-layer values); a value that is no whole, finite,
+    non-negative number llama.cpp could read is refused naming ``name``."""
+    if value is None:
+        return default
+    items = list(value) if isinstance(value, list | tuple) else [value]
+    if not items:
+        return default
+    for item in items:
+        whole = isinstance(item, int | float) and math.isfinite(item) and item == int(item)
+        if not whole or not 0 <= item <= _MAX_COUNT:
+            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+            raise InvalidOption(
+                f"{name} is {shown}, not a count llama.cpp can read",
+                hint="the file's metadata is damaged or was not written for llama.cpp; `invoke models.verify "
+                "FILE` checks it",
+            )
+    return max(int(item) for item in items)
 
 
 def model_shape(header: GGUFHeader) -> ModelShape:
@@ -157,63 +171,83 @@ def model_shape(header: GGUFHeader) -> ModelShape:
     def key(name: str, default: Any = None) -> Any:
         return meta.get(f"{arch}.{name}", default)
 
-    n_layer_all = _int(key("block_count"))
-    n_embd = _int(key("embedding_length"))
-    n_head = _int(key("attention.head_count"))
+    def count(name: str, default: int = 0) -> int:
+        return _int(key(name), default, f"{header.source}: {arch}.{name}")
+
+    n_layer_all = count("block_count")
+    n_embd = count("embedding_length")
+    n_head = count("attention.head_count")
     if not (n_layer_all and n_embd and n_head):
         raise InvalidOption(
             f"{header.source}: {arch}.block_count/embedding_length/attention.head_count missing"
         )
-    n_layer = n_layer_all - _int(key("nextn_predict_layers"))
+    blocks = [block for tensor in header.tensors if (block := block_of(tensor.name)) is not None]
+    if header.tensors and n_layer_all > max(blocks, default=-1) + 1:  # before any per-layer list is sized
+        raise InvalidOption(
+            f"{header.source}: {arch}.block_count is {n_layer_all}, but the file's tensors stop at "
+            + (f"blk.{max(blocks)}" if blocks else "no block"),
+            hint="the file's metadata is damaged or does not belong to its tensors; `invoke models.verify FILE` "
+            "checks it",
+        )
+    nextn = count("nextn_predict_layers")
+    if nextn >= n_layer_all:
+        raise InvalidOption(
+            f"{header.source}: {arch}.nextn_predict_layers ({nextn}) leaves none of its {n_layer_all} blocks",
+            hint="the file's metadata is damaged; `invoke models.verify FILE` checks it",
+        )
+    n_layer = n_layer_all - nextn
     embd = next((t for t in header.tensors if t.name == "token_embd.weight"), None)
-    n_vocab = embd.shape[1] if embd is not None and len(embd.shape) > 1 else _int(key("vocab_size"))
+    n_vocab = embd.shape[1] if embd is not None and len(embd.shape) > 1 else count("vocab_size")
     recurrent = [False] * n_layer
     if arch in HYBRID_ARCHS:
         listed = key("attention.recurrent_layers")
         if isinstance(listed, list | tuple) and len(listed) >= n_layer:
             recurrent = [bool(v) for v in listed[:n_layer]]
         else:
-            interval = _int(key("full_attention_interval"), 4) or 4
+            interval = count("full_attention_interval", 4) or 4
             recurrent = [(il + 1) % interval != 0 for il in range(n_layer)]
-    head_dim_k = _int(key("attention.key_length"), n_embd // n_head)
+    head_dim_k = count("attention.key_length", n_embd // n_head)
     swa, n_swa = _sliding_window(arch, n_layer, key)
     heads_kv = key("attention.head_count_kv")
-    kv_heads = tuple(int(v) for v in heads_kv[:n_layer]) if isinstance(heads_kv, list | tuple) else ()
+    where = f"{header.source}: {arch}.attention.head_count_kv"
+    kv_heads = (
+        tuple(_int(v, 0, where) for v in heads_kv[:n_layer]) if isinstance(heads_kv, list | tuple) else ()
+    )
     n_layer_kv = -1
     if arch == "gemma3n":
         n_layer_kv = 20
     elif arch == "gemma4":
-        n_layer_kv = n_layer_all - _int(key("attention.shared_kv_layers"))
+        n_layer_kv = n_layer_all - count("attention.shared_kv_layers")
     return ModelShape(
         arch=arch,
         n_layer_all=n_layer_all,
         n_layer=n_layer,
         n_embd=n_embd,
         n_head=n_head,
-        n_head_kv=_int(key("attention.head_count_kv"), n_head),
+        n_head_kv=count("attention.head_count_kv", n_head),
         head_dim_k=head_dim_k,
-        head_dim_v=_int(key("attention.value_length"), head_dim_k),
-        n_ff=_int(key("feed_forward_length")),
+        head_dim_v=count("attention.value_length", head_dim_k),
+        n_ff=count("feed_forward_length"),
         n_vocab=n_vocab,
-        n_ctx_train=_int(key("context_length")),
-        n_expert=_int(key("expert_count")),
-        n_expert_used=_int(key("expert_used_count")),
-        n_ff_exp=_int(key("expert_feed_forward_length")),
-        n_ff_shexp=_int(key("expert_shared_feed_forward_length")),
+        n_ctx_train=count("context_length"),
+        n_expert=count("expert_count"),
+        n_expert_used=count("expert_used_count"),
+        n_ff_exp=count("expert_feed_forward_length"),
+        n_ff_shexp=count("expert_shared_feed_forward_length"),
         recurrent=tuple(recurrent),
-        ssm_conv_kernel=_int(key("ssm.conv_kernel")),
-        ssm_state_size=_int(key("ssm.state_size")),
-        ssm_group_count=_int(key("ssm.group_count")),
-        ssm_inner_size=_int(key("ssm.inner_size")),
+        ssm_conv_kernel=count("ssm.conv_kernel"),
+        ssm_state_size=count("ssm.state_size"),
+        ssm_group_count=count("ssm.group_count"),
+        ssm_inner_size=count("ssm.inner_size"),
         swa=swa,
         n_swa=n_swa,
-        head_dim_k_swa=_int(key("attention.key_length_swa")),
-        head_dim_v_swa=_int(key("attention.value_length_swa")),
+        head_dim_k_swa=count("attention.key_length_swa"),
+        head_dim_v_swa=count("attention.value_length_swa"),
         kv_heads=kv_heads,
         n_layer_kv=n_layer_kv,
-        mla=arch in MLA_ARCHS and _int(key("attention.key_length_mla")) > 0,
-        head_dim_k_mla=_int(key("attention.key_length_mla")),
-        head_dim_v_mla=_int(key("attention.value_length_mla")),
+        mla=arch in MLA_ARCHS and count("attention.key_length_mla") > 0,
+        head_dim_k_mla=count("attention.key_length_mla"),
+        head_dim_v_mla=count("attention.value_length_mla"),
     )
 
 
@@ -224,14 +258,14 @@ def _sliding_window(arch: str, n_layer: int, key: Callable[..., Any]) -> tuple[t
         return (), 0
     n_pattern, dense_first, default_window = SWA_ARCHS[arch]
     window = key("attention.sliding_window")
-    n_swa = _int(window, default_window or 0) if window is not None else (default_window or 0)
+    n_swa = _int(window, default_window or 0, f"{arch}.attention.sliding_window")
     if n_swa <= 0:
         return (), 0
     pattern = key("attention.sliding_window_pattern")
     if isinstance(pattern, list | tuple) and len(pattern) >= n_layer:
         return tuple(bool(v) for v in pattern[:n_layer]), n_swa
     if pattern is not None:
-        n_pattern = _int(pattern, n_pattern)
+        n_pattern = _int(pattern, n_pattern, f"{arch}.attention.sliding_window_pattern")
     if dense_first:
         swa = [n_pattern == 0 or il % n_pattern != 0 for il in range(n_layer)]
     else:

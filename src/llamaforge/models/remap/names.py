@@ -75,6 +75,12 @@ def canonical_tensors(header: GGUFHeader, arch: str) -> list[Mapped]:
         raise ModelError(
             f"{header.source} has no integer {block_key} key, so its tensor names cannot be mapped"
         )
+    if blocks > len(header.tensors):  # every block has tensors: a larger count is damage, and sizes the maps
+        raise ModelError(
+            f"{header.source}: {block_key} is {blocks}, more blocks than the file has tensors "
+            f"({len(header.tensors)})",
+            hint="the file's metadata is damaged or does not belong to its tensors",
+        )
     n_blocks = blocks
     name_map = _IsolatedNameMap(gguf_arch, n_blocks)
     canonical: dict[str, gguf.MODEL_TENSOR] = {}
