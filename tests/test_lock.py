@@ -14,7 +14,7 @@ import pytest
 
 from fakehub import COMMIT, FakeHub, random_gguf, serve
 from helpers import invoke
-from llamaforge.core.errors import LockError
+from llamaforge.core.errors import InvalidOption, LockError
 from llamaforge.models.fetch import fetch_model
 from llamaforge.models.lock import (
     LockFile,
@@ -209,6 +209,21 @@ def test_image_digests_roundtrip(recipes: Path) -> None:
     )
     assert locked_image_digest("nvidia/cuda:12.8.1-devel-ubuntu24.04") == digest
     assert locked_image_digest("other:tag") is None
+
+
+def test_a_lock_path_that_is_no_regular_file_is_left_alone(tmp_path: Path) -> None:
+    """Renamed over, a device (LLAMAFORGE_LOCK_FILE=/dev/null, as root) became a file; a directory ended in a
+    traceback with the scratch file left beside it."""
+    lock = LockFile.model_validate({"images": {"x:1": {"digest": "sha256:" + "b" * 64}}})
+    fifo = tmp_path / "fifo.toml"
+    os.mkfifo(fifo)
+    (tmp_path / "dir.toml").mkdir()
+    for path in (fifo, tmp_path / "dir.toml"):
+        with pytest.raises(
+            InvalidOption, match=r"cannot write the lock file .*: exists and is not a regular file"
+        ):
+            write_lock(lock, path)
+    assert fifo.is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == ["dir.toml", "fifo.toml"]
 
 
 def test_shipped_model_recipes_are_valid_and_unpinned() -> None:

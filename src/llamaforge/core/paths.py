@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -35,7 +36,10 @@ def home() -> Path:
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` whole or not at all: readers see the old file or the new one, never a part
-    (a temporary file beside it, renamed over it)."""
+    (a temporary file beside it, renamed over it). A ``path`` that is there and is no regular file (a device,
+    a directory, a pipe) is left alone: FileExistsError."""
+    if path.exists() and not path.is_file():
+        raise FileExistsError(errno.EEXIST, "exists and is not a regular file", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     temporary = Path(name)

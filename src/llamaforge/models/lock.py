@@ -22,9 +22,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from llamaforge.core.errors import DockerUnavailable, FetchError, ImageError, LockError, RecipeError
+from llamaforge.core.errors import (
+    DockerUnavailable,
+    FetchError,
+    ImageError,
+    InvalidOption,
+    LockError,
+    RecipeError,
+)
 from llamaforge.core.events import Event, Reporter, null_reporter
-from llamaforge.core.paths import data_dir
+from llamaforge.core.paths import data_dir, write_text_atomic
 from llamaforge.models import store as modelstore
 from llamaforge.models.hubs import default_revision, is_commit, parse_hub_source, resolve
 from llamaforge.models.recipes import ModelRecipe, list_model_recipes, load_model_recipe
@@ -129,10 +136,14 @@ def write_lock(lock: LockFile, path: Path | None = None) -> Path:
         lines += [
             f"{key} = {_toml_value(value)}" for key, value in image.model_dump(exclude_none=True).items()
         ]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    scratch.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    scratch.replace(path)
+    try:
+        write_text_atomic(path, "\n".join(lines) + "\n")
+    except OSError as error:
+        raise InvalidOption(
+            f"cannot write the lock file {path}: {error.strerror or error}",
+            hint="LLAMAFORGE_LOCK_FILE (default recipes/lock.toml) must name a regular file in a writable "
+            "directory",
+        ) from None
     return path
 
 
