@@ -797,6 +797,9 @@ def test_load_check_reports_refusal(stock_build: Path, vocab: Path, tmp_path: Pa
     load = report.load_check
     assert load is not None and not load["loaded"] and load["returncode"] != 0 and load["errors"]
     assert report.checks()["load"] == "fail"
+    # llama.cpp's own reason, not its last line ("exiting due to model loading error")
+    assert "token_embd.weight" in load["cause"], load
+    assert any(load["cause"] in finding.message for finding in report.findings if finding.check == "load")
 
 
 def test_mtp_blocks_and_unknown_archs(tmp_path: Path) -> None:

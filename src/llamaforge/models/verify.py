@@ -223,7 +223,14 @@ def hash_file(path: Path, size: int, reporter: Reporter, cancel: CancelToken) ->
 
 
 def _identity(stat: os.stat_result) -> dict[str, int]:
-    return {"dev": stat.st_dev, "inode": stat.st_ino, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    # ctime too: a file rewritten in place with its mtime put back (os.utime) changes it, and no user can set it
+    return {
+        "dev": stat.st_dev,
+        "inode": stat.st_ino,
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "ctime_ns": stat.st_ctime_ns,
+    }
 
 
 def cache_dir() -> Path:
@@ -232,7 +239,7 @@ def cache_dir() -> Path:
 
 
 def _cache_path(identity: Mapping[str, int]) -> Path:
-    key = "|".join(str(identity[k]) for k in ("dev", "inode", "size", "mtime_ns"))
+    key = "|".join(str(identity[k]) for k in ("dev", "inode", "size", "mtime_ns", "ctime_ns"))
     version = f"{__version__}/{VERIFY_CACHE_VERSION}"
     return cache_dir() / (hashlib.sha256(f"{version}|{key}".encode()).hexdigest()[:32] + ".json")
 
@@ -321,6 +328,11 @@ def load_check(
     lines = run.stdout.splitlines()
     loaded = parse_load_log(lines)
     errors = [line for line in lines if re.search(r"\bE\b.*(error|failed)|error:", line)]
+    # llama.cpp's own reason comes first ("error loading model: check_tensor_dims: tensor … has wrong shape"),
+    # the lines after it only say that loading stopped
+    cause = next(
+        (found.group(1) for line in lines if (found := re.search(r"error loading model: (.+)", line))), None
+    )
     result: dict[str, Any] = {"buffers_mib": loaded.buffers_mib()}
     for name, cache in (("kv_cache", loaded.kv_cache), ("recurrent_state", loaded.recurrent_state)):
         if cache is not None:
@@ -334,6 +346,7 @@ def load_check(
             "context": context,
             "loaded": run.ok and "weights" in loaded.buffers,
             "errors": errors[-10:],
+            "cause": cause,
             "tail": lines[-15:] if run.exit_code else [],
         }
     )
@@ -427,7 +440,7 @@ def verify_model(
             if "crash" in result:  # a crash is the reason, whatever llama.cpp logged before it
                 reason = f"{result['crash']}; {result['hint']}"
             else:
-                reason = result["errors"][-1] if result["errors"] else result["exit"]
+                reason = result["cause"] or (result["errors"][-1] if result["errors"] else result["exit"])
             report.findings.append(
                 Finding("load", "fail", "llama-cli", f"llama.cpp did not load the model: {reason}")
             )
