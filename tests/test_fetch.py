@@ -208,6 +208,25 @@ def test_wrong_size_fails(hub: FakeHub, tiny_gguf: bytes, delta: int) -> None:
     assert modelstore.lookup(sha(tiny_gguf)) is None
 
 
+def test_a_size_pin_holds_for_a_file_already_fetched_from_its_source(hub: FakeHub, tiny_gguf: bytes) -> None:
+    name = hub.add("org/repo", "tiny.gguf", tiny_gguf)
+    fetch_model(hub.file_url(name), backoff_s=0)
+    recipe = ModelRecipe(
+        name="tiny", source=hub.file_url(name), size=5
+    )  # found by its source, not its sha256
+    with pytest.raises(ModelChecksumMismatch, match="expected 5 bytes"):
+        fetch_model(recipe, retries=1, backoff_s=0)
+
+
+def test_a_url_with_other_than_ascii_is_percent_encoded(hub: FakeHub, tiny_gguf: bytes) -> None:
+    digest = hub.add("org/repo", "tiny.gguf", tiny_gguf)
+    hub.redirects["/%C3%BCn%C3%AF.gguf"] = hub.file_url(
+        digest
+    )  # what the server is asked for: UTF-8, escaped
+    fetched = fetch_model(f"{hub.cdn_url}/ünï.gguf", backoff_s=0)
+    assert fetched.sha256 == sha(tiny_gguf)
+
+
 def test_server_sending_too_many_bytes_fails(hub: FakeHub, tiny_gguf: bytes) -> None:
     name = hub.add("org/repo", "tiny.gguf", tiny_gguf)
     hub.faults.extra_bytes = 10

@@ -123,6 +123,34 @@ def transient(error: BaseException) -> Transient | None:
     return None
 
 
+_URL_SAFE = (
+    "/%:@!$&'()*+,;=-._~"  # RFC 3986's reserved and unreserved characters, and '%' of an existing escape
+)
+
+
+def ascii_url(url: str) -> str:
+    """``url`` as HTTP sends it: a path or query with other than ASCII (``/ünï.gguf``) percent-encoded as
+    UTF-8, a host name in IDNA; an ASCII URL is unchanged."""
+    if url.isascii():
+        return url
+    parts = urllib.parse.urlsplit(url)
+    host = parts.hostname or ""
+    netloc = (
+        parts.netloc.replace(host, host.encode("idna").decode("ascii"))
+        if not host.isascii()
+        else parts.netloc
+    )
+    return urllib.parse.urlunsplit(
+        (
+            parts.scheme,
+            netloc,
+            urllib.parse.quote(parts.path, safe=_URL_SAFE),
+            urllib.parse.quote(parts.query, safe=_URL_SAFE + "?"),
+            "",
+        )
+    )
+
+
 def range_request(
     url: str,
     start: int = 0,
@@ -136,7 +164,8 @@ def range_request(
     Range header, from 0 to the end), never compressed so that offsets are the file's. ``private_headers``
     (tokens) are never forwarded to a redirect target (a hub redirects to a CDN); ``if_range`` (an ETag) makes
     the server send the whole file when it changed."""
-    request = urllib.request.Request(url, headers={**(headers or {}), "Accept-Encoding": "identity"})  # noqa: S310 - callers check the URL
+    wire = ascii_url(url)
+    request = urllib.request.Request(wire, headers={**(headers or {}), "Accept-Encoding": "identity"})  # noqa: S310 - callers check the URL
     if start or end is not None:
         request.add_header("Range", f"bytes={start}-{'' if end is None else end}")
         if if_range:

@@ -169,12 +169,12 @@ def _from_cache(
     stored = None
     if sha256:
         stored = modelstore.lookup(sha256)
-        if stored is not None and size is not None and stored.size != size:
-            return None
     elif identity:
         known = modelstore.find_source(identity)
         if known is not None:
             stored = modelstore.lookup(str(known["sha256"]))
+    if stored is not None and size is not None and stored.size != size:
+        return None  # the recipe's size pin holds for a file found by its source too: fetched (and refused) again
     return _still_a_model(stored, reporter) if stored is not None else None
 
 
