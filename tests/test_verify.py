@@ -833,3 +833,43 @@ def test_mtp_blocks_and_unknown_archs(tmp_path: Path) -> None:
     assert [f.status for f in findings] == ["ok"]
     _missing, unknown, findings = check_tensor_set(header("gpt-nope", names[:2]))
     assert findings[0].status == "fail" and "not known" in findings[0].message
+
+
+def test_hyper_parameters_llama_cpp_cannot_read_fail_the_structure_check(tmp_path: Path) -> None:
+    """A head count written as a string, a context length of nan, an embedding width the token embeddings do
+    not have: each was "ok"; llama.cpp refuses such files."""
+
+    def model(name: str, width: int = 8, **keys: object) -> Path:
+        path = tmp_path / f"{name}.gguf"
+        writer = gguf.GGUFWriter(path, "qwen3")
+        writer.add_uint32("qwen3.block_count", 1)
+        writer.add_uint32("qwen3.embedding_length", 8)
+        for key, value in {"attention.head_count": 2, "context_length": 64, **keys}.items():
+            if isinstance(value, str):
+                writer.add_string(f"qwen3.{key}", value)
+            elif isinstance(value, float):
+                writer.add_float32(f"qwen3.{key}", value)
+            else:
+                writer.add_uint32(f"qwen3.{key}", int(str(value)))
+        writer.add_tensor("token_embd.weight", np.zeros((4, width), dtype=np.float32))
+        writer.add_tensor("blk.0.attn_q.weight", np.zeros((8, 8), dtype=np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        return path
+
+    cases = {
+        model(
+            "heads-string", **{"attention.head_count": "2"}
+        ): "qwen3.attention.head_count is '2', not a count",
+        model("ctx-nan", context_length=float("nan")): "qwen3.context_length is nan, not a count",
+        model("heads-0", **{"attention.head_count": 0}): "qwen3.attention.head_count missing or 0",
+        model("narrow", width=6): "token_embd.weight rows are 6 wide, but qwen3.embedding_length is 8",
+    }
+    for path, words in cases.items():
+        report = verify_model(path, use_cache=False)
+        failed = [f.message for f in report.findings if f.check == "structure" and f.status == "fail"]
+        assert not report.ok and any(words in message for message in failed), (path.name, failed)
+    report = verify_model(model("fine"), use_cache=False)
+    assert not [f for f in report.findings if f.check == "structure" and f.status == "fail"], report.findings

@@ -126,13 +126,37 @@ def check_structure(header: GGUFHeader) -> list[Finding]:
     n_vocab = array_length(header.metadata.get("tokenizer.ggml.tokens"))
     if n_vocab is None:
         findings.append(Finding("structure", "warn", "tokenizer.ggml.tokens", "no vocabulary in the file"))
+    n_embd = _hyper_parameters(header, findings)
     for tensor in header.tensors:
         if tensor.name in ("token_embd.weight", "output.weight") and n_vocab is not None:
             rows = tensor.shape[1] if len(tensor.shape) > 1 else 1
             if rows != n_vocab:
                 message = f"{tensor.name} has {rows} rows but the vocabulary {n_vocab} tokens"
                 findings.append(Finding("structure", "fail", tensor.name, message))
+        if tensor.name == "token_embd.weight" and n_embd and tensor.shape and tensor.shape[0] != n_embd:
+            message = (
+                f"{tensor.name} rows are {tensor.shape[0]} wide, but {arch}.embedding_length is {n_embd}"
+            )
+            findings.append(Finding("structure", "fail", tensor.name, message))
     return findings
+
+
+def _hyper_parameters(header: GGUFHeader, findings: list[Finding]) -> int | None:
+    """The width of the model (embedding_length) when its hyper-parameters are counts llama.cpp can read, as
+    the planner reads them; a fail finding naming the key when not. A file without tensors (a vocabulary) has
+    none to check."""
+    from llamaforge.serve.shape import model_shape
+
+    if not header.tensors or header.architecture is None:
+        return None
+    try:
+        return model_shape(header).n_embd
+    except InvalidOption as error:
+        subject = f"{header.architecture} hyper-parameters"
+        findings.append(
+            Finding("structure", "fail", subject, error.message.removeprefix(f"{header.source}: "))
+        )
+        return None
 
 
 # ---------------------------------------------------------------------------------------- expectations

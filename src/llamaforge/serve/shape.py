@@ -177,10 +177,9 @@ def model_shape(header: GGUFHeader) -> ModelShape:
     n_layer_all = count("block_count")
     n_embd = count("embedding_length")
     n_head = count("attention.head_count")
-    if not (n_layer_all and n_embd and n_head):
-        raise InvalidOption(
-            f"{header.source}: {arch}.block_count/embedding_length/attention.head_count missing"
-        )
+    needed = {"block_count": n_layer_all, "embedding_length": n_embd, "attention.head_count": n_head}
+    if absent := [f"{arch}.{name}" for name, value in needed.items() if not value]:
+        raise InvalidOption(f"{header.source}: {', '.join(absent)} missing or 0")
     blocks = [block for tensor in header.tensors if (block := block_of(tensor.name)) is not None]
     if header.tensors and n_layer_all > max(blocks, default=-1) + 1:  # before any per-layer list is sized
         raise InvalidOption(
