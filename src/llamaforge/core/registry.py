@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
@@ -45,6 +45,16 @@ class Params(BaseModel):
     """Base of operation parameter models."""
 
     model_config = _MODEL_CONFIG
+
+    @field_validator("*")
+    @classmethod
+    def _no_empty_path(cls, value: Any, info: ValidationInfo) -> Any:
+        # '' is no path: read as "not given", --recipe '' locked every recipe and --load-check '' skipped the load
+        if value == "" and info.field_name and is_path_field(cls.model_fields[info.field_name]):
+            raise ValueError(
+                "an empty path names nothing: give a file, a directory or a name, or leave it out"
+            )
+        return value
 
 
 #: A count llama.cpp reads with ``std::stoi`` (``-c``, ``-t``, ``-np``, ``-ngl``), or Kubernetes as an int32
