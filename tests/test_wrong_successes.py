@@ -108,6 +108,16 @@ BAD_INPUTS: list[tuple[str, list[str], str]] = [
     ),
     ("build --arch ''", ["build", "--dry-run", "--arch", ""], "empty CUDA arch list"),
     (
+        "lock --recipe ''",
+        ["models.lock", "--recipe", ""],
+        "--recipe: an empty path names nothing",
+    ),  # not "all"
+    (
+        "verify --load-check ''",
+        ["models.verify", "{dense}", "--load-check", ""],
+        "--load-check: an empty path names nothing",
+    ),
+    (
         "build --cpu ''",
         ["build", "--dry-run", "--cpu", ""],
         "--cpu: unknown CPU level ''",
