@@ -90,6 +90,7 @@ BAD_INPUTS: list[tuple[str, list[str], str]] = [
         ["smoke", "--model", "{vocab_only}", "--build", ABSENT_BUILD],
         "has no tensors: a vocab-only file cannot be served",
     ),
+    ("fetch of file://relative", ["models.fetch", "file://relative/x.gguf"], "names the host 'relative'"),
     ("fetch over ftp://", ["models.fetch", "ftp://host/model.gguf"], "source must start with one of hf://"),
     (
         "fetch of a hub repository",

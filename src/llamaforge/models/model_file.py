@@ -31,7 +31,13 @@ def local_model_path(argument: str) -> Path | None:
     refused here, so they never reach the recipe loader (which would read a GGUF as TOML, or call a
     directory missing)."""
     if argument.startswith("file://"):
-        path = Path(urllib.request.url2pathname(urllib.parse.urlsplit(argument).path))
+        parts = urllib.parse.urlsplit(argument)
+        if parts.netloc not in ("", "localhost"):  # file://relative/x.gguf names /x.gguf on host "relative"
+            raise InvalidOption(
+                f"{argument} names the host {parts.netloc!r}: file URLs hold an absolute path",
+                hint="write file:///abs/path.gguf (three slashes), or give the path itself",
+            )
+        path = Path(urllib.request.url2pathname(parts.path))
     elif "://" in argument:
         return None
     else:
