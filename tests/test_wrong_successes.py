@@ -213,6 +213,7 @@ BAD_INPUTS: list[tuple[str, list[str], str]] = [
         ["models.fit", "{dense}", *FIT, "--n-cpu-moe", "1"],
         "is a dense model, it has no experts to keep on the CPU",
     ),
+    ("--margin over the GPU", ["models.fit", "{dense}", *FIT, "--margin", "30GiB"], "keeps all of the GPU's"),
     ("--plot DIR/", ["models.fit", "{dense}", *FIT, "--plot", "{tmp}/"], "is a directory"),
     (
         "--plot x.bmp",

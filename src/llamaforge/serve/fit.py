@@ -247,6 +247,11 @@ def plan_fit(
     layout = weight_layout(shape, header.tensors)
     max_ngl = shape.n_layer_all + 1
     budget = vram - margin_bytes
+    if budget <= 0:
+        raise InvalidOption(
+            f"--margin {margin_bytes / GiB:.1f} GiB keeps all of the GPU's {vram / GiB:.1f} GiB free",
+            hint="the margin is headroom for the CUDA context and the driver, e.g. 1GiB",
+        )
 
     def evaluate(ngl: int, ncmoe: int) -> tuple[DeviceMemory, DeviceMemory]:
         return estimate_memory(
