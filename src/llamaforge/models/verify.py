@@ -145,12 +145,22 @@ def _hyper_parameters(header: GGUFHeader, findings: list[Finding]) -> int | None
     """The width of the model (embedding_length) when its hyper-parameters are counts llama.cpp can read, as
     the planner reads them; a fail finding naming the key when not. A file without tensors (a vocabulary) has
     none to check."""
-    from llamaforge.serve.shape import model_shape
+    from llamaforge.serve.shape import MissingHyperParameters, model_shape
 
-    if not header.tensors or header.architecture is None:
+    arch = header.architecture
+    if not header.tensors or arch is None:
         return None
     try:
         return model_shape(header).n_embd
+    except (
+        MissingHyperParameters
+    ):  # absent keys are the architecture's business (mamba has no heads); 0 is damage
+        keys = (f"{arch}.{name}" for name in ("block_count", "embedding_length", "attention.head_count"))
+        if zero := [key for key in keys if header.metadata.get(key) == 0]:
+            findings.append(
+                Finding("structure", "fail", f"{arch} hyper-parameters", f"{', '.join(zero)} is 0")
+            )
+        return None
     except InvalidOption as error:
         subject = f"{header.architecture} hyper-parameters"
         findings.append(

@@ -138,6 +138,11 @@ class ModelShape:
         return self.ssm_state_size * self.ssm_inner_size
 
 
+class MissingHyperParameters(InvalidOption):
+    """The planner's basic keys (blocks, width, attention heads) are absent or 0: no model it can plan, though
+    an architecture without attention heads (mamba, rwkv) is none llama.cpp refuses for that."""
+
+
 _MAX_COUNT = 2**31 - 1  # llama.cpp reads these keys into 32-bit fields
 
 
@@ -179,7 +184,7 @@ def model_shape(header: GGUFHeader) -> ModelShape:
     n_head = count("attention.head_count")
     needed = {"block_count": n_layer_all, "embedding_length": n_embd, "attention.head_count": n_head}
     if absent := [f"{arch}.{name}" for name, value in needed.items() if not value]:
-        raise InvalidOption(f"{header.source}: {', '.join(absent)} missing or 0")
+        raise MissingHyperParameters(f"{header.source}: {', '.join(absent)} missing or 0")
     blocks = [block for tensor in header.tensors if (block := block_of(tensor.name)) is not None]
     if header.tensors and n_layer_all > max(blocks, default=-1) + 1:  # before any per-layer list is sized
         raise InvalidOption(
