@@ -152,9 +152,8 @@ def _hyper_parameters(header: GGUFHeader, findings: list[Finding]) -> int | None
         return None
     try:
         return model_shape(header).n_embd
-    except (
-        MissingHyperParameters
-    ):  # absent keys are the architecture's business (mamba has no heads); 0 is damage
+    except MissingHyperParameters:
+        # absent keys are the architecture's business (mamba has no heads); 0 is damage
         keys = (f"{arch}.{name}" for name in ("block_count", "embedding_length", "attention.head_count"))
         if zero := [key for key in keys if header.metadata.get(key) == 0]:
             findings.append(
