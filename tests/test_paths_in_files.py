@@ -447,6 +447,7 @@ def test_refresh_writes_only_inside_the_series_directory(tmp_path: Path, lf_home
         ("bookworm", "http://deb.debian.org/debian --include=curl", "mirror"),
         ("bookworm", "file:///etc", "mirror"),
         ("bookworm", "http://169.254.169.254/debian", "link-local"),
+        ("bookworm", "", "mirror ''"),  # no mirror named is not "this machine's mirror"
     ],
 )
 def test_bootstrap_checks_suite_and_mirror_before_debootstrap(suite: str, mirror: str, needle: str) -> None:

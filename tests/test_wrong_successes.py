@@ -90,6 +90,31 @@ BAD_INPUTS: list[tuple[str, list[str], str]] = [
         ["smoke", "--model", "{vocab_only}", "--build", ABSENT_BUILD],
         "has no tensors: a vocab-only file cannot be served",
     ),
+    (
+        "smoke --concurrency 0",
+        ["smoke", "--concurrency", "0", "--build", ABSENT_BUILD],
+        "--concurrency.0: Input should be greater than or equal to 1",
+    ),
+    (
+        "a wait of a century",  # it overflowed the clock threads wait on
+        ["smoke.cpu-modules", "--timeout-s", "3153600000", "--build", ABSENT_BUILD],
+        "--timeout-s: Input should be less than or equal to 604800",
+    ),
+    (
+        "deploy gate of 1e12 s",
+        [
+            "deploy.plan",
+            "--hosts",
+            "root@127.0.0.1:2222",
+            "--build",
+            ABSENT_BUILD,
+            "--model",
+            "tiny",
+            "--gate-timeout-s",
+            "1e12",
+        ],
+        "--gate-timeout-s: Input should be less than or equal to 604800",
+    ),
     ("fetch of file://relative", ["models.fetch", "file://relative/x.gguf"], "names the host 'relative'"),
     ("fetch over ftp://", ["models.fetch", "ftp://host/model.gguf"], "source must start with one of hf://"),
     (
@@ -214,6 +239,12 @@ BAD_INPUTS: list[tuple[str, list[str], str]] = [
         "is a dense model, it has no experts to keep on the CPU",
     ),
     ("--margin over the GPU", ["models.fit", "{dense}", *FIT, "--margin", "30GiB"], "keeps all of the GPU's"),
+    (
+        "fit --cache-type ''",
+        ["models.fit", "{dense}", *FIT, "--cache-type", ""],
+        "'' is not a KV cache type llama.cpp knows",
+    ),
+    ("fit --vram ''", ["models.fit", "{dense}", "--ctx", "512", "--vram", ""], "cannot read the size ''"),
     ("--plot DIR/", ["models.fit", "{dense}", *FIT, "--plot", "{tmp}/"], "is a directory"),
     (
         "--plot x.bmp",

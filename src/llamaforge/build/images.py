@@ -83,7 +83,7 @@ def bootstrap_image(
 ) -> BootstrapResult:
     """Create ``tag`` from a minimal Debian root made by debootstrap (run by ``runner``); reuse it when it
     already exists."""
-    mirror = mirror or apt_mirror()
+    mirror = apt_mirror() if mirror is None else mirror
     check_bootstrap_inputs(tag, suite, mirror)
     existing = image_id(tag)
     if existing is not None and not force:

@@ -15,6 +15,7 @@ from llamaforge.build.matrix import MatrixRow
 from llamaforge.build.recipes import Backend, CudaToolkitKind, Platform, WindowsToolchain
 from llamaforge.core.errors import Cancelled, InvalidOption, LlamaforgeError, NotReproducible, OperationFailed
 from llamaforge.core.registry import (
+    Int32,
     OperationContext,
     Params,
     Result,
@@ -103,7 +104,7 @@ class BuildParams(Params):
         None,
         description="File holding the remote compiler cache's password (never in argv, logs or manifests)",
     )
-    jobs: int | None = Field(None, ge=1, description="Parallel compile jobs (default: all cores)")
+    jobs: Int32 | None = Field(None, ge=1, description="Parallel compile jobs (default: all cores)")
     force: bool = Field(False, description="Rebuild even when a cached build with the same key exists")
     dry_run: bool = Field(False, description="Only print the plan: rendered files, cmake args, cache key")
     check_reproducible: bool = Field(

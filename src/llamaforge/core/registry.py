@@ -61,6 +61,10 @@ class Params(BaseModel):
 #: (replicas): larger values would pass here and fail, or wrap, there.
 Int32 = Annotated[int, Field(le=2**31 - 1)]
 
+#: The longest wait any option may ask for (a week, in seconds): a larger one overflows the clocks that
+#: threads and sockets wait on (``OverflowError: timestamp out of range``).
+MAX_WAIT_S = 7 * 24 * 3600
+
 PATH_MARKER = "x-llamaforge-path"
 
 

@@ -25,12 +25,12 @@ class ModelFitParams(Params):
     cache_type_k: str | None = Field(None, description="K cache type (overrides --cache-type)")
     cache_type_v: str | None = Field(None, description="V cache type (overrides --cache-type)")
     parallel: Int32 = Field(1, description="Slots (concurrent sequences) of llama-server", ge=1)
-    ubatch: int = Field(512, description="Physical batch size (-ub)", ge=1)
+    ubatch: Int32 = Field(512, description="Physical batch size (-ub)", ge=1)
     kv_unified: bool = Field(False, description="One KV cache shared by all slots (--kv-unified)")
     swa_full: bool = Field(False, description="Full-size KV cache for sliding-window layers (--swa-full)")
     flash_attn: Literal["on", "off", "auto"] = Field("on", description="Flash attention: on, off or auto")
     n_gpu_layers: Int32 | None = Field(None, description="Evaluate this -ngl instead of searching", ge=0)
-    n_cpu_moe: int | None = Field(None, description="Evaluate this --n-cpu-moe instead of searching", ge=0)
+    n_cpu_moe: Int32 | None = Field(None, description="Evaluate this --n-cpu-moe instead of searching", ge=0)
     margin: str = Field("1GiB", description="GPU memory to keep free (CUDA context, driver, headroom)")
     cpu_buffers: Literal["auto", "plain", "avx2", "avx512", "amx"] = Field(
         "auto",
@@ -103,13 +103,14 @@ def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> ModelFitResu
 
     plot = plot_path(params.plot) if params.plot is not None else None
     path = resolve_model_file(params.model)
-    cache_k = params.cache_type_k or params.cache_type or "f16"
-    cache_v = params.cache_type_v or params.cache_type or "f16"
+    # the first type given (an empty one too: the planner refuses it, it is no "leave it out")
+    cache_k = next(v for v in (params.cache_type_k, params.cache_type, "f16") if v is not None)
+    cache_v = next(v for v in (params.cache_type_v, params.cache_type, "f16") if v is not None)
     flash_attn: bool | Literal["auto"] = "auto" if params.flash_attn == "auto" else params.flash_attn == "on"
     plan = plan_fit(
         path,
         gpu=params.gpu,
-        vram_bytes=parse_size(params.vram) if params.vram else None,
+        vram_bytes=parse_size(params.vram) if params.vram is not None else None,
         ctx=params.ctx,
         cache_type_k=cache_k,
         cache_type_v=cache_v,

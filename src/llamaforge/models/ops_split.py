@@ -23,7 +23,7 @@ class ModelSplitParams(Params):
     ctx: Int32 = Field(description="Context (tokens) of each slot", ge=1)
     parallel: Int32 = Field(1, ge=1, description="Slots (concurrent sequences)")
     cache_type: str = Field("f16", description="KV cache type for K and V")
-    ubatch: int = Field(512, ge=1, description="Physical batch size (-ub)")
+    ubatch: Int32 = Field(512, ge=1, description="Physical batch size (-ub)")
     flash_attn: Literal["on", "off"] = Field("on", description="Flash attention")
     tensor_split: str | None = Field(
         None, description="Proportions per device, comma-separated (default: in proportion to their memory)"

@@ -5,12 +5,20 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
 from llamaforge.core.errors import InvalidOption, OperationFailed, SmokeFailed
-from llamaforge.core.registry import Int32, OperationContext, Params, Result, operation, path_field
+from llamaforge.core.registry import (
+    MAX_WAIT_S,
+    Int32,
+    OperationContext,
+    Params,
+    Result,
+    operation,
+    path_field,
+)
 from llamaforge.serve.launcher import FIELD_FLAGS, SERVER_FLAGS
 from llamaforge.serve.server_args import precheck_server_args, server_args_for
 from llamaforge.smoke.builds import resolve_build
@@ -64,19 +72,21 @@ class SmokeParams(Params):
         "file; "
         "repeatable; overrides the build and model recipes",
     )
-    pp: int = Field(64, ge=1, description="llama-bench prompt tokens (pp test)")
-    tg: int = Field(32, ge=1, description="llama-bench generated tokens (tg test)")
+    pp: Int32 = Field(64, ge=1, description="llama-bench prompt tokens (pp test)")
+    tg: Int32 = Field(32, ge=1, description="llama-bench generated tokens (tg test)")
     repetitions: int = Field(3, ge=1, le=50, description="llama-bench repetitions per test")
     threads: Int32 | None = Field(None, ge=1, description="CPU threads for llama-bench and llama-server")
-    concurrency: list[int] = Field(
-        default_factory=list, description="Concurrency level (repeatable; default 1 and 2)"
+    concurrency: list[Annotated[int, Field(ge=1, le=256)]] = Field(
+        default_factory=list, description="Concurrency level, 1 to 256 (repeatable; default 1 and 2)"
     )
     requests: int = Field(4, ge=1, le=256, description="Streaming requests per concurrency level")
-    max_tokens: int = Field(32, ge=1, description="Tokens each measured request generates")
+    max_tokens: Int32 = Field(32, ge=1, description="Tokens each measured request generates")
     port: int | None = Field(
         None, ge=1, le=65535, description="Preferred server port (a busy one is replaced)"
     )
-    load_timeout_s: int = Field(300, ge=1, description="Seconds the server may take to load the model")
+    load_timeout_s: int = Field(
+        300, ge=1, le=MAX_WAIT_S, description="Seconds the server may take to load the model"
+    )
     skip_bench: bool = Field(False, description="Skip the llama-bench stage (and the CPU module sweep)")
     skip_cpu_modules: bool = Field(
         False, description="Skip the sweep of the build's CPU modules (llama-bench with each one on its own)"

@@ -9,7 +9,15 @@ from typing import Any, Literal
 from pydantic import Field
 
 from llamaforge.core.errors import ExitCode, OperationFailed, SmokeFailed
-from llamaforge.core.registry import Int32, OperationContext, Params, Result, operation, path_field
+from llamaforge.core.registry import (
+    MAX_WAIT_S,
+    Int32,
+    OperationContext,
+    Params,
+    Result,
+    operation,
+    path_field,
+)
 from llamaforge.smoke.builds import resolve_build
 
 
@@ -26,11 +34,11 @@ class CpuModulesParams(Params):
         description="GGUF file or model recipe each module runs, or `tiny` (the default: the tiny Q4_0 qwen3, "
         "which reaches the quantized kernels) or `tiny-q4_k_m` (the same in the Q4_K_M mix: the K-quant kernels)",
     )
-    pp: int = Field(16, ge=1, description="llama-bench prompt tokens per module")
-    tg: int = Field(8, ge=1, description="llama-bench generated tokens per module")
+    pp: Int32 = Field(16, ge=1, description="llama-bench prompt tokens per module")
+    tg: Int32 = Field(8, ge=1, description="llama-bench generated tokens per module")
     repetitions: int = Field(1, ge=1, le=10, description="llama-bench repetitions per module")
     threads: Int32 | None = Field(None, ge=1, description="CPU threads (default: llama.cpp's)")
-    timeout_s: int = Field(300, ge=1, description="Seconds each module's llama-bench may take")
+    timeout_s: int = Field(300, ge=1, le=MAX_WAIT_S, description="Seconds each module's llama-bench may take")
     executor: str = Field("docker", description="Where to build the default build if it is missing")
 
 

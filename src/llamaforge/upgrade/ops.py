@@ -52,7 +52,7 @@ class UpgradeParams(Params):
     arch: str | None = Field(None, description="CUDA archs of both builds, e.g. 86 or 86,89")
     backend: Backend | None = Field(None, description="Backend of both builds (default: the recipe's)")
     executor: ExecutorName = Field("docker", description="Where both builds run: docker, local or ssh")
-    jobs: int | None = Field(None, ge=1, description="Parallel compile jobs (default: the CPU count)")
+    jobs: Int32 | None = Field(None, ge=1, description="Parallel compile jobs (default: the CPU count)")
     repetitions: int = Field(3, ge=1, le=50, description="llama-bench repetitions per test in each smoke")
     threads: Int32 | None = Field(None, ge=1, description="CPU threads of llama-bench and llama-server")
     tolerance: float = Field(

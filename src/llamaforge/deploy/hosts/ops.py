@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 
 from llamaforge.core.errors import InvalidOption
-from llamaforge.core.registry import Int32, OperationContext, Params, operation, path_field
+from llamaforge.core.registry import MAX_WAIT_S, Int32, OperationContext, Params, operation, path_field
 from llamaforge.core.validation import check_target_options, suggest
 from llamaforge.deploy.hosts import service
 from llamaforge.deploy.hosts.access import Access, DeployHost, deploy_hosts
@@ -74,7 +74,10 @@ class HostsParams(Params):
     root: DeployRoot = Field(DEFAULT_ROOT, description="Directory on the hosts that holds the deployments")
     target: DeployTargetName = Field("systemd", description="How the release runs: " + _target_help())
     gate_timeout_s: float | None = Field(
-        None, gt=0, description="Seconds /health may take (default: scaled to the model size, capped)"
+        None,
+        gt=0,
+        le=MAX_WAIT_S,
+        description="Seconds /health may take (default: scaled to the model size, capped)",
     )
 
     @field_validator("target", mode="before")

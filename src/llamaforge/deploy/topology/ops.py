@@ -14,7 +14,15 @@ from typing import Any
 from pydantic import Field, model_validator
 
 from llamaforge.core.errors import InvalidOption
-from llamaforge.core.registry import Int32, OperationContext, Params, Result, operation, path_field
+from llamaforge.core.registry import (
+    MAX_WAIT_S,
+    Int32,
+    OperationContext,
+    Params,
+    Result,
+    operation,
+    path_field,
+)
 from llamaforge.deploy.hosts.access import Access
 from llamaforge.deploy.release import (
     DEFAULT_PORT,
@@ -56,7 +64,7 @@ class TopologyParams(Params):
     name: str = Field("default", description="Deployment name: units llamaforge-NAME and llamaforge-NAME-rpc")
     root: DeployRoot = Field(DEFAULT_ROOT, description="Directory on the hosts that holds the deployments")
     rpc_threads: Int32 | None = Field(None, ge=1, description="ggml-rpc-server -t (CPU workers)")
-    gate_timeout_s: float | None = Field(None, gt=0, description="Seconds each gate may take")
+    gate_timeout_s: float | None = Field(None, gt=0, le=MAX_WAIT_S, description="Seconds each gate may take")
 
     @model_validator(mode="before")
     @classmethod
@@ -197,7 +205,7 @@ class TopologySmokeParams(TopologyParams):
 
     single_host: str | None = Field(None, description="A host serving the same model alone (user@host:port)")
     single_name: str | None = Field(None, description="The single host's deployment name")
-    n_predict: int = Field(32, ge=1, description="Tokens each timed completion generates")
+    n_predict: Int32 = Field(32, ge=1, description="Tokens each timed completion generates")
     runs: int = Field(3, ge=1, le=20, description="Timed completions per server")
 
 
