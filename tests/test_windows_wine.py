@@ -60,11 +60,17 @@ def _run(
     client: Any, image: str, command: list[str], build: Path, model: Path | None = None, timeout: int = 300
 ) -> tuple[int, str]:
     """Run ``command`` in a fresh, network-less container of ``image`` with the build's bin/ (and the model)
-    mounted read-only; the exit code and the output. The container is removed whatever happens."""
+    mounted read-only; the exit code and the output. The container is removed whatever happens.
+
+    Docker's init is PID 1, not wine: wine starts wineboot, wineserver and services that outlive the program,
+    and a wine process as PID 1 inherits them unreaped. Seen here: `wine llama-cli.exe --version` printed its
+    version, then spun at exit beside a defunct wineboot.exe until the 300 s timeout."""
     volumes = {str(build / "bin"): {"bind": "/opt/build/bin", "mode": "ro"}}
     if model is not None:
         volumes[str(model)] = {"bind": MODEL, "mode": "ro"}
-    container = client.containers.run(image, command, detach=True, network_mode="none", volumes=volumes)
+    container = client.containers.run(
+        image, command, detach=True, init=True, network_mode="none", volumes=volumes
+    )
     try:
         status = container.wait(timeout=timeout)
         return int(status["StatusCode"]), container.logs().decode(errors="replace")
