@@ -63,7 +63,7 @@ def _run(
     mounted read-only; the exit code and the output. The container is removed whatever happens.
 
     Docker's init is PID 1, not wine: wine starts wineboot, wineserver and services that outlive the program,
-    and a wine process as PID 1 inherits them unreaped. Seen here: `wine llama-cli.exe --version` printed its
+    and a wine process as PID 1 inherits them unreaped. Seen once: `wine llama-cli.exe --version` printed its
     version, then spun at exit beside a defunct wineboot.exe until the 300 s timeout."""
     volumes = {str(build / "bin"): {"bind": "/opt/build/bin", "mode": "ro"}}
     if model is not None:
