@@ -15,6 +15,7 @@ not the build (on a loaded 2-core machine, 2-thread runs of one build varied 2-3
 
 Usage: python benchmarks/cpu_speed.py [--rounds 4] [--threads N] [--pp 128] [--tg 32] [--repetitions 2]
        [--dtype q4_0|q8_0|f16] [--against DIR]   (compare with that build directory instead of building --cpu native)
+       [--default DIR]   (that build directory as the default build, instead of `invoke build`)
 """
 
 from __future__ import annotations
@@ -97,10 +98,17 @@ def main() -> None:
     parser.add_argument(
         "--against", type=Path, help="a published build directory to compare with (default: native)"
     )
+    parser.add_argument(
+        "--default",
+        type=Path,
+        help="a published build directory to use as the default build (default: `invoke build`), e.g. one "
+        "carried to a machine without Docker",
+    )
     args = parser.parse_args()
 
     other = build("native") if args.against is None else _published(args.against)
-    builds = {"default": build(None), "native" if args.against is None else "against": other}
+    default = build(None) if args.default is None else _published(args.default)
+    builds = {"default": default, "native" if args.against is None else "against": other}
     model = wide_model(args.dtype)
     print(f"model {model} ({model.stat().st_size / 2**20:.0f} MiB): {replace(WIDE, dtype=args.dtype)}")
     print(f"CPU: {cpu_model()}", flush=True)

@@ -81,17 +81,41 @@ def sdist_dir() -> Path:
     return path
 
 
+def prebuilt(name: str) -> Path | None:
+    """``$LLAMAFORGE_TEST_PREBUILT/name`` (``stock`` or ``patched``), a build directory made elsewhere, when that
+    variable is set: the llama.cpp tests then run on a machine without Docker (a CPU the build machine lacks, e.g.
+    a Xeon with AMX) against builds carried there. Without it, None: the builds are made here."""
+    root = os.environ.get("LLAMAFORGE_TEST_PREBUILT", "")
+    if not root:
+        return None
+    build = Path(root) / name
+    if not (build / "bin").is_dir() or not (build / "manifest.json").is_file():
+        pytest.fail(f"LLAMAFORGE_TEST_PREBUILT: {build} is no build directory (bin/ and manifest.json)")
+    return build
+
+
 @pytest.fixture(scope="session")
-def build_env(tmp_path_factory: pytest.TempPathFactory, sdist_dir: Path, base_image: str) -> dict[str, str]:
+def build_env(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict[str, str]:
     """Environment for `invoke build` in integration tests: one LLAMAFORGE_HOME per session (or
-    LLAMAFORGE_TEST_HOME to keep builds across sessions), the sdist directory as source mirror."""
+    LLAMAFORGE_TEST_HOME to keep builds across sessions), the sdist directory as source mirror. With prebuilt
+    builds (:func:`prebuilt`) nothing is built, so neither the sdist nor the base image is needed."""
     home = Path(os.environ.get("LLAMAFORGE_TEST_HOME") or tmp_path_factory.mktemp("lf-home"))
-    return {**os.environ, "LLAMAFORGE_HOME": str(home), "LLAMAFORGE_SOURCE_MIRROR": str(sdist_dir)}
+    env = {**os.environ, "LLAMAFORGE_HOME": str(home)}
+    if prebuilt("patched") is None:
+        request.getfixturevalue("base_image")
+        env["LLAMAFORGE_SOURCE_MIRROR"] = str(request.getfixturevalue("sdist_dir"))
+    return env
 
 
 @pytest.fixture(scope="session")
 def source_tree(build_env: dict[str, str]) -> Path:
-    """The cached, unpatched llama.cpp b11312 tree (read-only: never modify it)."""
+    """The cached, unpatched llama.cpp b11312 tree (read-only: never modify it); with prebuilt builds, the tree
+    (or the part of it the tests read: models/ggml-vocab-*.gguf) named by LLAMAFORGE_TEST_SOURCE."""
+    if prebuilt("patched") is not None:
+        tree = Path(os.environ.get("LLAMAFORGE_TEST_SOURCE", ""))
+        require(tree.name != "" and (tree / "models").is_dir(), "prebuilt builds need LLAMAFORGE_TEST_SOURCE")
+        return tree
+
     from unittest import mock
 
     from llamaforge.build.recipes import load_recipe
@@ -106,7 +130,9 @@ def stock_build(build_env: dict[str, str]) -> Path:
     """Directory of a stock (unpatched) CPU build of b11312: `invoke build --backend cpu --no-patches`."""
     from helpers import invoke_json
 
-    return Path(invoke_json("build", "--backend", "cpu", "--no-patches", env=build_env)["build"]["path"])
+    return prebuilt("stock") or Path(
+        invoke_json("build", "--backend", "cpu", "--no-patches", env=build_env)["build"]["path"]
+    )
 
 
 @pytest.fixture(scope="session")
@@ -114,7 +140,9 @@ def patched_build(build_env: dict[str, str]) -> Path:
     """Directory of the default CPU build of b11312 with patches/llama.cpp/series applied."""
     from helpers import invoke_json
 
-    return Path(invoke_json("build", "--backend", "cpu", env=build_env)["build"]["path"])
+    return prebuilt("patched") or Path(
+        invoke_json("build", "--backend", "cpu", env=build_env)["build"]["path"]
+    )
 
 
 @pytest.fixture(scope="session")

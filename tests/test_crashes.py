@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from helpers import invoke, sigill_copy
 from llamaforge.core.errors import ToolFailed
 from llamaforge.core.events import CancelToken
 from llamaforge.models.verify import verify_model
@@ -159,4 +160,29 @@ def test_load_check_killed_by_sigill_is_a_crash_finding(patched_build: Path, tin
         finding.status == "fail"
         and load["crash"] in finding.message
         and "smoke.cpu-modules" in finding.message
+    )
+
+
+def test_the_verify_command_ends_on_the_crash_and_its_hint(
+    patched_build: Path, tiny_qwen3: Path, tmp_path: Path
+) -> None:
+    """`invoke models.verify --load-check` with a build whose CPU modules fault: exit 9, the crash in the error
+    line and the crash's hint, not the hint for a damaged file."""
+    _key, build = sigill_copy(patched_build, tmp_path / "home")
+    result = invoke("models.verify", str(tiny_qwen3), "--load-check", str(build), "--no-cache")
+    assert result.returncode == 9, result.stderr[-2000:]
+    lines = result.stderr.splitlines()
+    error = next(line for line in lines if line.startswith("failed:"))
+    crash = re.search(
+        r"FAILED verification: load \(llama-cli was killed by SIGILL \(illegal instruction\) with (\S+) loaded\)",
+        error,
+    )
+    assert crash is not None, error
+    assert (build / "bin" / crash[1]).is_file()
+    hint = next(line for line in lines if line.strip().startswith("hint:"))
+    assert (
+        crash[1] in hint
+        and "invoke smoke.cpu-modules" in hint
+        and "--no-repack" in hint
+        and "tensor" not in hint
     )
