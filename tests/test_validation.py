@@ -23,6 +23,7 @@ class _Outer(BaseModel):
     n_ctx: int = Field(ge=1)
     inner: _Inner | None = None
     named: dict[str, _Inner] = {}
+    levels: list[int] = []
 
 
 def _error(data: dict[str, object]) -> ValidationError:
@@ -44,6 +45,18 @@ def test_parameter_errors_as_fields_and_as_flags() -> None:
         "n_ctx: Input should be greater than or equal to 1; inner.depth: Input should be greater than or equal to 1"
     )
     assert describe_errors(error, as_flags=True).startswith("--n-ctx: Input should be")
+
+
+def test_the_nth_value_of_a_list_is_named_by_its_place() -> None:
+    with pytest.raises(ValidationError) as caught:
+        _Outer.model_validate({"n_ctx": 1, "levels": [1, "x"]})
+    assert (
+        describe_errors(caught.value)
+        == "levels[1]: Input should be a valid integer, unable to parse string as an integer"
+    )
+    assert describe_errors(caught.value, as_flags=True).startswith(
+        "--levels (value 2): Input should be a valid integer"
+    )
 
 
 def test_fields_at_walks_models_unions_tags_dicts_and_aliases() -> None:

@@ -92,8 +92,8 @@ BAD_INPUTS: list[tuple[str, list[str], str]] = [
     ),
     (
         "smoke --concurrency 0",
-        ["smoke", "--concurrency", "0", "--build", ABSENT_BUILD],
-        "--concurrency.0: Input should be greater than or equal to 1",
+        ["smoke", "--concurrency", "2", "--concurrency", "0", "--build", ABSENT_BUILD],
+        "--concurrency (value 2): Input should be greater than or equal to 1",
     ),
     (
         "a wait of a century",  # it overflowed the clock threads wait on

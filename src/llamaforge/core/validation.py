@@ -58,13 +58,25 @@ def describe_errors(error: ValidationError, *, as_flags: bool = False) -> str:
     repeating the caller's values."""
     parts = []
     for item in error.errors():
-        dotted = ".".join(str(part) for part in item["loc"])
-        if not dotted:  # a check across fields: its message names them
+        if not item["loc"]:  # a check across fields: its message names them
             parts.append(_message(item))
             continue
-        name = f"--{dotted.replace('_', '-')}" if as_flags else dotted
-        parts.append(f"{name}: {_message(item)}")
+        parts.append(f"{_location(item['loc'], as_flags=as_flags)}: {_message(item)}")
     return "; ".join(parts)
+
+
+def _location(loc: tuple[int | str, ...], *, as_flags: bool) -> str:
+    """Where a problem is: ``n_ctx``, ``inner.depth``, ``concurrency[0]``; as a flag ``--n-ctx`` and, for the Nth
+    value of a repeated flag, ``--concurrency (value N)``."""
+    name = ""
+    for part in loc:
+        if isinstance(part, int):
+            name += f" (value {part + 1})" if as_flags else f"[{part}]"
+        elif not name:
+            name = f"--{part.replace('_', '-')}" if as_flags else part
+        else:
+            name += f".{part}"
+    return name
 
 
 def _members(annotation: Any) -> list[Any]:
