@@ -101,15 +101,14 @@ def models_verify_op(params: ModelVerifyParams, ctx: OperationContext) -> ModelV
     data = ModelVerifyResult.model_validate(report.to_json())
     if not report.ok:
         failed = sorted(name for name, status in report.checks().items() if status == "fail")
-        crash = (report.load_check or {}).get("crash")
+        load = report.load_check or {}
+        crash = load.get("crash")
         raise OperationFailed(
             f"{path} FAILED verification: {', '.join(failed)}" + (f" ({crash})" if crash else ""),
             result=data,
             exit_code=ModelError.exit_code,
             # a crash is the build's or the CPU's doing, not the file's: its hint is the one that helps
-            hint=(report.load_check or {}).get("hint")
-            if crash
-            else "the findings name each failing tensor, key or field",
+            hint=load.get("hint") if crash else "the findings name each failing tensor, key or field",
         )
     return data
 
