@@ -31,6 +31,7 @@ from llamaforge.core.version import __version__
 from llamaforge.models.chat_template import check_templates
 from llamaforge.models.findings import Finding, Status
 from llamaforge.models.tensor_set import check_tensor_set
+from llamaforge.models.tensor_shapes import check_tensor_shapes
 from llamaforge.runners.process import LOCAL, ProcessRunner
 
 # The readers are imported by the checks that use them.
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
 
 CHECKS: Final = ("header", "sha256", "structure", "tensors", "expectations", "template", "load")
 # Bump when the analysis changes, so old cache entries are not trusted.
-VERIFY_CACHE_VERSION: Final = 2
+VERIFY_CACHE_VERSION: Final = 3
 _HASH_BUFFER: Final = 8 << 20
 
 
@@ -133,7 +134,8 @@ def check_structure(header: GGUFHeader) -> list[Finding]:
             if rows != n_vocab:
                 message = f"{tensor.name} has {rows} rows but the vocabulary {n_vocab} tokens"
                 findings.append(Finding("structure", "fail", tensor.name, message))
-        if tensor.name == "token_embd.weight" and n_embd and tensor.shape and tensor.shape[0] != n_embd:
+        embedding = tensor.name in ("token_embd.weight", "output.weight")
+        if embedding and n_embd and tensor.shape and tensor.shape[0] != n_embd:
             message = (
                 f"{tensor.name} rows are {tensor.shape[0]} wide, but {arch}.embedding_length is {n_embd}"
             )
@@ -303,10 +305,11 @@ def _cache_store(identity: Mapping[str, int], sha256: str, analysis: dict[str, A
 
 def analyse_header(header: GGUFHeader) -> dict[str, Any]:
     """The recipe-independent verdict on a parsed header: model facts, structure, tensor set, template."""
-    from llamaforge.models.inspect import describe
+    from llamaforge.models.inspect import describe, layer_kinds
 
     if header.tensors:
         missing, unknown, tensor_findings = check_tensor_set(header)
+        tensor_findings += check_tensor_shapes(header, layer_kinds(header))
     else:  # one finding, not one "missing tensor" per tensor the architecture needs
         missing, unknown = [], []
         tensor_findings = [
