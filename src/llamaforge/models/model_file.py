@@ -24,6 +24,13 @@ _NOT_GGUF_HINT = (
 )
 
 
+def file_url_host(url: str) -> str | None:
+    """The other machine a ``file://`` URL names, None when it names this one: ``file://relative/x.gguf``
+    names /x.gguf on a host called "relative", a slip for a relative path that a model source cannot be."""
+    netloc = urllib.parse.urlsplit(url).netloc
+    return None if netloc in ("", "localhost") else netloc
+
+
 def local_model_path(argument: str) -> Path | None:
     """The local file ``argument`` names (a path, or a ``file://`` URL), or None for a recipe or a remote URL.
 
@@ -31,13 +38,12 @@ def local_model_path(argument: str) -> Path | None:
     refused here, so they never reach the recipe loader (which would read a GGUF as TOML, or call a
     directory missing)."""
     if argument.startswith("file://"):
-        parts = urllib.parse.urlsplit(argument)
-        if parts.netloc not in ("", "localhost"):  # file://relative/x.gguf names /x.gguf on host "relative"
+        if host := file_url_host(argument):
             raise InvalidOption(
-                f"{argument} names the host {parts.netloc!r}: file URLs hold an absolute path",
+                f"{argument} names the host {host!r}: file URLs hold an absolute path",
                 hint="write file:///abs/path.gguf (three slashes), or give the path itself",
             )
-        path = Path(urllib.request.url2pathname(parts.path))
+        path = Path(urllib.request.url2pathname(urllib.parse.urlsplit(argument).path))
     elif "://" in argument:
         return None
     else:

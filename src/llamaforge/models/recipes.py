@@ -7,7 +7,6 @@ Revision and sha256 stay empty until ``models.lock`` resolves them against a rea
 from __future__ import annotations
 
 import re
-import urllib.parse
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -15,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from llamaforge.build.recipes import SmokeTable, resolve_named_file
 from llamaforge.core.paths import data_dir
 from llamaforge.core.validation import read_toml, recipe_error
+from llamaforge.models.model_file import file_url_host
 
 SOURCE_SCHEMES = ("hf://", "ms://", "https://", "http://", "file://")
 
@@ -123,8 +123,7 @@ class ModelRecipe(_Strict):
             raise ValueError(f"source must start with one of {', '.join(SOURCE_SCHEMES)}")
         if value.startswith(("hf://", "ms://")) and not re.fullmatch(r"(hf|ms)://[^/]+/[^/]+/.+", value):
             raise ValueError("hub sources look like hf://owner/repo/path/in/repo.gguf")
-        if value.startswith("file://") and urllib.parse.urlsplit(value).netloc not in ("", "localhost"):
-            # file://relative/x.gguf names /x.gguf on a host called "relative"
+        if value.startswith("file://") and file_url_host(value):
             raise ValueError("file sources name an absolute path: file:///abs/path.gguf (three slashes)")
         return value
 
