@@ -23,7 +23,7 @@ from rich.console import Console
 
 from fakehub import FakeHub, random_gguf, serve
 from helpers import write_mini_vocab
-from llamaforge.core.errors import InvalidOption, ModelError
+from llamaforge.core.errors import InvalidOption, LlamaforgeError, ModelError
 from llamaforge.core.events import Event
 from llamaforge.fronts.cli import ConsoleReporter
 from llamaforge.fronts.jupyter_progress import _ProgressState
@@ -265,6 +265,11 @@ def test_the_model_resolver_takes_a_file_a_recipe_and_a_url(
     bad.write_text('source = "file:///etc/passwd"\n', encoding="utf-8")
     with pytest.raises(ModelError, match=r"file:///etc/passwd is not a GGUF model"):
         resolve_model_argument(str(bad))
+    hosted = tmp_path / "hosted.toml"
+    hosted.write_text('source = "file://relative/x.gguf"\n', encoding="utf-8")
+    with pytest.raises(LlamaforgeError) as refused:
+        resolve_model_argument(str(hosted))
+    assert "source: file sources name an absolute path: file:///abs/path.gguf" in refused.value.render()
 
 
 # --- downloads --------------------------------------------------------------------------------------------------
