@@ -149,6 +149,7 @@ def test_spec_defaults() -> None:
         {"seed": -1},
         {"n_expert": 2, "n_expert_used": 3},
         {"head_dim": 15},
+        {"arch": "qwen2", "head_dim": 32},  # llama.cpp's qwen2 Q is n_embd wide
     ],
 )
 def test_spec_rejects_bad_values(kwargs: dict[str, Any]) -> None:

@@ -4,7 +4,7 @@ for its architecture (``src/models/<arch>.cpp``), from the hyper-parameters in t
 Like llama.cpp's tensor loaders, the widths come from layer 0 of a per-layer list (``n_head()``, ``n_ff()``) and
 ``key_length``/``value_length`` default to ``embedding_length / head_count``. A tensor that does not match is the
 ``check_tensor_dims: tensor ... has wrong shape`` that makes llama.cpp refuse the file, found without a build.
-The architectures with rules are the ones the project writes tiny models of (qwen3, qwen3moe, qwen35, qwen35moe,
+The architectures with rules are the ones the project writes tiny models of (qwen2, qwen3, qwen3moe, qwen35, qwen35moe,
 gemma2, gemma3), each checked against llama.cpp's own loader by ``tests/test_tensor_shapes.py``. Tensors this
 table does not model (the recurrent layers' SSM tensors, MTP blocks, other architectures) are left to the load
 check; a missing or unknown tensor is the tensor-set check's business.
@@ -139,7 +139,7 @@ def _attention(
 
 
 def _v_as_k(d: _Dims) -> tuple[int, str]:
-    # qwen3's loaders size K with n_embd_gqa, which is n_embd_v_gqa
+    # qwen2/qwen3's loaders size K with n_embd_gqa, which is n_embd_v_gqa
     return _v(d)
 
 
@@ -152,6 +152,7 @@ class _ArchShapes:
 
 
 def _shapes() -> Mapping[str, _ArchShapes]:
+    qwen2 = _attention(_e, _v_as_k, _v, _e, head_norms=False)
     qwen3 = _attention(_q, _v_as_k, _v, _q, head_norms=True)
     gated = _attention(lambda d: _q(d, 2), _k, _v, _q, head_norms=True)  # Q carries its output gate
     gemma = _attention(_q, _k, _v, _q, head_norms=False)
@@ -159,6 +160,7 @@ def _shapes() -> Mapping[str, _ArchShapes]:
     gemma_norms = {**post, "ffn_norm.weight": _norm, "ffn_post_norm.weight": _norm}
     ffn_norm = {"attn_norm.weight": _norm, "ffn_norm.weight": _norm}
     return {
+        "qwen2": _ArchShapes(every={**ffn_norm, **_dense_ffn()}, attention=qwen2),
         "qwen3": _ArchShapes(every={**ffn_norm, **_dense_ffn()}, attention=qwen3),
         "qwen3moe": _ArchShapes(every={**ffn_norm, **_moe_ffn(shared=False)}, attention=qwen3),
         "qwen35": _ArchShapes(every={**post, **_dense_ffn()}, attention=gated),

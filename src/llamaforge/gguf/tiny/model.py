@@ -25,7 +25,8 @@ name written in the ``hf`` and ``meta`` styles maps back to its canonical name t
 that same map.  Stock llama.cpp refuses ``hf``/``meta`` files (it looks tensors up by
 canonical name only); they exist to exercise name-translation code.
 
-Supported architectures: ``qwen3``, ``qwen3moe`` and the hybrid Gated-DeltaNet + attention
+Supported architectures: ``qwen2`` (Qwen2/2.5: no Q/K norms; the optional Q/K/V biases left out), ``qwen3``,
+``qwen3moe`` and the hybrid Gated-DeltaNet + attention
 ``qwen35`` and ``qwen35moe`` (layer ``i`` is a recurrent DeltaNet layer unless
 ``(i + 1) % full_attention_interval == 0``; the tensor set per layer kind, the shapes and the
 ``ssm.*`` keys follow llama.cpp b11312's ``src/models/qwen35*.cpp`` loaders) and ``gemma2``, whose
@@ -164,6 +165,11 @@ class TinyModelSpec:
             raise ValueError(f"head_dim must be even for RoPE, not {self.head_dim}")
         if self.n_expert_used > self.n_expert:
             raise ValueError(f"n_expert_used ({self.n_expert_used}) exceeds n_expert ({self.n_expert})")
+        if self.arch == "qwen2" and self.n_head * self.head_dim != self.n_embd:
+            # llama.cpp's qwen2 loader sizes Q and the output projection n_embd x n_embd
+            raise ValueError(
+                f"qwen2 needs n_head x head_dim == n_embd ({self.n_embd}), not {self.n_head} x {self.head_dim}"
+            )
         if not (self.rope_freq_base > 0 and self.rms_norm_eps > 0):
             raise ValueError("rope_freq_base and rms_norm_eps must be positive")
         if self.name_style not in _ARCHS[self.arch].name_styles:
@@ -401,6 +407,7 @@ class _ArchSupport:
 
 
 _ARCHS: Final[Mapping[str, _ArchSupport]] = {
+    "qwen2": _ArchSupport(write_hparams=_write_common_hparams),  # Qwen2/2.5: no Q/K norms, biases left out
     "qwen3": _ArchSupport(write_hparams=_write_common_hparams),
     "qwen3moe": _ArchSupport(write_hparams=_write_moe_hparams),
     "qwen35": _ArchSupport(
