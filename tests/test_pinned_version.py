@@ -40,6 +40,7 @@ ALLOWED = {
     "How much memory llama.cpp": "the memory model follows the loader's buffers",
     "largest shipped template": "the chat-template audit's limits are sized from upstream's templates",
     "the file's tensors against what llama.cpp": "required tensors per arch from src/models/<arch>.cpp",
+    "each tensor's dimensions against the ones llama.cpp": "tensor shapes per arch from src/models/<arch>.cpp",
     "(ggml/src/ggml-backend-reg.cpp,": "CPU module isolation follows ggml_backend_load_best",
     "(ggml/src/CMakeLists.txt,": "the features of each CPU variant ggml builds",
     "(field names as in tools/server at": "llama-server's /completion field names",

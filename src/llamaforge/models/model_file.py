@@ -17,18 +17,12 @@ from llamaforge.core.errors import InvalidOption, ModelError
 from llamaforge.core.events import Event, Reporter, null_reporter
 from llamaforge.gguf.header import GGUFFormatError, GGUFHeader, read_header
 from llamaforge.gguf.sources import FileSource
+from llamaforge.models.urls import file_url_host
 
 _NOT_GGUF_HINT = (
     "name a GGUF model file (llama.cpp's format, starting with the bytes 'GGUF'), a model recipe or a URL of "
     "a .gguf file; `invoke models.inspect FILE` shows what a file holds"
 )
-
-
-def file_url_host(url: str) -> str | None:
-    """The other machine a ``file://`` URL names, None when it names this one: ``file://relative/x.gguf``
-    names /x.gguf on a host called "relative", a slip for a relative path that a model source cannot be."""
-    netloc = urllib.parse.urlsplit(url).netloc
-    return None if netloc in ("", "localhost") else netloc
 
 
 def local_model_path(argument: str) -> Path | None:

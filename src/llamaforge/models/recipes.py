@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from llamaforge.build.recipes import SmokeTable, resolve_named_file
 from llamaforge.core.paths import data_dir
 from llamaforge.core.validation import read_toml, recipe_error
-from llamaforge.models.model_file import file_url_host
+from llamaforge.models.urls import file_url_host
 
 SOURCE_SCHEMES = ("hf://", "ms://", "https://", "http://", "file://")
 

@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_MAX_UNPINNED",
     "MAX_UNPINNED_ENV",
     "check_model_url",
+    "file_url_host",
     "human_bytes",
     "max_unpinned_bytes",
     "opener",
@@ -34,6 +35,13 @@ MAX_UNPINNED_ENV: Final = "LLAMAFORGE_MAX_UNPINNED_DOWNLOAD"
 DEFAULT_MAX_UNPINNED: Final = 256 << 30
 _SIZE: Final = re.compile(r"(\d+)\s*([KMGT]?)(?:i?B)?", re.IGNORECASE)
 _UNITS: Final = {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}
+
+
+def file_url_host(url: str) -> str | None:
+    """The other machine a ``file://`` URL names, None when it names this one: ``file://relative/x.gguf``
+    names /x.gguf on a host called "relative", a slip for a relative path that a model source cannot be."""
+    netloc = urllib.parse.urlsplit(url).netloc
+    return None if netloc in ("", "localhost") else netloc
 
 
 def check_model_url(url: str, *, plain_http_ok: bool, what: str = "model URL", token: bool = False) -> None:
