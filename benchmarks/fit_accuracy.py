@@ -1,5 +1,5 @@
 """Fit-planner accuracy: the planner's estimate vs the buffers stock llama.cpp b11312 reports when it loads
-tiny generated dense (qwen3), hybrid (qwen35), MoE (qwen3moe), hybrid MoE (qwen35moe) and sliding-window
+tiny generated dense (qwen3), hybrid (qwen35), MoE (qwen3moe), hybrid MoE (qwen35moe, qwen3next) and sliding-window
 (gemma2, gemma3) models, over context sizes, slots, flash attention on/off, KV cache types and batch sizes; the
 sliding-window models also with a unified KV cache (llama-server's default without --parallel) and --swa-full.
 Goal: every category within 5 %.
@@ -61,6 +61,7 @@ MODELS: dict[str, tuple[AnyTinySpec, str]] = {
     "qwen35": (TinyModelSpec(arch="qwen35", n_layer=8, **HYBRID), "qwen35"),  # type: ignore[arg-type]
     "qwen3moe": (TinyModelSpec(arch="qwen3moe", n_layer=4, n_expert=8, n_expert_used=2), "qwen2"),
     "qwen35moe": (TinyModelSpec(arch="qwen35moe", n_layer=8, n_expert=8, **HYBRID), "qwen35"),  # type: ignore[arg-type]
+    "qwen3next": (TinyModelSpec(arch="qwen3next", n_layer=8, n_expert=8, **HYBRID), "qwen2"),  # type: ignore[arg-type]
     # wider shapes: the activations (not the vocabulary) drive the compute buffer
     "qwen3-wide": (
         TinyModelSpec(arch="qwen3", n_layer=2, n_embd=1024, n_head=16, n_head_kv=8, head_dim=128, n_ff=3072),
@@ -307,7 +308,7 @@ def random_spec(rng: random.Random, arch: str) -> TinyModelSpec:
         kwargs.update(
             n_ff_exp=rng.choice([128, 256, 512, 1024]), n_ff_shexp=rng.choice([128, 512, 1024, 2048])
         )
-    if arch.startswith("qwen35"):
+    if arch in HYBRID_ARCHS:
         groups = rng.choice([2, 4, 8, 16])
         kwargs.update(
             ssm_group_count=groups,
@@ -330,6 +331,7 @@ def features(shape: ModelShape) -> dict[str, float]:
         "UE": shape.n_expert_used * shape.n_embd,
         "S": shape.n_ff_shexp,
         "C": conv if shape.recurrent_layers else 0,
+        "V": shape.ssm_inner_size if shape.arch == "qwen3next" else 0,  # its fused Q/K/V/Z input (ssm_in)
     }
 
 
@@ -343,7 +345,9 @@ def phase_model(c: Any, f: dict[str, float], moe: bool) -> float:
             phases.append(c[10] * f["E"] + c[11] * f["S"])
     else:
         phases.append(c[3] * f["E"] + c[4] * f["F"])
-    if f["C"]:
+    if f["V"]:
+        phases.append(c[14] * f["E"] + c[15] * f["C"] + c[16] * f["V"])
+    elif f["C"]:
         phases.append(c[12] * f["E"] + c[13] * f["C"])
     return max(phases)
 
@@ -363,9 +367,12 @@ REFIT_NAMES = (
     "shared.S",
     "recurrent.E",
     "recurrent.C",
+    "fused_recurrent.E",
+    "fused_recurrent.C",
+    "fused_recurrent.V",
 )
 # what llamaforge.serve.fit uses, in REFIT_NAMES order (for comparison with a refit)
-CURRENT = (3.25, 2.0, 0.75, 2.25, 3.25, 2.5, 3.25, 2.75, 1.25, 0.75, 3.75, 3.25, 3.0, 3.0)
+CURRENT = (3.25, 2.0, 0.75, 2.25, 3.25, 2.5, 3.25, 2.75, 1.25, 0.75, 3.75, 3.25, 3.0, 3.0, 3.0, 2.25, 4.5)
 
 
 def random_shape_sweep(server: Path, scratch: Path, count: int, refit: bool, seed: int) -> dict[str, Any]:
@@ -373,10 +380,12 @@ def random_shape_sweep(server: Path, scratch: Path, count: int, refit: bool, see
     rng = random.Random(seed)
     vocab = mini_vocab(scratch / "ggml-vocab-mini.gguf")
     settings = Settings(ctx=512)
-    archs = ("qwen3", "qwen3moe", "qwen35", "qwen35moe")
+    archs = ("qwen3", "qwen3moe", "qwen35", "qwen35moe", "qwen3next")
     samples = []
     for index in range(count):
-        model = write_tiny_model(scratch / "random.gguf", random_spec(rng, archs[index % 4]), vocab).path
+        model = write_tiny_model(
+            scratch / "random.gguf", random_spec(rng, archs[index % len(archs)]), vocab
+        ).path
         header = read_header(model)
         shape = model_shape(header)
         estimate = estimate_memory(shape, header.tensors, settings, n_gpu_layers=0)[1].compute

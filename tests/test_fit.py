@@ -68,6 +68,7 @@ SPECS = {
     "qwen3moe": TinyModelSpec(arch="qwen3moe", n_layer=4, n_expert=8, n_expert_used=2),
     "qwen35": TinyModelSpec(arch="qwen35", n_layer=8, **HYBRID_SSM),  # type: ignore[arg-type]
     "qwen35moe": TinyModelSpec(arch="qwen35moe", n_layer=8, n_expert=8, head_dim=32, **HYBRID_SSM),  # type: ignore[arg-type]
+    "qwen3next": TinyModelSpec(arch="qwen3next", n_layer=8, n_expert=8, head_dim=32, **HYBRID_SSM),  # type: ignore[arg-type]
     # sliding window on layers 0 and 2 (gemma2's pattern), 256 tokens: smaller than every test context
     "gemma2": TinyModelSpec(arch="gemma2", n_layer=4, head_dim=32, sliding_window=256),
     # five sliding layers to one full one (gemma3's pattern)
@@ -465,6 +466,7 @@ def real_vocab_models(tmp_path_factory: pytest.TempPathFactory, source_tree: Pat
         "qwen3moe": "qwen2",
         "qwen35": "qwen35",
         "qwen35moe": "qwen35",
+        "qwen3next": "qwen2",
         "gemma2": "qwen2",
         "gemma3": "qwen2",
     }
@@ -480,7 +482,7 @@ CATEGORIES = ("weights", "kv_cache", "recurrent_state", "compute", "output")
 
 @pytest.mark.docker
 @pytest.mark.llamacpp
-@pytest.mark.parametrize("arch", ["qwen3", "qwen35", "qwen3moe"])
+@pytest.mark.parametrize("arch", ["qwen3", "qwen35", "qwen3moe", "qwen3next"])
 @pytest.mark.parametrize(
     "settings",
     [Settings(ctx=1024), Settings(ctx=8192, parallel=2), Settings(ctx=4096, flash_attn=False)],
@@ -500,7 +502,7 @@ def test_plan_matches_llamacpp_buffers(
         else:
             tolerance = 0.005 * actual + 0.005 * MiB  # llama.cpp prints MiB with two decimals
         assert abs(estimate - actual) <= tolerance, (category, estimate / MiB, actual / MiB)
-    if arch == "qwen35":
+    if arch in ("qwen35", "qwen3next"):
         assert reported.total("recurrent_state") > 0
     else:
         assert reported.total("recurrent_state") == 0

@@ -73,7 +73,8 @@ def test_every_tiny_model_name_maps_to_canonical(arch: str, style: str) -> None:
     assert remapped >= len(plan) - 1
 
 
-@pytest.mark.parametrize("arch", [a for a in SUPPORTED_ARCHS if a not in REMAP_ARCHS])
+# qwen3next's tiny models carry llama.cpp's names only: nothing to remap
+@pytest.mark.parametrize("arch", [a for a in SUPPORTED_ARCHS if a not in (*REMAP_ARCHS, "qwen3next")])
 def test_tiny_models_of_other_archs_are_left_alone(arch: str) -> None:
     """qwen35/qwen35moe are left out on purpose (see REMAP_ARCHS): their HF files need value conversion."""
     names = []

@@ -29,6 +29,7 @@ DAMAGE = [
     ("qwen35moe", "expert_feed_forward_length", 16, "ffn_gate_exps ffn_up_exps ffn_down_exps"),
     ("qwen35", "attention.head_count", 2, "attn_q attn_output"),  # attention blocks 1 and 3 only
     ("qwen3moe", "expert_count", 8, "ffn_gate_inp ffn_gate_exps ffn_up_exps ffn_down_exps"),
+    ("qwen3next", "expert_shared_feed_forward_length", 16, "ffn_gate_shexp ffn_up_shexp ffn_down_shexp"),
 ]
 
 

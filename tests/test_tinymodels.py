@@ -33,8 +33,9 @@ from llamaforge.gguf.tiny import (
 from llamaforge.gguf.tiny import model as tinymodels
 
 STYLES: tuple[NameStyle, ...] = ("canonical", "hf", "meta")
-HYBRID = ("qwen35", "qwen35moe")
-# Per-layer tensor sets of the hybrid archs, as llama.cpp b11312's qwen35 loaders create them.
+HYBRID = ("qwen35", "qwen35moe", "qwen3next")
+# Per-layer tensor sets of the hybrid archs, as llama.cpp b11312's qwen35 and qwen3next loaders create them:
+# qwen3next's DeltaNet input is fused (ssm_in, ssm_ba), never attn_qkv + attn_gate.
 HYBRID_ATTENTION_ONLY = {"attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm"}
 HYBRID_RECURRENT_ONLY = {
     "attn_qkv",
@@ -46,7 +47,10 @@ HYBRID_RECURRENT_ONLY = {
     "ssm_beta",
     "ssm_alpha",
     "ssm_out",
+    "ssm_in",
+    "ssm_ba",
 }
+NEVER = {"qwen3next": {"attn_qkv", "attn_gate"}}
 SUFFIX = {"ssm_a": "", "ssm_dt": ".bias"}
 MINI_VOCAB = 300
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
@@ -67,7 +71,10 @@ def _sha256(path: Path) -> str:
 
 
 def _styles(arch: str) -> tuple[NameStyle, ...]:
-    # gguf.TensorNameMap lists no Meta names for the DeltaNet tensors nor for Gemma 2's extra norms
+    # gguf.TensorNameMap lists no Meta names for the DeltaNet tensors nor for Gemma 2's extra norms, and
+    # qwen3next's tiny models are written with llama.cpp's names only
+    if arch == "qwen3next":
+        return ("canonical",)
     return ("canonical", "hf") if arch in HYBRID or arch.startswith("gemma") else STYLES
 
 
@@ -86,6 +93,8 @@ def _canonical_tensors(arch: str, n_layer: int, full_attention_interval: int = 2
                 recurrent = (bid + 1) % full_attention_interval != 0
                 if short in (HYBRID_ATTENTION_ONLY if recurrent else HYBRID_RECURRENT_ONLY):
                     continue
+            if short in NEVER.get(arch, set()):
+                continue
             names.add(template.format(bid=bid) + suffix)
     return names
 
@@ -252,7 +261,7 @@ def test_dtypes() -> None:
     assert all(e.dtype == np.float32 for e in f32)
 
 
-@pytest.mark.parametrize("arch", HYBRID)
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe"])
 def test_hybrid_layers_and_shapes(arch: str) -> None:
     """DeltaNet layers unless (i + 1) % interval == 0; shapes as llama.cpp's qwen35 loaders create them."""
     spec = TinyModelSpec(arch=arch, n_layer=8, full_attention_interval=4)
@@ -274,6 +283,18 @@ def test_hybrid_layers_and_shapes(arch: str) -> None:
     if arch == "qwen35moe":
         assert plan["blk.0.ffn_gate_inp_shexp.weight"].shape == (spec.n_embd,)
         assert plan["blk.0.ffn_up_shexp.weight"].shape == (spec.n_ff_shexp, spec.n_embd)
+
+
+def test_qwen3next_fuses_the_deltanet_input() -> None:
+    """qwen3next's loader: ssm_in {n_embd, 2 key_dim + 2 value_dim} (Q, K, V, Z) and ssm_ba {n_embd, 2 v_heads}."""
+    spec = TinyModelSpec(arch="qwen3next", n_layer=4)
+    plan = {e.canonical: e for e in tensor_plan(spec, MINI_VOCAB)}
+    key_dim, value_dim = spec.ssm_state_size * spec.ssm_group_count, spec.ssm_inner_size
+    assert plan["blk.0.ssm_in.weight"].shape == (2 * key_dim + 2 * value_dim, spec.n_embd)
+    assert plan["blk.0.ssm_ba.weight"].shape == (2 * spec.ssm_time_step_rank, spec.n_embd)
+    assert plan["blk.1.attn_q.weight"].shape == (2 * spec.n_head * spec.head_dim, spec.n_embd)  # q + gate
+    assert not any(name.startswith(("blk.0.attn_qkv", "blk.0.attn_gate")) for name in plan)
+    assert "blk.1.ssm_in.weight" not in plan
 
 
 def test_hybrid_spec_checks() -> None:
@@ -310,9 +331,9 @@ def test_file_rereads_with_metadata(
         "attention.key_length": 16,
         "attention.value_length": 16,
     }
-    if arch in ("qwen3moe", "qwen35moe"):
+    if arch in ("qwen3moe", "qwen35moe", "qwen3next"):
         expected.update({"expert_count": 4, "expert_used_count": 2, "expert_feed_forward_length": 32})
-    if arch == "qwen35moe":
+    if arch in ("qwen35moe", "qwen3next"):
         expected["expert_shared_feed_forward_length"] = 32
     if arch in HYBRID:
         expected.update(
@@ -326,7 +347,10 @@ def test_file_rereads_with_metadata(
                 "rope.dimension_count": 4,
             }
         )
-        assert list(_field(reader, f"{arch}.rope.dimension_sections")) == [1, 1, 0, 0]
+        if arch == "qwen3next":  # no MRoPE
+            assert reader.get_field(f"{arch}.rope.dimension_sections") is None
+        else:
+            assert list(_field(reader, f"{arch}.rope.dimension_sections")) == [1, 1, 0, 0]
     if arch.startswith("gemma"):
         expected["attention.sliding_window"] = 64
     if arch == "gemma2":
@@ -372,6 +396,8 @@ def test_styles_hold_identical_tensor_data(
         }
     assert len(by_style["canonical"]) == mini_models[(arch, "canonical")].tensor_count
     assert all(by_style[style] == by_style["canonical"] for style in _styles(arch))
+    if "hf" not in _styles(arch):
+        return
     hf_names = set(mini_models[(arch, "hf")].tensor_names)
     assert {"model.embed_tokens.weight", "model.norm.weight"} <= hf_names
     # Gemma 2 ties its output to the embedding: no output tensor at all

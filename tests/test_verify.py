@@ -172,7 +172,7 @@ def test_tiny_models_verify_clean(arch: str, models: dict[str, Path], lf_home: P
         int(t.n_bytes) for t in reader.tensors
     )
     assert model["parameters"] == sum(int(t.n_elements) for t in reader.tensors)
-    hybrid = arch.startswith("qwen35")
+    hybrid = arch.startswith("qwen35") or arch == "qwen3next"
     assert model["layers"]["recurrent"] == (2 if hybrid else 0)
     json.dumps(data)  # JSON-able
 

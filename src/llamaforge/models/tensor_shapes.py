@@ -5,7 +5,7 @@ Like llama.cpp's tensor loaders, the widths come from layer 0 of a per-layer lis
 ``key_length``/``value_length`` default to ``embedding_length / head_count``. A tensor that does not match is the
 ``check_tensor_dims: tensor ... has wrong shape`` that makes llama.cpp refuse the file, found without a build.
 The architectures with rules are the ones the project writes tiny models of (qwen2, qwen3, qwen3moe, qwen35, qwen35moe,
-gemma2, gemma3), each checked against llama.cpp's own loader by ``tests/test_tensor_shapes.py``. Tensors this
+qwen3next, gemma2, gemma3), each checked against llama.cpp's own loader by ``tests/test_tensor_shapes.py``. Tensors this
 table does not model (the recurrent layers' SSM tensors, MTP blocks, other architectures) are left to the load
 check; a missing or unknown tensor is the tensor-set check's business.
 """
@@ -165,6 +165,7 @@ def _shapes() -> Mapping[str, _ArchShapes]:
         "qwen3moe": _ArchShapes(every={**ffn_norm, **_moe_ffn(shared=False)}, attention=qwen3),
         "qwen35": _ArchShapes(every={**post, **_dense_ffn()}, attention=gated),
         "qwen35moe": _ArchShapes(every={**post, **_moe_ffn(shared=True)}, attention=gated),
+        "qwen3next": _ArchShapes(every={**post, **_moe_ffn(shared=True)}, attention=gated),
         "gemma2": _ArchShapes(every={**gemma_norms, **_dense_ffn()}, attention=gemma),
         "gemma3": _ArchShapes(
             every={**gemma_norms, **_dense_ffn()},

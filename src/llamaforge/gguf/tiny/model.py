@@ -265,6 +265,9 @@ _SHAPES: Final[Mapping[gguf.MODEL_TENSOR, _ShapeFn]] = {
     _T.SSM_ALPHA: lambda s, v: (s.ssm_time_step_rank, s.n_embd),
     _T.SSM_NORM: lambda s, v: (s.ssm_state_size,),
     _T.SSM_OUT: lambda s, v: (s.n_embd, s.ssm_inner_size),
+    # qwen3next's DeltaNet input: Q, K, V and the output gate Z in one matrix, beta and alpha in another
+    _T.SSM_IN: lambda s, v: (2 * s.ssm_state_size * s.ssm_group_count + 2 * s.ssm_inner_size, s.n_embd),
+    _T.SSM_BETA_ALPHA: lambda s, v: (2 * s.ssm_time_step_rank, s.n_embd),
     _T.FFN_GATE_INP_SHEXP: lambda s, v: (s.n_embd,),
     _T.FFN_GATE_SHEXP: lambda s, v: (s.n_ff_shexp, s.n_embd),
     _T.FFN_UP_SHEXP: lambda s, v: (s.n_ff_shexp, s.n_embd),
@@ -277,7 +280,8 @@ _SHAPES: Final[Mapping[gguf.MODEL_TENSOR, _ShapeFn]] = {
 # Shape overrides per arch: qwen35's attention layers project the query and its output
 # gate in one matrix (2 x n_head x head_dim rows).
 _SHAPE_OVERRIDES: Final[Mapping[str, Mapping[gguf.MODEL_TENSOR, _ShapeFn]]] = {
-    arch: {_T.ATTN_Q: lambda s, v: (2 * s.n_head * s.head_dim, s.n_embd)} for arch in ("qwen35", "qwen35moe")
+    arch: {_T.ATTN_Q: lambda s, v: (2 * s.n_head * s.head_dim, s.n_embd)}
+    for arch in ("qwen35", "qwen35moe", "qwen3next")
 }
 
 # Tensors kept in F32 even in an f16 file, as convert_hf_to_gguf.py does (1-D norm
@@ -328,11 +332,12 @@ def _mrope_sections(n_rot: int) -> list[int]:
 
 
 def _write_hybrid_hparams(w: gguf.GGUFWriter, s: TinyModelSpec) -> None:
-    # As convert_hf_to_gguf.py's Qwen3_5 classes: partial rotary factor 0.25, MRoPE
-    # sections (a required key in llama.cpp's qwen35 loaders), the DeltaNet ssm.* keys.
+    # As convert_hf_to_gguf.py's Qwen3_5 and Qwen3Next classes: partial rotary factor 0.25, MRoPE
+    # sections (a required key in llama.cpp's qwen35 loaders; qwen3next has none), the DeltaNet ssm.* keys.
     n_rot = max(2, s.head_dim // 4) // 2 * 2
     _write_common_hparams(w, s, n_rot)
-    w.add_rope_dimension_sections(_mrope_sections(n_rot))
+    if s.arch != "qwen3next":
+        w.add_rope_dimension_sections(_mrope_sections(n_rot))
     w.add_ssm_conv_kernel(s.ssm_conv_kernel)
     w.add_ssm_state_size(s.ssm_state_size)
     w.add_ssm_group_count(s.ssm_group_count)
@@ -376,6 +381,8 @@ _RECURRENT_ONLY: Final[frozenset[gguf.MODEL_TENSOR]] = frozenset(
     {
         _T.ATTN_QKV,
         _T.ATTN_GATE,
+        _T.SSM_IN,
+        _T.SSM_BETA_ALPHA,
         _T.SSM_A,
         _T.SSM_CONV1D,
         _T.SSM_DT,
@@ -390,6 +397,12 @@ _RECURRENT_ONLY: Final[frozenset[gguf.MODEL_TENSOR]] = frozenset(
 def _hybrid_block_kinds(s: TinyModelSpec, bid: int) -> frozenset[gguf.MODEL_TENSOR]:
     kinds = frozenset(gguf.MODEL_TENSORS[s.model_arch])
     return kinds - (_ATTENTION_ONLY if s.is_recurrent(bid) else _RECURRENT_ONLY)
+
+
+def _qwen3next_block_kinds(s: TinyModelSpec, bid: int) -> frozenset[gguf.MODEL_TENSOR]:
+    # convert_hf_to_gguf.py writes Qwen3-Next's DeltaNet input fused (ssm_in: in_proj_qkvz, ssm_beta_alpha:
+    # in_proj_ba); llama.cpp's loader also takes the split attn_qkv + attn_gate, which qwen35 files hold
+    return _hybrid_block_kinds(s, bid) - {_T.ATTN_QKV, _T.ATTN_GATE}
 
 
 @dataclass(frozen=True)
@@ -418,12 +431,17 @@ _ARCHS: Final[Mapping[str, _ArchSupport]] = {
         block_kinds=_hybrid_block_kinds,
         name_styles=("canonical", "hf"),
     ),
+    "qwen3next": _ArchSupport(
+        write_hparams=_write_hybrid_moe_hparams,
+        block_kinds=_qwen3next_block_kinds,
+        name_styles=("canonical",),
+    ),
     "gemma2": _ArchSupport(write_hparams=_write_sliding_window_hparams, name_styles=("canonical", "hf")),
     "gemma3": _ArchSupport(write_hparams=_write_gemma3_hparams, name_styles=("canonical", "hf")),
 }
 
 #: Hybrid (Gated-DeltaNet + attention) architectures.
-_HYBRID_ARCHS: Final[frozenset[str]] = frozenset({"qwen35", "qwen35moe"})
+_HYBRID_ARCHS: Final[frozenset[str]] = frozenset({"qwen35", "qwen35moe", "qwen3next"})
 
 #: Architectures :func:`write_tiny_model` can write.
 SUPPORTED_ARCHS: Final[tuple[str, ...]] = tuple(_ARCHS)
