@@ -4,10 +4,11 @@ for its architecture (``src/models/<arch>.cpp``), from the hyper-parameters in t
 Like llama.cpp's tensor loaders, the widths come from layer 0 of a per-layer list (``n_head()``, ``n_ff()``) and
 ``key_length``/``value_length`` default to ``embedding_length / head_count``. A tensor that does not match is the
 ``check_tensor_dims: tensor ... has wrong shape`` that makes llama.cpp refuse the file, found without a build.
-The architectures with rules are the ones the project writes tiny models of (qwen2, qwen3, qwen3moe, qwen35, qwen35moe,
-qwen3next, gemma2, gemma3), each checked against llama.cpp's own loader by ``tests/test_tensor_shapes.py``. Tensors this
-table does not model (the recurrent layers' SSM tensors, MTP blocks, other architectures) are left to the load
-check; a missing or unknown tensor is the tensor-set check's business.
+The architectures with rules are the ones the project writes tiny models of (qwen2, qwen3, qwen3moe, qwen35,
+qwen35moe, qwen3next, gemma2, gemma3), each checked against llama.cpp's own loader by
+``tests/test_tensor_shapes.py``. Tensors this table does not model (the recurrent layers' SSM tensors, MTP
+blocks, other architectures) are left to the load check; a missing or unknown tensor is the tensor-set check's
+business.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Tiny, deterministic, random-weight GGUF models of real llama.cpp architectures, one module per family.
 
 :mod:`~llamaforge.gguf.tiny.model` writes the transformer families (qwen2, qwen3, qwen3moe, qwen35, qwen35moe,
-gemma2, gemma3), :mod:`~llamaforge.gguf.tiny.mla` DeepSeek-V2 with MLA and :mod:`~llamaforge.gguf.tiny.shared_kv`
-Gemma 4 with KV-sharing layers; all three write through :mod:`~llamaforge.gguf.tiny.file` and name tensors through
-:mod:`~llamaforge.gguf.tiny.names`. This package is the one entry point: the transformer writer's API, and
-:func:`write_any_tiny_model`, which picks the writer of a spec's family.
+qwen3next, gemma2, gemma3), :mod:`~llamaforge.gguf.tiny.mla` DeepSeek-V2 with MLA and
+:mod:`~llamaforge.gguf.tiny.shared_kv` Gemma 4 with KV-sharing layers; all three write through
+:mod:`~llamaforge.gguf.tiny.file` and name tensors through :mod:`~llamaforge.gguf.tiny.names`. This package is
+the one entry point: the transformer writer's API, and :func:`write_any_tiny_model`, which picks the writer of
+a spec's family.
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ Supported architectures: ``qwen2`` (Qwen2/2.5: no Q/K norms; the optional Q/K/V 
 ``qwen3moe`` and the hybrid Gated-DeltaNet + attention
 ``qwen35`` and ``qwen35moe`` (layer ``i`` is a recurrent DeltaNet layer unless
 ``(i + 1) % full_attention_interval == 0``; the tensor set per layer kind, the shapes and the
-``ssm.*`` keys follow llama.cpp b11312's ``src/models/qwen35*.cpp`` loaders) and ``gemma2``, whose
+``ssm.*`` keys follow llama.cpp b11312's ``src/models/qwen35*.cpp`` loaders), ``qwen3next`` (qwen35moe's
+layout with the DeltaNet input fused: ``ssm_in``, ``ssm_ba``; no MRoPE; llama.cpp's names only) and ``gemma2``, whose
 even layers attend through a sliding window of ``sliding_window`` tokens (``src/models/gemma2.cpp``: tied
 output, post-attention and post-FFN norms, soft-capped logits) and ``gemma3`` (five sliding layers to one
 full one, q/k norms; written with its own ``output.weight``, which llama.cpp takes when present).  Adding one
