@@ -248,7 +248,8 @@ def _padded(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def _read_dims(header: GGUFHeader) -> _Dims | None:
     """The widths as llama.cpp's loaders take them (layer 0 of a per-layer list); None when a key the shapes
-    need is absent, 0 or no count (the structure check reports those)."""
+    need is absent, 0 or no count (the structure check reports those). Not ``serve.shape.model_shape``: the
+    planner sizes memory by the largest value of a per-layer list, a loader by layer 0's."""
     arch = header.architecture
     meta = header.metadata
 
