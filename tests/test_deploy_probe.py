@@ -155,6 +155,41 @@ def test_each_target_names_the_signal_that_ended_its_probe() -> None:
     assert docker.probe_signal(127, []) is None and docker.probe_signal(0, []) is None
 
 
+def test_a_library_too_new_for_the_host_is_named_and_the_refused_hosts_log_is_shown() -> None:
+    """What a Debian host's loader says of a libstdc++ from a newer system (seen deploying from an Ubuntu 24.04
+    machine to Debian bookworm hosts): the refusal ends on that line, and the table's host gets its log."""
+    from rich.console import Console
+
+    from llamaforge.deploy.hosts.probe import judge_probe
+    from llamaforge.deploy.hosts.render import rollout_cli
+    from llamaforge.deploy.report import HostReport
+
+    loader = (
+        "/opt/llamaforge/x/releases/r1/bin/llama-bench: /lib/x86_64-linux-gnu/libc.so.6: version `GLIBC_2.38' "
+        "not found (required by /opt/llamaforge/x/releases/r1/lib/libstdc++.so.6)"
+    )
+    summary = ["Running as unit: p.service", loader, "Main processes terminated with: code=exited/status=1"]
+    outcome = judge_probe("lf@h:22: release r1 cannot run there", None, 1, "", summary, 0.1)
+    assert outcome.refusal is not None and not outcome.passed
+    assert outcome.refusal.message.endswith(f": {loader}")
+    assert "newer system" in (outcome.refusal.hint or "")
+    report = HostReport(
+        host="lf@h:22",
+        status="failed",
+        release=None,
+        previous=None,
+        detail=outcome.detail,
+        logs=list(outcome.logs),
+    )
+    console = Console(record=True, width=300)
+    rollout_cli(
+        DeployResult(name="x", target="systemd", release="r1", passed=False, wall_s=1.0, hosts=[report]),
+        console,
+    )
+    shown = console.export_text()
+    assert "lf@h:22: its last log lines:" in shown and f"  {loader}" in shown
+
+
 # On the test hosts
 
 

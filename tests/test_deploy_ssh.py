@@ -8,6 +8,7 @@ suite's real CPU build and a tiny model to the systemd + sshd test hosts (tests/
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import socket
 import time
@@ -141,6 +142,56 @@ def test_release_keeps_the_builds_libraries_beside_the_binaries(tmp_path: Path) 
     assert {"bin/llama-server", "bin/libllama.so.0", "bin/libggml-cpu-haswell.so"} <= set(files)
     assert sorted(inside for inside in files if inside.startswith("lib/")) == ["lib/libgomp.so.1"]
     assert files["lib/libgomp.so.1"] == Path("/usr/lib/x86_64-linux-gnu/libgomp.so.1").resolve()
+
+
+def test_a_system_library_newer_than_the_builds_glibc_is_refused_before_any_host(tmp_path: Path) -> None:
+    """A release takes the system libraries `ldd` finds on the deploying machine: one that needs a newer glibc
+    than the build's system (the manifest's libc6-dev) would stop every host, so it is refused, naming it; the
+    build's own lib/ is the build's and is not checked."""
+    from llamaforge.deploy.release import LibraryTooNew, build_glibc, release_files
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("llama-server", "libllama.so.0", "libggml-base.so.0"):
+        (bin_dir / name).write_bytes(b"\x7fELF GLIBC_2.34")
+    system = tmp_path / "usr" / "lib" / "x86_64-linux-gnu"  # where LddRunner says libgomp is
+    spec = ReleaseSpec(
+        build_key="k",
+        build_dir=tmp_path,
+        manifest_sha256="0" * 64,
+        model=tmp_path / "m.gguf",
+        model_sha256="0" * 64,
+        model_size=0,
+    )
+    packages = "g++=4:12.2.0-3 libc6-dev=2.36-9+deb12u14 make=4.3-4.1"
+    (tmp_path / "manifest.json").write_text(
+        json.dumps({"toolchain": {"packages": packages}}), encoding="utf-8"
+    )
+    assert build_glibc(tmp_path) == (2, 36)
+
+    class Ldd(LddRunner):
+        def run(self, argv: list[str], **options: Any) -> Any:
+            result = super().run(argv, **options)
+            return replace(result, stdout=result.stdout.replace("/usr/lib/x86_64-linux-gnu", str(system)))
+
+    system.mkdir(parents=True)
+    (system / "libgomp.so.1").write_bytes(b"\x7fELF GLIBC_2.2.5 GLIBC_2.34 GLIBC_2.36")
+    files = {inside for _local, inside in release_files(spec, Ldd(bin_dir))}  # type: ignore[arg-type]
+    assert "lib/libgomp.so.1" in files  # as new as the build's glibc: shipped
+    (system / "libgomp.so.1").write_bytes(b"\x7fELF GLIBC_2.34 GLIBC_2.38")
+    with pytest.raises(
+        LibraryTooNew,
+        match=r"libgomp.so.1 on this machine \(.*\) needs GLIBC_2.38, but the "
+        r"build was made against glibc 2.36",
+    ) as refused:
+        release_files(spec, Ldd(bin_dir))  # type: ignore[arg-type]
+    assert refused.value.exit_code == 22 and "LD_LIBRARY_PATH" in (refused.value.hint or "")
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libgomp.so.1").write_bytes(b"\x7fELF GLIBC_2.38")  # the build's own: taken as it is
+    files = {inside for _local, inside in release_files(spec, Ldd(bin_dir))}  # type: ignore[arg-type]
+    assert "lib/libgomp.so.1" in files
+    (tmp_path / "manifest.json").write_text("{}", encoding="utf-8")  # a manifest that names no glibc
+    assert build_glibc(tmp_path) is None
 
 
 def test_previous_release_comes_from_the_history() -> None:

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator
 
-from llamaforge.core.errors import InvalidOption
+from llamaforge.core.errors import ExitCode, InvalidOption, LlamaforgeError
 from llamaforge.core.guard import is_loopback
 from llamaforge.runners.process import LOCAL, ProcessRunner
 from llamaforge.serve.launcher import FIELD_FLAGS, SERVER_FLAGS, LlamaFlags, server_argv
@@ -99,6 +99,10 @@ SYSTEM_DIRS = frozenset(
 )
 # Libraries every glibc system has; anything else the binaries need travels with the release.
 _SYSTEM_LIBRARIES = re.compile(r"^(ld-linux.*|libc|libm|libdl|libpthread|librt|libresolv|linux-vdso)\.so")
+# The C library the build compiled against, from its toolchain's packages (``libc6-dev=2.36-9+deb12u14``).
+_BUILD_GLIBC = re.compile(r"\blibc6-dev=(\d+)\.(\d+)")
+# The glibc symbol versions a shared object needs or defines (``GLIBC_2.38``): its newest is its glibc floor.
+_GLIBC_VERSION = re.compile(rb"GLIBC_(\d+)\.(\d+)")
 
 
 ROOT_HINT = (
@@ -316,6 +320,50 @@ def release_record(
     return {"schema": 1, "id": rid, "target": target, **spec.identity(), "time": moment}
 
 
+class LibraryTooNew(LlamaforgeError):
+    """A system library this machine would ship with a release needs a newer glibc than the build's system has,
+    so no host of the build's system could start the release."""
+
+    exit_code = ExitCode.RELEASE_CANNOT_RUN
+
+
+def build_glibc(build_dir: Path) -> tuple[int, int] | None:
+    """The glibc version the build compiled against, from its manifest's toolchain packages; None when the
+    manifest does not say (a build made before the packages were recorded, or not on a glibc system)."""
+    try:
+        manifest = json.loads((build_dir / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    toolchain = manifest.get("toolchain") if isinstance(manifest, dict) else None
+    found = _BUILD_GLIBC.search(str(toolchain.get("packages", ""))) if isinstance(toolchain, dict) else None
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def glibc_floor(path: Path) -> tuple[int, int] | None:
+    """The newest ``GLIBC_x.y`` symbol version ``path`` names: the oldest glibc that can load it."""
+    versions = [(int(major), int(minor)) for major, minor in _GLIBC_VERSION.findall(path.read_bytes())]
+    return max(versions) if versions else None
+
+
+def _check_glibc(build_dir: Path, libraries: Mapping[str, Path]) -> None:
+    """Refuse (:class:`LibraryTooNew`) the first of ``libraries`` (resolved on this machine) that needs a newer
+    glibc than the build's."""
+    build = build_glibc(build_dir)
+    if build is None:
+        return
+    for name, path in sorted(libraries.items()):
+        needs = glibc_floor(path)
+        if needs is not None and needs > build:
+            raise LibraryTooNew(
+                f"{name} on this machine ({path}) needs GLIBC_{needs[0]}.{needs[1]}, but the build was made "
+                f"against glibc {build[0]}.{build[1]}: a host of the build's system could not load it, so no "
+                "host would start the release",
+                hint="deploy from a machine of the build's distribution (its manifest's toolchain names it), "
+                "or put LD_LIBRARY_PATH on a folder of that distribution's copy of the library: the release "
+                "takes the libraries that `ldd` finds here",
+            )
+
+
 def _is_library(path: Path) -> bool:
     return path.name.endswith(".so") or ".so." in path.name
 
@@ -324,7 +372,10 @@ def release_files(spec: ReleaseSpec, runner: ProcessRunner = LOCAL) -> list[tupl
     """(local file, path inside the release) for the build's ``bin/``: its binaries and its own shared libraries
     and backend modules stay together in ``bin/`` (the binaries find the libraries through RPATH $ORIGIN, and
     ggml looks for backend modules in the executable's directory); the system libraries they need that a bare
-    host may lack go to ``lib/`` (resolved with ``ldd`` here, where the build's Debian matches the hosts')."""
+    host may lack go to ``lib/``, resolved with ``ldd`` here. Such a library must be one the build's system can
+    load: one that needs a newer glibc than the build compiled against (this machine runs a newer distribution
+    than the build's, say) is refused with :class:`LibraryTooNew` before any host is touched, since every host
+    would fail to start the release."""
     own = sorted(path for path in (spec.build_dir / "bin").iterdir() if path.is_file())
     files = [(path, f"bin/{path.name}") for path in own]
     names = {path.name for path in own}
@@ -333,6 +384,7 @@ def release_files(spec: ReleaseSpec, runner: ProcessRunner = LOCAL) -> list[tupl
         libraries.update(
             {path.name: path for path in (spec.build_dir / "lib").iterdir() if _is_library(path)}
         )
+    from_build = set(libraries)  # the build's own lib/, made with it: not this machine's
     # one ldd for every file (it prints each one's libraries under its name): a process per file cost a second
     result = runner.run(["ldd", *(str(binary) for binary in own)], warn=True) if own else None
     for line in result.stdout.splitlines() if result else []:
@@ -340,4 +392,5 @@ def release_files(spec: ReleaseSpec, runner: ProcessRunner = LOCAL) -> list[tupl
         found = len(parts) >= 3 and parts[1] == "=>" and parts[2].startswith("/")
         if found and not _SYSTEM_LIBRARIES.match(parts[0]) and parts[0] not in names | set(libraries):
             libraries[parts[0]] = Path(parts[2]).resolve()
+    _check_glibc(spec.build_dir, {name: path for name, path in libraries.items() if name not in from_build})
     return files + [(path, f"lib/{name}") for name, path in sorted(libraries.items())]

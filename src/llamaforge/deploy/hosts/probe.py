@@ -201,7 +201,8 @@ def judge_probe(
             f"{where}: {PROBE_BINARY} {how} as {user} on the Q4_0 probe model"
             + (f": {last}" if last else ""),
             hint="the lines below are its log; a missing library means the release lacks it (`ldd` of the build's "
-            "binaries there), a start failure names the service manager's complaint",
+            "binaries there), a library's version 'not found' means the release carries a library of a newer "
+            "system than the host's, a start failure names the service manager's complaint",
             logs=tail,
         )
     else:
@@ -223,10 +224,18 @@ def _ended(code: int) -> str:
     return "could not start" if code == -1 else f"ended with {describe_exit(code)}"
 
 
+_LOADER_WORDS: Final = (
+    "error while loading shared libraries",
+    "cannot open shared object",
+    "' not found (required by",
+)
+
+
 def _last_words(lines: Sequence[str]) -> str:
-    """The line that says most: a loader's "error while loading shared libraries", else the last error line."""
+    """The line that says most: the dynamic loader's complaint (a library missing, or one too new for the host's
+    C library: "version `GLIBC_2.38' not found"), else the last error line."""
     for line in reversed(lines):
-        if "error while loading shared libraries" in line or "cannot open shared object" in line:
+        if any(words in line for words in _LOADER_WORDS):
             return line.strip()
     for line in reversed(lines):
         lowered = line.lower()

@@ -87,6 +87,10 @@ def rollout_cli(result: DeployResult, console: Console) -> None:
             console.print(f"{host.host}: probed before the switch: {host.probe}", highlight=False)
         if host.api_key_file:
             console.print(f"{host.host}: API key in {host.api_key_file} (readable by root)", highlight=False)
+        if host.logs and host.status != "updated":
+            console.print(f"{host.host}: its last log lines:", highlight=False)
+            for line in host.logs:
+                console.print(f"  {line}", highlight=False, markup=False)
     verdict = "interrupted" if result.interrupted else "passed" if result.passed else "FAILED"
     console.print(f"{verdict} in {result.wall_s:.1f} s", highlight=False)
 
