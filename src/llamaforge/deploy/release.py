@@ -13,7 +13,7 @@ import ipaddress
 import json
 import posixpath
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -320,11 +320,20 @@ def release_record(
     return {"schema": 1, "id": rid, "target": target, **spec.identity(), "time": moment}
 
 
-class LibraryTooNew(LlamaforgeError):
-    """A system library this machine would ship with a release needs a newer glibc than the build's system has,
-    so no host of the build's system could start the release."""
+class ReleaseCannotRun(LlamaforgeError):
+    """A release's binaries crashed or failed on a host before it was switched there (the probe); ``logs`` are
+    the probe's last lines."""
 
     exit_code = ExitCode.RELEASE_CANNOT_RUN
+
+    def __init__(self, message: str, *, hint: str | None = None, logs: Sequence[str] = ()) -> None:
+        super().__init__(message, hint=hint)
+        self.logs = tuple(logs)
+
+
+class LibraryTooNew(ReleaseCannotRun):
+    """A system library this machine would ship with a release needs a newer glibc than the build's system has,
+    so no host of the build's system could start the release (found before any host is touched)."""
 
 
 def build_glibc(build_dir: Path) -> tuple[int, int] | None:

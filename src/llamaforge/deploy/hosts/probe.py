@@ -24,12 +24,12 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from llamaforge.core.errors import ExitCode, LlamaforgeError, SmokeFailed
+from llamaforge.core.errors import SmokeFailed
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.exits import crash_hint, crash_words, describe_exit, loaded_cpu_module
 from llamaforge.deploy.hosts.access import as_root
 from llamaforge.deploy.hosts.prepared import ProbeModel
-from llamaforge.deploy.release import SERVICE_USER
+from llamaforge.deploy.release import SERVICE_USER, ReleaseCannotRun
 from llamaforge.serve.launcher import LlamaFlags
 from llamaforge.smoke.bench import parse_llama_bench
 
@@ -73,17 +73,6 @@ def probe_args(model: str, flags: LlamaFlags) -> list[str]:
     if not flags.repack:
         args += ["--repack", "0"]
     return args
-
-
-class ReleaseCannotRun(LlamaforgeError):
-    """A release's binaries crashed or failed on a host before it was switched there (the probe); ``logs`` are
-    the probe's last lines."""
-
-    exit_code = ExitCode.RELEASE_CANNOT_RUN
-
-    def __init__(self, message: str, *, hint: str | None = None, logs: Sequence[str] = ()) -> None:
-        super().__init__(message, hint=hint)
-        self.logs = tuple(logs)
 
 
 @dataclass(frozen=True)
