@@ -33,7 +33,7 @@ from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.deploy.hosts.access import check_root_access
 from llamaforge.deploy.hosts.health import GateOutcome, gate_service
 from llamaforge.deploy.hosts.prepared import Release
-from llamaforge.deploy.hosts.probe import ProbeOutcome, ReleaseCannotRun, has_probe_model, prove
+from llamaforge.deploy.hosts.probe import ProbeOutcome, has_probe_model, prove
 from llamaforge.deploy.hosts.remote import (
     HostState,
     busy_port,
@@ -47,6 +47,7 @@ from llamaforge.deploy.release import (
     KEEP_RELEASES,
     LOOPBACK,
     Layout,
+    ReleaseCannotRun,
 )
 from llamaforge.deploy.report import DeployResult, HostPlan, HostReport, still_on
 from llamaforge.deploy.targets.base import Target

@@ -45,11 +45,10 @@ from llamaforge.deploy.hosts.probe import (
     PROBE_BINARY,
     PROBE_WAIT_S,
     TAIL_LINES,
-    ReleaseCannotRun,
     judge_probe,
     probe_args,
 )
-from llamaforge.deploy.release import ReleaseSpec, gate_timeout_s, release_id
+from llamaforge.deploy.release import ReleaseCannotRun, ReleaseSpec, gate_timeout_s, release_id
 from llamaforge.deploy.report import SwarmProbe, SwarmReport, SwarmTask
 from llamaforge.runners import swarm as swarm_api
 from llamaforge.runners.swarm import HealthProbe, JobDefinition, JobTask, ServiceDefinition, UpdatePolicy
