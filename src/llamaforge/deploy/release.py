@@ -321,8 +321,9 @@ def release_record(
 
 
 class ReleaseCannotRun(LlamaforgeError):
-    """A release's binaries crashed or failed on a host before it was switched there (the probe); ``logs`` are
-    the probe's last lines."""
+    """A release cannot run: its binaries crashed or failed on a host before it was switched there (the probe,
+    :mod:`llamaforge.deploy.hosts.probe`; ``logs`` are its last lines), or, found before any host is touched, a
+    library it would carry cannot load on the build's system (:class:`LibraryTooNew`)."""
 
     exit_code = ExitCode.RELEASE_CANNOT_RUN
 
