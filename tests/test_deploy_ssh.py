@@ -155,14 +155,7 @@ def test_a_system_library_newer_than_the_builds_glibc_is_refused_before_any_host
     for name in ("llama-server", "libllama.so.0", "libggml-base.so.0"):
         (bin_dir / name).write_bytes(b"\x7fELF GLIBC_2.34")
     system = tmp_path / "usr" / "lib" / "x86_64-linux-gnu"  # where LddRunner says libgomp is
-    spec = ReleaseSpec(
-        build_key="k",
-        build_dir=tmp_path,
-        manifest_sha256="0" * 64,
-        model=tmp_path / "m.gguf",
-        model_sha256="0" * 64,
-        model_size=0,
-    )
+    release = spec(build_dir=tmp_path)
     packages = "g++=4:12.2.0-3 libc6-dev=2.36-9+deb12u14 make=4.3-4.1"
     (tmp_path / "manifest.json").write_text(
         json.dumps({"toolchain": {"packages": packages}}), encoding="utf-8"
@@ -176,7 +169,7 @@ def test_a_system_library_newer_than_the_builds_glibc_is_refused_before_any_host
 
     system.mkdir(parents=True)
     (system / "libgomp.so.1").write_bytes(b"\x7fELF GLIBC_2.2.5 GLIBC_2.34 GLIBC_2.36")
-    files = {inside for _local, inside in release_files(spec, Ldd(bin_dir))}  # type: ignore[arg-type]
+    files = {inside for _local, inside in release_files(release, Ldd(bin_dir))}  # type: ignore[arg-type]
     assert "lib/libgomp.so.1" in files  # as new as the build's glibc: shipped
     (system / "libgomp.so.1").write_bytes(b"\x7fELF GLIBC_2.34 GLIBC_2.38")
     with pytest.raises(
@@ -184,11 +177,11 @@ def test_a_system_library_newer_than_the_builds_glibc_is_refused_before_any_host
         match=r"libgomp.so.1 on this machine \(.*\) needs GLIBC_2.38, but the "
         r"build was made against glibc 2.36",
     ) as refused:
-        release_files(spec, Ldd(bin_dir))  # type: ignore[arg-type]
+        release_files(release, Ldd(bin_dir))  # type: ignore[arg-type]
     assert refused.value.exit_code == 22 and "LD_LIBRARY_PATH" in (refused.value.hint or "")
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "libgomp.so.1").write_bytes(b"\x7fELF GLIBC_2.38")  # the build's own: taken as it is
-    files = {inside for _local, inside in release_files(spec, Ldd(bin_dir))}  # type: ignore[arg-type]
+    files = {inside for _local, inside in release_files(release, Ldd(bin_dir))}  # type: ignore[arg-type]
     assert "lib/libgomp.so.1" in files
     (tmp_path / "manifest.json").write_text("{}", encoding="utf-8")  # a manifest that names no glibc
     assert build_glibc(tmp_path) is None
