@@ -89,10 +89,50 @@ def test_manifest_records_provenance(shared_build: dict[str, Any], test_series: 
         f"libggml-cpu-{variant}.so" for variant in VARIANT_FEATURES if not variant.startswith("arm")
     } <= names
     assert not {"libllama.so", "libggml.so"} & names  # link-time names are not needed to run
-    assert all(relative.startswith("bin/") for relative in manifest["artifacts"])
+    # Beside bin/, only the compiler's runtime libraries the binaries need, in lib/ (the next test).
+    outside = sorted(relative for relative in manifest["artifacts"] if not relative.startswith("bin/"))
+    assert outside == ["lib/libgcc_s.so.1", "lib/libgomp.so.1", "lib/libstdc++.so.6"]
     assert not any(path.is_symlink() for path in Path(shared_build["path"]).rglob("*"))
     digests = [info["sha256"] for info in manifest["artifacts"].values()]
     assert len(set(digests)) == len(digests), "the same bytes are stored twice"
+
+
+def test_the_compiler_runtime_travels_in_lib_from_the_builder(shared_build: dict[str, Any]) -> None:
+    """A release and a runtime image take lib/ rather than the deploying machine's copies: its files are the
+    builder image's (the system the build was compiled on), load on that system's glibc, and are what the
+    binaries get with lib/ on LD_LIBRARY_PATH, as the unit and the image run them."""
+    from llamaforge.deploy.release import build_glibc, glibc_floor
+
+    build, manifest = Path(shared_build["path"]), shared_build["manifest"]
+    lib = build / "lib"
+    names = sorted(path.name for path in lib.iterdir())
+    script = (
+        'for name in "$@"; do '
+        "sha256sum \"$(readlink -f \"$(ldconfig -p | awk -v n=\"$name\" '$1 == n { print $NF; exit }')\")\"; "
+        "done"
+    )
+    builder = manifest["image"]["builder_id"]
+    listed = subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", "--entrypoint", "bash", builder, "-c", script, "-", *names],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert listed[::2] == [manifest["artifacts"][f"lib/{name}"]["sha256"] for name in names], listed
+    glibc = build_glibc(build)
+    assert glibc is not None
+    for name in names:
+        floor = glibc_floor(lib / name)
+        assert floor is not None and floor <= glibc, (name, floor, glibc)
+    linked = subprocess.run(
+        ["ldd", build / "bin" / "llama-server"],
+        env={**os.environ, "LD_LIBRARY_PATH": str(lib)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for name in names:
+        assert f"{name} => {lib / name} " in linked, linked
 
 
 def test_every_binary_finds_its_libraries_beside_it(shared_build: dict[str, Any]) -> None:

@@ -178,11 +178,16 @@ def test_a_system_library_newer_than_the_builds_glibc_is_refused_before_any_host
         r"build was made against glibc 2.36",
     ) as refused:
         release_files(release, Ldd(bin_dir))  # type: ignore[arg-type]
-    assert refused.value.exit_code == 22 and "LD_LIBRARY_PATH" in (refused.value.hint or "")
+    assert refused.value.exit_code == 22 and "build again" in (refused.value.hint or "")  # a build with no lib/
     (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libstdc++.so.6").write_bytes(b"\x7fELF GLIBC_2.36")
+    with pytest.raises(LibraryTooNew, match="libgomp.so.1 on this machine") as refused:
+        release_files(release, Ldd(bin_dir))  # type: ignore[arg-type]
+    assert "LD_LIBRARY_PATH" in (refused.value.hint or "")  # the build has a lib/, without that library
     (tmp_path / "lib" / "libgomp.so.1").write_bytes(b"\x7fELF GLIBC_2.38")  # the build's own: taken as it is
-    files = {inside for _local, inside in release_files(release, Ldd(bin_dir))}  # type: ignore[arg-type]
-    assert "lib/libgomp.so.1" in files
+    files = {inside: local for local, inside in release_files(release, Ldd(bin_dir))}  # type: ignore[arg-type]
+    assert files["lib/libgomp.so.1"] == tmp_path / "lib" / "libgomp.so.1"
+    assert files["lib/libstdc++.so.6"] == tmp_path / "lib" / "libstdc++.so.6"
     (tmp_path / "manifest.json").write_text("{}", encoding="utf-8")  # a manifest that names no glibc
     assert build_glibc(tmp_path) is None
 

@@ -26,6 +26,7 @@ from llamaforge.deploy.manifests.files import ManifestInputs, render_compose, re
 from llamaforge.deploy.release import Layout, ReleaseSpec, ip_address_of, listen_address
 from llamaforge.deploy.targets.container import ContainerImage, render_container
 from llamaforge.deploy.targets.systemd import render_unit
+from llamaforge.platforms.linux import COMPILER_RUNTIME
 from llamaforge.serve.launcher import LlamaFlags
 from testhosts import TestHost
 
@@ -154,9 +155,12 @@ def test_the_build_script_hands_cmake_exactly_the_values(payload: str, tmp_path:
         targets=[payload, "llama-server"],
         source_date_epoch=payload,
         packages=[payload],
+        runtime_libraries=COMPILER_RUNTIME,
     )
     cmake = [
-        args for name, args in run_script(text, tmp_path, ("cmake", "objdump", "nproc")) if name == "cmake"
+        args
+        for name, args in run_script(text, tmp_path, ("cmake", "objdump", "nproc", "ldd"))
+        if name == "cmake"
     ]
     assert cmake[0][4] == f"-DLLAMA_X={payload}", cmake
     assert cmake[1][-2:] == [payload, "llama-server"], cmake  # --target

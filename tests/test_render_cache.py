@@ -15,6 +15,7 @@ from llamaforge.build.recipes import load_recipe
 from llamaforge.core import templates
 from llamaforge.core.paths import data_dir
 from llamaforge.core.templates import _render_digest, render, render_cached
+from llamaforge.platforms.linux import COMPILER_RUNTIME
 
 # Every platform's build files: Linux CPU and CUDA (wheels and image), the mingw cross build, MSVC and macOS.
 VARIANTS: dict[str, BuildOptions] = {
@@ -159,6 +160,7 @@ def test_a_read_only_home_still_renders(tmp_path: Path, monkeypatch: pytest.Monk
         targets=["llama-cli"],
         source_date_epoch=0,
         packages=["cmake"],
+        runtime_libraries=COMPILER_RUNTIME,
     )
     got = render_cached(
         "linux/build.sh.j2",
@@ -169,6 +171,7 @@ def test_a_read_only_home_still_renders(tmp_path: Path, monkeypatch: pytest.Monk
         targets=["llama-cli"],
         source_date_epoch=0,
         packages=["cmake"],
+        runtime_libraries=COMPILER_RUNTIME,
     )
     assert got == expected
 

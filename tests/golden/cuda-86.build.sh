@@ -64,6 +64,16 @@ for library in "${build_dir}"/bin/*.so*; do
   soname="$(objdump -p "${library}" | awk '$1 == "SONAME" { print $2 }')"
   install -m 0755 "${library}" "${out_dir}/bin/${soname:-${library##*/}}"
 done
+# The compiler's runtime libraries that the binaries need travel in lib/, as this system has them: they are the
+# versions the build was compiled against, which an older host lacks and a newer deploying machine would replace
+# with ones this system's glibc cannot load. Releases and runtime images put lib/ on LD_LIBRARY_PATH.
+ldd "${out_dir}"/bin/* | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | sort -u |
+  while read -r name path; do
+    case "${name}" in
+      libstdc++.so.6|libgcc_s.so.1|libgomp.so.1|libatomic.so.1)
+        install -D -m 0644 "$(readlink -f "${path}")" "${out_dir}/lib/${name}" ;;
+    esac
+  done
 
 echo "llamaforge: list device code"
 : > "${out_dir}/cuda-device-code.txt"

@@ -368,9 +368,15 @@ def _check_glibc(build_dir: Path, libraries: Mapping[str, Path]) -> None:
                 f"{name} on this machine ({path}) needs GLIBC_{needs[0]}.{needs[1]}, but the build was made "
                 f"against glibc {build[0]}.{build[1]}: a host of the build's system could not load it, so no "
                 "host would start the release",
-                hint="deploy from a machine of the build's distribution (its manifest's toolchain names it), "
-                "or put LD_LIBRARY_PATH on a folder of that distribution's copy of the library: the release "
-                "takes the libraries that `ldd` finds here",
+                hint=(
+                    "deploy from a machine of the build's distribution (its manifest's toolchain names it), or put "
+                    "LD_LIBRARY_PATH on a folder of that distribution's copy of the library: the release takes "
+                    "the libraries the build does not carry from what `ldd` finds here"
+                    if (build_dir / "lib").is_dir()
+                    else "build again: a Linux build copies its compiler's runtime libraries (libstdc++, "
+                    "libgcc_s, libgomp) into lib/ from the system it is made on, and a release takes those; "
+                    "this build has no lib/ (it was made before builds carried one)"
+                ),
             )
 
 
@@ -381,11 +387,12 @@ def _is_library(path: Path) -> bool:
 def release_files(spec: ReleaseSpec, runner: ProcessRunner = LOCAL) -> list[tuple[Path, str]]:
     """(local file, path inside the release) for the build's ``bin/``: its binaries and its own shared libraries
     and backend modules stay together in ``bin/`` (the binaries find the libraries through RPATH $ORIGIN, and
-    ggml looks for backend modules in the executable's directory); the system libraries they need that a bare
-    host may lack go to ``lib/``, resolved with ``ldd`` here. Such a library must be one the build's system can
-    load: one that needs a newer glibc than the build compiled against (this machine runs a newer distribution
-    than the build's, say) is refused with :class:`LibraryTooNew` before any host is touched, since every host
-    would fail to start the release."""
+    ggml looks for backend modules in the executable's directory). ``lib/`` (the unit's LD_LIBRARY_PATH) gets
+    the build's own ``lib/`` (the compiler's runtime libraries, copied from the system the build was made on),
+    then any other system library the binaries need that a bare host may lack, resolved with ``ldd`` here.
+    Such a library must be one the build's system can load: one that needs a newer glibc than the build
+    compiled against (this machine runs a newer distribution than the build's, say) is refused with
+    :class:`LibraryTooNew` before any host is touched, since every host would fail to start the release."""
     own = sorted(path for path in (spec.build_dir / "bin").iterdir() if path.is_file())
     files = [(path, f"bin/{path.name}") for path in own]
     names = {path.name for path in own}

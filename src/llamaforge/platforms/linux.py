@@ -1,6 +1,7 @@
 """Linux: a Debian/Ubuntu builder image from ``templates/linux/Dockerfile.<backend>.j2`` and a bash script
-that runs unchanged in that image and on a Linux host; artifacts are ``bin/<target>``, and the shared libraries
-and backend modules the script copies beside them (found once the build has run)."""
+that runs unchanged in that image and on a Linux host; artifacts are ``bin/<target>``, the shared libraries
+and backend modules the script copies beside them, and in ``lib/`` the compiler's runtime libraries the binaries
+need (found once the build has run)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,10 @@ TEMPLATES = "linux"  # templates/linux/
 # Top-level parts of a llama.cpp tree that a build with tests and examples off never reads (models/ alone holds
 # about 75 MB of tokenizer GGUFs for the tests): left out of the copy into the builder container.
 SOURCE_UNREAD = ("models", "docs", "media")
+
+#: The compiler's runtime libraries (GCC's) that a build copies into its ``lib/`` from the system it was made on,
+#: when its binaries need them: each must be the version the build was compiled against.
+COMPILER_RUNTIME = ("libstdc++.so.6", "libgcc_s.so.1", "libgomp.so.1", "libatomic.so.1")
 
 _TOOL_HINT = "install cmake, ninja-build and a C/C++ compiler, or use --executor docker"
 HOST_TOOLS: tuple[HostTool, ...] = (
@@ -102,6 +107,7 @@ class LinuxPlatform(Platform):
             packages=builder.packages,
             script_steps=chosen.script_steps(),
             tool_versions=chosen.tool_versions,
+            runtime_libraries=COMPILER_RUNTIME,
         )
         image = BuilderImage(
             tag=builder_tag(builder.flavour, dockerfile, base, ca_bundle),
