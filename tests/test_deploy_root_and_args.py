@@ -100,6 +100,16 @@ ACCEPTED = [
         ("--control-vector-layer-range", "1", "2", "--seed", "-1"),
     ),
     ("  ", ()),
+    # values the help pins down, in every form llama.cpp reads them
+    (
+        "--temp 0.7 --top-k 40 --rope-freq-base 1e6 -sps .5",
+        ("--temp", "0.7", "--top-k", "40", "--rope-freq-base", "1e6", "-sps", ".5"),
+    ),
+    ("--poll 50 --cpu-strict 1 -ngld auto", ("--poll", "50", "--cpu-strict", "1", "-ngld", "auto")),
+    (
+        "--reasoning off --log-colors true --rope-scaling yarn -ctkd q8_0",
+        ("--reasoning", "off", "--log-colors", "true", "--rope-scaling", "yarn", "-ctkd", "q8_0"),
+    ),
 ]
 REFUSED = [  # text, words of the message and hint
     ("--mlock", "not a flag of this build's llama-server", "did you mean '--load-mode'"),
@@ -126,6 +136,13 @@ REFUSED = [  # text, words of the message and hint
     ("jinja", "'jinja' is no flag", ""),
     ("--alias 'x", "cannot be split", "quote"),
     ("--alias a\nb", "control character", "one line"),
+    ("--temp hot", "--temp takes a number, not 'hot'", "--temp N: temperature"),
+    ("--top-k 4O", "--top-k takes a number, not '4O'", ""),
+    ("--seed 0x10", "--seed takes a number", "RNG seed"),
+    ("-ngld most", "-ngld takes a number, 'auto' or 'all', not 'most'", ""),
+    ("--reasoning maybe", "--reasoning takes on, off or auto, not 'maybe'", "[on|off|auto]"),
+    ("--rope-scaling quadratic", "takes one of none, linear, yarn, not 'quadratic'", ""),
+    ("-ctkd q3_k", "-ctkd takes one of f32, f16, bf16, q8_0", "allowed values"),
 ]
 
 

@@ -81,8 +81,9 @@ class RuntimeImageResult(Result):
 def images_runtime_op(params: RuntimeImageParams, ctx: OperationContext) -> RuntimeImageResult:
     """Make a build's runtime image on the local engine (no registry): bin/ + lib/, non-root, HEALTHCHECK, labels.
 
-    The image is the base image (no registry) plus the Debian packages the build's binaries need (found with
-    ldd, e.g. libgomp1) and curl, every file of the build's bin/ and lib/ under /opt/llamaforge, a non-root
+    The image is the base image (no registry) plus the Debian packages the build's binaries need beyond its
+    own lib/ (found with ldd, e.g. libvulkan1) and curl, every file of the build's bin/ and lib/ (where the
+    compiler's runtime libraries travel) under /opt/llamaforge, a non-root
     user (uid 10001), a HEALTHCHECK on /health and OCI + llamaforge labels (build key, manifest sha256, recipe,
     llama.cpp commit and build number). Its tag is llamaforge/llama-server:<build key>; an image already made
     from the same plan is reused. Run it with the model mounted read-only at /models/model.gguf:

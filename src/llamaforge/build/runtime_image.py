@@ -4,7 +4,7 @@ provenance labels.
 
 Planning is pure but for ``ldd``/``dpkg`` run by a runner on this machine: every library the build's binaries
 need that the build does not carry is either a Debian package (``dpkg -S`` names it, apt installs it in the
-image, e.g. ``libgomp1``) or, when no package owns it, a file copied into the image's ``lib/``. The image's
+image, e.g. ``libvulkan1``) or, when no package owns it, a file copied into the image's ``lib/``. The image's
 own ``RUN ldd`` step then fails the build if anything is still missing. The tag is derived from the build key;
 the plan's digest is a label, so an image made from another plan (a changed template) is rebuilt, and the
 same plan is a cache hit.

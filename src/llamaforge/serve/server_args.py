@@ -6,7 +6,8 @@ the option table of the build's help (:func:`parse_server_help`): every flag mus
 ``--long_name`` is read as ``--long-name``, as llama.cpp does), followed by the values its help names (none,
 one, or two for ``START END``). Refused, each with a clear error: a flag the build does not know (with the
 closest names, or the option whose help mentions the word: ``--mlock`` → ``--load-mode``), a word that is no
-flag, a flag without its value, a value with a control character, the flags llamaforge sets itself (the
+flag, a flag without its value, a value the help pins down that is not one it allows (a number, one of a list
+of choices, on/off/auto), a value with a control character, the flags llamaforge sets itself (the
 model, address and port, and whatever a front sets from its own options), secrets (``--api-key``,
 ``--hf-token``…: a command line is readable by every user of the host and is written into unit files), and
 the flags that make llama-server print and exit. The help is read once per build and kept in
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import textwrap
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -70,6 +72,20 @@ ALWAYS_REFUSED: Final = {
 _DOWNLOADS = (
     "it downloads files on the host: fetch a model with `invoke models.fetch` and pass it with --model"
 )
+# The values llama-server's help pins down, checked here so that a typo fails before any host is touched (any
+# other value, a path or a pattern, is llama-server's to read):
+# a number, for the placeholders its numeric options use; the words such an option's help quotes ('auto', 'all')
+_NUMERIC = frozenset({"N", "INDEX", "SEED", "P", "L", "SECONDS", "SIMILARITY", "<0|1>", "<0...100>"})
+_NUMBER = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?$")
+_QUOTED = re.compile(r"'([a-z]+)'")
+# on/off switches, as llama.cpp's common_arg_utils reads them (is_truthy, is_falsey, is_autoy)
+_SWITCHES = {
+    "[on|off]": ("on", "off", "enabled", "disabled", "true", "false", "1", "0"),
+    "[on|off|auto]": ("on", "off", "auto", "enabled", "disabled", "true", "false", "1", "0", "-1"),
+}
+# a list of choices: {none,linear,yarn}, or a TYPE whose help says "allowed values: f32, f16, …"
+_CHOICES = re.compile(r"^\{([A-Za-z0-9_-]+(?:,[A-Za-z0-9_-]+)+)\}$")
+_ALLOWED = re.compile(r"allowed values: ([A-Za-z0-9_]+(?:, [A-Za-z0-9_]+)+)")
 
 
 @dataclass(frozen=True)
@@ -131,6 +147,29 @@ def refusal(option: ServerOption, owned: Mapping[str, str]) -> str | None:
     if "download" in option.help.lower() or any(name.endswith("-url") for name in option.names):
         return _DOWNLOADS
     return None
+
+
+def value_expected(option: ServerOption, value: str) -> str | None:
+    """What ``option`` takes, when ``value`` is not that; None when it is, or when the help does not pin the
+    value down (a path, a pattern, free text)."""
+    placeholder = option.placeholder
+    if placeholder in _SWITCHES:
+        return None if value in _SWITCHES[placeholder] else _either(placeholder.strip("[]").split("|"))
+    listed = _CHOICES.match(placeholder) or (_ALLOWED.search(option.help) if placeholder == "TYPE" else None)
+    if listed:
+        choices = listed.group(1).replace(" ", "").split(",")
+        return None if value in choices else f"one of {', '.join(choices)}"
+    if placeholder in _NUMERIC:
+        words = _QUOTED.findall(option.help)
+        if _NUMBER.match(value) or value in words:
+            return None
+        return _either(["a number", *(f"'{word}'" for word in words)])
+    return None
+
+
+def _either(items: Sequence[str]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} or {items[-1]}"
 
 
 _CACHE: dict[str, dict[str, ServerOption]] = {}
@@ -249,6 +288,13 @@ def check_server_args(
             raise InvalidOption(
                 f"{OPTION}: {word} needs {needs} ({option.placeholder})",
                 hint=f"e.g. {word} {option.placeholder}",
+            )
+        expected = value_expected(option, values[0]) if option.values == 1 else None
+        if expected is not None:
+            raise InvalidOption(
+                f"{OPTION}: {word} takes {expected}, not {values[0]!r}",
+                hint=f"the build's llama-server --help: {word} {option.placeholder}: "
+                + textwrap.shorten(option.help, 160, placeholder=" …"),
             )
         out += [flag, *values]
         index, before = index + 1 + option.values, word
