@@ -23,12 +23,13 @@ from llamaforge.core.errors import InvalidOption
 TEST_CA = Path(__file__).parent / "data" / "test-ca.crt"
 VARIABLES = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 # Plan digests and builder tags of builds without a CA bundle, computed before the host's bundle was picked up
-# (commit 6f12707): builds published then stay cache hits. The digests moved once since, on purpose, when the
-# recipes set LLAMA_BUILD_UI = false (the builder tags did not).
+# (commit 6f12707): builds published then stay cache hits. The Linux digests moved twice since, on purpose (the
+# builder tags did not): when the recipes set LLAMA_BUILD_UI = false, and when the Linux build script began
+# copying the compiler's runtime libraries into lib/.
 NO_BUNDLE = {
-    "cpu": ("e59c55bb3e20c5b185163f9e0472d0b1d8c4d46e698403316b95cb76d03e1f36", "cpu-5deab6154b99080f"),
+    "cpu": ("5914171e2c63d9592a05c3ecbd91e4bb9344635f4113bbf2cdf1a0346aacd037", "cpu-5deab6154b99080f"),
     "cuda-86": (
-        "2e84ae55b16ca51372246d0a6650625dace55a199dc90a6d829694f2037197f9",
+        "37a1b1e1b81818a3715450ea7ca4f0102be4e48ec5dad32b0367ed28944d6725",
         "cuda-wheels-b742ec3ca626420e",
     ),
     "windows": ("293c9183fb4a183896f54c01c39de53fac1ce28280fdce50c73cc11397fbda29", "mingw-ea8d03b46519402e"),
