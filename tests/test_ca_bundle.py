@@ -27,9 +27,9 @@ VARIABLES = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 # builder tags did not): when the recipes set LLAMA_BUILD_UI = false, and when the Linux build script began
 # copying the compiler's runtime libraries into lib/.
 NO_BUNDLE = {
-    "cpu": ("5914171e2c63d9592a05c3ecbd91e4bb9344635f4113bbf2cdf1a0346aacd037", "cpu-5deab6154b99080f"),
+    "cpu": ("a6643cdf794d02bf253589e6aa7b84a48ce3e99a9300db2bdb256e6fe0f12967", "cpu-5deab6154b99080f"),
     "cuda-86": (
-        "37a1b1e1b81818a3715450ea7ca4f0102be4e48ec5dad32b0367ed28944d6725",
+        "c5e4d1847a92115eaa0c19b6e4e31b61dc7d3755d368fd7588b377a53865f336",
         "cuda-wheels-b742ec3ca626420e",
     ),
     "windows": ("293c9183fb4a183896f54c01c39de53fac1ce28280fdce50c73cc11397fbda29", "mingw-ea8d03b46519402e"),

@@ -103,6 +103,6 @@ def test_default_build_key_inputs_are_unchanged() -> None:
     text or a recipe's options change (last: the Linux build script copies the compiler's runtime libraries into
     lib/, so a release no longer takes them from the deploying machine)."""
     plan = plan_build(load_recipe("default"), BuildOptions(no_patches=True))
-    assert plan.plan_digest == "9f9511669d00f919791b3ca33dc4d7e78378d4ffd50ba37d4cea9fe6f69b3f5d"
+    assert plan.plan_digest == "8e9daeedf438841ae4ea704db6069ff0b385ae99892a3fe6346a5be8db6208d8"
     assert plan.environment.image is not None
     assert plan.environment.image.tag == "llamaforge-builder:cpu-5deab6154b99080f"

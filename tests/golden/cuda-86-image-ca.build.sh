@@ -66,8 +66,9 @@ for library in "${build_dir}"/bin/*.so*; do
 done
 # The compiler's runtime libraries that the binaries need travel in lib/, as this system has them: they are the
 # versions the build was compiled against, which an older host lacks and a newer deploying machine would replace
-# with ones this system's glibc cannot load. Releases and runtime images put lib/ on LD_LIBRARY_PATH.
-ldd "${out_dir}"/bin/* | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | sort -u |
+# with ones this system's glibc cannot load. Releases and runtime images put lib/ on LD_LIBRARY_PATH. (ldd fails
+# on a static binary, having listed the others.)
+{ ldd "${out_dir}"/bin/* || true; } | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | sort -u |
   while read -r name path; do
     case "${name}" in
       libstdc++.so.6|libgcc_s.so.1|libgomp.so.1|libatomic.so.1)
