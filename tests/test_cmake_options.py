@@ -132,3 +132,19 @@ def test_options_that_choose_the_backend_are_refused(key: str, tmp_path: Path) -
     path.write_text(source.read_text(encoding="utf-8").replace("[cmake]\n", f"[cmake]\n{key} = true\n"))
     with pytest.raises(RecipeError, match=f"{key} may not be set in"):
         load_recipe(str(path))
+
+
+@pytest.mark.parametrize("value", ["Release\n-DGGML_CUDA=ON", "Release\t", "a\rb"])
+def test_a_value_with_a_control_character_is_refused(value: str, tmp_path: Path) -> None:
+    """A newline in a value would reach the plan's and the script's one-option-a-line listings as two options."""
+    with pytest.raises(InvalidOption, match="--cmake CMAKE_BUILD_TYPE: the value holds a control character"):
+        plan_build(load_recipe("default"), BuildOptions(cmake=(("CMAKE_BUILD_TYPE", value),)))
+    source = Path(__file__).parents[1] / "recipes" / "builds" / "default.toml"
+    path = tmp_path / "r.toml"
+    path.write_text(
+        source.read_text(encoding="utf-8").replace(
+            "[cmake]\n", f"[cmake]\nCMAKE_C_FLAGS = {json.dumps(value)}\n"
+        )
+    )
+    with pytest.raises(RecipeError, match="CMAKE_C_FLAGS holds a control character"):
+        load_recipe(str(path))

@@ -105,3 +105,22 @@ def test_a_directory_without_a_series_file_is_no_series(tmp_path: Path) -> None:
         read_series(tmp_path / "notes")
     assert info.value.hint and "patches.new" in info.value.hint
     assert read_series(tmp_path / "notes", new=True) == []  # patches.new starting a series there
+
+
+def test_a_patch_listed_twice_is_named_with_both_lines(tmp_path: Path) -> None:
+    """A second line for the same patch would apply it again and fail as if the patch had rotted."""
+    _make_patch(tmp_path, "0001-a.patch", {3: "changed\n"})
+    series = tmp_path / "series-dir"
+    (series / "series").write_text("0001-a.patch\n# again\n0001-a.patch [windows]\n", encoding="utf-8")
+    with pytest.raises(PatchError) as info:
+        read_series(series)
+    assert "series:3: patch '0001-a.patch' is listed twice (first on line 1)" in info.value.message
+    assert info.value.hint and "[windows, macos]" in info.value.hint
+
+
+def test_a_series_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "series").write_bytes(b"\xff\xfe\n")
+    with pytest.raises(PatchError) as info:
+        read_series(tmp_path / "s")
+    assert f"{tmp_path / 's' / 'series'} is not UTF-8 text" in info.value.message and info.value.hint

@@ -36,6 +36,17 @@ def refused_cmake_keys(keys: Iterable[str]) -> list[str]:
     return sorted(key for key in keys if not CMAKE_NAME.fullmatch(key) or _RUNS_CODE.fullmatch(key))
 
 
+_CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def multiline_cmake_values(items: Iterable[tuple[str, object]]) -> list[str]:
+    """The keys whose value holds a control character (a newline, a tab): such a value reaches the build
+    script's and the manifest's one-option-a-line listings as several lines."""
+    return sorted(key for key, value in items if isinstance(value, str) and _CONTROL.search(value))
+
+
+CONTROL_HINT: Final = "give each -D value on one line, without tabs or other control characters"
+
 REFUSED_HINT: Final = (
     "options that name a compiler, a launcher, a toolchain file, a project include or another program CMake "
     "runs are chosen by the platform and backend (--platform, --backend, --toolchain), not by -D options"

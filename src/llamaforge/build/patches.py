@@ -115,12 +115,29 @@ def read_series(
             hint="a series directory holds a file named series that lists its patches in order "
             "(invoke patches.new starts one)",
         )
+    try:
+        lines = listing.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as error:
+        raise PatchError(
+            f"{listing} is not UTF-8 text (byte {error.start}: {error.reason})",
+            patch=str(series),
+            hint="a series file lists its patches by name, one a line, in UTF-8",
+        ) from None
     refs: list[PatchRef] = []
-    for number, raw in enumerate(listing.read_text(encoding="utf-8").splitlines(), start=1):
+    seen: dict[str, int] = {}
+    for number, raw in enumerate(lines, start=1):
         text = raw.split("#", 1)[0].strip()
         if not text:
             continue
         name, platforms = _parse_line(listing, number, text)
+        if name in seen:
+            raise PatchError(
+                f"{listing}:{number}: patch {name!r} is listed twice (first on line {seen[name]})",
+                patch=name,
+                hint="list each patch once; a patch for several platforms names them all in one line: "
+                f"{name} [windows, macos]",
+            )
+        seen[name] = number
         path = directory / name
         if path.is_symlink() and not path.resolve().is_relative_to(directory.resolve()):
             raise PatchError(

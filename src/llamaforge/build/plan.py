@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from llamaforge.backends import arch_backend, get_backend
-from llamaforge.build.cmake_options import BACKEND_HINT, REFUSED_HINT, backend_cmake_keys, refused_cmake_keys
+from llamaforge.build.cmake_options import (
+    BACKEND_HINT,
+    CONTROL_HINT,
+    REFUSED_HINT,
+    backend_cmake_keys,
+    multiline_cmake_values,
+    refused_cmake_keys,
+)
 from llamaforge.build.cpu_level import check_cpu_level, controlled_keys, cpu_architecture, cpu_cmake
 from llamaforge.build.names import BackendName
 from llamaforge.build.options import BuildOptions
@@ -123,6 +130,10 @@ def _cpu_level(level: str, options: BuildOptions, platform_name: str) -> str:
         )
     if chosen := backend_cmake_keys(key for key, _value in options.cmake):
         raise InvalidOption(f"--cmake {', '.join(chosen)}: not set by -D", hint=BACKEND_HINT)
+    if multiline := multiline_cmake_values(options.cmake):
+        raise InvalidOption(
+            f"--cmake {', '.join(multiline)}: the value holds a control character", hint=CONTROL_HINT
+        )
     if decided := controlled_keys(options.cmake):
         raise InvalidOption(
             f"--cmake {', '.join(decided)}: the CPU level decides this option",

@@ -21,8 +21,10 @@ from llamaforge.backends.cuda.arch import parse_cuda_archs
 from llamaforge.build.cmake_options import (
     BACKEND_HINT,
     CMAKE_NAME,
+    CONTROL_HINT,
     REFUSED_HINT,
     backend_cmake_keys,
+    multiline_cmake_values,
     refused_cmake_keys,
 )
 from llamaforge.build.cpu_level import VARIANTS, check_cpu_level, controlled_keys
@@ -307,6 +309,8 @@ class BuildRecipe(_Strict):
             raise ValueError(f"cmake option {key!r} may not be set here: {REFUSED_HINT}")
         if chosen := backend_cmake_keys(value):
             raise ValueError(f"{', '.join(chosen)} may not be set in [cmake]: {BACKEND_HINT}")
+        if multiline := multiline_cmake_values(value.items()):
+            raise ValueError(f"{', '.join(multiline)} holds a control character (a newline?): {CONTROL_HINT}")
         if decided := controlled_keys(dict(value)):
             raise ValueError(
                 f"{', '.join(decided)} is decided by the recipe's cpu level; remove it from [cmake] and set "
