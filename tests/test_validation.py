@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llamaforge.build.recipes import BuildRecipe, GitSource, PypiSdistSource
-from llamaforge.core.errors import InvalidOption
+from llamaforge.core.errors import InvalidOption, RecipeError
 from llamaforge.core.registry import find_operation, operations
-from llamaforge.core.validation import describe_errors, did_you_mean, fields_at, recipe_error, suggest
+from llamaforge.core.validation import (
+    describe_errors,
+    did_you_mean,
+    fields_at,
+    read_toml,
+    recipe_error,
+    suggest,
+)
 from llamaforge.models.recipes import ModelExpectations, ModelRecipe
 from llamaforge.models.remap.rules import MatchRules, MetadataRules, RemapRules, TypedValue
 
@@ -109,3 +118,16 @@ def test_one_operation_lookup() -> None:
     assert "builds.list" in (ambiguous.value.hint or "")
     with pytest.raises(InvalidOption, match="unknown operation 'x'"):
         find_operation("x", {})
+
+
+def test_a_toml_file_that_cannot_be_read_is_named_with_what_to_do(tmp_path: Path) -> None:
+    binary = tmp_path / "r.toml"
+    binary.write_bytes(b"\xff\xfename = 1\n")
+    with pytest.raises(RecipeError) as refused:
+        read_toml(binary, "recipe")
+    assert f"cannot read recipe {binary}: it is not UTF-8 text (byte 0" in refused.value.message
+    assert "UTF-8" in (refused.value.hint or "")
+    with pytest.raises(RecipeError) as refused:
+        read_toml(tmp_path, "host inventory")
+    assert f"cannot read host inventory {tmp_path}" in refused.value.message
+    assert refused.value.hint == "give the path of a host inventory file"

@@ -224,6 +224,11 @@ BAD_INPUTS: list[tuple[str, list[str], str]] = [
         "nothing.toml does not exist",
     ),
     (
+        "a topology file that is a directory",
+        ["topology.plan", "--topology", "{tmp}", "--build", ABSENT_BUILD, "--model", "tiny"],
+        "is a directory",
+    ),
+    (
         "fit of a vocab-only file",
         ["models.fit", "{vocab_only}", *FIT],
         "vocab-only.gguf has no tensors: a vocab-only file cannot be served",

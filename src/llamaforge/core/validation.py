@@ -164,9 +164,16 @@ def read_toml(path: Path, what: str) -> dict[str, Any]:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as error:
         raise RecipeError(f"{what} {path} is not valid TOML: {error}", hint="fix the syntax") from None
-    except (OSError, UnicodeDecodeError) as error:
-        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
-        raise RecipeError(f"cannot read {what} {path}: {reason}") from None
+    except UnicodeDecodeError as error:
+        raise RecipeError(
+            f"cannot read {what} {path}: it is not UTF-8 text (byte {error.start}: {error.reason})",
+            hint="a TOML file is UTF-8 text: save it as such, or give the right file",
+        ) from None
+    except OSError as error:
+        raise RecipeError(
+            f"cannot read {what} {path}: {error.strerror or error}",
+            hint=f"give the path of a {what} file" if path.is_dir() else None,
+        ) from None
 
 
 # Docker's reference grammar (distribution/reference): [host[:port]/]path[:tag][@digest], lower-case path

@@ -57,11 +57,23 @@ class TopologyFile(BaseModel):
 def load_topology(path: Path) -> TopologyEntry:
     """The ``[topology]`` table of ``path``; RecipeError naming the file and field when it is not valid."""
     if not path.is_file():
-        raise InvalidOption(f"topology file {path} does not exist")
+        raise InvalidOption(
+            f"topology file {path} is a directory"
+            if path.is_dir()
+            else f"topology file {path} does not exist",
+            hint="give the TOML file with the [topology] table (head, rpc_port, [[topology.workers]])",
+        )
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as error:
-        raise InvalidOption(f"topology file {path} is not valid TOML: {error}") from None
+        raise InvalidOption(
+            f"topology file {path} is not valid TOML: {error}", hint="fix the syntax"
+        ) from None
+    except UnicodeDecodeError as error:
+        raise InvalidOption(
+            f"topology file {path} is not UTF-8 text (byte {error.start}: {error.reason})",
+            hint="a TOML file is UTF-8 text: save it as such, or give the right file",
+        ) from None
     try:
         return TopologyFile.model_validate(data).topology
     except ValidationError as error:
