@@ -100,6 +100,7 @@ BAD_INPUTS: list[tuple[list[str], int, str]] = [
     (["build", "--arhc", "86"], PARSE_ERROR, "no flag '--arhc': did you mean '--arch'?"),
     (["build", "--zzzz"], PARSE_ERROR, "no flag '--zzzz' (build --help lists its flags)"),
     (["build", "--arch"], PARSE_ERROR, "--arch needs a value"),
+    (["build", "--arch", "86", "--arch", "89"], PARSE_ERROR, "--arch is given twice: give it once"),
     (["models.fit"], PARSE_ERROR, "did not receive required positional arguments: 'model'"),
     ([*RENDER, "--port", "abc"], InvalidOption.exit_code, "--port: Input should be a valid integer"),
     ([*RENDER, "--replicas", "x"], InvalidOption.exit_code, "--replicas: Input should be a valid integer"),
@@ -152,6 +153,7 @@ def test_json_errors_of_a_command_line_that_does_not_parse(front: str, env: dict
         (["recipes.show", "--json"], "'recipes.show' did not receive required positional arguments: 'name'"),
         (["build", "--arhc", "86", "--json"], "no flag '--arhc': did you mean '--arch'?"),
         (["build", "--json", "--arch"], "--arch needs a value"),
+        (["build", "--arch", "86", "--json", "--arch", "89"], "--arch is given twice: give it once"),
     ):
         done = run(front, args, env)
         assert done.returncode == PARSE_ERROR, done.stderr

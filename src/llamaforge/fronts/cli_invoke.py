@@ -83,6 +83,12 @@ def adapt_invoke() -> None:
             # then --help became that argument. Fill them (no task runs after --help), so --help stays help.
             for argument in context.missing_positional_args:
                 argument.set_value(token, cast=False)
+        repeated = context.flags.get(token) if in_task and not machine.waiting_for_flag_value else None
+        if repeated is not None and repeated.takes_value and repeated.kind is not list and repeated.got_value:
+            # Invoke would take the flag's second value for a task name ("no task '0'").
+            message = f"--{repeated.name} is given twice: give it once"
+            _json_parse_error(message)
+            raise ParseError(message, context)
         try:
             handle(machine, token)
         except ParseError as failed:
