@@ -445,6 +445,38 @@ def test_operation_and_plot(tiny: dict[str, Path], tmp_path: Path) -> None:
     assert isinstance(summary, list) and any("token generation ceiling" in line for line in summary)
 
 
+def test_plot_under_a_file_refused(tiny: dict[str, Path], tmp_path: Path) -> None:
+    blocker = tmp_path / "regular.gguf"
+    blocker.write_bytes(b"keep")
+    png = blocker / "x.png"
+    with pytest.raises(InvalidOption) as caught:
+        _run(model=str(tiny["qwen3"]), ctx=4096, vram="24GiB", plot=str(png))
+    assert caught.value.exit_code == 2
+    assert f"--plot {png}" in caught.value.message and f"{blocker} is not a directory" in caught.value.message
+    assert "--plot in a directory you can write" in (caught.value.hint or "")
+    assert blocker.read_bytes() == b"keep" and [p.name for p in tmp_path.iterdir()] == ["regular.gguf"]
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_plot_where_no_file_can_be_made_refused(tiny: dict[str, Path]) -> None:
+    with pytest.raises(InvalidOption) as caught:
+        _run(model=str(tiny["qwen3"]), ctx=4096, vram="24GiB", plot="/proc/x.png")
+    assert (
+        "--plot /proc/x.png: cannot write the chart there: No such file or directory" in caught.value.message
+    )
+    assert "--plot" in (caught.value.hint or "")
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (every write fails: no space)")
+def test_plot_write_failure_leaves_no_chart(tiny: dict[str, Path], tmp_path: Path) -> None:
+    png = tmp_path / "full.png"
+    png.symlink_to("/dev/full")
+    with pytest.raises(InvalidOption) as caught:
+        _run(model=str(tiny["qwen3"]), ctx=4096, vram="24GiB", plot=str(png))
+    assert f"--plot {png}: cannot write the chart there: No space left on device" in caught.value.message
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_operation_recipe_not_fetched(lf_home: Path) -> None:
     with pytest.raises(InvalidOption) as caught:
         _run(model="qwen3.5-9b-q4_k_m", gpu="rtx3090", ctx=32768)

@@ -9,6 +9,7 @@ remapped, load and give the same greedy tokens and top-n probabilities as the ca
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -533,6 +534,64 @@ def test_existing_output_needs_overwrite(canonical: Path, tmp_path: Path) -> Non
         remap_gguf(canonical, tmp_path, overwrite=True)
     with pytest.raises(InvalidOption, match=r"does not exist"):
         remap_gguf(tmp_path / "missing.gguf", tmp_path / "x.gguf")
+
+
+def test_output_under_a_file_refused(canonical: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "regular.gguf"
+    blocker.write_bytes(b"keep")
+    for dst in (blocker / "x.gguf", blocker / "a" / "b" / "x.gguf"):
+        with pytest.raises(InvalidOption) as caught:
+            remap_gguf(canonical, dst)
+        assert caught.value.exit_code == 2
+        assert (
+            f"--dst {dst}" in caught.value.message and f"{blocker} is not a directory" in caught.value.message
+        )
+        assert "--dst in a directory you can write" in (caught.value.hint or "")
+    assert blocker.read_bytes() == b"keep" and sorted(p.name for p in tmp_path.iterdir()) == ["regular.gguf"]
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_output_where_no_file_can_be_made_refused(canonical: Path) -> None:
+    with pytest.raises(InvalidOption) as caught:
+        remap_gguf(canonical, Path("/proc/x.gguf"))
+    assert (
+        "--dst /proc/x.gguf: cannot create a file in /proc: No such file or directory" in caught.value.message
+    )
+    assert "--dst" in (caught.value.hint or "")
+
+
+def test_failed_write_leaves_nothing(
+    canonical: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_write = remap._write
+
+    def write_then_run_out_of_space(tmp: Path, *args: Any) -> dict[str, str]:
+        real_write(tmp, *args)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
+
+    monkeypatch.setattr(remap, "_write", write_then_run_out_of_space)
+    dst = tmp_path / "out.gguf"
+    with pytest.raises(ModelError) as caught:
+        remap_gguf(canonical, dst)
+    assert caught.value.exit_code == ModelError.exit_code
+    assert f"--dst {dst}: writing it failed: {os.strerror(errno.ENOSPC)}" in caught.value.message
+    assert "nothing was published" in caught.value.message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unwritable_output_is_a_json_error(
+    canonical: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import llamaforge.models.ops_remap  # noqa: F401 - registers models.remap
+    from llamaforge.fronts.cli import run_operation
+
+    blocker = tmp_path / "regular.gguf"
+    blocker.write_bytes(b"keep")
+    dst = blocker / "x.gguf"
+    arguments = {"src": str(canonical), "dst": str(dst)}
+    assert run_operation(operations()["models.remap"], arguments, as_json=True, verbose=False) == 2
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["exit_code"] == 2 and f"--dst {dst}" in error["message"] and "--dst" in error["hint"]
 
 
 def test_custom_alignment_kept(tmp_path: Path) -> None:

@@ -150,9 +150,30 @@ def plot_path(text: str) -> Path:
 
 def save_fit_chart(plans: Sequence[Plan], path: Path, *, title: str | None = None) -> Path:
     """Write the chart of ``plans`` (fit plans in their JSON form) to ``path``, as PNG, SVG or PDF by its
-    suffix (InvalidOption for another suffix or a directory); returns it."""
+    suffix (InvalidOption for another suffix, a directory or a place that cannot be written); returns it."""
     path = plot_path(str(path))
     data = _render(plans, title, PLOT_FORMATS[path.suffix.lower()], 120)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        out = path.open("wb")
+    except OSError as error:
+        raise _unwritable(path, error) from None
+    try:
+        with out:
+            out.write(data)
+    except OSError as error:
+        path.unlink(missing_ok=True)  # no half-written chart
+        raise _unwritable(path, error) from None
     return path
+
+
+def _unwritable(path: Path, error: OSError) -> InvalidOption:
+    reason = error.strerror or str(error)
+    if isinstance(error, FileExistsError | NotADirectoryError):  # a file where a folder above must be
+        # from the root down: the directories above the file could be searched, the OS went through them
+        blocker = next((p for p in reversed(path.parents) if p.exists() and not p.is_dir()), None)
+        reason = f"{blocker} is not a directory" if blocker else reason
+    return InvalidOption(
+        f"--plot {path}: cannot write the chart there: {reason}",
+        hint="give a --plot in a directory you can write, e.g. --plot fit.png",
+    )

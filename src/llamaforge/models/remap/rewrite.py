@@ -302,6 +302,31 @@ def _check_paths(src: Path, dst: Path, overwrite: bool) -> None:
             raise InvalidOption(f"output {dst} exists", hint="pass --overwrite to replace it")
 
 
+def _not_a_directory(path: Path, error: OSError) -> str | None:
+    """ "X is not a directory" when ``error`` met a file where a folder above ``path`` must be, else None."""
+    if not isinstance(error, FileExistsError | NotADirectoryError):
+        return None
+    # from the root down: the directories above the file could be searched, the OS went through them
+    blocker = next((p for p in reversed(path.parents) if p.exists() and not p.is_dir()), None)
+    return f"{blocker} is not a directory" if blocker else None
+
+
+def _temporary_beside(dst: Path) -> Path:
+    """An empty temporary file in ``dst``'s directory (made if missing), for the output to be written to and
+    renamed over ``dst``; InvalidOption naming ``--dst`` when the directory cannot be made or written."""
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
+    except OSError as error:
+        reason = _not_a_directory(dst, error) or error.strerror or str(error)
+        raise InvalidOption(
+            f"--dst {dst}: cannot create a file in {dst.parent}: {reason}",
+            hint="give a --dst in a directory you can write",
+        ) from None
+    os.close(fd)
+    return Path(name)
+
+
 def remap_gguf(
     src: Path,
     dst: Path,
@@ -319,7 +344,8 @@ def remap_gguf(
     ``general.architecture``) relabels the file, refused when a tensor does not exist in the target arch.
     Tensor bytes are streamed ``CHUNK_SIZE`` at a time; the output is written next to ``dst``, re-read and
     compared with the input (metadata, tensor names, types, shapes and data sha256) and renamed into place.
-    ``dst`` must not be ``src`` and must not exist unless ``overwrite``.
+    ``dst`` must not be ``src``, must not exist unless ``overwrite`` and must be in a directory that can be
+    written (InvalidOption); a failed write leaves nothing behind (ModelError).
     """
     started = time.monotonic()
     src, dst = Path(src), Path(dst)
@@ -337,10 +363,7 @@ def remap_gguf(
     if cancel is not None:
         cancel.raise_if_cancelled()
     tensor_bytes = sum(item.tensor.nbytes for item in mapped)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(tmp_name)
+    tmp = _temporary_beside(dst)
     try:
         reporter(Event("stage", f"writing {dst}", stage=_STAGE))
         hashes = _write(tmp, header, plan, mapped, _Progress(reporter, "copied", tensor_bytes, cancel))
@@ -351,6 +374,13 @@ def remap_gguf(
         )
         tmp.chmod(0o644)
         tmp.replace(dst)
+    except OSError as error:
+        tmp.unlink(missing_ok=True)
+        raise ModelError(
+            f"--dst {dst}: writing it failed: {error.strerror or error}; nothing was published",
+            hint=f"check the free space and health of the disk that holds {dst.parent}, or give a --dst on "
+            "another disk",
+        ) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
