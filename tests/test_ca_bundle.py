@@ -140,6 +140,22 @@ def test_a_setting_that_names_no_file_is_refused_naming_it(
     assert options.ca_bundle is None and plan.plan_digest == NO_BUNDLE["cuda-86"][0]
 
 
+def test_a_file_without_a_certificate_is_no_bundle(
+    no_host_bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The image would trust it as its CA file, and every download over TLS would fail inside the build."""
+    junk = tmp_path / "junk.crt"
+    junk.write_text("x", encoding="utf-8")
+    with pytest.raises(
+        InvalidOption, match=r"CA bundle .*junk\.crt \(--ca-bundle\) holds no PEM certificate"
+    ):
+        _plan_from_params(BuildParams(arch="86", ca_bundle=str(junk)))
+    monkeypatch.setenv("SSL_CERT_FILE", str(junk))
+    with pytest.raises(InvalidOption, match=r"\(SSL_CERT_FILE\) holds no PEM certificate") as refused:
+        _plan_from_params(BuildParams(arch="86"))
+    assert "--no-ca-bundle" in (refused.value.hint or "")
+
+
 # --- what the plan, the image and the key get -----------------------------------------------------------------
 
 

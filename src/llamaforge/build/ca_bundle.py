@@ -119,13 +119,23 @@ def choose_bundle(given: str | None, *, none: bool = False) -> tuple[Path | None
     return (_readable(found.path.resolve(), found.origin), found.origin) if found else (None, None)
 
 
+_PEM_CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
+
+
 def _readable(bundle: Path, origin: str) -> Path:
-    """``bundle``, once it can be read (the key holds its sha256, the image a copy)."""
+    """``bundle``, once it can be read and holds a PEM certificate (the key holds its sha256, the image a copy
+    that its downloads trust)."""
     try:
-        bundle.open("rb").close()
+        text = bundle.read_bytes()
     except OSError as error:
         raise InvalidOption(
             f"CA bundle {bundle} ({origin}) cannot be read: {error.strerror}",
             hint="make it readable, name another with --ca-bundle PATH, or pass --no-ca-bundle",
         ) from None
+    if _PEM_CERTIFICATE not in text:
+        raise InvalidOption(
+            f"CA bundle {bundle} ({origin}) holds no PEM certificate (no '-----BEGIN CERTIFICATE-----' line)",
+            hint="give a file of PEM certificates, e.g. /etc/ssl/certs/ca-certificates.crt, or pass "
+            "--no-ca-bundle",
+        )
     return bundle
