@@ -134,6 +134,15 @@ def test_bad_inputs_are_refused_in_one_line(
     assert done.stdout == ""
 
 
+def test_a_required_flag_left_out_is_named_with_what_it_is_for(env: dict[str, str]) -> None:
+    done = run("invoke", ["models.fit", "m.gguf", "--vram", "24GiB"], env)
+    assert done.returncode == InvalidOption.exit_code, done.stderr
+    assert done.stderr.splitlines() == [
+        "error: --ctx: Field required",
+        "  hint: give --ctx (Context (tokens) of each slot); `models.fit --help` lists the flags",
+    ]
+
+
 def test_json_errors_are_on_stdout_too(env: dict[str, str]) -> None:
     missing = run("invoke", ["builds.show", "nosuchkey", "--json"], env)
     assert missing.returncode == CacheError.exit_code

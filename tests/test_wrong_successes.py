@@ -245,6 +245,11 @@ BAD_INPUTS: list[tuple[str, list[str], str]] = [
     ),
     ("--margin over the GPU", ["models.fit", "{dense}", *FIT, "--margin", "30GiB"], "keeps all of the GPU's"),
     (
+        "a GPU of no memory",
+        ["models.fit", "{dense}", "--ctx", "4096", "--vram", "0"],
+        "--vram 0.0 GiB: a GPU has",
+    ),
+    (
         "fit --cache-type ''",
         ["models.fit", "{dense}", *FIT, "--cache-type", ""],
         "'' is not a KV cache type llama.cpp knows",

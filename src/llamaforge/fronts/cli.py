@@ -203,6 +203,21 @@ def _duration(seconds: float) -> str:
     return f"{minutes}m{rest:02d}s" if rest else f"{minutes}m"
 
 
+def _required_hint(op: Operation, error: ValidationError) -> str | None:
+    """What each flag that was required but not given is for (its description), when one was missing."""
+    fields = op.params.model_fields
+    missing = [
+        str(item["loc"][0]) for item in error.errors() if item["type"] == "missing" and len(item["loc"]) == 1
+    ]
+    described = [
+        f"--{name.replace('_', '-')}"
+        + (f" ({description.rstrip('.')})" if (description := fields[name].description) else "")
+        for name in missing
+        if name in fields
+    ]
+    return f"give {', '.join(described)}; `{op.name} --help` lists the flags" if described else None
+
+
 def run_operation(op: Operation, arguments: dict[str, Any], *, as_json: bool, verbose: bool) -> int:
     """Validate ``arguments``, run ``op``, print its result (also when its verdict failed, then the error);
     return the exit code: 0, the error's, 130 after Ctrl-C, 143 after SIGTERM, 141 when stdout's reader went
@@ -214,7 +229,7 @@ def run_operation(op: Operation, arguments: dict[str, Any], *, as_json: bool, ve
         params = op.params.model_validate({k: v for k, v in arguments.items() if v is not None})
     except (ValidationError, LlamaforgeError) as error:  # a validator that reads a file (--topology) says why
         refusal = (
-            InvalidOption(describe_errors(error, as_flags=True))
+            InvalidOption(describe_errors(error, as_flags=True), hint=_required_hint(op, error))
             if isinstance(error, ValidationError)
             else error
         )

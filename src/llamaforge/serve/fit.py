@@ -247,6 +247,11 @@ def plan_fit(
     layout = weight_layout(shape, header.tensors)
     max_ngl = shape.n_layer_all + 1
     budget = vram - margin_bytes
+    if vram <= 0:
+        raise InvalidOption(
+            f"--vram {vram / GiB:.1f} GiB: a GPU has memory to plan for",
+            hint="give its size, e.g. --vram 24GiB",
+        )
     if budget <= 0:
         raise InvalidOption(
             f"--margin {margin_bytes / GiB:.1f} GiB keeps all of the GPU's {vram / GiB:.1f} GiB free",
