@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 CHECKS: Final = ("header", "sha256", "structure", "tensors", "expectations", "template", "load")
 # Bump when the analysis changes, so old cache entries are not trusted.
-VERIFY_CACHE_VERSION: Final = 3
+VERIFY_CACHE_VERSION: Final = 4
 _HASH_BUFFER: Final = 8 << 20
 
 
