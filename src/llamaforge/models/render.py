@@ -83,33 +83,11 @@ def models_inspect_cli(result: ModelInspectResult, console: Console) -> None:
 
 def _model_table(title: str, model: dict[str, Any], console: Console) -> None:
     """What a model's header says (``models.inspect``'s summary), as a table."""
-    layers = model["layers"]
     table = Table(title=title, show_header=False)
-    table.add_row("architecture", f"{model['architecture']} ({model['name'] or '-'})")
-    table.add_row("parameters", _parameters(model))
-    table.add_row(
-        "layers",
-        f"{layers['block_count']}: {layers['attention']} attention, {layers['recurrent']} "
-        f"recurrent, {layers['mtp']} MTP",
-    )
-    table.add_row("context", str(model["context_length"]))
-    table.add_row("file type", f"{model['file_type'] or '-'} (most bytes {model['dominant_type'] or '-'})")
-    table.add_row(
-        "quant mix",
-        ", ".join(
-            f"{name} {entry['count']}x {entry['bytes'] / 2**20:.1f} MiB"
-            for name, entry in model["quant_histogram"].items()
-        )
-        or "-",
-    )
-    table.add_row("size", f"{model['file_size'] / 2**20:.1f} MiB (header {model['header_bytes']} bytes)")
-    tokenizer = model["tokenizer"]
-    table.add_row(
-        "tokenizer",
-        f"{tokenizer['model'] or '-'} / {tokenizer['pre'] or '-'}, {tokenizer['vocab_size']} tokens",
-    )
-    template = model["chat_template"]
-    table.add_row("chat template", f"{template['bytes']} bytes" if template["present"] else "none")
+    for name, value in _model_rows(model):
+        if name == "size":
+            value = f"{model['file_size'] / 2**20:.1f} MiB (header {model['header_bytes']} bytes)"
+        table.add_row(name, str(value))
     console.print(table)
 
 
@@ -120,20 +98,25 @@ def _parameters(model: dict[str, Any]) -> str:
     return f"{model.get('parameters_human', '-')} ({model.get('bits_per_weight', '-')} bits/weight)"
 
 
+def _shown(value: Any) -> str:
+    """A header value as shown: ``-`` for one the header does not give (or gives as the wrong type)."""
+    return "-" if value is None else str(value)
+
+
 def _model_rows(model: dict[str, Any]) -> list[tuple[str, Any]]:
     layers = model.get("layers") or {}
     tokenizer = model.get("tokenizer") or {}
     template = model.get("chat_template") or {}
     histogram = model.get("quant_histogram") or {}
     return [
-        ("architecture", f"{model.get('architecture')} ({model.get('name') or '-'})"),
+        ("architecture", f"{_shown(model.get('architecture'))} ({model.get('name') or '-'})"),
         ("parameters", _parameters(model)),
         (
             "layers",
-            f"{layers.get('block_count', '-')}: {layers.get('attention', '-')} attention, "
-            f"{layers.get('recurrent', '-')} recurrent, {layers.get('mtp', '-')} MTP",
+            f"{_shown(layers.get('block_count'))}: {_shown(layers.get('attention'))} attention, "
+            f"{_shown(layers.get('recurrent'))} recurrent, {_shown(layers.get('mtp'))} MTP",
         ),
-        ("context", model.get("context_length")),
+        ("context", _shown(model.get("context_length"))),
         ("file type", f"{model.get('file_type') or '-'} (most bytes {model.get('dominant_type') or '-'})"),
         (
             "quant mix",
@@ -147,9 +130,9 @@ def _model_rows(model: dict[str, Any]) -> list[tuple[str, Any]]:
         (
             "tokenizer",
             f"{tokenizer.get('model') or '-'} / {tokenizer.get('pre') or '-'}, "
-            f"{tokenizer.get('vocab_size', '-')} tokens",
+            f"{_shown(tokenizer.get('vocab_size'))} tokens",
         ),
-        ("chat template", f"{template.get('bytes')} bytes" if template.get("present") else "none"),
+        ("chat template", f"{_shown(template.get('bytes'))} bytes" if template.get("present") else "none"),
     ]
 
 
