@@ -20,8 +20,8 @@ from llamaforge.models.verify import verify_model
 
 # the findings and the missing tensors of any of these files fit in a few KB
 _SMALL = 8 << 10
-# the whole cache entry: the model facts list the attention layers of up to 65 536 blocks (models.inspect)
-_CACHE_LIMIT = 1 << 20
+# the whole cache entry: the model facts list the attention layers of the first 4096 blocks (models.inspect)
+_CACHE_LIMIT = 64 << 10
 
 
 @pytest.fixture(scope="module")

@@ -107,6 +107,9 @@ def _int(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+_LISTED_BLOCKS: Final = 4096  # attention blocks listed in a report: far more than any model has
+
+
 def layer_kinds(header: GGUFHeader) -> list[LayerKind]:
     """Kind of every block: ``attention`` (holds a KV cache), ``recurrent`` (Gated DeltaNet state) or ``mtp``
     (multi-token-prediction blocks at the end, counted in ``block_count``)."""
@@ -219,7 +222,10 @@ def describe(header: GGUFHeader) -> dict[str, Any]:
             "recurrent": kinds.count("recurrent"),
             "mtp": kinds.count("mtp"),
             "full_attention_interval": arch_key("full_attention_interval"),
-            "attention_layers": [index for index, kind in enumerate(kinds) if kind == "attention"],
+            # the first blocks only of a count no model has (a corrupt header must not make a huge report)
+            "attention_layers": [
+                index for index, kind in enumerate(kinds[:_LISTED_BLOCKS]) if kind == "attention"
+            ],
         },
         "tokenizer": {
             "model": _short(md.get("tokenizer.ggml.model")),
