@@ -626,8 +626,8 @@ def test_cpu_buffer_types_match_this_cpu(
         assert len(reported.buffers["weights"]) >= 2
 
 
-def _damaged(path: Path, **keys: Any) -> Path:
-    """A qwen3 GGUF with two blocks' tensors and the given metadata (gguf's writer types each value)."""
+def _damaged(path: Path, blocks: int = 2, **keys: Any) -> Path:
+    """A qwen3 GGUF with ``blocks`` blocks' tensors and the given metadata (gguf's writer types each value)."""
     writer = gguf.GGUFWriter(path, "qwen3")
     metadata: dict[str, Any] = {
         "block_count": 2,
@@ -647,7 +647,7 @@ def _damaged(path: Path, **keys: Any) -> Path:
             writer.add_uint32(f"qwen3.{name}", value) if value >= 0 else writer.add_int32(
                 f"qwen3.{name}", value
             )
-    for name in ("token_embd.weight", "blk.0.attn_q.weight", "blk.1.attn_q.weight"):
+    for name in ("token_embd.weight", *(f"blk.{block}.attn_q.weight" for block in range(blocks))):
         writer.add_tensor(name, np.zeros((8, 8), dtype=np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -666,8 +666,34 @@ def _damaged(path: Path, **keys: Any) -> Path:
         ({"attention.head_count": ["a", "b"]}, "attention.head_count is ['a', 'b'], not a count"),
         ({"attention.head_count_kv": [float("nan"), 1.0]}, "attention.head_count_kv is nan, not a count"),
         ({"nextn_predict_layers": 5}, "nextn_predict_layers (5) leaves none of its 2 blocks"),
+        # what llama.cpp's loader refuses or aborts on
+        (
+            {"attention.head_count_kv": [1, 1, 1]},
+            "head_count_kv has 3 values, one per layer, but block_count is 2",
+        ),
+        (
+            {"feed_forward_length": [16]},
+            "feed_forward_length has 1 values, one per layer, but block_count is 2",
+        ),
+        ({"expert_count": 8, "expert_used_count": 64}, "expert_used_count: the model uses 64 of 8 experts"),
+        ({"expert_used_count": 2}, "expert_used_count: the model uses 2 experts but has none"),
+        ({"expert_count": 8, "expert_used_count": 0}, "expert_used_count: the model uses 0 of 8 experts"),
+        (
+            {"expert_count": 2048, "expert_used_count": 8},
+            "expert_count is 2048: llama.cpp holds at most 1024",
+        ),
     ],
-    ids=["blocks-1e7", "blocks-negative", "ctx-inf", "ctx-nan", "heads-strings", "kv-heads-nan", "nextn"],
+    ids=[
+        *("blocks-1e7", "blocks-negative", "ctx-inf", "ctx-nan", "heads-strings", "kv-heads-nan", "nextn"),
+        *(
+            "kv-heads-array",
+            "ff-array",
+            "experts-used-over",
+            "experts-used-dense",
+            "experts-unused",
+            "experts-2048",
+        ),
+    ],
 )
 def test_damaged_hyper_parameters_are_named_before_anything_is_sized(
     keys: dict[str, Any], words: str, tmp_path: Path
@@ -676,4 +702,14 @@ def test_damaged_hyper_parameters_are_named_before_anything_is_sized(
     memory; non-finite or non-numeric values ended in a traceback."""
     header = read_header(_damaged(tmp_path / "damaged.gguf", **keys))
     with pytest.raises(InvalidOption, match=re.escape(words)):
+        model_shape(header)
+
+
+def test_more_blocks_than_llama_cpp_holds_are_refused(tmp_path: Path) -> None:
+    """LLAMA_MAX_LAYERS: llama.cpp asserts block_count <= 512 and aborts on a file with more."""
+    assert (
+        model_shape(read_header(_damaged(tmp_path / "512.gguf", blocks=512, block_count=512))).n_layer == 512
+    )
+    header = read_header(_damaged(tmp_path / "513.gguf", blocks=513, block_count=513))
+    with pytest.raises(InvalidOption, match=r"block_count is 513: llama.cpp loads at most 512 blocks"):
         model_shape(header)

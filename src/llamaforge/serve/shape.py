@@ -193,6 +193,7 @@ def model_shape(header: GGUFHeader) -> ModelShape:
             hint="the file's metadata is damaged or does not belong to its tensors; `invoke models.verify FILE` "
             "checks it",
         )
+    _check_loader_limits(header, arch, n_layer_all, key)
     nextn = count("nextn_predict_layers")
     if nextn >= n_layer_all:
         raise InvalidOption(
@@ -253,6 +254,59 @@ def model_shape(header: GGUFHeader) -> ModelShape:
         head_dim_k_mla=count("attention.key_length_mla"),
         head_dim_v_mla=count("attention.value_length_mla"),
     )
+
+
+# What llama.cpp's loader asserts or throws on while it reads the hyper-parameters (llama-model.cpp
+# load_hparams, llama-model-loader.cpp get_key_or_arr; llama-hparams.h): the process aborts or the load fails.
+MAX_LAYERS: Final = 512  # LLAMA_MAX_LAYERS
+MAX_EXPERTS: Final = 1024  # LLAMA_MAX_EXPERTS
+# The keys read per layer (one value, or an array of exactly block_count values).
+PER_LAYER_KEYS: Final = (
+    "expert_used_count",
+    "feed_forward_length",
+    "attention.head_count",
+    "attention.head_count_kv",
+)
+_DAMAGED = (
+    "the file's metadata is damaged or was not written for llama.cpp; `invoke models.verify FILE` checks it"
+)
+
+
+def _check_loader_limits(header: GGUFHeader, arch: str, n_layer_all: int, key: Callable[..., Any]) -> None:
+    """Refuse (InvalidOption) what llama.cpp's loader refuses in the counts it reads first: more blocks than it
+    holds, a per-layer array of another length than block_count, more experts than it holds, or experts used
+    that the expert count does not allow."""
+    where = f"{header.source}: {arch}"
+    if n_layer_all > MAX_LAYERS:
+        raise InvalidOption(
+            f"{where}.block_count is {n_layer_all}: llama.cpp loads at most {MAX_LAYERS} blocks (LLAMA_MAX_LAYERS)",
+            hint=_DAMAGED,
+        )
+    for name in PER_LAYER_KEYS:
+        value = key(name)
+        if isinstance(value, list | tuple) and len(value) != n_layer_all:
+            raise InvalidOption(
+                f"{where}.{name} has {len(value)} values, one per layer, but block_count is {n_layer_all}: "
+                "llama.cpp refuses the file (wrong array length)",
+                hint=_DAMAGED,
+            )
+    n_expert = _int(key("expert_count"), 0, f"{where}.expert_count")
+    used = _int(key("expert_used_count"), 0, f"{where}.expert_used_count")  # the largest of a per-layer array
+    if n_expert > MAX_EXPERTS:
+        raise InvalidOption(
+            f"{where}.expert_count is {n_expert}: llama.cpp holds at most {MAX_EXPERTS} (LLAMA_MAX_EXPERTS)",
+            hint=_DAMAGED,
+        )
+    if used > n_expert or (n_expert > 1 and not used):  # hunyuan reads one expert as none
+        problem = (
+            f"uses {used} of {n_expert} experts"
+            if n_expert
+            else f"uses {used} experts but has none (no expert_count)"
+        )
+        raise InvalidOption(
+            f"{where}.expert_used_count: the model {problem}; llama.cpp's loader aborts on it",
+            hint=_DAMAGED,
+        )
 
 
 def _sliding_window(arch: str, n_layer: int, key: Callable[..., Any]) -> tuple[tuple[bool, ...], int]:
