@@ -256,6 +256,38 @@ def test_name_map_survives_gguf_class_table_mutation(
 # ------------------------------------------------------------------------------------------------ metadata
 
 
+@pytest.mark.parametrize(
+    ("edits", "words"),
+    [
+        ({"qwen3.attention.head_count_kv": 0}, "blk.0.attn_k.weight is 64 x 32"),
+        ({"qwen3.expert_used_count": 64}, "the model uses 64 experts but has none"),
+    ],
+    ids=["kv-heads-0", "experts-on-a-dense-model"],
+)
+def test_edits_that_make_a_file_llama_cpp_refuses_publish_nothing(
+    edits: dict[str, Any], words: str, canonical: Path, tmp_path: Path
+) -> None:
+    """The copy is checked as `models.verify` checks a file: a failure the source did not have is refused."""
+    dst = tmp_path / "out.gguf"
+    with pytest.raises(
+        ModelError, match="make a file llama.cpp would refuse; nothing was published"
+    ) as refused:
+        remap_gguf(canonical, dst, _rules({"metadata": {"set": edits}}))
+    assert words in refused.value.message, refused.value.message
+    assert not dst.exists() and _leftovers(tmp_path) == []
+
+
+def test_what_already_failed_in_the_source_is_the_remaps_to_mend(tmp_path: Path) -> None:
+    """A source that `models.verify` fails (here: no vocabulary rows to match, tensors an arch lacks) is copied
+    when the edits add no failure of their own."""
+    src = _write_gguf(
+        tmp_path / "src.gguf", "qwen3", {"token_embd.weight": (8, 4), "blk.0.attn_q.weight": (4, 4)}
+    )
+    assert remap.analyse_failures(read_header(src))  # the source fails verify already
+    result = remap_gguf(src, tmp_path / "out.gguf", _rules({"metadata": {"set": {"general.name": "kept"}}}))
+    assert result.dst.is_file()
+
+
 def test_metadata_set_rename_delete(models: dict[tuple[str, str], TinyModelInfo], tmp_path: Path) -> None:
     src = models[("qwen3", "hf")]
     rules = _rules(

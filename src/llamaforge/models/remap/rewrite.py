@@ -241,6 +241,35 @@ def _verify(
     return file_sha
 
 
+def analyse_failures(header: GGUFHeader) -> dict[tuple[str, str], str]:
+    """``models.verify``'s failing structure and tensor findings of a header, by (check, subject)."""
+    from llamaforge.models.verify import analyse_header
+
+    findings = analyse_header(header)["findings"]
+    return {
+        (item["check"], item["subject"]): item["message"]
+        for item in findings
+        if item["status"] == "fail" and item["check"] in ("structure", "tensors")
+    }
+
+
+def _check_loadable(source: GGUFHeader, written: GGUFHeader, rules: RemapRules | None) -> None:
+    """Refuse (ModelError) a copy that ``models.verify`` fails where the source passed: the edits made a file
+    llama.cpp refuses (a key llama.cpp reads into the shapes, a count it aborts on). What already failed in the
+    source is the remap's to mend, not to refuse."""
+    before = analyse_failures(source)
+    new = [message for place, message in analyse_failures(written).items() if place not in before]
+    if new:
+        origin = f" of {rules.origin}" if rules is not None and rules.origin else ""
+        raise ModelError(
+            f"the metadata edits{origin} make a file llama.cpp would refuse; nothing was published:\n  "
+            + "\n  ".join(new[:8])
+            + (f"\n  … and {len(new) - 8} more" if len(new) > 8 else ""),
+            hint="fix the [metadata] values the findings name (`invoke models.verify` on the source shows what "
+            "it holds)",
+        )
+
+
 # ------------------------------------------------------------------------------------------------- public
 
 
@@ -372,6 +401,7 @@ def remap_gguf(
         sha256 = _verify(
             tmp, plan, header.alignment, mapped, hashes, _Progress(reporter, "verified", size, cancel)
         )
+        _check_loadable(header, read_header(tmp, exact=True), rules)
         tmp.chmod(0o644)
         tmp.replace(dst)
     except OSError as error:
