@@ -270,7 +270,7 @@ def test_edits_that_make_a_file_llama_cpp_refuses_publish_nothing(
     """The copy is checked as `models.verify` checks a file: a failure the source did not have is refused."""
     dst = tmp_path / "out.gguf"
     with pytest.raises(
-        ModelError, match="make a file llama.cpp would refuse; nothing was published"
+        ModelError, match=r"make a file llama\.cpp would refuse; nothing was published"
     ) as refused:
         remap_gguf(canonical, dst, _rules({"metadata": {"set": edits}}))
     assert words in refused.value.message, refused.value.message
