@@ -84,10 +84,9 @@ def models_inspect_cli(result: ModelInspectResult, console: Console) -> None:
 def _model_table(title: str, model: dict[str, Any], console: Console) -> None:
     """What a model's header says (``models.inspect``'s summary), as a table."""
     table = Table(title=title, show_header=False)
+    size = f"{model['file_size'] / 2**20:.1f} MiB (header {model['header_bytes']} bytes)"
     for name, value in _model_rows(model):
-        if name == "size":
-            value = f"{model['file_size'] / 2**20:.1f} MiB (header {model['header_bytes']} bytes)"
-        table.add_row(name, str(value))
+        table.add_row(name, size if name == "size" else str(value))
     console.print(table)
 
 
