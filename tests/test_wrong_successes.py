@@ -77,6 +77,7 @@ def _refused(args: list[str], env: dict[str, str], message: str) -> str:
 # --- bad inputs, through the front ---------------------------------------------------------------------------
 
 FIT = ["--vram", "8GiB", "--ctx", "512"]
+ABSENT_TINY = ["--build", ABSENT_BUILD, "--model", "tiny"]
 SPLIT = ["--ctx", "512", "--devices"]
 
 BAD_INPUTS: list[tuple[str, list[str], str]] = [
@@ -222,6 +223,16 @@ BAD_INPUTS: list[tuple[str, list[str], str]] = [
         "a topology file that is not there",
         ["topology.plan", "--topology", "{tmp}/nothing.toml", "--build", ABSENT_BUILD, "--model", "tiny"],
         "nothing.toml does not exist",
+    ),
+    (
+        "an SSH key that is not there",
+        ["deploy.status", "--hosts", "lf@127.0.0.1:1", "--ssh-key", "{tmp}/no-key"],
+        "no-key does not exist",
+    ),
+    (
+        "a known_hosts that is a directory",
+        ["topology.plan", "--rpc-workers", "lf@127.0.0.1:1", "--known-hosts", "{tmp}", *ABSENT_TINY],
+        "is a directory",
     ),
     (
         "a topology file that is a directory",

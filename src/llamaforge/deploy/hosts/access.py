@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llamaforge.core.errors import ExitCode, LlamaforgeError
+from llamaforge.core.errors import ExitCode, InvalidOption, LlamaforgeError
 from llamaforge.runners.ssh import DEFAULT_KNOWN_HOSTS, SshHost, SshProcessRunner
 
 
@@ -27,6 +27,33 @@ class DeployHost:
     name: str
     gpu: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
+
+
+def ssh_files(ssh_key: str | None, known_hosts: str | None) -> tuple[Path | None, Path | None]:
+    """``--ssh-key`` and ``--known-hosts`` as paths, checked before any host is dialled (InvalidOption): the key
+    a readable file, the known_hosts file none that is a directory (it need not exist yet: new keys go there)."""
+    key = Path(ssh_key).expanduser() if ssh_key else None
+    known = Path(known_hosts).expanduser() if known_hosts else None
+    if key is not None:
+        problem = "is a directory" if key.is_dir() else None if key.is_file() else "does not exist"
+        if problem is None:
+            try:
+                key.open("rb").close()
+            except OSError as error:
+                problem = f"cannot be read ({error.strerror})"
+        if problem:
+            raise InvalidOption(
+                f"--ssh-key {key} {problem}",
+                hint="give the private key file that the hosts accept (e.g. ~/.ssh/id_ed25519), or leave "
+                "--ssh-key out to use the SSH agent",
+            )
+    if known is not None and known.is_dir():
+        raise InvalidOption(
+            f"--known-hosts {known} is a directory",
+            hint="give the known_hosts file of the hosts (e.g. ~/.ssh/known_hosts); it is read, and new keys "
+            "are added to it with --accept-new-host-keys",
+        )
+    return key, known
 
 
 def deploy_hosts(hosts: Sequence[SshHost]) -> list[DeployHost]:

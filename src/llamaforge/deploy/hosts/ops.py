@@ -7,15 +7,13 @@ but healthy raises :class:`OperationFailed` with the full per-host report.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from pydantic import Field, field_validator, model_validator
 
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.registry import MAX_WAIT_S, Int32, OperationContext, Params, operation, path_field
 from llamaforge.core.validation import check_target_options, suggest
 from llamaforge.deploy.hosts import service
-from llamaforge.deploy.hosts.access import Access, DeployHost, deploy_hosts
+from llamaforge.deploy.hosts.access import Access, DeployHost, deploy_hosts, ssh_files
 from llamaforge.deploy.release import (
     DEFAULT_PORT,
     DEFAULT_ROOT,
@@ -96,8 +94,7 @@ class HostsParams(Params):
 
     def host_list(self) -> list[DeployHost]:
         """The hosts: the inventory's (those named in --hosts) or the parsed --hosts."""
-        key_file = Path(self.ssh_key).expanduser() if self.ssh_key else None
-        known = Path(self.known_hosts).expanduser() if self.known_hosts else None
+        key_file, known = ssh_files(self.ssh_key, self.known_hosts)
         if self.inventory:
             from llamaforge.deploy.hosts.inventory import inventory_hosts
 

@@ -23,7 +23,7 @@ from llamaforge.core.registry import (
     operation,
     path_field,
 )
-from llamaforge.deploy.hosts.access import Access
+from llamaforge.deploy.hosts.access import Access, ssh_files
 from llamaforge.deploy.release import (
     DEFAULT_PORT,
     DEFAULT_ROOT,
@@ -104,10 +104,7 @@ class TopologyParams(Params):
         )
 
     def _paths(self) -> tuple[Path | None, Path | None]:
-        return (
-            Path(self.ssh_key).expanduser() if self.ssh_key else None,
-            Path(self.known_hosts).expanduser() if self.known_hosts else None,
-        )
+        return ssh_files(self.ssh_key, self.known_hosts)
 
     def layout(self) -> Layout:
         """The deployment's layout on every host."""
