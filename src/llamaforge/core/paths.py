@@ -50,3 +50,16 @@ def write_text_atomic(path: Path, text: str) -> None:
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
+
+
+def unwritable_reason(path: Path, error: OSError) -> str:
+    """Why ``path`` could not be made, from ``error``: "X is not a directory" when a file stands where a folder
+    above ``path`` must be (the OS says "File exists" or "Not a directory"), else the OS's words."""
+    if isinstance(error, FileExistsError | NotADirectoryError):
+        # from the root down: the directories above the file could be searched, the OS went through them
+        blocker = next(
+            (parent for parent in reversed(path.parents) if parent.exists() and not parent.is_dir()), None
+        )
+        if blocker is not None:
+            return f"{blocker} is not a directory"
+    return error.strerror or str(error)

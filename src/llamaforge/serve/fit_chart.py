@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from llamaforge.core.errors import InvalidOption
+from llamaforge.core.paths import unwritable_reason
 
 __all__ = ["CATEGORIES", "PLOT_FORMATS", "fit_chart_png", "plot_path", "save_fit_chart"]
 
@@ -168,12 +169,7 @@ def save_fit_chart(plans: Sequence[Plan], path: Path, *, title: str | None = Non
 
 
 def _unwritable(path: Path, error: OSError) -> InvalidOption:
-    reason = error.strerror or str(error)
-    if isinstance(error, FileExistsError | NotADirectoryError):  # a file where a folder above must be
-        # from the root down: the directories above the file could be searched, the OS went through them
-        blocker = next((p for p in reversed(path.parents) if p.exists() and not p.is_dir()), None)
-        reason = f"{blocker} is not a directory" if blocker else reason
     return InvalidOption(
-        f"--plot {path}: cannot write the chart there: {reason}",
+        f"--plot {path}: cannot write the chart there: {unwritable_reason(path, error)}",
         hint="give a --plot in a directory you can write, e.g. --plot fit.png",
     )

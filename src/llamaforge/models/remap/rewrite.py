@@ -37,6 +37,7 @@ import numpy as np
 
 from llamaforge.core.errors import InvalidOption, ModelError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
+from llamaforge.core.paths import unwritable_reason
 from llamaforge.gguf.header import GGUFHeader, read_header
 from llamaforge.gguf.sources import CHUNK_SIZE, hash_gguf
 from llamaforge.models.remap.metadata import (
@@ -331,15 +332,6 @@ def _check_paths(src: Path, dst: Path, overwrite: bool) -> None:
             raise InvalidOption(f"output {dst} exists", hint="pass --overwrite to replace it")
 
 
-def _not_a_directory(path: Path, error: OSError) -> str | None:
-    """ "X is not a directory" when ``error`` met a file where a folder above ``path`` must be, else None."""
-    if not isinstance(error, FileExistsError | NotADirectoryError):
-        return None
-    # from the root down: the directories above the file could be searched, the OS went through them
-    blocker = next((p for p in reversed(path.parents) if p.exists() and not p.is_dir()), None)
-    return f"{blocker} is not a directory" if blocker else None
-
-
 def _temporary_beside(dst: Path) -> Path:
     """An empty temporary file in ``dst``'s directory (made if missing), for the output to be written to and
     renamed over ``dst``; InvalidOption naming ``--dst`` when the directory cannot be made or written."""
@@ -347,9 +339,8 @@ def _temporary_beside(dst: Path) -> Path:
         dst.parent.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
     except OSError as error:
-        reason = _not_a_directory(dst, error) or error.strerror or str(error)
         raise InvalidOption(
-            f"--dst {dst}: cannot create a file in {dst.parent}: {reason}",
+            f"--dst {dst}: cannot create a file in {dst.parent}: {unwritable_reason(dst, error)}",
             hint="give a --dst in a directory you can write",
         ) from None
     os.close(fd)
