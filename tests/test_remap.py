@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import socket
+import stat
 import struct
 import subprocess
 import time
@@ -275,6 +276,23 @@ def test_edits_that_make_a_file_llama_cpp_refuses_publish_nothing(
         remap_gguf(canonical, dst, _rules({"metadata": {"set": edits}}))
     assert words in refused.value.message, refused.value.message
     assert not dst.exists() and _leftovers(tmp_path) == []
+
+
+def test_a_device_or_a_pipe_is_never_replaced(canonical: Path, tmp_path: Path) -> None:
+    """As root, --overwrite onto /dev/null renamed the copy over the device. Checked on a device node and a pipe
+    made here (the machine's own /dev/null is never a test's output)."""
+    pipe = tmp_path / "pipe.gguf"
+    os.mkfifo(pipe)
+    outputs = [pipe]
+    if os.geteuid() == 0:  # only root makes device nodes
+        device = tmp_path / "null.gguf"
+        os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        outputs.append(device)
+    for dst in outputs:
+        with pytest.raises(InvalidOption, match=f"output {dst} is not a regular file"):
+            remap_gguf(canonical, dst, overwrite=True)
+        assert not dst.is_file()
+    assert _leftovers(tmp_path) == []
 
 
 def test_what_already_failed_in_the_source_is_the_remaps_to_mend(tmp_path: Path) -> None:

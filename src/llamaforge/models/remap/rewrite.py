@@ -322,6 +322,10 @@ def _check_paths(src: Path, dst: Path, overwrite: bool) -> None:
         )
     if dst.is_dir():
         raise InvalidOption(f"output {dst} is a directory", hint="give a file path ending in .gguf")
+    if dst.exists() and not dst.is_file():  # a device (/dev/null), a pipe or a socket: never replaced
+        raise InvalidOption(
+            f"output {dst} is not a regular file", hint="give the path of a .gguf file to write (or replace)"
+        )
     if dst.exists():
         if src.samefile(dst):
             raise InvalidOption(
