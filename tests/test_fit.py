@@ -705,6 +705,16 @@ def test_damaged_hyper_parameters_are_named_before_anything_is_sized(
         model_shape(header)
 
 
+def test_tensors_llama_cpp_refuses_for_the_metadata_are_not_planned(tmp_path: Path) -> None:
+    """A file whose attn_q is not head_count x key_length wide does not load: no flags are printed for it."""
+    path = _damaged(tmp_path / "q.gguf", **{"attention.head_count": 4, "attention.key_length": 4})
+    with pytest.raises(InvalidOption) as refused:
+        plan_fit(path, ctx=512, vram_bytes=8 * GiB)
+    assert "q.gguf: blk.0.attn_q.weight is 8 x 8 (and the same in 1 more block" in refused.value.message
+    assert "models.verify" in (refused.value.hint or "")
+    assert plan_fit(_damaged(tmp_path / "ok.gguf"), ctx=512, vram_bytes=8 * GiB).fully_offloaded
+
+
 def test_more_blocks_than_llama_cpp_holds_are_refused(tmp_path: Path) -> None:
     """LLAMA_MAX_LAYERS: llama.cpp asserts block_count <= 512 and aborts on a file with more."""
     assert (

@@ -172,11 +172,25 @@ def load_model_header(model: str | Path | GGUFHeader) -> tuple[str, GGUFHeader]:
 
 def check_servable(name: str, header: GGUFHeader) -> None:
     """Refuse a GGUF with no tensors (a vocab-only file, as llama.cpp's models/ggml-vocab-*.gguf): there is no
-    model to place, so every figure of a plan would be made up."""
+    model to place, so every figure of a plan would be made up; and one whose tensor shapes llama.cpp's loader
+    refuses for its metadata (``models.verify``'s shape check): a plan would print flags for a model that does
+    not load."""
     if not header.tensors:
         raise InvalidOption(
             f"{Path(name).name} has no tensors: a vocab-only file cannot be served",
             hint="give the model's GGUF with its weights (`invoke models.inspect FILE` shows what a file holds)",
+        )
+    from llamaforge.models.inspect import layer_kinds
+    from llamaforge.models.tensor_shapes import check_tensor_shapes
+
+    wrong = [
+        finding for finding in check_tensor_shapes(header, layer_kinds(header)) if finding.status == "fail"
+    ]
+    if wrong:
+        more = f" (and {len(wrong) - 1} more tensor kinds)" if len(wrong) > 1 else ""
+        raise InvalidOption(
+            f"{Path(name).name}: {wrong[0].message}{more}",
+            hint=f"`invoke models.verify {name}` lists every finding; the file's metadata or tensors are damaged",
         )
 
 
