@@ -82,6 +82,9 @@ def test_devices_parse_in_llamacpps_order() -> None:
     for bad in ("10.0.0.2", "gpu=8GiB,10.0.0.2=8GiB", ""):
         with pytest.raises(InvalidOption):
             parse_devices(bad)
+    for empty in ("10.0.0.2=0", "10.0.0.2=8GiB,gpu=0GiB"):  # it blamed a tensor split nobody gave
+        with pytest.raises(InvalidOption, match=r"device '.*=0(GiB)?' has no memory"):
+            parse_devices(empty)
 
 
 def test_rpc_addresses_must_be_private_or_loopback() -> None:

@@ -271,12 +271,18 @@ def parse_devices(spec: str, *, default_port: int = DEFAULT_RPC_PORT) -> list[Sp
                 f"device {part!r} has no memory size",
                 hint="write ADDR:PORT=SIZE, e.g. 10.0.0.2:50052=24GiB, or gpu=24GiB for the head's own GPU",
             )
+        memory = parse_size(size)
+        if memory <= 0:
+            raise InvalidOption(
+                f"device {part!r} has no memory",
+                hint="give each device the memory it has, e.g. 10.0.0.2:50052=24GiB; leave out a device that has none",
+            )
         if where == "gpu":
             gpus = len([device for device in devices if device.endpoint is None])
-            devices.append(SplitDevice(f"head GPU{gpus}", parse_size(size)))
+            devices.append(SplitDevice(f"head GPU{gpus}", memory))
             continue
         endpoint = _endpoint(where, default_port)
-        devices.append(SplitDevice(f"RPC {endpoint}", parse_size(size), endpoint))
+        devices.append(SplitDevice(f"RPC {endpoint}", memory, endpoint))
     if not devices:
         raise InvalidOption(
             "no devices given", hint="e.g. --devices 10.0.0.2:50052=24GiB,10.0.0.3:50052=8GiB"
