@@ -467,6 +467,20 @@ def test_builds_list_names_a_damaged_entry_and_lists_the_others(env: dict[str, s
     assert show.returncode == CacheError.exit_code and f"build {not_json} is damaged" in show.stderr
 
 
+def test_a_prefix_of_several_damaged_entries_is_ambiguous(lf_home: Path) -> None:
+    """`builds.show bc` named the first damaged entry as if it were the build asked for."""
+    from llamaforge.build.store import find_build
+
+    for key in ("bc" + "1" * 30, "bc" + "2" * 30):
+        (lf_home / "builds" / key).mkdir(parents=True)
+        (lf_home / "builds" / key / "manifest.json").write_text("{", encoding="utf-8")
+    with pytest.raises(CacheError, match="2 damaged store entries start with 'bc', and no build") as refused:
+        find_build("bc")
+    assert "more characters" in (refused.value.hint or "")
+    with pytest.raises(CacheError, match=f"build bc{'1' * 30} is damaged"):
+        find_build("bc1")
+
+
 # --- doctor and a running build container -----------------------------------------------------------------------
 
 

@@ -148,6 +148,11 @@ def find_build(prefix: str) -> dict[str, Any]:
         return matches[0]
     if not matches:
         damaged = [entry for entry in broken if prefix and entry.path.name.startswith(prefix)]
+        if len(damaged) > 1:
+            raise CacheError(
+                f"{len(damaged)} damaged store entries start with {prefix!r}, and no build",
+                hint="give more characters of the key; `invoke builds.list` names the damaged entries",
+            )
         if damaged:
             raise CacheError(
                 f"build {damaged[0].path.name} is damaged: {damaged[0].error}",
