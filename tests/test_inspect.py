@@ -394,3 +394,26 @@ def test_file_type_line_names_the_type_with_most_bytes(tmp_path: Path) -> None:
     models_inspect_cli(typed, console)
     assert re.search(r"file type\s+│?\s*- \(most bytes F16\)", console.export_text())
     assert "most bytes F16" in models_inspect_html(typed)
+
+
+def test_values_the_header_does_not_give_show_as_a_dash(tmp_path: Path) -> None:
+    """An architecture that is a number (no string): the summary printed "None (-)", "None: …", "None tokens"."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from llamaforge.models.render import _model_table
+
+    writer = gguf.GGUFWriter(str(tmp_path / "odd.gguf"), "qwen3")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    model = inspect_model(str(tmp_path / "odd.gguf"))["model"]  # no block_count, context or vocabulary
+    model["architecture"] = None  # as describe() reports an architecture that is no string
+    out = StringIO()
+    _model_table("odd.gguf", model, Console(file=out, width=120))
+    text = out.getvalue()
+    assert "None" not in text, text
+    assert "- (" in text and "-: 0 attention" in text and "- tokens" in text
