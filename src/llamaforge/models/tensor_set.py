@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from llamaforge.models.findings import Finding
+from llamaforge.serve.shape import MAX_COUNT  # a larger block_count is the structure check's finding
 
 if TYPE_CHECKING:
     from llamaforge.gguf.header import GGUFHeader
@@ -87,8 +88,6 @@ _ARCH_RULES: Final[Mapping[str, _ArchRules]] = {
         )
     ),
 }
-# llama.cpp reads block_count into a 32-bit field; a larger value is the structure check's finding
-_MAX_COUNT: Final = 2**31 - 1
 # a tensor kind missing from more blocks than this is one finding naming its blocks, not one per block
 _LISTED_BLOCKS: Final = 4
 _LISTED_RUNS: Final = 8
@@ -168,7 +167,7 @@ def check_tensor_set(header: GGUFHeader) -> tuple[list[str], list[str], list[Fin
     for tensor_kind in [*gguf.MODEL_TENSORS[model_arch], *(gguf.MODEL_TENSOR[k] for k in _NEXTN)]:
         templates[str(gguf.TENSOR_NAMES[tensor_kind])] = tensor_kind.name
     # without a count to hold them to, block tensors are checked by name only
-    n_layer = len(kinds) if readable else _MAX_COUNT + 1
+    n_layer = len(kinds) if readable else MAX_COUNT + 1
     present: dict[int | None, set[str]] = {}
     unknown: list[str] = []
     for tensor in header.tensors:
@@ -207,7 +206,7 @@ def check_tensor_set(header: GGUFHeader) -> tuple[list[str], list[str], list[Fin
 
 def _is_count(value: object) -> bool:
     """True for a block count llama.cpp reads (into a 32-bit field), as the structure check holds it."""
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_COUNT
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
 
 
 def _classify(name: str, templates: Mapping[str, str], n_layer: int) -> tuple[str, int | None] | None:

@@ -143,7 +143,8 @@ class MissingHyperParameters(InvalidOption):
     an architecture without attention heads (mamba, rwkv) is none llama.cpp refuses for that."""
 
 
-_MAX_COUNT = 2**31 - 1  # llama.cpp reads these keys into 32-bit fields
+#: The largest count llama.cpp reads: it reads these keys into 32-bit fields.
+MAX_COUNT: Final = 2**31 - 1
 
 
 def _int(value: Any, default: int = 0, name: str = "") -> int:
@@ -156,7 +157,7 @@ def _int(value: Any, default: int = 0, name: str = "") -> int:
         return default
     for item in items:
         whole = isinstance(item, int | float) and math.isfinite(item) and item == int(item)
-        if not whole or not 0 <= item <= _MAX_COUNT:
+        if not whole or not 0 <= item <= MAX_COUNT:
             shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
             raise InvalidOption(
                 f"{name} is {shown}, not a count llama.cpp can read",
