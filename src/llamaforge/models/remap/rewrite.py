@@ -203,8 +203,8 @@ def _verify(
     mapped: list[Mapped],
     hashes: Mapping[str, str],
     progress: _Progress,
-) -> str:
-    """Re-read the written file and compare it with what was intended; returns its sha256."""
+) -> tuple[str, GGUFHeader]:
+    """Re-read the written file and compare it with what was intended; returns its sha256 and header."""
     out = read_header(tmp, exact=True)
     problems: list[str] = []
     if out.alignment != alignment:
@@ -239,7 +239,7 @@ def _verify(
             + "\n  ".join(problems[:12]),
             hint="check the disk (free space, errors); if it persists, report it with the input's sha256",
         )
-    return file_sha
+    return file_sha, out
 
 
 def analyse_failures(header: GGUFHeader) -> dict[tuple[str, str], str]:
@@ -393,10 +393,10 @@ def remap_gguf(
         hashes = _write(tmp, header, plan, mapped, _Progress(reporter, "copied", tensor_bytes, cancel))
         reporter(Event("stage", f"verifying {dst.name}", stage=_STAGE))
         size = tmp.stat().st_size
-        sha256 = _verify(
+        sha256, written = _verify(
             tmp, plan, header.alignment, mapped, hashes, _Progress(reporter, "verified", size, cancel)
         )
-        _check_loadable(header, read_header(tmp, exact=True), rules)
+        _check_loadable(header, written, rules)
         tmp.chmod(0o644)
         tmp.replace(dst)
     except OSError as error:
