@@ -481,6 +481,47 @@ def test_a_prefix_of_several_damaged_entries_is_ambiguous(lf_home: Path) -> None
         find_build("bc1")
 
 
+def test_a_build_missing_or_truncating_a_listed_artifact_is_damaged(lf_home: Path) -> None:
+    """A build whose bin/ lost a file or holds a truncated one (a full disk, a manual edit) was found, smoked and
+    rendered as if whole; smoke then blamed the recipe's targets."""
+    from llamaforge.build.store import find_build, scan_builds
+
+    cases = {
+        "e" * 32: ("missing", "bin/llama-server, listed in manifest.json, is missing"),
+        "f" * 32: ("short", "bin/llama-server has 3 bytes, manifest.json says 4"),
+        "0" * 32: ("directory", "bin/llama-server, listed in manifest.json, is missing"),
+        "1" * 32: ("list", "manifest.json: 'artifacts' is not a table of files"),
+        "2" * 32: ("no size", "manifest.json: artifact bin/llama-server has no size"),
+    }
+    for key, (damage, _) in cases.items():
+        build = lf_home / "builds" / key
+        (build / "bin").mkdir(parents=True)
+        artifacts: Any = {"bin/llama-server": {"sha256": "0" * 64, "size": 4}}
+        if damage == "short":
+            (build / "bin" / "llama-server").write_bytes(b"abc")
+        elif damage == "directory":
+            (build / "bin" / "llama-server").mkdir()
+        elif damage == "list":
+            artifacts = ["bin/llama-server"]
+        elif damage == "no size":
+            artifacts = {"bin/llama-server": "x"}
+        (build / "manifest.json").write_text(json.dumps({**_manifest(key), "artifacts": artifacts}), "utf-8")
+    whole = lf_home / "builds" / ("3" * 32)
+    (whole / "bin").mkdir(parents=True)
+    (whole / "bin" / "llama-server").write_bytes(b"abcd")
+    listed = {"bin/llama-server": {"sha256": "0" * 64, "size": 4}}
+    (whole / "manifest.json").write_text(json.dumps({**_manifest(whole.name), "artifacts": listed}), "utf-8")
+    manifests, broken = scan_builds()
+    assert [item["key"] for item in manifests] == [whole.name]
+    assert {entry.path.name: entry.error for entry in broken} == {
+        key: error for key, (_, error) in cases.items()
+    }
+    for key, (_, error) in cases.items():
+        with pytest.raises(CacheError, match=f"build {key} is damaged: {error}") as refused:
+            find_build(key)
+        assert "--force" in (refused.value.hint or "")
+
+
 # --- doctor and a running build container -----------------------------------------------------------------------
 
 

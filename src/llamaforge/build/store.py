@@ -112,7 +112,26 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         raise ValueError(f"{MANIFEST} is not JSON: {error}") from None
     if not isinstance(data, dict) or not isinstance(data.get("key"), str):
         raise ValueError(f"{MANIFEST} is not a build manifest (no key)")
+    _check_artifacts(path.parent, data)
     return data
+
+
+def _check_artifacts(directory: Path, manifest: dict[str, Any]) -> None:
+    """ValueError naming the first file the manifest lists that is missing from ``directory`` or has another
+    size, so that a build left half-deleted or truncated (a full disk, a manual edit) is not reused as if whole.
+    Sizes only: hashing every artifact on each cache hit would cost more than the hit saves."""
+    artifacts = manifest.get("artifacts", {})
+    if not isinstance(artifacts, dict):
+        raise ValueError(f"{MANIFEST}: 'artifacts' is not a table of files")
+    for relative, record in sorted(artifacts.items()):
+        size = record.get("size") if isinstance(record, dict) else None
+        if not isinstance(size, int) or isinstance(size, bool):
+            raise ValueError(f"{MANIFEST}: artifact {relative} has no size")
+        path = directory / relative
+        if not path.is_file():
+            raise ValueError(f"{relative}, listed in {MANIFEST}, is missing")
+        if (actual := path.stat().st_size) != size:
+            raise ValueError(f"{relative} has {actual} bytes, {MANIFEST} says {size}")
 
 
 def scan_builds() -> tuple[list[dict[str, Any]], list[BrokenEntry]]:
