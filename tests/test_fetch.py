@@ -259,6 +259,46 @@ def test_offline_serves_only_the_cache(hub: FakeHub, tiny_gguf: bytes) -> None:
     assert len(hub.requests()) == count
 
 
+@pytest.mark.parametrize(
+    "damage",
+    ["manifest not JSON", "manifest a list", "no filename", "size a string", "filename a path", "index"],
+)
+def test_damaged_store_records_are_not_a_traceback(hub: FakeHub, tiny_gguf: bytes, damage: str) -> None:
+    """A store entry's manifest.json or a source index record left damaged (a crash, a full disk, an edit) raised
+    a raw JSONDecodeError, KeyError or ValueError from every command that looked the model up; a manifest naming
+    a file outside its entry served that file."""
+    name = hub.add("org/repo", "tiny.gguf", tiny_gguf)
+    fetched = fetch_model(hub.file_url(name))
+    manifest = fetched.path.parent / modelstore.MANIFEST
+    good = json.loads(manifest.read_text(encoding="utf-8"))
+    outside = fetched.path.parent.parent / "outside.gguf"
+    outside.write_bytes(tiny_gguf)
+    record, text = (
+        manifest,
+        {
+            "manifest not JSON": "{",
+            "manifest a list": "[]",
+            "no filename": json.dumps({**good, "filename": None}),
+            "size a string": json.dumps({**good, "size": "big"}),
+            "filename a path": json.dumps({**good, "filename": str(outside)}),
+        }.get(damage, "{"),
+    )
+    if damage == "index":
+        (record,) = (modelstore.models_root() / "sources").glob("*.json")
+    record.write_text(text, encoding="utf-8")
+    with pytest.raises(FetchError, match="not in the model cache"):
+        fetch_model(hub.file_url(name), offline=True)
+    notes = [note.read_text() for note in modelstore.models_root().glob("quarantine/*.entry/QUARANTINED")]
+    assert notes == (
+        [] if damage == "index" else ["manifest.json is damaged (not JSON, or no plain filename and size)\n"]
+    )
+    again = fetch_model(
+        hub.file_url(name)
+    )  # downloaded again, or found by content once the index is rewritten
+    assert again.path == fetched.path and again.sha256 == sha(tiny_gguf)
+    assert fetch_model(hub.file_url(name), offline=True).path == fetched.path
+
+
 def test_file_url_is_copied_hashed_and_published(lf_home: Path, tmp_path: Path, tiny_gguf: bytes) -> None:
     source = tmp_path / "local model.gguf"
     source.write_bytes(tiny_gguf)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -29,6 +30,7 @@ from filelock import FileLock
 from llamaforge.core.paths import home
 
 MANIFEST = "manifest.json"
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -63,13 +65,33 @@ def lookup(sha256: str) -> StoredModel | None:
     manifest_path = entry / MANIFEST
     if not manifest_path.is_file():
         return None
-    manifest: dict[str, Any] = json.loads(manifest_path.read_text(encoding="utf-8"))
-    path = entry / str(manifest["filename"])
-    if not path.is_file() or path.stat().st_size != int(manifest["size"]):
+    manifest = _read_json(manifest_path)
+    filename, size = (manifest or {}).get("filename"), (manifest or {}).get("size")
+    if (
+        manifest is None
+        or not isinstance(filename, str)
+        or Path(filename).name != filename
+        or not isinstance(size, int)
+        or isinstance(size, bool)
+    ):
+        # A crash, a full disk or an edit left the entry's manifest unreadable: it no longer vouches for a file.
+        quarantine_entry(entry, reason=f"{MANIFEST} is damaged (not JSON, or no plain filename and size)")
+        return None
+    path = entry / filename
+    if not path.is_file() or path.stat().st_size != size:
         # Someone truncated or replaced the file behind our back: never serve it.
         quarantine_entry(entry, reason="size changed after publishing")
         return None
-    return StoredModel(path=path, sha256=sha256, size=int(manifest["size"]), manifest=manifest)
+    return StoredModel(path=path, sha256=sha256, size=size, manifest=manifest)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or None when the file is unreadable, not JSON or not an object."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def quarantine_entry(entry: Path, *, reason: str) -> Path:
@@ -145,9 +167,12 @@ def record_source(identity: str, data: dict[str, Any]) -> None:
 
 
 def find_source(identity: str) -> dict[str, Any] | None:
-    """What ``record_source`` stored for ``identity``, or None."""
+    """What ``record_source`` stored for ``identity``, or None (also when the record is damaged: it is only an
+    index, and the next fetch of the source writes it again)."""
     path = models_root() / "sources" / f"{key_for(identity)}.json"
     if not path.is_file():
         return None
-    data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    data = _read_json(path)
+    if data is None or not _HEX64.fullmatch(str(data.get("sha256"))) or type(data.get("size")) is not int:
+        return None
     return data
