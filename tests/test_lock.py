@@ -14,7 +14,7 @@ import pytest
 
 from fakehub import COMMIT, FakeHub, random_gguf, serve
 from helpers import invoke
-from llamaforge.core.errors import InvalidOption, LockError
+from llamaforge.core.errors import InvalidOption, LockError, RecipeError
 from llamaforge.models.fetch import fetch_model
 from llamaforge.models.lock import (
     LockFile,
@@ -224,6 +224,28 @@ def test_a_lock_path_that_is_no_regular_file_is_left_alone(tmp_path: Path) -> No
         ):
             write_lock(lock, path)
     assert fifo.is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == ["dir.toml", "fifo.toml"]
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("version = 1\n[models\n", "Expected ']'"),
+        ('version = "one"\nmodels = 3\n', "version: Input should be a valid integer"),
+        (
+            '[models.m]\nsource = "https://x.invalid/m.gguf"\nsha256 = "abc"\nsize = 5\n',
+            "models.m.sha256: String",
+        ),
+    ],
+)
+def test_a_damaged_lock_file_names_the_field_and_a_way_out(tmp_path: Path, text: str, problem: str) -> None:
+    """The hint sent the user to `models.lock`, which reads the same file first and fails the same way; a wrong
+    field came as pydantic's raw text with its documentation links."""
+    path = tmp_path / "lock.toml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(RecipeError, match=f"lock file {path} is invalid: {problem}") as refused:
+        read_lock(path)
+    assert "errors.pydantic.dev" not in refused.value.message
+    assert f"fix {path}, or restore or remove it" in (refused.value.hint or "")
 
 
 def test_shipped_model_recipes_are_valid_and_unpinned() -> None:

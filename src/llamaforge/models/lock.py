@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llamaforge.core.errors import (
     DockerUnavailable,
@@ -32,6 +32,7 @@ from llamaforge.core.errors import (
 )
 from llamaforge.core.events import Event, Reporter, null_reporter
 from llamaforge.core.paths import data_dir, write_text_atomic
+from llamaforge.core.validation import describe_errors
 from llamaforge.models import store as modelstore
 from llamaforge.models.hubs import default_revision, is_commit, parse_hub_source, resolve
 from llamaforge.models.recipes import ModelRecipe, list_model_recipes, load_model_recipe
@@ -106,12 +107,14 @@ def read_lock(path: Path | None = None) -> LockFile:
     path = path or lock_path()
     if not path.is_file():
         return LockFile()
+    # `models.lock` reads the file too, so the way out of a damaged one is to repair or remove it first.
+    hint = f"fix {path}, or restore or remove it (then run `invoke models.lock` to pin again)"
     try:
         return LockFile.model_validate(tomllib.loads(path.read_text(encoding="utf-8")))
+    except ValidationError as error:
+        raise RecipeError(f"lock file {path} is invalid: {describe_errors(error)}", hint=hint) from None
     except (tomllib.TOMLDecodeError, ValueError) as error:
-        raise RecipeError(
-            f"lock file {path} is invalid: {error}", hint="run `invoke models.lock` again"
-        ) from None
+        raise RecipeError(f"lock file {path} is invalid: {error}", hint=hint) from None
 
 
 def _toml_value(value: str | int) -> str:
