@@ -4,6 +4,9 @@ for its architecture (``src/models/<arch>.cpp``), from the hyper-parameters in t
 Like llama.cpp's tensor loaders, the widths come from layer 0 of a per-layer list (``n_head()``, ``n_ff()``) and
 ``key_length``/``value_length`` default to ``embedding_length / head_count``. A tensor that does not match is the
 ``check_tensor_dims: tensor ... has wrong shape`` that makes llama.cpp refuse the file, found without a build.
+A per-layer value (``head_count``, ``head_count_kv``, ``feed_forward_length``) is then compared with its own layer's
+tensors: llama.cpp sizes the weights by layer 0's value but the layer's KV cache and its split over GPUs by the
+layer's own, so a layer whose value disagrees with its tensors (``head_count = [4, 4, 4, 0]``) is named.
 The architectures with rules are the ones the project writes tiny models of (qwen2, qwen3, qwen3moe, qwen35,
 qwen35moe, qwen3next, gemma2, gemma3), each checked against llama.cpp's own loader by
 ``tests/test_tensor_shapes.py``. Tensors this table does not model (the recurrent layers' SSM tensors, MTP
@@ -15,10 +18,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
 
-from llamaforge.models.findings import Finding
+from llamaforge.models.findings import Finding, Status
 
 if TYPE_CHECKING:
     from llamaforge.gguf.header import GGUFHeader
@@ -191,6 +194,8 @@ def check_tensor_shapes(header: GGUFHeader, kinds: list[LayerKind]) -> list[Find
     if rules is None or dims is None:
         return []
     wrong: dict[tuple[str, tuple[int, ...], tuple[int, ...]], tuple[list[int], str]] = {}
+    per_layer = _per_layer_values(header)
+    disagree: dict[tuple[str, Status], dict[int, _Disagreement]] = {}
     for tensor in header.tensors:
         match = _BLOCK_RE.match(tensor.name)
         if match is None:
@@ -214,9 +219,113 @@ def check_tensor_shapes(header: GGUFHeader, kinds: list[LayerKind]) -> list[Find
             layers, _ = wrong.setdefault((suffix, got, want), ([], how))
             if block is not None:
                 layers.append(block)
+        elif block is not None:
+            for key, layer_dims in _layer_dims(dims, per_layer, block, header):
+                if _padded(tuple(value for value, _ in rule(layer_dims))) != want:
+                    value = per_layer[key][block]
+                    by_block = disagree.setdefault((key, _severity(header, key, value)), {})
+                    by_block.setdefault(block, _Disagreement(block, value, tensor.name, got))
     return [
-        _finding(arch, suffix, got, want, layers, how) for (suffix, got, want), (layers, how) in wrong.items()
+        *(
+            _finding(arch, suffix, got, want, layers, how)
+            for (suffix, got, want), (layers, how) in wrong.items()
+        ),
+        *(
+            _layer_finding(header, key, status, list(found.values()), per_layer[key][0])
+            for (key, status), found in disagree.items()
+        ),
     ]
+
+
+#: The per-layer keys (one value, or one per block) the shapes are made of.
+_PER_LAYER_KEYS: Final = ("attention.head_count", "attention.head_count_kv", "feed_forward_length")
+
+
+@dataclass(frozen=True)
+class _Disagreement:
+    """A block whose own value of a per-layer key does not give the shape of ``tensor`` (which is layer 0's)."""
+
+    block: int
+    value: int
+    tensor: str
+    shape: tuple[int, ...]
+
+
+def _per_layer_values(header: GGUFHeader) -> dict[str, list[int]]:
+    """The per-layer keys given as a list of counts, one per block (another length, or a value that is no count,
+    is the structure check's finding)."""
+    arch = header.architecture
+    values: dict[str, list[int]] = {}
+    for key in _PER_LAYER_KEYS:
+        value = header.metadata.get(f"{arch}.{key}")
+        if isinstance(value, list | tuple) and all(_is_count(item) for item in value):
+            values[key] = list(value)
+    return values
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _layer_dims(
+    dims: _Dims, per_layer: Mapping[str, list[int]], block: int, header: GGUFHeader
+) -> list[tuple[str, _Dims]]:
+    """For each per-layer key whose value in ``block`` is not layer 0's: the widths with that block's value."""
+    kv_given = f"{header.architecture}.attention.head_count_kv" in header.metadata
+    changed: list[tuple[str, _Dims]] = []
+    for key, values in per_layer.items():
+        if block >= len(values) or values[block] == values[0]:
+            continue
+        value = values[block]
+        if key == "feed_forward_length":
+            layer = replace(dims, n_ff=value)
+        elif key == "attention.head_count_kv":
+            layer = replace(dims, n_head_kv=value)
+        else:  # llama.cpp's head_count_kv defaults to head_count, layer by layer
+            layer = replace(dims, n_head=value, n_head_kv=dims.n_head_kv if kv_given else value)
+        changed.append((key, layer))
+    return changed
+
+
+def _kv_follows(header: GGUFHeader, key: str) -> bool:
+    """True when ``key`` sizes the KV cache per layer: head_count_kv, or head_count when it stands for it."""
+    kv_given = f"{header.architecture}.attention.head_count_kv" in header.metadata
+    return key == "attention.head_count_kv" or (key == "attention.head_count" and not kv_given)
+
+
+def _severity(header: GGUFHeader, key: str, value: int) -> Status:
+    """A fail when llama.cpp cannot run the layer: its KV cache does not fit its K and V, or no heads for a
+    layer with attention weights; a warning when it loads and runs the file by blk.0's value."""
+    if _kv_follows(header, key) or (key == "attention.head_count" and value == 0):
+        return "fail"
+    return "warn"
+
+
+def _layer_finding(
+    header: GGUFHeader, key: str, status: Status, found: list[_Disagreement], first: int
+) -> Finding:
+    """A per-layer value that disagrees with its block's tensors, the first block named, the others counted."""
+    arch = header.architecture
+    one = found[0]
+    more = ""
+    if len(found) > 1:
+        more = (
+            f" (and another value than blk.0's in {len(found) - 1} more block{'s' if len(found) > 2 else ''})"
+        )
+    message = (
+        f"{arch}.{key} is {one.value} for blk.{one.block}{more}, but {one.tensor} is {_shown(one.shape)}, as "
+        f"blk.0's value {first} makes it: llama.cpp sizes every layer's weights by blk.0's value"
+    )
+    split = " (its split of attention over GPUs, -sm tensor, reads the layer's own)"
+    if status == "warn":
+        message += ", so it loads the file, but the metadata does not describe the layer's tensors"
+        message += split if key == "attention.head_count" else ""
+    elif _kv_follows(header, key):
+        message += " and the layer's KV cache by the layer's own, which its K and V do not fit"
+    else:
+        message += f", and a layer without heads has no attention weights{split}"
+    message += "; the metadata or the tensors are not the model's" if status == "fail" else ""
+    return Finding("tensors", status, f"{arch}.{key}", message)
 
 
 def _finding(
@@ -247,9 +356,10 @@ def _padded(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _read_dims(header: GGUFHeader) -> _Dims | None:
-    """The widths as llama.cpp's loaders take them (layer 0 of a per-layer list); None when a key the shapes
-    need is absent, 0 or no count (the structure check reports those). Not ``serve.shape.model_shape``: the
-    planner sizes memory by the largest value of a per-layer list, a loader by layer 0's."""
+    """The widths as llama.cpp's loaders take them (layer 0 of a per-layer list: a head_count list starting
+    with 0 gives heads of size 0); None when a key the shapes need is absent, 0 or no count (the structure check
+    reports those). Not ``serve.shape.model_shape``: the planner sizes memory by the largest value of a
+    per-layer list, a loader by layer 0's."""
     arch = header.architecture
     meta = header.metadata
 
@@ -262,10 +372,12 @@ def _read_dims(header: GGUFHeader) -> _Dims | None:
         return value
 
     n_embd, n_head = first("embedding_length"), first("attention.head_count")
-    if not n_embd or not n_head:
+    if not n_embd or n_head is None or not (n_head or "attention.head_count" in _per_layer_values(header)):
         return None
     n_head_kv = first("attention.head_count_kv")
     head_k, head_v = first("attention.key_length"), first("attention.value_length")
+    if not n_head:  # heads in later blocks only: llama.cpp reads no head size when blk.0 has none
+        head_k = head_v = 0
     n_ff = first("feed_forward_length") or 0
     n_expert, n_used = first("expert_count") or 0, first("expert_used_count") or 0
     n_ff_exp = first("expert_feed_forward_length") or (n_ff // n_used if n_used else 0)
@@ -273,7 +385,7 @@ def _read_dims(header: GGUFHeader) -> _Dims | None:
         n_embd=n_embd,
         n_head=n_head,
         n_head_kv=n_head if n_head_kv is None else n_head_kv,
-        head_k=n_embd // n_head if head_k is None else head_k,
+        head_k=n_embd // n_head if head_k is None else head_k,  # n_head is 0 only with head_k and head_v 0
         head_v=n_embd // n_head if head_v is None else head_v,
         n_ff=n_ff,
         n_expert=n_expert,

@@ -214,8 +214,10 @@ def model_shape(header: GGUFHeader) -> ModelShape:
             recurrent = [(il + 1) % interval != 0 for il in range(n_layer)]
     head_dim_k = count("attention.key_length", n_embd // n_head)
     swa, n_swa = _sliding_window(arch, n_layer, key)
-    heads_kv = key("attention.head_count_kv")
-    where = f"{header.source}: {arch}.attention.head_count_kv"
+    # llama.cpp's head_count_kv defaults to head_count, layer by layer
+    kv_name = "attention.head_count" if key("attention.head_count_kv") is None else "attention.head_count_kv"
+    heads_kv = key(kv_name)
+    where = f"{header.source}: {arch}.{kv_name}"
     kv_heads = (
         tuple(_int(v, 0, where) for v in heads_kv[:n_layer]) if isinstance(heads_kv, list | tuple) else ()
     )
