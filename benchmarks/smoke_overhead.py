@@ -23,8 +23,8 @@ from typing import Any
 
 from llamaforge.build.store import build_dir, find_build, list_builds
 from llamaforge.core.registry import OperationContext, operations, result_json
+from llamaforge.models.tiny import tiny_smoke_model
 from llamaforge.smoke.bench import bench_command
-from llamaforge.smoke.run import tiny_smoke_model
 
 GOAL = (0.97, 1.03)
 

@@ -254,7 +254,7 @@ def test_amx_runs_quantized_models_on_one_thread_and_two(
 ) -> None:
     """Q8_0, Q4_0 and the Q4_K_M mix (256 wide: the K-quant AMX kernels, the path of the reported crash)."""
     from llamaforge.gguf.tiny import write_tiny_model
-    from llamaforge.smoke.run import tiny_smoke_spec
+    from llamaforge.models.tiny import tiny_smoke_spec
 
     vocab = Path(os.environ.get("LLAMAFORGE_TEST_VOCAB", ""))
     if not vocab.is_file():

@@ -35,6 +35,7 @@ from llamaforge.core.errors import InvalidOption, RecipeError
 from llamaforge.core.registry import OperationContext, operations, result_json
 from llamaforge.gguf.header import read_header
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
+from llamaforge.models.tiny import tiny_smoke_spec
 from llamaforge.serve.compute_graph import GRAPH_ARCHS
 from llamaforge.serve.cpu_buffers import host_cpu_buffers, host_weight_buffers
 from llamaforge.serve.fit import (
@@ -51,7 +52,6 @@ from llamaforge.serve.gpus import find_gpu, load_gpus
 from llamaforge.serve.loadlog import CacheSize, parse_load_log
 from llamaforge.serve.measure import measure_with_llamacpp
 from llamaforge.serve.shape import is_expert_tensor, model_shape
-from llamaforge.smoke.run import tiny_smoke_spec
 
 MINI_VOCAB = 1000
 

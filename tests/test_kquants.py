@@ -13,7 +13,7 @@ import pytest
 from helpers import write_mini_vocab
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.gguf.tiny.kquants import QK_K, quantize_k
-from llamaforge.smoke.run import tiny_smoke_spec
+from llamaforge.models.tiny import tiny_smoke_spec
 
 Q4_K = gguf.GGMLQuantizationType.Q4_K
 Q6_K = gguf.GGMLQuantizationType.Q6_K

@@ -85,6 +85,9 @@ def test_devices_parse_in_llamacpps_order() -> None:
     for empty in ("10.0.0.2=0", "10.0.0.2=8GiB,gpu=0GiB"):  # it blamed a tensor split nobody gave
         with pytest.raises(InvalidOption, match=r"device '.*=0(GiB)?' has no memory"):
             parse_devices(empty)
+    with pytest.raises(InvalidOption, match=r"device 10.0.0.2 '24576' is 24576 bytes") as caught:
+        parse_devices("10.0.0.2=24576")  # nvidia-smi's MiB, read as bytes, planned a 24 KiB GPU
+    assert "24576MiB" in (caught.value.hint or "")
 
 
 def test_rpc_addresses_must_be_private_or_loopback() -> None:

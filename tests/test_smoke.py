@@ -507,7 +507,7 @@ def _alive(pid: int) -> bool:
 def smoke_model(tmp_path_factory: pytest.TempPathFactory, source_tree: Path) -> Path:
     """The default smoke model's spec (the tiny qwen3 with Q4_0 matrices), written for this session."""
     from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
-    from llamaforge.smoke.run import SMOKE_MODEL_DTYPE
+    from llamaforge.models.tiny import SMOKE_MODEL_DTYPE
 
     path = tmp_path_factory.mktemp("smoke-model") / "tiny-qwen3-q4_0.gguf"
     spec = TinyModelSpec(arch="qwen3", dtype=SMOKE_MODEL_DTYPE)

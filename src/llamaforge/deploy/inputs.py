@@ -11,17 +11,13 @@ from llamaforge.core.events import CancelToken, Reporter, null_reporter
 from llamaforge.deploy.hosts.prepared import ProbeModel
 from llamaforge.deploy.hosts.probe import PROBE_BINARY, probe_model
 from llamaforge.deploy.release import OWNED_FLAGS, ReleaseRequest, ReleaseSpec, listen_address
-from llamaforge.models.recipes import TINY_MODEL, AnswerCheck
+from llamaforge.models.recipes import AnswerCheck
 from llamaforge.serve.launcher import LlamaFlags
 
 
 def _model(
     model: str, reporter: Reporter, cancel: CancelToken | None
 ) -> tuple[Path, tuple[AnswerCheck, ...]]:
-    if model == TINY_MODEL:
-        from llamaforge.smoke.run import tiny_smoke_model
-
-        return tiny_smoke_model(reporter, cancel), ()
     from llamaforge.models.argument import resolve_model_argument
 
     m = resolve_model_argument(model, reporter=reporter, cancel=cancel)

@@ -1,7 +1,7 @@
 """The ``--model`` argument of the commands that serve a model (deploy, deploy.plan, smoke): a GGUF file, a model
 recipe or a URL, resolved to a local file that llama.cpp can load, checked before anything is planned, run or
 uploaded; and the model of ``models.fit`` and ``models.split``, which read a local file only
-(:func:`resolve_model_file`)."""
+(:func:`resolve_model_file`). Both take the tiny models' names (:mod:`llamaforge.models.tiny`)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from llamaforge.models.fetch import fetch_model
 from llamaforge.models.inspect import resolve_local_model
 from llamaforge.models.model_file import local_model_path, require_servable
 from llamaforge.models.recipes import ModelRecipe, load_model_recipe
+from llamaforge.models.tiny import named_tiny_model
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,11 @@ def resolve_model_argument(
     recipe or URL (fetched when missing).
 
     A directory, a missing ``.gguf``, a file that is not a GGUF (``/etc/passwd``, an empty file) and a
-    vocab-only GGUF are refused with an error naming the file."""
+    vocab-only GGUF are refused with an error naming the file. A tiny model's name (``tiny``, ``tiny-q4_k_m``)
+    is its file here, written on first use."""
+    tiny = named_tiny_model(argument, reporter, cancel)
+    if tiny is not None:
+        return ModelArgument(*tiny)
     local = local_model_path(argument)
     if local is not None and "://" not in argument:
         require_servable(local)

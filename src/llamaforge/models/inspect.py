@@ -258,11 +258,17 @@ def _is_url(target: str) -> bool:
 def resolve_local_model(target: str) -> tuple[Path | None, Any]:
     """``(path, recipe)`` for a FILE or RECIPE argument.
 
-    The recipe is None for a plain file. For a recipe, the path is its ``file://`` source, else the copy
-    ``models.fetch`` left in the model store (found offline), else None.
+    The recipe is None for a plain file and a tiny model's name (``tiny``: its file, written on first use). For a
+    recipe, the path is its ``file://`` source, else the copy ``models.fetch`` left in the model store (found
+    offline), else None.
     """
     from llamaforge.models.model_file import local_model_path
     from llamaforge.models.recipes import load_model_recipe
+    from llamaforge.models.tiny import named_tiny_model
+
+    tiny = named_tiny_model(target)
+    if tiny is not None:
+        return tiny[0], None
 
     path = local_model_path(target)  # a directory, or a missing .gguf, is refused here
     if path is not None:

@@ -16,7 +16,8 @@ class ModelFitParams(Params):
     """Parameters of ``models.fit``."""
 
     model: str = path_field(
-        description="GGUF file, or a model recipe whose file was fetched (`models.fetch`)"
+        description="GGUF file, a model recipe whose file was fetched (`models.fetch`), or `tiny` / "
+        "`tiny-q4_k_m`: the tiny qwen3 smoke models, written here on first use"
     )
     gpu: str | None = Field(None, description="GPU from recipes/gpus.toml, e.g. rtx3090, rtx4090, a100-80gb")
     vram: str | None = Field(None, description="GPU memory instead of --gpu, e.g. 24GiB (no speed estimate)")
@@ -100,6 +101,7 @@ def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> ModelFitResu
     from llamaforge.serve.cpu_buffers import host_cpu_buffers
     from llamaforge.serve.fit import DoesNotFit, GiB, parse_size, plan_fit, summarize
     from llamaforge.serve.fit_chart import plot_path, save_fit_chart
+    from llamaforge.serve.memory import parse_device_memory
 
     plot = plot_path(params.plot) if params.plot is not None else None
     path = resolve_model_file(params.model)
@@ -110,7 +112,7 @@ def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> ModelFitResu
     plan = plan_fit(
         path,
         gpu=params.gpu,
-        vram_bytes=parse_size(params.vram) if params.vram is not None else None,
+        vram_bytes=parse_device_memory(params.vram, "--vram") if params.vram is not None else None,
         ctx=params.ctx,
         cache_type_k=cache_k,
         cache_type_v=cache_v,

@@ -14,7 +14,8 @@ class ModelSplitParams(Params):
     """Parameters of ``models.split``."""
 
     model: str = path_field(
-        description="GGUF file, or a model recipe whose file was fetched (`models.fetch`)"
+        description="GGUF file, a model recipe whose file was fetched (`models.fetch`), or `tiny` / "
+        "`tiny-q4_k_m`: the tiny qwen3 smoke models, written here on first use"
     )
     devices: str = Field(
         description="The devices in llama.cpp's order: RPC workers ADDR[:PORT]=SIZE first (in --rpc order), "

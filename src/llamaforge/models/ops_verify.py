@@ -17,7 +17,8 @@ class ModelVerifyParams(Params):
     """Parameters of ``models.verify``."""
 
     target: str = path_field(
-        description="GGUF file, or a model recipe (name or .toml) whose file is local or fetched"
+        description="GGUF file, a model recipe (name or .toml) whose file is local or fetched, or `tiny` / "
+        "`tiny-q4_k_m` (the tiny smoke models)"
     )
     recipe: str | None = path_field(
         None, description="Check FILE against this model recipe's pins and expectations"
@@ -117,7 +118,8 @@ class ModelInspectParams(Params):
     """Parameters of ``models.inspect``."""
 
     target: str = path_field(
-        description="GGUF file, model recipe, or URL (https://, http://, hf://owner/repo/path)"
+        description="GGUF file, model recipe, URL (https://, http://, hf://owner/repo/path), or `tiny` / "
+        "`tiny-q4_k_m` (the tiny smoke models)"
     )
     remote: bool = Field(
         False, description="Read only the header through HTTP range requests (implied for URLs)"

@@ -18,10 +18,6 @@ from llamaforge.models.urls import file_url_host
 
 SOURCE_SCHEMES = ("hf://", "ms://", "https://", "http://", "file://")
 
-# --model tiny: the random-weight tiny qwen3 smoke model, always chosen by this name (deploy requires a --model;
-# smoke takes it by default)
-TINY_MODEL = "tiny"
-
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -105,6 +105,23 @@ def parse_size(text: str | int) -> int:
     return int(number * scale)
 
 
+#: Less memory than any GPU (or RPC worker) has: a size below it is a unit left out, not a device.
+MIN_DEVICE_MEMORY: Final = 256 * MiB
+
+
+def parse_device_memory(text: str | int, what: str) -> int:
+    """Bytes of a device's memory ``what`` (``--vram``, a split device), as :func:`parse_size` reads them; a size
+    of 1 byte to 256 MiB is refused: a bare number of 4096 or more is bytes, so ``24576`` (the MiB nvidia-smi
+    prints) would plan a 24 KiB GPU. 0 stays 0, for the caller to name."""
+    size = parse_size(text)
+    if 0 < size < MIN_DEVICE_MEMORY:
+        raise InvalidOption(
+            f"{what} {str(text).strip()!r} is {size} bytes: less memory than any GPU has",
+            hint="write the unit, e.g. 24576MiB or 24GiB (a bare number below 4096 is GiB, from 4096 on bytes)",
+        )
+    return size
+
+
 # --------------------------------------------------------------------------------------------- settings
 
 

@@ -45,7 +45,7 @@ from llamaforge.serve.memory import (
     layer_peak,
     logits_bytes,
     mask_bytes,
-    parse_size,
+    parse_device_memory,
     recurrent_layer_bytes,
 )
 from llamaforge.serve.shape import model_shape, weight_layout
@@ -271,7 +271,7 @@ def parse_devices(spec: str, *, default_port: int = DEFAULT_RPC_PORT) -> list[Sp
                 f"device {part!r} has no memory size",
                 hint="write ADDR:PORT=SIZE, e.g. 10.0.0.2:50052=24GiB, or gpu=24GiB for the head's own GPU",
             )
-        memory = parse_size(size)
+        memory = parse_device_memory(size, f"the memory of device {where}")
         if memory <= 0:
             raise InvalidOption(
                 f"device {part!r} has no memory",

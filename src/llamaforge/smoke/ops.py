@@ -109,16 +109,10 @@ def _model_target(
     params: SmokeParams, ctx: OperationContext
 ) -> tuple[Path, str, Mapping[str, Any] | None, tuple[AnswerCheck, ...]]:
     """The model file, its label, the thresholds and the checked answers its recipe declares (if any)."""
-    from llamaforge.models.recipes import TINY_MODEL
-    from llamaforge.smoke.run import named_tiny_model
-
-    name = params.model or TINY_MODEL
-    tiny = named_tiny_model(name, ctx.reporter, ctx.cancel)
-    if tiny is not None:
-        return *tiny, None, ()
     from llamaforge.models.argument import resolve_model_argument
+    from llamaforge.models.tiny import TINY_MODEL
 
-    model = resolve_model_argument(name, reporter=ctx.reporter, cancel=ctx.cancel)
+    model = resolve_model_argument(params.model or TINY_MODEL, reporter=ctx.reporter, cancel=ctx.cancel)
     if model.recipe is None:
         return model.path, model.label, None, ()
     return model.path, model.label, model.recipe.smoke, tuple(model.recipe.answers)

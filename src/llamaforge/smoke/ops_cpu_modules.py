@@ -126,20 +126,14 @@ class CpuModulesResult(CpuModuleSweep):
 )
 def cpu_modules_op(params: CpuModulesParams, ctx: OperationContext) -> CpuModulesResult:
     """Run llama-bench with each CPU module of a build on its own: loads here or not, crashes, pp/tg, default pick."""
-    from llamaforge.models.recipes import TINY_MODEL
+    from llamaforge.models.argument import resolve_model_argument
+    from llamaforge.models.tiny import TINY_MODEL
     from llamaforge.smoke.cpu_features import build_cpu_level
     from llamaforge.smoke.cpu_modules import SweepOptions, new_sweep_dir, sweep_cpu_modules, write_sweep_files
-    from llamaforge.smoke.run import SmokeTarget, named_tiny_model
+    from llamaforge.smoke.run import SmokeTarget
 
-    name = params.model or TINY_MODEL
-    tiny = named_tiny_model(name, ctx.reporter, ctx.cancel)
-    if tiny is not None:
-        model, label = tiny
-    else:
-        from llamaforge.models.argument import resolve_model_argument
-
-        chosen = resolve_model_argument(name, reporter=ctx.reporter, cancel=ctx.cancel)
-        model, label = chosen.path, chosen.label
+    chosen = resolve_model_argument(params.model or TINY_MODEL, reporter=ctx.reporter, cancel=ctx.cancel)
+    model, label = chosen.path, chosen.label
     key, directory, manifest = resolve_build(params.build, params.executor, ctx)
     target = SmokeTarget(
         build_key=key, build_dir=directory, manifest=manifest, model=model, model_label=label

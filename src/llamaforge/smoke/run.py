@@ -19,14 +19,14 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any
 
 from llamaforge.core.errors import InvalidOption, LlamaforgeError, ModelError, SmokeFailed
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.paths import home
 from llamaforge.core.version import __version__
 from llamaforge.gguf.header import read_header
-from llamaforge.models.recipes import TINY_MODEL, AnswerCheck
+from llamaforge.models.recipes import AnswerCheck
 from llamaforge.runners.process import LOCAL, ProcessRunner
 from llamaforge.serve.bandwidth import bytes_per_token
 from llamaforge.serve.launcher import HOST, LlamaFlags, LlamaServer, ServerLaunch
@@ -48,15 +48,6 @@ from llamaforge.smoke.verdict import (
     summarize_level,
 )
 
-if TYPE_CHECKING:
-    from llamaforge.gguf.tiny import TinyModelSpec
-    from llamaforge.gguf.tiny.file import DType
-
-#: How the default smoke model stores its matrices: quantized, so a smoke reaches the quantized CPU kernels.
-SMOKE_MODEL_DTYPE: DType = "q4_0"
-#: The tiny models ``--model`` names: ``tiny`` (Q4_0, the default) and ``tiny-q4_k_m`` (llama-quantize's Q4_K_M
-#: mix, 256 wide so that its rows are whole K-quant super-blocks: the K-quant kernels most published GGUFs reach).
-TINY_SMOKE_MODELS: Final[dict[str, DType]] = {TINY_MODEL: SMOKE_MODEL_DTYPE, f"{TINY_MODEL}-q4_k_m": "q4_k_m"}
 DEFAULT_PROMPT = "Write a short paragraph about the history of the printing press."
 MAX_REQUESTS = 256  # per level: a smoke, not a load test
 
@@ -118,65 +109,6 @@ class SmokeTarget:
             if candidate.is_file():
                 return candidate
         raise SmokeFailed(f"build {self.build_key} has no {name}", hint="add it to the recipe's targets")
-
-
-def tiny_smoke_model(
-    reporter: Reporter = null_reporter, cancel: CancelToken | None = None, *, dtype: DType = SMOKE_MODEL_DTYPE
-) -> Path:
-    """The default smoke model: a tiny random-weight qwen3 GGUF, written once under ``home()/models/tiny/``.
-
-    Its matrices are Q4_0 by default, so llama-bench and llama-server reach the CPU's quantized kernels (repacked
-    Q4_0, AMX, quantized dot products), which an F16 file never does; ``dtype="q4_k_m"`` writes the K-quant one
-    (:func:`tiny_smoke_spec`), ``dtype="f16"`` the float one. Its
-    tokenizer comes from the default recipe's llama.cpp source (models/ggml-vocab-qwen2.gguf), so no hub is
-    needed; the file name carries a digest of the spec, so a changed spec gets a new file.
-    """
-    return tiny_model_file(tiny_smoke_spec(dtype), tiny_smoke_label(dtype), reporter, cancel)
-
-
-def named_tiny_model(
-    name: str, reporter: Reporter = null_reporter, cancel: CancelToken | None = None
-) -> tuple[Path, str] | None:
-    """The file and label of the tiny smoke model ``name`` names, or None when ``name`` names some other model."""
-    dtype = TINY_SMOKE_MODELS.get(name)
-    if dtype is None:
-        return None
-    return tiny_smoke_model(reporter, cancel, dtype=dtype), tiny_smoke_label(dtype)
-
-
-def tiny_smoke_spec(dtype: DType = SMOKE_MODEL_DTYPE) -> TinyModelSpec:
-    """The tiny qwen3 of the smoke in ``dtype``: 64 wide, or 256 wide for ``q4_k_m`` (a K-quant's rows are whole
-    256-value super-blocks; narrower rows would fall back to Q5_0 and never reach a K-quant kernel)."""
-    from llamaforge.gguf.tiny import TinyModelSpec
-
-    if dtype == "q4_k_m":
-        return TinyModelSpec(arch="qwen3", dtype=dtype, n_embd=256, head_dim=64, n_ff=512)
-    return TinyModelSpec(arch="qwen3", dtype=dtype)
-
-
-def tiny_model_file(
-    spec: TinyModelSpec, label: str, reporter: Reporter = null_reporter, cancel: CancelToken | None = None
-) -> Path:
-    """The tiny model ``spec`` describes, written once under ``home()/models/tiny/`` as ``LABEL-DIGEST.gguf`` (the
-    digest of the spec: a changed spec gets a new file), with the default recipe's qwen2 tokenizer."""
-    import hashlib
-
-    from llamaforge.build.recipes import load_recipe
-    from llamaforge.build.source import fetch_source
-    from llamaforge.gguf.tiny import write_tiny_model
-
-    digest = hashlib.sha256(repr(spec).encode()).hexdigest()[:12]
-    path = home() / "models" / "tiny" / f"{label}-{digest}.gguf"
-    if not path.is_file():
-        reporter(Event("stage", f"writing the tiny {spec.arch} model {path.name}", stage="model"))
-        tree = fetch_source(load_recipe("default").source, reporter=reporter, cancel=cancel)
-        write_tiny_model(path, spec, tree / "models" / "ggml-vocab-qwen2.gguf")
-    return path
-
-
-def tiny_smoke_label(dtype: DType = SMOKE_MODEL_DTYPE) -> str:
-    """The label of the tiny smoke model in reports: ``tiny-qwen3-q4_0`` (``tiny-qwen3`` for F16)."""
-    return "tiny-qwen3" if dtype == "f16" else f"tiny-qwen3-{dtype}"
 
 
 def _slug(text: str) -> str:

@@ -12,7 +12,7 @@ from llamaforge.core.events import CancelToken, Reporter
 from llamaforge.gguf.tiny import TinyModelSpec
 from llamaforge.models.argument import resolve_model_file
 from llamaforge.models.recipes import list_model_recipes
-from llamaforge.smoke.run import TINY_SMOKE_MODELS, named_tiny_model, tiny_model_file
+from llamaforge.models.tiny import TINY_SMOKE_MODELS, named_tiny_model, tiny_model_file
 
 # A second quantized tiny model, of another architecture: experts reach the MoE kernels (mul_mat_id).
 TINY_MOE = TinyModelSpec(arch="qwen3moe", dtype="q4_0")

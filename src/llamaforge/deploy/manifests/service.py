@@ -13,7 +13,7 @@ from llamaforge.deploy.inputs import release_spec
 from llamaforge.deploy.manifests.files import ManifestInputs
 from llamaforge.deploy.release import Layout, ReleaseRequest, ReleaseSpec
 from llamaforge.deploy.targets import TARGETS, render_target_names
-from llamaforge.models.recipes import TINY_MODEL
+from llamaforge.models.tiny import TINY_SMOKE_MODELS
 
 
 def render_manifests(
@@ -61,7 +61,7 @@ def render_release(
     spec, _ = release_spec(request, reporter, cancel)
     manifest = find_build(spec.build_key)
     given = Path(request.model)
-    fetched = request.model != TINY_MODEL and (given.suffix == ".toml" or not given.exists())
+    fetched = request.model not in TINY_SMOKE_MODELS and (given.suffix == ".toml" or not given.exists())
     inputs = ManifestInputs(
         name=where.name,
         image=runtime_tag(spec.build_key),

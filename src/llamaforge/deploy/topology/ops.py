@@ -136,7 +136,8 @@ class TopologyDeployParams(TopologyParams):
         None, description="A build key for the workers; refused unless the head's"
     )
     model: str = path_field(
-        description="Model recipe, .toml, GGUF or URL, or `tiny`: the random-weight tiny qwen3 smoke model"
+        description="Model recipe, .toml, GGUF or URL, or `tiny` (`tiny-q4_k_m`): the random-weight tiny qwen3 "
+        "smoke model"
     )
     port: int = Field(DEFAULT_PORT, ge=1, le=65535, description="llama-server's port on the head's 127.0.0.1")
     ctx: Int32 = Field(4096, ge=1, description="Context (tokens) of each slot")

@@ -132,6 +132,7 @@ def prepare(topology: Topology, request: SplitRequest, reporter: Reporter, cance
     """Checks, the split plan and the releases of head and workers; no host changes."""
     from llamaforge.build.store import build_dir, find_build
     from llamaforge.serve.fit import Settings, parse_size
+    from llamaforge.serve.memory import parse_device_memory
     from llamaforge.serve.split import SplitDevice, parse_tensor_split, plan_split
 
     head_key = str(find_build(request.release.build)["key"])
@@ -154,7 +155,9 @@ def prepare(topology: Topology, request: SplitRequest, reporter: Reporter, cance
         SplitDevice(f"RPC {worker.endpoint}", worker.memory_bytes or 0, worker.endpoint) for worker in workers
     ]
     if request.head_gpu_memory:
-        devices.append(SplitDevice("head GPU0", parse_size(request.head_gpu_memory)))
+        devices.append(
+            SplitDevice("head GPU0", parse_device_memory(request.head_gpu_memory, "head GPU memory"))
+        )
     plan = plan_split(
         head.spec.model,
         devices,

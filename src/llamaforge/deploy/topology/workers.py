@@ -95,7 +95,7 @@ def parse_workers(
     known_hosts: Path | None = None,
 ) -> list[RpcWorker]:
     """The workers of ``--rpc-workers h2,h3 --rpc-addresses 10.0.0.2,10.0.0.3 [--worker-memory 24GiB,8GiB]``."""
-    from llamaforge.serve.fit import parse_size
+    from llamaforge.serve.memory import parse_device_memory
 
     ssh = parse_hosts(hosts, key_file=key_file, known_hosts=known_hosts, origin="--rpc-workers")
     binds = [part.strip() for part in addresses.split(",") if part.strip()]
@@ -112,7 +112,7 @@ def parse_workers(
                 f"{len(ssh)} RPC workers but {len(parts)} memory sizes",
                 hint="one size per worker (its GPU memory, or RAM for a CPU worker)",
             )
-        sizes = [parse_size(part) for part in parts]
+        sizes = [parse_device_memory(part, "worker memory") for part in parts]
     workers = [
         RpcWorker(host, check_rpc_address(bind, worker=host.address), port, size)
         for host, bind, size in zip(ssh, binds, sizes, strict=True)
