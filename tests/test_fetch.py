@@ -113,6 +113,49 @@ def test_interrupted_download_resumes_with_range_to_the_right_sha256(
     assert last.headers["If-Range"] == f'"{sha(big_blob)}"'
 
 
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "sidecar a list",
+        "sidecar not JSON",
+        "sidecar empty",
+        "part longer than the pin",
+        "part a directory",
+        "part a symlink",
+    ],
+)
+def test_leftover_partial_downloads_in_any_state_are_resumed_or_restarted(
+    hub: FakeHub, big_blob: bytes, damage: str
+) -> None:
+    """What a crash, a full disk or an edit leaves under partial/ is resumed or started over; what no download
+    leaves (a directory, a symlink) is named. A sidecar that was JSON but no object, or a directory, raised a
+    traceback."""
+    name = hub.add("org/repo", "blob.gguf", big_blob)
+    hub.faults.drops = [1000]
+    pinned = ModelRecipe(name="blob", source=hub.file_url(name), sha256=sha(big_blob), size=len(big_blob))
+    with pytest.raises(FetchError):
+        fetch_model(pinned, retries=0, backoff_s=0)
+    (part,) = (modelstore.models_root() / "partial").glob("*.part")
+    sidecar = part.with_suffix(".json")
+    if damage == "part longer than the pin":
+        part.write_bytes(big_blob + b"more")
+    elif damage in ("part a directory", "part a symlink"):
+        part.unlink()
+        if damage == "part a directory":
+            part.mkdir()
+        else:
+            part.symlink_to(part.parent / "elsewhere")
+        with pytest.raises(FetchError, match=r"\.part is not a regular file") as refused:
+            fetch_model(pinned, retries=0, backoff_s=0)
+        assert refused.value.hint == f"remove {part} and fetch again"
+        assert not (part.parent / "elsewhere").exists()
+        return
+    else:
+        sidecar.write_text({"sidecar a list": "[]", "sidecar not JSON": "{", "sidecar empty": ""}[damage])
+    result = fetch_model(pinned, retries=0, backoff_s=0)
+    assert result.sha256 == sha(big_blob) and result.path.read_bytes() == big_blob
+
+
 def test_repeated_drops_are_retried_within_one_call(hub: FakeHub, big_blob: bytes) -> None:
     name = hub.add("org/repo", "blob.gguf", big_blob)
     hub.faults.drops = [100, 1000, 1 << 20, 0]  # four hang-ups at growing offsets (0: nothing new at all)

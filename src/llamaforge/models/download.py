@@ -74,7 +74,7 @@ def load_sidecar(path: Path) -> dict[str, Any]:
         data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    return data
+    return data if isinstance(data, dict) else {}  # a damaged state is no state: the download starts over
 
 
 def save_sidecar(path: Path, state: dict[str, Any]) -> None:

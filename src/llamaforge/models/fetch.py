@@ -275,6 +275,12 @@ def _download_and_publish(
     key = modelstore.key_for(target.expected_sha256 or target.identity)
     part, sidecar = modelstore.partial_paths(key)
     with modelstore.download_lock(key):
+        if part.is_symlink() or (part.exists() and not part.is_file()):
+            # Not what a download leaves: writing through it would land outside the store, or fail mid-way.
+            raise FetchError(
+                f"{part} is not a regular file, so {target.display} cannot be downloaded into it",
+                hint=f"remove {part} and fetch again",
+            )
         state = load_sidecar(sidecar)
         if state.get("url") != modelstore.key_for(target.url):
             part.unlink(missing_ok=True)  # a .part from another URL may hold other bytes: start over
