@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from helpers import sigill_copy, unloadable_model
-from llamaforge.core.errors import InvalidOption, OperationFailed
+from llamaforge.core.errors import CacheError, InvalidOption, OperationFailed
 from llamaforge.core.registry import OperationContext, operations
 from llamaforge.deploy.hosts.prepared import ProbeModel
 from llamaforge.deploy.hosts.probe import probe_args
@@ -28,6 +28,7 @@ from llamaforge.deploy.swarm.service import (
     LABEL_RELEASE,
     PROBE_MOUNT,
     _node_probe,
+    local_api_key,
     monitor_window_s,
     probe_job,
     service_name,
@@ -221,6 +222,44 @@ def test_each_nodes_probe_is_judged_like_a_hosts_crashes_named_with_the_cpu_modu
         "r1", node_task("pending", None, message="no suitable node (insufficient resources on 1 node)")
     )
     assert not stuck.passed and "its task was pending: no suitable node" in stuck.detail
+
+
+def test_a_damaged_or_readable_api_key_file_is_refused_with_the_way_to_a_new_key(lf_home: Path) -> None:
+    """An empty key file (a crash between its creation and its write) published the service with an empty API
+    key; a key file others can read was used as is; a directory there raised FileExistsError."""
+    key, path = local_api_key("web")
+    assert (
+        len(key) == 64
+        and path == lf_home / "keys" / "swarm-web.api-key"
+        and path.stat().st_mode & 0o777 == 0o600
+    )
+    assert local_api_key("web") == (key, path)  # made once
+    renew = f"remove {path} to make a new key"
+    for damage, problem in (
+        ("empty", "holds no key"),
+        ("two words", "holds no key"),
+        ("binary", "cannot read the API key file"),
+        ("readable", r"can be read or written by other users \(mode 644\)"),
+        ("directory", "is not a regular file"),
+        ("symlink", "is not a regular file"),
+    ):
+        if path.is_dir():
+            path.rmdir()
+        path.unlink(missing_ok=True)
+        if damage == "directory":
+            path.mkdir()
+        elif damage == "symlink":
+            path.symlink_to(lf_home / "elsewhere")
+        else:
+            text = {"empty": b"", "two words": b"a b", "binary": b"\xff\xfe", "readable": key.encode()}[
+                damage
+            ]
+            path.write_bytes(text)
+            path.chmod(0o644 if damage == "readable" else 0o600)
+        with pytest.raises(CacheError, match=problem) as refused:
+            local_api_key("web")
+        assert renew in (refused.value.hint or ""), damage
+    assert not (lf_home / "elsewhere").exists()
 
 
 def test_swarm_takes_no_hosts_and_rolls_back_to_the_previous_spec_only() -> None:

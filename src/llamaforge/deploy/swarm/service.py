@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llamaforge.build.runtime_image import HEALTHCHECK, MODEL_PATH, PREFIX, UID
-from llamaforge.core.errors import InvalidOption
+from llamaforge.core.errors import CacheError, InvalidOption
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.exits import exit_signal
 from llamaforge.deploy.hosts.probe import (
@@ -241,18 +241,40 @@ def api_key_secret(name: str) -> tuple[str, str, Path]:
     """The API key of deployment ``name``'s published service as a Swarm secret: (its id, its name, the local
     file that keeps the key, mode 0600). The key is made once; the secret's name carries a digest of it, so a
     new key (the file removed) is a new secret the service is updated to."""
+    key, path = local_api_key(name)
+    secret = f"{service_name(name)}-api-key-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+    ident = swarm_api.ensure_secret(secret, key, {"org.llamaforge.deployment": name})
+    return ident, secret, path
+
+
+def local_api_key(name: str) -> tuple[str, Path]:
+    """The API key of deployment ``name`` and the file under ``keys/`` that keeps it (made, mode 0600, when there
+    is none). CacheError when the file is no longer a key only this user can read: an empty one (a crash before
+    the key was written) would publish the service with an empty key, a readable one may have leaked."""
     from llamaforge.core.paths import home
 
     path = home() / "keys" / f"swarm-{name}.api-key"
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(descriptor, "w", encoding="utf-8") as file:
             file.write(secrets.token_hex(32))
-    key = path.read_text(encoding="utf-8").strip()
-    secret = f"{service_name(name)}-api-key-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
-    ident = swarm_api.ensure_secret(secret, key, {"org.llamaforge.deployment": name})
-    return ident, secret, path
+    renew = f"remove {path} to make a new key (the service is updated to it)"
+    if path.is_symlink() or not path.is_file():
+        raise CacheError(f"the API key file {path} is not a regular file", hint=renew)
+    if (mode := path.stat().st_mode & 0o777) & 0o077:
+        raise CacheError(
+            f"the API key file {path} can be read or written by other users (mode {mode:o}): the key may "
+            "have leaked",
+            hint=renew + f"; or, if no one else can have read it, `chmod 600 {path}`",
+        )
+    try:
+        key = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as error:
+        raise CacheError(f"cannot read the API key file {path}: {error}", hint=renew) from None
+    if not key or any(character.isspace() for character in key):
+        raise CacheError(f"the API key file {path} holds no key (it is empty or damaged)", hint=renew)
+    return key, path
 
 
 def _completion_in(container_id: str, port: int, *, keyed: bool = False) -> tuple[bool, str]:
