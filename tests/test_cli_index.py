@@ -49,6 +49,22 @@ def test_a_changed_package_or_a_damaged_cache_makes_a_new_index(
     )
 
 
+@pytest.mark.parametrize("text", ["[1]", "{}", "null"])
+def test_a_cached_index_of_another_shape_is_made_again(home: Path, text: str) -> None:
+    """An index that was JSON but no object of entries (a list) raised AttributeError on every command; an empty
+    one made every command unknown."""
+    operation_index()
+    cli_index.index_path().write_text(text, encoding="utf-8")
+    assert set(operation_index()) == set(operations())
+    assert set(json.loads(cli_index.index_path().read_text(encoding="utf-8"))) == set(operations())
+
+
+def test_an_index_entry_naming_a_module_that_is_gone_still_loads_its_operation(home: Path) -> None:
+    made = operation_index()["builds.list"]
+    stale = cli_index.OperationSpec(made.name, "llamaforge.no_such_module", made.summary, (), made.flags)
+    assert stale.load() is operations()["builds.list"]
+
+
 def test_installations_sharing_a_home_keep_their_indexes(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two checkouts run in turn on one home each read their own index (none deletes the other's); past
     ``_KEEP`` indexes the oldest go, never the one just written."""

@@ -9,6 +9,7 @@ the home stay. A missing, unreadable or unwritable cache only costs the full imp
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import json
@@ -47,7 +48,9 @@ class OperationSpec:
 
     def load(self) -> Operation:
         """The operation itself: imports its module only (all of them if the index is stale)."""
-        importlib.import_module(self.module)
+        # An index edited by hand may name no module: then the registry below imports every one.
+        with contextlib.suppress(ImportError):
+            importlib.import_module(self.module)
         return REGISTRY.get(self.name) or operations()[self.name]
 
 
@@ -87,9 +90,10 @@ def operation_index() -> dict[str, OperationSpec]:
     then cached)."""
     path = index_path()
     try:
-        return _decode(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # not cached yet, or unreadable: made again below
+        if cached := _decode(json.loads(path.read_text(encoding="utf-8"))):
+            return cached
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass  # not cached yet, or unreadable (not an object of entries, an empty one): made again below
     index = {name: spec_of(op) for name, op in sorted(operations().items())}
     _write(path, json.dumps({name: asdict(spec) for name, spec in index.items()}, sort_keys=True))
     return index
