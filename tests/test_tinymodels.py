@@ -451,6 +451,32 @@ def test_failed_write_keeps_old_file_and_no_temp(
     assert _sha256(target) == first.sha256
 
 
+def test_a_damaged_tiny_model_in_the_home_is_written_again(
+    lf_home: Path, mini_vocab: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tiny model truncated or emptied after it was written (a full disk, an edit) was served as is:
+    deploy.render rendered a release of it, smoke failed in llama-server."""
+    import llamaforge.build.source
+    from llamaforge.core.events import Event
+    from llamaforge.models.tiny import tiny_model_file
+
+    tree = lf_home / "source-tree"
+    (tree / "models").mkdir(parents=True)
+    (tree / "models" / "ggml-vocab-qwen2.gguf").write_bytes(mini_vocab.read_bytes())
+    monkeypatch.setattr(llamaforge.build.source, "fetch_source", lambda *_args, **_kwargs: tree)
+    path = tiny_model_file(TinyModelSpec(), "tiny-test")
+    whole = _sha256(path)
+    for size in (path.stat().st_size - 100, 0):
+        os.truncate(path, size)
+        events: list[Event] = []
+        assert tiny_model_file(TinyModelSpec(), "tiny-test", events.append) == path
+        assert _sha256(path) == whole
+        assert any(event.kind == "warning" and "writing tiny-test-" in event.message for event in events)
+    events = []
+    tiny_model_file(TinyModelSpec(), "tiny-test", events.append)
+    assert not events  # a whole file is used as it is
+
+
 # ------------------------------------------------------------------ real vocab
 
 

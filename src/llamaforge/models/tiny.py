@@ -8,6 +8,7 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from llamaforge.core.errors import ModelError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.paths import home
 
@@ -66,13 +67,20 @@ def tiny_model_file(
     from llamaforge.build.recipes import load_recipe
     from llamaforge.build.source import fetch_source
     from llamaforge.gguf.tiny import write_tiny_model
+    from llamaforge.models.model_file import check_model_file
 
     digest = hashlib.sha256(repr(spec).encode()).hexdigest()[:12]
     path = home() / "models" / "tiny" / f"{label}-{digest}.gguf"
-    if not path.is_file():
-        reporter(Event("stage", f"writing the tiny {spec.arch} model {path.name}", stage="model"))
-        tree = fetch_source(load_recipe("default").source, reporter=reporter, cancel=cancel)
-        write_tiny_model(path, spec, tree / "models" / "ggml-vocab-qwen2.gguf")
+    if path.is_file():
+        try:
+            check_model_file(path)
+            return path
+        except ModelError as error:
+            # Truncated or emptied since (a full disk, an edit): a file made here is made again, never served.
+            reporter(Event("warning", f"{error.message}: writing {path.name} again", stage="model"))
+    reporter(Event("stage", f"writing the tiny {spec.arch} model {path.name}", stage="model"))
+    tree = fetch_source(load_recipe("default").source, reporter=reporter, cancel=cancel)
+    write_tiny_model(path, spec, tree / "models" / "ggml-vocab-qwen2.gguf")
     return path
 
 
