@@ -555,6 +555,21 @@ def test_cache_hit_does_not_rehash(model: Path, lf_home: Path, monkeypatch: pyte
     assert not verify_model(model, use_cache=False).cached and len(calls) == 2
 
 
+def test_a_verdict_made_by_other_code_is_not_trusted(
+    model: Path, lf_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The version number stayed 0.1.0 while checks were added: the key holds the analysing code's digest."""
+    verify_model(model)
+    assert verify_model(model).cached
+    original = verify.analysis_digest
+    other = (*verify.ANALYSIS_MODULES, "llamaforge.core.paths")  # other code than the verdict was made by
+    assert original(other) != original()
+    monkeypatch.setattr(verify, "analysis_digest", lambda: original(other))
+    assert not verify_model(model).cached
+    assert verify_model(model).cached  # and the new verdict is kept under the new key
+    assert len(list((lf_home / "verify-cache").glob("*.json"))) == 2
+
+
 def test_corrupt_cache_entry_ignored(model: Path, lf_home: Path) -> None:
     verify_model(model)
     for entry in (lf_home / "verify-cache").glob("*.json"):
@@ -833,6 +848,25 @@ def test_mtp_blocks_and_unknown_archs(tmp_path: Path) -> None:
     assert [f.status for f in findings] == ["ok"]
     _missing, unknown, findings = check_tensor_set(header("gpt-nope", names[:2]))
     assert findings[0].status == "fail" and "not known" in findings[0].message
+
+
+def test_an_architecture_that_is_no_string_is_named_as_such(tmp_path: Path, lf_home: Path) -> None:
+    """It was "general.architecture is missing", and the tensor check blamed an architecture ''."""
+    path = tmp_path / "arch.gguf"
+    writer = gguf.GGUFWriter(path, "qwen3")
+    writer.kv_data[0].pop("general.architecture")
+    writer.add_uint32("general.architecture", 7)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    report = verify_model(path)
+    failed = [(f.check, f.message) for f in report.findings if f.status == "fail"]
+    assert failed == [
+        ("structure", "general.architecture is 7, not a string naming an architecture"),
+        ("tensors", "no architecture (general.architecture) to check the tensors against"),
+    ]
 
 
 def test_hyper_parameters_llama_cpp_cannot_read_fail_the_structure_check(tmp_path: Path) -> None:

@@ -123,7 +123,10 @@ def check_tensor_set(header: GGUFHeader) -> tuple[list[str], list[str], list[Fin
 
     from llamaforge.models.inspect import layer_kinds
 
-    arch = header.architecture or ""
+    arch = header.architecture
+    if arch is None:  # the structure check names what the key holds
+        reason = "no architecture (general.architecture) to check the tensors against"
+        return [], [], [Finding("tensors", "fail", "general.architecture", reason)]
     model_arch = next((m for m, name in gguf.MODEL_ARCH_NAMES.items() if name == arch), None)
     if model_arch is None:
         return (

@@ -4,20 +4,24 @@ Order matters: the hardened header pre-parse (:mod:`llamaforge.gguf.header`) run
 unchecked reaches any other reader; then one streaming sha256 pass, the structure (layout, vocabulary rows),
 the recipe's expectations, the tensor set of the architecture, the quantisation histogram and a static audit
 of the chat template; optionally a real load with a built llama.cpp. The recipe-independent part of the
-verdict is cached under ``<home>/verify-cache`` keyed on the file's (device, inode, size, mtime_ns), with its
-sha256 stored, so a cache hit neither re-parses nor re-hashes.
+verdict is cached under ``<home>/verify-cache`` keyed on the file's (device, inode, size, mtime_ns, ctime_ns)
+and on the code that made it (:func:`analysis_digest`), with its sha256 stored, so a cache hit neither re-parses
+nor re-hashes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import importlib.util
 import json
 import os
 import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from importlib.metadata import version as package_version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -40,8 +44,19 @@ if TYPE_CHECKING:
     from llamaforge.models.recipes import ModelRecipe
 
 CHECKS: Final = ("header", "sha256", "structure", "tensors", "expectations", "template", "load")
-# Bump when the analysis changes, so old cache entries are not trusted.
+# Bump when the cache entry's format changes.
 VERIFY_CACHE_VERSION: Final = 4
+# The modules whose code makes the cached verdict: an entry made by other code (an upgrade, a fix, a new check)
+# is not trusted, whatever the version number says, and neither is one made with other gguf tensor tables.
+ANALYSIS_MODULES: Final = (
+    "llamaforge.gguf.header",
+    "llamaforge.models.chat_template",
+    "llamaforge.models.inspect",
+    "llamaforge.models.tensor_set",
+    "llamaforge.models.tensor_shapes",
+    "llamaforge.models.verify",
+    "llamaforge.serve.shape",
+)
 _HASH_BUFFER: Final = 8 << 20
 
 
@@ -105,9 +120,13 @@ def check_structure(header: GGUFHeader) -> list[Finding]:
     findings: list[Finding] = []
     arch = header.architecture
     if arch is None:
-        findings.append(
-            Finding("structure", "fail", "general.architecture", "general.architecture is missing")
+        given = header.metadata.get("general.architecture")
+        message = (
+            "general.architecture is missing"
+            if given is None
+            else f"general.architecture is {repr(given)[:60]}, not a string naming an architecture"
         )
+        findings.append(Finding("structure", "fail", "general.architecture", message))
     elif not isinstance(header.metadata.get(f"{arch}.block_count"), int):
         findings.append(Finding("structure", "fail", f"{arch}.block_count", f"{arch}.block_count is missing"))
     if not header.packed:
@@ -273,9 +292,21 @@ def cache_dir() -> Path:
     return home() / "verify-cache"
 
 
+@functools.cache
+def analysis_digest(modules: tuple[str, ...] = ANALYSIS_MODULES) -> str:
+    """A digest of the code that makes a verdict (``modules``' source, the gguf package's version, llamaforge's
+    version and the cache format): part of every cache entry's name."""
+    digest = hashlib.sha256(f"{__version__}/{VERIFY_CACHE_VERSION}/gguf {package_version('gguf')}".encode())
+    for name in modules:
+        source = importlib.util.find_spec(name)
+        origin = source.origin if source is not None else None
+        digest.update(name.encode() + (Path(origin).read_bytes() if origin else b"-"))
+    return digest.hexdigest()[:16]
+
+
 def _cache_path(identity: Mapping[str, int]) -> Path:
     key = "|".join(str(identity[k]) for k in ("dev", "inode", "size", "mtime_ns", "ctime_ns"))
-    version = f"{__version__}/{VERIFY_CACHE_VERSION}"
+    version = analysis_digest()
     return cache_dir() / (hashlib.sha256(f"{version}|{key}".encode()).hexdigest()[:32] + ".json")
 
 
