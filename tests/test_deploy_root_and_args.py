@@ -89,7 +89,7 @@ def test_the_builds_help_is_parsed_and_kept_per_build(
     cached = tmp_path / "cache" / "server-help" / f"{key}.txt"
     assert cached.is_file() and "--ctx-size" in cached.read_text(encoding="utf-8")
     # read from the cache from now on: the binary is not run again (here it does not even exist)
-    assert server_help(tmp_path / "gone" / "llama-server", key) == cached.read_text(encoding="utf-8")
+    assert server_help(tmp_path / "gone" / "llama-server", key) == server_help(server, key)
 
 
 ACCEPTED = [
@@ -169,6 +169,27 @@ def test_what_is_refused_whatever_the_build_is_refused_before_one_exists() -> No
             precheck_server_args(text, SMOKE_FLAGS)
         assert "s3cret" not in refused.value.render()
     assert precheck_server_args("--jinja --alias x", SMOKE_FLAGS) == ("--jinja", "--alias", "x")
+
+
+def test_a_kept_help_that_was_cut_or_damaged_is_asked_again(lf_home: Path, tmp_path: Path) -> None:
+    """A kept help cut short (or emptied) since made every flag after the cut "not a flag of this build's
+    llama-server"; one that is no UTF-8 raised UnicodeDecodeError."""
+    server = tmp_path / "llama-server"
+    server.write_text(
+        '#!/bin/sh\necho run >> "$0.runs"\nprintf -- "--port N   port\\n--jinja    templates\\n"\n',
+        encoding="utf-8",
+    )
+    server.chmod(0o755)
+    key = "e" * 32
+    first = server_help(server, key)
+    assert "--jinja" in first and server_help(server, key) == first  # kept: asked once
+    cached = lf_home / "cache" / "server-help" / f"{key}.txt"
+    whole = cached.read_bytes()
+    for damage in (b"", whole[: whole.index(b"--jinja")], b"\xff\xfe", first.encode()):
+        cached.write_bytes(damage)
+        assert server_help(server, key) == first
+        assert cached.read_bytes() == whole  # kept again, whole
+    assert len(Path(f"{server}.runs").read_text(encoding="utf-8").split()) == 5
 
 
 # Every rendered file hands llama-server exactly the extra flags

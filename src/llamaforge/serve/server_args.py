@@ -16,6 +16,7 @@ the flags that make llama-server print and exit. The help is read once per build
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shlex
 import textwrap
@@ -180,8 +181,8 @@ def server_help(binary: Path, build_key: str | None, runner: ProcessRunner = LOC
     """``llama-server --help`` of a build: read from ``$LLAMAFORGE_HOME/cache/server-help/KEY.txt`` when a build
     of the store (``build_key``) was asked before, else run (and kept for a build of the store)."""
     cached = home() / "cache" / "server-help" / f"{build_key}.txt" if build_key else None
-    if cached is not None and cached.is_file():
-        return cached.read_text(encoding="utf-8")
+    if cached is not None and (kept := _read_kept_help(cached)) is not None:
+        return kept
     if not binary.is_file():
         raise InvalidOption(
             f"the build has no {binary.name} to check {OPTION} with ({binary})",
@@ -198,8 +199,22 @@ def server_help(binary: Path, build_key: str | None, runner: ProcessRunner = LOC
             "--help, but its libraries); drop --server-args to go on without them",
         )
     if cached is not None:
-        write_text_atomic(cached, result.stdout)
+        write_text_atomic(cached, f"sha256 {_digest(result.stdout)}\n{result.stdout}")
     return result.stdout
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _read_kept_help(path: Path) -> str | None:
+    """The help kept in ``path`` when its first line's sha256 still matches it; None when there is none, or it
+    was truncated, emptied or edited since (read so, every flag after the cut would be refused as unknown)."""
+    try:
+        first, _, text = path.read_text(encoding="utf-8").partition("\n")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if first == f"sha256 {_digest(text)}" else None
 
 
 def server_options(
