@@ -522,6 +522,34 @@ def test_a_build_missing_or_truncating_a_listed_artifact_is_damaged(lf_home: Pat
         assert "--force" in (refused.value.hint or "")
 
 
+def test_a_damaged_build_directory_given_to_smoke_is_named(lf_home: Path, tmp_path: Path) -> None:
+    """`smoke --build DIR` with a manifest that is not JSON, or no object, raised a traceback; one listing a
+    binary the directory lacks blamed the recipe's targets."""
+    from llamaforge.build.store import read_build_manifest
+    from llamaforge.smoke.builds import resolve_build
+
+    build = tmp_path / "copied-build"
+    (build / "bin").mkdir(parents=True)
+    (build / "bin" / "llama-server").write_bytes(b"abcd")
+    manifest = {**_manifest("a" * 32), "artifacts": {"bin/llama-server": {"sha256": "0" * 64, "size": 4}}}
+    (build / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    assert read_build_manifest(build)["key"] == "a" * 32  # a copy out of the store keeps its key
+    assert resolve_build(str(build), "docker", OperationContext())[:2] == ("a" * 32, build)
+    for damage, problem in (
+        ("{", "manifest.json is not JSON"),
+        ("[1]", r"manifest.json is not a build manifest \(no key\)"),
+        (None, "bin/llama-server, listed in manifest.json, is missing"),
+    ):
+        if damage is None:
+            (build / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+            (build / "bin" / "llama-server").unlink()
+        else:
+            (build / "manifest.json").write_text(damage, encoding="utf-8")
+        with pytest.raises(CacheError, match=f"build directory {build} is damaged: {problem}") as refused:
+            resolve_build(str(build), "docker", OperationContext())
+        assert "copy the build again" in (refused.value.hint or "")
+
+
 # --- doctor and a running build container -----------------------------------------------------------------------
 
 

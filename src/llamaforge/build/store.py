@@ -51,6 +51,18 @@ def load_manifest(key: str) -> dict[str, Any] | None:
         ) from None
 
 
+def read_build_manifest(directory: Path) -> dict[str, Any]:
+    """The manifest of the build directory ``directory``, in the store or copied out of it (CacheError naming the
+    directory when it is unreadable, or lists a file the directory lacks)."""
+    try:
+        return _read_manifest(directory / MANIFEST)
+    except ValueError as error:
+        raise CacheError(
+            f"build directory {directory} is damaged: {error}",
+            hint="copy the build again, or rebuild it (`invoke build --force`) and give its key",
+        ) from None
+
+
 def staging_dir(key: str) -> Path:
     """A fresh private directory on the store's file system, for a build to fill before publishing."""
     root = home() / "tmp"

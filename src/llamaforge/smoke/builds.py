@@ -3,7 +3,6 @@ first when the store lacks it (shared by ``smoke`` and ``smoke.cpu_modules``).""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +22,7 @@ def resolve_build(
 ) -> tuple[str, Path, Mapping[str, Any]]:
     """The key, directory and manifest of ``build`` (a key, a unique key prefix or a build directory); None: the
     default recipe's CPU build, built with ``executor`` if it is missing."""
-    from llamaforge.build.store import build_dir, find_build
+    from llamaforge.build.store import build_dir, find_build, read_build_manifest
 
     if build is None:
         from llamaforge.build.execute import run_build
@@ -37,9 +36,8 @@ def resolve_build(
         return result.key, result.path, result.manifest
     path = Path(build)
     if path.is_dir():
-        manifest_file = path / "manifest.json"
-        if manifest_file.is_file():
-            manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
+        if (path / "manifest.json").is_file():
+            manifest = read_build_manifest(path)
             return str(manifest["key"]), path, manifest
         if (path / "llama-server").is_file() or (path / "bin" / "llama-server").is_file():
             return "external", path, {}  # e.g. a plain cmake build's bin/ directory, for comparisons
