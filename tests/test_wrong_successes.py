@@ -425,6 +425,21 @@ def test_compare_takes_absolute_paths_outside_the_store(tmp_path: Path) -> None:
             resolve_run(ref, root)
 
 
+def test_a_run_that_never_wrote_its_report_is_named_as_such(tmp_path: Path) -> None:
+    """A run directory left without report.json (a smoke stopped or crashed) was "no smoke runs match", as if
+    the id were mistyped."""
+    root = tmp_path / "smoke"
+    _run(root / "20260101T000000Z-a", "20260101T000000Z-a", 50.0)
+    (root / "20260101T000001Z-b").mkdir()
+    (root / "20260101T000001Z-b" / "server.log").write_text("loading\n", encoding="utf-8")
+    with pytest.raises(
+        InvalidOption, match=r"smoke run 20260101T000001Z-b has no report\.json: it did not finish"
+    ):
+        compare_runs("20260101T000000Z-a", "20260101T000001Z-b", root)
+    with pytest.raises(InvalidOption, match="no smoke runs match '20260101T000001Z-c'"):
+        resolve_run("20260101T000001Z-c", root)
+
+
 # --- builds.list with a damaged entry -------------------------------------------------------------------------
 
 

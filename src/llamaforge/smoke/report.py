@@ -302,6 +302,13 @@ def resolve_run(ref: str, root: Path) -> Path:
             f"{ref} is not a smoke run directory (it has no report.json)",
             hint=f"give the directory `invoke smoke` printed, or a run id; runs: {known}",
         )
+    if ref not in ("", ".", "..") and "/" not in ref and (root / ref).is_dir():
+        # The run's directory is there but report.json, written last, is not: the run never finished.
+        raise InvalidOption(
+            f"smoke run {ref} has no report.json: it did not finish (stopped, crashed, the disk was full) or its "
+            "report was removed",
+            hint=f"run the smoke again, or compare another run; runs: {known}",
+        )
     # A prefix is matched as text, never as a glob: a path or a pattern in it names no run.
     matches = [run for run in runs if run.name.startswith(ref)] if ref and "/" not in ref else []
     if len(matches) == 1:
