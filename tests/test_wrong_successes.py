@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -526,10 +527,14 @@ def test_a_build_missing_or_truncating_a_listed_artifact_is_damaged(lf_home: Pat
     (whole / "bin" / "llama-server").write_bytes(b"abcd")
     listed = {"bin/llama-server": {"sha256": "0" * 64, "size": 4}}
     (whole / "manifest.json").write_text(json.dumps({**_manifest(whole.name), "artifacts": listed}), "utf-8")
+    # a forced rebuild moves the old entry aside under a hidden name first: a crash there leaves it behind
+    retired = lf_home / "builds" / f".retired-{whole.name}-build-x"
+    shutil.copytree(whole, retired)
     manifests, broken = scan_builds()
     assert [item["key"] for item in manifests] == [whole.name]
     assert {entry.path.name: entry.error for entry in broken} == {
-        key: error for key, (_, error) in cases.items()
+        **{key: error for key, (_, error) in cases.items()},
+        retired.name: "left over from a forced rebuild that was interrupted, no build of the store: remove it",
     }
     for key, (_, error) in cases.items():
         with pytest.raises(CacheError, match=f"build {key} is damaged: {error}") as refused:

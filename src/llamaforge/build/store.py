@@ -152,6 +152,12 @@ def scan_builds() -> tuple[list[dict[str, Any]], list[BrokenEntry]]:
     root = builds_root()
     manifests, broken = [], []
     for entry in sorted(root.glob("*/" + MANIFEST)) if root.is_dir() else []:
+        if entry.parent.name.startswith("."):  # publish() names its scratch so; a crash may leave one behind
+            leftover = (
+                "left over from a forced rebuild that was interrupted, no build of the store: remove it"
+            )
+            broken.append(BrokenEntry(entry.parent, leftover))
+            continue
         try:
             manifest = _read_manifest(entry)
         except ValueError as error:
