@@ -57,6 +57,27 @@ def test_archive_subdir_extracted_git_pointer_dropped(tmp_path: Path, lf_home: P
     assert fetch_source(_source(str(archive), sha)) == tree
 
 
+def test_a_kept_archive_cut_short_since_is_fetched_again(tmp_path: Path, lf_home: Path) -> None:
+    """A kept archive truncated after it was verified (a full disk, an edit) raised gzip's EOFError from every
+    extraction of a tree that was missing (a subdir not extracted yet, a removed tree)."""
+    from llamaforge.core.events import Event
+
+    archive = tmp_path / "src.tar.gz"
+    sha = _archive(archive, MEMBERS)
+    whole = fetch_source(_source(str(archive), sha, subdir=""))
+    (kept,) = (lf_home / "downloads").glob("*.archive")
+    kept.write_bytes(kept.read_bytes()[:40])
+    events: list[Event] = []
+    tree = fetch_source(
+        _source(str(archive), sha), reporter=events.append
+    )  # another subdir: extracted afresh
+    assert (tree / "CMakeLists.txt").read_bytes() == b"project(x)\n" and whole != tree
+    assert hashlib.sha256(kept.read_bytes()).hexdigest() == sha
+    assert [event.message for event in events if event.kind == "warning"] == [
+        f"{kept} no longer has its sha256: fetching it again"
+    ]
+
+
 def test_each_subdir_of_one_archive_is_its_own_tree(tmp_path: Path, lf_home: Path) -> None:
     """A wrong subdir is refused and caches nothing; the right one, fetched after it, is not served the wrong
     one's tree (the archive's sha256 alone addressed both)."""

@@ -206,7 +206,12 @@ def _fetch_archive_file(
     """Return a verified archive file for ``source`` under ``directory`` (downloading if needed)."""
     final = directory / f"{source.sha256}.archive"
     if final.is_file():
-        return final
+        # Kept whole once (verified, renamed in); read again only to extract a tree that is missing, so the
+        # check is cheap next to the extraction. A copy cut or changed since is fetched afresh.
+        if sha256_file(final, cancel) == source.sha256:
+            return final
+        reporter(Event("warning", f"{final} no longer has its sha256: fetching it again", stage="source"))
+        final.unlink()
     name = _archive_name(source)
     partial = directory / f"{source.sha256}.part"
     for mirror in mirror_dirs():
