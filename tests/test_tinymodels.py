@@ -457,6 +457,7 @@ def test_a_damaged_tiny_model_in_the_home_is_written_again(
     """A tiny model truncated or emptied after it was written (a full disk, an edit) was served as is:
     deploy.render rendered a release of it, smoke failed in llama-server."""
     import llamaforge.build.source
+    from llamaforge.core.errors import CacheError
     from llamaforge.core.events import Event
     from llamaforge.models.tiny import tiny_model_file
 
@@ -475,6 +476,12 @@ def test_a_damaged_tiny_model_in_the_home_is_written_again(
     events = []
     tiny_model_file(TinyModelSpec(), "tiny-test", events.append)
     assert not events  # a whole file is used as it is
+    # the kept source tree lost the vocabulary (FileNotFoundError, a traceback, before)
+    path.unlink()
+    (tree / "models" / "ggml-vocab-qwen2.gguf").unlink()
+    with pytest.raises(CacheError, match=r"has no models/ggml-vocab-qwen2\.gguf") as refused:
+        tiny_model_file(TinyModelSpec(), "tiny-test")
+    assert refused.value.hint == f"remove {lf_home} and run again: the source is extracted again"
 
 
 # ------------------------------------------------------------------ real vocab

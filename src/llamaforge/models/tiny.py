@@ -8,7 +8,7 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from llamaforge.core.errors import ModelError
+from llamaforge.core.errors import CacheError, ModelError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.paths import home
 
@@ -80,7 +80,13 @@ def tiny_model_file(
             reporter(Event("warning", f"{error.message}: writing {path.name} again", stage="model"))
     reporter(Event("stage", f"writing the tiny {spec.arch} model {path.name}", stage="model"))
     tree = fetch_source(load_recipe("default").source, reporter=reporter, cancel=cancel)
-    write_tiny_model(path, spec, tree / "models" / "ggml-vocab-qwen2.gguf")
+    vocab = tree / "models" / "ggml-vocab-qwen2.gguf"
+    if not vocab.is_file():  # the kept tree lost a file since it was extracted whole
+        raise CacheError(
+            f"the kept llama.cpp source {tree} has no models/{vocab.name} to write the tiny model with",
+            hint=f"remove {tree.parent} and run again: the source is extracted again",
+        )
+    write_tiny_model(path, spec, vocab)
     return path
 
 
