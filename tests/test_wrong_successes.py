@@ -499,7 +499,8 @@ def test_a_prefix_of_several_damaged_entries_is_ambiguous(lf_home: Path) -> None
 
 def test_a_build_missing_or_truncating_a_listed_artifact_is_damaged(lf_home: Path) -> None:
     """A build whose bin/ lost a file or holds a truncated one (a full disk, a manual edit) was found, smoked and
-    rendered as if whole; smoke then blamed the recipe's targets."""
+    rendered as if whole; smoke then blamed the recipe's targets. A manifest whose recipe or patches had another
+    shape was found, and smoke raised a traceback on it."""
     from llamaforge.build.store import find_build, scan_builds
 
     cases = {
@@ -508,6 +509,8 @@ def test_a_build_missing_or_truncating_a_listed_artifact_is_damaged(lf_home: Pat
         "0" * 32: ("directory", "bin/llama-server, listed in manifest.json, is missing"),
         "1" * 32: ("list", "manifest.json: 'artifacts' is not a table of files"),
         "2" * 32: ("no size", "manifest.json: artifact bin/llama-server has no size"),
+        "4" * 32: ("recipe a string", "manifest.json: 'recipe' is not a table"),
+        "5" * 32: ("patches unnamed", "manifest.json: 'patches' holds an entry with no name"),
     }
     for key, (damage, _) in cases.items():
         build = lf_home / "builds" / key
@@ -521,7 +524,12 @@ def test_a_build_missing_or_truncating_a_listed_artifact_is_damaged(lf_home: Pat
             artifacts = ["bin/llama-server"]
         elif damage == "no size":
             artifacts = {"bin/llama-server": "x"}
-        (build / "manifest.json").write_text(json.dumps({**_manifest(key), "artifacts": artifacts}), "utf-8")
+        shapes: dict[str, Any] = {
+            "recipe a string": {"recipe": "default"},  # smoke raised AttributeError on these two
+            "patches unnamed": {"patches": [3]},
+        }.get(damage, {})
+        manifest = {**_manifest(key), "artifacts": artifacts, **shapes}
+        (build / "manifest.json").write_text(json.dumps(manifest), "utf-8")
     whole = lf_home / "builds" / ("3" * 32)
     (whole / "bin").mkdir(parents=True)
     (whole / "bin" / "llama-server").write_bytes(b"abcd")

@@ -124,8 +124,28 @@ def _read_manifest(path: Path) -> dict[str, Any]:
         raise ValueError(f"{MANIFEST} is not JSON: {error}") from None
     if not isinstance(data, dict) or not isinstance(data.get("key"), str):
         raise ValueError(f"{MANIFEST} is not a build manifest (no key)")
+    for field, kind in _SHAPES.items():  # what the fronts read without asking; a field left out is older
+        if field in data and not isinstance(data[field], kind):
+            raise ValueError(f"{MANIFEST}: {field!r} is not a {'table' if kind is dict else 'list'}")
+    if any(
+        not isinstance(patch, dict) or not isinstance(patch.get("name"), str)
+        for patch in data.get("patches", [])
+    ):
+        raise ValueError(f"{MANIFEST}: 'patches' holds an entry with no name")
     _check_artifacts(path.parent, data)
     return data
+
+
+# The fields of a manifest that hold a table or a list, as the build writes them.
+_SHAPES: dict[str, type] = {
+    "recipe": dict,
+    "options": dict,
+    "source": dict,
+    "patches": list,
+    "targets": list,
+    "cuda_architectures": list,
+    "cmake_args": list,
+}
 
 
 def _check_artifacts(directory: Path, manifest: dict[str, Any]) -> None:
