@@ -304,12 +304,21 @@ def test_offline_serves_only_the_cache(hub: FakeHub, tiny_gguf: bytes) -> None:
 
 @pytest.mark.parametrize(
     "damage",
-    ["manifest not JSON", "manifest a list", "no filename", "size a string", "filename a path", "index"],
+    [
+        "manifest not JSON",
+        "manifest a list",
+        "no filename",
+        "size a string",
+        "filename a path",
+        "no manifest",
+        "index",
+    ],
 )
 def test_damaged_store_records_are_not_a_traceback(hub: FakeHub, tiny_gguf: bytes, damage: str) -> None:
     """A store entry's manifest.json or a source index record left damaged (a crash, a full disk, an edit) raised
     a raw JSONDecodeError, KeyError or ValueError from every command that looked the model up; a manifest naming
-    a file outside its entry served that file."""
+    a file outside its entry served that file; an entry without its manifest blocked publishing the same bytes
+    again (OSError: directory not empty)."""
     name = hub.add("org/repo", "tiny.gguf", tiny_gguf)
     fetched = fetch_model(hub.file_url(name))
     manifest = fetched.path.parent / modelstore.MANIFEST
@@ -328,16 +337,19 @@ def test_damaged_store_records_are_not_a_traceback(hub: FakeHub, tiny_gguf: byte
     )
     if damage == "index":
         (record,) = (modelstore.models_root() / "sources").glob("*.json")
-    record.write_text(text, encoding="utf-8")
+    if damage == "no manifest":
+        manifest.unlink()
+    else:
+        record.write_text(text, encoding="utf-8")
     with pytest.raises(FetchError, match="not in the model cache"):
         fetch_model(hub.file_url(name), offline=True)
     notes = [note.read_text() for note in modelstore.models_root().glob("quarantine/*.entry/QUARANTINED")]
-    assert notes == (
-        [] if damage == "index" else ["manifest.json is damaged (not JSON, or no plain filename and size)\n"]
-    )
-    again = fetch_model(
-        hub.file_url(name)
-    )  # downloaded again, or found by content once the index is rewritten
+    assert notes == {
+        "index": [],
+        "no manifest": ["no manifest.json: not an entry the store published\n"],
+    }.get(damage, ["manifest.json is damaged (not JSON, or no plain filename and size)\n"])
+    # downloaded again, or found by content once the index is rewritten
+    again = fetch_model(hub.file_url(name))
     assert again.path == fetched.path and again.sha256 == sha(tiny_gguf)
     assert fetch_model(hub.file_url(name), offline=True).path == fetched.path
 

@@ -64,6 +64,10 @@ def lookup(sha256: str) -> StoredModel | None:
     entry = entry_dir(sha256)
     manifest_path = entry / MANIFEST
     if not manifest_path.is_file():
+        if entry.is_dir() and not entry.is_symlink():
+            # publish() renames an entry in whole, manifest included: this one was made or emptied by hand, and
+            # left there it would block publishing these bytes again.
+            quarantine_entry(entry, reason=f"no {MANIFEST}: not an entry the store published")
         return None
     manifest = _read_json(manifest_path)
     filename, size = (manifest or {}).get("filename"), (manifest or {}).get("size")
