@@ -570,11 +570,26 @@ def test_a_verdict_made_by_other_code_is_not_trusted(
     assert len(list((lf_home / "verify-cache").glob("*.json"))) == 2
 
 
-def test_corrupt_cache_entry_ignored(model: Path, lf_home: Path) -> None:
-    verify_model(model)
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda entry: "{not json",
+        lambda entry: "[1]",  # JSON, no object: it raised AttributeError
+        lambda entry: json.dumps({**entry, "analysis": []}),
+        lambda entry: json.dumps({**entry, "analysis": {**entry["analysis"], "findings": [{"check": 1}]}}),
+        lambda entry: json.dumps({**entry, "analysis": {**entry["analysis"], "model": None}}),
+    ],
+    ids=["not-json", "a-list", "analysis-a-list", "a-finding-of-another-shape", "no-model"],
+)
+def test_corrupt_cache_entry_ignored(
+    damage: Callable[[dict[str, Any]], str], model: Path, lf_home: Path
+) -> None:
+    first = verify_model(model)
     for entry in (lf_home / "verify-cache").glob("*.json"):
-        entry.write_text("{not json", encoding="utf-8")
-    assert not verify_model(model).cached
+        entry.write_text(damage(json.loads(entry.read_text(encoding="utf-8"))), encoding="utf-8")
+    again = verify_model(model)
+    assert not again.cached and again.ok == first.ok and again.findings == first.findings
+    assert verify_model(model).cached  # the damaged entry was written anew
 
 
 # ------------------------------------------------------------------------------------ chat templates

@@ -313,14 +313,31 @@ def _cache_path(identity: Mapping[str, int]) -> Path:
 def _cache_load(identity: Mapping[str, int]) -> dict[str, Any] | None:
     path = _cache_path(identity)
     try:
-        entry: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+        entry = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    return entry if _is_entry(entry, identity) else None
+
+
+def _is_entry(entry: object, identity: Mapping[str, int]) -> bool:
+    """True for a cache entry of this format, of the file ``identity`` names, whole (a damaged one is a miss)."""
+    if not isinstance(entry, dict):
+        return False
     if entry.get("version") != VERIFY_CACHE_VERSION or entry.get("identity") != dict(identity):
-        return None
+        return False
     if not re.fullmatch(r"[0-9a-f]{64}", str(entry.get("sha256", ""))):
-        return None
-    return entry
+        return False
+    analysis = entry.get("analysis")
+    if not (isinstance(analysis, dict) and isinstance(analysis.get("model"), dict)):
+        return False
+    findings = analysis.get("findings")
+    return isinstance(findings, list) and all(_is_finding(item) for item in findings)
+
+
+def _is_finding(item: object) -> bool:
+    """True for a cached finding :class:`Finding` can be made of again."""
+    fields = {field.name for field in dataclasses.fields(Finding)}
+    return isinstance(item, dict) and set(item) == fields and all(isinstance(v, str) for v in item.values())
 
 
 def _cache_store(identity: Mapping[str, int], sha256: str, analysis: dict[str, Any]) -> None:
