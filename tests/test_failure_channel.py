@@ -57,10 +57,10 @@ def wrong_recipe(tiny_model: Path, tmp_path: Path) -> Path:
     return recipe
 
 
-def _too_small_vram(model: Path) -> str:
-    """GPU memory for half the fully offloaded model: a pinned full offload cannot fit in it."""
+def _too_small_gpu(model: Path) -> dict[str, str]:
+    """A 1 GiB GPU and a margin that leave half the fully offloaded model: a pinned full offload cannot fit."""
     full = plan_fit(model, vram_bytes=8 * GiB, ctx=4096, margin_bytes=0)
-    return str(full.gpu_memory.total // 2)
+    return {"vram": "1GiB", "margin": str(GiB - full.gpu_memory.total // 2)}
 
 
 def _failed(result: mcp_types.CallToolResult) -> tuple[str, dict[str, Any]]:
@@ -87,9 +87,8 @@ def test_a_failing_verdict_raises_with_the_result(
     fit = operations()["models.fit"]
     params = {
         "model": str(tiny_model),
-        "vram": _too_small_vram(tiny_model),
+        **_too_small_gpu(tiny_model),
         "ctx": 4096,
-        "margin": "0",
         "n_gpu_layers": 5,
     }
     with pytest.raises(OperationFailed) as refused:
@@ -138,9 +137,8 @@ async def test_a_failing_verdict_is_an_mcp_error_with_structured_content(
         # ... and a short one, run inline.
         arguments = {
             "model": str(tiny_model),
-            "vram": _too_small_vram(tiny_model),
+            **_too_small_gpu(tiny_model),
             "ctx": 4096,
-            "margin": "0",
             "n_gpu_layers": 5,
         }
         text, plan = _failed(await client.call_tool("models_fit", arguments))
@@ -167,11 +165,11 @@ def test_cli_exit_codes_and_output_of_a_failing_verdict(
         "models.fit",
         str(tiny_model),
         "--vram",
-        _too_small_vram(tiny_model),
+        _too_small_gpu(tiny_model)["vram"],
         "--ctx",
         "4096",
         "--margin",
-        "0",
+        _too_small_gpu(tiny_model)["margin"],
         "--n-gpu-layers",
         "5",
         "--json",
