@@ -23,7 +23,7 @@ from typing import Any
 import gguf
 import pytest
 
-from helpers import invoke
+from helpers import invoke, write_mini_vocab
 from llamaforge.backends.cuda.arch import parse_cuda_archs
 from llamaforge.build.ops import BuildParams, _plan_from_params
 from llamaforge.core.errors import CacheError, InvalidOption, ModelError
@@ -670,3 +670,31 @@ def test_smoke_with_the_default_build_in_store_gives_no_cold_note(
     except _Stop:
         pytest.skip(f"the default build is not in {store}: {events[-1].message}")
     assert [event.kind for event in events] == ["info"], events
+
+
+def test_a_lock_file_that_is_a_directory_is_named(lf_home: Path, tmp_path: Path) -> None:
+    """A directory where a cache's lock file goes (a build's, a download's, a source's) raised IsADirectoryError
+    from filelock when the lock was taken."""
+    from llamaforge.build.recipes import load_recipe
+    from llamaforge.build.source import fetch_source, source_id
+    from llamaforge.build.store import build_lock
+    from llamaforge.models import store as modelstore
+    from llamaforge.models.fetch import fetch_model
+
+    source = load_recipe("default").source
+    model = write_tiny_model(
+        tmp_path / "m.gguf", TinyModelSpec(arch="qwen3"), write_mini_vocab(tmp_path / "v")
+    )
+    recipe = tmp_path / "m.toml"
+    recipe.write_text(f'source = "{model.path.as_uri()}"\nsha256 = "{model.sha256}"\n', encoding="utf-8")
+    key = modelstore.key_for(model.sha256)
+    for lock, take in (
+        (lf_home / "locks" / f"{'a' * 32}.lock", lambda: build_lock("a" * 32).acquire()),
+        (lf_home / "sources" / f"{source_id(source)}.lock", lambda: fetch_source(source)),
+        (lf_home / "models" / "partial" / f"{key}.lock", lambda: fetch_model(str(recipe))),
+    ):
+        lock.mkdir(parents=True)
+        with pytest.raises(CacheError, match=f"lock file {lock} is not a regular file") as caught:
+            take()
+        assert "remove it" in (caught.value.hint or "")
+        lock.rmdir()

@@ -28,7 +28,7 @@ from llamaforge.build.recipes import ArchiveSource, GitSource, PypiSdistSource, 
 from llamaforge.core.errors import ChecksumMismatch, SourceError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.guard import check_ssh_host, check_url
-from llamaforge.core.paths import home
+from llamaforge.core.paths import cache_lock, home
 from llamaforge.runners.process import LOCAL, ProcessResult, ProcessRunner
 
 SourceSpec = GitSource | ArchiveSource | PypiSdistSource
@@ -338,9 +338,7 @@ def fetch_source(
     tree = entry / "tree"
     if (entry / "complete").is_file():
         return tree
-    from filelock import FileLock  # a cached source needs no lock: a cache hit does not import it
-
-    with FileLock(str(root / f"{source_id(source)}.lock")):
+    with cache_lock(root / f"{source_id(source)}.lock"):  # a cached source needs no lock
         if (entry / "complete").is_file():
             return tree
         downloads = home() / "downloads"

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llamaforge.core.errors import CacheError
-from llamaforge.core.paths import home
+from llamaforge.core.paths import cache_lock, home
 
 if TYPE_CHECKING:
     from filelock import FileLock
@@ -31,11 +31,7 @@ def build_dir(key: str) -> Path:
 
 def build_lock(key: str) -> FileLock:
     """Lock held while ``key`` is being built, so concurrent builds of one key build once."""
-    locks = home() / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    from filelock import FileLock  # only a build takes the lock: a cache hit does not import it
-
-    return FileLock(str(locks / f"{key}.lock"))
+    return cache_lock(home() / "locks" / f"{key}.lock")
 
 
 def load_manifest(key: str) -> dict[str, Any] | None:

@@ -6,7 +6,10 @@ import errno
 import os
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from filelock import FileLock
 
 DataKind = Literal["recipes", "templates", "patches"]
 
@@ -50,6 +53,23 @@ def write_text_atomic(path: Path, text: str) -> None:
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
+
+
+def cache_lock(path: Path) -> FileLock:
+    """The inter-process lock file ``path`` of a cache (a build, a download, a source), its folder made; a
+    ``path`` that is there and is no regular file (a directory left by hand) is a CacheError naming it, not an
+    IsADirectoryError when the lock is taken."""
+    from filelock import FileLock  # only work that takes a lock imports it: a cache hit does not
+
+    from llamaforge.core.errors import CacheError
+
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise CacheError(
+            f"lock file {path} is not a regular file",
+            hint="remove it (no llamaforge process holds it: a lock file is a plain file), then run again",
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(path))
 
 
 def unwritable_reason(path: Path, error: OSError) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from llamaforge.core.paths import home
+from llamaforge.core.paths import cache_lock, home
 
 MANIFEST = "manifest.json"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -125,7 +125,7 @@ def partial_paths(key: str) -> tuple[Path, Path]:
 
 def download_lock(key: str) -> FileLock:
     """Lock held while ``key`` downloads, so two processes never append to one ``.part``."""
-    return FileLock(str(_dir("partial") / f"{key}.lock"))
+    return cache_lock(_dir("partial") / f"{key}.lock")
 
 
 def key_for(identity: str) -> str:
