@@ -187,3 +187,54 @@ def test_a_workspace_whose_patch_does_not_apply_is_not_left_behind(
     with pytest.raises(PatchError, match=r"0001-five\.patch does not apply"):
         create_workspace(moved, read_series(series), "edit")
     assert not list((lf_home / "patch-workspaces").iterdir())
+
+
+def test_new_patch_writes_its_subject_and_refuses_a_name_the_series_has(
+    series: Path, tmp_path: Path, lf_home: Path
+) -> None:
+    workspace = create_workspace(_tree(tmp_path / "v1"), read_series(series), "edit")
+    (workspace / "src" / "new.c").write_text("int g(void) { return 1; }\n")  # an untracked new file
+    path = new_patch(series, workspace, "forty")
+    assert path.read_text().startswith(
+        "From: llamaforge patches.new\nSubject: forty\n\ndiff --git a/src/new.c"
+    )
+    (workspace / "src" / "new.c").write_text("int g(void) { return 2; }\n")
+    for taken in ("forty", "five", "0002-other"):
+        with pytest.raises(LlamaforgeError, match=f"patch name '{taken}' is taken"):
+            new_patch(series, workspace, taken)
+    assert (series / "series").read_text() == "0001-five.patch\n0002-other.patch\n0003-forty.patch\n"
+
+
+def test_new_patch_refuses_binary_changes_and_commits_of_your_own(
+    series: Path, tmp_path: Path, lf_home: Path
+) -> None:
+    v1 = _tree(tmp_path / "v1")
+    workspace = create_workspace(v1, read_series(series), "edit")
+    listing = (series / "series").read_text()
+    (workspace / "src" / "blob.bin").write_bytes(b"\0\1\2")
+    with pytest.raises(LlamaforgeError, match=r"changes binary file\(s\): src/blob\.bin") as info:
+        new_patch(series, workspace, "blob")  # its diff would say "Binary files differ": no patch applies it
+    assert info.value.hint and "undo the binary change" in info.value.hint
+    (workspace / "src" / "blob.bin").unlink()
+    text = (workspace / "src" / "file.c").read_text().replace("return 40;", "return 4000;")
+    (workspace / "src" / "file.c").write_text(text)
+    identity = [
+        "-c",
+        "user.name=someone",
+        "-c",
+        "user.email=someone@example.org",
+        "-c",
+        "core.hooksPath=/dev/null",
+    ]
+    subprocess.run(["git", *identity, "commit", "-qam", "mine"], cwd=workspace, check=True)
+    with pytest.raises(LlamaforgeError, match="1 commit\\(s\\) of your own") as info:
+        new_patch(series, workspace, "forty")  # the commit would be left out: "no changes" said nothing of it
+    assert info.value.hint and "reset --soft HEAD~1" in info.value.hint
+    assert (series / "series").read_text() == listing and sorted(p.name for p in series.iterdir()) == [
+        "0001-five.patch",
+        "0002-other.patch",
+        "series",
+    ]
+    subprocess.run(["git", "reset", "-q", "--soft", "HEAD~1"], cwd=workspace, check=True)
+    assert "return 4000;" in new_patch(series, workspace, "forty").read_text()
+    check_series(series, v1)

@@ -405,19 +405,46 @@ def new_patch(series: str | Path, workspace: Path, name: str, runner: ProcessRun
     # The series is read before the workspace changes: a broken one is refused with the edits untouched.
     existing = read_series(directory, new=True)
     numbers = [int(m.group(1)) for p in existing if (m := re.match(r"(\d+)-", p.name))]
+    taken = [
+        p.name for p in existing if p.name in (name, f"{name}.patch") or p.name.endswith(f"-{name}.patch")
+    ]
+    if taken:
+        raise LlamaforgeError(
+            f"patch name {name!r} is taken: the series has {taken[0]}",
+            hint="choose another name (a patch already in the series is changed by editing its file)",
+        )
     filename = f"{(max(numbers) if numbers else 0) + 1:04d}-{name}.patch"
     if (directory / filename).exists():
         raise LlamaforgeError(
             f"{directory / filename} exists and is not in the series",
             hint="add it to the series file, or remove it, then run patches.new again",
         )
+    # Commits llamaforge did not make would be left out of the patch without a word: patches.new takes edits.
+    authors = _git(runner, workspace, "log", "--format=%an", "base..HEAD").stdout.split("\n")
+    own = sum(1 for author in authors if author.strip() and author != "llamaforge")
+    if own:
+        raise LlamaforgeError(
+            f"{workspace} has {own} commit(s) of your own; patches.new turns uncommitted edits into a patch",
+            hint=f"undo the commit(s) and keep their changes (`git -C {workspace} reset --soft HEAD~{own}` "
+            "when they are the last ones), then run patches.new again",
+        )
     _git(runner, workspace, "add", "-A")
-    if not _git(runner, workspace, "diff", *_DIFF, "--cached", "--name-only").stdout.strip():
+    # --numstat counts "-" lines for a binary file: its diff would be "Binary files differ", which no
+    # `git apply` can apply.
+    numstat = _git(runner, workspace, "diff", *_DIFF, "--cached", "--numstat").stdout.splitlines()
+    if not numstat:
         raise LlamaforgeError(f"no changes in {workspace}", hint="edit the source in the workspace first")
+    binary = [line.split("\t", 2)[2] for line in numstat if line.startswith("-\t-\t")]
+    if binary:
+        raise LlamaforgeError(
+            f"{workspace} changes binary file(s): {', '.join(binary)}; a patch holds text changes only",
+            hint="undo the binary change (or keep that file outside the source tree), then run patches.new again",
+        )
     _git(runner, workspace, "commit", "-q", "-m", name)
     try:
         header = f"From: llamaforge patches.new\nSubject: {name}\n\n"
-        write_text_atomic(directory / filename, _render_patch(runner, workspace, "HEAD", header))
+        # _render_patch keeps the description of an existing patch; a new one has none yet, so it goes first
+        write_text_atomic(directory / filename, header + _render_patch(runner, workspace, "HEAD", ""))
         listing = directory / "series"
         current = listing.read_text(encoding="utf-8") if listing.is_file() else ""
         write_text_atomic(
