@@ -238,3 +238,18 @@ def test_new_patch_refuses_binary_changes_and_commits_of_your_own(
     subprocess.run(["git", "reset", "-q", "--soft", "HEAD~1"], cwd=workspace, check=True)
     assert "return 4000;" in new_patch(series, workspace, "forty").read_text()
     check_series(series, v1)
+
+
+def test_new_patch_refuses_a_workspace_made_with_another_series(
+    series: Path, tmp_path: Path, lf_home: Path
+) -> None:
+    workspace = create_workspace(_tree(tmp_path / "v1"), read_series(series), "edit")
+    text = (workspace / "src" / "file.c").read_text().replace("return 500;", "return 5000;")
+    (workspace / "src" / "file.c").write_text(text)
+    other = tmp_path / "other"
+    other.mkdir()
+    with pytest.raises(LlamaforgeError, match="was made with another series") as info:
+        new_patch(other, workspace, "five-more")  # its diff starts from 0001-five: it would not apply there
+    assert info.value.hint and f"patches.edit --series {other}" in info.value.hint
+    assert list(other.iterdir()) == []
+    assert new_patch(series, workspace, "five-more").name == "0003-five-more.patch"

@@ -428,6 +428,16 @@ def new_patch(series: str | Path, workspace: Path, name: str, runner: ProcessRun
             hint=f"undo the commit(s) and keep their changes (`git -C {workspace} reset --soft HEAD~{own}` "
             "when they are the last ones), then run patches.new again",
         )
+    # The diff is made against the workspace's patches: written to another series, it would not apply there.
+    made = _git(runner, workspace, "log", "--reverse", "--format=%s", "base..HEAD").stdout.split()
+    listed = [patch.name for patch in existing]
+    if made != listed:
+        raise LlamaforgeError(
+            f"{workspace} was made with another series ({', '.join(made) or 'no patches'}) than {directory} "
+            f"({', '.join(listed) or 'no patches'}); a patch made there would not apply to this series",
+            hint=f"make a workspace of this series (`invoke patches.edit --series {directory}`), copy your edits "
+            "into it, then run patches.new there",
+        )
     _git(runner, workspace, "add", "-A")
     # --numstat counts "-" lines for a binary file: its diff would be "Binary files differ", which no
     # `git apply` can apply.
@@ -440,7 +450,7 @@ def new_patch(series: str | Path, workspace: Path, name: str, runner: ProcessRun
             f"{workspace} changes binary file(s): {', '.join(binary)}; a patch holds text changes only",
             hint="undo the binary change (or keep that file outside the source tree), then run patches.new again",
         )
-    _git(runner, workspace, "commit", "-q", "-m", name)
+    _git(runner, workspace, "commit", "-q", "-m", filename)  # named like the workspace's other patches
     try:
         header = f"From: llamaforge patches.new\nSubject: {name}\n\n"
         # _render_patch keeps the description of an existing patch; a new one has none yet, so it goes first
