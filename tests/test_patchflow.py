@@ -11,6 +11,7 @@ import pytest
 
 from llamaforge.build.patches import read_series
 from llamaforge.build.patchflow import (
+    WorkspaceSource,
     check_series,
     continue_refresh,
     create_workspace,
@@ -253,3 +254,20 @@ def test_new_patch_refuses_a_workspace_made_with_another_series(
     assert info.value.hint and f"patches.edit --series {other}" in info.value.hint
     assert list(other.iterdir()) == []
     assert new_patch(series, workspace, "five-more").name == "0003-five-more.patch"
+
+
+def test_new_patch_refuses_a_workspace_of_another_pinned_source(
+    series: Path, tmp_path: Path, lf_home: Path
+) -> None:
+    """A workspace keeps the pin it was made of: its diff, written to a series of another pin, starts from
+    another llama.cpp."""
+    made = WorkspaceSource("1" * 64, "b11312")
+    workspace = create_workspace(_tree(tmp_path / "v1"), read_series(series), "edit", source=made)
+    text = (workspace / "src" / "file.c").read_text().replace("return 40;", "return 4000;")
+    (workspace / "src" / "file.c").write_text(text)
+    listing = (series / "series").read_text()
+    with pytest.raises(LlamaforgeError, match=r"holds llama\.cpp b11312, but the recipe pins b11400") as info:
+        new_patch(series, workspace, "forty", source=WorkspaceSource("2" * 64, "b11400"))
+    assert info.value.hint and "patches.edit" in info.value.hint
+    assert (series / "series").read_text() == listing and len(list(series.iterdir())) == 3
+    assert new_patch(series, workspace, "forty", source=made).name == "0003-forty.patch"

@@ -4,11 +4,24 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import Field
 
 from llamaforge.core.errors import InvalidOption, OperationFailed, PatchError
 from llamaforge.core.registry import OperationContext, Params, Result, absent, operation, path_field
+
+if TYPE_CHECKING:
+    from llamaforge.build.patchflow import WorkspaceSource
+
+
+def _workspace_source(recipe: str) -> WorkspaceSource:
+    """The pinned source of build recipe ``recipe``, as a workspace's marker keeps it."""
+    from llamaforge.build.patchflow import WorkspaceSource
+    from llamaforge.build.recipes import load_recipe, pinned_llama_cpp
+    from llamaforge.build.source import source_id
+
+    return WorkspaceSource(source_id(load_recipe(recipe).source), pinned_llama_cpp(recipe))
 
 
 class PatchSeriesParams(Params):
@@ -152,7 +165,8 @@ def patches_edit_op(params: PatchSeriesParams, ctx: OperationContext) -> PatchEd
     from llamaforge.build.patchflow import create_workspace
 
     series, tree = _series_and_tree(params, ctx, new=True)
-    workspace = create_workspace(tree, read_series(series, new=True), "edit")
+    source = _workspace_source(params.recipe)
+    workspace = create_workspace(tree, read_series(series, new=True), "edit", source=source)
     return PatchEditResult(
         workspace=str(workspace),
         next_step=f"edit files there, then `invoke patches.new NAME --workspace {workspace}`",
@@ -182,5 +196,5 @@ def patches_new_op(params: PatchNewParams, ctx: OperationContext) -> PatchNewRes
     series = params.series or load_recipe(params.recipe).patches
     if series is None:
         raise InvalidOption("no patch series", hint="pass --series DIR")
-    path = new_patch(series, Path(params.workspace), params.name)
+    path = new_patch(series, Path(params.workspace), params.name, source=_workspace_source(params.recipe))
     return PatchNewResult(patch=str(path), series=str(path.parent / "series"))

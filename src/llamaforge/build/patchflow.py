@@ -179,22 +179,36 @@ def _workspace_root() -> Path:
     return root
 
 
-def create_workspace(tree: Path, patches: list[PatchRef], name: str, runner: ProcessRunner = LOCAL) -> Path:
+def create_workspace(
+    tree: Path,
+    patches: list[PatchRef],
+    name: str,
+    runner: ProcessRunner = LOCAL,
+    *,
+    source: WorkspaceSource | None = None,
+) -> Path:
     """A git workspace: commit ``base`` = ``tree``, then one commit per patch (branch ``patched``); one that
-    could not be made whole (a patch does not apply) is removed, not left half-made."""
+    could not be made whole (a patch does not apply) is removed, not left half-made. ``source`` (the recipe's
+    pin of ``tree``) is kept in its marker, for ``patches.new`` to refuse the workspace for another pin."""
     workspace = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=_workspace_root()))
     try:
-        _fill_workspace(workspace, tree, patches, runner)
+        _fill_workspace(workspace, tree, patches, runner, source)
     except BaseException:
         shutil.rmtree(workspace, ignore_errors=True)
         raise
     return workspace
 
 
-def _fill_workspace(workspace: Path, tree: Path, patches: list[PatchRef], runner: ProcessRunner) -> None:
+def _fill_workspace(
+    workspace: Path,
+    tree: Path,
+    patches: list[PatchRef],
+    runner: ProcessRunner,
+    source: WorkspaceSource | None,
+) -> None:
     _copy_tree(tree, workspace)
     _git(runner, workspace, "init", "-q", "-b", "patched")
-    _mark_workspace(workspace)
+    _mark_workspace(workspace, source)
     _git(runner, workspace, "add", "-A")
     _git(runner, workspace, "commit", "-q", "--allow-empty", "-m", "base")
     _git(runner, workspace, "tag", "base")
@@ -214,10 +228,35 @@ def _config_sha256(workspace: Path) -> str:
     return hashlib.sha256((workspace / ".git" / "config").read_bytes()).hexdigest()
 
 
-def _mark_workspace(workspace: Path) -> None:
-    """Mark ``workspace`` as llamaforge's, with the sha256 of the git configuration ``git init`` wrote."""
-    marker = {"made_by": "llamaforge", "git_config_sha256": _config_sha256(workspace)}
+@dataclass(frozen=True)
+class WorkspaceSource:
+    """The pinned source a workspace was made of: its content address and the release it is (``b11312``)."""
+
+    id: str
+    label: str
+
+
+def _mark_workspace(workspace: Path, source: WorkspaceSource | None = None) -> None:
+    """Mark ``workspace`` as llamaforge's, with the sha256 of the git configuration ``git init`` wrote and the
+    source it holds."""
+    marker: dict[str, Any] = {"made_by": "llamaforge", "git_config_sha256": _config_sha256(workspace)}
+    if source is not None:
+        marker["source"] = {"id": source.id, "label": source.label}
     (workspace / ".git" / _MARKER).write_text(json.dumps(marker) + "\n", encoding="utf-8")
+
+
+def _check_workspace_source(workspace: Path, source: WorkspaceSource) -> None:
+    """Refuse ``workspace`` when its marker names another pinned source than ``source``: its diff would be made
+    against another llama.cpp. A workspace made without a pin (a refresh's, an older one) is not checked."""
+    marker = json.loads((workspace / ".git" / _MARKER).read_text(encoding="utf-8"))
+    made = marker.get("source")
+    if isinstance(made, dict) and made.get("id") != source.id:
+        raise LlamaforgeError(
+            f"{workspace} holds llama.cpp {made.get('label')}, but the recipe pins {source.label}; a patch made "
+            "there is made against the other source",
+            hint="make a workspace of the pinned source (`invoke patches.edit`, with the same --recipe), copy "
+            "your edits into it, then run patches.new there",
+        )
 
 
 def require_workspace(workspace: Path) -> None:
@@ -394,10 +433,20 @@ def _restore_first_conflict(
             return
 
 
-def new_patch(series: str | Path, workspace: Path, name: str, runner: ProcessRunner = LOCAL) -> Path:
-    """Write the uncommitted changes of ``workspace`` as ``NNNN-name.patch`` at the end of ``series``."""
+def new_patch(
+    series: str | Path,
+    workspace: Path,
+    name: str,
+    runner: ProcessRunner = LOCAL,
+    *,
+    source: WorkspaceSource | None = None,
+) -> Path:
+    """Write the uncommitted changes of ``workspace`` as ``NNNN-name.patch`` at the end of ``series`` (refused
+    when the workspace was made of another pinned source than ``source``)."""
     directory = series_dir(series)
     require_workspace(workspace)
+    if source is not None:
+        _check_workspace_source(workspace, source)
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}", name):
         raise LlamaforgeError(
             f"patch name {name!r} is not a plain file name", hint="e.g. qwen35-fix (at most 100 characters)"
