@@ -1,5 +1,6 @@
-"""Nox sessions: `nox -s tests` (the README's test command), `lint`, `typecheck`, `smoke`, `bench_build`,
-`bench_smoke`, `cpu_speed`, `reproducible_variants`, `reproducible_windows`."""
+"""Nox sessions: `nox -s tests` (the README's test command), `lint`, `typecheck`, `smoke`; the proofs too long for
+CI: `bench_build`, `bench_cuda_arch`, `cuda_build`, `vulkan_build`, `upgrade`, `bench_smoke`, `cpu_speed`,
+`reproducible_variants`, `reproducible_windows`, `bench_deploy`."""
 
 from __future__ import annotations
 
