@@ -230,7 +230,7 @@ def _config_sha256(workspace: Path) -> str:
 
 @dataclass(frozen=True)
 class WorkspaceSource:
-    """The pinned source a workspace was made of: its content address and the release it is (``b11312``)."""
+    """The pinned source a workspace was made of: its content address and the release it is (``bNNNN``)."""
 
     id: str
     label: str
