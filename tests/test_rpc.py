@@ -61,6 +61,9 @@ def test_an_explicit_tensor_split_and_a_device_that_is_too_small() -> None:
     assert [share.fits for share in tight.devices] == [True, False] and not tight.fits
     with pytest.raises(InvalidOption):
         plan_split(HEADER, TWO, Settings(ctx=512), tensor_split=[1])
+    starved = [TWO[0], SplitDevice("b", 1 * GiB, "10.0.0.3:50052")]  # "does not fit" named no margin
+    with pytest.raises(InvalidOption, match=r"--margin 1.0 GiB keeps all the memory of b \(1.0 GiB\) free"):
+        plan_split(HEADER, starved, Settings(ctx=512), margin_bytes=1 * GiB)
 
 
 def test_the_plans_flags_are_llama_servers() -> None:

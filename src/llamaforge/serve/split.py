@@ -168,6 +168,13 @@ def plan_split(
             f"--tensor-split has {len(tensor_split)} values for {len(devices)} devices",
             hint="one proportion per device: the RPC workers in order, then the head's GPUs",
         )
+    if starved := [device for device in devices if device.memory_bytes <= margin_bytes]:
+        shown = ", ".join(f"{device.name} ({device.memory_bytes / GiB:.1f} GiB)" for device in starved)
+        raise InvalidOption(
+            f"--margin {margin_bytes / GiB:.1f} GiB keeps all the memory of {shown} free",
+            hint="the margin is headroom kept free on each device (the CUDA context, the driver): lower --margin "
+            "(e.g. 256MiB for a CPU worker), or give the device's real size",
+        )
     check_settings(settings)
     name, header = load_model_header(model)
     check_servable(name, header)
