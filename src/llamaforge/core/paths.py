@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from filelock import FileLock
@@ -53,6 +54,16 @@ def write_text_atomic(path: Path, text: str) -> None:
     except BaseException:
         temporary.unlink(missing_ok=True)
         raise
+
+
+def read_json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in ``path``, or None when the file is missing, unreadable, not JSON or not an object: what
+    llamaforge keeps in its cache may have been cut, emptied or edited since it was written."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def cache_lock(path: Path) -> FileLock:

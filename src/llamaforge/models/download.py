@@ -27,6 +27,7 @@ from typing import Any, BinaryIO
 from llamaforge.core.errors import FetchError, ModelError
 from llamaforge.core.events import CancelToken, Event, Reporter
 from llamaforge.core.http import NETWORK_ERRORS, Transient, content_range, range_request, retrying, transient
+from llamaforge.core.paths import read_json_object
 from llamaforge.gguf.header import GGUF_MAGIC
 from llamaforge.models.hubs import scrub
 from llamaforge.models.urls import MAX_UNPINNED_ENV, check_model_url, human_bytes, max_unpinned_bytes, opener
@@ -70,11 +71,7 @@ class _Progress:
 
 def load_sidecar(path: Path) -> dict[str, Any]:
     """The resume state kept beside a ``.part`` (its URL key and ETag); empty when there is none."""
-    try:
-        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}  # a damaged state is no state: the download starts over
+    return read_json_object(path) or {}  # a damaged state is no state: the download starts over
 
 
 def save_sidecar(path: Path, state: dict[str, Any]) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 from filelock import FileLock
 
-from llamaforge.core.paths import cache_lock, home
+from llamaforge.core.paths import cache_lock, home, read_json_object
 
 MANIFEST = "manifest.json"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -69,7 +69,7 @@ def lookup(sha256: str) -> StoredModel | None:
             # left there it would block publishing these bytes again.
             quarantine_entry(entry, reason=f"no {MANIFEST}: not an entry the store published")
         return None
-    manifest = _read_json(manifest_path)
+    manifest = read_json_object(manifest_path)
     filename, size = (manifest or {}).get("filename"), (manifest or {}).get("size")
     if (
         manifest is None
@@ -87,15 +87,6 @@ def lookup(sha256: str) -> StoredModel | None:
         quarantine_entry(entry, reason="size changed after publishing")
         return None
     return StoredModel(path=path, sha256=sha256, size=size, manifest=manifest)
-
-
-def _read_json(path: Path) -> dict[str, Any] | None:
-    """The JSON object in ``path``, or None when the file is unreadable, not JSON or not an object."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def quarantine_entry(entry: Path, *, reason: str) -> Path:
@@ -176,7 +167,7 @@ def find_source(identity: str) -> dict[str, Any] | None:
     path = models_root() / "sources" / f"{key_for(identity)}.json"
     if not path.is_file():
         return None
-    data = _read_json(path)
+    data = read_json_object(path)
     if data is None or not _HEX64.fullmatch(str(data.get("sha256"))) or type(data.get("size")) is not int:
         return None
     return data

@@ -30,7 +30,7 @@ from llamaforge.core.errors import InvalidOption, ModelError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.exits import crash_hint, crash_words, describe_exit, exit_signal, loaded_cpu_module
 from llamaforge.core.guard import refuse_if_read_only
-from llamaforge.core.paths import home, write_text_atomic
+from llamaforge.core.paths import home, read_json_object, write_text_atomic
 from llamaforge.core.version import __version__
 from llamaforge.models.chat_template import check_templates
 from llamaforge.models.findings import Finding, Status
@@ -311,12 +311,8 @@ def _cache_path(identity: Mapping[str, int]) -> Path:
 
 
 def _cache_load(identity: Mapping[str, int]) -> dict[str, Any] | None:
-    path = _cache_path(identity)
-    try:
-        entry = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return entry if _is_entry(entry, identity) else None
+    entry = read_json_object(_cache_path(identity))
+    return entry if entry is not None and _is_entry(entry, identity) else None
 
 
 def _is_entry(entry: object, identity: Mapping[str, int]) -> bool:
