@@ -250,18 +250,24 @@ def test_a_layer_whose_feed_forward_width_disagrees_is_named(
     assert model_shape(header).n_ff == 128
 
 
-def test_hybrid_zeros_on_recurrent_layers_pass(vocab: Path, tmp_path: Path, lf_home: Path) -> None:
-    """A qwen35 whose recurrent blocks (1 and 3) have no heads and no KV heads: llama.cpp sizes the attention
-    weights by blk.0 (an attention block here) and builds no attention in the others, so nothing is named."""
+def hybrid_without_heads_in_recurrent_blocks(vocab: Path, tmp_path: Path) -> Path:
+    """A qwen35 with attention in blocks 0 and 2 (its blocks renumbered) and no heads or KV heads in the recurrent
+    blocks 1 and 3."""
     tiny = write_tiny_model(tmp_path / "tiny.gguf", TinyModelSpec(arch="qwen35", n_layer=4), vocab).path
     assert layer_kinds(read_header(tiny)) == ["recurrent", "attention"] * 2
-    path = per_layer(
+    return per_layer(
         tiny,
         tmp_path / "hybrid.gguf",
         {"attention.head_count": [4, 0, 4, 0], "attention.head_count_kv": [2, 0, 2, 0]},
         blocks={0: 1, 1: 0, 2: 3, 3: 2},
         attention__recurrent_layers=[False, True, False, True],
     )
+
+
+def test_hybrid_zeros_on_recurrent_layers_pass(vocab: Path, tmp_path: Path, lf_home: Path) -> None:
+    """A qwen35 whose recurrent blocks (1 and 3) have no heads and no KV heads: llama.cpp sizes the attention
+    weights by blk.0 (an attention block here) and builds no attention in the others, so nothing is named."""
+    path = hybrid_without_heads_in_recurrent_blocks(vocab, tmp_path)
     header = read_header(path)
     assert layer_kinds(header) == ["attention", "recurrent"] * 2
     assert check_tensor_shapes(header, layer_kinds(header)) == []
@@ -288,14 +294,7 @@ def test_llama_cpp_on_per_layer_values(
     ff = per_layer(qwen3, tmp_path / "ff.gguf", {"feed_forward_length": [128, 128, 96, 128]})
     report = verify_model(ff, load_check_build=stock_build)
     assert report.load_check is not None and report.load_check["loaded"], report.load_check
-    tiny = write_tiny_model(tmp_path / "tiny.gguf", TinyModelSpec(arch="qwen35", n_layer=4), vocab).path
-    hybrid = per_layer(
-        tiny,
-        tmp_path / "hybrid.gguf",
-        {"attention.head_count": [4, 0, 4, 0], "attention.head_count_kv": [2, 0, 2, 0]},
-        blocks={0: 1, 1: 0, 2: 3, 3: 2},
-        attention__recurrent_layers=[False, True, False, True],
-    )
+    hybrid = hybrid_without_heads_in_recurrent_blocks(vocab, tmp_path)
     report = verify_model(hybrid, load_check_build=stock_build)
     assert report.ok and report.load_check is not None and report.load_check["loaded"], report.load_check
 
