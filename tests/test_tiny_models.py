@@ -4,6 +4,7 @@ pinned llama.cpp source (the sdist as mirror; nothing is downloaded)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -40,3 +41,24 @@ def test_a_bare_number_of_bytes_is_no_gpu(env: dict[str, str]) -> None:
         "error: --vram '24576' is 24576 bytes: less memory than any GPU has",
         "  hint: write the unit, e.g. 24576MiB or 24GiB (a bare number below 4096 is GiB, from 4096 on bytes)",
     ]
+
+
+def test_models_fetch_writes_a_tiny_model_and_refuses_what_needs_a_hub(
+    sdist_dir: Path, tmp_path: Path
+) -> None:
+    """``models.fetch tiny`` said "unknown model recipe 'tiny'": it now gives the file, written here once."""
+    env = {**os.environ, "LLAMAFORGE_HOME": str(tmp_path), "LLAMAFORGE_SOURCE_MIRROR": str(sdist_dir)}
+    offline = invoke("models.fetch", "tiny", "--offline", env=env)
+    assert offline.returncode == 11, offline.stderr  # nothing written yet, and writing needs the source
+    assert "--offline: the tiny model 'tiny' is not written yet" in offline.stderr
+    assert not (tmp_path / "models" / "tiny").exists()
+    revision = invoke("models.fetch", "tiny", "--revision", "main", env=env)
+    assert revision.returncode == 2 and "--revision applies to hub sources" in revision.stderr
+
+    first = invoke_json("models.fetch", "tiny", env=env)
+    path = Path(first["path"])
+    assert path.parent == tmp_path / "models" / "tiny" and first["cached"] is False
+    assert first["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert first["size"] == path.stat().st_size
+    again = invoke_json("models.fetch", "tiny", "--offline", env=env)
+    assert again == {**first, "cached": True}

@@ -16,7 +16,7 @@ class ModelFetchParams(Params):
 
     model: str = path_field(
         description="Model recipe (name or .toml path) or URL: hf://owner/repo/file.gguf, ms://owner/repo/file.gguf, "
-        "https://…, file://…"
+        "https://…, file://…; or a tiny model's name (tiny, tiny-q4_k_m), written here"
     )
     offline: bool = Field(False, description="Serve only the local model cache; never touch the network")
     revision: str | None = Field(
@@ -48,8 +48,16 @@ class ModelFetchResult(Result):
 def models_fetch_op(params: ModelFetchParams, ctx: OperationContext) -> ModelFetchResult:
     """Download a model into the verified, content-addressed cache (resumable; sha256-checked; --offline)."""
     from llamaforge.models.fetch import fetch_model
+    from llamaforge.models.tiny import fetch_tiny_model
 
-    result = fetch_model(
+    tiny = fetch_tiny_model(
+        params.model,
+        offline=params.offline,
+        revision=params.revision,
+        reporter=ctx.reporter,
+        cancel=ctx.cancel,
+    )
+    result = tiny or fetch_model(
         params.model,
         offline=params.offline,
         revision=params.revision,

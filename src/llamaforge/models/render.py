@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # showing one operation's result imports no other operation's
 
 def models_fetch_cli(result: ModelFetchResult, console: Console) -> None:
     """``models.fetch`` for a person."""
-    state = "[green]cached[/green]" if result.cached else "[green]downloaded[/green]"
+    state = "[green]cached[/green]" if result.cached else "[green]fetched[/green]"
     pin = f" @ {result.commit}" if result.commit else ""
     console.print(
         f"{state} {result.source}{pin}\n  {result.path}\n  {result.size} bytes, sha256 {result.sha256}"

@@ -8,9 +8,11 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from llamaforge.core.errors import CacheError, ModelError
+from llamaforge.core.errors import CacheError, FetchError, InvalidOption, ModelError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.paths import home
+from llamaforge.models.download import hash_file
+from llamaforge.models.fetch import FetchResult
 
 if TYPE_CHECKING:
     from llamaforge.gguf.tiny import TinyModelSpec
@@ -69,8 +71,7 @@ def tiny_model_file(
     from llamaforge.gguf.tiny import write_tiny_model
     from llamaforge.models.model_file import check_model_file
 
-    digest = hashlib.sha256(repr(spec).encode()).hexdigest()[:12]
-    path = home() / "models" / "tiny" / f"{label}-{digest}.gguf"
+    path = _tiny_path(spec, label)
     if path.is_file():
         try:
             check_model_file(path)
@@ -88,6 +89,49 @@ def tiny_model_file(
         )
     write_tiny_model(path, spec, vocab)
     return path
+
+
+def _tiny_path(spec: TinyModelSpec, label: str) -> Path:
+    digest = hashlib.sha256(repr(spec).encode()).hexdigest()[:12]
+    return home() / "models" / "tiny" / f"{label}-{digest}.gguf"
+
+
+def fetch_tiny_model(
+    name: str,
+    *,
+    offline: bool = False,
+    revision: str | None = None,
+    reporter: Reporter = null_reporter,
+    cancel: CancelToken | None = None,
+) -> FetchResult | None:
+    """``models.fetch`` of a tiny model's name: its file, written here on first use (never downloaded), or None
+    when ``name`` names some other model. Offline, only a file written before is served: writing one needs the
+    default recipe's llama.cpp source, which may have to be fetched."""
+    dtype = TINY_SMOKE_MODELS.get(name)
+    if dtype is None:
+        return None
+    if revision is not None:
+        raise InvalidOption(
+            f"--revision applies to hub sources; {name!r} is a tiny model written here",
+            hint=f"drop --revision (`invoke models.fetch {name}`)",
+        )
+    spec, label = tiny_smoke_spec(dtype), tiny_smoke_label(dtype)
+    cached = _tiny_path(spec, label).is_file()
+    if offline and not cached:
+        raise FetchError(
+            f"--offline: the tiny model {name!r} is not written yet, and writing it needs the default recipe's "
+            "llama.cpp source",
+            hint=f"run `invoke models.fetch {name}` once without --offline",
+        )
+    path = tiny_model_file(spec, label, reporter, cancel)
+    digest, size = hash_file(path, f"hashing {path.name}", null_reporter, cancel or CancelToken())
+    return FetchResult(
+        path=path,
+        sha256=digest.hexdigest(),
+        size=size,
+        cached=cached,
+        source=f"{name}: written here (random weights, the qwen2 tokenizer)",
+    )
 
 
 def tiny_smoke_label(dtype: DType = SMOKE_MODEL_DTYPE) -> str:
