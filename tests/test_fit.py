@@ -51,6 +51,7 @@ from llamaforge.serve.fit import (
 from llamaforge.serve.gpus import find_gpu, load_gpus
 from llamaforge.serve.loadlog import CacheSize, parse_load_log
 from llamaforge.serve.measure import measure_with_llamacpp
+from llamaforge.serve.memory import parse_device_memory
 from llamaforge.serve.shape import is_expert_tensor, model_shape
 
 MINI_VOCAB = 1000
@@ -173,6 +174,14 @@ def test_parse_size(text: str, expected: int) -> None:
 def test_parse_size_rejects_garbage() -> None:
     with pytest.raises(InvalidOption):
         parse_size("lots")
+
+
+def test_a_gpu_of_more_than_a_tebibyte_is_a_unit_mistyped() -> None:
+    """``--vram 24TiB`` (GiB meant) planned every model to fit; an RPC worker, maybe a CPU host, may have more."""
+    assert parse_device_memory("1TiB", "--vram", gpu=True) == 1 << 40
+    with pytest.raises(InvalidOption, match=r"--vram '24TiB' is 24,576 GiB: more memory than any GPU has"):
+        parse_device_memory("24TiB", "--vram", gpu=True)
+    assert parse_device_memory("24TiB", "worker memory") == 24 << 40
 
 
 # ---------------------------------------------------------------------------------------- the estimates

@@ -112,7 +112,7 @@ def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> ModelFitResu
     plan = plan_fit(
         path,
         gpu=params.gpu,
-        vram_bytes=parse_device_memory(params.vram, "--vram") if params.vram is not None else None,
+        vram_bytes=parse_device_memory(params.vram, "--vram", gpu=True) if params.vram is not None else None,
         ctx=params.ctx,
         cache_type_k=cache_k,
         cache_type_v=cache_v,

@@ -107,17 +107,27 @@ def parse_size(text: str | int) -> int:
 
 #: Less memory than any GPU (or RPC worker) has: a size below it is a unit left out, not a device.
 MIN_DEVICE_MEMORY: Final = 256 * MiB
+#: More memory than one GPU has (the largest hold under 300 GB; a Mac's unified memory at most 512 GB): a size
+#: above it is a unit mistyped (TiB for GiB), which would plan every model to fit. RPC workers may be CPU hosts,
+#: whose RAM can be larger: the bound is for GPUs only.
+MAX_GPU_MEMORY: Final = 1 << 40
 
 
-def parse_device_memory(text: str | int, what: str) -> int:
+def parse_device_memory(text: str | int, what: str, *, gpu: bool = False) -> int:
     """Bytes of a device's memory ``what`` (``--vram``, a split device), as :func:`parse_size` reads them; a size
     of 1 byte to 256 MiB is refused: a bare number of 4096 or more is bytes, so ``24576`` (the MiB nvidia-smi
-    prints) would plan a 24 KiB GPU. 0 stays 0, for the caller to name."""
+    prints) would plan a 24 KiB GPU. A ``gpu`` of more than 1 TiB is refused too. 0 stays 0, for the caller to
+    name."""
     size = parse_size(text)
     if 0 < size < MIN_DEVICE_MEMORY:
         raise InvalidOption(
             f"{what} {str(text).strip()!r} is {size} bytes: less memory than any GPU has",
             hint="write the unit, e.g. 24576MiB or 24GiB (a bare number below 4096 is GiB, from 4096 on bytes)",
+        )
+    if gpu and size > MAX_GPU_MEMORY:
+        raise InvalidOption(
+            f"{what} {str(text).strip()!r} is {size / GiB:,.0f} GiB: more memory than any GPU has",
+            hint="give one GPU's memory, e.g. 24GiB (TiB where GiB was meant?)",
         )
     return size
 
