@@ -256,6 +256,25 @@ def test_new_patch_refuses_a_workspace_made_with_another_series(
     assert new_patch(series, workspace, "five-more").name == "0003-five-more.patch"
 
 
+def test_new_patch_refuses_a_series_of_the_same_names_that_patches_otherwise(
+    series: Path, tmp_path: Path, lf_home: Path
+) -> None:
+    """Names alone passed: a series whose 0001-five.patch changes another line got a patch made on top of this
+    one's, which does not apply there."""
+    workspace = create_workspace(_tree(tmp_path / "v1"), read_series(series), "edit")
+    text = (workspace / "src" / "file.c").read_text().replace("return 7;", "return 70;")
+    (workspace / "src" / "file.c").write_text(text)
+    other = tmp_path / "other"
+    shutil.copytree(series, other)
+    edited = FILE.replace("return 6;", "return 600;")
+    (other / "0001-five.patch").write_text("Subject: five\n\n" + _diff(tmp_path, "src/file.c", FILE, edited))
+    before = {path.name: path.read_text() for path in other.iterdir()}
+    with pytest.raises(LlamaforgeError, match=r"patches named as in .* that change the source otherwise"):
+        new_patch(other, workspace, "seven")
+    assert {path.name: path.read_text() for path in other.iterdir()} == before
+    assert new_patch(series, workspace, "seven").name == "0003-seven.patch"  # its own series still takes it
+
+
 def test_new_patch_refuses_a_workspace_of_another_pinned_source(
     series: Path, tmp_path: Path, lf_home: Path
 ) -> None:

@@ -83,8 +83,15 @@ class RefreshResult:
         }
 
 
-def _git(runner: ProcessRunner, workspace: Path, *args: str, check: bool = True) -> ProcessResult:
+def _git(
+    runner: ProcessRunner,
+    workspace: Path,
+    *args: str,
+    check: bool = True,
+    extra_env: dict[str, str] | None = None,
+) -> ProcessResult:
     env = {
+        **(extra_env or {}),
         **SAFE_ENV,
         "GIT_AUTHOR_DATE": _FIXED_DATE,
         "GIT_COMMITTER_DATE": _FIXED_DATE,
@@ -433,6 +440,32 @@ def _restore_first_conflict(
             return
 
 
+def _series_made(runner: ProcessRunner, workspace: Path, patches: list[PatchRef]) -> bool:
+    """Whether the workspace's committed patches change the source as ``patches`` do (another series may use
+    the same file names): the series is applied to ``base`` in a scratch index and the trees compared."""
+    index = workspace / ".git" / "llamaforge-series-index"
+    scratch = {"GIT_INDEX_FILE": str(index.resolve())}
+    try:
+        _git(runner, workspace, "read-tree", "base", extra_env=scratch)
+        for patch in patches:
+            applied = _git(
+                runner,
+                workspace,
+                "apply",
+                "--cached",
+                "--whitespace=nowarn",
+                str(patch.path.resolve()),
+                check=False,
+                extra_env=scratch,
+            )
+            if applied.exit_code != 0:
+                return False
+        series = _git(runner, workspace, "write-tree", extra_env=scratch).stdout.strip()
+    finally:
+        index.unlink(missing_ok=True)
+    return series == _git(runner, workspace, "rev-parse", "HEAD^{tree}").stdout.strip()
+
+
 def new_patch(
     series: str | Path,
     workspace: Path,
@@ -480,10 +513,15 @@ def new_patch(
     # The diff is made against the workspace's patches: written to another series, it would not apply there.
     made = _git(runner, workspace, "log", "--reverse", "--format=%s", "base..HEAD").stdout.split()
     listed = [patch.name for patch in existing]
+    other = ""
     if made != listed:
+        names = f"{', '.join(made) or 'no patches'}) than {directory} ({', '.join(listed) or 'no patches'}"
+        other = f"another series ({names})"
+    elif not _series_made(runner, workspace, existing):
+        other = f"patches named as in {directory} that change the source otherwise (another series, or edited since)"
+    if other:
         raise LlamaforgeError(
-            f"{workspace} was made with another series ({', '.join(made) or 'no patches'}) than {directory} "
-            f"({', '.join(listed) or 'no patches'}); a patch made there would not apply to this series",
+            f"{workspace} was made with {other}; a patch made there would not apply to this series",
             hint=f"make a workspace of this series (`invoke patches.edit --series {directory}`), copy your edits "
             "into it, then run patches.new there",
         )
