@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from llamaforge.build.executors import ExecutorName
 from llamaforge.build.patches import series_dir
 from llamaforge.build.recipes import Backend, Platform, WindowsToolchain, resolve_named_file
 from llamaforge.core.errors import Cancelled, ExitCode, LlamaforgeError
@@ -47,7 +48,7 @@ class MatrixEntry(BaseModel):
     patches: str | None = None
     no_patches: bool = False
     cmake: dict[str, str | int | bool] = Field(default_factory=dict, description="Extra CMake options")
-    executor: str = "docker"
+    executor: ExecutorName = Field("docker", description="Where to build: docker, local or ssh")
     labels: list[str] = Field(
         default_factory=list, description="Labels a builder must carry to run it (with --builders)"
     )

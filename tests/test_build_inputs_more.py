@@ -1,0 +1,27 @@
+"""More build inputs refused when read, naming the file, the field or the option: matrix entries, recipes, CPU
+levels against the platform's architecture and builder fleets. Each goes through ``invoke`` where the user meets
+it, none builds anything."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from helpers import invoke
+
+
+def _matrix(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "m.toml"
+    path.write_text(text, encoding="utf-8")
+    return str(path)
+
+
+def test_a_matrix_entry_with_an_unknown_executor_names_the_field(tmp_path: Path) -> None:
+    # It was a pydantic traceback from the build's parameters, after the matrix had loaded.
+    path = _matrix(tmp_path, '[[builds]]\nname = "a"\nexecutor = "bogus"\n')
+    result = invoke("build", "--matrix", path, "--dry-run", "--json")
+    assert result.returncode == 2, result.stderr
+    error = json.loads(result.stdout)["error"]
+    assert f"invalid build matrix {path}" in error["message"]
+    assert "builds.0.executor: Input should be 'docker', 'local' or 'ssh'" in error["message"]
+    assert "Traceback" not in result.stderr
