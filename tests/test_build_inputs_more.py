@@ -25,3 +25,24 @@ def test_a_matrix_entry_with_an_unknown_executor_names_the_field(tmp_path: Path)
     assert f"invalid build matrix {path}" in error["message"]
     assert "builds.0.executor: Input should be 'docker', 'local' or 'ssh'" in error["message"]
     assert "Traceback" not in result.stderr
+
+
+def test_a_cpu_level_of_another_architecture_than_the_platform_builds_is_refused(tmp_path: Path) -> None:
+    # A Mac builds arm64 and Windows x64: the x86 level was recorded in the plan and never built on a Mac.
+    for platform, level, builds in (
+        ("macos", "x86-64-v3", "macOS builds are for aarch64"),
+        ("windows", "armv8.2-a+dotprod", "Windows builds are for x86_64"),
+    ):
+        result = invoke("build", "--platform", platform, "--cpu", level, "--dry-run", "--json")
+        assert result.returncode == 2, result.stderr
+        error = json.loads(result.stdout)["error"]
+        assert (
+            error["message"]
+            == f"CPU level {level!r} is for {'x86_64' if 'x86' in level else 'aarch64'}, but " + builds
+        )
+        assert "native, baseline" in error["hint"]
+    for platform, level in (("macos", "armv8.2-a+dotprod"), ("windows", "x86-64-v4"), ("macos", "native")):
+        plan = json.loads(
+            invoke("build", "--platform", platform, "--cpu", level, "--dry-run", "--json").stdout
+        )
+        assert plan["plan"]["cpu"] == level

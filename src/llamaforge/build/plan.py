@@ -27,7 +27,7 @@ from llamaforge.build.patches import PatchRef, read_series
 from llamaforge.build.recipes import BuildRecipe
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.version import __version__
-from llamaforge.platforms import BuildEnvironment, BuildScript, get_platform, sha256_text
+from llamaforge.platforms import BuildEnvironment, BuildScript, Platform, get_platform, sha256_text
 
 __all__ = ["PLAN_FORMAT", "BuildOptions", "BuildPlan", "plan_build"]
 
@@ -119,7 +119,7 @@ def _cmake_value(value: str | int | bool) -> str:
     return str(value)
 
 
-def _cpu_level(level: str, options: BuildOptions, platform_name: str) -> str:
+def _cpu_level(level: str, options: BuildOptions, platform: Platform) -> str:
     try:
         check_cpu_level(level)
     except ValueError as error:
@@ -140,9 +140,22 @@ def _cpu_level(level: str, options: BuildOptions, platform_name: str) -> str:
             hint="use --cpu native, --cpu baseline, --cpu x86-64-v3 … instead",
         )
     wanted = cpu_architecture(level)
+    if wanted and platform.machine and wanted != platform.machine:
+        # A Mac builds arm64 and Windows builds x64, wherever the build runs: another level would be recorded
+        # and silently not built (ggml ignores the other architecture's options).
+        raise InvalidOption(
+            f"CPU level {level!r} is for {wanted}, but {platform.title or platform.name} builds are for "
+            f"{platform.machine}",
+            hint="set the cpu level (--cpu, or the recipe's cpu) to native, baseline or "
+            + (
+                "an arm64 architecture such as armv8.2-a+dotprod"
+                if platform.machine == "aarch64"
+                else "x86-64-v2, x86-64-v3 or x86-64-v4"
+            ),
+        )
     machine = platform_module.machine().lower().replace("arm64", "aarch64").replace("amd64", "x86_64")
     # Builds for another system (a Mac or a Windows host over SSH) are not compared with this machine.
-    if platform_name == "linux" and wanted and machine in ("x86_64", "aarch64") and wanted != machine:
+    if platform.name == "linux" and wanted and machine in ("x86_64", "aarch64") and wanted != machine:
         raise InvalidOption(
             f"CPU level {level!r} is for {wanted}, but this machine builds for {machine}",
             hint="use cpu = variants (every level of this architecture) or one of its levels",
@@ -169,7 +182,7 @@ def plan_build(recipe: BuildRecipe, options: BuildOptions | None = None) -> Buil
     series = None if options.no_patches else (options.patches or recipe.patches)
     patches = tuple(read_series(series, platform=recipe.platform))
 
-    cpu = _cpu_level(recipe.cpu if options.cpu is None else options.cpu, options, recipe.platform)
+    cpu = _cpu_level(recipe.cpu if options.cpu is None else options.cpu, options, platform)
     cmake: dict[str, str] = {"CMAKE_BUILD_TYPE": "Release"}
     cmake.update({key: _cmake_value(value) for key, value in recipe.cmake.items()})
     cmake.update(cpu_cmake(cpu))

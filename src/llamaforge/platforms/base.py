@@ -120,6 +120,9 @@ class Platform:
     template_dir: ClassVar[str | None] = None  # folder under templates/ with its templates (None: none yet)
     # The backend of a build moved here with --platform and no --backend (None: the recipe's).
     preferred_backend: ClassVar[BackendName | None] = None
+    # The machine architecture its builds are for, as CPU levels name it (x86_64, aarch64); None: the build
+    # machine's own (a Linux build compiles for the machine it runs on).
+    machine: ClassVar[str | None] = None
 
     def check(self, recipe: BuildRecipe, backend: BackendName) -> None:
         """Raise InvalidOption, saying what to do instead, when this platform cannot build ``backend``: by

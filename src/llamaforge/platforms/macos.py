@@ -32,6 +32,7 @@ class MacosPlatform(Platform):
     title: ClassVar[str] = "macOS"
     template_dir: ClassVar[str | None] = TEMPLATES
     preferred_backend: ClassVar[BackendName | None] = "metal"  # with --platform macos and no --backend
+    machine: ClassVar[str | None] = "aarch64"  # CMAKE_OSX_ARCHITECTURES=arm64
 
     def backend_hint(self, backend: BackendName) -> str:
         """macOS builds the metal and cpu backends."""

@@ -101,6 +101,7 @@ class WindowsPlatform(Platform):
     name: ClassVar[PlatformName] = "windows"
     title: ClassVar[str] = "Windows"
     template_dir: ClassVar[str | None] = TEMPLATES
+    machine: ClassVar[str | None] = "x86_64"  # mingw's x86_64 triplet; MSVC's x64 developer shell
 
     def backend_hint(self, backend: BackendName) -> str:
         """Windows builds the cpu and cuda backends (CUDA with MSVC only; see ``build``)."""
