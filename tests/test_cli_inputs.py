@@ -107,6 +107,17 @@ BAD_INPUTS: list[tuple[list[str], int, str]] = [
     ([*RENDER, "--parallel", "abc"], InvalidOption.exit_code, "--parallel: Input should be a valid integer"),
     ([*RENDER, "--port", "0"], InvalidOption.exit_code, "--port: Input should be greater than or equal to 1"),
     (["topology.plan", "--parallel", "abc"], InvalidOption.exit_code, "--parallel: Input should be a valid"),
+    # llama.cpp holds at most 256 sequences: a plan for 257 slots is one no llama-server starts with
+    (
+        ["models.fit", "m.gguf", "--ctx", "512", "--parallel", "257"],
+        InvalidOption.exit_code,
+        "or equal to 256",
+    ),
+    (
+        ["models.split", "m.gguf", "--devices", "gpu=8GiB", "--ctx", "512", "--parallel", "257"],
+        InvalidOption.exit_code,
+        "--parallel: Input should be less than or equal to 256",
+    ),
     (
         ["models.fit", "m.gguf", "--ctx", "lots"],
         InvalidOption.exit_code,

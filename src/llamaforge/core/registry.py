@@ -61,6 +61,11 @@ class Params(BaseModel):
 #: (replicas): larger values would pass here and fail, or wrap, there.
 Int32 = Annotated[int, Field(le=2**31 - 1)]
 
+#: llama-server's slots (``--parallel``): llama.cpp b11312 holds at most LLAMA_MAX_SEQ = 256 sequences
+#: (src/llama-cparams.h) and refuses a context with more ("n_seq_max must be <= 256"), so a plan for more is
+#: one no server can run.
+Slots = Annotated[int, Field(ge=1, le=256)]
+
 #: The longest wait any option may ask for (a week, in seconds): a larger one overflows the clocks that
 #: threads and sockets wait on (``OverflowError: timestamp out of range``).
 MAX_WAIT_S = 7 * 24 * 3600

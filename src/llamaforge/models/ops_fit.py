@@ -9,7 +9,16 @@ from pydantic import Field
 
 from llamaforge.core.errors import OperationFailed
 from llamaforge.core.guard import refuse_if_read_only
-from llamaforge.core.registry import Int32, OperationContext, Params, Result, absent, operation, path_field
+from llamaforge.core.registry import (
+    Int32,
+    OperationContext,
+    Params,
+    Result,
+    Slots,
+    absent,
+    operation,
+    path_field,
+)
 
 
 class ModelFitParams(Params):
@@ -25,7 +34,7 @@ class ModelFitParams(Params):
     cache_type: str | None = Field(None, description="KV cache type for K and V, e.g. q8_0 (default f16)")
     cache_type_k: str | None = Field(None, description="K cache type (overrides --cache-type)")
     cache_type_v: str | None = Field(None, description="V cache type (overrides --cache-type)")
-    parallel: Int32 = Field(1, description="Slots (concurrent sequences) of llama-server", ge=1)
+    parallel: Slots = Field(1, description="Slots (concurrent sequences) of llama-server, at most 256")
     ubatch: Int32 = Field(512, description="Physical batch size (-ub)", ge=1)
     kv_unified: bool = Field(False, description="One KV cache shared by all slots (--kv-unified)")
     swa_full: bool = Field(False, description="Full-size KV cache for sliding-window layers (--swa-full)")

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from llamaforge.core.errors import DoesNotFit, OperationFailed
-from llamaforge.core.registry import Int32, OperationContext, Params, Result, operation, path_field
+from llamaforge.core.registry import Int32, OperationContext, Params, Result, Slots, operation, path_field
 
 
 class ModelSplitParams(Params):
@@ -22,7 +22,7 @@ class ModelSplitParams(Params):
         "then the head's GPUs as gpu=SIZE; e.g. 10.0.0.2:50052=24GiB,10.0.0.3=8GiB"
     )
     ctx: Int32 = Field(description="Context (tokens) of each slot", ge=1)
-    parallel: Int32 = Field(1, ge=1, description="Slots (concurrent sequences)")
+    parallel: Slots = Field(1, description="Slots (concurrent sequences), at most 256")
     cache_type: str = Field("f16", description="KV cache type for K and V")
     ubatch: Int32 = Field(512, ge=1, description="Physical batch size (-ub)")
     flash_attn: Literal["on", "off"] = Field("on", description="Flash attention")
