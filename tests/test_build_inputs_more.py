@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from helpers import invoke
+from helpers import REPO, invoke
 
 
 def _matrix(tmp_path: Path, text: str) -> str:
@@ -46,3 +46,21 @@ def test_a_cpu_level_of_another_architecture_than_the_platform_builds_is_refused
             invoke("build", "--platform", platform, "--cpu", level, "--dry-run", "--json").stdout
         )
         assert plan["plan"]["cpu"] == level
+
+
+def _recipe(tmp_path: Path, old: str, new: str) -> str:
+    """The default recipe with ``old`` replaced by ``new``, as a file."""
+    text = (REPO / "recipes" / "builds" / "default.toml").read_text(encoding="utf-8")
+    assert old in text
+    path = tmp_path / "edited.toml"
+    path.write_text(text.replace(old, new, 1), encoding="utf-8")
+    return str(path)
+
+
+def test_a_target_listed_twice_is_refused_naming_it(tmp_path: Path) -> None:
+    # The plan listed bin/llama-server twice among the artifacts.
+    path = _recipe(tmp_path, "targets = [", 'targets = ["llama-server", ')
+    result = invoke("recipes.show", "--name", path)
+    assert result.returncode == 2
+    assert f"invalid recipe {path}" in result.stderr
+    assert "targets: llama-server listed twice; list each target once" in result.stderr

@@ -293,6 +293,9 @@ class BuildRecipe(_Strict):
     def _valid_targets(cls, value: list[str]) -> list[str]:
         for target in value:
             check_target_name(target)
+        # Each target is one artifact: a second listing was a second artifact of the same file.
+        if twice := sorted({target for target in value if value.count(target) > 1}):
+            raise ValueError(f"{', '.join(twice)} listed twice; list each target once")
         return value
 
     @field_validator("cpu")
