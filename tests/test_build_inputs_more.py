@@ -64,3 +64,17 @@ def test_a_target_listed_twice_is_refused_naming_it(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert f"invalid recipe {path}" in result.stderr
     assert "targets: llama-server listed twice; list each target once" in result.stderr
+
+
+def test_a_build_number_larger_than_llama_cpp_compiles_is_refused(tmp_path: Path) -> None:
+    # It became -DLLAMA_BUILD_NUMBER=99999999999999999999, which llama.cpp compiles into an int.
+    path = _recipe(tmp_path, "build_number = 11312", "build_number = 99999999999999999999")
+    result = invoke("build", "--recipe", path, "--dry-run")
+    assert result.returncode == 2
+    assert (
+        "source.build_number: 99999999999999999999 is larger than a build number can be (at most 2147483647)"
+        in result.stderr
+    )
+    largest = _recipe(tmp_path, "build_number = 11312", "build_number = 2147483647")
+    plan = json.loads(invoke("build", "--recipe", largest, "--dry-run", "--json").stdout)["plan"]
+    assert "-DLLAMA_BUILD_NUMBER=2147483647" in plan["cmake_args"]

@@ -112,9 +112,8 @@ class GitSource(_Strict):
         description="Repository URL, e.g. https://github.com/ggml-org/llama.cpp"
     )
     commit: str = Field(pattern=_COMMIT, description="Full 40-hex commit to check out and verify")
-    build_number: int | None = Field(
+    build_number: BuildNumber | None = Field(
         default=None,
-        ge=0,
         description="llama.cpp build number (the bNNNN tag); leave it out when unknown (a shallow clone cannot "
         "count it): the build then reports build 0, as llama.cpp does without git",
     )
@@ -141,8 +140,16 @@ def _check_date(value: datetime.date) -> datetime.date:
     return value
 
 
+def _check_build_number(value: int) -> int:
+    # llama.cpp compiles it into an int (common/build-info.cpp): a larger one is reported wrong, or not compiled
+    if value > 2**31 - 1:
+        raise ValueError(f"{value} is larger than a build number can be (at most {2**31 - 1})")
+    return value
+
+
 Subdir = Annotated[str, AfterValidator(_check_subdir)]
 SourceDate = Annotated[datetime.date, AfterValidator(_check_date)]
+BuildNumber = Annotated[int, Field(ge=0), AfterValidator(_check_build_number)]
 
 
 class ArchiveSource(_Strict):
@@ -155,9 +162,8 @@ class ArchiveSource(_Strict):
     sha256: str = Field(pattern=_SHA256, description="sha256 of the archive file")
     subdir: Subdir = Field(default="", description="Directory inside the archive that holds llama.cpp")
     commit: str = Field(pattern=_COMMIT, description="Upstream commit the archive was made from")
-    build_number: int | None = Field(
+    build_number: BuildNumber | None = Field(
         default=None,
-        ge=0,
         description="llama.cpp build number (the bNNNN tag); leave it out when unknown (a shallow clone cannot "
         "count it): the build then reports build 0, as llama.cpp does without git",
     )
@@ -177,9 +183,8 @@ class PypiSdistSource(_Strict):
     sha256: str = Field(pattern=_SHA256, description="sha256 of the sdist file")
     subdir: Subdir = Field(description="Directory inside the sdist that holds llama.cpp")
     commit: str = Field(pattern=_COMMIT, description="Upstream llama.cpp commit vendored by this sdist")
-    build_number: int | None = Field(
+    build_number: BuildNumber | None = Field(
         default=None,
-        ge=0,
         description="llama.cpp build number (the bNNNN tag); leave it out when unknown (a shallow clone cannot "
         "count it): the build then reports build 0, as llama.cpp does without git",
     )
