@@ -31,7 +31,7 @@ from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.models import store as modelstore
 from llamaforge.models.argument import resolve_model_argument
 from llamaforge.models.fetch import fetch_model
-from llamaforge.models.recipes import ModelRecipe
+from llamaforge.models.recipes import ModelRecipe, load_model_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 LLAMAFORGE = [sys.executable, "-c", "from llamaforge.fronts.cli import main; main()"]
@@ -395,3 +395,35 @@ def test_a_terminal_bar_and_a_notebook_count_mib() -> None:
         Event("progress", "downloading", stage="fetch", completed=120 * MiB, total=400 * MiB, unit="bytes")
     )
     assert "[120.0/400.0 MiB]" in state.text() and "120.0/400.0 MiB" in state.as_html()
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        # the hub URL would be normalized to another repository's file
+        (
+            'source = "hf://a/b/../../etc/passwd.gguf"\n',
+            "source: a hub source's owner, repo and path hold no",
+        ),
+        ('source = "ms://a/b//x.gguf"\n', "source: a hub source's owner, repo and path hold no"),
+        # a file:// or https:// source has no revision: it was ignored without a word
+        ('source = "file:///m.gguf"\nrevision = "main"\n', "revision: revision applies to hf:// and ms://"),
+        # no GGUF states Q9_X: every file failed verification, however good
+        ('source = "file:///m.gguf"\n[expect]\nfile_type = "Q9_X"\n', "expect.file_type: 'Q9_X' is no GGUF"),
+    ],
+)
+def test_a_model_recipe_that_no_file_can_satisfy_is_refused_naming_its_field(
+    text: str, words: str, tmp_path: Path
+) -> None:
+    recipe = tmp_path / "m.toml"
+    recipe.write_text(text, encoding="utf-8")
+    with pytest.raises(LlamaforgeError) as refused:
+        load_model_recipe(str(recipe))
+    assert f"invalid model recipe {recipe}" in refused.value.message and words in refused.value.message
+
+
+def test_a_file_type_is_compared_by_its_name_in_any_spelling() -> None:
+    for spelling in ("Q4_K_M", "q4_k_m", "MOSTLY_Q4_K_M", "UD-Q4_K_M"):
+        assert (
+            ModelRecipe(source="file:///m.gguf", expect={"file_type": spelling}).expect.file_type == spelling
+        )

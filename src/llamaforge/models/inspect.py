@@ -72,6 +72,20 @@ def file_type_name(value: object) -> str | None:
     return name.removeprefix("MOSTLY_").removeprefix("ALL_")
 
 
+def normal_file_type(name: str) -> str:
+    """A file type's name as compared: ``q4_k_m``, ``MOSTLY_Q4_K_M`` and ``UD-Q4_K_M`` are ``Q4_K_M``."""
+    return name.upper().removeprefix("UD-").removeprefix("MOSTLY_").removeprefix("ALL_")
+
+
+def known_file_types() -> set[str]:
+    """Every file type a GGUF can state (``general.file_type``) or llama.cpp guesses, as :func:`normal_file_type`
+    writes them."""
+    import gguf
+
+    stated = {normal_file_type(item.name) for item in gguf.LlamaFileType if item.name != "GUESSED"}
+    return stated | set(_GUESSED_FILE_TYPE.values())
+
+
 def quant_histogram(tensors: list[TensorInfo]) -> dict[str, dict[str, int]]:
     """Tensors per ggml type: count, bytes and elements, largest share first."""
     histogram: dict[str, dict[str, int]] = {}

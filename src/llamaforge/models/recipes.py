@@ -9,7 +9,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from llamaforge.build.recipes import SmokeTable, resolve_named_file
 from llamaforge.core.paths import data_dir
@@ -33,6 +41,16 @@ class ModelExpectations(_Strict):
     expert_count: int | None = Field(None, ge=0, description="{arch}.expert_count (MoE)")
     expert_used_count: int | None = Field(None, ge=0, description="{arch}.expert_used_count (MoE)")
     chat_template: bool | None = Field(None, description="tokenizer.chat_template must be present")
+
+    @field_validator("file_type")
+    @classmethod
+    def _a_file_type(cls, value: str | None) -> str | None:
+        # A name no GGUF states (Q9_X, Unsloth's UD-Q4_K_XL label) fails every file, however good.
+        from llamaforge.models.inspect import known_file_types, normal_file_type
+
+        if value is not None and normal_file_type(value) not in (known := known_file_types()):
+            raise ValueError(f"{value!r} is no GGUF file type; one of {', '.join(sorted(known))}")
+        return value
 
 
 class AnswerCheck(_Strict):
@@ -119,8 +137,19 @@ class ModelRecipe(_Strict):
             raise ValueError(f"source must start with one of {', '.join(SOURCE_SCHEMES)}")
         if value.startswith(("hf://", "ms://")) and not re.fullmatch(r"(hf|ms)://[^/]+/[^/]+/.+", value):
             raise ValueError("hub sources look like hf://owner/repo/path/in/repo.gguf")
+        if value.startswith(("hf://", "ms://")) and {"", ".", ".."} & set(value[5:].split("/")):
+            # The hub URL would be normalized to another repository's file, or to none.
+            raise ValueError("a hub source's owner, repo and path hold no empty, '.' or '..' part")
         if value.startswith("file://") and file_url_host(value):
             raise ValueError("file sources name an absolute path: file:///abs/path.gguf (three slashes)")
+        return value
+
+    @field_validator("revision")
+    @classmethod
+    def _revision_of_a_hub(cls, value: str | None, info: ValidationInfo) -> str | None:
+        source = info.data.get("source", "")  # absent when the source itself was refused
+        if value is not None and source and not source.startswith(("hf://", "ms://")):
+            raise ValueError("revision applies to hf:// and ms:// sources only (pin others with sha256)")
         return value
 
     @property

@@ -192,14 +192,12 @@ def _hyper_parameters(header: GGUFHeader, findings: list[Finding]) -> int | None
 # ---------------------------------------------------------------------------------------- expectations
 
 
-def _normal_file_type(name: str) -> str:
-    return name.upper().removeprefix("UD-").removeprefix("MOSTLY_").removeprefix("ALL_")
-
-
 def check_expectations(
     model: Mapping[str, Any], recipe: ModelRecipe, size: int, sha256: str
 ) -> list[Finding]:
     """Named mismatches between the file's facts and what ``recipe`` pins and expects."""
+    from llamaforge.models.inspect import normal_file_type
+
     findings: list[Finding] = []
 
     def mismatch(check: str, subject: str, message: str) -> None:
@@ -225,7 +223,7 @@ def check_expectations(
         )
     if expect.file_type:
         actual = model["file_type"] or model["guessed_file_type"] or "?"
-        if _normal_file_type(actual) != _normal_file_type(expect.file_type):
+        if normal_file_type(actual) != normal_file_type(expect.file_type):
             mismatch(
                 "expectations", "file_type", f"file_type is {actual}, the recipe expects {expect.file_type}"
             )
