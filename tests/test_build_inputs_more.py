@@ -78,3 +78,48 @@ def test_a_build_number_larger_than_llama_cpp_compiles_is_refused(tmp_path: Path
     largest = _recipe(tmp_path, "build_number = 11312", "build_number = 2147483647")
     plan = json.loads(invoke("build", "--recipe", largest, "--dry-run", "--json").stdout)["plan"]
     assert "-DLLAMA_BUILD_NUMBER=2147483647" in plan["cmake_args"]
+
+
+def _fleet(tmp_path: Path, builder: str, platforms: str = '["linux"]') -> str:
+    path = tmp_path / "fleet.toml"
+    path.write_text(f'[[builders]]\nname = "a"\nplatforms = {platforms}\n{builder}\n', encoding="utf-8")
+    return str(path)
+
+
+def test_fleet_engines_that_cannot_work_are_refused_when_the_fleet_loads(tmp_path: Path) -> None:
+    # Port 0 and a path or query reached the docker client ("Invalid bind address format"); an engine that
+    # lists macos looked like a Mac builder that placement never used.
+    for engine, platforms, message in (
+        ("tcp://h:0", '["linux"]', "'tcp://h:0' names no host and valid port"),
+        ("ssh://u@h:22/x?y=1", '["linux"]', "names only the user, host and port, no path or query"),
+        (
+            "unix:///nonexistent.sock",
+            '["linux", "macos"]',
+            "builder 'a' lists macos: a Docker engine builds linux and windows (mingw); macOS builds need a Mac",
+        ),
+    ):
+        path = _fleet(tmp_path, f'engine = "{engine}"', platforms)
+        result = invoke("builders.status", "--builders", path, "--json")
+        assert result.returncode == 2, result.stderr
+        error = json.loads(result.stdout)["error"]
+        assert f"invalid builder fleet {path}" in error["message"] and message in error["message"]
+
+
+def test_a_cert_path_without_the_tls_files_is_named_with_the_builder(tmp_path: Path) -> None:
+    # The docker client's own words were "Path to a certificate and key files must be provided through the
+    # client_cert param".
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    (certs / "ca.pem").write_text("x", encoding="utf-8")
+    for cert_path, message in (
+        ("missing", f"the cert_path of builder a, {tmp_path / 'missing'}, does not exist"),
+        ("fleet.toml", f"the cert_path of builder a, {tmp_path / 'fleet.toml'}, is no directory"),
+        ("certs", f"the cert_path of builder a, {certs}, has no cert.pem, key.pem"),
+    ):
+        path = _fleet(tmp_path, f'engine = "tcp://127.0.0.1:1"\ntls_verify = true\ncert_path = "{cert_path}"')
+        status = invoke("builders.status", "--builders", path, "--json")
+        (row,) = json.loads(status.stdout)["builders"]
+        assert row["error"] == message and "ca.pem, cert.pem, key.pem" in row["hint"]
+        matrix = _matrix(tmp_path, '[[builds]]\nname = "a"\n')
+        planned = invoke("build", "--matrix", matrix, "--builders", path, "--dry-run", "--json")
+        assert planned.returncode == 2 and json.loads(planned.stdout)["error"]["message"] == message

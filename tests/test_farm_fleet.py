@@ -74,6 +74,9 @@ platforms = ["macos"]
 
 
 def test_a_fleet_resolves_paths_next_to_its_file_and_reaches_each_builder(tmp_path: Path) -> None:
+    (tmp_path / "certs" / "big").mkdir(parents=True)
+    for name in ("ca.pem", "cert.pem", "key.pem"):  # the engine's TLS files are checked where it is reached
+        write(tmp_path / "certs" / "big" / name, "x")
     fleet = load_fleet(write(tmp_path / "lab.toml", FLEET))
     assert fleet.name == "lab" and fleet.origin.endswith("lab.toml")
     big, mac = fleet.builders

@@ -124,10 +124,18 @@ class Builder(_Strict):
             port = parts.port  # out of range or not a number: ValueError
         except ValueError:
             port = -1
-        if (scheme == "unix" and not parts.path) or (scheme != "unix" and (not parts.hostname or port == -1)):
+        if (scheme == "unix" and not parts.path) or (
+            scheme != "unix" and (not parts.hostname or port in (-1, 0))
+        ):
             raise ValueError(
                 f"{value!r} names no {'socket path' if scheme == 'unix' else 'host and valid port'}: use "
                 "unix:///PATH, tcp://HOST:PORT or ssh://USER@HOST"
+            )
+        if scheme != "unix" and (parts.path not in ("", "/") or parts.query or parts.fragment):
+            # docker's client takes none of them; it failed with "Invalid bind address format" when probed
+            raise ValueError(
+                f"{value!r}: an engine URL names only the user, host and port, no path or query: use "
+                f"{scheme}://{'USER@' if scheme == 'ssh' else ''}HOST:PORT"
             )
         return value
 
@@ -165,6 +173,12 @@ class Builder(_Strict):
             raise ValueError("tls_verify and cert_path apply to tcp:// engines only")
         if self.tls_verify and not self.cert_path:
             raise ValueError("tls_verify needs cert_path (a directory with ca.pem, cert.pem and key.pem)")
+        if self.engine is not None and "macos" in self.platforms:
+            # placement never sends a macOS build to an engine: such a builder only looked like it builds them
+            raise ValueError(
+                f"builder {self.name!r} lists macos: a Docker engine builds linux and windows (mingw); macOS "
+                "builds need a Mac as build_host"
+            )
         return self
 
     @property
@@ -189,7 +203,26 @@ class Builder(_Strict):
         if self.engine is None:
             raise InvalidOption(f"builder {self.name!r} is a build host, not a Docker engine")
         cert_path = Path(self.cert_path) if self.cert_path else None
+        if cert_path is not None:
+            self._check_cert_path(cert_path)
         return EngineConfig(url=self.engine, tls_verify=self.tls_verify, cert_path=cert_path)
+
+    def _check_cert_path(self, cert_path: Path) -> None:
+        """Name a cert_path that is no directory, or lacks the files the engine's TLS needs (the docker client
+        said only that "a certificate and key files must be provided")."""
+        needed = ("ca.pem", "cert.pem", "key.pem") if self.tls_verify else ("cert.pem", "key.pem")
+        hint = (
+            f"cert_path of builder {self.name} in the fleet file is a directory holding "
+            + ", ".join(needed)
+            + " (as DOCKER_CERT_PATH)"
+        )
+        if not cert_path.is_dir():
+            what = "does not exist" if not cert_path.exists() else "is no directory"
+            raise InvalidOption(f"the cert_path of builder {self.name}, {cert_path}, {what}", hint=hint)
+        if missing := [name for name in needed if not (cert_path / name).is_file()]:
+            raise InvalidOption(
+                f"the cert_path of builder {self.name}, {cert_path}, has no {', '.join(missing)}", hint=hint
+            )
 
     def ssh_host(self) -> SshHost:
         """How to reach the builder's SSH build host."""
