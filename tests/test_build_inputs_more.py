@@ -123,3 +123,22 @@ def test_a_cert_path_without_the_tls_files_is_named_with_the_builder(tmp_path: P
         matrix = _matrix(tmp_path, '[[builds]]\nname = "a"\n')
         planned = invoke("build", "--matrix", matrix, "--builders", path, "--dry-run", "--json")
         assert planned.returncode == 2 and json.loads(planned.stdout)["error"]["message"] == message
+
+
+def test_a_cmake_key_that_is_no_variable_name_is_named_as_such() -> None:
+    # It was "not a CMake option this build accepts", with a hint about compilers and toolchain files.
+    for key in ("A B", "GGML_RPC:BOOL"):
+        result = invoke("build", "--cmake", f"{key}=ON", "--dry-run", "--json")
+        assert result.returncode == 2
+        error = json.loads(result.stdout)["error"]
+        assert error["message"] == f"--cmake {key!r}: not a CMake variable name"
+        assert "letters, digits and '_'" in error["hint"] and "compiler" not in error["hint"]
+
+
+def test_a_cmake_option_given_twice_with_different_values_is_refused() -> None:
+    # Only the last value reached cmake.
+    result = invoke("build", "--cmake", "FOO=1", "--cmake", "FOO=2", "--dry-run", "--json")
+    assert result.returncode == 2
+    assert json.loads(result.stdout)["error"]["message"] == "--cmake FOO given twice with different values"
+    same = invoke("build", "--cmake", "FOO=1", "--cmake", "FOO=1", "--dry-run", "--json")
+    assert "-DFOO=1" in json.loads(same.stdout)["plan"]["cmake_args"]

@@ -36,6 +36,17 @@ def refused_cmake_keys(keys: Iterable[str]) -> list[str]:
     return sorted(key for key in keys if not CMAKE_NAME.fullmatch(key) or _RUNS_CODE.fullmatch(key))
 
 
+def unnamed_cmake_keys(keys: Iterable[str]) -> list[str]:
+    """The keys among ``keys`` that are no CMake variable name (``A B``, ``GGML_RPC:BOOL``) and name no program
+    either: a typing mistake, told apart from the options :func:`refused_cmake_keys` refuses for what they run."""
+    # CMAKE_PROJECT_llama.cpp_INCLUDE or CMAKE_C_COMPILER:FILEPATH still name a program CMake runs
+    return [
+        key
+        for key in keys
+        if not CMAKE_NAME.fullmatch(key) and not _RUNS_CODE.fullmatch(re.sub(r"\W", "_", key))
+    ]
+
+
 _CONTROL: Final = re.compile(r"[\x00-\x1f\x7f]")
 
 

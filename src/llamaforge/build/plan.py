@@ -19,6 +19,7 @@ from llamaforge.build.cmake_options import (
     backend_cmake_keys,
     multiline_cmake_values,
     refused_cmake_keys,
+    unnamed_cmake_keys,
 )
 from llamaforge.build.cpu_level import check_cpu_level, controlled_keys, cpu_architecture, cpu_cmake
 from llamaforge.build.names import BackendName
@@ -124,9 +125,23 @@ def _cpu_level(level: str, options: BuildOptions, platform: Platform) -> str:
         check_cpu_level(level)
     except ValueError as error:
         raise InvalidOption(f"--cpu: {error}", hint="e.g. --cpu native or --cpu x86-64-v3") from None
+    if unnamed := unnamed_cmake_keys(key for key, _value in options.cmake):
+        raise InvalidOption(
+            f"--cmake {', '.join(repr(key) for key in unnamed)}: not a CMake variable name",
+            hint="give KEY=VALUE with a KEY of letters, digits and '_' (no type suffix), e.g. GGML_RPC=ON",
+        )
     if refused := refused_cmake_keys(key for key, _value in options.cmake):
         raise InvalidOption(
             f"--cmake {', '.join(refused)}: not a CMake option this build accepts", hint=REFUSED_HINT
+        )
+    values: dict[str, set[str]] = {}
+    for key, value in options.cmake:
+        values.setdefault(key, set()).add(value)
+    if twice := sorted(key for key, given in values.items() if len(given) > 1):
+        # only the last one reached cmake, silently
+        raise InvalidOption(
+            f"--cmake {', '.join(twice)} given twice with different values",
+            hint="give each option once, with the value it should have",
         )
     if chosen := backend_cmake_keys(key for key, _value in options.cmake):
         raise InvalidOption(f"--cmake {', '.join(chosen)}: not set by -D", hint=BACKEND_HINT)
