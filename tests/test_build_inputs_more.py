@@ -5,6 +5,7 @@ it, none builds anything."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from helpers import REPO, invoke
@@ -142,3 +143,20 @@ def test_a_cmake_option_given_twice_with_different_values_is_refused() -> None:
     assert json.loads(result.stdout)["error"]["message"] == "--cmake FOO given twice with different values"
     same = invoke("build", "--cmake", "FOO=1", "--cmake", "FOO=1", "--dry-run", "--json")
     assert "-DFOO=1" in json.loads(same.stdout)["plan"]["cmake_args"]
+
+
+def test_a_ca_bundle_that_is_a_directory_is_named_as_one(tmp_path: Path) -> None:
+    # "CA bundle DIR does not exist" sent the user looking for a path that is there.
+    given = invoke("build", "--ca-bundle", str(tmp_path), "--dry-run", "--json")
+    assert given.returncode == 2
+    error = json.loads(given.stdout)["error"]
+    assert error["message"] == f"CA bundle {tmp_path} is a directory, not a file"
+    env = {key: value for key, value in os.environ.items() if key != "PIP_CERT"}
+    env["SSL_CERT_FILE"] = str(tmp_path)
+    host = invoke("build", "--arch", "86", "--dry-run", "--json", env=env)
+    assert host.returncode == 2
+    message = json.loads(host.stdout)["error"]["message"]
+    assert message == f"SSL_CERT_FILE names the CA bundle {tmp_path}, which is a directory, not a file"
+    checks = json.loads(invoke("doctor", "--json", env=env).stdout)["checks"]
+    (bundle,) = [check for check in checks if check["name"] == "ca bundle"]
+    assert bundle["detail"] == f"{tmp_path} from SSL_CERT_FILE is a directory, not a file"

@@ -33,6 +33,11 @@ class HostBundle:
         """Whether the setting names a file."""
         return self.path.is_file()
 
+    @property
+    def absence(self) -> str:
+        """Why the setting names no file, as a message says it: "does not exist", "is a directory, not a file"."""
+        return "is a directory, not a file" if self.path.is_dir() else "does not exist"
+
 
 def pip_config_files() -> list[Path]:
     """pip's configuration files, in the order pip reads them (a later file overrides an earlier one): the
@@ -92,7 +97,7 @@ def host_bundle() -> HostBundle | None:
     found = find_host_bundle()
     if found is not None and not found.exists:
         raise InvalidOption(
-            f"{found.origin} names the CA bundle {found.path}, which does not exist",
+            f"{found.origin} names the CA bundle {found.path}, which {found.absence}",
             hint=f"point {found.setting} at a CA bundle file or unset it; or pass --ca-bundle PATH, or "
             "--no-ca-bundle to build without one",
         )
@@ -111,8 +116,10 @@ def choose_bundle(given: str | None, *, none: bool = False) -> tuple[Path | None
     if given:
         path = Path(given).expanduser()
         if not path.is_file():
+            what = "is a directory, not a file" if path.is_dir() else "does not exist"
             raise InvalidOption(
-                f"CA bundle {path} does not exist", hint="e.g. /etc/ssl/certs/ca-certificates.crt"
+                f"CA bundle {path} {what}",
+                hint="give --ca-bundle a file of PEM certificates, e.g. /etc/ssl/certs/ca-certificates.crt",
             )
         return _readable(path.resolve(), GIVEN), None
     found = host_bundle()

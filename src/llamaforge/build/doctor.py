@@ -98,7 +98,7 @@ def _ca_bundle_check() -> Check:
         return Check(
             "ca bundle",
             "warn",
-            f"{found.path} from {found.origin} does not exist",
+            f"{found.path} from {found.origin} {found.absence}",
             f"point {found.setting} at a CA bundle file or unset it (builds refuse it), or build with --no-ca-bundle",
         )
     try:
