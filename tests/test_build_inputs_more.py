@@ -160,3 +160,15 @@ def test_a_ca_bundle_that_is_a_directory_is_named_as_one(tmp_path: Path) -> None
     checks = json.loads(invoke("doctor", "--json", env=env).stdout)["checks"]
     (bundle,) = [check for check in checks if check["name"] == "ca bundle"]
     assert bundle["detail"] == f"{tmp_path} from SSL_CERT_FILE is a directory, not a file"
+
+
+def test_no_patches_with_a_series_is_refused(tmp_path: Path) -> None:
+    # The plan left the named series out in silence.
+    result = invoke("build", "--no-patches", "--patches", "llama.cpp", "--dry-run", "--json")
+    assert result.returncode == 2
+    assert json.loads(result.stdout)["error"]["message"] == (
+        "--no-patches and --patches llama.cpp contradict each other"
+    )
+    path = _matrix(tmp_path, '[[builds]]\nname = "a"\nno_patches = true\npatches = "llama.cpp"\n')
+    (row,) = json.loads(invoke("build", "--matrix", path, "--dry-run", "--json").stdout)["matrix"]
+    assert row["result"] == "failed" and "contradict each other" in row["error"]

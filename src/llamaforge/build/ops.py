@@ -160,6 +160,12 @@ def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
                 hint="a build's manifest.json (`invoke builds.show KEY` prints its path)",
             ) from None
         return plan_build(recipe, options), options
+    if params.no_patches and params.patches:
+        # --no-patches won, and the series named was left out in silence
+        raise InvalidOption(
+            f"--no-patches and --patches {params.patches} contradict each other",
+            hint="drop --no-patches to build with that series, or --patches to build stock llama.cpp",
+        )
     cmake: list[tuple[str, str]] = []
     for item in params.cmake:
         key, sep, value = item.partition("=")
