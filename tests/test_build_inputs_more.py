@@ -172,3 +172,23 @@ def test_no_patches_with_a_series_is_refused(tmp_path: Path) -> None:
     path = _matrix(tmp_path, '[[builds]]\nname = "a"\nno_patches = true\npatches = "llama.cpp"\n')
     (row,) = json.loads(invoke("build", "--matrix", path, "--dry-run", "--json").stdout)["matrix"]
     assert row["result"] == "failed" and "contradict each other" in row["error"]
+
+
+def test_empty_paths_in_a_matrix_are_refused_when_it_loads(tmp_path: Path) -> None:
+    # recipe = "" or patches = "" was a pydantic traceback from the build's parameters.
+    for text, field in (
+        ('recipe = ""\n[[builds]]\nname = "a"\n', "recipe"),
+        ('[[builds]]\nname = "a"\nrecipe = ""\n', "builds.0.recipe"),
+        ('[[builds]]\nname = "a"\npatches = ""\n', "builds.0.patches"),
+        (
+            '[[builds]]\nname = "a"\nexecutor = "ssh"\nbuild_host = "u@h:22"\nssh_key = ""\n',
+            "builds.0.ssh_key",
+        ),
+    ):
+        path = _matrix(tmp_path, text)
+        result = invoke("build", "--matrix", path, "--dry-run", "--json")
+        assert result.returncode == 2, result.stderr
+        message = json.loads(result.stdout)["error"]["message"]
+        assert f"invalid build matrix {path}" in message
+        assert f"{field}: String should have at least 1 character" in message
+        assert "Traceback" not in result.stderr

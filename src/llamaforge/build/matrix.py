@@ -37,7 +37,7 @@ class MatrixEntry(BaseModel):
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$",
         description="Name of the build in the summary (letters, digits, '.', '_', '-')",
     )
-    recipe: str | None = Field(None, description="Build recipe (default: the matrix's recipe)")
+    recipe: str | None = Field(None, min_length=1, description="Build recipe (default: the matrix's recipe)")
     platform: Platform | None = None
     toolchain: WindowsToolchain | None = Field(
         None, description="Windows: mingw or msvc (default: the executor's)"
@@ -45,16 +45,16 @@ class MatrixEntry(BaseModel):
     backend: Backend | None = None
     arch: list[str] = Field(default_factory=list, description='CUDA archs, e.g. ["86", "89"]; implies CUDA')
     cpu: str | None = Field(None, description="CPU level (default: the recipe's), as `invoke build --cpu`")
-    patches: str | None = None
+    patches: str | None = Field(None, min_length=1)
     no_patches: bool = False
     cmake: dict[str, str | int | bool] = Field(default_factory=dict, description="Extra CMake options")
     executor: ExecutorName = Field("docker", description="Where to build: docker, local or ssh")
     labels: list[str] = Field(
         default_factory=list, description="Labels a builder must carry to run it (with --builders)"
     )
-    build_host: str | None = None
-    ssh_key: str | None = None
-    known_hosts: str | None = None
+    build_host: str | None = Field(None, min_length=1)
+    ssh_key: str | None = Field(None, min_length=1)
+    known_hosts: str | None = Field(None, min_length=1)
 
     @field_validator("arch", mode="before")
     @classmethod
@@ -69,7 +69,7 @@ class Matrix(BaseModel):
 
     name: str
     description: str = ""
-    recipe: str = Field("default", description="Recipe of every entry that names none")
+    recipe: str = Field("default", min_length=1, description="Recipe of every entry that names none")
     builds: list[MatrixEntry] = Field(min_length=1)
 
     @model_validator(mode="after")
