@@ -192,3 +192,11 @@ def test_empty_paths_in_a_matrix_are_refused_when_it_loads(tmp_path: Path) -> No
         assert f"invalid build matrix {path}" in message
         assert f"{field}: String should have at least 1 character" in message
         assert "Traceback" not in result.stderr
+
+
+def test_an_empty_patch_series_in_a_recipe_is_named(tmp_path: Path) -> None:
+    # patches = "" was read as the current directory: "'.' is no patch series: it has no series file".
+    path = _recipe(tmp_path, 'patches = "llama.cpp"', 'patches = ""')
+    result = invoke("build", "--recipe", path, "--dry-run")
+    assert result.returncode == 2
+    assert "patches: an empty series names nothing" in result.stderr and "--no-patches" in result.stderr

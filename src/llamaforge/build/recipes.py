@@ -147,7 +147,18 @@ def _check_build_number(value: int) -> int:
     return value
 
 
+def _check_series(value: str) -> str:
+    # '' became the current directory, refused as "'.' is no patch series"
+    if not value.strip():
+        raise ValueError(
+            "an empty series names nothing: name one under patches/ (e.g. llama.cpp) or its directory; "
+            "`invoke build --no-patches` builds stock llama.cpp"
+        )
+    return value
+
+
 Subdir = Annotated[str, AfterValidator(_check_subdir)]
+SeriesName = Annotated[str, AfterValidator(_check_series)]
 SourceDate = Annotated[datetime.date, AfterValidator(_check_date)]
 BuildNumber = Annotated[int, Field(ge=0), AfterValidator(_check_build_number)]
 
@@ -266,7 +277,7 @@ class BuildRecipe(_Strict):
         default_factory=lambda: ["86"], description="CMAKE_CUDA_ARCHITECTURES entries (cuda backend only)"
     )
     source: Source
-    patches: str | None = Field(
+    patches: SeriesName | None = Field(
         default="llama.cpp", description="Patch series directory under patches/, or none for a stock build"
     )
     targets: list[str] = Field(
