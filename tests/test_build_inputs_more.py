@@ -200,3 +200,17 @@ def test_an_empty_patch_series_in_a_recipe_is_named(tmp_path: Path) -> None:
     result = invoke("build", "--recipe", path, "--dry-run")
     assert result.returncode == 2
     assert "patches: an empty series names nothing" in result.stderr and "--no-patches" in result.stderr
+
+
+def test_a_cuda_toolkit_for_a_build_without_cuda_is_refused() -> None:
+    # --cuda-toolkit image planned a CPU build and changed nothing.
+    for extra, backend in ((), "cpu"), (("--backend", "vulkan"), "vulkan"):
+        result = invoke("build", "--cuda-toolkit", "image", *extra, "--dry-run", "--json")
+        assert result.returncode == 2
+        error = json.loads(result.stdout)["error"]
+        assert (
+            error["message"] == f"--cuda-toolkit image only applies to CUDA builds, not --backend {backend}"
+        )
+        assert "--arch" in error["hint"]
+    cuda = invoke("build", "--cuda-toolkit", "image", "--arch", "86", "--dry-run", "--json")
+    assert json.loads(cuda.stdout)["plan"]["backend"] == "cuda"

@@ -97,7 +97,13 @@ class Backend:
         return ()
 
     def check(self, recipe: BuildRecipe, options: BuildOptions, archs: tuple[str, ...]) -> None:
-        """Refuse, saying what to do instead, a build this backend cannot make (its toolkit, its archs)."""
+        """Refuse, saying what to do instead, a build this backend cannot make (its toolkit, its archs); by
+        default one given a CUDA toolkit, which only the cuda backend installs (it was ignored in silence)."""
+        if options.cuda_toolkit:
+            raise InvalidOption(
+                f"--cuda-toolkit {options.cuda_toolkit} only applies to CUDA builds, not --backend {self.name}",
+                hint="drop --cuda-toolkit, or build CUDA with --arch (e.g. --arch 86)",
+            )
 
     def cmake(self, archs: tuple[str, ...]) -> dict[str, str]:
         """The CMake settings that switch the backend on; they win over the recipe's and ``--cmake``."""
