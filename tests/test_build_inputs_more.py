@@ -214,3 +214,13 @@ def test_a_cuda_toolkit_for_a_build_without_cuda_is_refused() -> None:
         assert "--arch" in error["hint"]
     cuda = invoke("build", "--cuda-toolkit", "image", "--arch", "86", "--dry-run", "--json")
     assert json.loads(cuda.stdout)["plan"]["backend"] == "cuda"
+
+
+def test_a_remote_ccache_on_port_0_is_refused() -> None:
+    # urlsplit takes port 0, and the build would have run with a cache no server answers.
+    for url in ("redis://h:0", "http://h:0/cache"):
+        result = invoke("build", "--ccache-remote", url, "--dry-run", "--json")
+        assert result.returncode == 2
+        assert json.loads(result.stdout)["error"]["message"] == (
+            f"--ccache-remote {url}: the port is not a number 1-65535"
+        )

@@ -180,7 +180,8 @@ def _split(base: str, origin: str) -> SplitResult:
             hint=_HINT_FORMS,
         )
     try:
-        parts.port  # noqa: B018 - urlsplit checks the port only when it is read
+        if parts.port == 0:  # urlsplit takes it; no server listens there
+            raise ValueError(parts.port)
     except ValueError:
         raise InvalidOption(
             f"{origin} {_hidden(base)}: the port is not a number 1-65535", hint=_HINT_FORMS
