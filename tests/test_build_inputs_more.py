@@ -224,3 +224,12 @@ def test_a_remote_ccache_on_port_0_is_refused() -> None:
         assert json.loads(result.stdout)["error"]["message"] == (
             f"--ccache-remote {url}: the port is not a number 1-65535"
         )
+
+
+def test_from_manifest_naming_a_directory_says_so(tmp_path: Path) -> None:
+    # It said the directory "does not exist".
+    result = invoke("build", "--from-manifest", str(tmp_path), "--dry-run", "--json")
+    assert result.returncode == 2
+    error = json.loads(result.stdout)["error"]
+    assert error["message"] == f"manifest {tmp_path} is a directory, not a manifest file"
+    assert "manifest.json" in error["hint"]

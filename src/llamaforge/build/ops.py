@@ -142,8 +142,10 @@ def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
 
         path = Path(params.from_manifest)
         if not path.is_file():
+            what = "is a directory, not a manifest file" if path.is_dir() else "does not exist"
             raise InvalidOption(
-                f"manifest {path} does not exist", hint="`invoke builds.show KEY` prints the path"
+                f"manifest {path} {what}",
+                hint="give a build's manifest.json (`invoke builds.show KEY` prints its path)",
             )
         try:
             recipe, options = recipe_from_manifest(
