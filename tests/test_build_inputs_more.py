@@ -233,3 +233,15 @@ def test_from_manifest_naming_a_directory_says_so(tmp_path: Path) -> None:
     error = json.loads(result.stdout)["error"]
     assert error["message"] == f"manifest {tmp_path} is a directory, not a manifest file"
     assert "manifest.json" in error["hint"]
+
+
+def test_a_shipped_file_named_with_its_toml_points_at_its_name() -> None:
+    # "default.toml" is looked for in the current directory; the hint said only "check the path".
+    for task, option, name in (
+        ("recipes.show", "--name", "default"),
+        ("builders.status", "--builders", "example"),
+    ):
+        result = invoke(task, option, f"{name}.toml")
+        assert result.returncode == 2
+        assert f"file {name}.toml does not exist" in result.stderr
+        assert f"is named without .toml: {name}" in result.stderr

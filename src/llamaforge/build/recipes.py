@@ -359,7 +359,14 @@ def resolve_named_file(name_or_path: str | Path, directory: Path, kind: str) -> 
                 f"{candidate} is a directory, not a {kind} file", hint=f"give the {kind}'s .toml file"
             )
         if not candidate.is_file():
-            raise RecipeError(f"{kind} file {candidate} does not exist", hint="check the path")
+            shipped = "/" not in text and os.sep not in text and (directory / text).is_file()
+            raise RecipeError(
+                f"{kind} file {candidate} does not exist",
+                # a shipped one named with its .toml is looked for here, in the current directory
+                hint=f"the shipped {kind} is named without .toml: {candidate.stem}"
+                if shipped
+                else "check the path",
+            )
         return candidate
     path = directory / f"{text}.toml"
     if not path.is_file():
