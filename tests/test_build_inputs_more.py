@@ -245,3 +245,14 @@ def test_a_shipped_file_named_with_its_toml_points_at_its_name() -> None:
         assert result.returncode == 2
         assert f"file {name}.toml does not exist" in result.stderr
         assert f"is named without .toml: {name}" in result.stderr
+
+
+def test_a_builder_memory_of_inf_is_refused_when_the_fleet_loads(tmp_path: Path) -> None:
+    # It loaded, and the status of a builder that answers could not hold it (results take finite numbers only).
+    path = _fleet(tmp_path, 'engine = "unix:///nonexistent.sock"\nmemory_gib = inf')
+    result = invoke("builders.status", "--builders", path, "--json")
+    assert result.returncode == 2
+    assert (
+        "builders.0.memory_gib: Input should be a finite number"
+        in json.loads(result.stdout)["error"]["message"]
+    )

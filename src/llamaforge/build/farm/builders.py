@@ -87,7 +87,9 @@ class Builder(_Strict):
     )
     platforms: list[PlatformName] = Field(min_length=1, description="Platforms it builds for")
     cores: int | None = Field(None, ge=1, description="CPU cores (probed when not given)")
-    memory_gib: float | None = Field(None, gt=0, description="Memory in GiB (probed when not given)")
+    memory_gib: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description="Memory in GiB (probed when not given)"
+    )
     labels: list[str] = Field(
         default_factory=list, description="Labels a matrix entry may require (cuda, fast, rack-a, …)"
     )
