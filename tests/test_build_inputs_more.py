@@ -256,3 +256,13 @@ def test_a_builder_memory_of_inf_is_refused_when_the_fleet_loads(tmp_path: Path)
         "builders.0.memory_gib: Input should be a finite number"
         in json.loads(result.stdout)["error"]["message"]
     )
+
+
+def test_a_fleet_selection_that_names_no_builder_is_refused() -> None:
+    # "example:," reported "0 of 0 builders answered" and a matrix had no builder to run on.
+    for command in (("builders.status",), ("build", "--matrix", "rtx", "--dry-run")):
+        result = invoke(*command, "--builders", "example:,", "--json")
+        assert result.returncode == 2
+        error = json.loads(result.stdout)["error"]
+        assert error["message"].startswith("the selection ',' of builder fleet ")
+        assert error["message"].endswith("example.toml names no builder")

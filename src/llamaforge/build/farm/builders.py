@@ -329,6 +329,11 @@ class BuilderFleet(_Strict):
             for part in item.split(",")
             if part.strip()
         ]
+        if not wanted:  # "NAME:," asked for builders and named none: it reported 0 of 0 builders
+            raise InvalidOption(
+                f"the selection {names!r} of builder fleet {self.origin} names no builder",
+                hint="name builders after the colon, NAME:b1,b2, or give the fleet's name alone for all of them",
+            )
         chosen = {self.builder(name).name for name in wanted}
         return [builder for builder in self.builders if builder.name in chosen]
 
