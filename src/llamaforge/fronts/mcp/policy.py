@@ -7,6 +7,7 @@ The checks are derived from the operation registry (fields declared with ``path_
 
 from __future__ import annotations
 
+import errno
 import inspect
 import json
 import os
@@ -80,6 +81,21 @@ def default_roots(project_dir: Path, extra: Iterable[Path] = ()) -> tuple[Path, 
     return tuple(roots)
 
 
+def _exists(field: str, value: str, path: Path) -> bool:
+    """Whether ``path`` exists; a name longer than the file system holds is refused here, naming the parameter
+    (the operation would stop on an OSError the caller could not read)."""
+    try:
+        os.lstat(path)
+    except OSError as error:
+        if error.errno == errno.ENAMETOOLONG:
+            raise ToolError(
+                f"path parameter {field!r} is refused: at {len(value)} characters it is longer than this file "
+                "system allows for a path or for one name in it; give the path of an existing file, or a shipped name"
+            ) from None
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class PathPolicy:
     """Path parameters must resolve (symlinks followed) inside one of ``roots``; ``..`` is never accepted."""
@@ -107,7 +123,7 @@ class PathPolicy:
             )
         bare = len(parts) == 1 and not value.startswith(("~", "."))
         candidate = self.base / Path(value).expanduser()
-        if bare and not os.path.lexists(candidate):
+        if not _exists(field, value, candidate) and bare:
             return  # a name (recipe, series), looked up in the shipped data directories
         resolved = candidate.resolve()
         if not self._inside(resolved):
