@@ -4,10 +4,12 @@ parameters no file system holds, booleans for numbers inside lists, and an opera
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import mcp_types
 import pytest
+from pydantic import Field
 
 from helpers import REPO
 
@@ -16,6 +18,8 @@ if str(REPO) not in sys.path:  # `mcp_server/` sits at the top of the checkout, 
 
 from mcp import Client
 from mcp_server import build_server
+
+from llamaforge.core.registry import OperationContext, Params, Result, operation, operations
 
 pytestmark = pytest.mark.anyio
 
@@ -32,6 +36,41 @@ def error_text(result: mcp_types.CallToolResult) -> str:
     return block.text
 
 
+class CountsParams(Params):
+    """Parameters of the test-only operations."""
+
+    counts: list[int] = Field(default_factory=lambda: [1], description="Numbers")
+    name: str = Field("x", description="A name")
+
+
+class Counted(Result):
+    """What the test-only operation was given."""
+
+    counts: list[int]
+
+
+@pytest.fixture
+def calls() -> Iterator[list[list[int]]]:
+    seen: list[list[int]] = []
+
+    @operation("testonly.count", CountsParams, read_only=True)
+    def count(params: CountsParams, ctx: OperationContext) -> Counted:
+        """Record the numbers it was given (test only)."""
+        seen.append(params.counts)
+        return Counted(counts=params.counts)
+
+    @operation("testonly.crash", CountsParams, read_only=True)
+    def crash(params: CountsParams, ctx: OperationContext) -> Counted:
+        """Fail with an error no check foresaw (test only)."""
+        raise OSError(36, "File name too long", params.name)
+
+    try:
+        yield seen
+    finally:
+        for name in ("testonly.count", "testonly.crash"):
+            operations().pop(name, None)
+
+
 async def test_a_path_longer_than_the_file_system_holds_is_refused_naming_the_parameter(
     lf_home: Path,
 ) -> None:
@@ -44,3 +83,15 @@ async def test_a_path_longer_than_the_file_system_holds_is_refused_naming_the_pa
     ), name
     assert "path parameter 'recipe' is refused: at 6000 characters" in nested
     assert "OSError" not in name + nested and "internal error" not in name + nested
+
+
+async def test_booleans_inside_a_list_of_numbers_are_refused(calls: list[list[int]], lf_home: Path) -> None:
+    async with Client(build_server()) as client:
+        listed = error_text(await client.call_tool("testonly_count", {"counts": [True, 2]}))
+        text = error_text(await client.call_tool("testonly_count", {"name": True}))
+        counted = await client.call_tool("testonly_count", {"counts": [3, 2]})
+    assert listed == "invalid arguments for testonly_count: counts[0]: true is not a number"
+    # a string field keeps pydantic's own words: true is no string, not "no number"
+    assert text == "invalid arguments for testonly_count: name: Input should be a valid string"
+    assert counted.structured_content == {"counts": [3, 2]}
+    assert calls == [[3, 2]], "a list with a boolean in it ran nothing"

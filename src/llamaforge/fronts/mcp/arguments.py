@@ -66,14 +66,43 @@ def _takes_boolean(schema: Mapping[str, Any]) -> bool:
     return schema.get("type") == "boolean" or any(_takes_boolean(part) for part in schema.get("anyOf", []))
 
 
+def _takes_number(schema: Mapping[str, Any]) -> bool:
+    return schema.get("type") in ("integer", "number") or any(
+        _takes_number(part) for part in schema.get("anyOf", [])
+    )
+
+
+def _item_schemas(schema: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The schemas of an array's items that ``schema`` (or one of its ``anyOf`` parts) allows."""
+    if schema.get("type") == "array":
+        return [schema.get("items", {})]
+    return [item for part in schema.get("anyOf", []) for item in _item_schemas(part)]
+
+
+def _boolean_problems(name: str, value: Any, schema: Mapping[str, Any]) -> list[str]:
+    if isinstance(value, bool):
+        if _takes_boolean(schema) or not _takes_number(schema):
+            return []  # a boolean, or a value pydantic refuses in its own words (a string field)
+        return [f"{name}: {json.dumps(value)} is not a number"]
+    if isinstance(value, list) and (items := _item_schemas(schema)):
+        return [
+            problem
+            for index, item in enumerate(value)
+            if all(_boolean_problems(f"{name}[{index}]", item, part) for part in items)
+            for problem in _boolean_problems(f"{name}[{index}]", item, items[0])
+        ]
+    return []
+
+
 def _booleans_as_numbers(metadata: FuncMetadata, arguments: Mapping[str, Any]) -> list[str]:
-    """``true`` / ``false`` given for a number: pydantic's lax mode reads them as 1 and 0 (``port: true`` would
-    render port 1), so they are refused here."""
+    """``true`` / ``false`` given for a number, alone or in a list: pydantic's lax mode reads them as 1 and 0
+    (``port: true`` would render port 1, ``concurrency: [true]`` one client), so they are refused here."""
     properties = metadata.arg_model.model_json_schema(by_alias=True).get("properties", {})
     return [
-        f"{name}: {json.dumps(value)} is not a number"
+        problem
         for name, value in arguments.items()
-        if isinstance(value, bool) and name in properties and not _takes_boolean(properties[name])
+        if name in properties
+        for problem in _boolean_problems(name, value, properties[name])
     ]
 
 
