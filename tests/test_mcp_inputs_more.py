@@ -85,6 +85,18 @@ async def test_a_path_longer_than_the_file_system_holds_is_refused_naming_the_pa
     assert "OSError" not in name + nested and "internal error" not in name + nested
 
 
+async def test_an_operation_that_crashes_says_so_instead_of_a_bare_error(
+    calls: list[list[int]], lf_home: Path
+) -> None:
+    async with Client(build_server()) as client:
+        text = error_text(await client.call_tool("testonly_crash", {"name": "spot"}))
+    # The SDK alone answered "Error executing tool testonly_crash" and nothing else.
+    assert text.endswith(
+        "internal error in testonly.crash: OSError: [Errno 36] File name too long: 'spot'\n"
+        "  hint: this is a bug in llamaforge; the server's log has the traceback"
+    ), text
+
+
 async def test_booleans_inside_a_list_of_numbers_are_refused(calls: list[list[int]], lf_home: Path) -> None:
     async with Client(build_server()) as client:
         listed = error_text(await client.call_tool("testonly_count", {"counts": [True, 2]}))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Annotated, Any, cast
 
@@ -53,6 +54,7 @@ from llamaforge.fronts.mcp.progress import Progress
 
 CONTEXT_PARAM = "mcp_context"
 RESERVED = frozenset({CONFIRM_PARAM, CONFIRMATION_PARAM, CONTEXT_PARAM})
+logger = logging.getLogger(__name__)
 
 
 def tool_name(operation: str) -> str:
@@ -117,6 +119,12 @@ async def _run_inline(
         return output.result(result_json(error.result), failure=error.render())
     except LlamaforgeError as error:
         raise output.error(error.render()) from None
+    except Exception as error:  # worded as a job's crash is; the SDK would answer only "Error executing tool"
+        logger.exception("%s crashed", op.name)
+        raise output.error(
+            f"internal error in {op.name}: {type(error).__name__}: {error}\n"
+            "  hint: this is a bug in llamaforge; the server's log has the traceback"
+        ) from None
     return output.result(result_json(result))
 
 
