@@ -17,7 +17,7 @@ if str(REPO) not in sys.path:  # `mcp_server/` sits at the top of the checkout, 
     sys.path.insert(0, str(REPO))
 
 from mcp import Client
-from mcp_server import build_server
+from mcp_server import ServerOptions, build_server
 
 from llamaforge.core.registry import OperationContext, Params, Result, operation, operations
 
@@ -69,6 +69,26 @@ def calls() -> Iterator[list[list[int]]]:
     finally:
         for name in ("testonly.count", "testonly.crash"):
             operations().pop(name, None)
+
+
+async def test_an_unknown_tool_is_named_with_the_closest_one(lf_home: Path) -> None:
+    async with Client(build_server()) as client:
+        dotted = error_text(await client.call_tool("models.fit", {"model": "tiny", "ctx": 512}))
+        cased = error_text(await client.call_tool("Recipes_List", {}))
+        nothing = error_text(await client.call_tool("xyzzy", {}))
+    assert dotted == "no tool 'models.fit' on this server\n  hint: did you mean 'models_fit'?"
+    assert cased == "no tool 'Recipes_List' on this server\n  hint: did you mean 'recipes_list'?"
+    assert nothing == "no tool 'xyzzy' on this server\n  hint: tools/list shows the tools this server has"
+
+
+async def test_a_tool_read_only_hides_says_so(lf_home: Path) -> None:
+    async with Client(build_server(ServerOptions(read_only=True))) as client:
+        for name in ("build", "build_start", "models.fetch"):
+            text = error_text(await client.call_tool(name, {}))
+            assert text.startswith(
+                f"no tool {name!r} on this server: it changes state, and this server was started with --read-only"
+            ), text
+            assert "hint: run it from the command line" in text
 
 
 async def test_a_path_longer_than_the_file_system_holds_is_refused_naming_the_parameter(

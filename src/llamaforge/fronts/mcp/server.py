@@ -37,7 +37,7 @@ from llamaforge.core.errors import LlamaforgeError, OperationFailed
 from llamaforge.core.events import CancelToken, Event
 from llamaforge.core.jobs import FINISHED, JobManager, JobStatus
 from llamaforge.core.registry import Operation, OperationContext, Params, operations, result_json
-from llamaforge.core.validation import describe_errors
+from llamaforge.core.validation import closest, describe_errors
 from llamaforge.core.version import __version__
 from llamaforge.fronts.mcp.arguments import CheckedTool
 from llamaforge.fronts.mcp.jobtools import JOB_TOOLS, job_tools
@@ -166,6 +166,36 @@ async def _run_as_job(
     if status.state == "failed" and status.result is not None:
         return output.result(status.result, failure=message)
     raise output.error(message)
+
+
+class _Server(MCPServer[Any]):
+    """The SDK's server, whose answer to a tool it does not have names the closest one ("Unknown tool: X" alone
+    left an agent that called ``models.fit``, the task's name, to guess), or says that --read-only hid it."""
+
+    def __init__(self, *args: Any, tool_names: frozenset[str], hidden: frozenset[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._known_tools = tool_names
+        self._read_only_hidden = hidden
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> Any:
+        """Run the tool ``name``; an unknown name is refused naming the tool it was probably meant to be."""
+        if name not in self._known_tools:
+            raise ToolError(self._unknown(name))
+        return await super().call_tool(name, arguments, context)
+
+    def _unknown(self, name: str) -> str:
+        spelt = tool_name(name.strip().lower())
+        if spelt in self._read_only_hidden or spelt.removesuffix("_start") in self._read_only_hidden:
+            return (
+                f"no tool {name!r} on this server: it changes state, and this server was started with --read-only "
+                "(it exposes only tools that read)\n  hint: run it from the command line, or through a server "
+                "started without --read-only"
+            )
+        close = [spelt] if spelt in self._known_tools else closest(spelt, sorted(self._known_tools))
+        hint = f"did you mean {close[0]!r}?" if close else "tools/list shows the tools this server has"
+        return f"no tool {name!r} on this server\n  hint: {hint}"
 
 
 # --- generated tools --------------------------------------------------------------------------------------
@@ -340,8 +370,10 @@ def build_server(
             guard.install(previous)
 
     tools: list[Tool] = []
+    hidden: set[str] = set()
     for op in sorted(registry.values(), key=lambda item: item.name):
         if options.read_only and not op.read_only:
+            hidden.add(tool_name(op.name))
             continue
         for background in (False, True) if op.long_running else (False,):
             function, name = _operation_tool(op, jobs, policy, background=background)
@@ -360,7 +392,7 @@ def build_server(
     names = {tool.name for tool in tools}
     with_cancel = any(name.endswith("_start") for name in names)
     tools += job_tools(jobs, policy.output, with_cancel=with_cancel)
-    server: MCPServer[Any] = MCPServer(
+    server: MCPServer[Any] = _Server(
         "llamaforge",
         version=__version__,
         instructions=_INSTRUCTIONS,
@@ -370,6 +402,8 @@ def build_server(
         warn_on_duplicate_tools=False,
         lifespan=guarded,
         tools=tools,
+        tool_names=frozenset(tool.name for tool in tools),
+        hidden=frozenset(hidden),
     )
     add_resources(server, jobs, policy.output)
     add_prompts(
