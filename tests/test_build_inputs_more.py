@@ -266,3 +266,16 @@ def test_a_fleet_selection_that_names_no_builder_is_refused() -> None:
         error = json.loads(result.stdout)["error"]
         assert error["message"].startswith("the selection ',' of builder fleet ")
         assert error["message"].endswith("example.toml names no builder")
+
+
+def test_doctor_fails_the_disk_check_when_the_home_is_a_file(tmp_path: Path) -> None:
+    # run_doctor made the directory unguarded: a FileExistsError traceback.
+    home = tmp_path / "home"
+    home.write_text("", encoding="utf-8")
+    result = invoke("doctor", "--json", env={**os.environ, "LLAMAFORGE_HOME": str(home)})
+    assert "Traceback" not in result.stderr
+    checks = json.loads(result.stdout)["checks"]
+    (disk,) = [check for check in checks if check["name"] == "disk"]
+    assert disk["status"] == "fail"
+    assert disk["detail"] == f"{home}, where builds and models go, is a file, not a directory"
+    assert "LLAMAFORGE_HOME" in disk["hint"]

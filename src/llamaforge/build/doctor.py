@@ -129,23 +129,33 @@ def _tool(runner: ProcessRunner, name: str, purpose: str, hint: str, required: b
     return Check(name, "ok", lines[-1] if name == "nvcc" and lines else (lines[0] if lines else path))
 
 
+def _disk_check() -> Check:
+    """Free space where builds and models go; a home that is a file, or cannot be made, fails the check."""
+    root = home()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a file there (FileExistsError), or a parent this user cannot write
+        what = "is a file, not a directory" if root.is_file() else f"cannot be made: {error.strerror}"
+        return Check(
+            "disk",
+            "fail",
+            f"{root}, where builds and models go, {what}",
+            "point LLAMAFORGE_HOME at a directory this user can write",
+        )
+    free = shutil.disk_usage(root).free / 2**30
+    return Check(
+        "disk",
+        "ok" if free >= MIN_FREE_GIB else "warn",
+        f"{free:.1f} GiB free at {root}",
+        "" if free >= MIN_FREE_GIB else f"a build needs about {MIN_FREE_GIB:.0f} GiB; set LLAMAFORGE_HOME",
+    )
+
+
 def run_doctor(runner: ProcessRunner = LOCAL) -> list[Check]:
     """Run every check; never raises for an unhealthy machine (that is what the checks report); ``runner``
     asks each tool its version."""
     checks = _docker_checks()
-    root = home()
-    root.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(root).free / 2**30
-    checks.append(
-        Check(
-            "disk",
-            "ok" if free >= MIN_FREE_GIB else "warn",
-            f"{free:.1f} GiB free at {root}",
-            ""
-            if free >= MIN_FREE_GIB
-            else f"a build needs about {MIN_FREE_GIB:.0f} GiB; set LLAMAFORGE_HOME",
-        )
-    )
+    checks.append(_disk_check())
     checks.append(_ca_bundle_check())
     checks.append(
         _tool(runner, "git", "git sources and patch application", "apt-get install git", required=True)
