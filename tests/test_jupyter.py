@@ -332,6 +332,20 @@ def test_python_api(lf_home: Path) -> None:
         run("fit", model="x.gguf")
 
 
+def test_python_api_refuses_booleans_for_numbers_and_a_name_that_is_no_string(lf_home: Path) -> None:
+    # pydantic reads True as 1: this planned a context of one token and reported it as a fit
+    with pytest.raises(NotebookError) as boolean:
+        run("fit", model="x.gguf", ctx=True, gpu="rtx3090")
+    assert boolean.value.message == "--ctx: True is not a number" and boolean.value.exit_code == 2
+    with pytest.raises(NotebookError) as listed:
+        run("smoke", concurrency=[2, False], background=True)
+    assert listed.value.message == "--concurrency: False is not a number"
+    with pytest.raises(NotebookError) as unnamed:
+        run(123)  # type: ignore[arg-type]
+    assert unnamed.value.message == "the operation is named by a string, not int 123"
+    assert unnamed.value.hint is not None and 'run("models.fit"' in unnamed.value.hint
+
+
 def test_widget_progress_when_ipywidgets_is_installed(shell: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("ipywidgets")  # optional: without it notebooks get the HTML progress above
     from llamaforge.fronts.jupyter_progress import WidgetProgress, progress_view

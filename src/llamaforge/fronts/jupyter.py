@@ -180,14 +180,50 @@ def build_parser(op: Operation) -> argparse.ArgumentParser:
 
 def resolve_operation(name: str) -> Operation:
     """The operation called ``name``, or the only one whose last part is ``name`` (``fit`` -> ``models.fit``)."""
+    if not isinstance(name, str):
+        raise NotebookError(
+            f"the operation is named by a string, not {type(name).__name__} {name!r}",
+            hint='e.g. run("models.fit", model=..., ctx=...); `%llamaforge` lists the operations',
+            exit_code=ExitCode.BAD_INPUT,
+        )
     try:
         return find_operation(name, short_names=True)
     except InvalidOption as error:
         raise NotebookError.from_error(error) from None
 
 
+def _takes(schema: Mapping[str, Any], kinds: tuple[str, ...]) -> bool:
+    return schema.get("type") in kinds or any(_takes(part, kinds) for part in schema.get("anyOf", []))
+
+
+def _boolean_numbers(name: str, value: Any, schema: Mapping[str, Any]) -> list[str]:
+    """``--name: True is not a number`` for a boolean given for a number (alone or in a list): pydantic's lax mode
+    reads True as 1, so ``run("fit", ctx=True)`` planned a context of one token."""
+    if isinstance(value, bool):
+        wrong = _takes(schema, ("integer", "number")) and not _takes(schema, ("boolean",))
+        return [f"--{name.replace('_', '-')}: {value} is not a number"] if wrong else []
+    items = schema.get("items") or next(
+        (part.get("items") for part in schema.get("anyOf", []) if part.get("type") == "array"), None
+    )
+    if isinstance(value, list) and items:
+        return [problem for item in value for problem in _boolean_numbers(name, item, items)]
+    return []
+
+
 def validate_params(op: Operation, arguments: Mapping[str, Any]) -> Params:
     """``op``'s parameter model from parsed arguments; pydantic's complaints in terms of the flags."""
+    properties = op.params.model_json_schema().get("properties", {})
+    problems = [
+        problem
+        for name, value in arguments.items()
+        for problem in _boolean_numbers(name, value, properties.get(name, {}))
+    ]
+    if problems:
+        raise NotebookError(
+            "; ".join(problems),
+            hint=f"`%llamaforge {op.name} --help` lists the options",
+            exit_code=ExitCode.BAD_INPUT,
+        )
     try:
         return op.params.model_validate({k: v for k, v in arguments.items() if v is not None})
     except ValidationError as error:
