@@ -279,3 +279,16 @@ def test_doctor_fails_the_disk_check_when_the_home_is_a_file(tmp_path: Path) -> 
     assert disk["status"] == "fail"
     assert disk["detail"] == f"{home}, where builds and models go, is a file, not a directory"
     assert "LLAMAFORGE_HOME" in disk["hint"]
+
+
+def test_the_build_store_under_a_file_is_named_not_empty(tmp_path: Path) -> None:
+    # builds.list said "no builds yet" when LLAMAFORGE_HOME was a file, where no build can ever be stored.
+    home = tmp_path / "home"
+    home.write_text("", encoding="utf-8")
+    env = {**os.environ, "LLAMAFORGE_HOME": str(home)}
+    for command in (("builds.list",), ("builds.show", "--key", "ab")):
+        result = invoke(*command, "--json", env=env)
+        assert result.returncode != 0
+        error = json.loads(result.stdout)["error"]
+        assert error["message"] == f"{home}, where builds are stored, is not a directory"
+        assert "LLAMAFORGE_HOME" in error["hint"]

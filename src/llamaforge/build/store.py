@@ -166,6 +166,14 @@ def scan_builds() -> tuple[list[dict[str, Any]], list[BrokenEntry]]:
     """Manifests of all published builds, newest first, and the entries whose manifest is unreadable (one
     broken entry hides no other build)."""
     root = builds_root()
+    for directory in (root.parent, root):
+        if (
+            directory.exists() and not directory.is_dir()
+        ):  # else "no builds yet", and no build could be stored
+            raise CacheError(
+                f"{directory}, where builds are stored, is not a directory",
+                hint="point LLAMAFORGE_HOME at a directory (`invoke doctor` checks it), or move the file away",
+            )
     manifests, broken = [], []
     for entry in sorted(root.glob("*/" + MANIFEST)) if root.is_dir() else []:
         if entry.parent.name.startswith("."):  # publish() names its scratch so; a crash may leave one behind
