@@ -127,3 +127,18 @@ async def test_booleans_inside_a_list_of_numbers_are_refused(calls: list[list[in
     assert text == "invalid arguments for testonly_count: name: Input should be a valid string"
     assert counted.structured_content == {"counts": [3, 2]}
     assert calls == [[3, 2]], "a list with a boolean in it ran nothing"
+
+
+async def test_an_unknown_recipe_resource_names_the_closest_one(lf_home: Path) -> None:
+    from mcp import MCPError
+
+    async with Client(build_server()) as client:
+        with pytest.raises(MCPError) as cased:
+            await client.read_resource("llamaforge://recipes/DEFAULT")
+        with pytest.raises(MCPError) as unknown:
+            await client.read_resource("llamaforge://recipes/zzz")
+    assert cased.value.error.message == (
+        "no shipped recipe 'DEFAULT'; did you mean llamaforge://recipes/default? llamaforge://recipes lists them"
+    )
+    assert cased.value.error.code == mcp_types.INVALID_PARAMS
+    assert unknown.value.error.message == "no shipped recipe 'zzz'; llamaforge://recipes lists them"

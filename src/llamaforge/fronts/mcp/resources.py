@@ -13,6 +13,7 @@ from pydantic import Field
 
 from llamaforge.core.errors import CacheError, LlamaforgeError
 from llamaforge.core.jobs import JobManager, UnknownJob
+from llamaforge.core.validation import closest
 from llamaforge.fronts.mcp.arguments import CheckedPrompt
 from llamaforge.fronts.mcp.output import Output
 from llamaforge.serve.gpus import cuda_arch_for
@@ -49,8 +50,13 @@ def add_resources(server: MCPServer[Any], jobs: JobManager, output: Output) -> N
         """A shipped build recipe after validation, with defaults filled in."""
         from llamaforge.build.recipes import list_recipes, load_recipe
 
-        if name not in list_recipes():
-            raise ResourceNotFoundError(f"no shipped recipe {name!r}; llamaforge://recipes lists them")
+        known = list_recipes()
+        if name not in known:
+            close = closest(name.lower(), known)
+            hint = f"did you mean llamaforge://recipes/{close[0]}? " if close else ""
+            raise ResourceNotFoundError(
+                output.text(f"no shipped recipe {name!r}; {hint}llamaforge://recipes lists them")
+            )
         try:
             return _json(load_recipe(name).model_dump(mode="json"))
         except LlamaforgeError as error:
