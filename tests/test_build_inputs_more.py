@@ -292,3 +292,15 @@ def test_the_build_store_under_a_file_is_named_not_empty(tmp_path: Path) -> None
         error = json.loads(result.stdout)["error"]
         assert error["message"] == f"{home}, where builds are stored, is not a directory"
         assert "LLAMAFORGE_HOME" in error["hint"]
+
+
+def test_an_ssh_key_that_is_no_file_is_named_before_connecting(tmp_path: Path) -> None:
+    # The host's refusal would have named the key as refused, though it was never offered.
+    for key, what in ((tmp_path, "is a directory, not a key file"), (tmp_path / "gone", "does not exist")):
+        args = ("--executor", "ssh", "--build-host", "u@127.0.0.1:22", "--ssh-key", str(key))
+        result = invoke("build", *args, "--dry-run", "--json")
+        assert result.returncode == 2
+        assert json.loads(result.stdout)["error"]["message"] == f"--ssh-key {key} {what}"
+    path = _fleet(tmp_path, 'build_host = "u@127.0.0.1:22"\nssh_key = "gone"')
+    (row,) = json.loads(invoke("builders.status", "--builders", path, "--json").stdout)["builders"]
+    assert row["error"] == f"builder a: ssh_key {tmp_path / 'gone'} does not exist"

@@ -77,6 +77,8 @@ def test_a_fleet_resolves_paths_next_to_its_file_and_reaches_each_builder(tmp_pa
     (tmp_path / "certs" / "big").mkdir(parents=True)
     for name in ("ca.pem", "cert.pem", "key.pem"):  # the engine's TLS files are checked where it is reached
         write(tmp_path / "certs" / "big" / name, "x")
+    (tmp_path / "keys").mkdir()
+    write(tmp_path / "keys" / "id", "x")  # and the build host's key
     fleet = load_fleet(write(tmp_path / "lab.toml", FLEET))
     assert fleet.name == "lab" and fleet.origin.endswith("lab.toml")
     big, mac = fleet.builders

@@ -61,6 +61,16 @@ def _source_tarball(tree: Path, scratch: Path) -> Path:
     return named
 
 
+def check_key_file(key: Path, origin: str) -> None:
+    """Refuse a private key that is no file: the host's refusal would name a key that was never offered."""
+    if not key.is_file():
+        what = "is a directory, not a key file" if key.is_dir() else "does not exist"
+        raise InvalidOption(
+            f"{origin} {key} {what}",
+            hint="give the private key file (e.g. ~/.ssh/id_ed25519), or leave it out to use the SSH agent",
+        )
+
+
 class SshBuildExecutor(HostExecutor):
     """Executor that runs the plan's script on a build host over SSH (see the module docstring)."""
 
@@ -94,6 +104,8 @@ class SshBuildExecutor(HostExecutor):
                 "the ssh executor needs a build host", hint="pass --build-host user@host:port"
             )
         key = Path(settings["key"]).expanduser() if settings.get("key") else None
+        if key is not None:
+            check_key_file(key, "--ssh-key")
         known = Path(settings["known_hosts"]).expanduser() if settings.get("known_hosts") else None
         return cls(
             parse_host(settings["host"], key_file=key, known_hosts=known),

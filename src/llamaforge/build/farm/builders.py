@@ -232,6 +232,10 @@ class Builder(_Strict):
 
         if self.build_host is None:
             raise InvalidOption(f"builder {self.name!r} is a Docker engine, not a build host")
+        if self.ssh_key:
+            from llamaforge.build.executors.ssh import check_key_file
+
+            check_key_file(Path(self.ssh_key), f"builder {self.name}: ssh_key")
         return parse_host(
             self.build_host,
             key_file=Path(self.ssh_key) if self.ssh_key else None,
