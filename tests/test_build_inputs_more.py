@@ -304,3 +304,12 @@ def test_an_ssh_key_that_is_no_file_is_named_before_connecting(tmp_path: Path) -
     path = _fleet(tmp_path, 'build_host = "u@127.0.0.1:22"\nssh_key = "gone"')
     (row,) = json.loads(invoke("builders.status", "--builders", path, "--json").stdout)["builders"]
     assert row["error"] == f"builder a: ssh_key {tmp_path / 'gone'} does not exist"
+
+
+def test_known_hosts_that_is_a_directory_is_refused(tmp_path: Path) -> None:
+    # It was skipped when read (files only), so the build host's key was reported as never seen.
+    args = ("--executor", "ssh", "--build-host", "u@127.0.0.1:22", "--known-hosts", str(tmp_path))
+    result = invoke("build", *args, "--dry-run", "--json")
+    assert result.returncode == 2
+    error = json.loads(result.stdout)["error"]
+    assert error["message"] == f"--known-hosts {tmp_path} is a directory, not a known_hosts file"

@@ -107,6 +107,11 @@ class SshBuildExecutor(HostExecutor):
         if key is not None:
             check_key_file(key, "--ssh-key")
         known = Path(settings["known_hosts"]).expanduser() if settings.get("known_hosts") else None
+        if known is not None and known.is_dir():  # read only when a file, so a host key was "unknown"
+            raise InvalidOption(
+                f"--known-hosts {known} is a directory, not a known_hosts file",
+                hint="give a file (it need not exist yet: new host keys are recorded there)",
+            )
         return cls(
             parse_host(settings["host"], key_file=key, known_hosts=known),
             accept_new_host_keys=_flag(settings, "accept_new_host_keys"),
