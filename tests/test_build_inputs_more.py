@@ -313,3 +313,12 @@ def test_known_hosts_that_is_a_directory_is_refused(tmp_path: Path) -> None:
     assert result.returncode == 2
     error = json.loads(result.stdout)["error"]
     assert error["message"] == f"--known-hosts {tmp_path} is a directory, not a known_hosts file"
+
+
+def test_a_fleet_builders_known_hosts_directory_is_named(tmp_path: Path) -> None:
+    (tmp_path / "hosts").mkdir()
+    path = _fleet(tmp_path, 'build_host = "u@127.0.0.1:22"\nknown_hosts = "hosts"')
+    (row,) = json.loads(invoke("builders.status", "--builders", path, "--json").stdout)["builders"]
+    assert (
+        row["error"] == f"builder a: known_hosts {tmp_path / 'hosts'} is a directory, not a known_hosts file"
+    )

@@ -236,6 +236,11 @@ class Builder(_Strict):
             from llamaforge.build.executors.ssh import check_key_file
 
             check_key_file(Path(self.ssh_key), f"builder {self.name}: ssh_key")
+        if self.known_hosts and Path(self.known_hosts).is_dir():  # read only when a file
+            raise InvalidOption(
+                f"builder {self.name}: known_hosts {self.known_hosts} is a directory, not a known_hosts file",
+                hint="give a file (it need not exist yet: new host keys are recorded there)",
+            )
         return parse_host(
             self.build_host,
             key_file=Path(self.ssh_key) if self.ssh_key else None,
