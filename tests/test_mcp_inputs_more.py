@@ -142,3 +142,43 @@ async def test_an_unknown_recipe_resource_names_the_closest_one(lf_home: Path) -
     )
     assert cased.value.error.code == mcp_types.INVALID_PARAMS
     assert unknown.value.error.message == "no shipped recipe 'zzz'; llamaforge://recipes lists them"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--http", "--port", "-1"], "--port -1 is no TCP port: give one from 1 to 65535"),
+        (["--http", "--port", "99999"], "--port 99999 is no TCP port: give one from 1 to 65535"),
+        (
+            ["--http", "--path", "mcp"],
+            "--path 'mcp' is no URL path: give one that starts with '/', e.g. /mcp",
+        ),
+        (["--http", "--host", "not a host"], "--host 'not a host' is no address to bind"),
+        (["--http", "--host", "[]"], "--host '' is no address to bind"),
+        (
+            ["--project-dir", "/nonexistent-llamaforge"],
+            "--project-dir /nonexistent-llamaforge does not exist",
+        ),
+        (["--project-dir", "/etc/hostname"], "--project-dir /etc/hostname is no directory"),
+    ],
+)
+def test_server_flags_that_cannot_work_are_refused_naming_the_flag(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before, --port/--host/--path ended in a pydantic or starlette traceback; --project-dir served a
+    # directory that is not there.
+    from llamaforge.fronts.mcp.main import parse_args
+
+    with pytest.raises(SystemExit) as stopped:
+        parse_args(argv)
+    assert stopped.value.code == 2
+    assert f"python -m mcp_server: error: {message}" in capsys.readouterr().err
+
+
+def test_a_bracketed_ipv6_host_is_bound_bare() -> None:
+    from llamaforge.fronts.mcp.auth import auth_settings
+    from llamaforge.fronts.mcp.main import parse_args
+
+    args = parse_args(["--http", "--host", "[::1]"])
+    assert args.host == "::1"
+    assert str(auth_settings(args.host, args.port).issuer_url) == "http://[::1]:8765"

@@ -114,6 +114,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.max_jobs < 1:
         parser.error("--max-jobs must be at least 1")
+    if not 1 <= args.port <= 65535:
+        parser.error(f"--port {args.port} is no TCP port: give one from 1 to 65535")
+    if not args.path.startswith("/") or any(char.isspace() for char in args.path):
+        parser.error(f"--path {args.path!r} is no URL path: give one that starts with '/', e.g. /mcp")
+    if args.host.startswith("[") and args.host.endswith("]"):
+        args.host = args.host[1:-1]  # an IPv6 address as a URL writes it; the socket takes it bare
+    if not args.host or any(char.isspace() or char in "/?#@" for char in args.host):
+        parser.error(
+            f"--host {args.host!r} is no address to bind: give an IP address or a host name, e.g. 127.0.0.1"
+        )
+    if args.project_dir is not None and not args.project_dir.is_dir():
+        what = "does not exist" if not args.project_dir.exists() else "is no directory"
+        parser.error(
+            f"--project-dir {args.project_dir} {what}: give the llamaforge checkout the server works in"
+        )
     return args
 
 
