@@ -322,3 +322,17 @@ def test_a_fleet_builders_known_hosts_directory_is_named(tmp_path: Path) -> None
     assert (
         row["error"] == f"builder a: known_hosts {tmp_path / 'hosts'} is a directory, not a known_hosts file"
     )
+
+
+def test_a_base_image_for_a_build_on_a_host_is_refused() -> None:
+    # A Mac or an MSVC build has no builder image: --base-image was accepted and changed nothing.
+    for extra, where in (
+        (("--platform", "macos"), "macOS builds run"),
+        (("--platform", "windows", "--toolchain", "msvc"), "Windows builds with msvc run"),
+    ):
+        result = invoke("build", *extra, "--base-image", "debian:trixie", "--dry-run", "--json")
+        assert result.returncode == 2
+        message = json.loads(result.stdout)["error"]["message"]
+        assert message == f"--base-image debian:trixie: {where} on a build host, with no builder image"
+    mingw = invoke("build", "--platform", "windows", "--base-image", "debian:trixie", "--dry-run", "--json")
+    assert json.loads(mingw.stdout)["plan"]["base_image"]["tag"] == "debian:trixie"

@@ -213,6 +213,14 @@ def plan_build(recipe: BuildRecipe, options: BuildOptions | None = None) -> Buil
 
     epoch = calendar.timegm(source.date.timetuple()) if source.date else 0
     built = platform.build(recipe, name, options, cmake_args, epoch)
+    if options.base_image and built.environment.image is None:
+        # a host build (a Mac, MSVC on Windows) has no builder image: the option changed nothing
+        raise InvalidOption(
+            f"--base-image {options.base_image}: {platform.title or platform.name} builds "
+            + (f"with {built.toolchain} " if built.toolchain else "")
+            + "run on a build host, with no builder image",
+            hint="drop --base-image; the build host's own toolchain builds",
+        )
     return BuildPlan(
         recipe=recipe,
         backend=name,
