@@ -62,3 +62,19 @@ def test_models_fetch_writes_a_tiny_model_and_refuses_what_needs_a_hub(
     assert first["size"] == path.stat().st_size
     again = invoke_json("models.fetch", "tiny", "--offline", env=env)
     assert again == {**first, "cached": True}
+
+
+def test_a_read_only_front_is_refused_the_first_write_of_a_tiny_model(lf_home: Path) -> None:
+    """A read-only MCP server answered 'this call would run python' for `tiny`, after making downloads/ and a
+    source lock: it now says what it would write, and writes nothing."""
+    from llamaforge.core import guard
+    from llamaforge.models.tiny import tiny_smoke_model
+
+    before = guard.current()
+    guard.install(guard.HostGuard(read_only=True))
+    try:
+        with pytest.raises(guard.PolicyRefused, match=r"would write the tiny model tiny-qwen3-q4_0-\w+\.gguf"):
+            tiny_smoke_model()
+    finally:
+        guard.install(before)
+    assert not lf_home.exists() or list(lf_home.iterdir()) == []

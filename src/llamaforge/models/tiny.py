@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Final
 
 from llamaforge.core.errors import CacheError, FetchError, InvalidOption, ModelError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
+from llamaforge.core.guard import refuse_if_read_only
 from llamaforge.core.paths import home
 from llamaforge.models.download import hash_file
 from llamaforge.models.fetch import FetchResult
@@ -79,6 +80,8 @@ def tiny_model_file(
         except ModelError as error:
             # Truncated or emptied since (a full disk, an edit): a file made here is made again, never served.
             reporter(Event("warning", f"{error.message}: writing {path.name} again", stage="model"))
+    # Writing needs the pinned source (maybe fetched: a program run) and writes the store: say so before either.
+    refuse_if_read_only(f"write the tiny model {path.name} (it is written on first use)")
     reporter(Event("stage", f"writing the tiny {spec.arch} model {path.name}", stage="model"))
     tree = fetch_source(load_recipe("default").source, reporter=reporter, cancel=cancel)
     vocab = tree / "models" / "ggml-vocab-qwen2.gguf"
