@@ -73,7 +73,9 @@ def test_a_read_only_front_is_refused_the_first_write_of_a_tiny_model(lf_home: P
     before = guard.current()
     guard.install(guard.HostGuard(read_only=True))
     try:
-        with pytest.raises(guard.PolicyRefused, match=r"would write the tiny model tiny-qwen3-q4_0-\w+\.gguf"):
+        with pytest.raises(
+            guard.PolicyRefused, match=r"would write the tiny model tiny-qwen3-q4_0-\w+\.gguf"
+        ):
             tiny_smoke_model()
     finally:
         guard.install(before)
