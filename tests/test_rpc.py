@@ -94,14 +94,14 @@ def test_devices_parse_in_llamacpps_order() -> None:
 
 
 def test_rpc_addresses_must_be_private_or_loopback() -> None:
-    for good in ("10.1.2.3", "172.20.0.2", "192.168.1.5", "127.0.0.1", "fd00::2"):
+    for good in ("10.1.2.3", "172.20.0.2", "192.168.1.5", "127.0.0.1"):
         assert check_rpc_address(good, worker="w") == good
     for bad, words in (
         ("0.0.0.0", "every network"),
-        ("::", "every network"),
+        ("::", "IPv6"),
         ("8.8.8.8", "public"),
         ("gpu2.example.org", "not an IP"),
-        ("2001:4860::8888", "public"),
+        ("2001:4860::8888", "IPv6"),
     ):
         with pytest.raises(InvalidOption) as caught:
             check_rpc_address(bad, worker="lf@gpu2:22")
@@ -110,9 +110,18 @@ def test_rpc_addresses_must_be_private_or_loopback() -> None:
         RpcServerTarget("0.0.0.0")
 
 
-def test_an_ipv6_scope_id_is_an_interface_name_or_index() -> None:
-    for good in ("fe80::2%eth1", "fe80::2%3", "fd00::2%enp0s31f6", "fe80::2%br-lan.10"):
-        assert check_rpc_address(good, worker="w") == good
+def test_an_ipv6_worker_is_refused_for_llamacpps_rpc_speaks_ipv4_only() -> None:
+    """llama.cpp b11312's rpc-server and its client use AF_INET, and --rpc [fd00::2]:50052 aborts the head
+    ("Failed to parse endpoint"): a topology of IPv6 workers was planned and could never run."""
+    for ipv6 in ("fd00::2", "::1", "fe80::2%eth1", "fe80::2%3", "fd00::2%enp0s31f6", "fe80::2%br-lan.10"):
+        with pytest.raises(InvalidOption, match=r"is IPv6: llama\.cpp's RPC backend speaks IPv4 only"):
+            check_rpc_address(ipv6, worker="w")
+    for device in ("[::1]:50052=8GiB", "fd00::2=8GiB", "[fd00::2]=8GiB"):
+        with pytest.raises(InvalidOption, match=r"is IPv6: llama\.cpp's RPC backend speaks IPv4 only"):
+            parse_devices(device)
+
+
+def test_a_hostile_ipv6_scope_id_is_refused_before_anything_else() -> None:
     # Python's ipaddress takes anything after '%'; the address reaches the head's unit and its --rpc list
     for bad in (
         "fe80::2%eth0\nExecStartPre=+x",

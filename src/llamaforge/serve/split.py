@@ -314,7 +314,13 @@ def _endpoint(where: str, default_port: int) -> str:
     """``ADDR[:PORT]`` of one RPC worker as ``host:port``: a host name or address, a port from 1 to 65535."""
     host, sep, port = where.rpartition(":") if ":" in where else (where, "", "")
     example = f"write ADDR:PORT=SIZE, e.g. 10.0.0.2:50052=24GiB (the port defaults to {default_port})"
-    if not host or not re.fullmatch(r"[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\]", host):
+    if host.startswith("[") or where.count(":") > 1:
+        # llama.cpp b11312's --rpc splits host:port at the first ':' and connects over IPv4 only: the head aborts
+        raise InvalidOption(
+            f"RPC worker {where!r} is IPv6: llama.cpp's RPC backend speaks IPv4 only",
+            hint="give the worker's IPv4 address or host name, e.g. 10.0.0.2:50052=24GiB",
+        )
+    if not host or not re.fullmatch(r"[A-Za-z0-9.\-]+", host):
         raise InvalidOption(f"RPC worker {where!r} has no valid host", hint=example)
     if not sep:
         return f"{host}:{default_port}"

@@ -39,6 +39,15 @@ class BuildMismatch(LlamaforgeError):
     exit_code = ExitCode.BUILD_MISMATCH
 
 
+#: Why an RPC worker has an IPv4 address: llama.cpp b11312's rpc-server binds and its client connects with
+#: AF_INET only (ggml-rpc/transport.cpp), and ``--rpc`` splits ``host:port`` at the first ':' (an IPv6
+#: endpoint aborts the head: "Failed to parse endpoint").
+RPC_IPV4_ONLY = (
+    "llama.cpp's RPC backend speaks IPv4 only (its server binds, and the head connects, over IPv4)"
+)
+IPV4_HINT = "give the worker's private IPv4 address, e.g. 10.0.0.2"
+
+
 @dataclass(frozen=True)
 class RpcWorker:
     """One worker: how it is reached over SSH, and the private address and port its RPC server binds."""
@@ -70,6 +79,10 @@ def check_rpc_address(address: str, *, worker: str) -> str:
         raise InvalidOption(
             f"RPC address {address!r} of worker {worker} has a scope id that is no interface name",
             hint="write the scope as the interface's name or index (fe80::2%eth1, fe80::2%3), or leave it out",
+        )
+    if isinstance(ip, ipaddress.IPv6Address):
+        raise InvalidOption(
+            f"RPC address {address} of worker {worker} is IPv6: {RPC_IPV4_ONLY}", hint=IPV4_HINT
         )
     if ip.is_unspecified:
         raise InvalidOption(
