@@ -10,7 +10,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator, model_validator
 
 from llamaforge.core.errors import InvalidOption
-from llamaforge.core.registry import MAX_WAIT_S, Int32, OperationContext, Params, operation, path_field
+from llamaforge.core.registry import MAX_WAIT_S, Int32, OperationContext, Params, Slots, operation, path_field
 from llamaforge.core.validation import check_target_options, suggest
 from llamaforge.deploy.hosts import service
 from llamaforge.deploy.hosts.access import Access, DeployHost, deploy_hosts, ssh_files
@@ -126,7 +126,7 @@ class DeployParams(HostsParams):
     port: int = Field(DEFAULT_PORT, ge=1, le=65535, description="llama-server's port on the hosts' 127.0.0.1")
     ctx: Int32 | None = Field(None, ge=1, description="llama-server -c (total context)")
     threads: Int32 | None = Field(None, ge=1, description="llama-server -t")
-    parallel: Int32 | None = Field(None, ge=1, description="llama-server --parallel (slots)")
+    parallel: Slots | None = Field(None, description="llama-server --parallel (slots), at most 256")
     n_gpu_layers: Int32 | None = Field(
         None, ge=0, description="llama-server -ngl (default: from the fit plan)"
     )

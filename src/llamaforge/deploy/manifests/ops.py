@@ -8,7 +8,7 @@ import re
 from pydantic import Field, field_validator, model_validator
 
 from llamaforge.core.errors import InvalidOption
-from llamaforge.core.registry import Int32, OperationContext, Params, Result, operation, path_field
+from llamaforge.core.registry import Int32, OperationContext, Params, Result, Slots, operation, path_field
 from llamaforge.core.validation import check_target_options, suggest
 from llamaforge.deploy.manifests.service import ManifestRequest, render_release
 from llamaforge.deploy.release import DEFAULT_PORT, DEFAULT_ROOT, DeployRoot, ReleaseRequest, ip_address_of
@@ -43,7 +43,7 @@ class DeployRenderParams(Params):
     port: int = Field(DEFAULT_PORT, ge=1, le=65535, description="llama-server's port")
     ctx: Int32 | None = Field(None, ge=1, description="llama-server -c (total context)")
     threads: Int32 | None = Field(None, ge=1, description="llama-server -t")
-    parallel: Int32 | None = Field(None, ge=1, description="llama-server --parallel (slots)")
+    parallel: Slots | None = Field(None, description="llama-server --parallel (slots), at most 256")
     n_gpu_layers: Int32 | None = Field(None, ge=0, description="llama-server -ngl")
     server_args: str | None = Field(
         None,

@@ -20,6 +20,7 @@ from llamaforge.core.registry import (
     OperationContext,
     Params,
     Result,
+    Slots,
     operation,
     path_field,
 )
@@ -141,7 +142,7 @@ class TopologyDeployParams(TopologyParams):
     )
     port: int = Field(DEFAULT_PORT, ge=1, le=65535, description="llama-server's port on the head's 127.0.0.1")
     ctx: Int32 = Field(4096, ge=1, description="Context (tokens) of each slot")
-    parallel: Int32 = Field(1, ge=1, description="Slots")
+    parallel: Slots = Field(1, description="Slots, at most 256")
     threads: Int32 | None = Field(None, ge=1, description="llama-server -t on the head")
     worker_memory: str | None = Field(
         None, description="Each worker's device memory, comma-separated (default: its MemAvailable, in GiB)"
