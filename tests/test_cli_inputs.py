@@ -123,6 +123,11 @@ BAD_INPUTS: list[tuple[list[str], int, str]] = [
         InvalidOption.exit_code,
         "--ctx: Input should be a valid integer",
     ),
+    (
+        [*RENDER, "--parallel", "257"],
+        InvalidOption.exit_code,
+        "--parallel: Input should be less than or equal to 256",
+    ),
     (["builds.show", "nosuchkey"], CacheError.exit_code, "error: no build with key 'nosuchkey'"),
     (["recipes.show", "nosuch"], RecipeError.exit_code, "error: unknown build recipe 'nosuch'"),
     (["patches.check", "--series", "/etc"], PatchError.exit_code, "error: /etc is no patch series"),
