@@ -61,7 +61,7 @@ class Params(BaseModel):
 #: (replicas): larger values would pass here and fail, or wrap, there.
 Int32 = Annotated[int, Field(le=2**31 - 1)]
 
-#: llama-server's slots (``--parallel``): llama.cpp b11312 holds at most LLAMA_MAX_SEQ = 256 sequences
+#: llama-server's slots (``--parallel``): the pinned llama.cpp holds at most LLAMA_MAX_SEQ = 256 sequences
 #: (src/llama-cparams.h) and refuses a context with more ("n_seq_max must be <= 256"), so a plan for more is
 #: one no server can run.
 Slots = Annotated[int, Field(ge=1, le=256)]

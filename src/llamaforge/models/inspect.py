@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import time
 import urllib.parse
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, Literal
 
 from llamaforge.core.errors import InvalidOption, ModelError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.gguf.header import ArraySummary, GGUFHeader, LongString, TensorInfo, read_header
+from llamaforge.models.file_types import GUESSED_FILE_TYPE
 from llamaforge.models.remote import HttpRangeSource, resolve_remote_url
 
 LayerKind = Literal["attention", "recurrent", "mtp"]
@@ -23,37 +23,6 @@ LayerKind = Literal["attention", "recurrent", "mtp"]
 # Hybrid archs (Gated DeltaNet + full attention); llama.cpp's default interval when the key is absent.
 HYBRID_ARCHS: Final = frozenset({"qwen3next", "qwen35", "qwen35moe"})
 _DEFAULT_FULL_ATTENTION_INTERVAL: Final = 4
-
-# The file type llama.cpp guesses from the most common tensor type (llama-model-loader.cpp).
-_GUESSED_FILE_TYPE: Final[Mapping[str, str]] = {
-    "F32": "F32",
-    "F16": "F16",
-    "BF16": "BF16",
-    "Q4_0": "Q4_0",
-    "Q4_1": "Q4_1",
-    "Q5_0": "Q5_0",
-    "Q5_1": "Q5_1",
-    "Q8_0": "Q8_0",
-    "Q2_K": "Q2_K",
-    "Q3_K": "Q3_K_M",
-    "Q4_K": "Q4_K_M",
-    "Q5_K": "Q5_K_M",
-    "Q6_K": "Q6_K",
-    "TQ1_0": "TQ1_0",
-    "TQ2_0": "TQ2_0",
-    "IQ2_XXS": "IQ2_XXS",
-    "IQ2_XS": "IQ2_XS",
-    "IQ2_S": "IQ2_S",
-    "IQ3_XXS": "IQ3_XXS",
-    "IQ1_S": "IQ1_S",
-    "IQ1_M": "IQ1_M",
-    "IQ4_NL": "IQ4_NL",
-    "IQ4_XS": "IQ4_XS",
-    "IQ3_S": "IQ3_S",
-    "NVFP4": "NVFP4",
-    "Q1_0": "Q1_0",
-    "Q2_0": "Q2_0",
-}
 
 
 # ------------------------------------------------------------------------------------------------- facts
@@ -70,20 +39,6 @@ def file_type_name(value: object) -> str | None:
     except ValueError:
         return None
     return name.removeprefix("MOSTLY_").removeprefix("ALL_")
-
-
-def normal_file_type(name: str) -> str:
-    """A file type's name as compared: ``q4_k_m``, ``MOSTLY_Q4_K_M`` and ``UD-Q4_K_M`` are ``Q4_K_M``."""
-    return name.upper().removeprefix("UD-").removeprefix("MOSTLY_").removeprefix("ALL_")
-
-
-def known_file_types() -> set[str]:
-    """Every file type a GGUF can state (``general.file_type``) or llama.cpp guesses, as :func:`normal_file_type`
-    writes them."""
-    import gguf
-
-    stated = {normal_file_type(item.name) for item in gguf.LlamaFileType if item.name != "GUESSED"}
-    return stated | set(_GUESSED_FILE_TYPE.values())
 
 
 def quant_histogram(tensors: list[TensorInfo]) -> dict[str, dict[str, int]]:
@@ -218,7 +173,7 @@ def describe(header: GGUFHeader) -> dict[str, Any]:
         "file_type": file_type_name(md.get("general.file_type")),
         "file_type_id": _int(md.get("general.file_type")),
         "dominant_type": dominant_type(header.tensors),
-        "guessed_file_type": _GUESSED_FILE_TYPE.get(guessed or "", guessed),
+        "guessed_file_type": GUESSED_FILE_TYPE.get(guessed or "", guessed),
         "quant_histogram": quant_histogram(header.tensors),
         "context_length": arch_key("context_length"),
         "embedding_length": arch_key("embedding_length"),

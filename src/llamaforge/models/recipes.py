@@ -46,7 +46,7 @@ class ModelExpectations(_Strict):
     @classmethod
     def _a_file_type(cls, value: str | None) -> str | None:
         # A name no GGUF states (Q9_X, Unsloth's UD-Q4_K_XL label) fails every file, however good.
-        from llamaforge.models.inspect import known_file_types, normal_file_type
+        from llamaforge.models.file_types import known_file_types, normal_file_type
 
         if value is not None and normal_file_type(value) not in (known := known_file_types()):
             raise ValueError(f"{value!r} is no GGUF file type; one of {', '.join(sorted(known))}")

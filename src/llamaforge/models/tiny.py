@@ -12,12 +12,11 @@ from llamaforge.core.errors import CacheError, FetchError, InvalidOption, ModelE
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.guard import refuse_if_read_only
 from llamaforge.core.paths import home
-from llamaforge.models.download import hash_file
-from llamaforge.models.fetch import FetchResult
 
 if TYPE_CHECKING:
     from llamaforge.gguf.tiny import TinyModelSpec
     from llamaforge.gguf.tiny.file import DType
+    from llamaforge.models.fetch import FetchResult
 
 #: The name of the default tiny model (``--model tiny``).
 TINY_MODEL: Final = "tiny"
@@ -110,6 +109,9 @@ def fetch_tiny_model(
     """``models.fetch`` of a tiny model's name: its file, written here on first use (never downloaded), or None
     when ``name`` names some other model. Offline, only a file written before is served: writing one needs the
     default recipe's llama.cpp source, which may have to be fetched."""
+    from llamaforge.models.download import hash_file
+    from llamaforge.models.fetch import FetchResult
+
     dtype = TINY_SMOKE_MODELS.get(name)
     if dtype is None:
         return None

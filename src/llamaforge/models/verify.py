@@ -196,7 +196,7 @@ def check_expectations(
     model: Mapping[str, Any], recipe: ModelRecipe, size: int, sha256: str
 ) -> list[Finding]:
     """Named mismatches between the file's facts and what ``recipe`` pins and expects."""
-    from llamaforge.models.inspect import normal_file_type
+    from llamaforge.models.file_types import normal_file_type
 
     findings: list[Finding] = []
 

@@ -315,7 +315,7 @@ def _endpoint(where: str, default_port: int) -> str:
     host, sep, port = where.rpartition(":") if ":" in where else (where, "", "")
     example = f"write ADDR:PORT=SIZE, e.g. 10.0.0.2:50052=24GiB (the port defaults to {default_port})"
     if host.startswith("[") or where.count(":") > 1:
-        # llama.cpp b11312's --rpc splits host:port at the first ':' and connects over IPv4 only: the head aborts
+        # the pinned llama.cpp's --rpc splits host:port at the first ':' and connects over IPv4 only: the head aborts
         raise InvalidOption(
             f"RPC worker {where!r} is IPv6: llama.cpp's RPC backend speaks IPv4 only",
             hint="give the worker's IPv4 address or host name, e.g. 10.0.0.2:50052=24GiB",

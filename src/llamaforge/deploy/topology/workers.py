@@ -39,7 +39,7 @@ class BuildMismatch(LlamaforgeError):
     exit_code = ExitCode.BUILD_MISMATCH
 
 
-#: Why an RPC worker has an IPv4 address: llama.cpp b11312's rpc-server binds and its client connects with
+#: Why an RPC worker has an IPv4 address: the pinned llama.cpp's rpc-server binds and its client connects with
 #: AF_INET only (ggml-rpc/transport.cpp), and ``--rpc`` splits ``host:port`` at the first ':' (an IPv6
 #: endpoint aborts the head: "Failed to parse endpoint").
 RPC_IPV4_ONLY = (
