@@ -339,7 +339,7 @@ def test_python_api_refuses_booleans_for_numbers_and_a_name_that_is_no_string(lf
     assert boolean.value.message == "--ctx: True is not a number" and boolean.value.exit_code == 2
     with pytest.raises(NotebookError) as listed:
         run("smoke", concurrency=[2, False], background=True)
-    assert listed.value.message == "--concurrency: False is not a number"
+    assert listed.value.message == "--concurrency[1]: False is not a number"
     with pytest.raises(NotebookError) as unnamed:
         run(123)  # type: ignore[arg-type]
     assert unnamed.value.message == "the operation is named by a string, not int 123"

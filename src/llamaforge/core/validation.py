@@ -236,3 +236,41 @@ def check_target_options(params: BaseModel, target: str, owners: Mapping[str, st
             raise ValueError(
                 f"--{name.replace('_', '-')} is read by --target {owner} only, not by --target {target}"
             )
+
+
+def booleans_for_numbers(name: str, value: Any, schema: Mapping[str, Any]) -> list[tuple[str, bool]]:
+    """Where ``value`` (of the parameter ``name`` whose JSON schema is ``schema``) gives a boolean for a number,
+    alone or in a list (``name``, ``name[1]``), with the boolean: pydantic's lax mode reads True as 1, so
+    ``ctx: true`` planned a context of one token and ``concurrency: [true]`` ran one client. Each front says it
+    in its own words."""
+    if isinstance(value, bool):
+        if _takes_boolean(schema) or not _takes_number(schema):
+            return []  # a boolean, or a value pydantic refuses in its own words (a string field)
+        return [(name, value)]
+    if isinstance(value, list) and (items := _item_schemas(schema)):
+        return [
+            found
+            for index, item in enumerate(value)
+            if all(booleans_for_numbers(f"{name}[{index}]", item, part) for part in items)
+            for found in booleans_for_numbers(f"{name}[{index}]", item, items[0])
+        ]
+    return []
+
+
+def _takes_boolean(schema: Mapping[str, Any]) -> bool:
+    if "type" not in schema and "anyOf" not in schema:
+        return True  # any value
+    return schema.get("type") == "boolean" or any(_takes_boolean(part) for part in schema.get("anyOf", []))
+
+
+def _takes_number(schema: Mapping[str, Any]) -> bool:
+    return schema.get("type") in ("integer", "number") or any(
+        _takes_number(part) for part in schema.get("anyOf", [])
+    )
+
+
+def _item_schemas(schema: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The schemas of an array's items that ``schema`` (or one of its ``anyOf`` parts) allows."""
+    if schema.get("type") == "array":
+        return [schema.get("items", {})]
+    return [item for part in schema.get("anyOf", []) for item in _item_schemas(part)]

@@ -25,7 +25,7 @@ from pydantic.fields import FieldInfo
 from llamaforge.core.errors import ExitCode, InvalidOption, LlamaforgeError
 from llamaforge.core.jobs import FINISHED, JobManager, JobStatus
 from llamaforge.core.registry import Operation, Params, find_operation, operations
-from llamaforge.core.validation import describe_errors
+from llamaforge.core.validation import booleans_for_numbers, describe_errors
 from llamaforge.core.views.html import badge, kv_table, section
 from llamaforge.fronts.jupyter_progress import ProgressView, progress_view
 from llamaforge.fronts.render_html import render_html, render_text
@@ -192,31 +192,13 @@ def resolve_operation(name: str) -> Operation:
         raise NotebookError.from_error(error) from None
 
 
-def _takes(schema: Mapping[str, Any], kinds: tuple[str, ...]) -> bool:
-    return schema.get("type") in kinds or any(_takes(part, kinds) for part in schema.get("anyOf", []))
-
-
-def _boolean_numbers(name: str, value: Any, schema: Mapping[str, Any]) -> list[str]:
-    """``--name: True is not a number`` for a boolean given for a number (alone or in a list): pydantic's lax mode
-    reads True as 1, so ``run("fit", ctx=True)`` planned a context of one token."""
-    if isinstance(value, bool):
-        wrong = _takes(schema, ("integer", "number")) and not _takes(schema, ("boolean",))
-        return [f"--{name.replace('_', '-')}: {value} is not a number"] if wrong else []
-    items = schema.get("items") or next(
-        (part.get("items") for part in schema.get("anyOf", []) if part.get("type") == "array"), None
-    )
-    if isinstance(value, list) and items:
-        return [problem for item in value for problem in _boolean_numbers(name, item, items)]
-    return []
-
-
 def validate_params(op: Operation, arguments: Mapping[str, Any]) -> Params:
     """``op``'s parameter model from parsed arguments; pydantic's complaints in terms of the flags."""
     properties = op.params.model_json_schema().get("properties", {})
     problems = [
-        problem
-        for name, value in arguments.items()
-        for problem in _boolean_numbers(name, value, properties.get(name, {}))
+        f"--{where.replace('_', '-')}: {value} is not a number"
+        for name, given in arguments.items()
+        for where, value in booleans_for_numbers(name, given, properties.get(name, {}))
     ]
     if problems:
         raise NotebookError(

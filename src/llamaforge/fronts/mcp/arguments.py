@@ -23,7 +23,7 @@ from mcp_types import INVALID_PARAMS
 from pydantic import Field, ValidationError, create_model
 
 from llamaforge.core.errors import InvalidOption
-from llamaforge.core.validation import closest, describe_errors
+from llamaforge.core.validation import booleans_for_numbers, closest, describe_errors
 from llamaforge.fronts.mcp.output import Output
 
 
@@ -60,49 +60,15 @@ def argument_error(tool: str, metadata: FuncMetadata, arguments: Mapping[str, An
     return _refusal(tool, known, unknown, problems)
 
 
-def _takes_boolean(schema: Mapping[str, Any]) -> bool:
-    if "type" not in schema and "anyOf" not in schema:
-        return True  # any value
-    return schema.get("type") == "boolean" or any(_takes_boolean(part) for part in schema.get("anyOf", []))
-
-
-def _takes_number(schema: Mapping[str, Any]) -> bool:
-    return schema.get("type") in ("integer", "number") or any(
-        _takes_number(part) for part in schema.get("anyOf", [])
-    )
-
-
-def _item_schemas(schema: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """The schemas of an array's items that ``schema`` (or one of its ``anyOf`` parts) allows."""
-    if schema.get("type") == "array":
-        return [schema.get("items", {})]
-    return [item for part in schema.get("anyOf", []) for item in _item_schemas(part)]
-
-
-def _boolean_problems(name: str, value: Any, schema: Mapping[str, Any]) -> list[str]:
-    if isinstance(value, bool):
-        if _takes_boolean(schema) or not _takes_number(schema):
-            return []  # a boolean, or a value pydantic refuses in its own words (a string field)
-        return [f"{name}: {json.dumps(value)} is not a number"]
-    if isinstance(value, list) and (items := _item_schemas(schema)):
-        return [
-            problem
-            for index, item in enumerate(value)
-            if all(_boolean_problems(f"{name}[{index}]", item, part) for part in items)
-            for problem in _boolean_problems(f"{name}[{index}]", item, items[0])
-        ]
-    return []
-
-
 def _booleans_as_numbers(metadata: FuncMetadata, arguments: Mapping[str, Any]) -> list[str]:
     """``true`` / ``false`` given for a number, alone or in a list: pydantic's lax mode reads them as 1 and 0
     (``port: true`` would render port 1, ``concurrency: [true]`` one client), so they are refused here."""
     properties = metadata.arg_model.model_json_schema(by_alias=True).get("properties", {})
     return [
-        problem
-        for name, value in arguments.items()
+        f"{where}: {json.dumps(value)} is not a number"
+        for name, given in arguments.items()
         if name in properties
-        for problem in _boolean_problems(name, value, properties[name])
+        for where, value in booleans_for_numbers(name, given, properties[name])
     ]
 
 
