@@ -51,6 +51,7 @@ VERIFY_CACHE_VERSION: Final = 4
 ANALYSIS_MODULES: Final = (
     "llamaforge.gguf.header",
     "llamaforge.models.chat_template",
+    "llamaforge.models.file_types",
     "llamaforge.models.inspect",
     "llamaforge.models.tensor_set",
     "llamaforge.models.tensor_shapes",
