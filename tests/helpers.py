@@ -13,6 +13,8 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+import mcp_types
+
 REPO = Path(__file__).resolve().parents[1]
 MINI = Path(__file__).parent / "data" / "mini-project"
 GOLDEN = Path(__file__).parent / "golden"
@@ -188,3 +190,11 @@ def sigill_copy(source: Path, home: Path) -> tuple[str, Path]:
         data[at : at + len(UD2)] = UD2
         module.write_bytes(bytes(data))
     return key, directory
+
+
+def error_text(result: mcp_types.CallToolResult) -> str:
+    """The text of an MCP tool call that failed (an assertion error when it did not)."""
+    assert result.is_error, result.structured_content
+    block = result.content[0]
+    assert isinstance(block, mcp_types.TextContent)
+    return block.text

@@ -11,7 +11,7 @@ import mcp_types
 import pytest
 from pydantic import Field
 
-from helpers import REPO
+from helpers import REPO, error_text
 
 if str(REPO) not in sys.path:  # `mcp_server/` sits at the top of the checkout, next to tasks.py
     sys.path.insert(0, str(REPO))
@@ -27,13 +27,6 @@ pytestmark = pytest.mark.anyio
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-def error_text(result: mcp_types.CallToolResult) -> str:
-    assert result.is_error, result.structured_content
-    block = result.content[0]
-    assert isinstance(block, mcp_types.TextContent)
-    return block.text
 
 
 class CountsParams(Params):

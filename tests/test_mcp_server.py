@@ -21,7 +21,7 @@ import anyio
 import pytest
 from pydantic import Field
 
-from helpers import REPO, marked_containers, mini_recipe
+from helpers import REPO, error_text, marked_containers, mini_recipe
 
 if str(REPO) not in sys.path:  # `mcp_server/` sits at the top of the checkout, next to tasks.py
     sys.path.insert(0, str(REPO))
@@ -66,13 +66,6 @@ def data(result: mcp_types.CallToolResult) -> dict[str, Any]:
     assert not result.is_error, result.content
     assert result.structured_content is not None
     return result.structured_content
-
-
-def error_text(result: mcp_types.CallToolResult) -> str:
-    assert result.is_error, result.structured_content
-    block = result.content[0]
-    assert isinstance(block, mcp_types.TextContent)
-    return block.text
 
 
 # --- test-only operations, registered through the registry API and removed afterwards ----------------------
