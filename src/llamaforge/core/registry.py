@@ -9,8 +9,10 @@ views all read ``result_json(result)``.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import inspect
+import os
 import pkgutil
 import typing
 from collections.abc import Callable, Mapping
@@ -48,13 +50,33 @@ class Params(BaseModel):
 
     @field_validator("*")
     @classmethod
-    def _no_empty_path(cls, value: Any, info: ValidationInfo) -> Any:
+    def _a_path_a_file_system_holds(cls, value: Any, info: ValidationInfo) -> Any:
+        if not (info.field_name and is_path_field(cls.model_fields[info.field_name])):
+            return value
         # '' is no path: read as "not given", --recipe '' locked every recipe and --load-check '' skipped the load
-        if value == "" and info.field_name and is_path_field(cls.model_fields[info.field_name]):
+        if value == "":
             raise ValueError(
                 "an empty path names nothing: give a file, a directory or a name, or leave it out"
             )
+        for path in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(path, (str, Path)):
+                _refuse_overlong(str(path))
         return value
+
+
+def _refuse_overlong(path: str) -> None:
+    """Refuse a path the file system cannot hold (a name over NAME_MAX, or the whole over PATH_MAX): every reader
+    behind a parameter would otherwise stop on an OSError traceback. The file system answers, not a constant."""
+    try:
+        os.lstat(path)
+    except OSError as error:
+        if error.errno == errno.ENAMETOOLONG:
+            raise ValueError(
+                f"at {len(path)} characters this path is longer than the file system allows for a path or for one "
+                "name in it: give the path of an existing file, or a shipped name"
+            ) from None
+    except ValueError:  # a NUL byte: the readers behind the parameter name it themselves
+        pass
 
 
 #: A count llama.cpp reads with ``std::stoi`` (``-c``, ``-t``, ``-np``, ``-ngl``), or Kubernetes as an int32
