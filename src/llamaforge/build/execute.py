@@ -100,6 +100,13 @@ def recipe_from_manifest(
 ) -> tuple[BuildRecipe, BuildOptions]:
     """The recipe and options recorded in a manifest, to repeat that build; the paths they name (the recipe's,
     ``options.patches``, ``options.ca_bundle``) pass the front's path policy, ``origin`` naming the file."""
+    if not isinstance(manifest, dict):
+        raise ValueError(f"it holds {json.dumps(manifest)[:40]}, not an object")
+    for table in ("recipe", "options"):  # what a build writes in every manifest: the rest is its record
+        if table not in manifest:
+            raise ValueError(f"it has no {table!r} table, which every build records in its manifest")
+        if not isinstance(manifest[table], dict):
+            raise ValueError(f"its {table!r} is {json.dumps(manifest[table])[:40]}, not a table")
     recipe, options = BuildRecipe.model_validate(manifest["recipe"]), options_from_json(manifest["options"])
     check_recipe_paths(recipe, f"{origin}: recipe")
     if options.patches is not None:

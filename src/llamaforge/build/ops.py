@@ -148,15 +148,25 @@ def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
                 hint="give a build's manifest.json (`invoke builds.show KEY` prints its path)",
             )
         try:
-            recipe, options = recipe_from_manifest(
-                json.loads(path.read_text(encoding="utf-8")), origin=f"manifest {path}"
-            )
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise InvalidOption(
+                f"--from-manifest {path} is not JSON: {error}",
+                hint="a build's manifest.json (`invoke builds.show KEY` prints its path)",
+            ) from None
+        try:
+            recipe, options = recipe_from_manifest(manifest, origin=f"manifest {path}")
         except ValidationError as error:
             raise InvalidOption(
                 f"--from-manifest {path}: its recipe is not valid: {describe_errors(error)}",
                 hint="a build's manifest.json (`invoke builds.show KEY` prints its path), unedited",
             ) from None
-        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as error:
+        except ValueError as error:
+            raise InvalidOption(
+                f"--from-manifest {path} is not a build manifest: {error}",
+                hint="a build's manifest.json (`invoke builds.show KEY` prints its path)",
+            ) from None
+        except (KeyError, TypeError, AttributeError) as error:
             raise InvalidOption(
                 f"--from-manifest {path} is not a build manifest ({type(error).__name__}: {error})",
                 hint="a build's manifest.json (`invoke builds.show KEY` prints its path)",
