@@ -161,7 +161,9 @@ def read_toml(path: Path, what: str) -> dict[str, Any]:
     """The TOML document in ``path`` (a ``what``: "build recipe", "host inventory" …); RecipeError naming the
     file when it cannot be read or is not TOML."""
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
+        # utf-8-sig: Windows editors (Notepad) start UTF-8 files with a byte-order mark, which TOML's grammar
+        # does not allow and tomllib reported as "Invalid statement (at line 1, column 1)"
+        return tomllib.loads(path.read_text(encoding="utf-8-sig"))
     except tomllib.TOMLDecodeError as error:
         raise RecipeError(f"{what} {path} is not valid TOML: {error}", hint="fix the syntax") from None
     except UnicodeDecodeError as error:

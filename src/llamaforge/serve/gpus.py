@@ -68,8 +68,8 @@ def normalise(name: str) -> str:
 @functools.cache
 def _load(path: Path) -> GpuTable:
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as error:
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark as in read_toml
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
         raise InvalidOption(f"cannot read the GPU table {path}: {error}") from None
     gpus = {}
     for key, item in data.get("gpus", {}).items():
