@@ -90,8 +90,9 @@ def is_multi_variant(level: str) -> bool:
     return level == VARIANTS
 
 
-def cpu_cmake(level: str) -> dict[str, str]:
-    """The CMake options that build ggml-cpu for ``level`` (a checked level)."""
+def cpu_cmake(level: str, *, machine: str | None = None) -> dict[str, str]:
+    """The CMake options that build ggml-cpu for ``level`` (a checked level); ``machine`` is the architecture
+    the build is for when the platform fixes one (an arm64 build is given no x86 feature options)."""
     if level == VARIANTS:
         # The variants are modules ggml loads at run time: they need shared libraries and the backend loader.
         return {
@@ -109,7 +110,7 @@ def cpu_cmake(level: str) -> dict[str, str]:
     }
     if level.startswith("armv"):
         options["GGML_CPU_ARM_ARCH"] = level
-    elif level != NATIVE:
+    elif level != NATIVE and machine != "aarch64":
         # Every feature is set explicitly, so a level means the same whatever ggml's defaults become.
         enabled = X86_LEVELS.get(level, ())
         options.update({f"GGML_{name}": "ON" if name in enabled else "OFF" for name in X86_FEATURES})

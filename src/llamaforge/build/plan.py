@@ -21,7 +21,14 @@ from llamaforge.build.cmake_options import (
     refused_cmake_keys,
     unnamed_cmake_keys,
 )
-from llamaforge.build.cpu_level import check_cpu_level, controlled_keys, cpu_architecture, cpu_cmake
+from llamaforge.build.cpu_level import (
+    BASELINE,
+    check_cpu_level,
+    controlled_keys,
+    cpu_architecture,
+    cpu_cmake,
+    is_multi_variant,
+)
 from llamaforge.build.names import BackendName
 from llamaforge.build.options import BuildOptions
 from llamaforge.build.patches import PatchRef, read_series
@@ -178,6 +185,23 @@ def _cpu_level(level: str, options: BuildOptions, platform: Platform) -> str:
     return level
 
 
+def _one_backend(platform: Platform, *, given: bool) -> str:
+    """The level of a platform's one CPU backend for a recipe's ``variants`` (the plan recorded variants that
+    were never built); ``--cpu variants`` itself is refused there."""
+    if given:
+        raise InvalidOption(
+            f"--cpu variants: {platform.title or platform.name} builds have one CPU backend, linked in (ggml "
+            "builds no CPU variants there)",
+            hint="leave --cpu out (the one backend is then built at the baseline level), or give native or "
+            + (
+                "an arm64 architecture such as armv8.2-a+dotprod"
+                if platform.machine == "aarch64"
+                else "a level"
+            ),
+        )
+    return BASELINE
+
+
 def plan_build(recipe: BuildRecipe, options: BuildOptions | None = None) -> BuildPlan:
     """Resolve ``recipe`` and ``options`` into a BuildPlan; the recipe's platform renders its environment and
     script."""
@@ -198,9 +222,11 @@ def plan_build(recipe: BuildRecipe, options: BuildOptions | None = None) -> Buil
     patches = tuple(read_series(series, platform=recipe.platform))
 
     cpu = _cpu_level(recipe.cpu if options.cpu is None else options.cpu, options, platform)
+    if is_multi_variant(cpu) and not platform.cpu_variants:
+        cpu = _one_backend(platform, given=options.cpu is not None)
     cmake: dict[str, str] = {"CMAKE_BUILD_TYPE": "Release"}
     cmake.update({key: _cmake_value(value) for key, value in recipe.cmake.items()})
-    cmake.update(cpu_cmake(cpu))
+    cmake.update(cpu_cmake(cpu, machine=platform.machine))
     cmake.update(platform.cmake(recipe, name, options))
     cmake.update(dict(options.cmake))
     cmake.update(backend.cmake(archs))

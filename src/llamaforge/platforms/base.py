@@ -123,6 +123,9 @@ class Platform:
     # The machine architecture its builds are for, as CPU levels name it (x86_64, aarch64); None: the build
     # machine's own (a Linux build compiles for the machine it runs on).
     machine: ClassVar[str | None] = None
+    # Whether ggml builds its CPU variants (cpu = variants) here; where it does not, a recipe's variants
+    # builds the one CPU backend at the baseline level, and --cpu variants is refused.
+    cpu_variants: ClassVar[bool] = True
 
     def check(self, recipe: BuildRecipe, backend: BackendName) -> None:
         """Raise InvalidOption, saying what to do instead, when this platform cannot build ``backend``: by

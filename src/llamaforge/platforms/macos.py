@@ -33,6 +33,7 @@ class MacosPlatform(Platform):
     template_dir: ClassVar[str | None] = TEMPLATES
     preferred_backend: ClassVar[BackendName | None] = "metal"  # with --platform macos and no --backend
     machine: ClassVar[str | None] = "aarch64"  # CMAKE_OSX_ARCHITECTURES=arm64
+    cpu_variants: ClassVar[bool] = False  # ggml-cpu has no variants on Darwin: one backend, linked in
 
     def backend_hint(self, backend: BackendName) -> str:
         """macOS builds the metal and cpu backends."""
