@@ -128,7 +128,8 @@ BAD_INPUTS: list[tuple[list[str], int, str]] = [
         InvalidOption.exit_code,
         "--parallel: Input should be less than or equal to 256",
     ),
-    (["builds.show", "nosuchkey"], CacheError.exit_code, "error: no build with key 'nosuchkey'"),
+    (["builds.show", "0123abcd"], CacheError.exit_code, "error: no build with key '0123abcd'"),
+    (["builds.show", "nosuchkey"], CacheError.exit_code, "error: 'nosuchkey' is not a build key"),
     (["recipes.show", "nosuch"], RecipeError.exit_code, "error: unknown build recipe 'nosuch'"),
     (["patches.check", "--series", "/etc"], PatchError.exit_code, "error: /etc is no patch series"),
 ]
@@ -164,7 +165,7 @@ def test_json_errors_are_on_stdout_too(env: dict[str, str]) -> None:
     assert missing.returncode == CacheError.exit_code
     error = json.loads(missing.stdout)["error"]
     assert error["exit_code"] == CacheError.exit_code and "nosuchkey" in error["message"] and error["hint"]
-    assert "no build with key" in missing.stderr
+    assert "is not a build key: keys are lower-case hex digits" in missing.stderr
     bad = run("llamaforge", [*RENDER, "--port", "abc", "--json"], env)
     error = json.loads(bad.stdout)["error"]
     assert error["exit_code"] == 2 and "--port" in error["message"]

@@ -219,5 +219,11 @@ def find_build(prefix: str) -> dict[str, Any]:
                 f"build {damaged[0].path.name} is damaged: {damaged[0].error}",
                 hint=f"rebuild it (`invoke build --force`), or remove {damaged[0].path}",
             )
+        if prefix.strip("0123456789abcdef"):
+            # a path, or a recipe name: said as such, not as a key that no build happens to have
+            raise CacheError(
+                f"{prefix!r} is not a build key: keys are lower-case hex digits",
+                hint="`invoke builds.list` shows the builds and their keys",
+            )
         raise CacheError(f"no build with key {prefix!r}", hint="`invoke builds.list` shows the builds")
     raise CacheError(f"{len(matches)} builds start with {prefix!r}", hint="give more characters of the key")
