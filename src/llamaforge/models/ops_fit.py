@@ -19,6 +19,7 @@ from llamaforge.core.registry import (
     operation,
     path_field,
 )
+from llamaforge.serve.launcher import CacheType
 
 
 class ModelFitParams(Params):
@@ -31,9 +32,11 @@ class ModelFitParams(Params):
     gpu: str | None = Field(None, description="GPU from recipes/gpus.toml, e.g. rtx3090, rtx4090, a100-80gb")
     vram: str | None = Field(None, description="GPU memory instead of --gpu, e.g. 24GiB (no speed estimate)")
     ctx: Int32 = Field(description="Context (tokens) of each slot", ge=1)
-    cache_type: str | None = Field(None, description="KV cache type for K and V, e.g. q8_0 (default f16)")
-    cache_type_k: str | None = Field(None, description="K cache type (overrides --cache-type)")
-    cache_type_v: str | None = Field(None, description="V cache type (overrides --cache-type)")
+    cache_type: CacheType | None = Field(
+        None, description="KV cache type for K and V, e.g. q8_0 (default f16)"
+    )
+    cache_type_k: CacheType | None = Field(None, description="K cache type (overrides --cache-type)")
+    cache_type_v: CacheType | None = Field(None, description="V cache type (overrides --cache-type)")
     parallel: Slots = Field(1, description="Slots (concurrent sequences) of llama-server, at most 256")
     ubatch: Int32 = Field(512, description="Physical batch size (-ub)", ge=1)
     kv_unified: bool = Field(False, description="One KV cache shared by all slots (--kv-unified)")

@@ -8,6 +8,7 @@ from pydantic import Field
 
 from llamaforge.core.errors import DoesNotFit, OperationFailed
 from llamaforge.core.registry import Int32, OperationContext, Params, Result, Slots, operation, path_field
+from llamaforge.serve.launcher import CacheType
 
 
 class ModelSplitParams(Params):
@@ -23,7 +24,7 @@ class ModelSplitParams(Params):
     )
     ctx: Int32 = Field(description="Context (tokens) of each slot", ge=1)
     parallel: Slots = Field(1, description="Slots (concurrent sequences), at most 256")
-    cache_type: str = Field("f16", description="KV cache type for K and V")
+    cache_type: CacheType = Field("f16", description="KV cache type for K and V")
     ubatch: Int32 = Field(512, ge=1, description="Physical batch size (-ub)")
     flash_attn: Literal["on", "off"] = Field("on", description="Flash attention")
     tensor_split: str | None = Field(

@@ -19,12 +19,11 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from llamaforge.core.errors import DoesNotFit, InvalidOption
-from llamaforge.core.validation import suggest
 from llamaforge.gguf.header import GGML_TYPES, GGUFHeader, read_header
 from llamaforge.serve.bandwidth import Placement, bytes_per_token
 from llamaforge.serve.cpu_buffers import CpuBuffers
 from llamaforge.serve.gpus import find_gpu
-from llamaforge.serve.launcher import CACHE_TYPES, LlamaFlags, Switch
+from llamaforge.serve.launcher import CACHE_TYPES, LlamaFlags, Switch, check_cache_type
 from llamaforge.serve.memory import DeviceMemory, GiB, MiB, Settings, estimate_memory, parse_size
 from llamaforge.serve.shape import HYBRID_ARCHS, ModelShape, model_shape, weight_layout
 from llamaforge.serve.synthetic import synthetic_header
@@ -107,11 +106,10 @@ def check_settings(settings: Settings) -> None:
     if settings.ctx < 1 or settings.parallel < 1 or settings.ubatch < 1:
         raise InvalidOption("--ctx, --parallel and --ubatch must be positive")
     for flag, value in (("--cache-type-k", settings.cache_type_k), ("--cache-type-v", settings.cache_type_v)):
-        if value not in CACHE_TYPES:
-            raise InvalidOption(
-                f"{flag} {value!r} is not a KV cache type llama.cpp knows",
-                hint=suggest(value, CACHE_TYPES, end=" ") + "one of " + ", ".join(CACHE_TYPES),
-            )
+        try:
+            check_cache_type(value)
+        except ValueError as error:
+            raise InvalidOption(f"{flag} {error}") from None
     if not settings.flash_attn and settings.cache_type_v not in ("f32", "f16", "bf16"):
         raise InvalidOption(
             f"a quantized V cache ({settings.cache_type_v}) needs flash attention",

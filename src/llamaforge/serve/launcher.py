@@ -16,10 +16,13 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
+
+from pydantic import AfterValidator
 
 from llamaforge.core.errors import SmokeFailed, ToolFailed
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
+from llamaforge.core.validation import suggest
 from llamaforge.runners.process import LOCAL, ProcessHandle, ProcessRunner
 
 HOST = "127.0.0.1"  # loopback by default: nothing is exposed unless a caller asks
@@ -32,6 +35,20 @@ Switch = Literal["on", "off", "auto"]
 
 #: The KV cache types llama.cpp b11312 accepts for ``-ctk`` / ``-ctv``.
 CACHE_TYPES: Final = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+def check_cache_type(value: str) -> str:
+    """``value`` when llama.cpp knows it as a KV cache type; a ValueError with "did you mean" otherwise."""
+    if value not in CACHE_TYPES:
+        close = suggest(value, CACHE_TYPES, end=" ")
+        raise ValueError(
+            f"{value!r} is not a KV cache type llama.cpp knows; {close}known: {', '.join(CACHE_TYPES)}"
+        )
+    return value
+
+
+#: A KV cache type parameter (``-ctk`` / ``-ctv``), checked where it is given, so the error names that option.
+CacheType = Annotated[str, AfterValidator(check_cache_type)]
 
 
 @dataclass(frozen=True)
