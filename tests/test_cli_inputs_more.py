@@ -53,6 +53,9 @@ def test_a_manifest_that_is_not_a_builds_says_what_it_lacks(tmp_path: Path) -> N
     path.write_text("{not json", encoding="utf-8")
     error = _error("build", "--from-manifest", str(path), "--dry-run")
     assert error["message"].startswith(f"--from-manifest {path} is not JSON: Expecting property name"), error
+    # a file that cannot be read (as root, permissions do not stop a read: /proc/self/mem does)
+    error = _error("build", "--from-manifest", "/proc/self/mem", "--dry-run")
+    assert error["message"] == "cannot read --from-manifest /proc/self/mem: Input/output error", error
 
 
 def test_a_recipe_saved_with_a_byte_order_mark_plans_like_the_same_file_without(tmp_path: Path) -> None:

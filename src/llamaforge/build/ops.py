@@ -154,6 +154,11 @@ def _plan_from_params(params: BuildParams) -> tuple[BuildPlan, BuildOptions]:
                 f"--from-manifest {path} is not JSON: {error}",
                 hint="a build's manifest.json (`invoke builds.show KEY` prints its path)",
             ) from None
+        except OSError as error:
+            raise InvalidOption(
+                f"cannot read --from-manifest {path}: {error.strerror or error}",
+                hint="a build's manifest.json (`invoke builds.show KEY` prints its path)",
+            ) from None
         try:
             recipe, options = recipe_from_manifest(manifest, origin=f"manifest {path}")
         except ValidationError as error:
