@@ -289,12 +289,13 @@ class JobManager:
             if offset < 0:
                 offset = max(job.count + offset, 0)
             page = self.events(job_id, offset, limit)
-            start = page[0].index if page else max(offset, job.first_index)
+            # past the end: the page is empty and starts (like the next one) at the end, not at the offset asked
+            start = page[0].index if page else min(max(offset, job.first_index), job.count)
             return JobLogs(
                 id=job.id,
                 state=job.state,
                 offset=start,
-                next_offset=page[-1].index + 1 if page else min(start, job.count),
+                next_offset=page[-1].index + 1 if page else start,
                 first_offset=job.first_index,
                 total=job.count,
                 lines=[item.line() for item in page],
