@@ -328,3 +328,22 @@ def test_a_read_only_front_downloads_nothing(hub: FakeHub, policy: None) -> None
         fetch_model(hub.file_url(other), backoff_s=0)
     assert len(hub.requests()) == requests and modelstore.lookup(other) is None
     assert fetch_model(hub.file_url(name)).path == cached.path  # what the store has is still served
+
+
+def test_a_read_only_lookup_passes_a_damaged_store_entry_by_and_moves_nothing(
+    lf_home: Path, tmp_path: Path, policy: None
+) -> None:
+    # A lookup quarantined a damaged entry (a rename and a note written) while the front had promised to write
+    # nothing; now it only does not serve it, and the next writing run moves it.
+    part = tmp_path / "part"
+    part.write_bytes(BLOB)
+    digest = hashlib.sha256(BLOB).hexdigest()
+    stored = modelstore.publish(part, sha256=digest, filename="blob.gguf", manifest={"source": "test"})
+    with stored.path.open("ab") as handle:
+        handle.write(b"x")  # the size no longer matches the manifest
+    guard.install(HostGuard(read_only=True))
+    assert modelstore.lookup(digest) is None
+    assert stored.path.is_file() and not (lf_home / "models" / "quarantine").exists()
+    guard.install(HostGuard())
+    assert modelstore.lookup(digest) is None
+    assert not stored.path.exists() and len(list((lf_home / "models" / "quarantine").iterdir())) == 1

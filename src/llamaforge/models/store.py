@@ -27,6 +27,7 @@ from typing import Any
 
 from filelock import FileLock
 
+from llamaforge.core import guard
 from llamaforge.core.paths import cache_lock, home, read_json_object
 
 MANIFEST = "manifest.json"
@@ -67,7 +68,7 @@ def lookup(sha256: str) -> StoredModel | None:
         if entry.is_dir() and not entry.is_symlink():
             # publish() renames an entry in whole, manifest included: this one was made or emptied by hand, and
             # left there it would block publishing these bytes again.
-            quarantine_entry(entry, reason=f"no {MANIFEST}: not an entry the store published")
+            _set_aside(entry, reason=f"no {MANIFEST}: not an entry the store published")
         return None
     manifest = read_json_object(manifest_path)
     filename, size = (manifest or {}).get("filename"), (manifest or {}).get("size")
@@ -79,14 +80,21 @@ def lookup(sha256: str) -> StoredModel | None:
         or isinstance(size, bool)
     ):
         # A crash, a full disk or an edit left the entry's manifest unreadable: it no longer vouches for a file.
-        quarantine_entry(entry, reason=f"{MANIFEST} is damaged (not JSON, or no plain filename and size)")
+        _set_aside(entry, reason=f"{MANIFEST} is damaged (not JSON, or no plain filename and size)")
         return None
     path = entry / filename
     if not path.is_file() or path.stat().st_size != size:
         # Someone truncated or replaced the file behind our back: never serve it.
-        quarantine_entry(entry, reason="size changed after publishing")
+        _set_aside(entry, reason="size changed after publishing")
         return None
     return StoredModel(path=path, sha256=sha256, size=size, manifest=manifest)
+
+
+def _set_aside(entry: Path, *, reason: str) -> None:
+    """Quarantine an entry a lookup cannot serve; a read-only front only passes it by (it promised to write
+    nothing, and a later writing run quarantines it)."""
+    if not guard.current().read_only:
+        quarantine_entry(entry, reason=reason)
 
 
 def quarantine_entry(entry: Path, *, reason: str) -> Path:
