@@ -124,3 +124,45 @@ def test_a_series_file_that_is_not_utf8_is_named(tmp_path: Path) -> None:
     with pytest.raises(PatchError) as info:
         read_series(tmp_path / "s")
     assert f"{tmp_path / 's' / 'series'} is not UTF-8 text" in info.value.message and info.value.hint
+
+
+def test_a_patch_converted_to_windows_line_endings_is_named_not_called_stale(tmp_path: Path) -> None:
+    # git's core.autocrlf on Windows converts a checkout's patches: they then "no longer matched the source", with
+    # the hint to refresh them.
+    path = _make_patch(tmp_path, "0001-first.patch", {3: "line 3 patched\n"})
+    (path.parent / "series").write_text("0001-first.patch\n")
+    path.write_bytes(path.read_bytes().replace(b"\n", b"\r\n"))
+    with pytest.raises(PatchError) as info:
+        read_series(path.parent)
+    assert info.value.message == (
+        f"{path.parent / 'series'}:1: patch '0001-first.patch' has Windows line endings (CRLF): a checkout or an "
+        "editor converted it, and git cannot apply it to llama.cpp's LF sources"
+    )
+    assert f"dos2unix {path}" in (info.value.hint or "")
+
+
+def test_a_patch_of_a_file_with_windows_line_endings_applies(tmp_path: Path) -> None:
+    # Its hunks hold CR, its headers (written by git) do not: it is no converted patch.
+    crlf = ORIGINAL.replace("\n", "\r\n")
+    path = tmp_path / "series-dir" / "0001-crlf.patch"
+    path.parent.mkdir()
+    path.write_bytes(
+        b"diff --git a/src/file.c b/src/file.c\n--- a/src/file.c\n+++ b/src/file.c\n@@ -1,4 +1,4 @@\n"
+        b" line 1\r\n line 2\r\n-line 3\r\n+line 3 patched\r\n line 4\r\n"
+    )
+    (path.parent / "series").write_text("0001-crlf.patch\n")
+    tree = tmp_path / "tree"
+    (tree / "src").mkdir(parents=True)
+    (tree / "src" / "file.c").write_bytes(crlf.encode())
+    apply_series(read_series(path.parent), tree)
+    assert (tree / "src" / "file.c").read_bytes().startswith(b"line 1\r\nline 2\r\nline 3 patched\r\n")
+
+
+def test_the_shipped_patches_keep_their_line_endings_in_any_checkout() -> None:
+    repo = Path(__file__).resolve().parents[1]
+    shipped = sorted(str(path.relative_to(repo)) for path in (repo / "patches").rglob("*.patch"))
+    assert shipped
+    attributes = subprocess.run(
+        ["git", "check-attr", "text", "--", *shipped], cwd=repo, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert attributes == [f"{name}: text: unset" for name in shipped]

@@ -151,12 +151,29 @@ def read_series(
                 patch=name,
                 hint=f"add {path} or remove the line from the series file",
             )
-        ref = PatchRef(
-            name=name, path=path, sha256=hashlib.sha256(path.read_bytes()).hexdigest(), platforms=platforms
-        )
+        data = path.read_bytes()
+        if _converted_to_crlf(data):
+            raise PatchError(
+                f"{listing}:{number}: patch {name!r} has Windows line endings (CRLF): a checkout or an editor "
+                "converted it, and git cannot apply it to llama.cpp's LF sources",
+                patch=name,
+                hint=f"convert it back to LF line endings (e.g. `dos2unix {path}`); the repository's "
+                ".gitattributes keeps patches LF in a fresh checkout, also with core.autocrlf",
+            )
+        ref = PatchRef(name=name, path=path, sha256=hashlib.sha256(data).hexdigest(), platforms=platforms)
         if platform is None or ref.applies_to(platform):
             refs.append(ref)
     return refs
+
+
+def _converted_to_crlf(data: bytes) -> bool:
+    """Whether a patch's own header lines (which git writes, never the source) end in CRLF: the whole file was
+    converted (git's core.autocrlf on Windows, an editor), and its hunks no longer match. Hunks that change a
+    CRLF file legitimately hold CR in their lines, so only the headers tell."""
+    return any(
+        line.startswith((b"diff --git ", b"--- a/", b"+++ b/")) and line.endswith(b"\r")
+        for line in data.split(b"\n")
+    )
 
 
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@")
