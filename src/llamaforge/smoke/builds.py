@@ -3,6 +3,7 @@ first when the store lacks it (shared by ``smoke`` and ``smoke.cpu_modules``).""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,16 +35,35 @@ def resolve_build(
             ctx.reporter(Event("warning", cold_build_note(plan.recipe.name, plan.cpu), stage="build"))
         result = run_build(plan, options, executor=runner, reporter=ctx.reporter, cancel=ctx.cancel)
         return result.key, result.path, result.manifest
-    path = Path(build)
+    path = check_build_argument(build)
     if path.is_dir():
         if (path / "manifest.json").is_file():
             manifest = read_build_manifest(path)
             return str(manifest["key"]), path, manifest
-        if (path / "llama-server").is_file() or (path / "bin" / "llama-server").is_file():
-            return "external", path, {}  # e.g. a plain cmake build's bin/ directory, for comparisons
-        raise InvalidOption(f"{path} holds neither a llamaforge build nor llama.cpp binaries")
+        return "external", path, {}  # e.g. a plain cmake build's bin/ directory, for comparisons
     manifest = find_build(build)
     return str(manifest["key"]), build_dir(manifest["key"]), manifest
+
+
+def check_build_argument(build: str) -> Path:
+    """``build`` as a path: a build directory (a llamaforge build or llama.cpp binaries), or a name for the store
+    to look up; refused when it is a file, a directory of neither, or written as a path (a separator, ``.`` or
+    ``~`` first) that names nothing. Checked before the model, which may take minutes to write or download."""
+    path = Path(build).expanduser()
+    hint = "give a build's directory or its key (`invoke builds.list` shows them)"
+    if path.is_dir():
+        if not any((path / name).is_file() for name in ("manifest.json", "llama-server", "bin/llama-server")):
+            raise InvalidOption(
+                f"--build {build}: the directory holds neither a llamaforge build (manifest.json) nor llama.cpp "
+                "binaries (llama-server, bin/llama-server)",
+                hint=hint,
+            )
+        return path
+    if path.exists():
+        raise InvalidOption(f"--build {build} is a file, not a build directory", hint=hint)
+    if "/" in build or os.sep in build or build.startswith((".", "~")):
+        raise InvalidOption(f"--build {build}: no such build directory", hint=hint)
+    return path  # a build key or a prefix of one: the store says whether it holds it
 
 
 def is_built(plan: BuildPlan, executor: Executor) -> bool:

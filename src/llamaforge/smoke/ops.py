@@ -21,7 +21,7 @@ from llamaforge.core.registry import (
 )
 from llamaforge.serve.launcher import FIELD_FLAGS, SERVER_FLAGS
 from llamaforge.serve.server_args import precheck_server_args, server_args_for
-from llamaforge.smoke.builds import resolve_build
+from llamaforge.smoke.builds import check_build_argument, resolve_build
 from llamaforge.smoke.ops_cpu_modules import CpuModuleSweep
 
 if TYPE_CHECKING:
@@ -215,6 +215,8 @@ def smoke_op(params: SmokeParams, ctx: OperationContext) -> SmokeResult:
             hint="drop --skip-server or --server-args",
         )
     precheck_server_args(params.server_args, SMOKE_FLAGS)  # before a build may start
+    if params.build is not None:
+        check_build_argument(params.build)  # before the model, which may be written or downloaded first
     cli = parse_threshold_items(params.thresholds)
     # The model before the build: a missing or unservable file is refused before a cold build can start.
     model, label, model_smoke, answers = _model_target(params, ctx)

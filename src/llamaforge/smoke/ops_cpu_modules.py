@@ -18,7 +18,7 @@ from llamaforge.core.registry import (
     operation,
     path_field,
 )
-from llamaforge.smoke.builds import resolve_build
+from llamaforge.smoke.builds import check_build_argument, resolve_build
 
 
 class CpuModulesParams(Params):
@@ -132,6 +132,8 @@ def cpu_modules_op(params: CpuModulesParams, ctx: OperationContext) -> CpuModule
     from llamaforge.smoke.cpu_modules import SweepOptions, new_sweep_dir, sweep_cpu_modules, write_sweep_files
     from llamaforge.smoke.run import SmokeTarget
 
+    if params.build is not None:
+        check_build_argument(params.build)  # before the model, which may be written or downloaded first
     chosen = resolve_model_argument(params.model or TINY_MODEL, reporter=ctx.reporter, cancel=ctx.cancel)
     model, label = chosen.path, chosen.label
     key, directory, manifest = resolve_build(params.build, params.executor, ctx)
