@@ -46,3 +46,100 @@ def test_a_build_path_that_is_no_build_directory_is_named_before_the_model_is_wr
             assert error["message"] == message
             assert error["hint"] == hint
     assert not (lf_home / "models").exists() and not (lf_home / "smoke").exists()
+
+
+THRESHOLDS_FILES = [
+    # name, file text (bytes), the message's end after "… (from thresholds file PATH)" or the whole message
+    (
+        "wrong type",
+        b'min_tg_tps = "fast"\n',
+        "min_tg_tps: Input should be a valid number, unable to parse string as a number",
+    ),
+    ("true for a number", b"min_tg_tps = true\n", "min_tg_tps: Input should be a number, not true or false"),
+    ("nan", b"min_tg_tps = nan\n", "min_tg_tps: Input should be a finite number"),
+    ("inf", b"max_ttft_ms = inf\n", "max_ttft_ms: Input should be a finite number"),
+    ("negative", b"min_tg_tps = -1\n", "min_tg_tps: Input should be greater than or equal to 0"),
+    ("a list", b"max_ttft_ms = [1]\n", "max_ttft_ms: Input should be a valid number"),
+]
+
+
+@pytest.mark.usefixtures("lf_home")
+@pytest.mark.parametrize(
+    ("text", "problem"), [c[1:] for c in THRESHOLDS_FILES], ids=[c[0] for c in THRESHOLDS_FILES]
+)
+def test_a_bad_value_in_a_thresholds_file_names_the_file(tmp_path: Path, text: bytes, problem: str) -> None:
+    # true was a threshold of 1 token/s, inf passed (max) or failed (min) every run, nan blamed ">= 0"; and no
+    # message named the file, only "invalid thresholds", after the model was written and the build resolved.
+    path = tmp_path / "t.toml"
+    path.write_bytes(text)
+    code, error, _ = _error("smoke", "--thresholds", str(path))
+    assert code == 2
+    assert error["message"] == f"invalid thresholds: {problem} (from thresholds file {path})", error
+    assert error["hint"].startswith("known: min_tg_tps (tokens/s, >= 0), max_ttft_ms (ms, > 0)")
+
+
+@pytest.mark.usefixtures("lf_home")
+def test_thresholds_files_that_cannot_be_read_are_named(tmp_path: Path, lf_home: Path) -> None:
+    example = "e.g. --thresholds min_tg_tps=20 --thresholds max_ttft_ms=500"
+    binary, json_file, unknown = tmp_path / "bin.toml", tmp_path / "t.json", tmp_path / "unknown.toml"
+    binary.write_bytes(b"\xff\xfe")
+    json_file.write_text('{"min_tg_tps": 2}\n', encoding="utf-8")
+    unknown.write_text("[smoke]\nmin_tg_tps = 2\n", encoding="utf-8")
+    for item, message, hint in (
+        (
+            str(tmp_path),
+            f"--thresholds {str(tmp_path)!r} is neither KEY=VALUE nor a TOML file: it is a directory",
+            example,
+        ),
+        (
+            str(tmp_path / "gone.toml"),
+            f"--thresholds {str(tmp_path / 'gone.toml')!r} is neither KEY=VALUE nor a TOML file (no such file)",
+            example,
+        ),
+        # a UnicodeDecodeError traceback
+        (
+            str(binary),
+            f"cannot read thresholds file {binary}: it is not UTF-8 text (byte 0: invalid start byte)",
+            "a TOML file is UTF-8 text: save it as such, or give the right file",
+        ),
+        (
+            str(json_file),
+            f"thresholds file {json_file} is JSON: thresholds files are TOML",
+            "write KEY = VALUE lines (min_tg_tps = 20) in a .toml file, or --thresholds min_tg_tps=20 "
+            "--thresholds max_ttft_ms=500",
+        ),
+        (
+            str(unknown),
+            f"unknown threshold 'smoke' (from thresholds file {unknown})",
+            "known: min_tg_tps, max_ttft_ms, non_empty_answer",
+        ),
+        (
+            "min_tg_tps=inf",
+            "invalid thresholds: min_tg_tps: Input should be a finite number (from --thresholds "
+            "min_tg_tps=inf)",
+            None,
+        ),
+        (
+            "max_ttft_ms=1e999",
+            "invalid thresholds: max_ttft_ms: Input should be a finite number (from "
+            "--thresholds max_ttft_ms=1e999)",
+            None,
+        ),
+    ):
+        code, error, _ = _error("smoke", "--thresholds", item)
+        assert code == 2, error
+        assert error["message"] == message
+        if hint is not None:
+            assert error["hint"] == hint
+    assert not (lf_home / "models").exists()
+
+
+def test_a_thresholds_file_with_a_byte_order_mark_reads_like_one_without(tmp_path: Path) -> None:
+    # tomllib said "Invalid statement (at line 1, column 1)" of a file Notepad saved
+    path = tmp_path / "t.toml"
+    path.write_bytes(b"\xef\xbb\xbfmin_tg_tps = 2\nmax_ttft_ms = 700\n")
+    result = invoke("smoke", "--thresholds", str(path), "--thresholds", "bogus=1", "--json")
+    # the file was read: the refusal is the next item's, named as such
+    assert result.returncode == 2, result.stderr
+    error = json.loads(result.stdout)["error"]
+    assert error["message"] == "unknown threshold 'bogus' (from --thresholds bogus=1)"

@@ -5,15 +5,14 @@ pass/fail checks."""
 from __future__ import annotations
 
 import math
-import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from llamaforge.core.errors import InvalidOption
-from llamaforge.core.validation import describe_errors, suggest
+from llamaforge.core.errors import InvalidOption, RecipeError
+from llamaforge.core.validation import describe_errors, read_toml, suggest
 from llamaforge.smoke.answers import answer_verdict_checks
 from llamaforge.smoke.server import LevelRun
 
@@ -23,7 +22,8 @@ NON_EMPTY_PROMPT = "What is the capital of France? Answer in one word."
 class SmokeThresholds(BaseModel):
     """What a run must show to pass; each may come from the build recipe, the model recipe or the CLI."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf passed every check it bounds (max_ttft_ms = inf) or failed every run (min_tg_tps = inf)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     min_tg_tps: float | None = Field(
         1.0, ge=0, description="Minimum llama-bench tg tokens/s (none: no check)"
@@ -37,27 +37,54 @@ class SmokeThresholds(BaseModel):
         "a model recipe's [[answers]] check what the reply says",
     )
 
+    @field_validator("min_tg_tps", "max_ttft_ms", mode="before")
+    @classmethod
+    def _a_number_not_a_bool(cls, value: Any) -> Any:
+        # pydantic reads true as 1.0: `min_tg_tps = true` in a TOML file was a threshold of 1 token/s
+        if isinstance(value, bool):
+            raise ValueError("Input should be a number, not true or false")
+        return value
+
 
 def parse_threshold_items(items: Sequence[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` items and/or paths of TOML files with those keys; ``none`` clears a threshold."""
+    """``KEY=VALUE`` items and/or paths of TOML files with those keys; ``none`` clears a threshold. Each item is
+    checked on its own, so that a bad key or value is refused naming the option or the file it came from."""
     values: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
-        if not sep:
-            path = Path(item)
-            if not path.is_file():
-                raise InvalidOption(
-                    f"--thresholds {item!r} is neither KEY=VALUE nor a TOML file",
-                    hint="e.g. --thresholds min_tg_tps=20 --thresholds max_ttft_ms=500",
-                )
-            try:
-                values.update(tomllib.loads(path.read_text(encoding="utf-8")))
-            except tomllib.TOMLDecodeError as error:
-                raise InvalidOption(f"thresholds file {path} is not valid TOML: {error}") from None
-            continue
-        key, raw = key.strip(), raw.strip()
-        values[key] = None if raw.lower() in ("none", "off", "") else raw
+        if sep:
+            key, raw = key.strip(), raw.strip()
+            layer: dict[str, Any] = {key: None if raw.lower() in ("none", "off", "") else raw}
+            origin = f"--thresholds {item}"
+        else:
+            path = Path(item).expanduser()
+            layer, origin = _read_thresholds_file(item, path), f"thresholds file {path}"
+        resolve_thresholds([(origin, layer)])
+        values.update(layer)
     return values
+
+
+def _read_thresholds_file(item: str, path: Path) -> dict[str, Any]:
+    example = "e.g. --thresholds min_tg_tps=20 --thresholds max_ttft_ms=500"
+    if path.is_dir():
+        raise InvalidOption(
+            f"--thresholds {item!r} is neither KEY=VALUE nor a TOML file: it is a directory", hint=example
+        )
+    if not path.is_file():
+        reason = "no such file" if path.suffix or "/" in item else "no such file, and no '=' in it"
+        raise InvalidOption(
+            f"--thresholds {item!r} is neither KEY=VALUE nor a TOML file ({reason})", hint=example
+        )
+    if path.suffix.lower() == ".json":
+        raise InvalidOption(
+            f"thresholds file {path} is JSON: thresholds files are TOML",
+            hint="write KEY = VALUE lines (min_tg_tps = 20) in a .toml file, or "
+            + example.removeprefix("e.g. "),
+        )
+    try:
+        return read_toml(path, "thresholds file")
+    except RecipeError as error:
+        raise InvalidOption(str(error), hint=error.hint) from None
 
 
 def resolve_thresholds(
@@ -80,7 +107,12 @@ def resolve_thresholds(
     try:
         return SmokeThresholds.model_validate(merged), sources
     except ValidationError as error:
-        raise InvalidOption(f"invalid thresholds: {describe_errors(error)}") from None
+        origins = dict.fromkeys(sources[str(item["loc"][0])] for item in error.errors() if item["loc"])
+        raise InvalidOption(
+            f"invalid thresholds: {describe_errors(error)} (from {', '.join(origins)})",
+            hint="known: min_tg_tps (tokens/s, >= 0), max_ttft_ms (ms, > 0), non_empty_answer (a prompt); "
+            "none clears one",
+        ) from None
 
 
 def percentile(values: Sequence[float], q: float) -> float:
