@@ -143,3 +143,80 @@ def test_a_thresholds_file_with_a_byte_order_mark_reads_like_one_without(tmp_pat
     assert result.returncode == 2, result.stderr
     error = json.loads(result.stdout)["error"]
     assert error["message"] == "unknown threshold 'bogus' (from --thresholds bogus=1)"
+
+
+def _run(root: Path, name: str, **changes: object) -> Path:
+    """A run directory with a report of the shape smoke writes (one tg test, one server level)."""
+    level = {
+        "concurrency": 1,
+        "aggregate_tps": 20.0,
+        **{key: {"p50": 10.0, "p95": 12.0} for key in ("ttft_ms", "itl_ms", "decode_tps", "e2e_ms")},
+    }
+    report = {
+        "run_id": name,
+        "host": {"platform": "Linux"},
+        "build": {"key": "k" * 32, "recipe": "default", "backend": "cpu"},
+        "model": {"label": "tiny-qwen3"},
+        "bench": {"n_threads": 2, "tests": [{"name": "tg32", "avg_ts": 50.0}]},
+        "server": {"levels": [level]},
+        "roofline": None,
+        **changes,
+    }
+    run = root / name
+    run.mkdir(parents=True)
+    (run / "report.json").write_text(json.dumps(report), encoding="utf-8")
+    return run
+
+
+def test_compare_refuses_paths_that_are_no_runs_and_runs_with_no_metric_in_common(
+    tmp_path: Path, lf_home: Path
+) -> None:
+    root = lf_home / "smoke"
+    a = _run(root, "20260101T000000Z-a")
+    bench_only = _run(root, "20260101T000001Z-b", server=None)
+    server_only = _run(root, "20260101T000002Z-c", bench=None)
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("hi\n", encoding="utf-8")
+    runs = "runs: 20260101T000000Z-a, 20260101T000001Z-b, 20260101T000002Z-c"
+    for ref, message in (
+        # both were "no smoke runs match '…'", as if a run id had been mistyped
+        (str(tmp_path / "nope"), f"{tmp_path / 'nope'}: no such smoke run directory"),
+        (str(a_file), f"{a_file} is a file, not a smoke run directory or its report.json"),
+    ):
+        code, error, _ = _error("smoke.compare", a.name, ref)
+        assert code == 2
+        assert error["message"] == message
+        assert error["hint"] == f"give the directory `invoke smoke` printed, or a run id; {runs}"
+    # an empty table, exit 0, was the comparison of a run without the server stage and one without llama-bench
+    code, error, _ = _error("smoke.compare", bench_only.name, server_only.name)
+    assert code == 2
+    assert error["message"] == (
+        f"smoke runs {bench_only.name} and {server_only.name} have no metric in common: A measured llama-bench, "
+        "B llama-server"
+    )
+    assert "--skip-bench / --skip-server" in error["hint"]
+    assert not (root / "compare").exists()
+
+
+def test_compare_reads_a_report_with_a_byte_order_mark_and_leaves_out_metrics_that_are_no_numbers(
+    lf_home: Path,
+) -> None:
+    root = lf_home / "smoke"
+    a = _run(root, "20260101T000000Z-a")
+    b = _run(
+        root,
+        "20260101T000001Z-b",
+        bench={"n_threads": 2, "tests": [{"name": "tg32", "avg_ts": float("nan")}]},
+    )
+    text = (b / "report.json").read_text(encoding="utf-8")
+    assert "NaN" in text
+    # json.loads said "Unexpected UTF-8 BOM" of a report saved again by a Windows editor
+    (b / "report.json").write_bytes(b"\xef\xbb\xbf" + text.encode())
+    result = invoke("smoke.compare", a.name, b.name, "--json")
+    assert result.returncode == 0, result.stderr
+    rows = {row["metric"]: row for row in json.loads(result.stdout)["rows"]}
+    # a NaN tg was a row of ratio NaN, and compare.json held NaN, which is no JSON
+    assert "llama-bench tg32" not in rows and rows["c=1 TTFT p50"]["ratio"] == 1.0
+    assert "NaN" not in (root / "compare" / f"{a.name}--vs--{b.name}" / "compare.json").read_text(
+        encoding="utf-8"
+    )

@@ -8,6 +8,8 @@ metric points (tokens/s up, latency down).
 from __future__ import annotations
 
 import json
+import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -297,6 +299,17 @@ def resolve_run(ref: str, root: Path) -> Path:
             return candidate.parent
     runs = sorted(p for p in root.iterdir() if (p / "report.json").is_file()) if root.is_dir() else []
     known = ", ".join(run.name for run in runs[-5:]) or "none"
+    if Path(ref).is_file():
+        raise InvalidOption(
+            f"{ref} is a file, not a smoke run directory or its report.json",
+            hint=f"give the directory `invoke smoke` printed, or a run id; runs: {known}",
+        )
+    if not Path(ref).exists() and ("/" in ref or os.sep in ref or ref.startswith("~")):
+        # a path, read as a run-id prefix, was "no smoke runs match"
+        raise InvalidOption(
+            f"{ref}: no such smoke run directory",
+            hint=f"give the directory `invoke smoke` printed, or a run id; runs: {known}",
+        )
     if Path(ref).is_dir():
         raise InvalidOption(
             f"{ref} is not a smoke run directory (it has no report.json)",
@@ -319,8 +332,13 @@ def resolve_run(ref: str, root: Path) -> Path:
     )
 
 
+def _is_number(value: Any) -> bool:
+    # a bool is an int to Python, and NaN (json writes it) has no ratio: neither is a measurement
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _metric(label: str, unit: str, higher_is_better: bool, a: Any, b: Any) -> dict[str, Any] | None:
-    if not isinstance(a, int | float) or not isinstance(b, int | float):
+    if not _is_number(a) or not _is_number(b):
         return None
     ratio = b / a if a else None
     speedup = (ratio if higher_is_better else (a / b if b else None)) if ratio is not None else None
@@ -439,7 +457,7 @@ def _read_report(run_dir: Path) -> dict[str, Any]:
     """``run_dir``'s report.json, checked to have what a comparison reads."""
     path = run_dir / "report.json"
     try:
-        report = json.loads(path.read_text(encoding="utf-8"))
+        report = json.loads(path.read_text(encoding="utf-8-sig"))  # -sig: saved again by a Windows editor
         if not isinstance(report, dict):
             raise TypeError("it holds no JSON object")
         _identity(report)
@@ -453,6 +471,11 @@ def _read_report(run_dir: Path) -> dict[str, Any]:
     return report
 
 
+def _stages(report: Mapping[str, Any]) -> str:
+    stages = [name for name, key in (("llama-bench", "bench"), ("llama-server", "server")) if report.get(key)]
+    return " and ".join(stages) or "nothing"
+
+
 def compare_runs(ref_a: str, ref_b: str, root: Path) -> dict[str, Any]:
     """Compare two runs; writes compare.json, compare.md and compare.png to ``root/compare/A--vs--B/``."""
     dir_a, dir_b = resolve_run(ref_a, root), resolve_run(ref_b, root)
@@ -464,6 +487,13 @@ def compare_runs(ref_a: str, ref_b: str, root: Path) -> dict[str, Any]:
         "differs": [key for key in ident_a if ident_a[key] != ident_b[key]],
         "rows": comparison_rows(report_a, report_b),
     }
+    if not data["rows"]:
+        # an empty table was a comparison that passed: e.g. A ran with --skip-server and B with --skip-bench
+        raise InvalidOption(
+            f"smoke runs {dir_a.name} and {dir_b.name} have no metric in common: "
+            f"A measured {_stages(report_a)}, B {_stages(report_b)}",
+            hint="compare runs of the same stages (smoke without --skip-bench / --skip-server measures both)",
+        )
     # Named by the run directories (one path component each), never by text inside a report.
     out = root / "compare" / f"{dir_a.name}--vs--{dir_b.name}"
     out.mkdir(parents=True, exist_ok=True)
