@@ -220,3 +220,54 @@ def test_compare_reads_a_report_with_a_byte_order_mark_and_leaves_out_metrics_th
     assert "NaN" not in (root / "compare" / f"{a.name}--vs--{b.name}" / "compare.json").read_text(
         encoding="utf-8"
     )
+
+
+@pytest.mark.usefixtures("lf_home")
+def test_golden_files_that_cannot_be_used_are_refused_before_the_run(tmp_path: Path, lf_home: Path) -> None:
+    # The golden stage comes last: a missing or foreign golden, or a directory to record to, failed after
+    # llama-bench and the server's measurements (and a cold build of the default recipe) had run.
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("hi\n", encoding="utf-8")
+    no_request, a_list, foreign = tmp_path / "g1.json", tmp_path / "g2.json", tmp_path / "g3.json"
+    no_request.write_text('{"schema": 1}', encoding="utf-8")
+    a_list.write_text("[]", encoding="utf-8")
+    foreign.write_text('{"schema": 1, "request": {"temperature": 1}, "tokens": []}', encoding="utf-8")
+    golden_hint = "give a golden that smoke --record-golden PATH wrote (record one on a reference build)"
+    for args, message, hint in (
+        (
+            ["--golden", str(tmp_path / "gone.json")],
+            f"--golden {tmp_path / 'gone.json'} cannot be read: No such file or directory",
+            golden_hint,
+        ),
+        (["--golden", str(tmp_path)], f"--golden {tmp_path} cannot be read: Is a directory", golden_hint),
+        (
+            ["--golden", str(no_request)],
+            f"--golden {no_request} cannot be read: it has no 'request' field",
+            golden_hint,
+        ),
+        (
+            ["--golden", str(a_list)],
+            f"--golden {a_list} cannot be read: it holds no JSON object",
+            golden_hint,
+        ),
+        (
+            ["--golden", str(foreign)],
+            f"--golden {foreign} cannot be read: its request is not an object of n_predict, n_probs, prompt, seed",
+            golden_hint,
+        ),
+        (
+            ["--record-golden", str(tmp_path)],
+            f"--record-golden {tmp_path} is a directory",
+            "give the path of the JSON file to write",
+        ),
+        (
+            ["--record-golden", str(a_file / "g.json")],
+            f"--record-golden {a_file / 'g.json'}: {a_file} is a file, not a directory",
+            "give a path in a directory (missing directories are made)",
+        ),
+    ):
+        code, error, _ = _error("smoke", *args)
+        assert code == 2, error
+        assert error["message"] == message
+        assert error["hint"] == hint
+    assert not (lf_home / "models").exists() and not (lf_home / "smoke").exists()

@@ -232,12 +232,26 @@ def load_golden(path: Path) -> tuple[GoldenRequest, list[dict[str, Any]]]:
     """The request and the reference tokens of a golden file written by ``smoke --record-golden``."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise TypeError("it holds no JSON object")
         if data.get("schema") != GOLDEN_SCHEMA:
             raise ValueError(f"schema {data.get('schema')!r}, expected {GOLDEN_SCHEMA}")
-        return GoldenRequest(**data["request"]), list(data["tokens"])
+        request = data["request"]
+        known = {field.name for field in dataclasses.fields(GoldenRequest)}
+        if not isinstance(request, dict) or not set(request) <= known:
+            raise ValueError(f"its request is not an object of {', '.join(sorted(known))}")
+        return GoldenRequest(**request), list(data["tokens"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        problem = (
+            f"it has no {error} field"
+            if isinstance(error, KeyError)
+            else error.strerror or str(error)
+            if isinstance(error, OSError)
+            else str(error)
+        )
         raise InvalidOption(
-            f"golden {path} cannot be read: {error}", hint="record one with smoke --record-golden PATH"
+            f"--golden {path} cannot be read: {problem}",
+            hint="give a golden that smoke --record-golden PATH wrote (record one on a reference build)",
         ) from None
 
 

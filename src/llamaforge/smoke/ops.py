@@ -217,6 +217,7 @@ def smoke_op(params: SmokeParams, ctx: OperationContext) -> SmokeResult:
     precheck_server_args(params.server_args, SMOKE_FLAGS)  # before a build may start
     if params.build is not None:
         check_build_argument(params.build)  # before the model, which may be written or downloaded first
+    _check_golden_paths(options.golden, options.record_golden)
     cli = parse_threshold_items(params.thresholds)
     # The model before the build: a missing or unservable file is refused before a cold build can start.
     model, label, model_smoke, answers = _model_target(params, ctx)
@@ -252,6 +253,27 @@ def smoke_op(params: SmokeParams, ctx: OperationContext) -> SmokeResult:
             hint=f"the verdict lists every check; summary: {report['files']['summary.md']}",
         )
     return result
+
+
+def _check_golden_paths(golden: Path | None, record_golden: Path | None) -> None:
+    """Refuse a golden that cannot be read, or a place no golden can be recorded to, before the run: the golden
+    stage comes last, after llama-bench and the server's measurements."""
+    from llamaforge.smoke.answers import load_golden
+
+    if golden is not None:
+        load_golden(golden)
+    if record_golden is None:
+        return
+    if record_golden.is_dir():
+        raise InvalidOption(
+            f"--record-golden {record_golden} is a directory", hint="give the path of the JSON file to write"
+        )
+    parent = next((path for path in record_golden.parents if path.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise InvalidOption(
+            f"--record-golden {record_golden}: {parent} is a file, not a directory",
+            hint="give a path in a directory (missing directories are made)",
+        )
 
 
 class SmokeCompareParams(Params):
