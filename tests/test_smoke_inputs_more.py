@@ -271,3 +271,23 @@ def test_golden_files_that_cannot_be_used_are_refused_before_the_run(tmp_path: P
         assert error["message"] == message
         assert error["hint"] == hint
     assert not (lf_home / "models").exists() and not (lf_home / "smoke").exists()
+
+
+@pytest.mark.usefixtures("lf_home")
+def test_an_executor_smoke_cannot_build_with_is_refused_before_the_model(lf_home: Path) -> None:
+    # --executor bogus was taken (a free string) and refused after the model was written; --executor ssh said
+    # "pass --build-host", an option smoke does not have.
+    for op in ("smoke", "smoke.cpu-modules"):
+        code, error, _ = _error(op, "--executor", "bogus")
+        assert code == 2
+        assert error["message"] == "--executor: Input should be 'docker', 'local' or 'ssh'"
+        code, error, _ = _error(op, "--executor", "ssh")
+        assert code == 2
+        assert error["message"] == (
+            "--executor ssh: the ssh executor needs a build host (smoke takes no executor settings)"
+        )
+        assert error["hint"] == (
+            "build first (`invoke build --executor ssh ...`), then smoke it with --build KEY "
+            "(`invoke builds.list` shows the keys)"
+        )
+    assert not (lf_home / "models").exists()

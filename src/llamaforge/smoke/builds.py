@@ -30,7 +30,7 @@ def resolve_build(
         from llamaforge.build.ops import BuildParams, _plan_from_params
 
         plan, options = _plan_from_params(BuildParams())
-        runner = make_executor(executor)
+        runner = default_build_executor(executor)
         if not is_built(plan, runner):
             ctx.reporter(Event("warning", cold_build_note(plan.recipe.name, plan.cpu), stage="build"))
         result = run_build(plan, options, executor=runner, reporter=ctx.reporter, cancel=ctx.cancel)
@@ -43,6 +43,19 @@ def resolve_build(
         return "external", path, {}  # e.g. a plain cmake build's bin/ directory, for comparisons
     manifest = find_build(build)
     return str(manifest["key"]), build_dir(manifest["key"]), manifest
+
+
+def default_build_executor(executor: str) -> Executor:
+    """The executor that builds the default build when no --build is given; smoke passes it no settings, so one
+    that needs some (ssh: a build host) is refused with the way round it."""
+    try:
+        return make_executor(executor)
+    except InvalidOption as error:
+        raise InvalidOption(
+            f"--executor {executor}: {error} (smoke takes no executor settings)",
+            hint=f"build first (`invoke build --executor {executor} ...`), then smoke it with --build KEY "
+            "(`invoke builds.list` shows the keys)",
+        ) from None
 
 
 def check_build_argument(build: str) -> Path:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
+from llamaforge.build.executors import ExecutorName
 from llamaforge.core.errors import InvalidOption, OperationFailed, SmokeFailed
 from llamaforge.core.registry import (
     MAX_WAIT_S,
@@ -21,7 +22,7 @@ from llamaforge.core.registry import (
 )
 from llamaforge.serve.launcher import FIELD_FLAGS, SERVER_FLAGS
 from llamaforge.serve.server_args import precheck_server_args, server_args_for
-from llamaforge.smoke.builds import check_build_argument, resolve_build
+from llamaforge.smoke.builds import check_build_argument, default_build_executor, resolve_build
 from llamaforge.smoke.ops_cpu_modules import CpuModuleSweep
 
 if TYPE_CHECKING:
@@ -102,7 +103,7 @@ class SmokeParams(Params):
         gt=0,
         description="Memory bandwidth for the roofline, GB/s (default: measured on CPU, GPU table)",
     )
-    executor: str = Field("docker", description="Where to build the default build if it is missing")
+    executor: ExecutorName = Field("docker", description="Where to build the default build if it is missing")
 
 
 def _model_target(
@@ -215,8 +216,11 @@ def smoke_op(params: SmokeParams, ctx: OperationContext) -> SmokeResult:
             hint="drop --skip-server or --server-args",
         )
     precheck_server_args(params.server_args, SMOKE_FLAGS)  # before a build may start
+    # before the model, which may be written or downloaded first
     if params.build is not None:
-        check_build_argument(params.build)  # before the model, which may be written or downloaded first
+        check_build_argument(params.build)
+    else:
+        default_build_executor(params.executor)
     _check_golden_paths(options.golden, options.record_golden)
     cli = parse_threshold_items(params.thresholds)
     # The model before the build: a missing or unservable file is refused before a cold build can start.

@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from llamaforge.build.executors import ExecutorName
 from llamaforge.core.errors import ExitCode, OperationFailed, SmokeFailed
 from llamaforge.core.registry import (
     MAX_WAIT_S,
@@ -18,7 +19,7 @@ from llamaforge.core.registry import (
     operation,
     path_field,
 )
-from llamaforge.smoke.builds import check_build_argument, resolve_build
+from llamaforge.smoke.builds import check_build_argument, default_build_executor, resolve_build
 
 
 class CpuModulesParams(Params):
@@ -39,7 +40,7 @@ class CpuModulesParams(Params):
     repetitions: int = Field(1, ge=1, le=10, description="llama-bench repetitions per module")
     threads: Int32 | None = Field(None, ge=1, description="CPU threads (default: llama.cpp's)")
     timeout_s: int = Field(300, ge=1, le=MAX_WAIT_S, description="Seconds each module's llama-bench may take")
-    executor: str = Field("docker", description="Where to build the default build if it is missing")
+    executor: ExecutorName = Field("docker", description="Where to build the default build if it is missing")
 
 
 class HostCpu(Result):
@@ -132,8 +133,11 @@ def cpu_modules_op(params: CpuModulesParams, ctx: OperationContext) -> CpuModule
     from llamaforge.smoke.cpu_modules import SweepOptions, new_sweep_dir, sweep_cpu_modules, write_sweep_files
     from llamaforge.smoke.run import SmokeTarget
 
+    # before the model, which may be written or downloaded first
     if params.build is not None:
-        check_build_argument(params.build)  # before the model, which may be written or downloaded first
+        check_build_argument(params.build)
+    else:
+        default_build_executor(params.executor)
     chosen = resolve_model_argument(params.model or TINY_MODEL, reporter=ctx.reporter, cancel=ctx.cancel)
     model, label = chosen.path, chosen.label
     key, directory, manifest = resolve_build(params.build, params.executor, ctx)
