@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import invoke
+from helpers import invoke, stub_gguf
 
 
 def _error(*args: str) -> tuple[int, dict[str, str], str]:
@@ -291,3 +291,22 @@ def test_an_executor_smoke_cannot_build_with_is_refused_before_the_model(lf_home
             "(`invoke builds.list` shows the keys)"
         )
     assert not (lf_home / "models").exists()
+
+
+@pytest.mark.usefixtures("lf_home")
+def test_a_model_recipe_smoke_value_that_is_no_threshold_is_refused_before_the_build(tmp_path: Path) -> None:
+    # A recipe's [smoke] values were checked after the build was resolved (a cold build, without --build), and
+    # the message said only "(from model recipe)"; inf passed its load.
+    model = stub_gguf(tmp_path / "m.gguf")
+    recipe = tmp_path / "m.toml"
+    recipe.write_text(f'source = "file://{model}"\n[smoke]\nmin_tg_tps = inf\n', encoding="utf-8")
+    code, error, _ = _error("smoke", "--model", str(recipe), "--build", "0123abcd")
+    assert code == 2
+    assert error["message"] == (
+        f"invalid thresholds: min_tg_tps: Input should be a finite number (from model recipe {recipe})"
+    )
+    # --thresholds overrides the recipe's value, as before: then the build is looked up
+    code, error, _ = _error(
+        "smoke", "--model", str(recipe), "--build", "0123abcd", "--thresholds", "min_tg_tps=3"
+    )
+    assert code == 7 and error["message"] == "no build with key '0123abcd'"

@@ -225,6 +225,8 @@ def smoke_op(params: SmokeParams, ctx: OperationContext) -> SmokeResult:
     cli = parse_threshold_items(params.thresholds)
     # The model before the build: a missing or unservable file is refused before a cold build can start.
     model, label, model_smoke, answers = _model_target(params, ctx)
+    # a recipe's [smoke] values are checked here, not when it loads: before a cold build can start
+    resolve_thresholds([(f"model recipe {params.model}", model_smoke), ("cli", cli)])
     key, directory, manifest = resolve_build(params.build, params.executor, ctx)
     server = next(
         (path for path in (directory / "bin" / "llama-server", directory / "llama-server") if path.is_file()),
