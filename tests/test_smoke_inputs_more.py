@@ -310,3 +310,19 @@ def test_a_model_recipe_smoke_value_that_is_no_threshold_is_refused_before_the_b
         "smoke", "--model", str(recipe), "--build", "0123abcd", "--thresholds", "min_tg_tps=3"
     )
     assert code == 7 and error["message"] == "no build with key '0123abcd'"
+
+
+def test_compare_where_its_files_cannot_be_written_says_so_and_leaves_no_half_comparison(
+    lf_home: Path,
+) -> None:
+    # A NotADirectoryError traceback
+    root = lf_home / "smoke"
+    a, b = _run(root, "20260101T000000Z-a"), _run(root, "20260101T000001Z-b")
+    (root / "compare").write_text("", encoding="utf-8")
+    result = invoke("smoke.compare", a.name, b.name, "--json")
+    assert result.returncode == 7, result.stderr
+    assert "Traceback" not in result.stderr
+    error = json.loads(result.stdout)["error"]
+    out = root / "compare" / f"{a.name}--vs--{b.name}"
+    assert error["message"] == f"cannot write the comparison to {out}: {root / 'compare'} is not a directory"
+    assert error["hint"] == f"make {root / 'compare'} a directory you can write (it is under LLAMAFORGE_HOME)"

@@ -14,7 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from llamaforge.core.errors import InvalidOption
+from llamaforge.core.errors import CacheError, InvalidOption
+from llamaforge.core.paths import unwritable_reason
 
 SAME_BAND = 0.03  # |speedup - 1| below this reads as "same" (the noise of a short smoke on a shared machine)
 
@@ -496,9 +497,18 @@ def compare_runs(ref_a: str, ref_b: str, root: Path) -> dict[str, Any]:
         )
     # Named by the run directories (one path component each), never by text inside a report.
     out = root / "compare" / f"{dir_a.name}--vs--{dir_b.name}"
-    out.mkdir(parents=True, exist_ok=True)
     data["files"] = {name: str(out / name) for name in ("compare.json", "compare.md", "compare.png")}
-    (out / "compare.md").write_text(render_compare(data), encoding="utf-8")
-    _plot_compare(data, out / "compare.png")
-    (out / "compare.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "compare.md").write_text(render_compare(data), encoding="utf-8")
+        _plot_compare(data, out / "compare.png")
+        (out / "compare.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    except OSError as error:
+        for path in map(Path, data["files"].values()):  # no half-written comparison
+            if path.is_file():
+                path.unlink()
+        raise CacheError(
+            f"cannot write the comparison to {out}: {unwritable_reason(out, error)}",
+            hint=f"make {root / 'compare'} a directory you can write (it is under LLAMAFORGE_HOME)",
+        ) from None
     return data
