@@ -326,3 +326,23 @@ def test_compare_where_its_files_cannot_be_written_says_so_and_leaves_no_half_co
     out = root / "compare" / f"{a.name}--vs--{b.name}"
     assert error["message"] == f"cannot write the comparison to {out}: {root / 'compare'} is not a directory"
     assert error["hint"] == f"make {root / 'compare'} a directory you can write (it is under LLAMAFORGE_HOME)"
+
+
+def test_smoke_where_its_run_directory_cannot_be_made_says_so(tmp_path: Path, lf_home: Path) -> None:
+    # A FileExistsError traceback. The binaries are empty files: nothing starts before the run directory.
+    build = tmp_path / "build"
+    (build / "bin").mkdir(parents=True)
+    for name in ("llama-bench", "llama-server"):
+        (build / "bin" / name).write_bytes(b"")
+    lf_home.mkdir(parents=True, exist_ok=True)
+    (lf_home / "smoke").write_text("", encoding="utf-8")
+    model = stub_gguf(tmp_path / "m.gguf")
+    code, error, _ = _error(
+        "smoke", "--build", str(build), "--model", str(model), "--skip-server", "--skip-cpu-modules"
+    )
+    assert code == 7, error
+    assert error["message"].startswith(f"cannot create the smoke run directory {lf_home / 'smoke'}/")
+    assert error["message"].endswith(f"-m-external: {lf_home / 'smoke'} is not a directory")
+    assert (
+        error["hint"] == f"make {lf_home / 'smoke'} a directory you can write (it is under LLAMAFORGE_HOME)"
+    )
