@@ -346,3 +346,20 @@ def test_smoke_where_its_run_directory_cannot_be_made_says_so(tmp_path: Path, lf
     assert (
         error["hint"] == f"make {lf_home / 'smoke'} a directory you can write (it is under LLAMAFORGE_HOME)"
     )
+
+
+def test_a_cpu_module_sweep_where_its_directory_cannot_be_made_says_so(tmp_path: Path, lf_home: Path) -> None:
+    # The same FileExistsError traceback as smoke's run directory, from a second copy of the loop
+    build = tmp_path / "build"
+    (build / "bin").mkdir(parents=True)
+    for name in ("llama-bench", "llama-server"):
+        (build / "bin" / name).write_bytes(b"")
+    (lf_home / "smoke").mkdir(parents=True)
+    (lf_home / "smoke" / "cpu-modules").write_text("", encoding="utf-8")
+    model = stub_gguf(tmp_path / "m.gguf")
+    code, error, _ = _error("smoke.cpu-modules", "--build", str(build), "--model", str(model))
+    sweeps = lf_home / "smoke" / "cpu-modules"
+    assert code == 7, error
+    assert error["message"].startswith(f"cannot create the CPU module sweep directory {sweeps}/")
+    assert error["message"].endswith(f"-external: {sweeps} is not a directory")
+    assert error["hint"] == f"make {sweeps} a directory you can write (it is under LLAMAFORGE_HOME)"

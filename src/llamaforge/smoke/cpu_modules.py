@@ -37,7 +37,7 @@ from llamaforge.core.paths import home
 from llamaforge.runners.process import LOCAL, ProcessResult, ProcessRunner
 from llamaforge.smoke.bench import bench_command, parse_llama_bench
 from llamaforge.smoke.cpu_features import HOST_FLAGS, VARIANT_FEATURES, host_cpu_flags
-from llamaforge.smoke.report import cpu_modules_lines
+from llamaforge.smoke.report import cpu_modules_lines, fresh_directory
 
 ModuleStatus = Literal["ran", "not_for_this_cpu", "crashed", "failed", "timed_out"]
 
@@ -371,16 +371,7 @@ def _row_line(row: Mapping[str, Any]) -> str:
 def new_sweep_dir(build_key: str) -> Path:
     """A fresh ``smoke/cpu-modules/<UTC time>-<build key prefix>/`` for a sweep's logs and files."""
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
-    root = home() / "smoke" / "cpu-modules"
-    root.mkdir(parents=True, exist_ok=True)
-    for n in range(1, 1000):
-        path = root / (f"{stamp}-{build_key[:8]}" if n == 1 else f"{stamp}-{build_key[:8]}-{n}")
-        try:
-            path.mkdir()
-        except FileExistsError:
-            continue
-        return path
-    raise SmokeFailed(f"cannot create a sweep directory under {root}")
+    return fresh_directory(home() / "smoke" / "cpu-modules", f"{stamp}-{build_key[:8]}", "CPU module sweep")
 
 
 def write_sweep_files(sweep: Mapping[str, Any], directory: Path) -> dict[str, str]:

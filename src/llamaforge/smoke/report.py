@@ -269,6 +269,29 @@ def _plot_latency(report: Mapping[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
+def fresh_directory(root: Path, base: str, what: str) -> Path:
+    """A new directory ``root/base`` (``base-2``, ``base-3`` … when taken) for a ``what`` ("smoke run"); CacheError
+    naming the blocker when ``root`` cannot hold one (a file where a directory must be)."""
+    for n in range(1, 1000):
+        path = root / (base if n == 1 else f"{base}-{n}")
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            path.mkdir()
+        except FileExistsError as error:
+            if root.is_dir():
+                continue
+            reason = unwritable_reason(path, error)
+        except OSError as error:
+            reason = unwritable_reason(path, error)
+        else:
+            return path
+        raise CacheError(
+            f"cannot create the {what} directory {path}: {reason}",
+            hint=f"make {root} a directory you can write (it is under LLAMAFORGE_HOME)",
+        )
+    raise CacheError(f"cannot create a {what} directory under {root}: {base} and 998 more are taken")
+
+
 def write_run_files(report: dict[str, Any], run_dir: Path) -> dict[str, str]:
     """Write summary.md, the plots and report.json (last, listing the files) into ``run_dir``."""
     files = {

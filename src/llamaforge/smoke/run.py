@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llamaforge.core.errors import CacheError, InvalidOption, LlamaforgeError, ModelError, SmokeFailed
+from llamaforge.core.errors import InvalidOption, LlamaforgeError, ModelError, SmokeFailed
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
-from llamaforge.core.paths import home, unwritable_reason
+from llamaforge.core.paths import home
 from llamaforge.core.version import __version__
 from llamaforge.gguf.header import read_header
 from llamaforge.models.recipes import AnswerCheck
@@ -34,6 +34,7 @@ from llamaforge.smoke.answers import check_answers, golden_stage
 from llamaforge.smoke.bench import BenchRun, run_llama_bench
 from llamaforge.smoke.cpu_features import build_cpu_level, diagnose, diagnosis_line, read_host_flags
 from llamaforge.smoke.cpu_modules import SweepOptions, sweep_cpu_modules
+from llamaforge.smoke.report import fresh_directory
 from llamaforge.smoke.roofline import (
     Bandwidth,
     cpu_threads_default,
@@ -124,26 +125,8 @@ def new_run_dir(model_label: str, build_key: str) -> tuple[str, Path]:
     """A fresh ``smoke/<run-id>/`` (UTC time, model, build key prefix)."""
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     base = f"{stamp}-{_slug(model_label)}-{build_key[:8]}"
-    for n in range(1, 1000):
-        run_id = base if n == 1 else f"{base}-{n}"
-        try:
-            smoke_root().mkdir(parents=True, exist_ok=True)
-            (smoke_root() / run_id).mkdir()
-        except FileExistsError:
-            if not smoke_root().is_dir():
-                raise _unwritable_root(smoke_root() / run_id, FileExistsError()) from None
-            continue
-        except OSError as error:
-            raise _unwritable_root(smoke_root() / run_id, error) from None
-        return run_id, smoke_root() / run_id
-    raise SmokeFailed(f"cannot create a run directory under {smoke_root()}")
-
-
-def _unwritable_root(run_dir: Path, error: OSError) -> CacheError:
-    return CacheError(
-        f"cannot create the smoke run directory {run_dir}: {unwritable_reason(run_dir, error)}",
-        hint=f"make {smoke_root()} a directory you can write (it is under LLAMAFORGE_HOME)",
-    )
+    path = fresh_directory(smoke_root(), base, "smoke run")
+    return path.name, path
 
 
 def _bench_stage(
