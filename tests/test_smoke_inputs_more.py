@@ -363,3 +363,13 @@ def test_a_cpu_module_sweep_where_its_directory_cannot_be_made_says_so(tmp_path:
     assert error["message"].startswith(f"cannot create the CPU module sweep directory {sweeps}/")
     assert error["message"].endswith(f"-external: {sweeps} is not a directory")
     assert error["hint"] == f"make {sweeps} a directory you can write (it is under LLAMAFORGE_HOME)"
+
+
+@pytest.mark.usefixtures("lf_home")
+def test_a_concurrency_level_given_twice_is_refused(lf_home: Path) -> None:
+    # It ran the level twice, and compare (which keys the levels by concurrency) read one of the two
+    code, error, _ = _error("smoke", "--concurrency", "2", "--concurrency", "1", "--concurrency", "2")
+    assert code == 2
+    assert error["message"] == "--concurrency 2 given more than once"
+    assert error["hint"] == "give each level once, e.g. --concurrency 1 --concurrency 4"
+    assert not (lf_home / "models").exists()

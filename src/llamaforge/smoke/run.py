@@ -87,6 +87,13 @@ class SmokeOptions:
             raise InvalidOption(
                 "concurrency levels must be >= 1", hint="e.g. --concurrency 1 --concurrency 4"
             )
+        twice = sorted({level for level in self.concurrency if self.concurrency.count(level) > 1})
+        if twice:
+            # a level run twice was two server entries of one concurrency, which compare and the verdict key by it
+            raise InvalidOption(
+                f"--concurrency {', '.join(map(str, twice))} given more than once",
+                hint="give each level once, e.g. --concurrency 1 --concurrency 4",
+            )
         if not 1 <= self.requests <= MAX_REQUESTS:
             raise InvalidOption(f"--requests must be 1..{MAX_REQUESTS} per level (a smoke, not a load test)")
         if min(self.pp, self.tg, self.repetitions, self.max_tokens) < 1:
