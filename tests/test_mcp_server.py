@@ -515,7 +515,11 @@ async def test_long_call_reports_progress_and_jobs_survive_the_client(test_opera
         rest = data(await client.call_tool("job_logs", {"job_id": job_id, "offset": first["next_offset"]}))
         assert len(rest["lines"]) == 25 and rest["next_offset"] == 40
         past = data(await client.call_tool("job_logs", {"job_id": job_id, "offset": 1000}))
-        assert (past["lines"], past["offset"], past["next_offset"]) == ([], 40, 40)  # the end, not offset 1000
+        assert (past["lines"], past["offset"], past["next_offset"]) == (
+            [],
+            40,
+            40,
+        )  # the end, not offset 1000
         tail = data(await client.call_tool("job_logs", {"job_id": job_id, "offset": -2}))
         assert tail["lines"][-1].endswith("sleep: log line 20") and len(tail["lines"]) == 2
         listed = data(await client.call_tool("jobs_list", {}))
