@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from llamaforge.core.errors import CacheError
+from llamaforge.core.errors import CacheError, InvalidOption
 from llamaforge.core.paths import cache_lock, home
 
 if TYPE_CHECKING:
@@ -199,6 +199,21 @@ def scan_builds() -> tuple[list[dict[str, Any]], list[BrokenEntry]]:
 def list_builds() -> list[dict[str, Any]]:
     """Manifests of all published builds, newest first (entries with an unreadable manifest left out)."""
     return scan_builds()[0]
+
+
+def build_path(value: str, option: str) -> Path | None:
+    """``value`` of a build option (``option``, e.g. ``--build``) as the directory it names, or None for a key
+    the store looks up; a value written as a path (a separator, ``.`` or ``~`` first) that names nothing is
+    refused as such, not as a key no build has."""
+    path = Path(value).expanduser()
+    if path.exists():
+        return path
+    if "/" in value or os.sep in value or value.startswith((".", "~")):
+        raise InvalidOption(
+            f"{option} {value}: no such build directory",
+            hint="give a build's directory or its key (`invoke builds.list` shows them)",
+        )
+    return None
 
 
 def find_build(prefix: str) -> dict[str, Any]:

@@ -3,7 +3,6 @@ their result models."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +30,9 @@ class ModelVerifyParams(Params):
 
 
 def _build_dir(value: str) -> Path:
-    path = Path(value).expanduser()
-    if path.exists():
-        return path
-    if "/" in value or os.sep in value or value.startswith((".", "~")):
-        raise InvalidOption(
-            f"--load-check {value}: no such build directory",
-            hint="give a build's directory or its key (`invoke builds.list` shows them)",
-        )
-    from llamaforge.build.store import build_dir, find_build
+    from llamaforge.build.store import build_dir, build_path, find_build
 
-    return build_dir(str(find_build(value)["key"]))
+    return build_path(value, "--load-check") or build_dir(str(find_build(value)["key"]))
 
 
 class VerifyFinding(Result):

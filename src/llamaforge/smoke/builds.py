@@ -3,7 +3,6 @@ first when the store lacks it (shared by ``smoke`` and ``smoke.cpu_modules``).""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,23 +59,23 @@ def default_build_executor(executor: str) -> Executor:
 
 def check_build_argument(build: str) -> Path:
     """``build`` as a path: a build directory (a llamaforge build or llama.cpp binaries), or a name for the store
-    to look up; refused when it is a file, a directory of neither, or written as a path (a separator, ``.`` or
-    ``~`` first) that names nothing. Checked before the model, which may take minutes to write or download."""
-    path = Path(build).expanduser()
+    to look up; refused when it is a file, a directory of neither, or written as a path that names nothing
+    (``build.store.build_path``). Checked before the model, which may take minutes to write or download."""
+    from llamaforge.build.store import build_path
+
+    path = build_path(build, "--build")
+    if path is None:
+        return Path(build)  # a build key or a prefix of one: the store says whether it holds it
     hint = "give a build's directory or its key (`invoke builds.list` shows them)"
-    if path.is_dir():
-        if not any((path / name).is_file() for name in ("manifest.json", "llama-server", "bin/llama-server")):
-            raise InvalidOption(
-                f"--build {build}: the directory holds neither a llamaforge build (manifest.json) nor llama.cpp "
-                "binaries (llama-server, bin/llama-server)",
-                hint=hint,
-            )
-        return path
-    if path.exists():
+    if not path.is_dir():
         raise InvalidOption(f"--build {build} is a file, not a build directory", hint=hint)
-    if "/" in build or os.sep in build or build.startswith((".", "~")):
-        raise InvalidOption(f"--build {build}: no such build directory", hint=hint)
-    return path  # a build key or a prefix of one: the store says whether it holds it
+    if not any((path / name).is_file() for name in ("manifest.json", "llama-server", "bin/llama-server")):
+        raise InvalidOption(
+            f"--build {build}: the directory holds neither a llamaforge build (manifest.json) nor llama.cpp "
+            "binaries (llama-server, bin/llama-server)",
+            hint=hint,
+        )
+    return path
 
 
 def is_built(plan: BuildPlan, executor: Executor) -> bool:
