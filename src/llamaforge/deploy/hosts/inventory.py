@@ -49,7 +49,10 @@ class InventoryHost(_Strict):
     name: str = Field(description="The host's name in --hosts selections and in reports")
     address: str = Field(description="DNS name or IP address sshd listens on")
     user: str | None = Field(None, description="SSH user (default: the inventory's user)")
-    port: int | None = Field(None, ge=1, le=65535, description="SSH port (default: the inventory's port)")
+    # strict: TOML's `true` would otherwise read as port 1
+    port: int | None = Field(
+        None, ge=1, le=65535, strict=True, description="SSH port (default: the inventory's port)"
+    )
     key_file: str | None = Field(
         None, description="Private key file (default: the inventory's, else the agent)"
     )
@@ -97,7 +100,7 @@ class Inventory(_Strict):
 
     name: str = Field(description="The inventory's name (the file's stem)")
     user: str | None = Field(None, description="SSH user of every host that names none")
-    port: int = Field(22, ge=1, le=65535, description="SSH port of every host that names none")
+    port: int = Field(22, ge=1, le=65535, strict=True, description="SSH port of every host that names none")
     key_file: str | None = Field(None, description="Private key file of every host that names none")
     known_hosts: str | None = Field(
         None,

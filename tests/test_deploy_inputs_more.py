@@ -1,0 +1,24 @@
+"""More deploy inputs refused when read, naming the inventory file and the field. Each goes through ``invoke``
+where the user meets it; none reaches a host (the build key is refused after the inventory is read)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from helpers import invoke
+
+
+def test_a_boolean_port_in_an_inventory_is_refused_naming_the_field(tmp_path: Path) -> None:
+    # TOML's `true` read as port 1 and the deploy went on to dial that port.
+    for text, field in (
+        ('port = true\n[[hosts]]\nname = "a"\naddress = "127.0.0.1"\n', "port"),
+        ('[[hosts]]\nname = "a"\naddress = "127.0.0.1"\nport = false\n', "hosts.0.port"),
+    ):
+        path = tmp_path / "fleet.toml"
+        path.write_text(text, encoding="utf-8")
+        result = invoke("deploy.plan", "--inventory", str(path), "--model", "tiny", "--build", "zzzz")
+        assert result.returncode == 2, result.stderr
+        assert f"invalid host inventory {path}" in result.stderr
+        assert f"{field}: Input should be a valid integer" in result.stderr
+        assert "host-inventory.schema.json" in result.stderr
+        assert "Traceback" not in result.stderr
