@@ -3,7 +3,7 @@ failure channel of its verdicts; the pipeline is :mod:`llamaforge.upgrade.run`."
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from llamaforge.build.executors import ExecutorName
 from llamaforge.build.recipes import Backend
@@ -23,7 +23,7 @@ class UpgradeParams(Params):
     sha256: str | None = Field(
         None, pattern=r"^[0-9a-f]{64}$", description="sha256 of the archive --to names (archives only)"
     )
-    build_number: int | None = Field(
+    build_number: Int32 | None = Field(
         None, ge=1, description="llama.cpp build number (bNNNN) of the new source, when its tree cannot say"
     )
     recipe: str = path_field(
@@ -61,6 +61,14 @@ class UpgradeParams(Params):
         lt=1,
         description="pp/tg slowdown (fraction) the verdict accepts before it says regression",
     )
+
+    @field_validator("build_number", mode="before")
+    @classmethod
+    def _tag_form(cls, value: object) -> object:
+        # the help and the release tags write it bNNNN: take the tag as the number it names
+        if isinstance(value, str) and value[:1] in ("b", "B") and value[1:].isdigit():
+            return value[1:]
+        return value
 
     @model_validator(mode="after")
     def _one_mode(self) -> UpgradeParams:
