@@ -22,3 +22,18 @@ def test_a_boolean_port_in_an_inventory_is_refused_naming_the_field(tmp_path: Pa
         assert f"{field}: Input should be a valid integer" in result.stderr
         assert "host-inventory.schema.json" in result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_a_bracketed_ipv6_address_with_a_port_in_an_inventory_says_where_the_port_goes(
+    tmp_path: Path,
+) -> None:
+    # '[::1]:22' was "not a DNS name or an IP address", where 'h:22' already said to give the port apart.
+    path = tmp_path / "fleet.toml"
+    path.write_text('[[hosts]]\nname = "a"\naddress = "[::1]:22"\n', encoding="utf-8")
+    result = invoke("deploy.plan", "--inventory", str(path), "--model", "tiny", "--build", "zzzz")
+    assert result.returncode == 2, result.stderr
+    assert f"invalid host inventory {path}" in result.stderr
+    assert "hosts.0.address: '[::1]:22' holds a port: give the address alone and the port as port = N" in (
+        result.stderr
+    )
+    assert "Traceback" not in result.stderr

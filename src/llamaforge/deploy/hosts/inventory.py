@@ -73,6 +73,15 @@ class InventoryHost(_Strict):
     def _address(cls, value: str) -> str:
         # a DNS name or an IP address (an IPv6 one with or without brackets); the port is the port key's
         inner = value[1:-1] if value.startswith("[") and value.endswith("]") else value
+        head, sep, tail = value.rpartition("]:")
+        if (
+            head.startswith("[")
+            and sep
+            and tail.isascii()
+            and tail.isdigit()
+            and not address_problem(head[1:])
+        ):
+            raise ValueError(f"{value!r} holds a port: give the address alone and the port as port = N")
         if problem := address_problem(inner):
             raise ValueError(problem.replace("the port apart", "the port as port = N"))
         return inner
