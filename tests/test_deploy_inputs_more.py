@@ -37,3 +37,24 @@ def test_a_bracketed_ipv6_address_with_a_port_in_an_inventory_says_where_the_por
         result.stderr
     )
     assert "Traceback" not in result.stderr
+
+
+def test_an_inventory_key_file_or_known_hosts_that_cannot_serve_is_refused_before_any_host(
+    tmp_path: Path,
+) -> None:
+    # --ssh-key and --known-hosts were checked, the inventory's own were not: ssh only warns about an identity
+    # file it cannot read and goes on with the agent's keys.
+    (tmp_path / "keys").mkdir()
+    host = '[[hosts]]\nname = "a"\naddress = "127.0.0.1"\n'
+    for text, says in (
+        (f'key_file = "nokey"\n{host}', f"key_file {tmp_path / 'nokey'} does not exist"),
+        (f'{host}key_file = "keys"\n', f"hosts[a].key_file {tmp_path / 'keys'} is a directory"),
+        (f'known_hosts = "keys"\n{host}', f"known_hosts {tmp_path / 'keys'} is a directory"),
+    ):
+        path = tmp_path / "fleet.toml"
+        path.write_text(text, encoding="utf-8")
+        result = invoke("deploy.plan", "--inventory", str(path), "--model", "tiny", "--build", "zzzz")
+        assert result.returncode == 2, result.stderr
+        assert f"error: host inventory {path}: {says}" in result.stderr
+        assert "relative to the inventory" in result.stderr
+        assert "Traceback" not in result.stderr

@@ -29,24 +29,28 @@ class DeployHost:
     labels: dict[str, str] = field(default_factory=dict)
 
 
+def key_file_problem(key: Path) -> str | None:
+    """Why ``key`` is no private key file SSH can read ("is a directory", "does not exist", …), or None."""
+    problem = "is a directory" if key.is_dir() else None if key.is_file() else "does not exist"
+    if problem is None:
+        try:
+            key.open("rb").close()
+        except OSError as error:
+            problem = f"cannot be read ({error.strerror})"
+    return problem
+
+
 def ssh_files(ssh_key: str | None, known_hosts: str | None) -> tuple[Path | None, Path | None]:
     """``--ssh-key`` and ``--known-hosts`` as paths, checked before any host is dialled (InvalidOption): the key
     a readable file, the known_hosts file none that is a directory (it need not exist yet: new keys go there)."""
     key = Path(ssh_key).expanduser() if ssh_key else None
     known = Path(known_hosts).expanduser() if known_hosts else None
-    if key is not None:
-        problem = "is a directory" if key.is_dir() else None if key.is_file() else "does not exist"
-        if problem is None:
-            try:
-                key.open("rb").close()
-            except OSError as error:
-                problem = f"cannot be read ({error.strerror})"
-        if problem:
-            raise InvalidOption(
-                f"--ssh-key {key} {problem}",
-                hint="give the private key file that the hosts accept (e.g. ~/.ssh/id_ed25519), or leave "
-                "--ssh-key out to use the SSH agent",
-            )
+    if key is not None and (problem := key_file_problem(key)):
+        raise InvalidOption(
+            f"--ssh-key {key} {problem}",
+            hint="give the private key file that the hosts accept (e.g. ~/.ssh/id_ed25519), or leave "
+            "--ssh-key out to use the SSH agent",
+        )
     if known is not None and known.is_dir():
         raise InvalidOption(
             f"--known-hosts {known} is a directory",

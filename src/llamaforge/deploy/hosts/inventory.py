@@ -25,7 +25,7 @@ from llamaforge.core.errors import InvalidOption
 from llamaforge.core.guard import check_file_path
 from llamaforge.core.paths import data_dir
 from llamaforge.core.validation import read_toml, recipe_error, suggest
-from llamaforge.deploy.hosts.access import DeployHost
+from llamaforge.deploy.hosts.access import DeployHost, key_file_problem
 from llamaforge.runners.ssh.connection import SshHost
 from llamaforge.runners.ssh.hosts import address_problem, host_identity, user_problem
 
@@ -180,9 +180,12 @@ def inventory_hosts(
     *,
     key_file: Path | None = None,
     known_hosts: Path | None = None,
+    check_files: bool = False,
 ) -> list[DeployHost]:
     """The inventory's hosts in its order (only those named in ``select``, comma-separated, when given); an
-    unknown name gets "did you mean"; ``key_file`` / ``known_hosts`` replace the inventory's when given."""
+    unknown name gets "did you mean"; ``key_file`` / ``known_hosts`` replace the inventory's when given. With
+    ``check_files`` (before hosts are dialled) the inventory's key files must be readable files and its
+    known_hosts no directory, as ``--ssh-key`` and ``--known-hosts`` must."""
     inventory, path = load_inventory(name_or_path)
     chosen = inventory.hosts
     if select:
@@ -202,10 +205,24 @@ def inventory_hosts(
         chosen = [host for host in inventory.hosts if host.name in wanted]
     base = path.parent
     fleet_known = known_hosts or _path(inventory.known_hosts, base, f"host inventory {path}: known_hosts")
+    if check_files and fleet_known is not None and fleet_known.is_dir():
+        # checked here as --known-hosts is, before any host is dialled
+        raise InvalidOption(
+            f"host inventory {path}: known_hosts {fleet_known} is a directory",
+            hint="name the fleet's known_hosts file (relative to the inventory); it need not exist yet: "
+            "new keys are recorded there with --accept-new-host-keys",
+        )
     hosts = []
     for host in chosen:
         field = f"hosts[{host.name}].key_file" if host.key_file else "key_file"
         key = key_file or _path(host.key_file or inventory.key_file, base, f"host inventory {path}: {field}")
+        if check_files and key_file is None and key is not None and (problem := key_file_problem(key)):
+            # ssh only warns about an identity file it cannot read and goes on with the agent's keys
+            raise InvalidOption(
+                f"host inventory {path}: {field} {key} {problem}",
+                hint="name the private key file the host accepts (relative to the inventory), or leave "
+                "key_file out to use the SSH agent",
+            )
         ssh = SshHost(
             host.address,
             host.port or inventory.port,

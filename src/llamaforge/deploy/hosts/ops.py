@@ -98,7 +98,9 @@ class HostsParams(Params):
         if self.inventory:
             from llamaforge.deploy.hosts.inventory import inventory_hosts
 
-            return inventory_hosts(self.inventory, self.hosts, key_file=key_file, known_hosts=known)
+            return inventory_hosts(
+                self.inventory, self.hosts, key_file=key_file, known_hosts=known, check_files=True
+            )
         if not self.hosts:
             raise InvalidOption("no hosts given", hint="--hosts user@host:port,… or --inventory NAME|PATH")
         return deploy_hosts(parse_hosts(self.hosts, key_file=key_file, known_hosts=known, origin="--hosts"))
