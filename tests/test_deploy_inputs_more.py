@@ -58,3 +58,20 @@ def test_an_inventory_key_file_or_known_hosts_that_cannot_serve_is_refused_befor
         assert f"error: host inventory {path}: {says}" in result.stderr
         assert "relative to the inventory" in result.stderr
         assert "Traceback" not in result.stderr
+
+
+def test_a_host_selection_of_only_commas_is_refused_instead_of_deploying_to_no_host(tmp_path: Path) -> None:
+    # ' , ' picked none of the inventory's hosts, and the deploy went on with an empty host list.
+    path = tmp_path / "fleet.toml"
+    path.write_text(
+        '[[hosts]]\nname = "a"\naddress = "127.0.0.1"\n[[hosts]]\nname = "b"\naddress = "127.0.0.2"\n',
+        encoding="utf-8",
+    )
+    for select in (" , ", ","):
+        result = invoke(
+            "deploy.plan", "--inventory", str(path), "--hosts", select, "--model", "tiny", "--build", "zzzz"
+        )
+        assert result.returncode == 2, result.stderr
+        assert f"error: --hosts {select!r} names no host of the inventory {path}" in result.stderr
+        assert "leave --hosts out for all of them: a, b" in result.stderr
+        assert "Traceback" not in result.stderr

@@ -196,6 +196,14 @@ def inventory_hosts(
             if part.strip()
         ]
         names = [host.name for host in inventory.hosts]
+        if not wanted:
+            # ' , ' selected none of them, and the deploy went on with no host at all
+            given = select if isinstance(select, str) else ",".join(select)
+            raise InvalidOption(
+                f"--hosts {given!r} names no host of the inventory {path}",
+                hint="name some of its hosts, comma-separated, or leave --hosts out for all of them: "
+                + ", ".join(names),
+            )
         for name in wanted:
             if name not in names:
                 raise InvalidOption(
