@@ -120,3 +120,16 @@ def test_a_kv_cache_type_llama_cpp_does_not_know_is_named_by_the_option_given() 
     )
     error = _error("models.fit", "tiny", "--ctx", "512", "--cache-type-v", "Q8_0", "--vram", "8GiB")
     assert error["message"].startswith("--cache-type-v: 'Q8_0' is not a KV cache type"), error
+
+
+@pytest.mark.usefixtures("lf_home")
+def test_a_topology_file_is_read_with_a_byte_order_mark_and_an_overlong_name_is_refused(
+    tmp_path: Path,
+) -> None:
+    # The file is read while the parameters are validated, before their path checks: an OSError traceback.
+    error = _error("topology.plan", "--build", "0123abcd", "--model", "tiny", "--topology", "t" * 300)
+    assert error["message"] == "topology file: File name too long (300 characters)", error
+    marked = tmp_path / "topology.toml"
+    marked.write_bytes(b'\xef\xbb\xbf[topology]\nhead = "127.0.0.1"\n')
+    error = _error("topology.plan", "--build", "0123abcd", "--model", "tiny", "--topology", str(marked))
+    assert "topology.workers: Field required" in error["message"], error  # read: the mark is no syntax error

@@ -56,7 +56,14 @@ class TopologyFile(BaseModel):
 
 def load_topology(path: Path) -> TopologyEntry:
     """The ``[topology]`` table of ``path``; RecipeError naming the file and field when it is not valid."""
-    if not path.is_file():
+    try:
+        is_file = path.is_file()
+    except OSError as error:  # read in the parameters' own validation, before their path checks
+        raise InvalidOption(
+            f"topology file: {error.strerror or error} ({len(str(path))} characters)",
+            hint="give the TOML file with the [topology] table (head, rpc_port, [[topology.workers]])",
+        ) from None
+    if not is_file:
         raise InvalidOption(
             f"topology file {path} is a directory"
             if path.is_dir()
@@ -64,7 +71,7 @@ def load_topology(path: Path) -> TopologyEntry:
             hint="give the TOML file with the [topology] table (head, rpc_port, [[topology.workers]])",
         )
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = tomllib.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark as in read_toml
     except tomllib.TOMLDecodeError as error:
         raise InvalidOption(
             f"topology file {path} is not valid TOML: {error}", hint="fix the syntax"
