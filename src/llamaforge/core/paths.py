@@ -17,6 +17,27 @@ DataKind = Literal["recipes", "templates", "patches"]
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]
 
 
+class PathTooLong(ValueError):
+    """A path the file system cannot hold: a name over NAME_MAX, or the whole over PATH_MAX."""
+
+
+def lexists(path: str | Path) -> bool:
+    """Whether ``path`` exists (a dangling link counts); :class:`PathTooLong` when the file system cannot hold
+    such a path (the file system answers, not a constant), where every reader would stop on an OSError."""
+    try:
+        os.lstat(path)
+    except OSError as error:
+        if error.errno == errno.ENAMETOOLONG:
+            raise PathTooLong(
+                f"at {len(str(path))} characters this path is longer than the file system allows for a path or "
+                "for one name in it: give the path of an existing file, or a shipped name"
+            ) from None
+        return False
+    except ValueError:  # a NUL byte: no file has that name
+        return False
+    return True
+
+
 def data_dir(kind: DataKind) -> Path:
     """Directory of shipped ``kind`` data: inside the wheel, or the source checkout's top-level folder."""
     override = os.environ.get(f"LLAMAFORGE_{kind.upper()}_DIR")

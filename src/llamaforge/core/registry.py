@@ -9,10 +9,8 @@ views all read ``result_json(result)``.
 
 from __future__ import annotations
 
-import errno
 import importlib
 import inspect
-import os
 import pkgutil
 import typing
 from collections.abc import Callable, Mapping
@@ -26,6 +24,7 @@ from pydantic_core import PydanticUndefined
 
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.events import CancelToken, Reporter, null_reporter
+from llamaforge.core.paths import lexists
 from llamaforge.core.validation import suggest
 
 
@@ -60,23 +59,8 @@ class Params(BaseModel):
             )
         for path in value if isinstance(value, (list, tuple)) else (value,):
             if isinstance(path, (str, Path)):
-                _refuse_overlong(str(path))
+                lexists(path)  # PathTooLong: the readers behind the parameter would stop on an OSError
         return value
-
-
-def _refuse_overlong(path: str) -> None:
-    """Refuse a path the file system cannot hold (a name over NAME_MAX, or the whole over PATH_MAX): every reader
-    behind a parameter would otherwise stop on an OSError traceback. The file system answers, not a constant."""
-    try:
-        os.lstat(path)
-    except OSError as error:
-        if error.errno == errno.ENAMETOOLONG:
-            raise ValueError(
-                f"at {len(path)} characters this path is longer than the file system allows for a path or for one "
-                "name in it: give the path of an existing file, or a shipped name"
-            ) from None
-    except ValueError:  # a NUL byte: the readers behind the parameter name it themselves
-        pass
 
 
 #: A count llama.cpp reads with ``std::stoi`` (``-c``, ``-t``, ``-np``, ``-ngl``), or Kubernetes as an int32

@@ -7,10 +7,8 @@ The checks are derived from the operation registry (fields declared with ``path_
 
 from __future__ import annotations
 
-import errno
 import inspect
 import json
-import os
 import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -25,7 +23,7 @@ from pydantic import BaseModel, Field
 
 from llamaforge.core.errors import InvalidOption
 from llamaforge.core.guard import PolicyRefused
-from llamaforge.core.paths import data_dir, home
+from llamaforge.core.paths import PathTooLong, data_dir, home, lexists
 from llamaforge.core.registry import Operation, Params, is_path_field
 
 ConfirmPolicy = Literal["param", "elicit"]
@@ -85,15 +83,12 @@ def _exists(field: str, value: str, path: Path) -> bool:
     """Whether ``path`` exists; a name longer than the file system holds is refused here, naming the parameter
     (the operation would stop on an OSError the caller could not read)."""
     try:
-        os.lstat(path)
-    except OSError as error:
-        if error.errno == errno.ENAMETOOLONG:
-            raise ToolError(
-                f"path parameter {field!r} is refused: at {len(value)} characters it is longer than this file "
-                "system allows for a path or for one name in it; give the path of an existing file, or a shipped name"
-            ) from None
-        return False
-    return True
+        return lexists(path)
+    except PathTooLong:
+        raise ToolError(
+            f"path parameter {field!r} is refused: at {len(value)} characters it is longer than this file "
+            "system allows for a path or for one name in it; give the path of an existing file, or a shipped name"
+        ) from None
 
 
 @dataclass(frozen=True)
