@@ -97,6 +97,7 @@ def repo(tmp_path: Path) -> Path:
         ("git@github.com:ggml-org/llama.cpp", "needs its full commit"),
         ("https://example.com/llama.cpp-b1.zip", "zip archives"),
         ("no-such-thing", "not a pip pin, a git URL or an existing archive"),
+        ("b1234", "a release tag names no fixed source (tags move)"),  # was "not a pip pin, a git URL …"
     ],
 )
 def test_bad_forms_are_refused_with_the_forms(spec: str, why: str) -> None:
@@ -104,6 +105,20 @@ def test_bad_forms_are_refused_with_the_forms(spec: str, why: str) -> None:
         parse_spec(spec)
     assert why in caught.value.message
     assert "PACKAGE==VERSION" in (caught.value.hint or "")
+
+
+def test_a_directory_that_is_no_git_repository_is_named_as_such(tmp_path: Path) -> None:
+    # It said "a git source needs its full commit", and with one given, git failed on the directory later.
+    for spec in (str(tmp_path), f"{tmp_path}@{'a' * 40}"):
+        with pytest.raises(InvalidOption) as caught:
+            parse_spec(spec)
+        assert caught.value.message == (
+            f"source {spec!r}: a directory is read as a git repository, and this one is none (no .git): give an "
+            "archive of the tree with --sha256, or a repository@<40-hex commit>"
+        )
+    bare = tmp_path / "bare.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(bare)], check=True)
+    assert parse_spec(f"{bare}@{'a' * 40}").kind == "git"  # a bare repository has no .git, and is one
 
 
 def test_forms_parse() -> None:

@@ -103,6 +103,11 @@ def _bad(spec: str, why: str) -> InvalidOption:
     return InvalidOption(f"source {spec!r}: {why}", hint=f"give one of: {FORMS}")
 
 
+def _git_repository(path: Path) -> bool:
+    """Whether ``path`` is a git repository: a work tree's ``.git``, or a bare repository's own layout."""
+    return (path / ".git").exists() or ((path / "HEAD").is_file() and (path / "objects").is_dir())
+
+
 def parse_spec(spec: str) -> _Spec:
     """The form of a SOURCE string, checked: a pip spec, a git URL with a full commit, or an archive."""
     text = spec.strip()
@@ -126,9 +131,21 @@ def parse_spec(spec: str) -> _Spec:
         return _Spec("archive", base, commit=commit)
     remote_git = re.match(r"^(https?|ssh|git|file)://", base) or is_scp_like(base)
     if remote_git or Path(base).expanduser().is_dir():
+        if not remote_git and not _git_repository(Path(base).expanduser()):
+            raise _bad(
+                spec,
+                "a directory is read as a git repository, and this one is none (no .git): give an archive of "
+                "the tree with --sha256, or a repository@<40-hex commit>",
+            )
         if commit is None:
             raise _bad(spec, "a git source needs its full commit: URL@<40-hex commit>")
         return _Spec("git", base, commit=commit)
+    if re.fullmatch(r"[bB][0-9]+", text):
+        raise _bad(
+            spec,
+            "a release tag names no fixed source (tags move): give GIT_URL@<40-hex commit> of that release, or "
+            "the PACKAGE==VERSION sdist that vendors it",
+        )
     raise _bad(spec, "not a pip pin, a git URL or an existing archive")
 
 
