@@ -196,6 +196,13 @@ def test_compare_refuses_paths_that_are_no_runs_and_runs_with_no_metric_in_commo
     )
     assert "--skip-bench / --skip-server" in error["hint"]
     assert not (root / "compare").exists()
+    # the directories other operations keep under the smoke root "did not finish" as runs
+    (root / "compare").mkdir()
+    (root / "cpu-modules").mkdir()
+    for ref, owner in (("compare", "smoke.compare"), ("cpu-modules", "smoke.cpu_modules")):
+        code, error, _ = _error("smoke.compare", a.name, ref)
+        assert code == 2
+        assert error["message"] == f"{ref!r} is where {owner} keeps its output, not a smoke run"
 
 
 def test_compare_reads_a_report_with_a_byte_order_mark_and_leaves_out_metrics_that_are_no_numbers(

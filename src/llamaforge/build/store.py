@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from llamaforge.core.errors import CacheError, InvalidOption
-from llamaforge.core.paths import cache_lock, home
+from llamaforge.core.paths import cache_lock, home, written_as_path
 
 if TYPE_CHECKING:
     from filelock import FileLock
@@ -208,7 +208,7 @@ def build_path(value: str, option: str) -> Path | None:
     path = Path(value).expanduser()
     if path.exists():
         return path
-    if "/" in value or os.sep in value or value.startswith((".", "~")):
+    if written_as_path(value):
         raise InvalidOption(
             f"{option} {value}: no such build directory",
             hint="give a build's directory or its key (`invoke builds.list` shows them)",

@@ -38,6 +38,12 @@ def lexists(path: str | Path) -> bool:
     return True
 
 
+def written_as_path(value: str) -> bool:
+    """Whether a name-or-path argument is written as a path (a separator in it, or ``.`` or ``~`` first): when it
+    names nothing, that is a missing file or directory to report, not an unknown name or key."""
+    return "/" in value or os.sep in value or value.startswith((".", "~"))
+
+
 def data_dir(kind: DataKind) -> Path:
     """Directory of shipped ``kind`` data: inside the wheel, or the source checkout's top-level folder."""
     override = os.environ.get(f"LLAMAFORGE_{kind.upper()}_DIR")

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from llamaforge.core.errors import CacheError, InvalidOption
-from llamaforge.core.paths import unwritable_reason
+from llamaforge.core.paths import unwritable_reason, written_as_path
 
 SAME_BAND = 0.03  # |speedup - 1| below this reads as "same" (the noise of a short smoke on a shared machine)
 
@@ -313,6 +312,10 @@ def write_run_files(report: dict[str, Any], run_dir: Path) -> dict[str, str]:
 # --- compare -----------------------------------------------------------------------------------------------
 
 
+# Directories under the smoke root that other operations write, not runs.
+_NOT_RUNS = {"compare": "smoke.compare", "cpu-modules": "smoke.cpu_modules"}
+
+
 def resolve_run(ref: str, root: Path) -> Path:
     """A run directory from a path (the directory or its report.json), a run id, or a unique prefix of a run id
     under ``root``."""
@@ -328,7 +331,7 @@ def resolve_run(ref: str, root: Path) -> Path:
             f"{ref} is a file, not a smoke run directory or its report.json",
             hint=f"give the directory `invoke smoke` printed, or a run id; runs: {known}",
         )
-    if not Path(ref).exists() and ("/" in ref or os.sep in ref or ref.startswith("~")):
+    if not Path(ref).exists() and written_as_path(ref):
         # a path, read as a run-id prefix, was "no smoke runs match"
         raise InvalidOption(
             f"{ref}: no such smoke run directory",
@@ -337,6 +340,11 @@ def resolve_run(ref: str, root: Path) -> Path:
     if Path(ref).is_dir():
         raise InvalidOption(
             f"{ref} is not a smoke run directory (it has no report.json)",
+            hint=f"give the directory `invoke smoke` printed, or a run id; runs: {known}",
+        )
+    if ref in _NOT_RUNS:
+        raise InvalidOption(
+            f"{ref!r} is where {_NOT_RUNS[ref]} keeps its output, not a smoke run",
             hint=f"give the directory `invoke smoke` printed, or a run id; runs: {known}",
         )
     if ref not in ("", ".", "..") and "/" not in ref and (root / ref).is_dir():
