@@ -133,3 +133,11 @@ def test_a_topology_file_is_read_with_a_byte_order_mark_and_an_overlong_name_is_
     marked.write_bytes(b'\xef\xbb\xbf[topology]\nhead = "127.0.0.1"\n')
     error = _error("topology.plan", "--build", "0123abcd", "--model", "tiny", "--topology", str(marked))
     assert "topology.workers: Field required" in error["message"], error  # read: the mark is no syntax error
+
+
+@pytest.mark.usefixtures("lf_home")
+def test_a_url_with_a_long_query_is_no_path_too_long() -> None:
+    # A signed download link holds one "name" far over NAME_MAX; it is fetched, not looked up here.
+    url = "https://127.0.0.1:9/model.gguf?X-Signature=" + "a" * 600
+    error = _error("models.fit", url, "--ctx", "512", "--vram", "8GiB")
+    assert error["message"] == f"models.fit needs a local GGUF or a fetched recipe, not {url!r}", error

@@ -58,8 +58,10 @@ class Params(BaseModel):
                 "an empty path names nothing: give a file, a directory or a name, or leave it out"
             )
         for path in value if isinstance(value, (list, tuple)) else (value,):
-            if isinstance(path, (str, Path)):
-                lexists(path)  # PathTooLong: the readers behind the parameter would stop on an OSError
+            # PathTooLong: the readers behind the parameter would stop on an OSError; a URL (hf://, a signed
+            # https:// link with a long query) is fetched, not looked up on this file system
+            if isinstance(path, Path) or (isinstance(path, str) and "://" not in path):
+                lexists(path)
         return value
 
 
