@@ -113,6 +113,7 @@ SETTINGS = [
     Settings(ctx=4096, flash_attn=False),
     Settings(ctx=16384, flash_attn=False),
     Settings(ctx=8192, parallel=4),
+    Settings(ctx=2048, parallel=16),  # the hybrids' DeltaNet states grow their compute buffer with the slots
     Settings(ctx=16384, cache_type_k="q8_0", cache_type_v="q8_0"),
     Settings(ctx=16384, cache_type_k="q4_0", cache_type_v="q4_0"),
     Settings(ctx=8192, ubatch=256),

@@ -526,8 +526,14 @@ CATEGORIES = ("weights", "kv_cache", "recurrent_state", "compute", "output")
 @pytest.mark.parametrize("arch", ["qwen3", "qwen35", "qwen3moe", "qwen3next"])
 @pytest.mark.parametrize(
     "settings",
-    [Settings(ctx=1024), Settings(ctx=8192, parallel=2), Settings(ctx=4096, flash_attn=False)],
-    ids=["1k", "8k-x2", "4k-no-fa"],
+    [
+        Settings(ctx=1024),
+        Settings(ctx=8192, parallel=2),
+        Settings(ctx=4096, flash_attn=False),
+        # the hybrids' compute buffer holds two DeltaNet states per slot (it was planned 20 % short at 16)
+        Settings(ctx=2048, parallel=16),
+    ],
+    ids=["1k", "8k-x2", "4k-no-fa", "2k-x16"],
 )
 def test_plan_matches_llamacpp_buffers(
     arch: str, settings: Settings, stock_build: Path, real_vocab_models: dict[str, Path]

@@ -28,8 +28,9 @@ and sizes its buffers:
   ``n_head * n_ctx_seq * n_ubatch`` F32 score matrix are exact; the activations of one layer are a per-token
   model (the largest of an attention, FFN, MoE and DeltaNet phase) fitted to the buffers stock llama.cpp
   reports for generated models of random shapes (``benchmarks/fit_accuracy.py`` measures its error on further
-  shapes); the logits of the ``--parallel`` outputs (llama-server reserves one per slot); with partial offload,
-  the largest CPU-resident weight that ggml copies to the GPU when it offloads a batched op.
+  shapes), a DeltaNet phase also holding two copies of every slot's recurrent state; the logits of the
+  ``--parallel`` outputs (llama-server reserves one per slot); with partial offload, the largest CPU-resident
+  weight that ggml copies to the GPU when it offloads a batched op.
 
 Used by the fit planner (:mod:`llamaforge.serve.fit`) and the multi-GPU split (:mod:`llamaforge.serve.split`).
 """
@@ -86,6 +87,16 @@ _RECURRENT_PHASE: Final = {"E": 3.0, "C": 3.0}
 # the qwen35 phase): `python benchmarks/fit_accuracy.py --random-shapes N` includes qwen3next.
 _FUSED_RECURRENT_PHASE: Final = {"E": 3.0, "C": 2.25, "V": 4.5}
 _FUSED_RECURRENT_ARCHS: Final = frozenset({"qwen3next"})
+# While a DeltaNet layer holds the states of the ubatch's sequences (those read from the cache and the new ones
+# written back: two copies), fewer per-token values are live. llama.cpp reserves its graph with one sequence per
+# slot (n_seq_max), so the compute buffer grows with --parallel, which the per-token phase alone does not follow
+# (a 16-slot qwen35 shape with 1 MiB of state per sequence and layer: 32.0 planned vs 61.5 MiB). Fitted on stock
+# llama.cpp's CPU build, 4 hybrid shapes x 1 to 32 slots x ubatch 256/512 (28 loads): the slope is two states
+# per sequence, with 0.85 of the per-token phase (0.95 for qwen3next's fused layers); planned within -4 % and
+# +12 % of what llama.cpp reserves (it was -48 % at 16 slots).
+_RECURRENT_STATE_COPIES: Final = 2
+_STATE_PHASE_TOKEN_SHARE: Final = 0.85
+_FUSED_STATE_PHASE_TOKEN_SHARE: Final = 0.95
 
 
 _SIZE_RE: Final = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
@@ -253,7 +264,14 @@ def layer_peak(shape: ModelShape, layers: Iterable[int], settings: Settings) -> 
             attention += shape.n_head * cells * t * 4
         peak = max(peak, attention)
     if has_recurrent:
-        peak = max(peak, values["recurrent"] * t * 4)
+        recurrent = values["recurrent"] * t * 4
+        states = (shape.conv_state_values + shape.ssm_state_values) * 4 * max(1, settings.parallel)
+        share = (
+            _FUSED_STATE_PHASE_TOKEN_SHARE
+            if shape.arch in _FUSED_RECURRENT_ARCHS
+            else _STATE_PHASE_TOKEN_SHARE
+        )
+        peak = max(peak, recurrent, share * recurrent + _RECURRENT_STATE_COPIES * states)
     return int(peak)
 
 
