@@ -14,7 +14,7 @@ per-layer activation model dominates the compute buffer) and reports the compute
 llamaforge.serve.fit were obtained (N=100).
 
 Usage: python benchmarks/fit_accuracy.py [--server PATH/llama-server] [--vocab-dir DIR] [--out DIR] [--quick]
-       [--models NAME,...] [--random-shapes N [--refit]]
+       [--models NAME,...] [--slots] [--random-shapes N [--refit]]
 (defaults: the cached stock CPU build and source tree under ~/.cache/llamaforge, output to
 $TMPDIR/llamaforge-fit-accuracy: the table as JSON and the PNGs; about 2 minutes on 2 cores, plus about
 3 s per random shape).
@@ -119,6 +119,11 @@ SETTINGS = [
     Settings(ctx=8192, ubatch=256),
 ]
 QUICK = [Settings(ctx=2048), Settings(ctx=32768), Settings(ctx=4096, flash_attn=False)]
+# --slots: the hybrids' compute buffer over slots and ubatch sizes (each slot adds DeltaNet states to it).
+SLOTS = [Settings(ctx=2048, parallel=n) for n in (1, 4, 8, 16, 32)] + [
+    Settings(ctx=2048, parallel=n, ubatch=256) for n in (8, 16)
+]
+SLOT_MODELS = ["qwen35", "qwen35moe", "qwen3next", "qwen35-wide"]
 # Cell counts only sliding-window models tell apart (their window cache depends on slots and unification).
 SWA_SETTINGS = [
     Settings(ctx=8192, parallel=4, kv_unified=True),
@@ -478,6 +483,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "llamaforge-fit-accuracy")
     parser.add_argument("--quick", action="store_true", help="3 settings per model instead of 11")
     parser.add_argument(
+        "--slots",
+        action="store_true",
+        help="only the hybrid models at 1-32 slots and ubatch 256/512 (their per-slot DeltaNet states)",
+    )
+    parser.add_argument(
         "--models", default=",".join(MODELS), help="comma-separated subset of " + ", ".join(MODELS)
     )
     parser.add_argument(
@@ -497,11 +507,14 @@ def main() -> None:
 
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fit-accuracy-") as scratch:
-        names = [name.strip() for name in args.models.split(",") if name.strip()]
+        names = (
+            SLOT_MODELS if args.slots else [name.strip() for name in args.models.split(",") if name.strip()]
+        )
         unknown = sorted(set(names) - set(MODELS))
         if unknown:
             sys.exit(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
-        rows = compare(args.server, args.vocab_dir, Path(scratch), QUICK if args.quick else SETTINGS, names)
+        settings = SLOTS if args.slots else QUICK if args.quick else SETTINGS
+        rows = compare(args.server, args.vocab_dir, Path(scratch), settings, names)
         summary = summarize_rows(rows)
         summary["llamacpp_projection"] = summarize_projection(rows)
         sweep = None
