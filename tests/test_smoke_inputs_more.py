@@ -196,6 +196,14 @@ def test_compare_refuses_paths_that_are_no_runs_and_runs_with_no_metric_in_commo
     )
     assert "--skip-bench / --skip-server" in error["hint"]
     assert not (root / "compare").exists()
+    # one run named twice (by id and by path) was a table of ratios 1.00, exit 0
+    code, error, _ = _error("smoke.compare", a.name, str(a / "report.json"))
+    assert code == 2
+    assert (
+        error["message"]
+        == f"{a.name!r} and {str(a / 'report.json')!r} are the same smoke run ({a.name}): nothing to compare"
+    )
+    assert not (root / "compare").exists()
     # the directories other operations keep under the smoke root "did not finish" as runs
     (root / "compare").mkdir()
     (root / "cpu-modules").mkdir()

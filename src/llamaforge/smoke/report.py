@@ -511,6 +511,12 @@ def _stages(report: Mapping[str, Any]) -> str:
 def compare_runs(ref_a: str, ref_b: str, root: Path) -> dict[str, Any]:
     """Compare two runs; writes compare.json, compare.md and compare.png to ``root/compare/A--vs--B/``."""
     dir_a, dir_b = resolve_run(ref_a, root), resolve_run(ref_b, root)
+    if dir_a.resolve() == dir_b.resolve():
+        # a table of ratios 1.00 read as "no change" when one run was named twice
+        raise InvalidOption(
+            f"{ref_a!r} and {ref_b!r} are the same smoke run ({dir_a.name}): nothing to compare",
+            hint="give two runs, e.g. the run id before a rebuild and the one after",
+        )
     report_a, report_b = _read_report(dir_a), _read_report(dir_b)
     ident_a, ident_b = _identity(report_a), _identity(report_b)
     data: dict[str, Any] = {
