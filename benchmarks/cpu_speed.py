@@ -33,6 +33,7 @@ from llamaforge.core.paths import home
 from llamaforge.core.registry import OperationContext, operations, result_json
 from llamaforge.gguf.tiny import DType, TinyModelSpec, write_tiny_model
 from llamaforge.smoke.bench import bench_command
+from llamaforge.smoke.cpu_features import host_cpu
 from llamaforge.smoke.roofline import cpu_threads_default
 
 GOAL = 0.97
@@ -54,11 +55,8 @@ def wide_model(dtype: DType) -> Path:
 
 def cpu_model() -> str:
     """This machine's CPU, as /proc/cpuinfo names it (and whether it has AMX)."""
-    text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    name = next(
-        (line.partition(":")[2].strip() for line in text.splitlines() if line.startswith("model name")), "?"
-    )
-    return f"{name}{' (AMX)' if 'amx_tile' in text else ''}"
+    model, features = host_cpu(Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace"))
+    return f"{model}{' (AMX)' if 'AMX_INT8' in features else ''}"
 
 
 def build(cpu: str | None) -> dict[str, Any]:

@@ -23,6 +23,15 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    """Which CPU the run had: what the llama.cpp tests exercise (the CPU module ggml loads, AMX or repacked
+    buffers) depends on it, so a run says it."""
+    from helpers import cpu_header
+
+    cpuinfo = Path("/proc/cpuinfo")
+    return cpu_header(cpuinfo.read_text(encoding="utf-8", errors="replace") if cpuinfo.is_file() else "")
+
+
 def require(condition: bool, reason: str) -> None:
     """Skip (or fail, in strict mode) when a prerequisite of an integration test is missing."""
     if condition:

@@ -198,3 +198,12 @@ def error_text(result: mcp_types.CallToolResult) -> str:
     block = result.content[0]
     assert isinstance(block, mcp_types.TextContent)
     return block.text
+
+
+def cpu_header(cpuinfo: str) -> str:
+    """The suite's header line about this machine's CPU: model, cores, AMX or not, ggml's feature names."""
+    from llamaforge.smoke.cpu_features import host_cpu
+
+    model, features = host_cpu(cpuinfo)
+    amx = "AMX" if "AMX_INT8" in features else "no AMX"
+    return f"cpu: {model}, {os.cpu_count()} cores, {amx}; features: {' '.join(features) or 'none known'}"

@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 
 from conftest import require
-from helpers import invoke
+from helpers import cpu_header, invoke
 from llamaforge.core.errors import OperationFailed
 from llamaforge.core.registry import OperationContext, operations, result_json
 from llamaforge.runners.process import ProcessHandle, ProcessResult
-from llamaforge.smoke.cpu_features import HOST_FLAGS, VARIANT_FEATURES, host_cpu_flags
+from llamaforge.smoke.cpu_features import HOST_FLAGS, VARIANT_FEATURES, host_cpu, host_cpu_flags
 from llamaforge.smoke.cpu_modules import cpu_modules, stage_module_dir, sweep_cpu_modules
 from llamaforge.smoke.ops_cpu_modules import CpuModulesResult, CpuModuleSweep
 from llamaforge.smoke.report import cpu_modules_lines
@@ -198,6 +198,36 @@ def test_every_view_shows_the_table_and_names_the_crash() -> None:
     assert "FAIL" in text and f"crashed: {crash}" in text and "not for this CPU (lacks AMX_INT8)" in text
     page = render_html("smoke.cpu_modules", sweep)
     assert f"crashed: {crash}" in page and "libggml-cpu-sapphirerapids.so" in page
+
+
+def test_the_suite_says_which_cpu_it_ran_on() -> None:
+    # what the llama.cpp tests exercise depends on the CPU; the run's header names it (pytest_report_header)
+    xeon = (
+        "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Processor\n"
+        "flags\t\t: fpu sse3 pni ssse3 avx avx2 f16c fma bmi2 avx512f avx512_vnni avx512_bf16 amx_tile amx_int8\n"
+    )
+    assert host_cpu(xeon) == (
+        "Intel(R) Xeon(R) Processor",
+        [
+            "SSE3",
+            "SSSE3",
+            "AVX",
+            "AVX2",
+            "F16C",
+            "FMA",
+            "BMI2",
+            "AVX512",
+            "AVX512_VNNI",
+            "AVX512_BF16",
+            "AMX_INT8",
+        ],
+    )
+    header = cpu_header(xeon)
+    assert header.startswith("cpu: Intel(R) Xeon(R) Processor, ") and ", AMX; features: SSE3 " in header
+    epyc = "model name\t: AMD EPYC 7B13\nflags\t\t: pni ssse3 avx avx2\n"
+    assert ", no AMX; features: SSE3 SSSE3 AVX AVX2" in cpu_header(epyc)
+    assert host_cpu("") == ("unknown", [])
+    assert cpu_header("").endswith("no AMX; features: none known")
 
 
 def test_the_operation_is_registered_with_its_cli_spelling_and_mcp_tool() -> None:

@@ -81,6 +81,21 @@ def host_cpu_flags(cpuinfo: str) -> set[str]:
     return set()
 
 
+def host_cpu(cpuinfo: str) -> tuple[str, list[str]]:
+    """The CPU's model name (``unknown`` when /proc/cpuinfo names none) and its features, in ggml's
+    ``system_info`` names, from ``/proc/cpuinfo`` text."""
+    model = next(
+        (
+            line.partition(":")[2].strip()
+            for line in cpuinfo.splitlines()
+            if line.partition(":")[0].strip() in ("model name", "Model")
+        ),
+        "",
+    )
+    flags = host_cpu_flags(cpuinfo)
+    return model or "unknown", [name for name, flag in HOST_FLAGS.items() if flag in flags]
+
+
 def read_host_flags(runner: ProcessRunner = LOCAL) -> set[str]:
     """The CPU flags of the host ``runner`` runs on."""
     result = runner.run(["cat", "/proc/cpuinfo"], warn=True)

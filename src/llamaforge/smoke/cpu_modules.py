@@ -36,7 +36,7 @@ from llamaforge.core.exits import cpu_variant, crash_hint, describe_exit, exit_s
 from llamaforge.core.paths import home
 from llamaforge.runners.process import LOCAL, ProcessResult, ProcessRunner
 from llamaforge.smoke.bench import bench_command, parse_llama_bench
-from llamaforge.smoke.cpu_features import HOST_FLAGS, VARIANT_FEATURES, host_cpu_flags
+from llamaforge.smoke.cpu_features import VARIANT_FEATURES, host_cpu
 from llamaforge.smoke.report import cpu_modules_lines, fresh_directory
 
 ModuleStatus = Literal["ran", "not_for_this_cpu", "crashed", "failed", "timed_out"]
@@ -93,20 +93,8 @@ def stage_module_dir(bench: Path, into: Path) -> Path:
 
 
 def _host_cpu(runner: ProcessRunner) -> dict[str, Any]:
-    text = runner.run(["cat", "/proc/cpuinfo"], warn=True).stdout
-    model = next(
-        (
-            line.partition(":")[2].strip()
-            for line in text.splitlines()
-            if line.partition(":")[0].strip() in ("model name", "Model")
-        ),
-        "",
-    )
-    flags = host_cpu_flags(text)
-    return {
-        "model": model or "unknown",
-        "features": [name for name, flag in HOST_FLAGS.items() if flag in flags],
-    }
+    model, features = host_cpu(runner.run(["cat", "/proc/cpuinfo"], warn=True).stdout)
+    return {"model": model, "features": features}
 
 
 def _missing(variant: str, host_features: Sequence[str]) -> list[str]:
