@@ -95,12 +95,12 @@ def test_a_macos_plan_records_the_one_cpu_backend_it_builds() -> None:
     assert linux["cpu"] == "variants" and "-DGGML_CPU_ALL_VARIANTS=ON" in linux["cmake_args"]
 
 
-@pytest.mark.usefixtures("lf_home")
-def test_a_build_directory_that_does_not_exist_is_not_called_a_key(tmp_path: Path) -> None:
+def test_a_build_directory_that_does_not_exist_is_not_called_a_key(tmp_path: Path, lf_home: Path) -> None:
     # Both said "no build with key '/nonexistent'".
     missing = tmp_path / "no-such-build"
     error = _error("models.verify", "tiny", "--load-check", str(missing))
     assert error["message"] == f"--load-check {missing}: no such build directory", error
+    assert not (lf_home / "models").exists()  # named before the tiny model was written
     error = _error("builds.show", "default")
     assert error["message"] == "'default' is not a build key: keys are lower-case hex digits", error
 

@@ -75,6 +75,8 @@ def models_verify_op(params: ModelVerifyParams, ctx: OperationContext) -> ModelV
     from llamaforge.models.inspect import resolve_local_model
     from llamaforge.models.verify import verify_model
 
+    # the build first: a mistyped --load-check was named only after the tiny model had been written
+    build = _build_dir(params.load_check) if params.load_check else None
     path, recipe = resolve_local_model(params.target)
     if params.recipe:
         if recipe is not None:
@@ -87,7 +89,6 @@ def models_verify_op(params: ModelVerifyParams, ctx: OperationContext) -> ModelV
             f"no local file for {params.target!r}",
             hint="fetch it first (`invoke models.fetch RECIPE`), or pass the path of the GGUF",
         )
-    build = _build_dir(params.load_check) if params.load_check else None
     report = verify_model(
         path,
         recipe,
