@@ -141,3 +141,29 @@ def test_a_url_with_a_long_query_is_no_path_too_long() -> None:
     url = "https://127.0.0.1:9/model.gguf?X-Signature=" + "a" * 600
     error = _error("models.fit", url, "--ctx", "512", "--vram", "8GiB")
     assert error["message"] == f"models.fit needs a local GGUF or a fetched recipe, not {url!r}", error
+
+
+def test_options_are_checked_before_the_tiny_model_is_written(lf_home: Path) -> None:
+    # Each was named only after the tiny model had been written, its llama.cpp source fetched first (seconds to
+    # minutes); a --margin that was no size did not say which value it was.
+    for args, message in (
+        (("models.fit", "tiny", "--ctx", "512", "--gpu", "nosuchgpu"), "unknown GPU 'nosuchgpu'"),
+        (("models.fit", "tiny", "--ctx", "512", "--vram", "8XB"), "--vram: cannot read the size '8XB'"),
+        (
+            ("models.fit", "tiny", "--ctx", "512", "--vram", "8GiB", "--margin", "lots"),
+            "--margin: cannot read the size 'lots'",
+        ),
+        (
+            ("models.split", "--model", "tiny", "--ctx", "512", "--devices", "a=4XB"),
+            "the memory of device a: cannot read the size '4XB'",
+        ),
+        (
+            ("models.split", "--model", "tiny", "--ctx", "512", "--devices", "a=4GiB", "--margin", "lots"),
+            "--margin: cannot read the size 'lots'",
+        ),
+        (("smoke", "--build", "0123abcd", "--model", "tiny"), "no build with key '0123abcd'"),
+        (("smoke.cpu-modules", "--build", "0123abcd"), "no build with key '0123abcd'"),
+    ):
+        error = _error(*args)
+        assert error["message"] == message, (args, error)
+        assert not (lf_home / "models").exists(), args

@@ -315,7 +315,10 @@ def test_a_model_recipe_smoke_value_that_is_no_threshold_is_refused_before_the_b
     model = stub_gguf(tmp_path / "m.gguf")
     recipe = tmp_path / "m.toml"
     recipe.write_text(f'source = "file://{model}"\n[smoke]\nmin_tg_tps = inf\n', encoding="utf-8")
-    code, error, _ = _error("smoke", "--model", str(recipe), "--build", "0123abcd")
+    binaries = tmp_path / "bin"  # llama.cpp binaries, never run: the refusal comes first
+    binaries.mkdir()
+    (binaries / "llama-server").write_bytes(b"")
+    code, error, _ = _error("smoke", "--model", str(recipe), "--build", str(binaries))
     assert code == 2
     assert error["message"] == (
         f"invalid thresholds: min_tg_tps: Input should be a finite number (from model recipe {recipe})"

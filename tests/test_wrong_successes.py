@@ -89,7 +89,7 @@ BAD_INPUTS: list[tuple[str, list[str], str]] = [
     ),
     (
         "smoke of a vocab-only file",
-        ["smoke", "--model", "{vocab_only}", "--build", ABSENT_BUILD],
+        ["smoke", "--model", "{vocab_only}", "--build", "{binaries}"],
         "has no tensors: a vocab-only file cannot be served",
     ),
     (
@@ -287,7 +287,16 @@ BAD_INPUTS: list[tuple[str, list[str], str]] = [
 def test_bad_input_is_refused_with_one_error_line(
     args: list[str], message: str, models: dict[str, Path], env: dict[str, str], tmp_path: Path
 ) -> None:
-    names = {"dense": str(models["dense"]), "vocab_only": str(models["vocab_only"]), "tmp": str(tmp_path)}
+    # llama.cpp binaries that are never run: a build that exists, for refusals that come after its lookup
+    binaries = tmp_path / "binaries"
+    binaries.mkdir()
+    (binaries / "llama-server").write_bytes(b"")
+    names = {
+        "dense": str(models["dense"]),
+        "vocab_only": str(models["vocab_only"]),
+        "tmp": str(tmp_path),
+        "binaries": str(binaries),
+    }
     stderr = _refused([arg.format(**names) for arg in args], env, message)
     assert not (tmp_path / "x.bmp").exists()
     assert not (Path(env["LLAMAFORGE_HOME"]) / "builds").exists()  # nothing was built
@@ -303,14 +312,18 @@ def test_bad_input_is_refused_with_one_error_line(
 def test_a_missing_model_is_refused_before_any_build(
     operation: str, env: dict[str, str], tmp_path: Path
 ) -> None:
-    """The model is resolved first: with the build named by a key no store holds, a model checked after the
-    build would fail on that key instead; with no --build, it would start a cold build."""
-    for build in (["--build", ABSENT_BUILD], []):
+    """The model is resolved before a build can start: with no --build, a model checked after the build would
+    come after a cold build. A --build key no store holds is named first: looking it up costs nothing, and the
+    model may take minutes to write or download."""
+    for build, code, message in (
+        ([], ModelError.exit_code, f"model file {tmp_path / 'absent.gguf'} does not exist"),
+        (["--build", ABSENT_BUILD], CacheError.exit_code, f"no build with key '{ABSENT_BUILD}'"),
+    ):
         result = invoke(operation, "--model", str(tmp_path / "absent.gguf"), *build, env=env, timeout=300)
-        assert result.returncode == ModelError.exit_code, result.stderr[-3000:]
+        assert result.returncode == code, result.stderr[-3000:]
         assert "Traceback" not in result.stderr
         errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-        assert errors == [f"error: model file {tmp_path / 'absent.gguf'} does not exist"], result.stderr
+        assert errors == [f"error: {message}"], result.stderr
         assert not (Path(env["LLAMAFORGE_HOME"]) / "builds").exists()  # nothing was built
 
 

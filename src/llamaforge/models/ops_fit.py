@@ -113,9 +113,15 @@ def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> ModelFitResu
     from llamaforge.serve.cpu_buffers import host_cpu_buffers
     from llamaforge.serve.fit import DoesNotFit, GiB, parse_size, plan_fit, summarize
     from llamaforge.serve.fit_chart import plot_path, save_fit_chart
+    from llamaforge.serve.gpus import find_gpu
     from llamaforge.serve.memory import parse_device_memory
 
     plot = plot_path(params.plot) if params.plot is not None else None
+    # the options before the model, which may be written first (the tiny one fetches the llama.cpp source)
+    if params.gpu is not None:
+        find_gpu(params.gpu)
+    vram_bytes = parse_device_memory(params.vram, "--vram", gpu=True) if params.vram is not None else None
+    margin_bytes = parse_size(params.margin, "--margin")
     path = resolve_model_file(params.model)
     # the first type given (an empty one too: the planner refuses it, it is no "leave it out")
     cache_k = next(v for v in (params.cache_type_k, params.cache_type, "f16") if v is not None)
@@ -124,7 +130,7 @@ def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> ModelFitResu
     plan = plan_fit(
         path,
         gpu=params.gpu,
-        vram_bytes=parse_device_memory(params.vram, "--vram", gpu=True) if params.vram is not None else None,
+        vram_bytes=vram_bytes,
         ctx=params.ctx,
         cache_type_k=cache_k,
         cache_type_v=cache_v,
@@ -135,7 +141,7 @@ def models_fit_op(params: ModelFitParams, ctx: OperationContext) -> ModelFitResu
         n_cpu_moe=params.n_cpu_moe,
         kv_unified=params.kv_unified,
         swa_full=params.swa_full,
-        margin_bytes=parse_size(params.margin),
+        margin_bytes=margin_bytes,
         cpu_buffers=host_cpu_buffers() if params.cpu_buffers == "auto" else params.cpu_buffers,
     )
     data = plan.to_json()

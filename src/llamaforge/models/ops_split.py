@@ -73,6 +73,10 @@ def models_split_op(params: ModelSplitParams, ctx: OperationContext) -> ModelSpl
     from llamaforge.serve.fit import Settings, parse_size
     from llamaforge.serve.split import parse_devices, parse_tensor_split, plan_split
 
+    # the options before the model, which may be written first (the tiny one fetches the llama.cpp source)
+    devices = parse_devices(params.devices)
+    tensor_split = parse_tensor_split(params.tensor_split) if params.tensor_split else None
+    margin_bytes = parse_size(params.margin, "--margin")
     settings = Settings(
         params.ctx,
         params.parallel,
@@ -83,11 +87,11 @@ def models_split_op(params: ModelSplitParams, ctx: OperationContext) -> ModelSpl
     )
     plan = plan_split(
         resolve_model_file(params.model),
-        parse_devices(params.devices),
+        devices,
         settings,
-        tensor_split=parse_tensor_split(params.tensor_split) if params.tensor_split else None,
+        tensor_split=tensor_split,
         n_gpu_layers=params.n_gpu_layers,
-        margin_bytes=parse_size(params.margin),
+        margin_bytes=margin_bytes,
     )
     data: dict[str, Any] = plan.to_json()
     outcome = ModelSplitResult.model_validate(data)

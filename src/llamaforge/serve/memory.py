@@ -102,13 +102,15 @@ _FUSED_STATE_PHASE_TOKEN_SHARE: Final = 0.95
 _SIZE_RE: Final = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 
 
-def parse_size(text: str | int) -> int:
-    """Bytes in ``24GiB``, ``24 GB`` (taken as GiB, as GPU memory is sold), ``24576MiB``, ``512M`` or a number."""
+def parse_size(text: str | int, what: str | None = None) -> int:
+    """Bytes in ``24GiB``, ``24 GB`` (taken as GiB, as GPU memory is sold), ``24576MiB``, ``512M`` or a number;
+    ``what`` (e.g. ``--margin``) names the value in the error."""
     if isinstance(text, int):
         return text
     match = _SIZE_RE.match(text)
     if not match:
-        raise InvalidOption(f"cannot read the size {text!r}", hint="e.g. 24GiB, 12GB, 24576MiB")
+        named = f"{what}: " if what else ""
+        raise InvalidOption(f"{named}cannot read the size {text!r}", hint="e.g. 24GiB, 12GB, 24576MiB")
     number, unit = float(match.group(1)), (match.group(2) or "").lower().rstrip("b").rstrip("i")
     scale = {"": 1, "k": 1 << 10, "m": MiB, "g": GiB, "t": 1 << 40}[unit]
     if scale == 1 and number < 4096:  # a bare small number means GiB, not bytes
@@ -129,7 +131,7 @@ def parse_device_memory(text: str | int, what: str, *, gpu: bool = False) -> int
     of 1 byte to 256 MiB is refused: a bare number of 4096 or more is bytes, so ``24576`` (the MiB nvidia-smi
     prints) would plan a 24 KiB GPU. A ``gpu`` of more than 1 TiB is refused too. 0 stays 0, for the caller to
     name."""
-    size = parse_size(text)
+    size = parse_size(text, what)
     if 0 < size < MIN_DEVICE_MEMORY:
         raise InvalidOption(
             f"{what} {str(text).strip()!r} is {size} bytes: less memory than any GPU has",

@@ -61,11 +61,12 @@ def check_build_argument(build: str) -> Path:
     """``build`` as a path: a build directory (a llamaforge build or llama.cpp binaries), or a name for the store
     to look up; refused when it is a file, a directory of neither, or written as a path that names nothing
     (``build.store.build_path``). Checked before the model, which may take minutes to write or download."""
-    from llamaforge.build.store import build_path
+    from llamaforge.build.store import build_path, find_build
 
     path = build_path(build, "--build")
     if path is None:
-        return Path(build)  # a build key or a prefix of one: the store says whether it holds it
+        find_build(build)  # a build key or a prefix of one: the store says now whether it holds it
+        return Path(build)
     hint = "give a build's directory or its key (`invoke builds.list` shows them)"
     if not path.is_dir():
         raise InvalidOption(f"--build {build} is a file, not a build directory", hint=hint)

@@ -135,6 +135,12 @@ def prepare(topology: Topology, request: SplitRequest, reporter: Reporter, cance
     from llamaforge.serve.memory import parse_device_memory
     from llamaforge.serve.split import SplitDevice, parse_tensor_split, plan_split
 
+    # the split's own values before any host is dialled
+    margin_bytes = parse_size(request.margin, "--margin")
+    head_gpu_bytes = (
+        parse_device_memory(request.head_gpu_memory, "head GPU memory") if request.head_gpu_memory else 0
+    )
+    tensor_split = parse_tensor_split(request.tensor_split) if request.tensor_split else None
     head_key = str(find_build(request.release.build)["key"])
     worker_key = str(find_build(request.worker_build)["key"]) if request.worker_build else head_key
     check_builds(topology.head, head_key, {worker.host.address: worker_key for worker in topology.workers})
@@ -155,15 +161,13 @@ def prepare(topology: Topology, request: SplitRequest, reporter: Reporter, cance
         SplitDevice(f"RPC {worker.endpoint}", worker.memory_bytes or 0, worker.endpoint) for worker in workers
     ]
     if request.head_gpu_memory:
-        devices.append(
-            SplitDevice("head GPU0", parse_device_memory(request.head_gpu_memory, "head GPU memory"))
-        )
+        devices.append(SplitDevice("head GPU0", head_gpu_bytes))
     plan = plan_split(
         head.spec.model,
         devices,
         Settings(request.ctx, request.parallel),
-        tensor_split=parse_tensor_split(request.tensor_split) if request.tensor_split else None,
-        margin_bytes=parse_size(request.margin),
+        tensor_split=tensor_split,
+        margin_bytes=margin_bytes,
     )
     flags = plan_flags(plan.flags, request.threads)
     spec = replace(head.spec, flags=flags)
