@@ -163,6 +163,8 @@ def test_options_are_checked_before_the_tiny_model_is_written(lf_home: Path) -> 
         ),
         (("smoke", "--build", "0123abcd", "--model", "tiny"), "no build with key '0123abcd'"),
         (("smoke.cpu-modules", "--build", "0123abcd"), "no build with key '0123abcd'"),
+        (("models.verify", "tiny", "--recipe", "nosuchrecipe"), "unknown model recipe 'nosuchrecipe'"),
+        (("models.verify", "tiny", "--recipe", "tiny"), "--recipe 'tiny' is not a model recipe"),
     ):
         error = _error(*args)
         assert error["message"] == message, (args, error)

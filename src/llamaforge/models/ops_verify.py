@@ -73,17 +73,23 @@ class ModelVerifyResult(Result):
 def models_verify_op(params: ModelVerifyParams, ctx: OperationContext) -> ModelVerifyResult:
     """Verify a GGUF: hardened header parse, sha256, structure, recipe expectations, tensors, chat template."""
     from llamaforge.models.inspect import resolve_local_model
+    from llamaforge.models.tiny import TINY_SMOKE_MODELS
     from llamaforge.models.verify import verify_model
 
     # the build first: a mistyped --load-check was named only after the tiny model had been written
     build = _build_dir(params.load_check) if params.load_check else None
+    expected = None
+    if params.recipe:  # before the target, which may be written first (the tiny model)
+        _recipe_path, expected = (
+            (None, None) if params.recipe in TINY_SMOKE_MODELS else resolve_local_model(params.recipe)
+        )
+        if expected is None:
+            raise InvalidOption(f"--recipe {params.recipe!r} is not a model recipe")
     path, recipe = resolve_local_model(params.target)
-    if params.recipe:
+    if expected is not None:
         if recipe is not None:
             raise InvalidOption("give either a recipe as TARGET or --recipe with a file, not both")
-        _recipe_path, recipe = resolve_local_model(params.recipe)
-        if recipe is None:
-            raise InvalidOption(f"--recipe {params.recipe!r} is not a model recipe")
+        recipe = expected
     if path is None:
         raise InvalidOption(
             f"no local file for {params.target!r}",
