@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import threading
 from collections.abc import Iterator, Sequence
@@ -588,10 +589,16 @@ def test_smoke_end_to_end(patched_build: Path, smoke_model: Path, smoke_env: dic
     assert len(report["server"]["levels"][0]["samples"]) == 3  # raw samples are kept
     assert "listening on http://127.0.0.1" in Path(data["files"]["server.log"]).read_text(encoding="utf-8")
 
-    compared = invoke("smoke.compare", data["run_id"], data["run_dir"], "--json", env=smoke_env)
+    # a copy of the run is another run with the same figures: every ratio 1.0
+    again = Path(data["run_dir"]).with_name(f"{data['run_id']}-again")
+    shutil.copytree(data["run_dir"], again)
+    compared = invoke("smoke.compare", data["run_id"], str(again), "--json", env=smoke_env)
     assert compared.returncode == 0, compared.stderr[-3000:]
     rows = json.loads(compared.stdout)["rows"]
     assert rows and all(row["ratio"] == pytest.approx(1.0) for row in rows)
+    # the run named twice (by id and by path) is refused: its table of 1.0 would read as "no change"
+    itself = invoke("smoke.compare", data["run_id"], data["run_dir"], env=smoke_env)
+    assert itself.returncode == 2 and "are the same smoke run" in itself.stderr, itself.stderr
 
 
 @pytest.mark.docker
