@@ -80,9 +80,7 @@ def models_verify_op(params: ModelVerifyParams, ctx: OperationContext) -> ModelV
     build = _build_dir(params.load_check) if params.load_check else None
     expected = None
     if params.recipe:  # before the target, which may be written first (the tiny model)
-        _recipe_path, expected = (
-            (None, None) if params.recipe in TINY_SMOKE_MODELS else resolve_local_model(params.recipe)
-        )
+        expected = None if params.recipe in TINY_SMOKE_MODELS else resolve_local_model(params.recipe)[1]
         if expected is None:
             raise InvalidOption(f"--recipe {params.recipe!r} is not a model recipe")
     path, recipe = resolve_local_model(params.target)
