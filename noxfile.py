@@ -1,4 +1,5 @@
-"""Nox sessions: `nox -s tests` (the README's test command), `lint`, `typecheck`, `smoke`; the proofs too long for
+"""Nox sessions: `nox -s tests` (the README's test command), `quick` (the tier without Docker), `suite_profile`,
+`lint`, `typecheck`, `smoke`; the proofs too long for
 CI: `bench_build`, `bench_cuda_arch`, `cuda_build`, `vulkan_build`, `upgrade`, `bench_smoke`, `cpu_speed`,
 `reproducible_variants`, `reproducible_windows`, `bench_deploy`."""
 
@@ -64,18 +65,71 @@ def _extracted_source(session: nox.Session, sdist_dir: Path) -> Path:
     return target
 
 
-@nox.session
-def tests(session: nox.Session) -> None:
-    """The whole suite. Docker/llama.cpp tiers run when a Docker engine and the base image are there
-    (LLAMAFORGE_TEST_STRICT=1 makes their absence a failure, as in CI)."""
+def _test_env(session: nox.Session) -> dict[str, str]:
+    """Install llamaforge with its test extras; the environment that points the suite at the sdist, the
+    extracted tree and its qwen2 vocabulary."""
     session.install("-e", ".[test]")
     sdist_dir = _sdist_dir(session)
-    env = {"LLAMAFORGE_TEST_SDIST_DIR": str(sdist_dir)}
     source = _extracted_source(session, sdist_dir)
-    env["LLAMAFORGE_TEST_SOURCE"] = str(source)
-    env["LLAMAFORGE_TEST_VOCAB"] = str(source / "models" / "ggml-vocab-qwen2.gguf")
+    return {
+        "LLAMAFORGE_TEST_SDIST_DIR": str(sdist_dir),
+        "LLAMAFORGE_TEST_SOURCE": str(source),
+        "LLAMAFORGE_TEST_VOCAB": str(source / "models" / "ggml-vocab-qwen2.gguf"),
+    }
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The whole suite, every tier. Docker/llama.cpp tiers run when a Docker engine and the base image are there
+    (LLAMAFORGE_TEST_STRICT=1 makes their absence a failure, as in CI)."""
+    env = _test_env(session)
     args = session.posargs or ["-ra", "--durations=15"]
     session.run("python", "-m", "pytest", *args, env=env, success_codes=[0])
+
+
+@nox.session
+def quick(session: nox.Session) -> None:
+    """The quick tier, the inner loop: every test marked `quick` (no Docker engine, no build; the sdist is
+    downloaded once for its vocabulary files). Arguments go to pytest, e.g. `nox -s quick -- -x tests/test_fit.py`."""
+    env = _test_env(session)
+    session.run(
+        "python", "-m", "pytest", "--tier", "quick", "-q", *session.posargs, env=env, success_codes=[0]
+    )
+
+
+@nox.session
+def suite_profile(session: nox.Session) -> None:
+    """Where the suite's time goes: run it (every tier, or the pytest arguments given) `--runs N` times in a row,
+    each with `--suite-times`, then print each tier's and file's time side by side, and the fixture setups and
+    tests that dominate (benchmarks/suite_time.py). The first run is as cold as this machine is (images, ccache
+    volume); later runs reuse what it left. E.g. `nox -s suite_profile -- --runs 2` or
+    `nox -s suite_profile -- --runs 1 --tier quick`."""
+    env = _test_env(session)
+    arguments = list(session.posargs)
+    runs = 1
+    if "--runs" in arguments:
+        index = arguments.index("--runs")
+        runs = int(arguments[index + 1])
+        del arguments[index : index + 2]
+    out = CACHE / "suite-times"
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    for number in range(1, runs + 1):
+        path = out / f"run-{number}.json"
+        session.run(
+            "python",
+            "-m",
+            "pytest",
+            "-q",
+            "--suite-times",
+            str(path),
+            *arguments,
+            env=env,
+            success_codes=[0, 1],
+        )
+        files.append(str(path))
+    labels = ",".join(["cold" if n == 1 else f"warm{n - 1}" for n in range(1, runs + 1)])
+    session.run("python", "benchmarks/suite_time.py", *files, "--labels", labels)
 
 
 @nox.session

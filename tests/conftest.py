@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 
 STRICT = os.environ.get("LLAMAFORGE_TEST_STRICT") == "1"
 
+# Tiers (`--tier quick`; every file names its tier) and `--suite-times FILE` (benchmarks/suite_time.py).
+pytest_plugins = ("tiers", "suite_times")
+
 # A suite started in the background by a shell without job control (`cmd &` in a script) inherits SIGINT
 # ignored, and so would every llamaforge it starts: the Ctrl-C tests would then test nothing. Take SIGINT back.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:

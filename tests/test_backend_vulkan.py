@@ -24,6 +24,8 @@ from test_deploy_docker import IMAGE, spec
 from test_deploy_render import CPU, SPEC
 from test_runtime_image import FakeLdd, fake_build
 
+pytestmark = pytest.mark.quick
+
 
 def vulkan_plan(**changes: object) -> BuildPlan:
     return plan_build(load_recipe("default"), BuildOptions(backend="vulkan", no_patches=True, **changes))  # type: ignore[arg-type]

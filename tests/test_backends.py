@@ -16,6 +16,8 @@ from llamaforge.build.plan import plan_build
 from llamaforge.build.recipes import load_recipe
 from llamaforge.core.errors import InvalidOption
 
+pytestmark = pytest.mark.quick
+
 
 def test_the_registry_the_recipe_names_and_the_build_parameter_list_the_same_backends() -> None:
     assert backend_names() == sorted(get_args(BackendName)) == ["cpu", "cuda", "metal", "vulkan"]

@@ -14,6 +14,8 @@ from llamaforge.serve.fit import plan_fit
 from llamaforge.serve.shape import is_expert_tensor, model_shape
 from llamaforge.smoke.roofline import Bandwidth, roofline
 
+pytestmark = pytest.mark.quick
+
 HYBRID = {"full_attention_interval": 4, "ssm_state_size": 16, "ssm_group_count": 2, "ssm_time_step_rank": 4}
 SPECS = {
     "qwen3": TinyModelSpec(arch="qwen3", n_layer=4),

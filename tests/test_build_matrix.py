@@ -20,6 +20,8 @@ from llamaforge.build.matrix import (
 )
 from llamaforge.core.errors import Cancelled, InvalidOption, RecipeError
 
+pytestmark = pytest.mark.quick
+
 THREE = """
 description = "two CPU builds and one that cannot be built in Docker"
 

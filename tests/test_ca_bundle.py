@@ -20,6 +20,8 @@ from llamaforge.build.plan import BuildOptions, BuildPlan, plan_build
 from llamaforge.build.recipes import load_recipe
 from llamaforge.core.errors import InvalidOption
 
+pytestmark = pytest.mark.quick
+
 TEST_CA = Path(__file__).parent / "data" / "test-ca.crt"
 VARIABLES = ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 # Plan digests and builder tags of builds without a CA bundle, computed before the host's bundle was picked up

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.quick
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Packages (and the few submodules named) a cache hit must not import: llamaforge's GGUF reader too.

@@ -14,6 +14,8 @@ import pytest
 
 from helpers import REPO, marked_containers, mini_recipe
 
+pytestmark = pytest.mark.quick
+
 # Other processes on this machine may build concurrently: this test's containers carry this compile-job count.
 MARK_JOBS = 5
 

@@ -22,6 +22,8 @@ from helpers import invoke, mini_recipe
 from llamaforge.build.ccache import CacheStats, RemoteCache, probe_verdict
 from llamaforge.core.errors import InvalidOption
 
+pytestmark = pytest.mark.quick
+
 PASSWORD = "s3cr:et@pw/x#1"  # every character ccache's URL parser would trip on
 
 

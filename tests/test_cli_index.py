@@ -14,6 +14,8 @@ from llamaforge.fronts import cli_index
 from llamaforge.fronts.cli import namespace
 from llamaforge.fronts.cli_index import operation_index, spec_of
 
+pytestmark = pytest.mark.quick
+
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

@@ -24,6 +24,8 @@ from llamaforge.fronts.cli import ConsoleReporter, flag_help
 from llamaforge.fronts.cli_index import spec_of
 from llamaforge.fronts.cli_invoke import OUTPUT_CLOSED
 
+pytestmark = pytest.mark.quick
+
 REPO = Path(__file__).resolve().parents[1]
 FRONTS = {
     "invoke": [sys.executable, "-m", "invoke"],

@@ -12,6 +12,8 @@ import pytest
 
 from helpers import REPO, invoke
 
+pytestmark = pytest.mark.quick
+
 
 def _error(*args: str) -> dict[str, str]:
     result = invoke(*args, "--json")

@@ -17,6 +17,8 @@ from llamaforge.build.plan import BuildOptions, plan_build
 from llamaforge.build.recipes import load_recipe
 from llamaforge.core.errors import InvalidOption, RecipeError
 
+pytestmark = pytest.mark.quick
+
 REPO = Path(__file__).parents[1]
 if str(REPO) not in sys.path:  # `mcp_server/` sits at the top of the checkout, next to tasks.py
     sys.path.insert(0, str(REPO))

@@ -16,6 +16,8 @@ from llamaforge.serve.compute_graph import GraphSettings, _Allocator, _Node, _re
 from llamaforge.serve.fit import MiB, Settings, estimate_memory, synthetic_header
 from llamaforge.serve.shape import model_shape
 
+pytestmark = pytest.mark.quick
+
 QWEN3_WIDE = TinyModelSpec(
     arch="qwen3", n_layer=2, n_embd=1024, n_head=16, n_head_kv=8, head_dim=128, n_ff=3072
 )

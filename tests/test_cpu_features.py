@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from llamaforge.smoke.cpu_features import (
     build_cpu_level,
     diagnose,
@@ -14,6 +16,8 @@ from llamaforge.smoke.cpu_features import (
     loaded_variant,
     system_info_features,
 )
+
+pytestmark = pytest.mark.quick
 
 DATA = Path(__file__).parent / "data"
 HOST = host_cpu_flags((DATA / "cpuinfo-x86-avx2.txt").read_text(encoding="utf-8"))

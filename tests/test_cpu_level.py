@@ -12,6 +12,8 @@ from llamaforge.build.plan import BuildOptions, plan_build
 from llamaforge.build.recipes import load_recipe
 from llamaforge.core.errors import InvalidOption, RecipeError
 
+pytestmark = pytest.mark.quick
+
 
 def _args(cpu: str | None = None) -> set[str]:
     return set(plan_build(load_recipe("default"), BuildOptions(no_patches=True, cpu=cpu)).cmake_args)

@@ -30,6 +30,8 @@ from llamaforge.smoke.cpu_modules import cpu_modules, stage_module_dir, sweep_cp
 from llamaforge.smoke.ops_cpu_modules import CpuModulesResult, CpuModuleSweep
 from llamaforge.smoke.report import cpu_modules_lines
 
+pytestmark = pytest.mark.quick
+
 CPUINFO = Path("/proc/cpuinfo").read_text(encoding="utf-8") if Path("/proc/cpuinfo").is_file() else ""
 HOST_FEATURES = {name for name, flag in HOST_FLAGS.items() if flag in host_cpu_flags(CPUINFO)}
 HAS_AMX = "amx_tile" in host_cpu_flags(CPUINFO) and "amx_int8" in host_cpu_flags(CPUINFO)

@@ -19,6 +19,8 @@ from llamaforge.backends.cuda.unit_probe import probe_units
 from llamaforge.build.ops import BuildParams, _plan_from_params
 from llamaforge.core.errors import BuildFailed
 
+pytestmark = pytest.mark.quick
+
 UNITS = ("fill.cu", "arange.cu")
 
 # build.sh's listing for a fill.cu object built with CMAKE_CUDA_ARCHITECTURES=86 and a file without device code

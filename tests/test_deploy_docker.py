@@ -44,6 +44,8 @@ from test_deploy_faults import deploy, post
 from test_deploy_ssh import complete_through_ssh, listening, on_host, run, runner
 from testhosts import USER, TestHost, write_known_hosts
 
+pytestmark = pytest.mark.quick
+
 GOLDEN = Path(__file__).parent / "golden" / "deploy-llama-server.docker.sh"
 _PORTS = itertools.count(20100)  # the module's hosts are its own: its tests' ports need only differ
 UPDATE = bool(os.environ.get("LLAMAFORGE_UPDATE_GOLDEN"))

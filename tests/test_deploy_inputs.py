@@ -15,6 +15,8 @@ from llamaforge.core.errors import InvalidOption
 from llamaforge.deploy.hosts.ops import DeployParams
 from llamaforge.deploy.release import DEFAULT_ROOT, Layout
 
+pytestmark = pytest.mark.quick
+
 HOSTILE_ROOTS = [
     "/opt/lf\nExecStartPre=+/bin/sh -c id",  # a newline adds a unit directive run as root
     "/opt/lf$(id)",

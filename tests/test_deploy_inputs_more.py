@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from helpers import invoke
+
+pytestmark = pytest.mark.quick
 
 
 def test_a_boolean_port_in_an_inventory_is_refused_naming_the_field(tmp_path: Path) -> None:

@@ -23,6 +23,8 @@ from llamaforge.deploy.targets.systemd import render_unit
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.serve.launcher import LlamaFlags
 
+pytestmark = pytest.mark.quick
+
 SCHEMA = data_dir("recipes") / "schema" / "host-inventory.schema.json"
 
 

@@ -25,6 +25,8 @@ from llamaforge.deploy.hosts.ops import DeployFailed, target_names
 from llamaforge.runners.ssh.connection import SshError, connect_failure
 from testhosts import USER, TestHost, make_key, write_known_hosts
 
+pytestmark = pytest.mark.quick
+
 FAKE_BUILD = "f" * 32
 
 

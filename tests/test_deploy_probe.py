@@ -36,6 +36,8 @@ from llamaforge.serve.launcher import LlamaFlags
 from test_deploy_ssh import complete_through_ssh, on_host
 from testhosts import USER, TestHost, write_known_hosts
 
+pytestmark = pytest.mark.quick
+
 RID = "0123456789abcdef"
 LAYOUT = Layout("lab")
 RELEASE = f"/opt/llamaforge/lab/releases/{RID}"

@@ -26,6 +26,8 @@ from llamaforge.deploy.release import Layout, ReleaseSpec, gate_timeout_s
 from llamaforge.deploy.targets.systemd import render_unit, unit_name
 from llamaforge.serve.launcher import LlamaFlags
 
+pytestmark = pytest.mark.quick
+
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = bool(os.environ.get("LLAMAFORGE_UPDATE_GOLDEN"))
 COMPOSE_SCHEMA = Path(__file__).parent / "data" / "compose-spec.json"

@@ -42,6 +42,8 @@ from llamaforge.smoke.ops import SMOKE_FLAGS
 from test_hostile_renders import IDS, INPUTS, PAYLOADS, SPEC, run_script, unescaped
 from testhosts import USER, TestHost, write_known_hosts
 
+pytestmark = pytest.mark.quick
+
 
 def run(operation: str, **arguments: Any) -> Any:
     op = operations()[operation]

@@ -36,6 +36,8 @@ from llamaforge.serve.launcher import LlamaFlags
 from llamaforge.smoke.answers import GoldenRequest, greedy_completion
 from testhosts import USER, TestHost, write_known_hosts
 
+pytestmark = pytest.mark.quick
+
 GOLDEN = Path(__file__).parent / "golden" / "deploy-llama-server.service"
 UPDATE = bool(os.environ.get("LLAMAFORGE_UPDATE_GOLDEN"))
 

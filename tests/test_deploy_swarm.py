@@ -39,6 +39,8 @@ from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.runners.swarm import JobTask, job_arguments, remove_service, service_arguments
 from llamaforge.serve.launcher import LlamaFlags
 
+pytestmark = pytest.mark.quick
+
 
 def spec(**changes: Any) -> ReleaseSpec:
     base = ReleaseSpec(

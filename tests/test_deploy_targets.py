@@ -24,6 +24,8 @@ from llamaforge.deploy.targets import (
 )
 from llamaforge.deploy.targets.base import ServiceState, Target
 
+pytestmark = pytest.mark.quick
+
 
 def test_every_registered_target_is_a_target_under_its_own_name() -> None:
     assert set(TARGETS) == {"systemd", "docker", "swarm", "rpc-server", "compose", "kubernetes"}

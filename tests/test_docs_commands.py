@@ -10,6 +10,8 @@ import pytest
 
 from llamaforge.fronts.cli import namespace
 
+pytestmark = pytest.mark.quick
+
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 # `invoke TASK ...` in a code span or a line of a code block, up to the end of the command (&&, ;, a pipe).

@@ -25,6 +25,8 @@ from llamaforge.build.store import list_builds, load_manifest
 from llamaforge.core.errors import DockerUnavailable, InvalidOption
 from llamaforge.core.events import Event, Reporter
 
+pytestmark = pytest.mark.quick
+
 BANNER = "patched by the seam test"
 PATCH = f"""--- a/main.c
 +++ b/main.c

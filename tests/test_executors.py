@@ -23,6 +23,8 @@ from llamaforge.build.store import list_builds
 from llamaforge.core.errors import BuildFailed, Cancelled
 from llamaforge.core.events import CancelToken, Event
 
+pytestmark = pytest.mark.quick
+
 needs_local_toolchain = pytest.mark.skipif(
     not all(shutil.which(tool) for tool in ("cmake", "ninja", "cc")), reason="cmake, ninja and cc needed"
 )

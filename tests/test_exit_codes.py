@@ -24,6 +24,8 @@ from llamaforge.core.registry import operations
 from llamaforge.fronts.cli_invoke import OUTPUT_CLOSED
 from llamaforge.fronts.jupyter import NotebookError
 
+pytestmark = pytest.mark.quick
+
 REPO = Path(__file__).resolve().parents[1]
 
 # Unrelated classes allowed to share a code, and why a script need not tell them apart.

@@ -24,6 +24,8 @@ from llamaforge.core.exits import (
     systemd_signal,
 )
 
+pytestmark = pytest.mark.quick
+
 
 @pytest.mark.parametrize(
     ("code", "shell", "words"),

@@ -30,11 +30,14 @@ from llamaforge.core.registry import OperationContext, operations, result_json
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.serve.fit import GiB, plan_fit
 
-pytestmark = pytest.mark.filterwarnings(
-    # IPython's own modules still use APIs their dependencies deprecated; only those, only here.
-    "ignore::DeprecationWarning:IPython.*",
-    "ignore::DeprecationWarning:traitlets.*",
-)
+pytestmark = [
+    pytest.mark.quick,
+    pytest.mark.filterwarnings(
+        # IPython's own modules still use APIs their dependencies deprecated; only those, only here.
+        "ignore::DeprecationWarning:IPython.*",
+        "ignore::DeprecationWarning:traitlets.*",
+    ),
+]
 
 
 @pytest.fixture

@@ -21,6 +21,8 @@ from llamaforge.core.paths import data_dir
 from llamaforge.core.registry import OperationContext
 from llamaforge.runners.ssh import SshError
 
+pytestmark = pytest.mark.quick
+
 SCHEMA = data_dir("recipes") / "schema" / "builder-fleet.schema.json"
 
 

@@ -24,6 +24,8 @@ from llamaforge.models.fetch import fetch_model
 from llamaforge.models.recipes import ModelRecipe
 from llamaforge.models.urls import redact_url
 
+pytestmark = pytest.mark.quick
+
 TOKEN = "hf_SECRETtoken0123456789abcdefSECRET"
 MS_TOKEN = "ms-SECRET-0123456789-SECRET"
 

@@ -30,6 +30,8 @@ from llamaforge.models.recipes import ModelRecipe
 from llamaforge.models.remote import HttpRangeSource
 from llamaforge.models.urls import check_model_url, max_unpinned_bytes
 
+pytestmark = pytest.mark.quick
+
 BLOB = random_gguf(3 * (1 << 20) + 4321, seed=21)
 METADATA = "http://169.254.169.254/latest/meta-data/iam"
 TEST_NET = "http://192.0.2.10/model.gguf"  # RFC 5737: never routed, and an IP needs no DNS

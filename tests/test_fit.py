@@ -54,6 +54,8 @@ from llamaforge.serve.measure import measure_with_llamacpp
 from llamaforge.serve.memory import parse_device_memory
 from llamaforge.serve.shape import is_expert_tensor, model_shape
 
+pytestmark = pytest.mark.quick
+
 MINI_VOCAB = 1000
 
 # Shapes shared by the unit and the integration tests: a 3:1 DeltaNet/attention layout like Qwen3.5's, state

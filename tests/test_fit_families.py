@@ -31,6 +31,8 @@ from llamaforge.serve.measure import measure_with_llamacpp
 from llamaforge.serve.shape import model_shape
 from test_fit import mini_vocab  # noqa: F401  (the module's tokenizer fixture)
 
+pytestmark = pytest.mark.quick
+
 SPECS: dict[str, AnyTinySpec] = {"mla": TinyMLASpec(), "shared": TinySharedKVSpec()}
 CATEGORIES = ("weights", "kv_cache", "recurrent_state", "compute", "output")
 

@@ -14,6 +14,8 @@ from llamaforge.serve.fit import plan_fit, synthetic_header
 from llamaforge.serve.gpus import cuda_arch_for, find_gpu, gpu_for_device, load_gpus
 from llamaforge.smoke.roofline import gpu_bandwidth
 
+pytestmark = pytest.mark.quick
+
 # Device names (as llama-bench's gpu_info prints them) and the bandwidth the smoke roofline's own table gave
 # them before it moved into recipes/gpus.toml. Two figures changed, both to the value with a stated source:
 # the RTX 4080 was 717 there and is 716.8 in gpus.toml; a bare "A100" meant the 40GB card there and means the

@@ -30,6 +30,8 @@ from llamaforge.platforms.linux import COMPILER_RUNTIME
 from llamaforge.serve.launcher import LlamaFlags
 from testhosts import TestHost
 
+pytestmark = pytest.mark.quick
+
 PAYLOADS = {
     "newline": "q8_0\nExecStartPre=+/bin/sh -c 'touch /pwned'",
     "subshell": "$(touch /tmp/pwned)",

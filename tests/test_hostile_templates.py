@@ -19,6 +19,8 @@ from llamaforge.models import chat_template
 from llamaforge.models.chat_template import audit_chat_template, check_templates
 from llamaforge.models.verify import verify_model
 
+pytestmark = pytest.mark.quick
+
 # Jinja's constant folding computes 9 ** 43046721 here (minutes of one C call that no signal interrupts).
 POWER_TOWER = (
     "{%- for message in messages %}<|im_start|>{{ message.role }}\n"

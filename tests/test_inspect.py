@@ -22,6 +22,8 @@ from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.models.inspect import inspect_model, layer_kinds
 from llamaforge.models.remote import HttpRangeSource, resolve_remote_url
 
+pytestmark = pytest.mark.quick
+
 TOKEN = "hf_secret_token_for_tests"
 
 

@@ -32,11 +32,14 @@ from llamaforge.fronts.render_html import render_html
 from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.serve.fit_chart import fit_chart_png
 
-pytestmark = pytest.mark.filterwarnings(
-    # IPython's own modules still use APIs their dependencies deprecated; only those, only here.
-    "ignore::DeprecationWarning:IPython.*",
-    "ignore::DeprecationWarning:traitlets.*",
-)
+pytestmark = [
+    pytest.mark.quick,
+    pytest.mark.filterwarnings(
+        # IPython's own modules still use APIs their dependencies deprecated; only those, only here.
+        "ignore::DeprecationWarning:IPython.*",
+        "ignore::DeprecationWarning:traitlets.*",
+    ),
+]
 
 InteractiveShell = pytest.importorskip("IPython.core.interactiveshell").InteractiveShell
 capture_output = pytest.importorskip("IPython.utils.capture").capture_output

@@ -15,6 +15,8 @@ from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.gguf.tiny.kquants import QK_K, quantize_k
 from llamaforge.models.tiny import tiny_smoke_spec
 
+pytestmark = pytest.mark.quick
+
 Q4_K = gguf.GGMLQuantizationType.Q4_K
 Q6_K = gguf.GGMLQuantizationType.Q6_K
 

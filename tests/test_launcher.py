@@ -5,9 +5,13 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
+
 from llamaforge.serve.fit import DeviceMemory
 from llamaforge.serve.launcher import FIELD_FLAGS, HOST, SERVER_FLAGS, LlamaFlags, cli_argv, server_argv
 from llamaforge.serve.loadlog import BUFFER_KINDS, parse_load_log
+
+pytestmark = pytest.mark.quick
 
 MiB = 1 << 20
 

@@ -11,8 +11,11 @@ import sys
 from pathlib import Path
 
 import grimp
+import pytest
 
 import llamaforge
+
+pytestmark = pytest.mark.quick
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "src" / "llamaforge"

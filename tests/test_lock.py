@@ -28,6 +28,8 @@ from llamaforge.models.lock import (
 )
 from llamaforge.models.recipes import load_model_recipe
 
+pytestmark = pytest.mark.quick
+
 CONTENT = random_gguf(10 << 10, seed=3)
 DIGEST = hashlib.sha256(CONTENT).hexdigest()
 TOKEN = "hf_SECRETlocktoken0123456789SECRET"

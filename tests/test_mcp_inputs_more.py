@@ -21,7 +21,7 @@ from mcp_server import ServerOptions, build_server
 
 from llamaforge.core.registry import OperationContext, Params, Result, operation, operations
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.quick, pytest.mark.anyio]
 
 
 @pytest.fixture

@@ -37,6 +37,8 @@ if str(REPO) not in sys.path:  # `mcp_server/` sits at the top of the checkout, 
 from llamaforge.fronts.mcp.options import ServerOptions
 from llamaforge.fronts.mcp.progress import HEARTBEAT_SECONDS
 
+pytestmark = pytest.mark.quick
+
 TS_CLIENT = REPO / "tests" / "ts-client"
 LAUNCHER = REPO / "tests" / "silent_server.py"
 HEARTBEAT_ENV = "LLAMAFORGE_TEST_HEARTBEAT_SECONDS"  # read by the launcher only

@@ -41,7 +41,7 @@ from llamaforge.core.registry import OperationContext, Params, Result, operation
 from llamaforge.fronts.mcp.hostpolicy import HOST_RUN, HOST_RUN_FIELDS
 from llamaforge.fronts.mcp.output import DATA_NOTE
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.quick, pytest.mark.anyio]
 CHECKOUT_PATH = os.pathsep.join([str(REPO), str(REPO / "src")])
 SECRET = "lf-secret-value-0123456789abcdef"  # no known token shape: masked because of the variable's name
 
@@ -332,6 +332,8 @@ def _store_with_a_real_build(home: Path, build: Path) -> str:
     return build.name
 
 
+@pytest.mark.docker
+@pytest.mark.llamacpp
 async def test_read_only_downloads_nothing(
     tmp_path: Path, lf_home: Path, tiny_model: Path, patched_build: Path
 ) -> None:

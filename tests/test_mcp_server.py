@@ -38,7 +38,7 @@ from llamaforge.core.jobs import JobManager
 from llamaforge.core.registry import OperationContext, Params, Result, operation, operations
 from llamaforge.fronts.mcp.policy import path_fields
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.quick, pytest.mark.anyio]
 # A server subprocess imports this checkout's mcp_server/ and src/ (not whatever llamaforge is installed).
 CHECKOUT_PATH = os.pathsep.join([str(REPO), str(REPO / "src")])
 JOB_TOOLS = {"job_status", "job_logs", "job_cancel", "jobs_list"}

@@ -33,6 +33,8 @@ from llamaforge.models.argument import resolve_model_argument
 from llamaforge.models.fetch import fetch_model
 from llamaforge.models.recipes import ModelRecipe, load_model_recipe
 
+pytestmark = pytest.mark.quick
+
 REPO = Path(__file__).resolve().parents[1]
 LLAMAFORGE = [sys.executable, "-c", "from llamaforge.fronts.cli import main; main()"]
 MiB = 1 << 20

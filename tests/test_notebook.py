@@ -18,6 +18,8 @@ import pytest
 
 from helpers import REPO
 
+pytestmark = pytest.mark.quick
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")

@@ -10,6 +10,8 @@ import pytest
 from llamaforge.build.patches import apply_series, read_series
 from llamaforge.core.errors import PatchError
 
+pytestmark = pytest.mark.quick
+
 ORIGINAL = "".join(f"line {n}\n" for n in range(1, 41))
 
 

@@ -21,6 +21,8 @@ from llamaforge.build.patchflow import (
 )
 from llamaforge.core.errors import LlamaforgeError, PatchError
 
+pytestmark = pytest.mark.quick
+
 FILE = "".join(f"int f{n}(void) {{ return {n}; }}\n" for n in range(1, 41))
 OTHER = "".join(f"// other {n}\n" for n in range(1, 21))
 

@@ -36,6 +36,8 @@ from llamaforge.core.paths import data_dir
 from llamaforge.deploy.hosts.inventory import inventory_hosts
 from llamaforge.runners.process import LOCAL
 
+pytestmark = pytest.mark.quick
+
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 SHA = "a" * 64
 

@@ -18,6 +18,8 @@ from llamaforge.build.recipes import pinned_llama_cpp
 from llamaforge.core.errors import SmokeFailed
 from llamaforge.smoke.bench import parse_llama_bench
 
+pytestmark = pytest.mark.quick
+
 REPO = Path(__file__).resolve().parents[1]
 ROOTS = ("src", "mcp_server", "templates")
 BUILD_TAG = re.compile(r"\bb\d{4,6}\b")

@@ -14,6 +14,8 @@ from llamaforge.build.plan import BuildOptions, BuildPlan, plan_build
 from llamaforge.build.recipes import load_recipe
 from llamaforge.core.errors import InvalidOption
 
+pytestmark = pytest.mark.quick
+
 CA = Path(__file__).parent / "data" / "test-ca.crt"
 
 VARIANTS: dict[str, BuildOptions] = {

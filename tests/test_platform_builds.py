@@ -26,6 +26,8 @@ from llamaforge.core.errors import BuildFailed, InvalidOption
 from llamaforge.runners.ssh.connection import HostKeyUnknown
 from testhosts import TestHost
 
+pytestmark = pytest.mark.quick
+
 VARIANTS: dict[str, BuildOptions] = {
     "windows-cpu.build.ps1": BuildOptions(platform="windows", toolchain="msvc", no_patches=True),
     "windows-cuda-86.build.ps1": BuildOptions(

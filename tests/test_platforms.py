@@ -13,6 +13,8 @@ from llamaforge.build.recipes import BuildRecipe, load_recipe
 from llamaforge.core.errors import InvalidOption
 from llamaforge.platforms import get_platform, platform_names
 
+pytestmark = pytest.mark.quick
+
 
 def _recipe(platform: str) -> BuildRecipe:
     return load_recipe("default").model_copy(update={"platform": platform})

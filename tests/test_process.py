@@ -15,6 +15,8 @@ from llamaforge.core.errors import Cancelled, InvalidOption, ToolFailed
 from llamaforge.core.events import CancelToken
 from llamaforge.runners.process import LOCAL, LocalProcessRunner, ProcessRunner
 
+pytestmark = pytest.mark.quick
+
 SRC = Path(__file__).resolve().parents[1] / "src" / "llamaforge"
 PY = sys.executable
 

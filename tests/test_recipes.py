@@ -8,6 +8,8 @@ from llamaforge.build.recipes import list_recipes, load_recipe, recipe_json_sche
 from llamaforge.core.errors import RecipeError
 from llamaforge.core.paths import data_dir
 
+pytestmark = pytest.mark.quick
+
 SCHEMA = data_dir("recipes") / "schema" / "build-recipe.schema.json"
 
 

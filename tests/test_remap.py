@@ -40,6 +40,8 @@ from llamaforge.models.remap import names as remap_names
 from llamaforge.models.remap import rewrite as remap
 from llamaforge.models.remap.rules import rules_json_schema
 
+pytestmark = pytest.mark.quick
+
 ARCHS = ("qwen3", "qwen3moe")
 MINI_VOCAB = 300
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"

@@ -23,6 +23,8 @@ from llamaforge.models.remap_table import (
     render_cpp_table,
 )
 
+pytestmark = pytest.mark.quick
+
 PATCHES = Path(__file__).resolve().parents[1] / "patches" / "llama.cpp"
 PATCH = PATCHES / "0001-qwen3-tensor-name-remap.patch"
 

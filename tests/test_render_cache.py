@@ -17,6 +17,8 @@ from llamaforge.core.paths import data_dir
 from llamaforge.core.templates import _render_digest, render, render_cached
 from llamaforge.platforms.linux import COMPILER_RUNTIME
 
+pytestmark = pytest.mark.quick
+
 # Every platform's build files: Linux CPU and CUDA (wheels and image), the mingw cross build, MSVC and macOS.
 VARIANTS: dict[str, BuildOptions] = {
     "linux-cpu": BuildOptions(no_patches=True),

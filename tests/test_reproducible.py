@@ -16,9 +16,12 @@ from llamaforge.build.plan import BuildOptions, plan_build
 from llamaforge.build.recipes import load_recipe
 from llamaforge.build.reproducible import check_reproducible, differing_sections, elf_sections
 
-pytestmark = pytest.mark.skipif(
-    not all(shutil.which(tool) for tool in ("cmake", "ninja", "cc")), reason="cmake, ninja and cc needed"
-)
+pytestmark = [
+    pytest.mark.quick,
+    pytest.mark.skipif(
+        not all(shutil.which(tool) for tool in ("cmake", "ninja", "cc")), reason="cmake, ninja and cc needed"
+    ),
+]
 
 
 def _compile(tmp_path: Path, name: str, text: str) -> bytes:

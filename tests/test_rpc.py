@@ -21,6 +21,8 @@ from llamaforge.serve.launcher import LlamaFlags
 from llamaforge.serve.shape import model_shape
 from llamaforge.serve.split import SplitDevice, assign_layers, parse_devices, plan_split
 
+pytestmark = pytest.mark.quick
+
 SHAPE = TinyModelSpec(arch="qwen3", n_layer=8, n_embd=512, n_ff=1024, n_head=8, n_head_kv=2, head_dim=64)
 HEADER = synthetic_header(SHAPE, n_vocab=32000)
 TWO = [SplitDevice("a", 4 * GiB, "10.0.0.2:50052"), SplitDevice("b", 4 * GiB, "10.0.0.3:50052")]

@@ -21,6 +21,8 @@ from llamaforge.runners.process import ProcessResult
 from llamaforge.serve.launcher import request_json
 from llamaforge.smoke.answers import GoldenRequest, greedy_completion
 
+pytestmark = pytest.mark.quick
+
 LDD = """\
 \tlinux-vdso.so.1 (0x00007ffd)
 \tlibggml-base.so => /b/bin/libggml-base.so (0x1)

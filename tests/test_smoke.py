@@ -55,6 +55,8 @@ from llamaforge.smoke.verdict import (
     summarize_level,
 )
 
+pytestmark = pytest.mark.quick
+
 DATA = Path(__file__).parent / "data" / "smoke"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TRUNCATED = (DATA / "llama-bench-qwen3.json").read_text(encoding="utf-8")[:900]

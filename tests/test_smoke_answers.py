@@ -32,6 +32,8 @@ from llamaforge.smoke.answers import (
 from llamaforge.smoke.run import SmokeOptions
 from llamaforge.smoke.verdict import evaluate, resolve_thresholds
 
+pytestmark = pytest.mark.quick
+
 if str(REPO) not in sys.path:  # `mcp_server/` sits at the top of the checkout, next to tasks.py
     sys.path.insert(0, str(REPO))
 

@@ -11,6 +11,8 @@ import pytest
 
 from helpers import invoke, stub_gguf
 
+pytestmark = pytest.mark.quick
+
 
 def _error(*args: str) -> tuple[int, dict[str, str], str]:
     """Exit code, the JSON error and stderr of ``invoke ARGS --json``."""

@@ -19,6 +19,8 @@ from llamaforge.build.recipes import ArchiveSource, GitSource
 from llamaforge.build.source import fetch_source, make_workspace
 from llamaforge.core.errors import ChecksumMismatch, SourceError
 
+pytestmark = pytest.mark.quick
+
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
 
 

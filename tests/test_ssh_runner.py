@@ -21,6 +21,8 @@ from llamaforge.runners.ssh.connection import HostKeyChanged, HostKeyUnknown, Ss
 from llamaforge.runners.ssh.runner import SshProcessRunner, remote_command
 from testhosts import USER, TestHost, make_key, write_known_hosts
 
+pytestmark = pytest.mark.quick
+
 
 def fingerprint(blob: str) -> str:
     """OpenSSH's SHA256 fingerprint of a base64 public key blob."""

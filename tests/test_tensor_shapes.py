@@ -23,6 +23,8 @@ from llamaforge.serve.fit import GiB, Settings, plan_fit
 from llamaforge.serve.shape import model_shape
 from llamaforge.serve.split import SplitDevice, plan_split
 
+pytestmark = pytest.mark.quick
+
 _GGUF_UINT32 = 4
 
 # (arch, metadata key, damaged value, the tensors llama.cpp then sizes differently: all in the blocks with them,

@@ -13,6 +13,8 @@ import pytest
 from helpers import invoke, invoke_json
 from llamaforge.models.tiny import TINY_SMOKE_MODELS, tiny_smoke_label
 
+pytestmark = pytest.mark.quick
+
 
 @pytest.fixture(scope="module")
 def env(sdist_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:

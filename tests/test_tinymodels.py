@@ -32,6 +32,8 @@ from llamaforge.gguf.tiny import (
 )
 from llamaforge.gguf.tiny import model as tinymodels
 
+pytestmark = pytest.mark.quick
+
 STYLES: tuple[NameStyle, ...] = ("canonical", "hf", "meta")
 HYBRID = ("qwen35", "qwen35moe", "qwen3next")
 # Per-layer tensor sets of the hybrid archs, as llama.cpp b11312's qwen35 and qwen3next loaders create them:

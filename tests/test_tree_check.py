@@ -14,6 +14,8 @@ from llamaforge.build.upstream.cmake_scan import commands, scan_tree
 from llamaforge.build.upstream.tree_check import TreeFinding, check_tree
 from llamaforge.upgrade.results import Finding
 
+pytestmark = pytest.mark.quick
+
 ROOT = """cmake_minimum_required(VERSION 3.14)
 project("llama.cpp" C CXX)
 if (NOT DEFINED LLAMA_BUILD_NUMBER)

@@ -21,6 +21,8 @@ from llamaforge.runners.ssh import SshProcessRunner
 from llamaforge.serve.launcher import LlamaFlags
 from testhosts import USER, TestHost, write_known_hosts
 
+pytestmark = pytest.mark.quick
+
 OK = 4.9  # systemd-analyze's highest "OK" exposure
 SPEC = ReleaseSpec(
     build_key="0c746799120471183e5949a10bb9dc1e",

@@ -31,6 +31,8 @@ from llamaforge.core.registry import operations
 from llamaforge.upgrade.report import decide
 from llamaforge.upgrade.results import FitRow, ModelComparison, PatchOutcome, Rebase, StageFailure
 
+pytestmark = pytest.mark.quick
+
 OLD_SDIST = "llama_cpp_python-0.3.35.tar.gz"
 OLD_COMMIT = "4df29be4f4c3673f428170fda944a5b19f743bb8"
 

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from helpers import invoke
+
+pytestmark = pytest.mark.quick
 
 
 def _upgrade(*args: str) -> dict[str, str]:

@@ -21,6 +21,8 @@ from llamaforge.build.source import source_id
 from llamaforge.build.upstream.source_pin import parse_spec, resolve_source
 from llamaforge.core.errors import ChecksumMismatch, InvalidOption, SourceError
 
+pytestmark = pytest.mark.quick
+
 COMMIT_0335 = "4df29be4f4c3673f428170fda944a5b19f743bb8"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 TREE = {

@@ -21,6 +21,8 @@ from llamaforge.core.validation import (
 from llamaforge.models.recipes import ModelExpectations, ModelRecipe
 from llamaforge.models.remap.rules import MatchRules, MetadataRules, RemapRules, TypedValue
 
+pytestmark = pytest.mark.quick
+
 
 class _Inner(BaseModel):
     model_config = ConfigDict(extra="forbid")

@@ -37,6 +37,8 @@ from llamaforge.models.tensor_set import check_tensor_set
 from llamaforge.models.verify import verify_model
 from llamaforge.serve.loadlog import CacheSize, parse_load_log
 
+pytestmark = pytest.mark.quick
+
 VOCAB = 300
 QWEN_TEMPLATE = (
     "{%- for message in messages %}{%- if message.role == 'system' %}<|im_start|>system\n{{ message.content }}"

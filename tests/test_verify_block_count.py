@@ -18,6 +18,8 @@ from llamaforge.gguf.tiny import TinyModelSpec, write_tiny_model
 from llamaforge.models import verify
 from llamaforge.models.verify import verify_model
 
+pytestmark = pytest.mark.quick
+
 # the findings and the missing tensors of any of these files fit in a few KB
 _SMALL = 8 << 10
 # the whole cache entry: the model facts list the attention layers of the first 4096 blocks (models.inspect)

@@ -19,6 +19,8 @@ from llamaforge.build.recipes import load_recipe
 from llamaforge.core.errors import InvalidOption, PatchError
 from llamaforge.platforms.windows import mingw_toolchain_file
 
+pytestmark = pytest.mark.quick
+
 MINGW = BuildOptions(platform="windows", toolchain="mingw", cpu="x86-64-v2")
 WINDOWS_PATCH = "0002-ggml-cpu-mingw-thread-power-throttling.patch"
 AMX_PATCH = "0003-ggml-cpu-amx-tile-config-in-rodata.patch"  # every platform

@@ -35,6 +35,8 @@ from llamaforge.serve.fit_chart import _figure, fit_chart_png, save_fit_chart
 from llamaforge.serve.split import parse_devices
 from llamaforge.smoke.report import compare_runs, resolve_run
 
+pytestmark = pytest.mark.quick
+
 VOCAB_ENV = "LLAMAFORGE_TEST_VOCAB"
 ABSENT_BUILD = "0000deadbeef"  # a key prefix no store holds: a smoke that got past its refusal stops here
 
