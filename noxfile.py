@@ -65,6 +65,10 @@ def _extracted_source(session: nox.Session, sdist_dir: Path) -> Path:
     return target
 
 
+# The suite's two lanes on two workers, quick tests between them (tests/tiers.py).
+PARALLEL = ("-n", "2", "--dist", "loadgroup")
+
+
 def _test_env(session: nox.Session) -> dict[str, str]:
     """Install llamaforge with its test extras; the environment that points the suite at the sdist, the
     extracted tree and its qwen2 vocabulary."""
@@ -81,9 +85,11 @@ def _test_env(session: nox.Session) -> dict[str, str]:
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole suite, every tier. Docker/llama.cpp tiers run when a Docker engine and the base image are there
-    (LLAMAFORGE_TEST_STRICT=1 makes their absence a failure, as in CI)."""
+    (LLAMAFORGE_TEST_STRICT=1 makes their absence a failure, as in CI). Two xdist workers: the build lane and the
+    host lane side by side, the quick tests between them (tests/tiers.py); `-- -p no:xdist` runs it in one
+    process."""
     env = _test_env(session)
-    args = session.posargs or ["-ra", "--durations=15"]
+    args = session.posargs or ["-ra", "--durations=15", *PARALLEL]
     session.run("python", "-m", "pytest", *args, env=env, success_codes=[0])
 
 

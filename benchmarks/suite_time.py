@@ -28,6 +28,7 @@ class Run:
     tests: dict[str, float] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)
     tiers: dict[str, str] = field(default_factory=dict)
+    workers: dict[str, str] = field(default_factory=dict)
     outcomes: dict[str, str] = field(default_factory=dict)
     fixtures: list[dict[str, Any]] = field(default_factory=list)
     phases: list[tuple[float, str, str]] = field(default_factory=list)
@@ -55,6 +56,7 @@ def read_times(path: Path, label: str) -> Run:
         run.files[test] = entry["file"]
         run.tiers[test] = entry.get("tier") or "?"
         run.outcomes[test] = entry.get("outcome", "?")
+        run.workers[test] = entry.get("worker") or "(one process)"
         run.phases += [(seconds, when, test) for when, seconds in phases.items()]
     return run
 
@@ -120,6 +122,11 @@ def report(runs: list[Run], files: int = 25, top: int = 12) -> str:
     tiers = [run.by(run.tiers) for run in runs]
     keys = sorted({key for value in tiers for key in value}, key=lambda k: -max(v.get(k, 0.0) for v in tiers))
     out += _columns(runs, tiers, keys, 24)
+    if any(run.workers for run in runs):
+        out.append("")
+        out.append("by xdist worker (each worker's lanes and quick tests, in series)")
+        workers = [run.by(run.workers) for run in runs]
+        out += _columns(runs, workers, sorted({key for value in workers for key in value}), 24)
     out.append("")
     out.append(f"by file (the {files} longest in the first run)")
     per_file = [run.by(run.files) for run in runs]

@@ -106,12 +106,23 @@ def prebuilt(name: str) -> Path | None:
     return build
 
 
+def _shared_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's LLAMAFORGE_HOME: one for all xdist workers of a run (beside their own temporary
+    directories), so a build is made once and a worker that needs it while another makes it waits on the build's
+    lock; without xdist, a temporary directory of its own."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return tmp_path_factory.mktemp("lf-home")
+    home = tmp_path_factory.getbasetemp().parent / "lf-home"
+    home.mkdir(exist_ok=True)
+    return home
+
+
 @pytest.fixture(scope="session")
 def build_env(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> dict[str, str]:
     """Environment for `invoke build` in integration tests: one LLAMAFORGE_HOME per session (or
     LLAMAFORGE_TEST_HOME to keep builds across sessions), the sdist directory as source mirror. With prebuilt
     builds (:func:`prebuilt`) nothing is built, so neither the sdist nor the base image is needed."""
-    home = Path(os.environ.get("LLAMAFORGE_TEST_HOME") or tmp_path_factory.mktemp("lf-home"))
+    home = Path(os.environ.get("LLAMAFORGE_TEST_HOME") or _shared_home(tmp_path_factory))
     env = {**os.environ, "LLAMAFORGE_HOME": str(home)}
     if prebuilt("patched") is None:
         request.getfixturevalue("base_image")
@@ -138,8 +149,10 @@ def source_tree(build_env: dict[str, str]) -> Path:
 
 
 @pytest.fixture(scope="session")
-def stock_build(build_env: dict[str, str]) -> Path:
-    """Directory of a stock (unpatched) CPU build of b11312: `invoke build --backend cpu --no-patches`."""
+def stock_build(build_env: dict[str, str], patched_build: Path) -> Path:
+    """Directory of a stock (unpatched) CPU build of b11312: `invoke build --backend cpu --no-patches`. Made
+    after the default build, whichever a test asks for first: the stock build then compiles only what the
+    patches change (ccache), and two lanes of the suite never compile the whole tree twice at once."""
     from helpers import invoke_json
 
     return prebuilt("stock") or Path(

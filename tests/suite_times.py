@@ -65,15 +65,23 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef[Any], request: pytest.Fix
             )
 
 
+def _plain_id(item: pytest.Item) -> str:
+    """The test's id without the ``@GROUP`` that xdist's loadgroup appends."""
+    group = item.get_closest_marker("xdist_group")
+    suffix = f"@{group.args[0]}" if group is not None and group.args else ""
+    return item.nodeid.removesuffix(suffix) if suffix else item.nodeid
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
     record = item.config.stash.get(_KEY, None)
     if record is None:
         return
     entry = record["tests"].setdefault(
-        item.nodeid, {"file": item.nodeid.split("::", 1)[0], "tier": tier_of(item), "outcome": "passed"}
+        _plain_id(item), {"file": item.nodeid.split("::", 1)[0], "tier": tier_of(item), "outcome": "passed"}
     )
     entry[call.when] = round(call.duration, 3)
+    entry["worker"] = os.environ.get("PYTEST_XDIST_WORKER", "")
     if call.excinfo is not None:
         skipped = call.excinfo.errisinstance(pytest.skip.Exception)
         entry["outcome"] = "skipped" if skipped else ("failed" if call.when == "call" else "error")
@@ -93,4 +101,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     record["cores"] = os.cpu_count()
     path = Path(session.config.getoption("suite_times"))
     path.parent.mkdir(parents=True, exist_ok=True)
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:  # an xdist worker: its part, merged by the controller when every worker is done
+        path = path.with_name(f"{path.name}.{worker}")
+    else:
+        for part in sorted(path.parent.glob(f"{path.name}.gw*")):
+            data = json.loads(part.read_text(encoding="utf-8"))
+            record["tests"].update(data["tests"])
+            record["fixtures"] += data["fixtures"]
+            record["tiers"].update(data["tiers"])
+            part.unlink()
     path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")

@@ -170,6 +170,7 @@ def test_cuda_dry_run_plan(shell: Any) -> None:
     assert "FROM " in page  # the rendered Dockerfile, escaped into a <pre>
 
 
+@pytest.mark.docker  # doctor fails without a Docker engine
 def test_builds_list_empty_and_doctor(shell: Any) -> None:
     assert "no builds yet" in magic(shell, "builds.list")._repr_html_()
     doctor = magic(shell, "doctor")

@@ -88,6 +88,7 @@ def kernel_env(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, str]
     "ignore::DeprecationWarning:nbclient.*",
     "ignore::DeprecationWarning:jupyter_core.*",
 )
+@pytest.mark.docker  # the notebook runs doctor, which fails without a Docker engine
 def test_quickstart_notebook_executes(kernel_env: dict[str, str]) -> None:
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     client = nbclient.NotebookClient(

@@ -113,6 +113,29 @@ def test_tier_selects_by_the_heaviest_marker(tmp_path: Path) -> None:
     assert bad.returncode == 4 and "invalid choice: 'fast'" in bad.stderr
 
 
+def test_lanes_run_side_by_side_on_two_workers(tmp_path: Path) -> None:
+    """Under `-n 2 --dist loadgroup` the build lane and the host lane each run whole on one worker, not the same
+    one, and the quick tests on either."""
+    heavy = "import pytest\npytestmark = pytest.mark.quick\n" + "".join(
+        f"@pytest.mark.docker\ndef test_{n}():\n    pass\n" for n in range(4)
+    )
+    quick = "import pytest\npytestmark = pytest.mark.quick\n" + "".join(
+        f"def test_{n}():\n    pass\n" for n in range(6)
+    )
+    project = _project(
+        tmp_path, {"test_build_x.py": heavy, "test_deploy_ssh.py": heavy, "test_unit.py": quick}
+    )
+    out = tmp_path / "times.json"
+    result = _pytest(project, "-n", "2", "--dist", "loadgroup", "--suite-times", str(out), "-q")
+    assert result.returncode == 0 and "14 passed" in result.stdout, result.stdout + result.stderr
+    tests = json.loads(out.read_text())["tests"]
+    assert not list(tmp_path.glob("times.json.gw*"))  # the workers' parts are merged and gone
+    build = {tests[f"test_build_x.py::test_{n}"]["worker"] for n in range(4)}
+    hosts = {tests[f"test_deploy_ssh.py::test_{n}"]["worker"] for n in range(4)}
+    assert len(build) == 1 and len(hosts) == 1 and build != hosts, (build, hosts)
+    assert {tests[f"test_unit.py::test_{n}"]["worker"] for n in range(6)} <= {"gw0", "gw1"}
+
+
 def test_suite_times_records_phases_fixtures_and_tiers(tmp_path: Path) -> None:
     project = _project(
         tmp_path,

@@ -10,7 +10,14 @@ needs more carries a heavier marker of its own, which wins. The tiers, lightest 
 - ``slow``: over a minute on purpose (an MCP call longer than a client's request timeout).
 
 Collection fails for a file that names no tier, and for a quick test whose fixtures need Docker or a build: the
-quick tier must run, and pass, on a machine with neither."""
+quick tier must run, and pass, on a machine with neither.
+
+Lanes, for `pytest -n 2 --dist loadgroup` (`nox -s tests`): the heavy tests run in two serial lanes side by side,
+one xdist group each, and the quick tests fill the gaps. The build lane holds the compiles (the cold default
+build first, mingw, the ccache-off rebuild: CPU-bound); the host lane holds what mostly waits on test hosts,
+containers and llama-server (deploys, Swarm, RPC, SSH), so its waiting overlaps the build lane's compiling. Both
+lanes share one build store (tests/conftest.py `build_env`), so a build is made once and the other lane waits
+for it on the build's lock. Tests that count containers or own the engine's Swarm stay in one lane each."""
 
 from __future__ import annotations
 
@@ -35,6 +42,36 @@ HEAVY_FIXTURES = frozenset(
         "extra_engines",
     }
 )
+
+
+# Files whose heavy tests form the host lane: each boots or talks to test hosts, containers or a Swarm and mostly
+# waits; every other heavy test is in the build lane.
+HOST_LANE_FILES = frozenset(
+    {
+        "test_deploy_docker.py",
+        "test_deploy_faults.py",
+        "test_deploy_messages.py",
+        "test_deploy_probe.py",
+        "test_deploy_render.py",
+        "test_deploy_root_and_args.py",
+        "test_deploy_rpc.py",
+        "test_deploy_ssh.py",
+        "test_deploy_swarm.py",
+        "test_hostile_renders.py",
+        "test_platform_builds.py",
+        "test_runtime_image.py",
+        "test_ssh_runner.py",
+        "test_unit_hardening.py",
+    }
+)
+LANES = ("build", "hosts")
+
+
+def lane_of(item: pytest.Item) -> str | None:
+    """The heavy test's lane (``build`` or ``hosts``); None for a quick test, which any worker may run."""
+    if tier_of(item) in (None, "quick"):
+        return None
+    return "hosts" if item.path.name in HOST_LANE_FILES else "build"
 
 
 def tier_of(item: pytest.Item) -> str | None:
@@ -77,7 +114,8 @@ def misplaced_quick_tests(items: list[pytest.Item]) -> list[str]:
     return found
 
 
-@pytest.hookimpl(trylast=True)
+# First: the lanes' xdist_group marks must be on the items before xdist's own hook reads them.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     problems = [
         f"{path}: no tier; add `pytestmark = pytest.mark.quick` (or one of {', '.join(TIERS[1:])})"
@@ -89,10 +127,23 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if problems:
         raise pytest.UsageError("test tiers:\n  " + "\n  ".join(problems))
     wanted = set(config.getoption("tier"))
-    if not wanted:
-        return
     keep = [item for item in items if tier_of(item) in wanted]
     dropped = [item for item in items if tier_of(item) not in wanted]
-    if dropped:
+    if wanted:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep
+    # An xdist worker runs with dist "no" and the loadgroup flag set (xdist's remote.setup_config).
+    if getattr(config.option, "loadgroup", False) or getattr(config.option, "dist", "no") == "loadgroup":
+        _into_lanes(items)
+
+
+def _into_lanes(items: list[pytest.Item]) -> None:
+    """Mark each heavy test with its lane's xdist group, and order the items build lane, host lane, the rest:
+    xdist hands out work units round robin in collection order, so the two lanes start on two workers."""
+    lanes: dict[str | None, list[pytest.Item]] = {lane: [] for lane in (*LANES, None)}
+    for item in items:
+        lane = lane_of(item)
+        if lane is not None:
+            item.add_marker(pytest.mark.xdist_group(lane))
+        lanes[lane].append(item)
+    items[:] = [item for lane in lanes.values() for item in lane]
