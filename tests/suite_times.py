@@ -44,7 +44,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
     del location
-    _current[0] = nodeid
+    _current[0] = nodeid.removesuffix("@build").removesuffix(
+        "@hosts"
+    )  # xdist's loadgroup suffix (tiers.LANES)
 
 
 @pytest.hookimpl(wrapper=True)
