@@ -4,6 +4,7 @@ copied in, artifacts copied out; the container is always removed."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ from llamaforge.build.executors.base import Executor, RunRequest
 from llamaforge.build.plan import BuildPlan
 from llamaforge.core.errors import ImageError, InvalidOption
 from llamaforge.core.events import Event, Reporter
+from llamaforge.core.paths import cache_lock, home
 from llamaforge.platforms import BuilderImage
 from llamaforge.runners.container import Container
 from llamaforge.runners.engine import EngineConfig, build_image, docker_client, image_id, image_repo_digest
@@ -118,11 +120,26 @@ class DockerExecutor(Executor):
         return image_id(_builder_image(plan).tag, self.engine)
 
     def prepare_environment(self, plan: BuildPlan, reporter: Reporter) -> str:
-        """Id of the builder image, built from the plan's Dockerfile when the tag does not exist yet."""
+        """Id of the builder image, built from the plan's Dockerfile when the tag does not exist yet.
+
+        The image is built under a lock of its tag and engine: two builds started at once on a fresh machine
+        would otherwise build it twice, get two image ids, so two cache keys, and compile the same tree twice."""
         image = _builder_image(plan)
         existing = image_id(image.tag, self.engine)
         if existing is not None:
             return existing
+        place = hashlib.sha256(f"{self.location()}\n{image.tag}".encode()).hexdigest()[:16]
+        lock = cache_lock(home() / "locks" / f"image-{place}.lock")
+        if lock.is_locked:
+            reporter(
+                Event("info", f"builder image {image.tag} is being built elsewhere; waiting", stage="image")
+            )
+        with lock:
+            existing = image_id(image.tag, self.engine)
+            return existing if existing is not None else self._build_builder_image(image, reporter)
+
+    def _build_builder_image(self, image: BuilderImage, reporter: Reporter) -> str:
+        """Build the builder image (its base must be there) and return its id."""
         if image_id(image.base.tag, self.engine) is None:
             hint = (
                 f"run `{_bootstrap_command(image.base.tag)}` to make it locally (debootstrap, no registry)"
