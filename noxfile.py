@@ -27,21 +27,19 @@ UPGRADE_FROM = (PIN["package"], "0.3.35")
 
 def _sdist_dir(session: nox.Session) -> Path:
     """Directory with the default recipe's sdist (it vendors the pinned llama.cpp) and the release before it
-    (for the upgrade tests); each downloaded once from PyPI."""
+    (for the upgrade tests); each downloaded once from the package index, by llamaforge's own fetch, which
+    never runs the sdist's code (`pip download` would: it prepares the sdist's metadata first)."""
     directory = Path(os.environ.get("LLAMAFORGE_TEST_SDIST_DIR", CACHE / "sdist"))
     for package, version in ((PIN["package"], PIN["version"]), UPGRADE_FROM):
         if not (directory / f"{package.replace('-', '_')}-{version}.tar.gz").is_file():
             directory.mkdir(parents=True, exist_ok=True)
             session.run(
                 "python",
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--no-binary",
-                ":all:",
-                f"{package}=={version}",
-                "-d",
+                "-c",
+                "import sys; from pathlib import Path; from llamaforge.build.pypi import download_sdist;"
+                "download_sdist(sys.argv[1], sys.argv[2], Path(sys.argv[3]))",
+                package,
+                version,
                 str(directory),
                 silent=True,
             )

@@ -87,7 +87,7 @@ def sdist_dir() -> Path:
     require(
         path is not None and (path / "llama_cpp_python-0.3.36.tar.gz").is_file(),
         "set LLAMAFORGE_TEST_SDIST_DIR to a directory with llama_cpp_python-0.3.36.tar.gz "
-        "(pip download --no-deps --no-binary :all: llama-cpp-python==0.3.36)",
+        "(`nox -s tests` downloads it into .ci-cache/sdist)",
     )
     assert path is not None
     return path

@@ -5,12 +5,14 @@ The same build script and store code run here as for llama.cpp; test_build_docke
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -159,6 +161,57 @@ def test_concurrent_builds_of_one_key_build_once(
     assert results[0]["key"] == results[1]["key"]
     assert sorted(result["cached"] for result in results) == [False, True]
     assert len(list_builds()) == 1
+
+
+@pytest.mark.docker
+def test_two_builds_on_a_fresh_machine_build_the_builder_image_once(
+    tmp_path: Path, lf_home: Path, docker_engine: Any, base_image: str, owned_before: set[str]
+) -> None:
+    """Two builds started at once with no builder image yet: one builds the image while the other waits for it,
+    so both get one image id, so one cache key, and the tree is compiled once. (Each used to build the image:
+    two ids, two keys, two compiles of the same tree.)"""
+    import json
+
+    fresh = f"llamaforge-test/base:fresh-{os.getpid()}"
+    docker_engine.images.get(base_image).tag(fresh)  # a base of its own: its builder image does not exist yet
+    recipe = mini_recipe(tmp_path, ["llama-cli"])
+    env = {**os.environ, "LLAMAFORGE_HOME": str(lf_home)}
+    command = [
+        os.sys.executable,
+        "-m",
+        "invoke",
+        "build",
+        "--recipe",
+        str(recipe),
+        "--base-image",
+        fresh,
+        "--json",
+    ]  # type: ignore[attr-defined]
+    repo = Path(__file__).resolve().parents[1]
+    builder = None
+    try:
+        processes = [
+            subprocess.Popen(
+                command, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+            for _ in range(2)
+        ]
+        outputs = [process.communicate(timeout=900) for process in processes]
+        for process, (_, err) in zip(processes, outputs, strict=True):
+            assert process.returncode == 0, err
+        results = [json.loads(out)["build"] for out, _ in outputs]
+        assert results[0]["key"] == results[1]["key"]
+        assert sorted(result["cached"] for result in results) == [False, True]
+        built = [err for _, err in outputs if "building builder image" in err]
+        assert len(built) == 1, [err[-1500:] for _, err in outputs]
+        manifest = json.loads((Path(results[0]["path"]) / "manifest.json").read_text(encoding="utf-8"))
+        builder = manifest["image"]["builder_tag"]
+        assert manifest["image"]["base_tag"] == fresh
+    finally:
+        for tag in (builder, fresh):
+            if tag is not None:
+                with contextlib.suppress(Exception):
+                    docker_engine.images.remove(tag)
 
 
 @pytest.mark.docker

@@ -272,8 +272,7 @@ def real_trees(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         top = f"llama_cpp_python-{version}"
         require(
             sdists is not None and ((sdists / top).is_dir() or (sdists / f"{top}.tar.gz").is_file()),
-            f"LLAMAFORGE_TEST_SDIST_DIR holds no {top}.tar.gz (pip download --no-deps --no-binary :all: "
-            f"llama-cpp-python=={version})",
+            f"LLAMAFORGE_TEST_SDIST_DIR holds no {top}.tar.gz (`nox -s tests` downloads it into .ci-cache/sdist)",
         )
         assert sdists is not None
         extracted = sdists / top / "vendor" / "llama.cpp"

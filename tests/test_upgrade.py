@@ -227,7 +227,7 @@ def upgrade_env(build_env: dict[str, str], sdist_dir: Path, project: Path) -> di
     """The suite's build environment, with the sdists as mirror and a project copy of recipes and patches."""
     require(
         (sdist_dir / OLD_SDIST).is_file() or os.environ.get("CI") == "true",
-        f"{OLD_SDIST} is not in {sdist_dir} (pip download --no-deps --no-binary :all: llama-cpp-python==0.3.35)",
+        f"{OLD_SDIST} is not in {sdist_dir} (`nox -s tests` downloads it into .ci-cache/sdist)",
     )
     return {
         **build_env,

@@ -182,7 +182,8 @@ class ArchiveSource(_Strict):
 
 
 class PypiSdistSource(_Strict):
-    """llama.cpp vendored in a Python sdist on PyPI (e.g. llama-cpp-python), fetched with pip."""
+    """llama.cpp vendored in a Python sdist on PyPI (e.g. llama-cpp-python), downloaded from the package index
+    (never through pip, which would run the sdist's build backend) and checked by its sha256."""
 
     kind: Literal["pypi-sdist"]
     package: Annotated[str, AfterValidator(lambda v: _pip_word(v, "package"))] = Field(
@@ -203,7 +204,7 @@ class PypiSdistSource(_Strict):
 
 
 def _pip_word(value: str, what: str) -> str:
-    # Both become one `pip download NAME==VERSION` argument: nothing that reads as an option or a second spec.
+    # Both become one index page and one file name: nothing that reads as a path, an option or a second spec.
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+!-]{0,127}", value):
         raise ValueError(f"{what} {value!r} is not a PyPI {what} (letters, digits, '.', '_', '-', '+', '!')")
     return value

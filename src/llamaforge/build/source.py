@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
-import sys
 import tempfile
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
+from llamaforge.build.download import download_url
 from llamaforge.build.git import SAFE_ENV, git_command
+from llamaforge.build.pypi import download_sdist
 from llamaforge.build.recipes import ArchiveSource, GitSource, PypiSdistSource, check_git_url, is_scp_like
 from llamaforge.core.errors import ChecksumMismatch, SourceError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
@@ -85,123 +85,11 @@ def _verify(path: Path, expected: str, origin: str, cancel: CancelToken | None) 
         )
 
 
-def _check_redirect(source: str, target: str) -> None:
-    check_url(target, what=f"redirect of {source} to")
-
-
-def download_url(url: str, target: Path, reporter: Reporter, cancel: CancelToken | None) -> None:
-    """Download ``url`` (checked by the URL policy, as is every redirect) to ``target``."""
-    import urllib.error  # here, not at the top: a cached source (every cache hit) never downloads
-
-    from llamaforge.core.http import checked_opener
-
-    check_url(url, what="source archive URL")
-    web = checked_opener(_check_redirect, error=SourceError)
-    try:
-        with web.open(url, timeout=60) as response:
-            total = int(response.headers.get("Content-Length") or 0) or None
-            done = 0
-            with target.open("wb") as handle:
-                while chunk := response.read(_CHUNK):
-                    if cancel:
-                        cancel.raise_if_cancelled()
-                    handle.write(chunk)
-                    done += len(chunk)
-                    reporter(
-                        Event("progress", f"downloading {url}", stage="source", completed=done, total=total)
-                    )
-    except OSError as error:
-        if isinstance(error, urllib.error.HTTPError):
-            error.close()  # an HTTPError holds the open response
-        raise SourceError(
-            f"cannot download {url}: {error}",
-            hint="check the network or put the archive in a mirror directory (LLAMAFORGE_SOURCE_MIRROR)",
-        ) from None
-
-
-_PIP_NETWORK = (
-    "Retrying (",
-    "NewConnectionError",
-    "ConnectionError",
-    "ConnectTimeout",
-    "ReadTimeout",
-    "SSLError",
-    "Could not fetch URL",
-    "Temporary failure in name resolution",
-)
-
-
-def pip_download_sdist(
-    package: str,
-    version: str,
-    directory: Path,
-    *,
-    runner: ProcessRunner,
-    cancel: CancelToken | None,
-    reporter: Reporter = null_reporter,
-) -> Path:
-    """``pip download`` the sdist of ``package==version`` into the empty ``directory`` and return its file;
-    pip's own steps (collecting, downloading, saved) go to ``reporter`` as they come.
-
-    pip's failure is told in one line: a network error, no such package on the index, or a version with no
-    sdist (with the latest versions that have one).
-    """
-
-    def step(line: str) -> None:
-        if line.lstrip().startswith(("Collecting", "Downloading", "Saved", "Preparing", "Installing")):
-            reporter(Event("info", f"pip: {line.strip()}", stage="source"))
-
-    command = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--no-binary",
-        ":all:",
-        "--disable-pip-version-check",
-        "-d",
-        str(directory),
-        f"{package}=={version}",
-    ]
-    result = runner.run(command, cancel=cancel, warn=True, on_line=step)
-    files = [path for path in directory.iterdir() if path.is_file()]
-    if result.exit_code == 0 and len(files) == 1:
-        return files[0]
-    spec = f"{package}=={version}"
-    output = result.stdout + "\n" + result.stderr
-    errors = [line.removeprefix("ERROR: ") for line in output.splitlines() if line.startswith("ERROR: ")]
-    mirror = "or put the sdist in a mirror directory (LLAMAFORGE_SOURCE_MIRROR)"
-    if any(marker in output for marker in _PIP_NETWORK):
-        raise SourceError(
-            f"pip could not download {spec}: the package index could not be reached",
-            hint=f"check the network and pip's index settings (PIP_INDEX_URL, proxy, CA bundle), {mirror}",
-        )
-    listed = re.search(r"\(from versions: ([^)]*)\)", output)
-    if listed and listed.group(1).strip() == "none":
-        raise SourceError(
-            f"pip found no sdist of {package} on the package index (no such package, or the index could not "
-            "be reached)",
-            hint=f"check the package name and the network, {mirror}",
-        )
-    if listed:
-        versions = [item.strip() for item in listed.group(1).split(",")]
-        raise SourceError(
-            f"{spec}: the package index has no sdist of version {version}",
-            hint=f"pick a version that has one (the latest: {', '.join(versions[-5:])})",
-        )
-    raise SourceError(
-        f"pip could not download {spec}: " + (errors[-1] if errors else f"no file (exit {result.exit_code})"),
-        hint=f"check that the package index is reachable, {mirror}",
-    )
-
-
 def _fetch_archive_file(
     source: ArchiveSource | PypiSdistSource,
     directory: Path,
     reporter: Reporter,
     cancel: CancelToken | None,
-    runner: ProcessRunner,
 ) -> Path:
     """Return a verified archive file for ``source`` under ``directory`` (downloading if needed)."""
     final = directory / f"{source.sha256}.archive"
@@ -223,10 +111,10 @@ def _fetch_archive_file(
                 partial.replace(final)
                 return final
     if isinstance(source, PypiSdistSource):
-        reporter(Event("info", f"pip download {source.package}=={source.version} (sdist)", stage="source"))
+        # Downloaded from the package index, never through pip: pip runs an sdist's build backend first.
         with tempfile.TemporaryDirectory(dir=directory) as scratch:
-            sdist = pip_download_sdist(
-                source.package, source.version, Path(scratch), runner=runner, cancel=cancel, reporter=reporter
+            sdist = download_sdist(
+                source.package, source.version, Path(scratch), cancel=cancel, reporter=reporter
             )
             shutil.move(str(sdist), partial)
         _verify(partial, source.sha256, f"{source.package}=={source.version}", cancel)
@@ -331,7 +219,7 @@ def fetch_source(
     runner: ProcessRunner = LOCAL,
 ) -> Path:
     """Return the cached, verified source tree for ``source``, fetching it first if needed (``runner`` runs
-    git and pip)."""
+    git; an sdist is downloaded from the package index, never run)."""
     root = home() / "sources"
     root.mkdir(parents=True, exist_ok=True)
     entry = root / source_id(source)
@@ -351,7 +239,7 @@ def fetch_source(
                 shutil.rmtree(staged)
                 _git_checkout(source, staged, reporter, cancel, runner)
             else:
-                archive = _fetch_archive_file(source, downloads, reporter, cancel, runner)
+                archive = _fetch_archive_file(source, downloads, reporter, cancel)
                 reporter(Event("info", f"extracting {archive.name}", stage="source"))
                 _extract(archive, source.subdir, staged, cancel)
             (scratch / "complete").write_text(source_id(source) + "\n", encoding="utf-8")

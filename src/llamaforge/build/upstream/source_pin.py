@@ -27,7 +27,9 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict
 
+from llamaforge.build.download import download_url
 from llamaforge.build.git import SAFE_ENV, git_command
+from llamaforge.build.pypi import download_sdist
 from llamaforge.build.recipes import (
     ArchiveSource,
     GitSource,
@@ -37,10 +39,8 @@ from llamaforge.build.recipes import (
 )
 from llamaforge.build.source import (
     check_clone_url,
-    download_url,
     fetch_source,
     mirror_dirs,
-    pip_download_sdist,
     sdist_file_name,
     sha256_file,
 )
@@ -161,8 +161,9 @@ def resolve_source(
     """Download (or find in the cache or a mirror), verify and pin ``spec``; see the module docstring.
 
     ``sha256`` must match the archive or sdist file when given (required for an archive fetched over the
-    network); ``build_number`` is llama.cpp's build number when the caller knows it. ``runner`` runs pip and
-    git. Raises InvalidOption for a malformed SOURCE, ChecksumMismatch, SourceError for everything else.
+    network); ``build_number`` is llama.cpp's build number when the caller knows it. ``runner`` runs git; an
+    sdist is downloaded from the package index and never run (no pip). Raises InvalidOption for a malformed
+    SOURCE, ChecksumMismatch, SourceError for everything else.
     """
     started = time.monotonic()
     parsed = parse_spec(spec)
@@ -197,7 +198,7 @@ def _resolve_archive(
     runner: ProcessRunner,
     scratch: Path,
 ) -> PinnedSource:
-    file, downloaded = _obtain(parsed, spec, sha256, reporter, cancel, runner, scratch)
+    file, downloaded = _obtain(parsed, spec, sha256, reporter, cancel, scratch)
     reporter(Event("info", f"sha256 of {file.name}", stage="source"))
     actual = sha256_file(file, cancel)
     origin = f"{parsed.location}=={parsed.version}" if parsed.kind == "pypi-sdist" else parsed.location
@@ -265,7 +266,6 @@ def _obtain(
     sha256: str | None,
     reporter: Reporter,
     cancel: CancelToken | None,
-    runner: ProcessRunner,
     scratch: Path,
 ) -> tuple[Path, bool]:
     """The archive file to read, and whether it was downloaded into ``scratch`` (else it is read in place: a
@@ -281,10 +281,9 @@ def _obtain(
         if (known := _downloaded_sdist(name)) is not None:
             reporter(Event("info", f"using {name}, downloaded before", stage="source"))
             return known, False
-        reporter(Event("info", f"pip download {parsed.location}=={parsed.version} (sdist)", stage="source"))
-        (scratch / "pip").mkdir()
-        sdist = pip_download_sdist(
-            parsed.location, parsed.version, scratch / "pip", runner=runner, cancel=cancel, reporter=reporter
+        (scratch / "sdist").mkdir()
+        sdist = download_sdist(
+            parsed.location, parsed.version, scratch / "sdist", cancel=cancel, reporter=reporter
         )
         return sdist, True
     url = parsed.location
