@@ -170,10 +170,14 @@ def test_two_builds_on_a_fresh_machine_build_the_builder_image_once(
     """Two builds started at once with no builder image yet: one builds the image while the other waits for it,
     so both get one image id, so one cache key, and the tree is compiled once. (Each used to build the image:
     two ids, two keys, two compiles of the same tree.)"""
+    import io
     import json
 
     fresh = f"llamaforge-test/base:fresh-{os.getpid()}"
-    docker_engine.images.get(base_image).tag(fresh)  # a base of its own: its builder image does not exist yet
+    # A base of its own (another image id: a label is enough), so no layer of its builder image is cached and
+    # each image build would really run, and get ids of its own.
+    dockerfile = f"FROM {base_image}\nLABEL org.llamaforge.test=fresh-{os.getpid()}-{time.time_ns()}\n"
+    docker_engine.images.build(fileobj=io.BytesIO(dockerfile.encode()), tag=fresh, rm=True)
     recipe = mini_recipe(tmp_path, ["llama-cli"])
     env = {**os.environ, "LLAMAFORGE_HOME": str(lf_home)}
     command = [
