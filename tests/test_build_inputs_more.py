@@ -142,11 +142,30 @@ def test_a_cmake_key_that_is_no_variable_name_is_named_as_such() -> None:
 
 def test_a_cmake_option_given_twice_with_different_values_is_refused() -> None:
     # Only the last value reached cmake.
-    result = invoke("build", "--cmake", "FOO=1", "--cmake", "FOO=2", "--dry-run", "--json")
+    result = invoke(
+        "build",
+        "--cmake",
+        "GGML_SCHED_MAX_COPIES=1",
+        "--cmake",
+        "GGML_SCHED_MAX_COPIES=2",
+        "--dry-run",
+        "--json",
+    )
     assert result.returncode == 2
-    assert json.loads(result.stdout)["error"]["message"] == "--cmake FOO given twice with different values"
-    same = invoke("build", "--cmake", "FOO=1", "--cmake", "FOO=1", "--dry-run", "--json")
-    assert "-DFOO=1" in json.loads(same.stdout)["plan"]["cmake_args"]
+    assert (
+        json.loads(result.stdout)["error"]["message"]
+        == "--cmake GGML_SCHED_MAX_COPIES given twice with different values"
+    )
+    same = invoke(
+        "build",
+        "--cmake",
+        "GGML_SCHED_MAX_COPIES=1",
+        "--cmake",
+        "GGML_SCHED_MAX_COPIES=1",
+        "--dry-run",
+        "--json",
+    )
+    assert "-DGGML_SCHED_MAX_COPIES=1" in json.loads(same.stdout)["plan"]["cmake_args"]
 
 
 def test_a_ca_bundle_that_is_a_directory_is_named_as_one(tmp_path: Path) -> None:

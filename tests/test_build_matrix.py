@@ -84,7 +84,7 @@ def test_entries_become_build_options() -> None:
                 name="w",
                 platform="windows",
                 arch=["86", "89"],
-                cmake={"GGML_RPC": True, "X": 3},
+                cmake={"GGML_RPC": True, "LLAMA_X": 3},
                 executor="ssh",
                 build_host="b@h:22",
             ),
@@ -92,7 +92,7 @@ def test_entries_become_build_options() -> None:
     )
     arguments = entry_arguments(matrix, matrix.builds[0])
     assert arguments["recipe"] == "github" and arguments["arch"] == "86,89"
-    assert arguments["cmake"] == ["GGML_RPC=ON", "X=3"]
+    assert arguments["cmake"] == ["GGML_RPC=ON", "LLAMA_X=3"]
     assert arguments["executor"] == "ssh" and arguments["build_host"] == "b@h:22"
 
 

@@ -199,7 +199,9 @@ def redis_keys(client: Any, name: str = f"{PREFIX}-redis") -> int:
 
 
 def _build(recipe: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess[str]:
-    return invoke("build", "--recipe", str(recipe), "--cmake", "MINI_CCACHE=ON", "--json", *extra, env=env)
+    return invoke(
+        "build", "--recipe", str(recipe), "--cmake", "LLAMA_MINI_CCACHE=ON", "--json", *extra, env=env
+    )
 
 
 def _manifest(result: subprocess.CompletedProcess[str]) -> dict[str, object]:

@@ -47,6 +47,25 @@ HOSTILE = [
     "cmake_c_compiler_launcher",
     "GGML_RPC;X",
     "",
+    # What the deny-list missed (issue 49): flags that run a program, rule variables, the link-what-you-use check,
+    # and project options that name a toolchain or a directory CMake reads.
+    "CMAKE_C_FLAGS",
+    "CMAKE_CXX_FLAGS",
+    "CMAKE_CUDA_FLAGS",
+    "CMAKE_EXE_LINKER_FLAGS",
+    "CMAKE_SHARED_LINKER_FLAGS",
+    "CMAKE_C_COMPILE_OBJECT",
+    "CMAKE_CXX_LINK_EXECUTABLE",
+    "CMAKE_CXX_CREATE_SHARED_LIBRARY",
+    "CMAKE_LINK_WHAT_YOU_USE_CHECK",
+    "CMAKE_C_FLAGS_RELEASE",
+    "CMAKE_CUDA_HOST_COMPILER",
+    "CMAKE_INSTALL_PREFIX",
+    "CMAKE_PREFIX_PATH",
+    "GGML_VULKAN_SHADERS_GEN_TOOLCHAIN",
+    "GGML_OPENMP_ROOT",
+    "LLAMA_SOURCE_DIR",
+    "LLAMA_UI_HF_BUCKET",
 ]
 ALLOWED = [
     "GGML_VULKAN",
@@ -56,8 +75,10 @@ ALLOWED = [
     "CMAKE_BUILD_TYPE",
     "CMAKE_INSTALL_RPATH",
     "CMAKE_BUILD_WITH_INSTALL_RPATH",
-    "CMAKE_C_FLAGS",
+    "CMAKE_OSX_DEPLOYMENT_TARGET",
     "CMAKE_CUDA_ARCHITECTURES",
+    "GGML_CPU_ARM_ARCH",
+    "GGML_BLAS_VENDOR",
 ]
 
 
@@ -148,8 +169,54 @@ def test_a_value_with_a_control_character_is_refused(value: str, tmp_path: Path)
     path = tmp_path / "r.toml"
     path.write_text(
         source.read_text(encoding="utf-8").replace(
-            "[cmake]\n", f"[cmake]\nCMAKE_C_FLAGS = {json.dumps(value)}\n"
+            "[cmake]\n", f"[cmake]\nGGML_BLAS_VENDOR = {json.dumps(value)}\n"
         )
     )
-    with pytest.raises(RecipeError, match="CMAKE_C_FLAGS holds a control character"):
+    with pytest.raises(RecipeError, match="GGML_BLAS_VENDOR holds a control character"):
         load_recipe(str(path))
+
+
+@pytest.mark.parametrize(
+    "value", ["armv8.2-a;-wrapper;sh,-c,id>/tmp/pwned", "armv8.2-a -fplugin=/tmp/evil.so", "x -B/tmp/evil"]
+)
+def test_a_value_of_several_words_is_refused(value: str, tmp_path: Path) -> None:
+    """A ';' is a CMake list, which becomes several compiler arguments (`-wrapper sh,-c,…` runs a program);
+    a space may too where a project pastes the value into a flags string."""
+    with pytest.raises(InvalidOption, match="--cmake GGML_CPU_ARM_ARCH: the value is more than one word"):
+        plan_build(load_recipe("default"), BuildOptions(cmake=(("GGML_CPU_ARM_ARCH", value),)))
+    source = Path(__file__).parents[1] / "recipes" / "builds" / "default.toml"
+    path = tmp_path / "r.toml"
+    path.write_text(
+        source.read_text(encoding="utf-8").replace(
+            "[cmake]\n", f"[cmake]\nGGML_CPU_ARM_ARCH = {json.dumps(value)}\n"
+        )
+    )
+    with pytest.raises(RecipeError, match="GGML_CPU_ARM_ARCH: the value is more than one word"):
+        load_recipe(str(path))
+
+
+def test_a_list_of_names_keeps_its_semicolons() -> None:
+    from llamaforge.build.cmake_options import unsafe_cmake_values
+
+    assert unsafe_cmake_values([("CMAKE_OSX_ARCHITECTURES", "arm64;x86_64")]) == []
+    assert unsafe_cmake_values([("CMAKE_OSX_ARCHITECTURES", "arm64 -B/tmp")]) == ["CMAKE_OSX_ARCHITECTURES"]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "option",
+    [
+        "CMAKE_C_FLAGS=-wrapper sh,-c,id>/tmp/pwned",
+        "CMAKE_CXX_LINK_EXECUTABLE=sh -c id",
+        "CMAKE_LINK_WHAT_YOU_USE_CHECK=sh;-c;id",
+        "CMAKE_C_COMPILE_OBJECT=sh -c id",
+        "GGML_CPU_ARM_ARCH=armv8-a;-fplugin=/tmp/evil.so",
+    ],
+)
+async def test_the_options_that_ran_code_are_refused_over_mcp(option: str) -> None:
+    """Issue 49: 17 of 18 code-running options passed the deny-list from an MCP call, and the build ran them."""
+    async with Client(build_server()) as client:
+        result = await client.call_tool("build", {"cmake": [option], "dry_run": True})
+    assert result.is_error
+    text = "".join(getattr(part, "text", "") for part in result.content)
+    assert f"--cmake {option.split('=', maxsplit=1)[0]}" in text and "Traceback" not in text

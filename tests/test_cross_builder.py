@@ -94,13 +94,15 @@ def test_a_fleet_builder_hits_what_another_engine_compiled(
     remote = ["--ccache-remote", cache.url, "--ccache-password-file", str(cache.password_file)]
     try:
         near = invoke(
-            "build", "--recipe", str(recipe), "--cmake", "MINI_CCACHE=ON", "--json", *remote, env=env
+            "build", "--recipe", str(recipe), "--cmake", "LLAMA_MINI_CCACHE=ON", "--json", *remote, env=env
         )
     finally:
         _docker("volume", "rm", "-f", f"{PREFIX}-far", check=False)
     first = _manifest(near)
     matrix = tmp_path / "one.toml"
-    matrix.write_text(f'recipe = "{recipe}"\n\n[[builds]]\nname = "mini"\ncmake = {{ MINI_CCACHE = true }}\n')
+    matrix.write_text(
+        f'recipe = "{recipe}"\n\n[[builds]]\nname = "mini"\ncmake = {{ LLAMA_MINI_CCACHE = true }}\n'
+    )
     fanned = invoke(
         "build", "--matrix", str(matrix), "--builders", f"{fleet}:far", "--force", "--json", env=env
     )

@@ -140,10 +140,10 @@ def test_entries_are_placed_by_labels_and_slots_run_at_once_and_name_their_build
         tmp_path / "m.toml",
         nap,
         [
-            {"name": "fast", "labels": ["fast"], "cmake": {"MINI_NAP": "8", "X": "fast"}},
-            {"name": "here", "labels": ["here"], "cmake": {"MINI_NAP": "1", "X": "here"}},
-            {"name": "any1", "cmake": {"MINI_NAP": "8", "X": "any1"}},
-            {"name": "any2", "cmake": {"MINI_NAP": "8", "X": "any2"}},
+            {"name": "fast", "labels": ["fast"], "cmake": {"LLAMA_MINI_NAP": "8", "LLAMA_X": "fast"}},
+            {"name": "here", "labels": ["here"], "cmake": {"LLAMA_MINI_NAP": "1", "LLAMA_X": "here"}},
+            {"name": "any1", "cmake": {"LLAMA_MINI_NAP": "8", "LLAMA_X": "any1"}},
+            {"name": "any2", "cmake": {"LLAMA_MINI_NAP": "8", "LLAMA_X": "any2"}},
         ],
     )
     recorder = Recorder()
@@ -187,7 +187,9 @@ def test_a_builder_stopped_mid_build_has_its_entry_retried_on_another(
     farm: Path, extra_engines: list[ExtraEngine], tmp_path: Path
 ) -> None:
     nap = mini_recipe(tmp_path, ["llama-nap"], name="nap")
-    matrix = _matrix(tmp_path / "m.toml", nap, [{"name": "slow", "cmake": {"MINI_NAP": "8", "X": "lost"}}])
+    matrix = _matrix(
+        tmp_path / "m.toml", nap, [{"name": "slow", "cmake": {"LLAMA_MINI_NAP": "8", "LLAMA_X": "lost"}}]
+    )
     recorder = Recorder()
     outcome: dict[str, Any] = {}
     worker = threading.Thread(
@@ -218,8 +220,8 @@ def test_cancelling_removes_the_running_containers_on_every_engine(
         tmp_path / "m.toml",
         nap,
         [
-            {"name": "a", "labels": ["fast"], "cmake": {"MINI_NAP": "60", "X": "cancel-a"}},
-            {"name": "b", "labels": ["here"], "cmake": {"MINI_NAP": "60", "X": "cancel-b"}},
+            {"name": "a", "labels": ["fast"], "cmake": {"LLAMA_MINI_NAP": "60", "LLAMA_X": "cancel-a"}},
+            {"name": "b", "labels": ["here"], "cmake": {"LLAMA_MINI_NAP": "60", "LLAMA_X": "cancel-b"}},
         ],
     )
     before = _owned(None)

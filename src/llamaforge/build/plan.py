@@ -16,10 +16,12 @@ from llamaforge.build.cmake_options import (
     BACKEND_HINT,
     CONTROL_HINT,
     REFUSED_HINT,
+    VALUE_HINT,
     backend_cmake_keys,
     multiline_cmake_values,
     refused_cmake_keys,
     unnamed_cmake_keys,
+    unsafe_cmake_values,
 )
 from llamaforge.build.cpu_level import (
     BASELINE,
@@ -156,6 +158,8 @@ def _cpu_level(level: str, options: BuildOptions, platform: Platform) -> str:
         raise InvalidOption(
             f"--cmake {', '.join(multiline)}: the value holds a control character", hint=CONTROL_HINT
         )
+    if unsafe := unsafe_cmake_values(options.cmake):
+        raise InvalidOption(f"--cmake {', '.join(unsafe)}: the value is more than one word", hint=VALUE_HINT)
     if decided := controlled_keys(options.cmake):
         raise InvalidOption(
             f"--cmake {', '.join(decided)}: the CPU level decides this option",

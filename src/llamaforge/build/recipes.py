@@ -23,9 +23,11 @@ from llamaforge.build.cmake_options import (
     CMAKE_NAME,
     CONTROL_HINT,
     REFUSED_HINT,
+    VALUE_HINT,
     backend_cmake_keys,
     multiline_cmake_values,
     refused_cmake_keys,
+    unsafe_cmake_values,
 )
 from llamaforge.build.cpu_level import VARIANTS, check_cpu_level, controlled_keys
 from llamaforge.build.names import BackendName, PlatformName
@@ -331,6 +333,8 @@ class BuildRecipe(_Strict):
             raise ValueError(f"{', '.join(chosen)} may not be set in [cmake]: {BACKEND_HINT}")
         if multiline := multiline_cmake_values(value.items()):
             raise ValueError(f"{', '.join(multiline)} holds a control character (a newline?): {CONTROL_HINT}")
+        if unsafe := unsafe_cmake_values(value.items()):
+            raise ValueError(f"{', '.join(unsafe)}: the value is more than one word: {VALUE_HINT}")
         if decided := controlled_keys(dict(value)):
             raise ValueError(
                 f"{', '.join(decided)} is decided by the recipe's cpu level; remove it from [cmake] and set "
