@@ -128,6 +128,14 @@ async def test_host_builds_are_refused_without_the_flag(tmp_path: Path, lf_home:
             ("build", {"recipe": str(outside)}, "neither shipped nor inside the project"),
             ("build", {"patches": str(tmp_path)}, "patch series"),
             ("smoke", {"executor": "local"}, "executor='local'"),
+            # Issue 49: the caller picked the remote ccache (objects taken from it, published under the real key)
+            # and a one-line file inside the roots was sent to it as the password.
+            ("build", {"ccache_remote": "redis://127.0.0.1:6379"}, "ccache_remote makes the build take"),
+            (
+                "build",
+                {"ccache_remote": "redis://127.0.0.1:6379", "ccache_password_file": str(manifest)},
+                "ccache_password_file sends a file",
+            ),
         ]:
             text = refused(await client.call_tool(tool, arguments))
             assert why in text and "--allow-host-builds" in text, (tool, text)

@@ -74,6 +74,10 @@ HOST_RUN: Mapping[str, Mapping[str, Rule]] = {
         "build_host": _given("build_host names a machine to build on"),
         "accept_new_host_keys": _given("accept_new_host_keys records a build host's key"),
         "from_manifest": _given("from_manifest repeats whatever build a manifest file describes"),
+        # The builder then joins the host network, takes compiled objects from that server and publishes the
+        # build under its usual key, and a file is sent there as the cache's password.
+        "ccache_remote": _given("ccache_remote makes the build take compiled objects from a cache server"),
+        "ccache_password_file": _given("ccache_password_file sends a file to a cache server as its password"),
         "recipe": _shipped_or_project("recipe"),
         "patches": _shipped_or_project("patch series"),
         "matrix": _shipped_or_project("matrix"),
