@@ -362,7 +362,8 @@ def test_a_failed_gate_on_a_host_with_no_release_says_so(
     None" or "still on None", and no paramiko line while the gate polls."""
     broken = unloadable_model(tmp_path / "unknown-arch.gguf")
     name = f"msg{os.getpid() % 10000}"
-    environ = {**build_env, "HOME": str(tmp_path)}
+    # A wide console: the table wraps the message inside its cell otherwise, how depends on the names' lengths.
+    environ = {**build_env, "HOME": str(tmp_path), "COLUMNS": "400"}
     environ.pop("SSH_AUTH_SOCK", None)
     try:
         done = invoke(
