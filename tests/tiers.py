@@ -13,11 +13,12 @@ Collection fails for a file that names no tier, and for a quick test whose fixtu
 quick tier must run, and pass, on a machine with neither.
 
 Lanes, for `pytest -n 2 --dist loadgroup` (`nox -s tests`): the heavy tests run in two serial lanes side by side,
-one xdist group each, and the quick tests fill the gaps. The build lane holds the compiles (the cold default
-build first, mingw, the ccache-off rebuild: CPU-bound); the host lane holds what mostly waits on test hosts,
-containers and llama-server (deploys, Swarm, RPC, SSH), so its waiting overlaps the build lane's compiling. Both
-lanes share one build store (tests/conftest.py `build_env`), so a build is made once and the other lane waits
-for it on the build's lock. Tests that count containers or own the engine's Swarm stay in one lane each."""
+one xdist group each, and the quick tests run on whichever worker is free (in practice after its lane). The
+build lane holds the compiles (the cold default build first, mingw, the ccache-off rebuild: CPU-bound); the host
+lane holds what mostly waits on test hosts, containers and llama-server (deploys, Swarm, RPC, SSH), so its waiting
+overlaps the build lane's compiling. Both lanes share one build store (tests/conftest.py `build_env`), so a build
+is made once and the other lane waits for it on the build's lock. Tests that count containers or own the engine's
+Swarm stay in one lane each."""
 
 from __future__ import annotations
 
