@@ -4,6 +4,7 @@ continues over plain http. Source archives and the package index's sdists come t
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from llamaforge.core.errors import SourceError
@@ -46,3 +47,14 @@ def download_url(url: str, target: Path, reporter: Reporter, cancel: CancelToken
             f"cannot download {url}: {error}",
             hint="check the network or put the archive in a mirror directory (LLAMAFORGE_SOURCE_MIRROR)",
         ) from None
+
+
+def sha256_file(path: Path, cancel: CancelToken | None = None) -> str:
+    """sha256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            if cancel:
+                cancel.raise_if_cancelled()
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -12,11 +12,12 @@ from typing import Any
 
 from llamaforge.backends import get_backend
 from llamaforge.build.ccache import CCACHE_RECORD
+from llamaforge.build.download import sha256_file
 from llamaforge.build.executors.base import Executor, LogSink, RunRequest
 from llamaforge.build.patches import apply_series, series_dir
 from llamaforge.build.plan import BuildOptions, BuildPlan
 from llamaforge.build.recipes import BuildRecipe, check_recipe_paths
-from llamaforge.build.source import fetch_source, make_workspace, sha256_file
+from llamaforge.build.source import fetch_source, make_workspace
 from llamaforge.build.store import build_dir, build_lock, load_manifest, publish, staging_dir
 from llamaforge.core.errors import BuildFailed, CacheError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter

@@ -14,7 +14,6 @@ PyPI; so a mirror or a proxy that pip uses serves these downloads too.
 from __future__ import annotations
 
 import configparser
-import hashlib
 import html.parser
 import json
 import os
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llamaforge.build.ca_bundle import pip_config_files
-from llamaforge.build.download import check_redirect, download_url
+from llamaforge.build.download import check_redirect, download_url, sha256_file
 from llamaforge.core.errors import ChecksumMismatch, SourceError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter
 from llamaforge.core.guard import check_url
@@ -229,15 +228,12 @@ def download_sdist(
     if found.sha256 is None:
         reporter(Event("warning", f"the package index states no sha256 for {found.filename}", stage="source"))
         return target
-    digest = hashlib.sha256()
-    with target.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-    if digest.hexdigest() != found.sha256.lower():
+    actual = sha256_file(target, cancel)
+    if actual != found.sha256.lower():
         target.unlink()
         raise ChecksumMismatch(
             f"{found.filename} does not have the sha256 the package index states: expected {found.sha256}, "
-            f"got {digest.hexdigest()}",
+            f"got {actual}",
             hint="the download was damaged or altered on its way (a proxy?); nothing was kept: try again",
         )
     return target

@@ -15,10 +15,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from llamaforge.build.ccache import CCACHE_RECORD
+from llamaforge.build.download import sha256_file
 from llamaforge.build.execute import BuildResult, build_into
 from llamaforge.build.executors.base import Executor
 from llamaforge.build.plan import BuildPlan
-from llamaforge.build.source import sha256_file
 from llamaforge.build.store import record_check, staging_dir
 from llamaforge.core.errors import CacheError
 from llamaforge.core.events import CancelToken, Event, Reporter, null_reporter

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
-from llamaforge.build.download import download_url
+from llamaforge.build.download import download_url, sha256_file
 from llamaforge.build.git import SAFE_ENV, git_command
 from llamaforge.build.pypi import download_sdist
 from llamaforge.build.recipes import ArchiveSource, GitSource, PypiSdistSource, check_git_url, is_scp_like
@@ -49,17 +49,6 @@ def mirror_dirs() -> list[Path]:
     """The mirror directories of LLAMAFORGE_SOURCE_MIRROR (os.pathsep-separated), searched before any download."""
     raw = os.environ.get("LLAMAFORGE_SOURCE_MIRROR", "")
     return [Path(part) for part in raw.split(os.pathsep) if part]
-
-
-def sha256_file(path: Path, cancel: CancelToken | None = None) -> str:
-    """sha256 of a file, read in chunks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            if cancel:
-                cancel.raise_if_cancelled()
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def sdist_file_name(package: str, version: str) -> str:

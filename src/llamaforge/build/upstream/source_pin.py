@@ -27,7 +27,7 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import BaseModel, ConfigDict
 
-from llamaforge.build.download import download_url
+from llamaforge.build.download import download_url, sha256_file
 from llamaforge.build.git import SAFE_ENV, git_command
 from llamaforge.build.pypi import download_sdist
 from llamaforge.build.recipes import (
@@ -42,7 +42,6 @@ from llamaforge.build.source import (
     fetch_source,
     mirror_dirs,
     sdist_file_name,
-    sha256_file,
 )
 from llamaforge.build.upstream.source_facts import (
     COMMIT,
