@@ -30,7 +30,6 @@ from llamaforge.core.guard import check_url
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 _JSON = "application/vnd.pypi.simple.v1+json"
-_CHUNK = 1 << 20
 _MIRROR_HINT = "or put the sdist in a mirror directory (LLAMAFORGE_SOURCE_MIRROR)"
 
 

@@ -32,7 +32,6 @@ from llamaforge.core.paths import cache_lock, home
 from llamaforge.runners.process import LOCAL, ProcessResult, ProcessRunner
 
 SourceSpec = GitSource | ArchiveSource | PypiSdistSource
-_CHUNK = 1 << 20
 
 
 def source_id(source: SourceSpec) -> str:
